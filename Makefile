@@ -1,0 +1,45 @@
+# The two commands a new machine needs (README): `make demo` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help venv test test-unit demo lock bench clean
+
+help:
+	@echo "make demo   build the torch example and run it twice; show the runs are bitwise identical"
+	@echo "make test   the whole test suite on a real Docker Engine (installs what it needs)"
+	@echo "make lock   re-resolve requirements.lock (the project's own environment)"
+	@echo "make bench  the benchmarks in bench/ (figures for docs/benchmarks.md)"
+
+# The project's own environment, from its own lock, hashes required.
+$(STAMP): requirements.lock pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r requirements.lock
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $@
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	scripts/ensure-test-deps
+	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -ra -m "not docker and not registry and not slow" $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	scripts/ensure-test-deps
+	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/demo
+
+lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml requirements.in --extra test --generate-hashes \
+	  --universal --python-version 3.10 -o requirements.lock
+
+bench: $(STAMP)
+	scripts/ensure-test-deps
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""The image builder: plan -> install -> layers -> image -> OCI store (-> engine)."""

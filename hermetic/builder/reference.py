@@ -1,0 +1,129 @@
+"""Image references: the grammar of ``base:`` and of push/pull arguments.
+
+A base is always pinned by digest. Accepted spellings:
+
+- ``[HOST/]REPO[:TAG]@sha256:<hex>``: looked up in the local OCI store by
+  digest first (a digest names content, wherever it came from), then pulled
+  from HOST over the Distribution API. A name without a host (no '.' or ':'
+  in its first part, not 'localhost') is store-only, e.g. the bases that
+  ``hermetic base bootstrap`` makes.
+- ``oci:PATH@sha256:<hex>`` / ``oci-archive:PATH@sha256:<hex>``: an OCI image
+  layout directory or a tar of one; the digest is the manifest's.
+- ``docker:sha256:<hex>``: an image of the local engine, by its image ID.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from hermetic.canonical import is_sha256_hex
+
+_REPO_COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+DEFAULT_REGISTRY = "registry-1.docker.io"
+
+
+def _pin_hint(ref: str) -> str:
+    return f"pin it by digest: hermetic base pin {ref}"
+
+
+@dataclass(frozen=True)
+class ImageName:
+    """``[host/]repository[:tag][@digest]`` split into parts."""
+
+    host: str | None
+    repository: str
+    tag: str | None
+    digest: str | None
+
+    @property
+    def has_host(self) -> bool:
+        return self.host is not None
+
+    def registry_host(self) -> str:
+        return self.host or DEFAULT_REGISTRY
+
+    def registry_repository(self) -> str:
+        # Docker Hub's official images live under library/.
+        if self.host is None and "/" not in self.repository:
+            return "library/" + self.repository
+        return self.repository
+
+    def __str__(self) -> str:
+        s = (self.host + "/" if self.host else "") + self.repository
+        if self.tag:
+            s += ":" + self.tag
+        if self.digest:
+            s += "@" + self.digest
+        return s
+
+    def with_digest(self, digest: str) -> "ImageName":
+        return ImageName(self.host, self.repository, self.tag, digest)
+
+
+def parse_image_name(ref: str) -> ImageName:
+    """Parse a Docker-style reference; ValueError says what is wrong."""
+    if not ref or ref != ref.strip():
+        raise ValueError(f"empty or padded image reference: {ref!r}")
+    rest, digest = ref, None
+    if "@" in ref:
+        rest, _, digest = ref.partition("@")
+        algo, _, hexpart = digest.partition(":")
+        if algo != "sha256" or not is_sha256_hex(hexpart):
+            raise ValueError(f"{ref}: digest must be sha256:<64 lowercase hex digits>")
+    host = None
+    first, slash, remainder = rest.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        host, rest = first, remainder
+    tag = None
+    last_slash = rest.rfind("/")
+    colon = rest.rfind(":")
+    if colon > last_slash:
+        rest, tag = rest[:colon], rest[colon + 1:]
+        if not _TAG.match(tag):
+            raise ValueError(f"{ref}: invalid tag {tag!r}")
+    if not rest:
+        raise ValueError(f"{ref}: missing repository name")
+    for comp in rest.split("/"):
+        if not _REPO_COMPONENT.match(comp):
+            raise ValueError(f"{ref}: invalid repository component {comp!r} (lowercase letters, digits, '.', '_', '-')")
+    return ImageName(host, rest, tag, digest)
+
+
+@dataclass(frozen=True)
+class BaseReference:
+    kind: Literal["name", "oci", "oci-archive", "docker"]
+    digest: str  # "sha256:<hex>": manifest digest, or image ID for kind "docker"
+    name: ImageName | None = None  # kind "name"
+    path: str | None = None  # kinds "oci", "oci-archive"
+    raw: str = ""
+
+
+def parse_base_reference(ref: str) -> BaseReference:
+    if not isinstance(ref, str) or not ref:
+        raise ValueError("must be an image reference pinned by digest")
+    for prefix in ("oci-archive:", "oci:"):
+        if ref.startswith(prefix):
+            path, at, digest = ref[len(prefix):].rpartition("@")
+            if not at or not path:
+                raise ValueError(f"{ref}: needs @sha256:<manifest digest> after the path")
+            _check_digest(ref, digest)
+            return BaseReference(kind=prefix[:-1], digest=digest, path=path, raw=ref)  # type: ignore[arg-type]
+    if ref.startswith("docker:"):
+        digest = ref[len("docker:"):]
+        _check_digest(ref, digest)
+        return BaseReference(kind="docker", digest=digest, raw=ref)
+    if ref.startswith("sha256:"):
+        raise ValueError(f"{ref}: a bare digest is ambiguous; write docker:{ref} for an engine image ID, or NAME@{ref}")
+    name = parse_image_name(ref)
+    if name.digest is None:
+        raise ValueError(f"{ref} is a tag without a digest; {_pin_hint(ref)}")
+    return BaseReference(kind="name", digest=name.digest, name=name, raw=ref)
+
+
+def _check_digest(ref: str, digest: str) -> None:
+    algo, _, hexpart = digest.partition(":")
+    if algo != "sha256" or not is_sha256_hex(hexpart):
+        raise ValueError(f"{ref}: digest must be sha256:<64 lowercase hex digits>")

@@ -1,0 +1,314 @@
+"""hermetic.yaml: the schema, its loader, and the config's canonical identity.
+
+The file is small on purpose. Everything not written in it has a default here,
+and the *resolved* config (defaults filled, paths as written relative to the
+file) is what gets hashed: the same settings in another key order, quoting or
+flow style give the same sha256, and two checkouts at different paths agree.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hermetic.canonical import canonical_json, sha256_hex
+from hermetic.errors import ConfigError
+
+CONFIG_FILENAME = "hermetic.yaml"
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class PythonConfig(_Strict):
+    """The interpreter inside the image that runs training."""
+
+    path: str = "/usr/bin/python3"
+    version: str = "3.11"
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path inside the image")
+        return v
+
+    @field_validator("version")
+    @classmethod
+    def _major_minor(cls, v: str) -> str:
+        if not re.fullmatch(r"3\.\d{1,2}", v):
+            raise ValueError("must be MAJOR.MINOR, e.g. '3.11'")
+        return v
+
+
+class DeterminismConfig(_Strict):
+    mode: Literal["strict", "statistical", "off"] = "strict"
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    threads: int = Field(default=1, ge=1, le=1024)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not _ENV_NAME.match(k):
+                raise ValueError(f"{k!r} is not a valid environment variable name")
+        return v
+
+
+class DatasetConfig(_Strict):
+    name: str
+    path: str
+    manifest: str
+    mount: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be lowercase letters, digits, '.', '_' or '-'")
+        return v
+
+    @field_validator("mount")
+    @classmethod
+    def _mount(cls, v: str) -> str:
+        if not v.startswith("/") or v.rstrip("/") in ("", "/workspace", "/outputs", "/tmp"):
+            raise ValueError("must be an absolute path in the container other than /, /workspace, /outputs, /tmp")
+        return posixpath.normpath(v)
+
+    @field_validator("path", "manifest")
+    @classmethod
+    def _rel(cls, v: str) -> str:
+        return _norm_path(v)
+
+
+class BuildConfig(_Strict):
+    """How the image is assembled; every field is part of the image's identity."""
+
+    source_date_epoch: int = Field(default=0, ge=0)
+    prefix: str = "/opt/venv"
+    bytecode: Literal["none", "hash"] = "none"
+    compression: Literal["none", "gzip"] = "none"
+    user: str = "1000:1000"
+    workdir: str = "/workspace"
+
+    @field_validator("prefix", "workdir")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path inside the image")
+        return posixpath.normpath(v)
+
+    @field_validator("user")
+    @classmethod
+    def _uid_gid(cls, v: str) -> str:
+        m = re.fullmatch(r"(\d+):(\d+)", v)
+        if not m or int(m.group(1)) == 0:
+            raise ValueError("must be a non-root UID:GID, e.g. '1000:1000'")
+        return v
+
+
+class HermeticConfig(_Strict):
+    name: str
+    base: str
+    python: PythonConfig = Field(default_factory=PythonConfig)
+    lock: str = "requirements.lock"
+    determinism: DeterminismConfig = Field(default_factory=DeterminismConfig)
+    env: dict[str, str] = Field(default_factory=dict)
+    datasets: list[DatasetConfig] = Field(default_factory=list)
+    runs_dir: str = "runs"
+    build: BuildConfig = Field(default_factory=BuildConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be lowercase letters, digits, '.', '_' or '-' (an image name)")
+        return v
+
+    @field_validator("base")
+    @classmethod
+    def _base(cls, v: str) -> str:
+        # Imported lazily: the reference grammar lives with the base-image code.
+        from hermetic.builder.reference import parse_base_reference
+
+        parse_base_reference(v)  # raises ValueError with the pin hint
+        return v
+
+    @field_validator("lock", "runs_dir")
+    @classmethod
+    def _rel(cls, v: str) -> str:
+        return _norm_path(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not _ENV_NAME.match(k):
+                raise ValueError(f"{k!r} is not a valid environment variable name")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_datasets(self) -> "HermeticConfig":
+        seen_names: set[str] = set()
+        seen_mounts: set[str] = set()
+        for i, d in enumerate(self.datasets):
+            if d.name in seen_names:
+                raise ValueError(f"datasets[{i}].name: duplicate dataset name {d.name!r}")
+            if d.mount in seen_mounts:
+                raise ValueError(f"datasets[{i}].mount: {d.mount!r} is already used by another dataset")
+            seen_names.add(d.name)
+            seen_mounts.add(d.mount)
+        return self
+
+
+def _norm_path(v: str) -> str:
+    if not v:
+        raise ValueError("must not be empty")
+    # Keep relative paths relative (so checkouts at different places hash the
+    # same) and spelled one way ('./data/' and 'data' are the same path).
+    return posixpath.normpath(v.replace("\\", "/"))
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated config plus where it came from."""
+
+    model: HermeticConfig
+    path: Path  # the hermetic.yaml file, absolute
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    def resolve(self, rel: str) -> Path:
+        """A path from the config, made absolute against the config's directory."""
+        return (self.root / rel).resolve() if not rel.startswith("/") else Path(rel)
+
+    @property
+    def lock_path(self) -> Path:
+        return self.resolve(self.model.lock)
+
+    @property
+    def runs_path(self) -> Path:
+        return self.resolve(self.model.runs_dir)
+
+    def resolved(self) -> dict[str, Any]:
+        return self.model.model_dump(mode="json")
+
+    def canonical_bytes(self) -> bytes:
+        return canonical_json(self.resolved())
+
+    @property
+    def sha256(self) -> str:
+        return sha256_hex(self.canonical_bytes())
+
+
+def find_config(path: str | Path | None) -> Path:
+    """``-C`` may name the file or its directory; default is ./hermetic.yaml."""
+    p = Path(path) if path else Path.cwd()
+    if p.is_dir():
+        p = p / CONFIG_FILENAME
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such config file (create one, or pass -C PATH)")
+    return p.resolve()
+
+
+def load_config(path: str | Path | None = None) -> LoadedConfig:
+    cfg_path = find_config(path)
+    try:
+        text = cfg_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{cfg_path}: cannot read: {e}") from None
+    return parse_config(text, cfg_path)
+
+
+def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{cfg_path}:{mark.line + 1}" if mark else str(cfg_path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{cfg_path}: top level must be a mapping of keys (name, base, lock, ...)")
+    try:
+        model = HermeticConfig.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(err["loc"])
+        key = format_key_path(loc)
+        msg = _reason(err)
+        line = _line_of(node, loc)
+        where = f"{cfg_path}:{line}" if line else str(cfg_path)
+        more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        if key:
+            raise ConfigError(f"{where}: {key}: {msg}{more}") from None
+        raise ConfigError(f"{where}: {msg}{more}") from None
+    return LoadedConfig(model=model, path=cfg_path.resolve())
+
+
+def format_key_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _reason(err: dict[str, Any]) -> str:
+    t = err["type"]
+    if t == "extra_forbidden":
+        return "unknown key"
+    if t == "missing":
+        return "required key is missing"
+    msg = str(err["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+    if t.endswith("_type") or t in ("int_parsing", "string_type"):
+        got = type(err.get("input")).__name__
+        msg = f"{msg} (got {_yaml_type(got)})"
+    return msg
+
+
+def _yaml_type(pytype: str) -> str:
+    return {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean",
+            "list": "a list", "dict": "a mapping", "NoneType": "nothing (null)"}.get(pytype, pytype)
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the deepest YAML node the error location reaches."""
+    line = None
+    for part in loc:
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            nxt = None
+            for k, v in node.value:
+                if k.value == part:
+                    nxt = v
+                    line = k.start_mark.line + 1
+                    break
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line

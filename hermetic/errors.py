@@ -1,0 +1,48 @@
+"""The one exception type the CLI turns into a one-line error and an exit code.
+
+Every failure a user can cause (bad config, bad lock, tampered file, missing
+daemon) is raised as a HermeticError with a message that names the culprit;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class HermeticError(Exception):
+    """A user-facing failure: one line, names the culprit, nonzero exit."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(HermeticError):
+    """hermetic.yaml is unreadable or invalid (exit 2, like a usage error)."""
+
+    exit_code = 2
+
+
+class LockError(HermeticError):
+    """A lockfile cannot be trusted as written (missing hash, not pinned, sdist only...)."""
+
+    exit_code = 2
+
+
+class IntegrityError(HermeticError):
+    """Bytes did not match their expected digest."""
+
+    exit_code = 3
+
+
+class EngineError(HermeticError):
+    """The Docker Engine is missing, unreachable or lacks a needed runtime."""
+
+    exit_code = 4

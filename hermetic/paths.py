@@ -1,0 +1,59 @@
+"""Where hermetic keeps its content-addressed state.
+
+One cache root (HERMETIC_CACHE, else $XDG_CACHE_HOME/hermetic, else
+~/.cache/hermetic) holds the wheel store, the OCI blob store, the layer and
+build caches, and a tmp/ on the same filesystem so that every admission into
+a store is an atomic rename.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    env = os.environ.get("HERMETIC_CACHE")
+    if env:
+        return Path(env).expanduser().resolve()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return (base / "hermetic").resolve()
+
+
+@dataclass(frozen=True)
+class CachePaths:
+    root: Path
+
+    @property
+    def wheels(self) -> Path:
+        return self.root / "wheels"
+
+    @property
+    def oci(self) -> Path:
+        return self.root / "oci"
+
+    @property
+    def layers(self) -> Path:
+        return self.root / "layers"
+
+    @property
+    def builds(self) -> Path:
+        return self.root / "builds"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def statcache(self) -> Path:
+        return self.root / "statcache"
+
+    def tmpdir(self) -> Path:
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        return self.tmp
+
+
+def cache_paths() -> CachePaths:
+    return CachePaths(cache_root())
