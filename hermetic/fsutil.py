@@ -58,3 +58,23 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, fsync: bool = True) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An exclusive advisory lock (flock) held for the block's duration.
+
+    The kernel drops it when the process dies, so a SIGKILLed holder never
+    leaves a stale lock behind.
+    """
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

@@ -1,0 +1,196 @@
+"""``hermetic lock``: resolve requirements for the image's platform with uv.
+
+uv resolves for a platform other than the host's (``--python-platform``,
+``--python-version``), in well under a second for typical sets, and writes
+every file hash of each pinned release. pip-tools is the alternative resolver
+where the host interpreter *is* the image's Python version (it can only
+resolve for the running interpreter).
+
+Index lines in the input are kept in the lock (users elsewhere fetch from
+them). An index that does not answer here is left out of *this* resolution
+with a warning; the packages must then come from another source (pip's
+configured find-links or indexes), and their hashes make that safe.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hermetic.errors import HermeticError, LockError
+from hermetic.fsutil import atomic_write_text
+from hermetic.indexes import read_pip_sources, reachable
+from hermetic.lock.model import Target
+from hermetic.lock.read import lock_format, read_lock
+
+
+@dataclass
+class CompileResult:
+    output: Path
+    packages: int
+    resolver: str
+    warnings: list[str] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
+
+
+def find_input(root: Path) -> Path:
+    for name in ("requirements.in", "pyproject.toml"):
+        if (root / name).is_file():
+            return root / name
+    raise LockError(f"{root}: no requirements.in or pyproject.toml to lock (pass one: hermetic lock FILE)")
+
+
+def _split_index_lines(text: str) -> tuple[list[str], list[str], list[str]]:
+    """(index option lines, find-links, the rest) of a requirements.in."""
+    index_lines, find_links, rest = [], [], []
+    for line in text.splitlines():
+        s = line.strip()
+        try:
+            toks = shlex.split(s, comments=True)
+        except ValueError:
+            toks = []
+        if toks and toks[0].split("=")[0] in ("-i", "--index-url", "--extra-index-url"):
+            index_lines.append(" ".join(toks))
+            continue
+        if toks and toks[0].split("=")[0] in ("-f", "--find-links"):
+            find_links.append(toks[0].partition("=")[2] or (toks[1] if len(toks) > 1 else ""))
+            continue
+        rest.append(line)
+    return index_lines, find_links, rest
+
+
+def _index_url(line: str) -> str:
+    toks = line.split()
+    return toks[0].partition("=")[2] or (toks[1] if len(toks) > 1 else "")
+
+
+def uv_binary() -> str:
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        import shutil
+
+        found = shutil.which("uv")
+        if not found:
+            raise HermeticError("uv is not installed; install hermetic's dependencies (make venv) or `pip install uv`") from None
+        return found
+
+
+def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolver: str = "uv",
+                 upgrade: bool = False, check_indexes: bool = True) -> CompileResult:
+    if not input_path.is_file():
+        raise LockError(f"{input_path}: no such input file")
+    fmt = lock_format(output_path)
+    if fmt == "uv.lock":
+        raise LockError(f"{output_path}: hermetic lock writes requirements.txt-style or pylock.toml locks; "
+                        "for uv.lock run `uv lock` in your project (hermetic reads uv.lock as it is)")
+    warnings: list[str] = []
+    text = input_path.read_text(encoding="utf-8")
+    pip = read_pip_sources()
+    find_links = list(pip.find_links)
+    if input_path.name == "pyproject.toml":
+        index_lines: list[str] = []
+        resolve_input = input_path
+        tmp_input = None
+    else:
+        index_lines, in_find_links, rest = _split_index_lines(text)
+        find_links += in_find_links
+        keep = []
+        for line in index_lines:
+            url = _index_url(line)
+            if check_indexes and not reachable(url):
+                warnings.append(f"index {url} does not answer from this machine; resolving without it "
+                                f"(its packages must come from pip's configured sources; hashes still decide)")
+                continue
+            keep.append(line)
+        fd, tmp = tempfile.mkstemp(prefix="hermetic-lock.", suffix=".in", dir=input_path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(keep + rest) + "\n")
+        resolve_input = Path(tmp)
+        tmp_input = Path(tmp)
+    fd, tmp_out = tempfile.mkstemp(prefix=".hermetic-lock.", suffix=".out", dir=output_path.parent)
+    os.close(fd)
+    try:
+        if resolver == "uv":
+            cmd = [uv_binary(), "pip", "compile", str(resolve_input), "--generate-hashes", "--no-header",
+                   "--python-platform", target.platform, "--python-version", target.python_version,
+                   "--only-binary", ":all:", "--quiet", "-o", tmp_out]
+            if fmt == "pylock.toml":
+                cmd += ["--format", "pylock.toml"]
+            if upgrade:
+                cmd.append("--upgrade")
+            for fl in find_links:
+                cmd += ["--find-links", fl]
+        elif resolver == "pip-tools":
+            host = f"{sys.version_info.major}.{sys.version_info.minor}"
+            if host != target.python_version:
+                raise LockError(f"pip-tools resolves for the running interpreter (Python {host}), "
+                                f"but the image runs Python {target.python_version}; use --resolver uv")
+            if fmt != "requirements":
+                raise LockError("pip-tools writes requirements.txt-style locks only")
+            cmd = [sys.executable, "-m", "piptools", "compile", str(resolve_input), "--generate-hashes",
+                   "--no-header", "--only-binary", ":all:", "--quiet", "-o", tmp_out]
+            if upgrade:
+                cmd.append("--upgrade")
+        else:
+            raise LockError(f"unknown resolver {resolver!r} (uv or pip-tools)")
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        except FileNotFoundError as e:
+            raise HermeticError(f"cannot run the resolver: {e}") from None
+        if proc.returncode != 0:
+            if resolver == "pip-tools" and "No module named piptools" in proc.stderr:
+                raise HermeticError("pip-tools is not installed (pip install pip-tools), or use --resolver uv")
+            detail = _first_error(proc.stderr) or f"exit {proc.returncode}"
+            raise LockError(f"{input_path}: resolution failed: {detail}")
+        body = Path(tmp_out).read_text(encoding="utf-8")
+        if tmp_input is not None:
+            body = body.replace(str(tmp_input), input_path.name)
+        out_text = _with_header(body, fmt, input_path, output_path, target, resolver, index_lines)
+        # Refuse to write a lock we could not read back (same file name: it selects the format).
+        with tempfile.TemporaryDirectory(prefix="hermetic-lockcheck.") as check_dir:
+            check = Path(check_dir) / output_path.name
+            check.write_text(out_text, encoding="utf-8")
+            lock = read_lock(check, target)
+        atomic_write_text(output_path, out_text)
+        return CompileResult(output_path, len(lock.wheels), resolver, warnings, cmd)
+    finally:
+        for p in (tmp_out, tmp_input):
+            if p is not None:
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+
+
+def _first_error(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith(("error:", "×", "ERROR")):
+            rest = [x for x in lines[lines.index(ln) + 1:] if x.startswith(("╰─▶", "Because", "hint"))]
+            msg = ln.removeprefix("error:").removeprefix("×").strip()
+            if rest:
+                msg += " " + rest[0].removeprefix("╰─▶").strip()
+            return msg
+    return lines[-1] if lines else ""
+
+
+def _with_header(body: str, fmt: str, input_path: Path, output_path: Path, target: Target,
+                 resolver: str, index_lines: list[str]) -> str:
+    from hermetic import __version__
+
+    note = (f"Generated by hermetic {__version__} (`hermetic lock`, resolver: {resolver}) from {input_path.name}\n"
+            f"for {target.platform} / CPython {target.python_version}. Do not edit: rerun hermetic lock.")
+    if fmt == "pylock.toml":
+        header = "".join(f"# {ln}\n" for ln in note.splitlines())
+        return header + body
+    header = "".join(f"# {ln}\n" for ln in note.splitlines())
+    header += "".join(line + "\n" for line in index_lines)
+    return header + body

@@ -1,0 +1,58 @@
+"""Read any supported lock format into one normalized ``Lock``."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from hermetic.errors import LockError
+from hermetic.lock.model import Lock, Target
+
+
+def lock_format(path: Path) -> str:
+    name = path.name
+    if name == "uv.lock":
+        return "uv.lock"
+    if name == "pylock.toml" or (name.startswith("pylock.") and name.endswith(".toml")):
+        return "pylock.toml"
+    return "requirements"
+
+
+def read_lock(path: str | Path, target: Target) -> Lock:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise LockError(f"{path}: lock file not found; create it with: hermetic lock") from None
+    except OSError as e:
+        raise LockError(f"{path}: cannot read lock: {e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise LockError(f"{path}: not UTF-8 text") from None
+    fmt = lock_format(path)
+    find_links: list[str] = []
+    if fmt == "uv.lock":
+        from hermetic.lock.uvlock import read_uv_lock
+
+        wheels, indexes = read_uv_lock(path, text, target)
+    elif fmt == "pylock.toml":
+        from hermetic.lock.pylock import read_pylock
+
+        wheels, indexes = read_pylock(path, text, target)
+    else:
+        from hermetic.lock.requirements import read_requirements_lock
+
+        wheels, indexes, find_links = read_requirements_lock(path, text, target)
+    if not wheels:
+        raise LockError(f"{path}: the lock pins no packages for {target.platform} / Python {target.python_version}")
+    return Lock(
+        path=str(path), format=fmt, target=target,
+        wheels=tuple(sorted(wheels, key=lambda w: w.name)),
+        index_urls=tuple(indexes), find_links=tuple(find_links),
+        sha256=hashlib.sha256(raw).hexdigest(),
+    )
+
+
+def target_for(python_version: str) -> Target:
+    return Target(python_version=python_version)

@@ -1,0 +1,153 @@
+"""Reader for requirements.txt locks with ``--hash`` (uv pip compile / pip-compile output)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from packaging.markers import InvalidMarker, Marker
+from packaging.requirements import InvalidRequirement, Requirement
+
+from hermetic.canonical import is_sha256_hex
+from hermetic.errors import LockError
+from hermetic.lock.model import LockedWheel, Target, canonical
+
+_VCS_PREFIXES = ("git+", "hg+", "svn+", "bzr+")
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """Join backslash continuations; strip comments. Yields (first line no, text)."""
+    out: list[tuple[int, str]] = []
+    buf: list[str] = []
+    start = 0
+    for no, raw in enumerate(text.splitlines(), start=1):
+        line = raw
+        # A comment starts at '#' preceded by whitespace or at column 0 (pip's rule).
+        if line.lstrip().startswith("#"):
+            line = ""
+        elif " #" in line or "\t#" in line:
+            line = line[: min(i for i in (line.find(" #"), line.find("\t#")) if i >= 0)]
+        if not buf:
+            start = no
+        stripped = line.rstrip()
+        if stripped.endswith("\\"):
+            buf.append(stripped[:-1])
+            continue
+        buf.append(stripped)
+        joined = " ".join(part.strip() for part in buf).strip()
+        buf = []
+        if joined:
+            out.append((start, joined))
+    if buf:
+        joined = " ".join(part.strip() for part in buf).strip()
+        if joined:
+            out.append((start, joined))
+    return out
+
+
+def read_requirements_lock(path: Path, text: str, target: Target) -> tuple[list[LockedWheel], list[str], list[str]]:
+    """Returns (wheels, index_urls, find_links). Raises LockError naming file:line."""
+    env = target.marker_environment()
+    wheels: list[LockedWheel] = []
+    index_urls: list[str] = []
+    find_links: list[str] = []
+    seen: dict[str, str] = {}
+    for lineno, line in _logical_lines(text):
+        where = f"{path}:{lineno}"
+        try:
+            tokens = shlex.split(line, posix=True)
+        except ValueError as e:
+            raise LockError(f"{where}: cannot parse line: {e}") from None
+        if not tokens:
+            continue
+        head = tokens[0]
+        if head.startswith("-"):
+            _option_line(where, tokens, index_urls, find_links)
+            continue
+        # requirement [--hash=...]...
+        hashes: set[str] = set()
+        req_tokens: list[str] = []
+        i = 0
+        while i < len(tokens):
+            tok = tokens[i]
+            if tok.startswith("--hash"):
+                value = tok.partition("=")[2] if "=" in tok else (tokens[i + 1] if i + 1 < len(tokens) else "")
+                if "=" not in tok:
+                    i += 1
+                algo, _, hexpart = value.partition(":")
+                if algo != "sha256":
+                    raise LockError(f"{where}: only sha256 hashes are accepted, got {value!r}")
+                if not is_sha256_hex(hexpart.lower()):
+                    raise LockError(f"{where}: malformed sha256 hash {value!r}")
+                hashes.add(hexpart.lower())
+            elif tok.startswith("--"):
+                raise LockError(f"{where}: unsupported per-requirement option {tok!r}")
+            else:
+                req_tokens.append(tok)
+            i += 1
+        req_text = " ".join(req_tokens)
+        if req_text.startswith(_VCS_PREFIXES):
+            raise LockError(f"{where}: {req_text.split()[0]}: VCS requirements need a build and are not hermetic; pin a wheel with a hash")
+        try:
+            req = Requirement(req_text)
+        except InvalidRequirement as e:
+            raise LockError(f"{where}: invalid requirement {req_text!r}: {e}") from None
+        name = canonical(req.name)
+        if req.marker is not None and not _marker_applies(req.marker, env, where):
+            continue
+        if req.url:
+            if req.url.startswith(_VCS_PREFIXES):
+                raise LockError(f"{where}: {name}: VCS requirements need a build and are not hermetic; pin a wheel with a hash")
+            if not hashes:
+                raise LockError(f"{where}: {name}: URL requirement without a --hash; add --hash=sha256:<hex>")
+            filename = req.url.rsplit("/", 1)[-1].split("#")[0]
+            if not filename.endswith(".whl"):
+                raise LockError(f"{where}: {name}: {filename} is not a wheel; sdists need a build, which is not hermetic")
+            from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+            try:
+                _, version, _, _ = parse_wheel_filename(filename)
+            except InvalidWheelFilename as e:
+                raise LockError(f"{where}: {name}: {e}") from None
+            wheel = LockedWheel(name, str(version), frozenset(hashes), where, urls=(req.url,), filenames=(filename,))
+        else:
+            specs = list(req.specifier)
+            if len(specs) != 1 or specs[0].operator not in ("==", "===") or "*" in specs[0].version:
+                shown = str(req.specifier) or "(no version)"
+                raise LockError(f"{where}: {name} is not pinned with == ({shown}); lock it with: hermetic lock")
+            if not hashes:
+                raise LockError(f"{where}: {name}=={specs[0].version} has no --hash; regenerate the lock with hashes (hermetic lock)")
+            wheel = LockedWheel(name, specs[0].version, frozenset(hashes), where)
+        if name in seen:
+            raise LockError(f"{where}: {name} is pinned twice (also at {seen[name]})")
+        seen[name] = where
+        wheels.append(wheel)
+    return wheels, index_urls, find_links
+
+
+def _option_line(where: str, tokens: list[str], index_urls: list[str], find_links: list[str]) -> None:
+    opt, _, value = tokens[0].partition("=")
+    if not value and len(tokens) > 1:
+        value = tokens[1]
+    if opt in ("-i", "--index-url"):
+        index_urls.insert(0, value)
+    elif opt == "--extra-index-url":
+        index_urls.append(value)
+    elif opt in ("-f", "--find-links"):
+        find_links.append(value)
+    elif opt in ("-e", "--editable"):
+        raise LockError(f"{where}: editable requirement {value!r} is not hermetic; lock a built wheel with a hash")
+    elif opt in ("-r", "--requirement", "-c", "--constraint"):
+        raise LockError(f"{where}: nested file {value!r}: a lock must be one self-contained file")
+    elif opt in ("--no-index", "--only-binary", "--prefer-binary", "--trusted-host", "--no-binary", "--pre", "--index-strategy"):
+        if opt == "--no-binary":
+            raise LockError(f"{where}: --no-binary asks for source builds, which are not hermetic")
+    else:
+        raise LockError(f"{where}: unsupported option {opt!r}")
+
+
+def _marker_applies(marker: Marker, env: dict[str, str], where: str) -> bool:
+    try:
+        return marker.evaluate(env)
+    except (InvalidMarker, Exception) as e:  # packaging raises UndefinedEnvironmentName etc.
+        raise LockError(f"{where}: cannot evaluate marker {marker}: {e}") from None

@@ -1,0 +1,120 @@
+"""Reader for uv.lock: walk the graph from the project root, evaluating markers.
+
+uv.lock is a universal lock (all platforms, possibly several versions of one
+package for different marker forks). The packages for the image are those
+reachable from the workspace root(s) whose dependency markers hold in the
+image's environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from packaging.markers import Marker
+
+from hermetic.errors import LockError
+from hermetic.lock.model import LockedWheel, Target, canonical
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+
+def _hash_hex(value: str, where: str) -> str:
+    algo, _, hexpart = value.partition(":")
+    if algo != "sha256" or len(hexpart) != 64:
+        raise LockError(f"{where}: unsupported hash {value!r} (sha256 required)")
+    return hexpart.lower()
+
+
+def read_uv_lock(path: Path, text: str, target: Target, *, groups: tuple[str, ...] = ()) -> tuple[list[LockedWheel], list[str]]:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise LockError(f"{path}: invalid TOML: {e}") from None
+    packages: list[dict[str, Any]] = doc.get("package", [])
+    if not packages:
+        raise LockError(f"{path}: no [[package]] entries")
+    env = target.marker_environment()
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for p in packages:
+        by_name.setdefault(canonical(p["name"]), []).append(p)
+
+    def is_root(p: dict[str, Any]) -> bool:
+        src = p.get("source", {})
+        return "editable" in src or "virtual" in src
+
+    roots = [p for p in packages if is_root(p)]
+    if not roots:
+        raise LockError(f"{path}: no workspace root package (source = editable/virtual) to start from")
+
+    def pick(dep: dict[str, Any], where: str) -> dict[str, Any] | None:
+        marker = dep.get("marker")
+        if marker and not Marker(marker).evaluate(env):
+            return None
+        cands = by_name.get(canonical(dep["name"]), [])
+        if "version" in dep:
+            cands = [c for c in cands if c.get("version") == dep["version"]]
+        if "source" in dep:
+            cands = [c for c in cands if c.get("source") == dep["source"]]
+        if len(cands) != 1:
+            raise LockError(f"{path}: {where} depends on {dep['name']}, which the lock does not pin unambiguously")
+        return cands[0]
+
+    chosen: dict[tuple[str, str], dict[str, Any]] = {}
+    extras_wanted: dict[tuple[str, str], set[str]] = {}
+    stack: list[tuple[dict[str, Any], set[str]]] = [(r, set()) for r in roots]
+    for r in roots:
+        for g in groups:
+            for dep in r.get("dev-dependencies", {}).get(g, []):
+                p = pick(dep, r["name"])
+                if p is not None:
+                    stack.append((p, set(dep.get("extra", []))))
+    while stack:
+        pkg, extras = stack.pop()
+        key = (canonical(pkg["name"]), pkg.get("version", ""))
+        have = extras_wanted.get(key)
+        if have is not None and extras <= have:
+            continue
+        extras_wanted[key] = (have or set()) | extras
+        chosen[key] = pkg
+        deps = list(pkg.get("dependencies", []))
+        for extra in extras:
+            deps += pkg.get("optional-dependencies", {}).get(extra, [])
+        for dep in deps:
+            p = pick(dep, pkg["name"])
+            if p is not None:
+                stack.append((p, set(dep.get("extra", []))))
+
+    wheels: list[LockedWheel] = []
+    indexes: list[str] = []
+    for (name, version), pkg in sorted(chosen.items()):
+        if is_root(pkg):
+            continue
+        where = f"{path}: package {name}=={version}"
+        src = pkg.get("source", {})
+        if "git" in src or "directory" in src or "path" in src and not str(src.get("path", "")).endswith(".whl"):
+            raise LockError(f"{where}: source {src} needs a build, which is not hermetic; lock a wheel with a hash")
+        files = pkg.get("wheels", [])
+        if not files:
+            raise LockError(f"{where}: no wheel in the lock (sdist only); sdists need a build, which is not hermetic")
+        hashes = set()
+        urls = []
+        filenames = []
+        for w in files:
+            if "hash" not in w:
+                raise LockError(f"{where}: wheel {w.get('url', w.get('filename', '?'))} has no hash")
+            hashes.add(_hash_hex(w["hash"], where))
+            if "url" in w:
+                urls.append(w["url"])
+                filenames.append(w["url"].rsplit("/", 1)[-1].split("#")[0])
+            elif "filename" in w:
+                filenames.append(w["filename"])
+        index = src.get("registry")
+        if index and index not in indexes and not index.startswith(("/", ".")):
+            indexes.append(index)
+        wheels.append(LockedWheel(name, version, frozenset(hashes), where, urls=tuple(urls),
+                                  index=index, filenames=tuple(filenames)))
+    return wheels, indexes

@@ -1,0 +1,51 @@
+"""Run and group identifiers: sortable by time, unique without coordination.
+
+``20261129-214500-1a2b3c`` (UTC date, time, 24 random bits), optionally
+followed by ``-<name>``. Sorting the IDs as strings sorts the runs by start
+time, so a directory listing is already a history; the random part keeps two
+runs started in the same second on different machines apart.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from datetime import datetime, timezone
+
+RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}(?:-[a-z0-9][a-z0-9._-]{0,62})?$")
+_NAME_BAD = re.compile(r"[^a-z0-9._-]+")
+
+
+def utc(now: datetime | None = None) -> datetime:
+    """``now`` as an aware UTC datetime (naive values are taken to be UTC)."""
+    now = now or datetime.now(timezone.utc)
+    return now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now.astimezone(timezone.utc)
+
+
+def iso_utc(now: datetime | None = None) -> str:
+    """ISO 8601 UTC with milliseconds and a ``Z``: ``2026-11-29T21:45:00.123Z``."""
+    t = utc(now)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def slug(name: str) -> str:
+    """A run name as it may appear in an ID: lowercase, ``[a-z0-9._-]``, at most 63 chars."""
+    s = _NAME_BAD.sub("-", name.strip().lower()).strip("-._")
+    return s[:63].rstrip("-._")
+
+
+def new_run_id(now: datetime | None = None, name: str | None = None) -> str:
+    """A fresh run ID; ``name`` (slugged) is appended when it is not empty."""
+    t = utc(now)
+    rid = t.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    s = slug(name) if name else ""
+    return f"{rid}-{s}" if s else rid
+
+
+def new_group_id(now: datetime | None = None, name: str | None = None) -> str:
+    """A multi-seed group's ID: the same shape as a run ID (groups and runs sort together)."""
+    return new_run_id(now, name)
+
+
+def is_run_id(text: str) -> bool:
+    return bool(RUN_ID_RE.match(text))

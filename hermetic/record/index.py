@@ -1,0 +1,199 @@
+"""runs/.index.jsonl: one summary line per run or group, so listing never parses run.json.
+
+Written by ``write_record``/``write_group`` (one appended line each, under a
+flock; the last line for an ID wins) and repaired by the reader: directories
+the index does not know are read once and appended, entries whose directory
+is gone are dropped (the file is rewritten when they pile up). The index is a
+cache: deleting it is always safe, the next listing rebuilds it. This module
+imports only the standard library and hermetic.canonical/fsutil, so that
+``hermetic runs`` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hermetic.canonical import canonical_json
+from hermetic.fsutil import atomic_write_bytes, file_lock
+from hermetic.record.ids import RUN_ID_RE
+
+INDEX_NAME = ".index.jsonl"
+LOCK_NAME = ".index.lock"
+INDEX_VERSION = 1
+RUN_JSON = "run.json"
+GROUP_JSON = "group.json"
+
+
+def index_path(runs_root: str | os.PathLike[str]) -> Path:
+    return Path(runs_root) / INDEX_NAME
+
+
+def run_entry(record: dict[str, Any], dir_name: str | None = None) -> dict[str, Any]:
+    """The index line for a run record (what ``hermetic runs`` shows)."""
+    meta, inv = record["record"], record["invocation"]
+    return {
+        "v": INDEX_VERSION,
+        "kind": "run",
+        "id": dir_name or meta["run_id"],
+        "started_at": meta["started_at"],
+        "finished_at": meta["finished_at"],
+        "status": meta["status"],
+        "exit_code": meta["exit_code"],
+        "image": record["image"]["id"],
+        "data": {name: ds["manifest_sha256"] for name, ds in sorted(record["data"].items())},
+        "seed": record["seed"]["value"],
+        "final": record["metrics"]["final"],
+        "name": inv["name"],
+        "group": inv["group"],
+        "replay_of": inv["replay_of"],
+        "record_sha256": meta["record_sha256"],
+    }
+
+
+def group_entry(group: dict[str, Any], dir_name: str | None = None) -> dict[str, Any]:
+    """The index line for a multi-seed group (group.json)."""
+    meta = group["group"]
+    return {
+        "v": INDEX_VERSION,
+        "kind": "group",
+        "id": dir_name or meta["group_id"],
+        "started_at": meta["started_at"],
+        "finished_at": meta["written_at"],
+        "status": meta["status"],
+        "exit_code": None,
+        "image": group["inputs"]["image"],
+        "data": group["inputs"]["data"],
+        "seeds": [m["seed"] for m in group["members"]],
+        "final": {k: v["mean"] for k, v in group["metrics"].items()},
+        "sd": {k: v["sd"] for k, v in group["metrics"].items()},
+        "name": meta["name"],
+        "group": None,
+        "replay_of": None,
+        "record_sha256": meta["group_sha256"],
+    }
+
+
+def append_entry(runs_root: str | os.PathLike[str], entry: dict[str, Any]) -> None:
+    """Append one line, atomically with respect to other writers (flock + one write)."""
+    _append_many(Path(runs_root), [entry])
+
+
+def read_index(runs_root: str | os.PathLike[str]) -> tuple[dict[str, dict[str, Any]], int]:
+    """``({id: latest entry}, number of lines)``; unparsable lines are skipped."""
+    try:
+        data = (Path(runs_root) / INDEX_NAME).read_bytes()
+    except FileNotFoundError:
+        return {}, 0
+    entries: dict[str, dict[str, Any]] = {}
+    lines = data.split(b"\n")
+    for raw in lines:
+        if not raw:
+            continue
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue  # a torn line from a killed writer; its directory gets re-read below
+        if isinstance(entry, dict) and entry.get("v") == INDEX_VERSION and isinstance(entry.get("id"), str):
+            entries[entry["id"]] = entry
+    return entries, len(lines)
+
+
+def entry_from_dir(run_dir: Path) -> dict[str, Any]:
+    """Index entry read from the directory itself (run.json or group.json), or a placeholder.
+
+    Placeholders (status ``incomplete``: no record yet, the run is running or
+    was killed before writing one; ``unreadable``: a record that does not
+    parse) are shown but never written to the index, so the directory is
+    looked at again next time.
+    """
+    for fname, make in ((RUN_JSON, run_entry), (GROUP_JSON, group_entry)):
+        path = run_dir / fname
+        try:
+            doc = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            return _placeholder(run_dir.name, "unreadable")
+        try:
+            return make(doc, run_dir.name)
+        except (KeyError, TypeError, AttributeError):
+            return _placeholder(run_dir.name, "unreadable")
+    return _placeholder(run_dir.name, "incomplete")
+
+
+def _placeholder(name: str, status: str) -> dict[str, Any]:
+    return {"v": INDEX_VERSION, "kind": "run", "id": name, "started_at": started_from_id(name), "finished_at": None,
+            "status": status, "exit_code": None, "image": None, "data": {}, "final": {}, "name": None,
+            "group": None, "replay_of": None, "record_sha256": None, "placeholder": True}
+
+
+def started_from_id(run_id: str) -> str | None:
+    """``20261129-214500-...`` -> ``2026-11-29T21:45:00.000Z`` (None for other names)."""
+    if not RUN_ID_RE.match(run_id):
+        return None
+    d, t = run_id[:8], run_id[9:15]
+    return f"{d[:4]}-{d[4:6]}-{d[6:]}T{t[:2]}:{t[2:4]}:{t[4:]}.000Z"
+
+
+def list_entries(runs_root: str | os.PathLike[str], *, reindex: bool = False) -> list[dict[str, Any]]:
+    """Every run and group under ``runs_root``, newest first, repairing the index as needed.
+
+    Cost: one directory listing plus one read of the index; run.json files
+    are read only for directories the index does not know (all of them with
+    ``reindex=True``). Index writes are best effort: a read-only runs
+    directory is listed all the same.
+    """
+    root = Path(runs_root)
+    try:
+        names = {e.name for e in os.scandir(root) if not e.name.startswith(".") and e.is_dir()}
+    except FileNotFoundError:
+        return []
+    known, nlines = ({}, 0) if reindex else read_index(root)
+    live = {n: known[n] for n in names if n in known}
+    fresh = [entry_from_dir(root / n) for n in sorted(names - live.keys())]
+    to_store = [e for e in fresh if not e.get("placeholder")]
+    dead = nlines - 1 - len(live)  # lines beyond one per live entry: superseded or removed runs
+    try:
+        if reindex or (nlines == 0 and to_store) or (dead > 1000 and dead > len(live)):
+            _rewrite(root, names, to_store, keep_known=not reindex)
+        elif to_store:
+            _append_many(root, to_store)
+    except OSError:
+        pass
+    out = list(live.values()) + fresh
+    out.sort(key=lambda e: (e.get("started_at") or "", e["id"]), reverse=True)
+    return out
+
+
+def _append_many(root: Path, entries: list[dict[str, Any]]) -> None:
+    body = b"".join(canonical_json(e) + b"\n" for e in entries)
+    with file_lock(root / LOCK_NAME):
+        fd = os.open(root / INDEX_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            # A writer killed mid-line left no newline: end its line so ours parses.
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                body = b"\n" + body
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+
+
+def _rewrite(root: Path, names: set[str], fresh: list[dict[str, Any]], *, keep_known: bool) -> None:
+    """Replace the index with one line per live directory.
+
+    The index is re-read under the lock, so a line another process appended
+    since our first read (a newer record for a known run) is kept.
+    """
+    with file_lock(root / LOCK_NAME):
+        current = read_index(root)[0] if keep_known else {}
+        merged = {n: e for n, e in current.items() if n in names}
+        for e in fresh:
+            merged.setdefault(e["id"], e)
+        body = b"".join(canonical_json(merged[k]) + b"\n" for k in sorted(merged))
+        atomic_write_bytes(root / INDEX_NAME, body, fsync=False)

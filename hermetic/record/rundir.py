@@ -1,0 +1,194 @@
+"""The run directory on disk: create it, write and load run.json, find a run by ID.
+
+``runs/<id>/`` holds run.json (the record), README.md (how to reproduce it,
+in words), outputs/, logs/, code/ (source.tar, diff.patch) and data/
+(copies of the dataset manifests the run was verified against).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hermetic.canonical import pretty_json
+from hermetic.errors import HermeticError, IntegrityError
+from hermetic.fsutil import atomic_write_text
+from hermetic.record.index import GROUP_JSON, INDEX_NAME, RUN_JSON, append_entry, run_entry
+from hermetic.record.secrets_policy import REDACTED, is_secret_name
+from hermetic.record.seal import seal, verify_seal
+
+RUN_SUBDIRS = ("outputs", "logs", "code", "data")
+README_NAME = "README.md"
+
+
+class RunNotFound(HermeticError):
+    """A run reference (ID, prefix or path) names no run (a usage error: exit 2)."""
+
+    exit_code = 2
+
+
+def create_run_dir(runs_root: str | os.PathLike[str], run_id: str) -> Path:
+    """Make ``runs_root/run_id`` and its subfolders; refuse if it already exists.
+
+    ``os.mkdir`` fails on an existing directory, so two runs can never share
+    (or overwrite) a directory, even when started at the same instant.
+    """
+    from hermetic.record.ids import is_run_id
+
+    if not is_run_id(run_id):
+        raise HermeticError(f"{run_id!r} is not a run ID (use hermetic.record.new_run_id)")
+    root = Path(runs_root)
+    root.mkdir(parents=True, exist_ok=True)
+    run_dir = root / run_id
+    try:
+        os.mkdir(run_dir)
+    except FileExistsError:
+        raise HermeticError(f"{run_dir}: already exists; a run directory is never reused") from None
+    for sub in RUN_SUBDIRS:
+        os.mkdir(run_dir / sub)
+    return run_dir
+
+
+def redact_secrets(record: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``record`` in which no secret-named variable keeps its value.
+
+    env.passed and env.determinism lose such variables and their names join
+    env.secrets; in invocation.config any string under a secret-looking key
+    becomes ``<redacted>`` (config_sha256 stays the digest of the real config).
+    """
+    out = copy.deepcopy(record)
+    env = out.get("env")
+    if isinstance(env, dict):
+        names = set(env.get("secrets") or [])
+        for section in ("passed", "determinism"):
+            values = env.get(section)
+            if isinstance(values, dict):
+                for k in [k for k in values if is_secret_name(k)]:
+                    del values[k]
+                    names.add(k)
+        env["secrets"] = sorted(names)
+    inv = out.get("invocation")
+    if isinstance(inv, dict) and isinstance(inv.get("config"), dict):
+        inv["config"] = _redact_tree(inv["config"])
+    return out
+
+
+def _redact_tree(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: (REDACTED if isinstance(v, str) and is_secret_name(str(k)) else _redact_tree(v))
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_redact_tree(v) for v in node]
+    return node
+
+
+def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> dict[str, Any]:
+    """Validate, redact, seal and write ``run_dir/run.json`` (+ README.md, + index line).
+
+    Returns the sealed record as written. May be called more than once for a
+    run (e.g. an early record with status ``interrupted``, then the final
+    one): each call replaces run.json atomically and the index keeps the
+    latest. Raises RecordError naming the key when the record is malformed;
+    nothing is written then.
+    """
+    from hermetic.record.readme import render_readme
+    from hermetic.record.schema import RecordError, validate_record
+
+    run_dir = Path(run_dir)
+    source = str(run_dir / RUN_JSON)
+    clean = redact_secrets(record)
+    validate_record(clean, source=source, sealed=False)
+    run_id = clean["record"]["run_id"]
+    if run_dir.name != run_id:
+        raise RecordError(f"{source}: record.run_id: {run_id!r} does not match the directory name {run_dir.name!r}")
+    try:
+        sealed = seal(clean)
+    except ValueError as e:  # NaN/Infinity somewhere: JSON cannot hold them
+        raise RecordError(f"{source}: {e} (store non-finite numbers as 'NaN'/'Infinity' strings)") from None
+    atomic_write_text(run_dir / RUN_JSON, pretty_json(sealed))
+    atomic_write_text(run_dir / README_NAME, render_readme(sealed))
+    update_index(run_dir.parent, run_entry(sealed, run_dir.name))
+    return sealed
+
+
+def update_index(runs_root: Path, entry: dict[str, Any]) -> None:
+    """Best effort: the index is a cache that listing repairs, so failing to write it
+    must not fail a run; a stale index is removed so that it is rebuilt."""
+    try:
+        append_entry(runs_root, entry)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(runs_root / INDEX_NAME)
+
+
+def record_path(run_dir_or_run_json: str | os.PathLike[str]) -> Path:
+    p = Path(run_dir_or_run_json)
+    return p if p.name == RUN_JSON or p.is_file() else p / RUN_JSON
+
+
+def load_json_doc(path: Path, what: str) -> Any:
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        where = path.parent
+        raise RunNotFound(f"{where}: no {path.name} here (not a {what} directory, or the run has not "
+                          "finished writing its record)") from None
+    except OSError as e:
+        raise RunNotFound(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        from hermetic.record.schema import RecordError
+
+        raise RecordError(f"{path}: not valid JSON: {e}") from None
+
+
+def load_record(run_dir_or_run_json: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read, validate and check the seal of a run.json (a run dir or the file itself).
+
+    RunNotFound (exit 2) when there is none, RecordError (exit 2) when it is
+    malformed, IntegrityError (exit 3) when it was edited after writing.
+    """
+    from hermetic.record.schema import validate_record
+
+    path = record_path(run_dir_or_run_json)
+    doc = load_json_doc(path, "run")
+    validate_record(doc, source=str(path))
+    if not verify_seal(doc):
+        raise IntegrityError(f"{path}: record_sha256 does not match the content; the record was changed "
+                             "after hermetic wrote it")
+    return doc
+
+
+def resolve_run(ref: str, runs_root: str | os.PathLike[str] | None) -> Path:
+    """A run or group directory from a path, an ID, or a unique ID prefix.
+
+    ``runs/20261129-2145``, ``20261129-214500-1a2b3c`` and ``20261129-2145``
+    (when only one run starts so) all work. RunNotFound (exit 2) otherwise.
+    """
+    p = Path(ref)
+    if p.is_dir() and ((p / RUN_JSON).exists() or (p / GROUP_JSON).exists() or runs_root is None
+                       or "/" in ref or ref in (".", "..")):
+        return p
+    if p.is_file() and p.name in (RUN_JSON, GROUP_JSON):
+        return p.parent
+    if runs_root is None or "/" in ref or not ref:
+        raise RunNotFound(f"{ref}: no such run directory")
+    root = Path(runs_root)
+    if (root / ref).is_dir():
+        return root / ref
+    try:
+        matches = sorted(e.name for e in os.scandir(root)
+                         if e.name.startswith(ref) and not e.name.startswith(".") and e.is_dir())
+    except FileNotFoundError:
+        raise RunNotFound(f"{ref}: no such run ({root} does not exist)") from None
+    if len(matches) == 1:
+        return root / matches[0]
+    if not matches:
+        raise RunNotFound(f"{ref}: no run with this ID or prefix in {root} (see `hermetic runs`)")
+    shown = ", ".join(matches[:4]) + (f" and {len(matches) - 4} more" if len(matches) > 4 else "")
+    raise RunNotFound(f"{ref}: ambiguous run ID prefix: {len(matches)} runs match ({shown})")

@@ -1,0 +1,277 @@
+"""The shape of run.json, checked strictly: every key present, nothing extra, right types.
+
+The record stays a plain dict everywhere (it is hashed, diffed and written as
+JSON); these models only *check* it. A malformed record is refused with one
+line naming the key path, e.g. ``image.packages[3].sha256: must be 64
+lowercase hex characters``. ``software`` and ``hardware`` are whatever the
+in-image probe reports, so only their container types are checked.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+
+from hermetic.canonical import is_sha256_hex
+from hermetic.errors import HermeticError
+from hermetic.record.ids import RUN_ID_RE
+from hermetic.record.secrets_policy import is_secret_name
+
+SCHEMA_VERSION = 1
+_ISO_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|\+00:00)$")
+_DATASET_FILE = re.compile(r"^data/([a-z0-9][a-z0-9._-]{0,127})\.sha256$")
+
+
+class RecordError(HermeticError):
+    """run.json (or group.json) does not have the documented shape."""
+
+    exit_code = 2
+
+
+def _hex64(v: str) -> str:
+    if not is_sha256_hex(v):
+        raise ValueError(f"must be 64 lowercase hex characters (got {v[:80]!r})")
+    return v
+
+
+def _digest(v: str) -> str:
+    if not (v.startswith("sha256:") and is_sha256_hex(v[7:])):
+        raise ValueError(f"must be 'sha256:' and 64 lowercase hex characters (got {v[:80]!r})")
+    return v
+
+
+def _iso(v: str) -> str:
+    if not _ISO_UTC.match(v):
+        raise ValueError(f"must be an ISO 8601 UTC time like 2026-11-29T21:45:00.000Z (got {v[:80]!r})")
+    return v
+
+
+def _run_id(v: str) -> str:
+    if not RUN_ID_RE.match(v):
+        raise ValueError(f"must be a run ID like 20261129-214500-1a2b3c[-name] (got {v[:80]!r})")
+    return v
+
+
+def _relpath(v: str) -> str:
+    parts = v.split("/")
+    if not v or v.startswith("/") or "\\" in v or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"must be a relative '/'-separated path without '.' or '..' parts (got {v[:120]!r})")
+    return v
+
+
+Hex64 = Annotated[str, AfterValidator(_hex64)]
+Digest = Annotated[str, AfterValidator(_digest)]
+IsoTime = Annotated[str, AfterValidator(_iso)]
+RunId = Annotated[str, AfterValidator(_run_id)]
+RelPath = Annotated[str, AfterValidator(_relpath)]
+NonNegInt = Annotated[int, Field(ge=0)]
+Number = Union[StrictInt, StrictFloat, Literal["NaN", "Infinity", "-Infinity"]]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class RecordMeta(_Strict):
+    schema_version: Literal[1]
+    run_id: RunId
+    tool: str
+    started_at: IsoTime
+    finished_at: Optional[IsoTime]
+    status: Literal["succeeded", "failed", "interrupted", "refused"]
+    exit_code: Optional[int]
+    record_sha256: Union[Hex64, Literal[""]]
+
+
+class Invocation(_Strict):
+    argv: list[str]
+    script: str
+    args: list[str]
+    config: dict[str, Any]
+    config_sha256: Hex64
+    name: Optional[str]
+    replay_of: Optional[RunId]
+    group: Optional[RunId]
+    gpus: Optional[str]
+    network: Literal["none", "host"]
+
+
+class Package(_Strict):
+    name: str
+    version: str
+    sha256: Hex64
+    filename: str
+
+
+class Cuda(_Strict):
+    runtime: Optional[str]
+    cudnn: Optional[str]
+    cublas: Optional[str]
+    nccl: Optional[str]
+    torch_variant: Optional[str]
+
+
+class Image(_Strict):
+    id: Digest
+    manifest_digest: Digest
+    repo_digests: list[str]
+    base: str
+    lock_sha256: Hex64
+    packages: list[Package]
+    cuda: Cuda
+    labels: dict[str, str]
+
+
+class Git(_Strict):
+    commit: Optional[str]
+    branch: Optional[str]
+    dirty: bool
+    diff_sha256: Optional[Hex64]
+    diff_file: Optional[Literal["code/diff.patch"]]
+    untracked: dict[RelPath, Hex64]
+
+
+class Snapshot(_Strict):
+    file: Literal["code/source.tar"]
+    sha256: Hex64
+    files: dict[RelPath, Hex64]
+
+
+class Code(_Strict):
+    git: Optional[Git]
+    snapshot: Snapshot
+
+
+class Dataset(_Strict):
+    path: str
+    mount: str
+    manifest_file: str
+    manifest_sha256: Hex64
+    bytes: NonNegInt
+    count: NonNegInt
+    verify_mode: Literal["stat-cache", "full"]
+
+
+class Seed(_Strict):
+    value: NonNegInt
+    policy: Literal["config", "cli", "group"]
+    applied: dict[str, Any]
+
+
+class Env(_Strict):
+    determinism: dict[str, str]
+    passed: dict[str, str]
+    secrets: list[str]
+
+
+class OutputFile(_Strict):
+    sha256: Hex64
+    size: NonNegInt
+    symlink: Optional[str] = None  # only for symbolic links: the link's target, as written
+
+
+class Outputs(_Strict):
+    files: dict[RelPath, OutputFile]
+
+
+class Metrics(_Strict):
+    final: dict[str, Number]
+    steps: Optional[NonNegInt]
+    file: Optional[Literal["outputs/metrics.jsonl"]]
+
+
+class Record(_Strict):
+    record: RecordMeta
+    invocation: Invocation
+    image: Image
+    code: Code
+    data: dict[str, Dataset]
+    seed: Seed
+    env: Env
+    software: dict[str, Any]
+    hardware: dict[str, Any]
+    outputs: Outputs
+    metrics: Metrics
+
+
+def validate_record(record: Any, *, source: str = "run.json", sealed: bool = True) -> dict[str, Any]:
+    """Return ``record`` unchanged if it has the documented shape; else raise RecordError.
+
+    ``sealed=False`` accepts an empty ``record.record_sha256`` (a record about
+    to be sealed); loaded records must be sealed.
+    """
+    if not isinstance(record, dict):
+        raise RecordError(f"{source}: top level must be a JSON object (got {type(record).__name__})")
+    try:
+        Record.model_validate(record)
+    except ValidationError as e:
+        raise RecordError(_first_error(e, record, source)) from None
+    _check_cross_fields(record, source, sealed)
+    return record
+
+
+def _check_cross_fields(record: dict[str, Any], source: str, sealed: bool) -> None:
+    meta = record["record"]
+    if sealed and not meta["record_sha256"]:
+        raise RecordError(f"{source}: record.record_sha256: is empty (the record was never sealed)")
+    for name, ds in record["data"].items():
+        m = _DATASET_FILE.match(ds["manifest_file"])
+        if not m or m.group(1) != name:
+            raise RecordError(f"{source}: data.{name}.manifest_file: must be 'data/{name}.sha256' "
+                              f"(got {ds['manifest_file']!r})")
+    for name in record["env"]["passed"]:
+        if is_secret_name(name):
+            raise RecordError(f"{source}: env.passed.{name}: looks like a secret; only its name may be "
+                              "recorded, in env.secrets")
+    git = record["code"]["git"]
+    if git is not None and git["dirty"] and git["diff_sha256"] is not None and git["diff_file"] is None:
+        raise RecordError(f"{source}: code.git.diff_file: must be 'code/diff.patch' when diff_sha256 is set")
+
+
+def _first_error(e: ValidationError, data: Any, source: str) -> str:
+    err = e.errors()[0]
+    key = _key_path(err["loc"], data)
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    else:
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"].endswith("_type") or err["type"] == "literal_error":
+            msg += f" (got {_json_type(err.get('input'))})"
+    more = len(e.errors()) - 1
+    # Union members each report the same failure; count distinct keys instead.
+    distinct = {_key_path(x["loc"], data) for x in e.errors()} - {key}
+    tail = f" (and {len(distinct)} more)" if more and distinct else ""
+    return f"{source}: {key}: {msg}{tail}" if key else f"{source}: {msg}{tail}"
+
+
+def _key_path(loc: tuple[Any, ...], data: Any) -> str:
+    """pydantic's error location as a dotted key path through the *data*.
+
+    Parts that do not index into the data (union member tags such as
+    ``'int'`` or ``"literal['NaN']"``) are dropped, so the path names a key
+    the user can find in the file.
+    """
+    out = ""
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(node, dict) and isinstance(part, str):
+            # a missing or unknown key: still name it, then stop walking
+            out += ("." if out else "") + part
+            break
+        else:
+            break
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out
+
+
+def _json_type(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)

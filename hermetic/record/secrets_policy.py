@@ -1,0 +1,25 @@
+"""Which environment variables are secrets: their names are recorded, never their values."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+SECRET_MARKERS = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
+REDACTED = "<redacted>"
+
+
+def is_secret_name(name: str) -> bool:
+    """True when ``name`` contains TOKEN, SECRET, KEY, PASSWORD or CREDENTIAL (any case).
+
+    Deliberately broad: recording ``MONKEY=1`` by name only costs nothing,
+    recording ``WANDB_API_KEY``'s value leaks it into every copy of the run.
+    """
+    upper = name.upper()
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
+def split_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """``env`` -> (the non-secret variables with values, the secret names sorted)."""
+    passed = {k: v for k, v in env.items() if not is_secret_name(k)}
+    names = sorted(k for k in env if is_secret_name(k))
+    return passed, names

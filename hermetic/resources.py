@@ -1,0 +1,33 @@
+"""Where hermetic's non-Python files (templates) are found.
+
+In a source checkout (and an editable install) they live in the repository's
+templates/ folder next to the package; an installed wheel carries them in
+hermetic/templates/. Both are looked at, checkout first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hermetic
+from hermetic.errors import HermeticError
+
+_PACKAGE_DIR = Path(hermetic.__file__).resolve().parent
+
+
+def template_dirs() -> list[Path]:
+    return [_PACKAGE_DIR.parent / "templates", _PACKAGE_DIR / "templates"]
+
+
+def template_path(name: str) -> Path:
+    """The path of template ``name`` (e.g. ``run-README.md``); HermeticError if absent."""
+    for d in template_dirs():
+        p = d / name
+        if p.is_file():
+            return p
+    looked = ", ".join(str(d) for d in template_dirs())
+    raise HermeticError(f"template {name!r} not found (looked in {looked}); the installation is incomplete")
+
+
+def read_template(name: str) -> str:
+    return template_path(name).read_text(encoding="utf-8")

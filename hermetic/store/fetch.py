@@ -1,0 +1,368 @@
+"""``hermetic fetch``: every locked wheel for the target, into the wheel store.
+
+For each locked package the store is consulted first: if a file whose sha256
+the lock allows is already there (and its tags fit the image), nothing is
+fetched, and no network is touched at all. Otherwise sources are tried in
+order (the lock's own file URLs, the lock's indexes, pip's configured
+find-links and indexes); a source that does not answer is skipped with a
+note. Among the files a source offers, the best tag for the image is taken
+whose hash the lock allows; the bytes are hashed on their way into the store.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+from urllib.parse import unquote, urljoin, urlsplit
+
+from packaging.utils import canonicalize_name, canonicalize_version
+
+from hermetic.errors import HermeticError, IntegrityError
+from hermetic.indexes import PipSources
+from hermetic.lock.model import Lock, LockedWheel, ResolvedWheel, Target
+from hermetic.lock.tags import parse_wheel_name_version, wheel_priority
+from hermetic.store.wheels import StoredWheel, WheelStore
+
+_SDIST_SUFFIXES = (".tar.gz", ".zip", ".tar.bz2", ".tgz")
+_JSON_ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
+
+
+class FetchError(HermeticError):
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    filename: str
+    url: str  # http(s)://… or file://… or a local path
+    sha256: str | None
+    source: str
+
+
+@dataclass
+class FetchReport:
+    resolved: list[ResolvedWheel]
+    downloaded: list[str] = field(default_factory=list)  # filenames fetched this time
+    bytes_downloaded: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def best_stored(wheel: LockedWheel, store: WheelStore, target: Target) -> StoredWheel | None:
+    """The stored file for this pin that an installer in the image would pick."""
+    best: tuple[int, StoredWheel] | None = None
+    for sw in store.find_any(wheel.sha256s):
+        prio = wheel_priority(sw.filename, target)
+        if prio is not None and (best is None or prio < best[0]):
+            best = (prio, sw)
+    return best[1] if best else None
+
+
+def resolve_from_store(lock: Lock, store: WheelStore) -> tuple[list[ResolvedWheel], list[LockedWheel]]:
+    """(wheels found in the store, pins still missing) — no network."""
+    found, missing = [], []
+    for w in lock.wheels:
+        sw = best_stored(w, store, lock.target)
+        if sw is None:
+            missing.append(w)
+        else:
+            found.append(ResolvedWheel(w, sw.filename, sw.sha256, sw.size, str(sw.path)))
+    return found, missing
+
+
+class _Anchors(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []  # (href, text)
+        self._href: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href") or ""
+            self.links.append((self._href, ""))
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None and self.links:
+            href, text = self.links[-1]
+            self.links[-1] = (href, text + data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a":
+            self._href = None
+
+
+class SourceSet:
+    """Indexes and find-links locations, queried at most once per package."""
+
+    def __init__(self, sources: PipSources, lock: Lock, *, timeout: float = 30.0):
+        self.lock = lock
+        self.timeout = timeout
+        self._session = None
+        self._session_lock = threading.Lock()
+        self.unreachable: set[str] = set()
+        self._pages: dict[tuple[str, str], list[Candidate] | None] = {}
+        self._dir_listing: dict[str, list[str]] = {}
+        self._mu = threading.Lock()
+        find_links = list(lock.find_links) + [f for f in sources.find_links if f not in lock.find_links]
+        indexes = list(lock.index_urls) + [i for i in sources.indexes() if i not in lock.index_urls]
+        self.find_links = find_links
+        self.indexes = indexes
+
+    def session(self):
+        with self._session_lock:
+            if self._session is None:
+                import requests
+
+                s = requests.Session()
+                s.headers["User-Agent"] = "hermetic (+wheel fetch)"
+                self._session = s
+            return self._session
+
+    # -- listing --------------------------------------------------------
+    def candidates(self, wheel: LockedWheel) -> Iterable[tuple[str, list[Candidate]]]:
+        """(source label, candidates) in the order sources are tried."""
+        if wheel.urls:
+            direct = [Candidate(u.rsplit("/", 1)[-1].split("#")[0], u, None, "lock") for u in wheel.urls]
+            yield "the lock's file URLs", direct
+        per_pkg = [wheel.index] if wheel.index else []
+        for loc in self.find_links:
+            yield f"find-links {loc}", self._find_links(loc)
+        for idx in per_pkg + [i for i in self.indexes if i not in per_pkg]:
+            yield f"index {idx}", self._index_page(idx, wheel.name) or []
+
+    def _find_links(self, loc: str) -> list[Candidate]:
+        key = (loc, "")
+        with self._mu:
+            if key in self._pages:
+                return self._pages[key] or []
+        out: list[Candidate] = []
+        path = loc[len("file://"):] if loc.startswith("file://") else loc
+        if "://" not in path:
+            p = Path(path)
+            if p.is_dir():
+                out = [Candidate(n, str(p / n), None, f"find-links {loc}") for n in sorted(os.listdir(p))]
+            elif p.is_file() and p.suffix in (".html", ".htm"):
+                out = self._parse_html(p.read_text(errors="replace"), p.as_uri(), loc)
+        else:
+            text = self._get_text(loc, accept="text/html")
+            if text is not None:
+                out = self._parse_html(text, loc, loc)
+        with self._mu:
+            self._pages[key] = out
+        return out
+
+    def _index_page(self, index: str, name: str) -> list[Candidate] | None:
+        key = (index, name)
+        with self._mu:
+            if key in self._pages:
+                return self._pages[key]
+        base = index.rstrip("/") + "/" + canonicalize_name(name) + "/"
+        result: list[Candidate] | None = None
+        if base.startswith("file://") or "://" not in base:
+            d = Path(unquote(urlsplit(base).path) if base.startswith("file://") else base)
+            page = d / "index.html"
+            if page.is_file():
+                result = self._parse_html(page.read_text(errors="replace"), page.as_uri(), index)
+        else:
+            resp = self._get(base, accept=_JSON_ACCEPT)
+            if resp is not None and resp.status_code == 200:
+                ctype = resp.headers.get("Content-Type", "")
+                if "json" in ctype:
+                    doc = resp.json()
+                    result = [
+                        Candidate(f["filename"], urljoin(resp.url, f["url"]), (f.get("hashes") or {}).get("sha256"), f"index {index}")
+                        for f in doc.get("files", [])
+                    ]
+                else:
+                    result = self._parse_html(resp.text, resp.url, index)
+            elif resp is not None and resp.status_code == 404:
+                result = []
+        with self._mu:
+            self._pages[key] = result
+        return result
+
+    def _parse_html(self, text: str, base_url: str, label: str) -> list[Candidate]:
+        parser = _Anchors()
+        parser.feed(text)
+        out = []
+        for href, anchor_text in parser.links:
+            if not href:
+                continue
+            url = urljoin(base_url, href)
+            frag = urlsplit(url).fragment
+            sha = None
+            if frag.startswith("sha256="):
+                sha = frag[len("sha256="):].lower()
+            filename = unquote(urlsplit(url).path.rsplit("/", 1)[-1]) or anchor_text.strip()
+            out.append(Candidate(filename, url.split("#")[0], sha, label))
+        return out
+
+    def _get(self, url: str, accept: str):
+        import requests
+
+        host = urlsplit(url).netloc
+        if host in self.unreachable:
+            return None
+        try:
+            return self.session().get(url, headers={"Accept": accept}, timeout=self.timeout)
+        except requests.RequestException:
+            with self._mu:
+                self.unreachable.add(host)
+            return None
+
+    def _get_text(self, url: str, accept: str) -> str | None:
+        resp = self._get(url, accept)
+        return resp.text if resp is not None and resp.status_code == 200 else None
+
+
+def _matches(c: Candidate, wheel: LockedWheel) -> bool:
+    nv = parse_wheel_name_version(c.filename)
+    if nv is None:
+        return False
+    name, version = nv
+    return canonicalize_name(name) == wheel.name and canonicalize_version(version) == canonicalize_version(wheel.version)
+
+
+def _is_sdist_of(c: Candidate, wheel: LockedWheel) -> bool:
+    if not c.filename.endswith(_SDIST_SUFFIXES):
+        return False
+    stem = c.filename
+    for suf in _SDIST_SUFFIXES:
+        if stem.endswith(suf):
+            stem = stem[: -len(suf)]
+    name, _, version = stem.rpartition("-")
+    return canonicalize_name(name) == wheel.name and canonicalize_version(version) == canonicalize_version(wheel.version)
+
+
+def choose(wheel: LockedWheel, sources: SourceSet, target: Target) -> tuple[Candidate | None, list[str]]:
+    """The best candidate file for a pin; notes explain what was seen."""
+    notes: list[str] = []
+    saw_sdist = False
+    saw_other_hash = False
+    saw_incompatible: list[str] = []
+    for label, cands in sources.candidates(wheel):
+        best: tuple[int, Candidate] | None = None
+        for c in cands:
+            if _is_sdist_of(c, wheel) and (c.sha256 is None or c.sha256 in wheel.sha256s):
+                saw_sdist = True
+                continue
+            if not c.filename.endswith(".whl") or not _matches(c, wheel):
+                continue
+            prio = wheel_priority(c.filename, target)
+            if prio is None:
+                saw_incompatible.append(c.filename)
+                continue
+            if c.sha256 is not None and c.sha256 not in wheel.sha256s:
+                saw_other_hash = True
+                continue
+            if best is None or prio < best[0]:
+                best = (prio, c)
+        if best is not None:
+            return best[1], notes
+    if saw_incompatible:
+        notes.append(f"wheels seen but none for {target.platform}/cp{target.py_nodot}: {', '.join(sorted(set(saw_incompatible))[:3])}")
+    if saw_sdist:
+        notes.append("only an sdist was found; sdists need a build, which is not hermetic")
+    if saw_other_hash:
+        notes.append("files with this name exist but their hashes are not in the lock")
+    return None, notes
+
+
+def fetch(lock: Lock, store: WheelStore, sources: PipSources, *, jobs: int = 4,
+          progress: Callable[[str, int, int | None], None] | None = None,
+          offline: bool = False) -> FetchReport:
+    """Bring every pin into the store. ``progress(filename, bytes_delta, total)``."""
+    found, missing = resolve_from_store(lock, store)
+    report = FetchReport(resolved=list(found))
+    if not missing:
+        return report
+    if offline:
+        names = ", ".join(f"{w.name}=={w.version}" for w in missing[:5])
+        raise FetchError(f"not in the wheel store and the network is off: {names}"
+                         + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""),
+                         hint="run `hermetic fetch` where the indexes are reachable")
+    srcs = SourceSet(sources, lock)
+    lock_mu = threading.Lock()
+
+    def one(w: LockedWheel) -> ResolvedWheel:
+        cand, notes = choose(w, srcs, lock.target)
+        if cand is None:
+            where = w.source or lock.path
+            tried = [*srcs.find_links, *srcs.indexes]
+            why = "; ".join(notes) if notes else f"not found in {', '.join(tried) or 'any source'}"
+            down = sorted(srcs.unreachable)
+            if down and not notes:
+                why += f" (unreachable: {', '.join(down)})"
+            raise FetchError(f"{where}: {w.name}=={w.version}: no wheel for {lock.target.platform} / CPython {lock.target.python_version}: {why}")
+        what = f"{w.name}=={w.version}"
+
+        def tick(n: int) -> None:
+            if progress:
+                progress(cand.filename, n, None)
+
+        sw = _download(cand, store, w, what, srcs, tick)
+        with lock_mu:
+            report.downloaded.append(sw.filename)
+            report.bytes_downloaded += sw.size
+        return ResolvedWheel(w, sw.filename, sw.sha256, sw.size, str(sw.path))
+
+    errors: list[HermeticError] = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(one, w): w for w in missing}
+        for fut in as_completed(futures):
+            try:
+                report.resolved.append(fut.result())
+            except HermeticError as e:
+                errors.append(e)
+    if errors:
+        # Integrity failures first: they matter most.
+        errors.sort(key=lambda e: 0 if isinstance(e, IntegrityError) else 1)
+        first = errors[0]
+        if len(errors) > 1:
+            first.message += f" (and {len(errors) - 1} more package(s) failed)"
+        raise first
+    report.resolved.sort(key=lambda r: r.locked.name)
+    if srcs.unreachable:
+        report.notes.append(f"unreachable and skipped: {', '.join(sorted(srcs.unreachable))}")
+    return report
+
+
+def _download(c: Candidate, store: WheelStore, w: LockedWheel, what: str, srcs: SourceSet,
+              tick: Callable[[int], None]) -> StoredWheel:
+    url = c.url
+    if url.startswith("file://") or "://" not in url:
+        path = Path(unquote(urlsplit(url).path)) if url.startswith("file://") else Path(url)
+        with open(path, "rb") as f:
+            return store.admit_fileobj(f, c.filename, w.sha256s, what=what, on_bytes=tick)
+    import requests
+
+    try:
+        resp = srcs.session().get(url, stream=True, timeout=srcs.timeout)
+    except requests.RequestException as e:
+        raise FetchError(f"{what}: download of {c.filename} failed: {e.__class__.__name__}") from None
+    with resp:
+        if resp.status_code != 200:
+            raise FetchError(f"{what}: download of {c.filename} failed: HTTP {resp.status_code} from {urlsplit(url).netloc}")
+        it = resp.iter_content(chunk_size=1 << 20)
+        buf = bytearray()
+
+        def read(n: int) -> bytes:
+            nonlocal buf
+            while len(buf) < n:
+                try:
+                    chunk = next(it)
+                except StopIteration:
+                    break
+                buf += chunk
+            out, buf = bytes(buf[:n]), buf[n:]
+            return out
+
+        try:
+            return store.admit_stream(read, c.filename, w.sha256s, what=what, on_bytes=tick)
+        except requests.RequestException as e:
+            raise FetchError(f"{what}: download of {c.filename} interrupted: {e.__class__.__name__}") from None
+

@@ -1,0 +1,300 @@
+"""The local OCI image layout store (image-spec "OCI Image Layout").
+
+``$HERMETIC_CACHE/oci`` is a valid OCI layout that any OCI tool can read
+(``skopeo inspect oci:<dir>:<ref>``): blobs/sha256/<hex>, oci-layout, and an
+index.json whose entries carry ``org.opencontainers.image.ref.name``.
+
+Blobs enter only through ``BlobWriter``: bytes are hashed while written to a
+temp file in the store's own tmp/, checked against the expected digest, and
+renamed into place; a crash leaves at most a stray temp file, never a wrong
+blob. index.json is rewritten atomically under an flock, so concurrent
+builders and pullers cannot lose each other's refs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator
+
+from hermetic.canonical import canonical_json, parse_digest
+from hermetic.errors import HermeticError, IntegrityError
+from hermetic.fsutil import atomic_write_bytes, file_lock, sha256_file
+
+OCI_LAYOUT = {"imageLayoutVersion": "1.0.0"}
+MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MT_INDEX = "application/vnd.oci.image.index.v1+json"
+MT_CONFIG = "application/vnd.oci.image.config.v1+json"
+MT_LAYER = "application/vnd.oci.image.layer.v1.tar"
+MT_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+MT_DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+MT_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+MT_DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
+MT_DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar"
+MT_DOCKER_LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+REF_ANNOTATION = "org.opencontainers.image.ref.name"
+MANIFEST_TYPES = (MT_MANIFEST, MT_DOCKER_MANIFEST)
+INDEX_TYPES = (MT_INDEX, MT_DOCKER_LIST)
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    media_type: str
+    digest: str
+    size: int
+    annotations: dict[str, str] = field(default_factory=dict)
+    platform: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+        if self.annotations:
+            d["annotations"] = dict(self.annotations)
+        if self.platform:
+            d["platform"] = dict(self.platform)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Descriptor":
+        return cls(
+            media_type=d["mediaType"], digest=d["digest"], size=int(d["size"]),
+            annotations=dict(d.get("annotations") or {}), platform=d.get("platform"),
+        )
+
+
+class BlobWriter:
+    """Stream bytes into the store; the blob appears only once verified."""
+
+    def __init__(self, store: "OciStore", expected_digest: str | None = None, expected_size: int | None = None):
+        self._store = store
+        self._expected = expected_digest
+        self._expected_size = expected_size
+        store.tmp.mkdir(parents=True, exist_ok=True)
+        fd, self._tmp = tempfile.mkstemp(prefix="blob.", dir=store.tmp)
+        self._f: BinaryIO = os.fdopen(fd, "wb")
+        self._h = hashlib.sha256()
+        self.size = 0
+        self.digest: str | None = None
+
+    def write(self, data: bytes | memoryview) -> int:
+        self._f.write(data)
+        self._h.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def commit(self) -> str:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        digest = "sha256:" + self._h.hexdigest()
+        try:
+            if self._expected is not None and digest != self._expected:
+                raise IntegrityError(f"blob digest mismatch: expected {self._expected}, got {digest} ({self.size} bytes)")
+            if self._expected_size is not None and self.size != self._expected_size:
+                raise IntegrityError(f"blob {digest}: expected {self._expected_size} bytes, got {self.size}")
+            dest = self._store.blob_path(digest)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(self._tmp, 0o644)
+            os.replace(self._tmp, dest)
+        except BaseException:
+            self.abort()
+            raise
+        self.digest = digest
+        return digest
+
+    def abort(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+        try:
+            os.unlink(self._tmp)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "BlobWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self.digest is None:
+            self.commit()
+
+
+class OciStore:
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    # -- layout ---------------------------------------------------------
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def index_path(self) -> Path:
+        return self.root / "index.json"
+
+    def ensure(self) -> "OciStore":
+        (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        layout = self.root / "oci-layout"
+        if not layout.exists():
+            atomic_write_bytes(layout, json.dumps(OCI_LAYOUT).encode())
+        if not self.index_path.exists():
+            with file_lock(self.root / ".index.lock"):
+                if not self.index_path.exists():
+                    self._write_index({"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": []})
+        return self
+
+    # -- blobs ----------------------------------------------------------
+    def blob_path(self, digest: str) -> Path:
+        return self.root / "blobs" / "sha256" / parse_digest(digest)
+
+    def has_blob(self, digest: str) -> bool:
+        return self.blob_path(digest).is_file()
+
+    def blob_size(self, digest: str) -> int:
+        return self.blob_path(digest).stat().st_size
+
+    def writer(self, expected_digest: str | None = None, expected_size: int | None = None) -> BlobWriter:
+        self.ensure()
+        return BlobWriter(self, expected_digest, expected_size)
+
+    def put_bytes(self, data: bytes, expected_digest: str | None = None) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if expected_digest is not None and digest != expected_digest:
+            raise IntegrityError(f"blob digest mismatch: expected {expected_digest}, got {digest}")
+        if self.has_blob(digest):
+            return digest
+        with self.writer(digest) as w:
+            w.write(data)
+        return digest
+
+    def put_json(self, value: Any) -> tuple[str, int, bytes]:
+        data = canonical_json(value)
+        return self.put_bytes(data), len(data), data
+
+    def read_blob(self, digest: str, *, verify: bool = True) -> bytes:
+        try:
+            data = self.blob_path(digest).read_bytes()
+        except FileNotFoundError:
+            raise HermeticError(f"blob {digest} is not in the store {self.root}") from None
+        if verify:
+            actual = "sha256:" + hashlib.sha256(data).hexdigest()
+            if actual != digest:
+                raise IntegrityError(f"store blob {digest} is corrupt (content hashes to {actual}); run: hermetic cache verify")
+        return data
+
+    def read_json(self, digest: str) -> Any:
+        return json.loads(self.read_blob(digest))
+
+    def verify_blob(self, digest: str) -> bool:
+        """Rehash a blob. True when its content matches its name."""
+        try:
+            return "sha256:" + sha256_file(self.blob_path(digest)) == digest
+        except FileNotFoundError:
+            return False
+
+    def iter_blobs(self) -> Iterator[str]:
+        d = self.root / "blobs" / "sha256"
+        if d.is_dir():
+            for p in sorted(d.iterdir()):
+                yield "sha256:" + p.name
+
+    # -- index / refs ---------------------------------------------------
+    def _read_index(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.index_path.read_text())
+        except FileNotFoundError:
+            return {"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": []}
+
+    def _write_index(self, index: dict[str, Any]) -> None:
+        index["manifests"].sort(key=lambda m: (m.get("annotations", {}).get(REF_ANNOTATION, ""), m["digest"]))
+        atomic_write_bytes(self.index_path, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+
+    def refs(self) -> dict[str, Descriptor]:
+        out: dict[str, Descriptor] = {}
+        for m in self._read_index().get("manifests", []):
+            name = m.get("annotations", {}).get(REF_ANNOTATION)
+            if name:
+                out[name] = Descriptor.from_json(m)
+        return out
+
+    def manifests(self) -> list[Descriptor]:
+        return [Descriptor.from_json(m) for m in self._read_index().get("manifests", [])]
+
+    def resolve(self, name: str) -> Descriptor | None:
+        return self.refs().get(name)
+
+    def set_ref(self, name: str, desc: Descriptor) -> None:
+        """Point ``name`` at a manifest (replacing what it named before)."""
+        self.ensure()
+        with file_lock(self.root / ".index.lock"):
+            index = self._read_index()
+            keep = [m for m in index["manifests"] if m.get("annotations", {}).get(REF_ANNOTATION) != name]
+            entry = desc.to_json()
+            entry.setdefault("annotations", {})[REF_ANNOTATION] = name
+            keep.append(entry)
+            index["manifests"] = keep
+            self._write_index(index)
+
+    def remove_ref(self, name: str) -> bool:
+        with file_lock(self.root / ".index.lock"):
+            index = self._read_index()
+            keep = [m for m in index["manifests"] if m.get("annotations", {}).get(REF_ANNOTATION) != name]
+            changed = len(keep) != len(index["manifests"])
+            index["manifests"] = keep
+            self._write_index(index)
+            return changed
+
+    # -- images ---------------------------------------------------------
+    def find_manifest(self, digest: str) -> Descriptor | None:
+        """A manifest we hold, by digest, whether or not a ref names it."""
+        for d in self.manifests():
+            if d.digest == digest:
+                return d
+        if self.has_blob(digest):
+            try:
+                doc = self.read_json(digest)
+            except (ValueError, HermeticError):
+                return None
+            mt = doc.get("mediaType") or (MT_MANIFEST if "layers" in doc else MT_INDEX if "manifests" in doc else "")
+            if mt:
+                return Descriptor(mt, digest, self.blob_size(digest))
+        return None
+
+    def image_blobs(self, manifest_digest: str) -> list[Descriptor]:
+        """Config and layer descriptors of one image manifest."""
+        m = self.read_json(manifest_digest)
+        return [Descriptor.from_json(m["config"])] + [Descriptor.from_json(x) for x in m["layers"]]
+
+    def has_image(self, manifest_digest: str) -> bool:
+        if not self.has_blob(manifest_digest):
+            return False
+        try:
+            return all(self.has_blob(d.digest) for d in self.image_blobs(manifest_digest))
+        except (ValueError, KeyError, HermeticError):
+            return False
+
+    def live_blobs(self, extra_roots: list[str] = ()) -> set[str]:  # type: ignore[assignment]
+        """Blobs reachable from index.json (and from extra manifest digests)."""
+        live: set[str] = set()
+        stack = [d.digest for d in self.manifests()] + list(extra_roots)
+        while stack:
+            dg = stack.pop()
+            if dg in live or not self.has_blob(dg):
+                continue
+            live.add(dg)
+            try:
+                doc = self.read_json(dg)
+            except Exception:
+                continue
+            if isinstance(doc, dict):
+                if "manifests" in doc:
+                    stack += [m["digest"] for m in doc["manifests"]]
+                if "config" in doc and "layers" in doc:
+                    live.add(doc["config"]["digest"])
+                    live.update(layer["digest"] for layer in doc["layers"])
+        return live

@@ -1,0 +1,151 @@
+"""The wheel store: wheels by sha256, admitted only after their hash is checked.
+
+Layout: ``<root>/sha256/<hex>/<original filename>``. The file name is kept
+because installers read tags and the distribution name from it; the
+directory name is the identity. A file enters through a temp file in
+``<root>/tmp`` and an atomic rename, after its sha256 has been computed from
+the bytes actually written, so an interrupted download leaves nothing behind
+and a wrong file never appears.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterable, Iterator
+
+from hermetic.canonical import is_sha256_hex
+from hermetic.errors import IntegrityError
+from hermetic.fsutil import READ_SIZE, sha256_file
+
+
+@dataclass(frozen=True)
+class StoredWheel:
+    sha256: str
+    path: Path
+
+    @property
+    def filename(self) -> str:
+        return self.path.name
+
+    @property
+    def size(self) -> int:
+        return self.path.stat().st_size
+
+
+class WheelStore:
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    def _dir(self, sha256: str) -> Path:
+        return self.root / "sha256" / sha256
+
+    def get(self, sha256: str) -> StoredWheel | None:
+        d = self._dir(sha256)
+        try:
+            names = [n for n in os.listdir(d) if n.endswith(".whl")]
+        except FileNotFoundError:
+            return None
+        if len(names) != 1:
+            return None
+        return StoredWheel(sha256, d / names[0])
+
+    def find_any(self, sha256s: Iterable[str]) -> list[StoredWheel]:
+        out = []
+        for h in sha256s:
+            w = self.get(h)
+            if w is not None:
+                out.append(w)
+        return out
+
+    def admit_stream(self, read: Callable[[int], bytes], filename: str, allowed: frozenset[str] | set[str],
+                     *, what: str = "", on_bytes: Callable[[int], None] | None = None) -> StoredWheel:
+        """Copy a stream into the store if its sha256 is one of ``allowed``."""
+        if "/" in filename or not filename.endswith(".whl"):
+            raise IntegrityError(f"{what or filename}: refusing to store {filename!r}: not a wheel file name")
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="wheel.", dir=self.tmp)
+        h = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as f:
+                while True:
+                    chunk = read(READ_SIZE)
+                    if not chunk:
+                        break
+                    f.write(chunk)
+                    h.update(chunk)
+                    if on_bytes:
+                        on_bytes(len(chunk))
+                f.flush()
+                os.fsync(f.fileno())
+            actual = h.hexdigest()
+            if actual not in allowed:
+                expected = ", ".join(sorted(allowed)[:2]) + (" ..." if len(allowed) > 2 else "")
+                raise IntegrityError(
+                    f"{what or filename}: sha256 mismatch for {filename}: expected {expected}, got {actual}; not stored"
+                )
+            existing = self.get(actual)
+            if existing is not None:
+                os.unlink(tmp)
+                return existing
+            d = self._dir(actual)
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(tmp, 0o644)
+            dest = d / filename
+            os.replace(tmp, dest)
+            return StoredWheel(actual, dest)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+    def admit_file(self, src: Path, allowed: frozenset[str] | set[str], *, what: str = "",
+                   on_bytes: Callable[[int], None] | None = None) -> StoredWheel:
+        with open(src, "rb") as f:
+            return self.admit_stream(f.read, src.name, allowed, what=what, on_bytes=on_bytes)
+
+    def admit_fileobj(self, f: BinaryIO, filename: str, allowed: frozenset[str] | set[str], *,
+                      what: str = "", on_bytes: Callable[[int], None] | None = None) -> StoredWheel:
+        return self.admit_stream(f.read, filename, allowed, what=what, on_bytes=on_bytes)
+
+    def entries(self) -> Iterator[StoredWheel]:
+        base = self.root / "sha256"
+        if not base.is_dir():
+            return
+        for d in sorted(base.iterdir()):
+            w = self.get(d.name)
+            if w is not None:
+                yield w
+
+    def verify(self) -> list[str]:
+        """Rehash every stored wheel; one problem string per bad entry."""
+        problems = []
+        base = self.root / "sha256"
+        if not base.is_dir():
+            return problems
+        for d in sorted(base.iterdir()):
+            if not is_sha256_hex(d.name):
+                problems.append(f"{d}: not a sha256 directory name")
+                continue
+            w = self.get(d.name)
+            if w is None:
+                if any(True for _ in d.iterdir()):
+                    problems.append(f"{d}: expected exactly one .whl file")
+                continue
+            actual = sha256_file(w.path)
+            if actual != d.name:
+                problems.append(f"{w.path}: content hashes to {actual}, not {d.name}")
+        return problems
+
+    def remove(self, sha256: str) -> None:
+        shutil.rmtree(self._dir(sha256), ignore_errors=True)
