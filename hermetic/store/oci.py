@@ -79,6 +79,9 @@ class BlobWriter:
         self.size = 0
         self.digest: str | None = None
 
+    def tell(self) -> int:
+        return self.size
+
     def write(self, data: bytes | memoryview) -> int:
         self._f.write(data)
         self._h.update(data)

@@ -1,0 +1,365 @@
+"""Base images: resolve a pinned reference to an image in the local OCI store.
+
+Sources, per hermetic/builder/reference.py: the store itself (by manifest
+digest, wherever the image came from), a registry (pulled over the
+Distribution API, every blob verified), an OCI layout directory or archive,
+or an image of the local engine by ID (``docker save``, each layer checked
+against the diff_ids in its config). Nothing enters the store unverified.
+
+``BaseFacts`` are what later stages need to know about the base's files
+(directory attributes, glibc, the interpreter path), read once from its
+layer tars and cached by manifest digest.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import posixpath
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hermetic.builder.reference import BaseReference, parse_base_reference
+from hermetic.builder.tarlayer import DirAttrs
+from hermetic.errors import EngineError, HermeticError, IntegrityError
+from hermetic.fsutil import atomic_write_bytes
+from hermetic.store.oci import (
+    INDEX_TYPES, MANIFEST_TYPES, MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore,
+)
+
+FACTS_VERSION = 1
+_CAPTURE = ("var/lib/dpkg/status", "etc/os-release", "usr/lib/os-release")
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    ref: BaseReference
+    manifest_digest: str
+    manifest: dict[str, Any]
+    config_digest: str
+    config: dict[str, Any]
+
+    @property
+    def layers(self) -> list[Descriptor]:
+        return [Descriptor.from_json(x) for x in self.manifest["layers"]]
+
+    @property
+    def diff_ids(self) -> list[str]:
+        return list(self.config.get("rootfs", {}).get("diff_ids", []))
+
+
+def _pick_platform(store: OciStore, index_digest: str) -> str:
+    idx = store.read_json(index_digest)
+    for m in idx.get("manifests", []):
+        p = m.get("platform") or {}
+        if p.get("os") == "linux" and p.get("architecture") == "amd64":
+            return m["digest"]
+    raise HermeticError(f"image index {index_digest} has no linux/amd64 image")
+
+
+def load_base(store: OciStore, ref: BaseReference, manifest_digest: str) -> BaseImage:
+    doc = store.read_json(manifest_digest)
+    mt = doc.get("mediaType") or (MT_MANIFEST if "layers" in doc else "")
+    if mt in INDEX_TYPES or "manifests" in doc:
+        manifest_digest = _pick_platform(store, manifest_digest)
+        doc = store.read_json(manifest_digest)
+        mt = doc.get("mediaType") or MT_MANIFEST
+    if mt not in MANIFEST_TYPES and "layers" not in doc:
+        raise HermeticError(f"{ref.raw}: {manifest_digest} is not an image manifest ({mt})")
+    cfg_digest = doc["config"]["digest"]
+    config = store.read_json(cfg_digest)
+    for layer in doc["layers"]:
+        if not store.has_blob(layer["digest"]):
+            raise HermeticError(f"{ref.raw}: layer {layer['digest']} is missing from the store; pull the base again")
+    return BaseImage(ref, manifest_digest, doc, cfg_digest, config)
+
+
+def resolve_base(store: OciStore, ref_text: str) -> BaseImage:
+    """Find or import the pinned base; raises naming the reference."""
+    try:
+        ref = parse_base_reference(ref_text)
+    except ValueError as e:
+        raise HermeticError(f"base: {e}") from None
+    store.ensure()
+    if ref.kind == "docker":
+        digest = import_from_engine(store, ref.digest)
+        return load_base(store, ref, digest)
+    if ref.kind in ("oci", "oci-archive"):
+        if not store.has_image(ref.digest):
+            import_oci(store, Path(ref.path or ""), ref.digest, archive=ref.kind == "oci-archive")
+        return load_base(store, ref, ref.digest)
+    # kind == "name": content-addressed, so any copy in the store will do.
+    if store.has_blob(ref.digest) and _complete(store, ref.digest):
+        return load_base(store, ref, ref.digest)
+    assert ref.name is not None
+    if not ref.name.has_host:
+        raise HermeticError(
+            f"base {ref.raw} is not in the local store {store.root}",
+            hint="create it with `hermetic base bootstrap` (and `--pin` to write its digest), or `hermetic pull` it",
+        )
+    try:
+        from hermetic.registry.pull import ensure_image
+    except ImportError:
+        raise HermeticError(f"base {ref.raw}: pulling from a registry is not available in this build") from None
+    digest = ensure_image(store, ref.raw)
+    return load_base(store, ref, digest)
+
+
+def _complete(store: OciStore, digest: str) -> bool:
+    try:
+        doc = store.read_json(digest)
+    except (HermeticError, ValueError):
+        return False
+    if "manifests" in doc:
+        try:
+            return _complete(store, _pick_platform(store, digest))
+        except HermeticError:
+            return False
+    return store.has_image(digest)
+
+
+# -- importers -----------------------------------------------------------
+
+def _copy_blob(store: OciStore, src: Path, digest: str, size: int | None = None) -> None:
+    if store.has_blob(digest):
+        return
+    if not src.is_file():
+        raise HermeticError(f"{src}: blob {digest} is missing from the layout")
+    with open(src, "rb") as f, store.writer(digest, size) as w:
+        shutil.copyfileobj(f, w, 1 << 20)
+
+
+def import_oci(store: OciStore, path: Path, manifest_digest: str, *, archive: bool) -> None:
+    """Copy one image (by manifest digest) from an OCI layout into the store, verified."""
+    if archive:
+        if not path.is_file():
+            raise HermeticError(f"oci-archive {path}: no such file")
+        with tempfile.TemporaryDirectory(prefix="hermetic-oci.") as tmp:
+            with tarfile.open(path) as tf:
+                tf.extractall(tmp, filter="data")  # type: ignore[call-arg]
+            import_oci(store, Path(tmp), manifest_digest, archive=False)
+        return
+    if not (path / "oci-layout").is_file():
+        raise HermeticError(f"{path}: not an OCI image layout (no oci-layout file)")
+
+    def blob(d: str) -> Path:
+        algo, _, hexpart = d.partition(":")
+        return path / "blobs" / algo / hexpart
+
+    _copy_blob(store, blob(manifest_digest), manifest_digest)
+    doc = store.read_json(manifest_digest)
+    manifests = [manifest_digest]
+    if "manifests" in doc:
+        sub = _pick_platform_from(doc)
+        _copy_blob(store, blob(sub), sub)
+        manifests.append(sub)
+        doc = store.read_json(sub)
+    _copy_blob(store, blob(doc["config"]["digest"]), doc["config"]["digest"], doc["config"].get("size"))
+    for layer in doc["layers"]:
+        _copy_blob(store, blob(layer["digest"]), layer["digest"], layer.get("size"))
+
+
+def _pick_platform_from(index: dict[str, Any]) -> str:
+    for m in index.get("manifests", []):
+        p = m.get("platform") or {}
+        if p.get("os") == "linux" and p.get("architecture") == "amd64":
+            return m["digest"]
+    raise HermeticError("image index has no linux/amd64 image")
+
+
+def import_from_engine(store: OciStore, image_id: str) -> str:
+    """``docker save`` an engine image into the store as an OCI image; returns the manifest digest."""
+    from hermetic.engine import engine_client
+
+    client = engine_client()
+    import docker.errors
+
+    try:
+        image = client.images.get(image_id)
+    except docker.errors.ImageNotFound:
+        raise HermeticError(f"base docker:{image_id}: the Docker Engine has no image with this ID") from None
+    except docker.errors.APIError as e:
+        raise EngineError(f"Docker Engine error: {e.explanation or e}") from None
+    with tempfile.TemporaryDirectory(prefix="hermetic-save.", dir=store.tmp if store.tmp.exists() else None) as tmp:
+        tarpath = Path(tmp) / "image.tar"
+        with open(tarpath, "wb") as f:
+            for chunk in image.save(chunk_size=1 << 20):
+                f.write(chunk)
+        with tarfile.open(tarpath) as tf:
+            tf.extractall(tmp, filter="data")  # type: ignore[call-arg]
+        manifest = json.loads((Path(tmp) / "manifest.json").read_text())[0]
+        config_bytes = (Path(tmp) / manifest["Config"]).read_bytes()
+        config_digest = store.put_bytes(config_bytes)
+        if config_digest != image_id:
+            raise IntegrityError(f"docker:{image_id}: saved config hashes to {config_digest}")
+        config = json.loads(config_bytes)
+        diff_ids = config["rootfs"]["diff_ids"]
+        layers = []
+        for layer_path, diff_id in zip(manifest["Layers"], diff_ids):
+            src = Path(tmp) / layer_path
+            size = src.stat().st_size
+            try:
+                _copy_blob(store, src, diff_id, size)
+            except IntegrityError:
+                raise IntegrityError(f"docker:{image_id}: layer {layer_path} does not match its diff_id {diff_id}") from None
+            layers.append(Descriptor(MT_LAYER, diff_id, size).to_json())
+    from hermetic.canonical import canonical_json
+
+    manifest_doc = {"schemaVersion": 2, "mediaType": MT_MANIFEST,
+                    "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": len(config_bytes)},
+                    "layers": layers}
+    data = canonical_json(manifest_doc)
+    digest = store.put_bytes(data)
+    store.set_ref(f"docker-{image_id.split(':')[1][:12]}", Descriptor(MT_MANIFEST, digest, len(data)))
+    return digest
+
+
+# -- facts ---------------------------------------------------------------
+
+@dataclass
+class BaseFacts:
+    dirs: dict[str, DirAttrs]
+    symlinks: dict[str, str]
+    files: set[str]
+    captured: dict[str, str]  # small text files read from the base (dpkg status, os-release)
+    glibc: tuple[int, int] | None
+
+    def exists(self, path: str) -> bool:
+        return self.resolve(path) is not None
+
+    def resolve(self, path: str, _depth: int = 0) -> str | None:
+        """Follow symlinks (absolute or relative) to a regular file or dir path, or None."""
+        p = path.strip("/")
+        if _depth > 40:
+            return None
+        parts = p.split("/")
+        cur = ""
+        for i, part in enumerate(parts):
+            nxt = f"{cur}/{part}" if cur else part
+            if nxt in self.symlinks:
+                target = self.symlinks[nxt]
+                base = "" if target.startswith("/") else posixpath.dirname(nxt)
+                joined = posixpath.normpath(posixpath.join("/" + base, target)).strip("/")
+                rest = "/".join(parts[i + 1:])
+                return self.resolve(f"{joined}/{rest}" if rest else joined, _depth + 1)
+            cur = nxt
+        return cur if (cur in self.files or cur in self.dirs) else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": FACTS_VERSION,
+                "dirs": {k: [v.mode, v.uid, v.gid] for k, v in sorted(self.dirs.items())},
+                "symlinks": dict(sorted(self.symlinks.items())),
+                "files": sorted(self.files), "captured": self.captured,
+                "glibc": list(self.glibc) if self.glibc else None}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "BaseFacts":
+        return cls({k: DirAttrs(*v) for k, v in d["dirs"].items()}, dict(d["symlinks"]), set(d["files"]),
+                   dict(d["captured"]), tuple(d["glibc"]) if d.get("glibc") else None)  # type: ignore[arg-type]
+
+
+def _open_layer(path: Path):
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic == b"\x1f\x8b":
+        return tarfile.open(fileobj=gzip.open(path, "rb"), mode="r|")
+    return tarfile.open(path, mode="r|")
+
+
+def scan_base(store: OciStore, base: BaseImage, cache_dir: Path) -> BaseFacts:
+    cache_file = cache_dir / f"{base.manifest_digest.split(':')[1]}.json"
+    if cache_file.is_file():
+        try:
+            d = json.loads(cache_file.read_text())
+            if d.get("version") == FACTS_VERSION:
+                return BaseFacts.from_json(d)
+        except (ValueError, KeyError):
+            pass
+    dirs: dict[str, DirAttrs] = {}
+    symlinks: dict[str, str] = {}
+    files: set[str] = set()
+    captured: dict[str, str] = {}
+    libc_bytes: bytes | None = None
+    for layer in base.layers:
+        try:
+            tf = _open_layer(store.blob_path(layer.digest))
+        except tarfile.TarError as e:
+            raise HermeticError(f"base layer {layer.digest} is not a tar this build can read ({e})") from None
+        with tf:
+            for m in tf:
+                name = posixpath.normpath(m.name.lstrip("./").lstrip("/")) if m.name not in (".", "./") else ""
+                if not name or name == ".":
+                    continue
+                base_name = posixpath.basename(name)
+                if base_name.startswith(".wh."):
+                    victim = posixpath.join(posixpath.dirname(name), base_name[4:])
+                    files.discard(victim)
+                    dirs.pop(victim, None)
+                    symlinks.pop(victim, None)
+                    continue
+                if m.isdir():
+                    dirs[name] = DirAttrs(m.mode & 0o7777, m.uid, m.gid)
+                elif m.issym():
+                    symlinks[name] = m.linkname
+                elif m.isreg() or m.islnk():
+                    files.add(name)
+                    if name in _CAPTURE and m.isreg():
+                        f = tf.extractfile(m)
+                        if f is not None:
+                            captured[name] = f.read().decode("utf-8", "replace")
+                    elif name.endswith("libc.so.6") and m.isreg() and libc_bytes is None:
+                        f = tf.extractfile(m)
+                        if f is not None:
+                            libc_bytes = f.read()
+    facts = BaseFacts(dirs, symlinks, files, captured, None)
+    facts.glibc = _glibc(facts, libc_bytes)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(cache_file, json.dumps(facts.to_json()).encode(), fsync=False)
+    return facts
+
+
+def _glibc(facts: BaseFacts, libc_bytes: bytes | None) -> tuple[int, int] | None:
+    try:
+        from hermetic.gpu.checks import glibc_from_rootfs
+    except ImportError:
+        glibc_from_rootfs = None  # type: ignore[assignment]
+    if glibc_from_rootfs is not None:
+
+        def read_file(p: str) -> bytes | None:
+            key = p.lstrip("/")
+            if key in facts.captured:
+                return facts.captured[key].encode()
+            if key.endswith("libc.so.6"):
+                return libc_bytes
+            return None
+
+        try:
+            return glibc_from_rootfs(read_file)
+        except Exception:
+            pass
+    status = facts.captured.get("var/lib/dpkg/status", "")
+    for block in status.split("\n\n"):
+        if "\nPackage: libc6\n" in "\n" + block + "\n" or block.startswith("Package: libc6\n"):
+            for line in block.splitlines():
+                if line.startswith("Version:"):
+                    v = line.split(":", 1)[1].strip().split("-")[0]
+                    parts = v.split(".")
+                    if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+                        return int(parts[0]), int(parts[1])
+    return None
+
+
+def os_pretty_name(facts: BaseFacts) -> str | None:
+    text = facts.captured.get("etc/os-release") or facts.captured.get("usr/lib/os-release") or ""
+    for line in text.splitlines():
+        if line.startswith("PRETTY_NAME="):
+            return line.split("=", 1)[1].strip().strip('"')
+    return None
+
+
+def base_dir_attrs(facts: BaseFacts) -> dict[str, DirAttrs]:
+    return facts.dirs

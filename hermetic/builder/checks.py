@@ -1,0 +1,21 @@
+"""Build-time compatibility checks: every wheel must run on the base and its Python.
+
+The rules (glibc vs manylinux tag, Python ABI, torch's CUDA variant vs the
+nvidia wheels) live in hermetic.gpu.checks; this module feeds them the base's
+facts and the chosen wheel files.
+"""
+
+from __future__ import annotations
+
+from hermetic.config import LoadedConfig
+from hermetic.gpu.checks import build_checks, raise_for_failures, warnings
+from hermetic.gpu.cuda import cuda_info
+from hermetic.lock.model import ResolvedWheel
+
+
+def run_build_checks(cfg: LoadedConfig, wheels: list[ResolvedWheel], facts) -> list[str]:
+    """Raises on the first incompatibility (naming the package); returns warnings."""
+    findings = build_checks(cuda_info(wheels), [w.filename for w in wheels],
+                            glibc=facts.glibc, python_version=cfg.model.python.version)
+    raise_for_failures(findings)
+    return [f.message for f in warnings(findings)]

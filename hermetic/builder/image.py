@@ -1,0 +1,111 @@
+"""Image config and manifest: pure functions from inputs to canonical JSON.
+
+The image ID is the sha256 of the config JSON (what ``docker image inspect``
+shows as Id); layers are uncompressed by default so a layer digest is its
+diff_id and the manifest digest is the same on any machine (design.md,
+"Identity"). Every document is canonical JSON: sorted keys, compact.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any
+
+from hermetic.config import HermeticConfig
+from hermetic.store.oci import MT_CONFIG, MT_MANIFEST, Descriptor
+
+STRICT_ONLY = ("CUBLAS_WORKSPACE_CONFIG", "MKL_DYNAMIC", "OMP_DYNAMIC", "NVIDIA_TF32_OVERRIDE", "NCCL_ALGO",
+               "XLA_FLAGS", "TF_DETERMINISTIC_OPS", "TZ", "LC_ALL", "SOURCE_DATE_EPOCH")
+
+
+def rfc3339(epoch: int) -> str:
+    return _dt.datetime.fromtimestamp(epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def determinism_env(cfg: HermeticConfig) -> dict[str, str]:
+    """The knobs baked into the image for the configured mode (design.md)."""
+    d = cfg.determinism
+    threads = str(d.threads)
+    env: dict[str, str] = {"HERMETIC_DETERMINISM": d.mode}
+    if d.mode in ("strict", "statistical"):
+        env.update({
+            "PYTHONHASHSEED": "0",
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "OPENBLAS_NUM_THREADS": threads,
+        })
+    if d.mode == "strict":
+        env.update({
+            "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+            "MKL_DYNAMIC": "FALSE",
+            "OMP_DYNAMIC": "FALSE",
+            "NVIDIA_TF32_OVERRIDE": "0",
+            "NCCL_ALGO": "Ring",
+            "XLA_FLAGS": "--xla_gpu_deterministic_ops=true",
+            "TF_DETERMINISTIC_OPS": "1",
+            "TZ": "UTC",
+            "LC_ALL": "C.UTF-8",
+            "SOURCE_DATE_EPOCH": str(cfg.build.source_date_epoch),
+        })
+    env.update(d.env)  # hermetic.yaml overrides any knob
+    return env
+
+
+def image_env(cfg: HermeticConfig, base_env: list[str], venv_bin: str, venv_prefix: str) -> list[str]:
+    """Base env, then the venv, then determinism knobs, then user env; sorted by name."""
+    env: dict[str, str] = {}
+    for item in base_env:
+        k, _, v = item.partition("=")
+        env[k] = v
+    path = env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    env["PATH"] = f"{venv_bin}:{path}" if venv_bin not in path.split(":") else path
+    env["VIRTUAL_ENV"] = venv_prefix
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # root fs is read-only at run time
+    env["PYTHONUNBUFFERED"] = "1"  # logs stream as they happen
+    env.update(determinism_env(cfg))
+    env.update(cfg.env)
+    return [f"{k}={env[k]}" for k in sorted(env)]
+
+
+@dataclass(frozen=True)
+class LayerRef:
+    descriptor: Descriptor
+    diff_id: str
+    created_by: str
+
+
+def image_config(
+    *, base_config: dict[str, Any], cfg: HermeticConfig, layers: list[LayerRef], base_layer_count: int,
+    labels: dict[str, str], venv_bin: str, venv_prefix: str,
+) -> dict[str, Any]:
+    created = rfc3339(cfg.build.source_date_epoch)
+    bc = base_config.get("config") or {}
+    base_diff_ids = list((base_config.get("rootfs") or {}).get("diff_ids", []))[:base_layer_count]
+    history = [h for h in base_config.get("history", [])]
+    for layer in layers:
+        history.append({"created": created, "created_by": layer.created_by})
+    config: dict[str, Any] = {
+        "Env": image_env(cfg, list(bc.get("Env") or []), venv_bin, venv_prefix),
+        "User": cfg.build.user,
+        "WorkingDir": cfg.build.workdir,
+        "Labels": dict(sorted({**(bc.get("Labels") or {}), **labels}.items())),
+        "Cmd": [f"{venv_bin}/python"],
+    }
+    return {
+        "architecture": base_config.get("architecture", "amd64"),
+        "os": base_config.get("os", "linux"),
+        "created": created,
+        "config": config,
+        "rootfs": {"type": "layers", "diff_ids": base_diff_ids + [layer.diff_id for layer in layers]},
+        "history": history,
+    }
+
+
+def image_manifest(config_digest: str, config_size: int, layers: list[Descriptor]) -> dict[str, Any]:
+    return {
+        "schemaVersion": 2,
+        "mediaType": MT_MANIFEST,
+        "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": config_size},
+        "layers": [d.to_json() for d in layers],
+    }

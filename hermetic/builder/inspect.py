@@ -1,0 +1,47 @@
+"""Read an image back from the store for ``hermetic inspect``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hermetic.errors import HermeticError
+from hermetic.store.oci import OciStore
+
+
+def find_image(store: OciStore, image: str | None, config_path: str | None) -> str:
+    if image is None:
+        from hermetic.builder.build import BUILD_RECORD
+        from hermetic.config import find_config
+
+        rec = find_config(config_path).parent / BUILD_RECORD
+        try:
+            return json.loads(rec.read_text())["manifest_digest"]
+        except FileNotFoundError:
+            raise HermeticError(f"{rec}: no build record; run `hermetic build` first") from None
+    if image.startswith("sha256:"):
+        if store.find_manifest(image) is not None and "layers" in store.read_json(image):
+            return image
+        for d in store.manifests():
+            if store.has_blob(d.digest) and store.read_json(d.digest).get("config", {}).get("digest") == image:
+                return d.digest
+        raise HermeticError(f"no image {image} in the store {store.root} (by manifest digest or image ID)")
+    desc = store.resolve(image)
+    if desc is None:
+        raise HermeticError(f"no image named {image!r} in the store (known: {', '.join(sorted(store.refs())[:8]) or 'none'})")
+    return desc.digest
+
+
+def describe(store: OciStore, manifest_digest: str) -> dict[str, Any]:
+    m = store.read_json(manifest_digest)
+    cfg = store.read_json(m["config"]["digest"])
+    history = [h for h in cfg.get("history", []) if not h.get("empty_layer")]
+    layers = []
+    for i, layer in enumerate(m["layers"]):
+        created_by = history[i].get("created_by", "") if i < len(history) else ""
+        layers.append({"digest": layer["digest"], "size": layer["size"], "media_type": layer["mediaType"],
+                       "created_by": created_by})
+    c = cfg.get("config", {})
+    return {"manifest_digest": manifest_digest, "image_id": m["config"]["digest"], "created": cfg.get("created"),
+            "user": c.get("User"), "workdir": c.get("WorkingDir"), "env": c.get("Env", []),
+            "labels": c.get("Labels") or {}, "layers": layers, "cmd": c.get("Cmd")}

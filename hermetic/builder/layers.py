@@ -1,0 +1,242 @@
+"""Which wheels go in which layer, and the layer cache.
+
+One layer per wheel of 64 MB or more (torch, each nvidia-* CUDA wheel,
+triton), the small ones grouped, biggest and most stable first: Docker reuses
+a layer only when every layer below it is the same (ChainID). The hermetic
+layer (venv skeleton + in-image runtime) goes last.
+
+A layer's cache key covers everything that decides its bytes (the wheels'
+sha256s, the install layout, the parent directories it inherits from the
+base, the layer format version), so a hit skips unpacking, tarring and
+hashing entirely. A cached blob is re-verified by digest on reuse unless its
+(inode, size, mtime, ctime) are unchanged since it was last verified (git's
+racy-clean rule: only when that mtime is older than the verification).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from hermetic import __version__
+from hermetic.builder.install import VenvLayout, install_wheel, venv_files
+from hermetic.builder.tarlayer import DirAttrs, Entry, complete_parents, entries_from_dir, write_layer
+from hermetic.canonical import canonical_sha256
+from hermetic.fsutil import atomic_write_bytes
+from hermetic.lock.model import ResolvedWheel
+from hermetic.store.oci import MT_LAYER, Descriptor, OciStore
+
+LAYER_FORMAT = 1
+BIG_WHEEL_BYTES = 64 * 1024 * 1024
+MAX_LAYERS = 100
+
+
+@dataclass
+class LayerSpec:
+    kind: str  # "wheel" | "wheels" | "hermetic"
+    wheels: list[ResolvedWheel]
+    description: str
+    key: str = ""
+    files: dict[str, bytes | str] = field(default_factory=dict)  # for kind "hermetic": path -> bytes | symlink target
+
+
+@dataclass
+class BuiltLayer:
+    spec: LayerSpec
+    descriptor: Descriptor
+    cached: bool
+    seconds: float
+
+
+def plan_layers(wheels: list[ResolvedWheel], hermetic_files: dict[str, bytes | str], *, max_layers: int) -> list[LayerSpec]:
+    big = sorted((w for w in wheels if (w.size or 0) >= BIG_WHEEL_BYTES), key=lambda w: (-(w.size or 0), w.locked.name))
+    small = sorted((w for w in wheels if (w.size or 0) < BIG_WHEEL_BYTES), key=lambda w: w.locked.name)
+    # Respect the layer budget: beyond it, the smallest "big" wheels join the group.
+    room = max(0, max_layers - 2)
+    if len(big) > room:
+        small = sorted(small + big[room:], key=lambda w: w.locked.name)
+        big = big[:room]
+    specs = [LayerSpec("wheel", [w], f"{w.locked.name}=={w.locked.version}") for w in big]
+    if small:
+        names = ", ".join(w.locked.name for w in small[:6]) + (f", +{len(small) - 6} more" if len(small) > 6 else "")
+        specs.append(LayerSpec("wheels", small, f"{len(small)} wheels: {names}"))
+    specs.append(LayerSpec("hermetic", [], "hermetic runtime + venv", files=hermetic_files))
+    return specs
+
+
+def layer_key(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs], mtime: int) -> str:
+    def digest_file(v: bytes | str) -> str:
+        return ("link:" + v) if isinstance(v, str) else hashlib.sha256(v).hexdigest()
+
+    return canonical_sha256({
+        "format": LAYER_FORMAT,
+        "kind": spec.kind,
+        "wheels": sorted(w.sha256 for w in spec.wheels),
+        "files": {p: digest_file(v) for p, v in sorted(spec.files.items())},
+        "prefix": layout.prefix, "python": layout.python_version, "base_python": layout.base_python,
+        "parents": {k: [v.mode, v.uid, v.gid] for k, v in sorted(parents.items())},
+        "mtime": mtime,
+        "installer": _installer_version(),
+    })
+
+
+def _installer_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("installer")
+    except Exception:
+        return "unknown"
+
+
+def relevant_parents(prefix: str, base_dirs: dict[str, DirAttrs]) -> dict[str, DirAttrs]:
+    """Attributes of the base's directories that our layers' paths pass through."""
+    parts = prefix.strip("/").split("/")
+    out = {}
+    for i in range(1, len(parts) + 1):
+        p = "/".join(parts[:i])
+        if p in base_dirs:
+            out[p] = base_dirs[p]
+    return out
+
+
+class LayerCache:
+    def __init__(self, root: Path, store: OciStore):
+        self.root = root
+        self.store = store
+
+    def _path(self, key: str) -> Path:
+        return self.root / f"{key}.json"
+
+    def get(self, key: str) -> Descriptor | None:
+        try:
+            entry = json.loads(self._path(key).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        desc = Descriptor.from_json(entry["descriptor"])
+        blob = self.store.blob_path(desc.digest)
+        try:
+            st = blob.stat()
+        except FileNotFoundError:
+            return None
+        seen = entry.get("verified") or {}
+        fresh = (seen.get("ino") == st.st_ino and seen.get("size") == st.st_size == desc.size
+                 and seen.get("mtime_ns") == st.st_mtime_ns and seen.get("ctime_ns") == st.st_ctime_ns
+                 and st.st_mtime_ns < seen.get("at_ns", 0))
+        if fresh:
+            return desc
+        if st.st_size != desc.size or not self.store.verify_blob(desc.digest):
+            return None
+        self.put(key, desc, entry.get("meta", {}))
+        return desc
+
+    def put(self, key: str, desc: Descriptor, meta: dict) -> None:
+        st = self.store.blob_path(desc.digest).stat()
+        entry = {"descriptor": desc.to_json(), "meta": meta,
+                 "verified": {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                              "ctime_ns": st.st_ctime_ns, "at_ns": time.time_ns()}}
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self._path(key), json.dumps(entry, sort_keys=True).encode(), fsync=False)
+
+    def keys(self) -> list[str]:
+        return [p.stem for p in self.root.glob("*.json")] if self.root.is_dir() else []
+
+
+def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs], mtime: int,
+                store: OciStore, tmp_root: Path) -> Descriptor:
+    """Install, normalize, tar and hash one layer into the store."""
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="layer.", dir=tmp_root) as staging_dir:
+        staging = Path(staging_dir)
+        entries: list[Entry] = []
+        if spec.kind in ("wheel", "wheels"):
+            for w in spec.wheels:
+                assert w.url is not None
+                install_wheel(Path(w.url), staging, layout)
+            entries = entries_from_dir(staging)
+        else:
+            for path, value in spec.files.items():
+                rel = path.strip("/")
+                if isinstance(value, str):
+                    entries.append(Entry(rel, "symlink", 0o777, linkname=value))
+                else:
+                    data = value
+                    entries.append(Entry(rel, "file", 0o644, size=len(data), open=(lambda d=data: _BytesOpen(d))))
+        entries = complete_parents(entries, parents)
+        with store.writer() as w:
+            size = write_layer(entries, w, mtime=mtime)
+            digest = w.commit()
+    return Descriptor(MT_LAYER, digest, size)
+
+
+class _BytesOpen:
+    def __init__(self, data: bytes) -> None:
+        import io
+
+        self._f = io.BytesIO(data)
+
+    def __enter__(self):
+        return self._f
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
+
+
+def hermetic_layer_files(layout: VenvLayout) -> dict[str, bytes | str]:
+    """The venv skeleton and the in-image runtime package ``hermetic_runtime``."""
+    files: dict[str, bytes | str] = {}
+    for path, (kind, value) in venv_files(layout).items():
+        files[path] = value if kind == "symlink" else (value if isinstance(value, bytes) else value.encode())
+    runtime_dir = Path(__file__).resolve().parent.parent / "runtime"
+    if runtime_dir.is_dir():
+        for p in sorted(runtime_dir.rglob("*.py")):
+            rel = p.relative_to(runtime_dir).as_posix()
+            files[f"{layout.site_packages}/hermetic_runtime/{rel}"] = p.read_bytes()
+    files[f"{layout.site_packages}/hermetic_runtime-{__version__}.dist-info/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: hermetic-runtime\nVersion: {__version__}\n".encode())
+    files[f"{layout.site_packages}/hermetic_runtime-{__version__}.dist-info/INSTALLER"] = b"hermetic\n"
+    return files
+
+
+def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str, DirAttrs], mtime: int,
+                 store: OciStore, cache: LayerCache, tmp_root: Path,
+                 on_layer: Callable[[BuiltLayer], None] | None = None) -> list[BuiltLayer]:
+    parents = relevant_parents(layout.prefix, base_dirs)
+    out = []
+    for spec in specs:
+        spec.key = layer_key(spec, layout, parents, mtime)
+        t0 = time.monotonic()
+        desc = cache.get(spec.key)
+        cached = desc is not None
+        if desc is None:
+            desc = build_layer(spec, layout, parents, mtime, store, tmp_root)
+            cache.put(spec.key, desc, {"description": spec.description,
+                                       "wheels": [w.filename for w in spec.wheels]})
+        built = BuiltLayer(spec, desc, cached, time.monotonic() - t0)
+        if on_layer:
+            on_layer(built)
+        out.append(built)
+    return out
+
+
+def cleanup_tmp(tmp_root: Path, older_than_s: float = 3600) -> int:
+    """Remove staging leftovers of killed builds (older than an hour)."""
+    n = 0
+    if not tmp_root.is_dir():
+        return 0
+    now = time.time()
+    for p in tmp_root.iterdir():
+        try:
+            if now - p.stat().st_mtime > older_than_s:
+                shutil.rmtree(p) if p.is_dir() else os.unlink(p)
+                n += 1
+        except FileNotFoundError:
+            pass
+    return n

@@ -1,0 +1,127 @@
+"""The Docker Engine edge: a client that fails with a clear message, and image loading.
+
+Images are loaded as a docker-archive stream (manifest.json + config + layer
+tars) built from the OCI store on the fly; the engine keeps the config digest
+as the image ID, so the ID hermetic prints is the one ``docker image
+inspect`` shows.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import threading
+from typing import TYPE_CHECKING
+
+from hermetic.errors import EngineError
+
+if TYPE_CHECKING:
+    import docker
+
+    from hermetic.store.oci import OciStore
+
+_client = None
+
+
+def engine_client(timeout: int = 600) -> "docker.DockerClient":
+    global _client
+    if _client is not None:
+        return _client
+    import docker
+    import docker.errors
+
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    except (docker.errors.DockerException, OSError) as e:
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        raise EngineError(
+            f"no Docker Engine answers at {host} ({e.__class__.__name__})",
+            hint="start one with scripts/ensure-docker (Debian: installs docker.io and starts dockerd)",
+        ) from None
+    _client = client
+    return client
+
+
+def engine_has_image(image_id: str) -> bool:
+    import docker.errors
+
+    try:
+        engine_client().images.get(image_id)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+    except docker.errors.APIError as e:
+        raise EngineError(f"Docker Engine error: {e.explanation or e}") from None
+
+
+class _PipeReader(io.RawIOBase):
+    def __init__(self, fd: int) -> None:
+        self._f = os.fdopen(fd, "rb", buffering=0)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        return self._f.readinto(b)
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def load_image(store: "OciStore", manifest_digest: str, repo_tag: str | None = None) -> str:
+    """Stream the image into the engine; returns the image ID the engine reports."""
+    manifest = store.read_json(manifest_digest)
+    config_digest = manifest["config"]["digest"]
+    layers = [layer["digest"] for layer in manifest["layers"]]
+    rfd, wfd = os.pipe()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            with os.fdopen(wfd, "wb", buffering=1 << 20) as out:
+                with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tf:
+                    def add_bytes(name: str, data: bytes) -> None:
+                        ti = tarfile.TarInfo(name)
+                        ti.size = len(data)
+                        tf.addfile(ti, io.BytesIO(data))
+
+                    cfg_name = config_digest.split(":")[1] + ".json"
+                    add_bytes(cfg_name, store.read_blob(config_digest))
+                    names = []
+                    for d in layers:
+                        name = d.split(":")[1] + "/layer.tar"
+                        p = store.blob_path(d)
+                        ti = tarfile.TarInfo(name)
+                        ti.size = p.stat().st_size
+                        with open(p, "rb") as f:
+                            tf.addfile(ti, f)
+                        names.append(name)
+                    doc = [{"Config": cfg_name, "RepoTags": [repo_tag] if repo_tag else None, "Layers": names}]
+                    add_bytes("manifest.json", json.dumps(doc).encode())
+        except BaseException as e:  # surfaced by the caller
+            errors.append(e)
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    import docker.errors
+
+    reader = _PipeReader(rfd)
+    try:
+        client = engine_client()
+        resp = client.api.load_image(reader)
+        for _ in resp or []:
+            pass
+    except docker.errors.APIError as e:
+        raise EngineError(f"the Docker Engine refused the image: {e.explanation or e}") from None
+    finally:
+        reader.close()
+        t.join()
+    if errors and not isinstance(errors[0], BrokenPipeError):
+        raise errors[0]
+    if not engine_has_image(config_digest):
+        raise EngineError(f"the Docker Engine did not keep image {config_digest} after loading it")
+    return config_digest
