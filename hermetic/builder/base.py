@@ -129,8 +129,11 @@ def _copy_blob(store: OciStore, src: Path, digest: str, size: int | None = None)
         return
     if not src.is_file():
         raise HermeticError(f"{src}: blob {digest} is missing from the layout")
-    with open(src, "rb") as f, store.writer(digest, size) as w:
-        shutil.copyfileobj(f, w, 1 << 20)
+    try:
+        with open(src, "rb") as f, store.writer(digest, size) as w:
+            shutil.copyfileobj(f, w, 1 << 20)
+    except IntegrityError as e:
+        raise IntegrityError(f"{src}: {e}; not imported") from None
 
 
 def import_oci(store: OciStore, path: Path, manifest_digest: str, *, archive: bool) -> None:

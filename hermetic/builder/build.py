@@ -33,6 +33,8 @@ from hermetic.paths import CachePaths
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
 
 BUILD_RECORD = "hermetic.image.json"
+PACKAGES_LABEL = "org.hermetic.packages"
+BASE_LAYERS_LABEL = "org.hermetic.base.layers"
 
 
 def image_config_part(cfg: LoadedConfig) -> dict[str, Any]:
@@ -57,11 +59,19 @@ def runtime_sha256() -> str:
     return h.hexdigest()
 
 
-def build_key(cfg: LoadedConfig, base_digest: str, wheels: list[ResolvedWheel]) -> str:
+def build_key(cfg: LoadedConfig, lock: Lock) -> str:
+    """One sha256 over every input that decides the image.
+
+    The pins (name, version, allowed hashes) decide which wheel file each
+    package installs for the target, so the key is computable with an empty
+    store and no network: a CI runner can look the key up in a registry
+    before fetching anything.
+    """
     return canonical_sha256({
-        "hermetic": __version__, "layer_format": LAYER_FORMAT, "base": base_digest,
-        "wheels": sorted(w.sha256 for w in wheels), "config": image_config_part(cfg),
-        "runtime": runtime_sha256(),
+        "hermetic": __version__, "layer_format": LAYER_FORMAT, "base": parse_base_reference(cfg.model.base).digest,
+        "lock_sha256": lock.sha256, "pins": lock.normalized(),
+        "target": [lock.target.platform, lock.target.python_version],
+        "config": image_config_part(cfg), "runtime": runtime_sha256(),
     })
 
 
@@ -117,51 +127,45 @@ def _verify_wheels(wheels: list[ResolvedWheel]) -> None:
 def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: bool = True,
           log: Callable[[str], None] | None = None,
           on_layer: Callable[[BuiltLayer], None] | None = None) -> BuildResult:
+    t0 = time.monotonic()
+    lock = read_config_lock(cfg)
+    key = build_key(cfg, lock)
+    store = OciStore(paths.oci).ensure()
+    with file_lock(paths.builds / f".{key}.lock"):
+        done = lookup_build(paths, store, key)
+        built: list[BuiltLayer] = []
+        notes: list[str] = []
+        if done is None:
+            wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
+            manifest_digest, built, notes = _build(cfg, paths, store, lock, wheels, key, log=log, on_layer=on_layer)
+            remember_build(paths, key, manifest_digest)
+    info = image_info(store, done or manifest_digest, key)
+    return finish(cfg, store, info, noop=done is not None, load=load, t0=t0, notes=notes, built=built)
+
+
+def read_config_lock(cfg: LoadedConfig) -> Lock:
     from hermetic.lock.read import read_lock
 
-    t0 = time.monotonic()
-    m = cfg.model
-    target = Target(python_version=m.python.version)
-    lock = read_lock(cfg.lock_path, target)
-    ref = parse_base_reference(m.base)
-    wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
-    key = build_key(cfg, ref.digest, wheels)
-    store = OciStore(paths.oci).ensure()
-    builds_dir = paths.builds
-    with file_lock(builds_dir / f".{key}.lock"):
-        done = _read_build(builds_dir, key, store)
-        if done is not None:
-            loaded = _ensure_loaded(store, done, m.name, load)
-            record = _write_record(cfg, done)
-            return BuildResult(done["image_id"], done["manifest_digest"], key, done["layers"], True, loaded,
-                               time.monotonic() - t0, record)
-        info = _build(cfg, paths, store, lock, wheels, key, log=log, on_layer=on_layer)
-        atomic_write_bytes(builds_dir / f"{key}.json", canonical_json(info))
-    loaded = _ensure_loaded(store, info, m.name, load)
+    return read_lock(cfg.lock_path, Target(python_version=cfg.model.python.version))
+
+
+def finish(cfg: LoadedConfig, store: OciStore, info: dict[str, Any], *, noop: bool, load: bool, t0: float,
+           notes: list[str] | None = None, built: list[BuiltLayer] | None = None) -> BuildResult:
+    loaded = _ensure_loaded(store, info, cfg.model.name, load)
     record = _write_record(cfg, info)
-    return BuildResult(info["image_id"], info["manifest_digest"], key, info["layers"], False, loaded,
-                       time.monotonic() - t0, record, info.get("notes", []))
-
-
-def _read_build(builds_dir: Path, key: str, store: OciStore) -> dict[str, Any] | None:
-    try:
-        info = json.loads((builds_dir / f"{key}.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    md = info.get("manifest_digest", "")
-    # Cheap presence check; blob contents are verified when layers are reused
-    # and by `hermetic cache verify`.
-    if not store.has_blob(md) or not store.has_blob(info.get("image_id", "")):
-        return None
-    try:
-        if not all(store.has_blob(layer["digest"]) for layer in store.read_json(md)["layers"]):
-            return None
-    except (HermeticError, ValueError, KeyError):
-        return None
-    return info
+    # The result (not the record) also says which layers this build made or reused.
+    by_digest = {b.descriptor.digest: b for b in built or []}
+    layers = []
+    for layer in info["layers"]:
+        b = by_digest.get(layer["digest"])
+        layers.append({**layer, "cached": b.cached if b else True, "seconds": round(b.seconds, 3) if b else 0.0,
+                       "packages": [f"{w.locked.name}=={w.locked.version}" for w in b.spec.wheels] if b else []})
+    return BuildResult(info["image_id"], info["manifest_digest"], info["build_key"], layers, noop, loaded,
+                       time.monotonic() - t0, record, notes or [])
 
 
 def _ensure_loaded(store: OciStore, info: dict[str, Any], name: str, load: bool) -> bool:
+    """Load into the engine only when it lacks the image (by ID)."""
     if not load:
         return False
     from hermetic.engine import engine_has_image, load_image
@@ -172,8 +176,52 @@ def _ensure_loaded(store: OciStore, info: dict[str, Any], name: str, load: bool)
     return True
 
 
+def remember_build(paths: CachePaths, key: str, manifest_digest: str) -> None:
+    atomic_write_bytes(paths.builds / f"{key}.json", canonical_json({"manifest_digest": manifest_digest}))
+
+
+def lookup_build(paths: CachePaths, store: OciStore, key: str) -> str | None:
+    """The manifest digest built for ``key``, if the store still holds all of it."""
+    try:
+        md = json.loads((paths.builds / f"{key}.json").read_text())["manifest_digest"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+    # Cheap presence check; blob contents are verified when layers are reused
+    # and by `hermetic cache verify`.
+    return md if store.has_image(md) else None
+
+
+def image_info(store: OciStore, manifest_digest: str, key: str) -> dict[str, Any]:
+    """Everything the build record says, read back from the image itself.
+
+    Builds, no-op builds and CI-cache pulls all describe an image the same
+    way, so hermetic.image.json does not depend on how the image arrived.
+    """
+    from hermetic.builder.inspect import describe
+
+    d = describe(store, manifest_digest)
+    labels = d["labels"]
+    packages = json.loads(labels.get(PACKAGES_LABEL, "[]"))
+    base_layers = int(labels.get(BASE_LAYERS_LABEL, "0"))
+    layers = []
+    for i, layer in enumerate(d["layers"]):
+        entry = {"digest": layer["digest"], "size": layer["size"], "media_type": layer["media_type"],
+                 "contents": layer["created_by"].removeprefix("hermetic: ") if i >= base_layers else f"base layer {i}"}
+        layers.append(entry)
+    return {
+        "image_id": d["image_id"], "manifest_digest": manifest_digest, "build_key": key,
+        "layers": layers, "labels": {k: v for k, v in labels.items() if k != PACKAGES_LABEL},
+        "base": {"reference": labels.get("org.hermetic.base"), "manifest_digest": labels.get("org.hermetic.base.digest"),
+                 "os": labels.get("org.hermetic.base.os"), "glibc": labels.get("org.hermetic.base.glibc")},
+        "lock": {"sha256": labels.get("org.hermetic.lock.sha256")},
+        "packages": [{"name": n, "version": v, "filename": f, "sha256": h} for n, v, f, h in packages],
+        "config_sha256": labels.get("org.hermetic.config.sha256"),
+        "env": d["env"],
+    }
+
+
 def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wheels: list[ResolvedWheel],
-           key: str, *, log, on_layer) -> dict[str, Any]:
+           key: str, *, log, on_layer) -> tuple[str, list[BuiltLayer], list[str]]:
     from hermetic.builder.base import resolve_base, scan_base
     from hermetic.builder.checks import run_build_checks
     from hermetic.builder.image import LayerRef, image_config, image_manifest
@@ -191,6 +239,13 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     built = build_layers(specs, layout, facts.dirs, m.build.source_date_epoch, store,
                          LayerCache(paths.layers, store), paths.tmp, on_layer=on_layer)
     labels = image_labels(cfg, lock, base.manifest_digest, wheels)
+    labels[BASE_LAYERS_LABEL] = str(len(base.layers))
+    from hermetic.builder.base import os_pretty_name
+
+    if os_pretty_name(facts):
+        labels["org.hermetic.base.os"] = os_pretty_name(facts) or ""
+    if facts.glibc:
+        labels["org.hermetic.base.glibc"] = ".".join(map(str, facts.glibc))
     refs = [LayerRef(b.descriptor, b.descriptor.digest, f"hermetic: {b.spec.description}") for b in built]
     config = image_config(base_config=base.config, cfg=m, layers=refs, base_layer_count=len(base.layers),
                           labels=labels, venv_bin=layout.bin, venv_prefix=layout.prefix)
@@ -201,26 +256,7 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     desc = Descriptor(MT_MANIFEST, manifest_digest, manifest_size)
     store.set_ref(f"{m.name}:latest", desc)
     store.set_ref(f"{m.name}:bk-{key[:16]}", desc)
-    layer_info = [{"digest": d.digest, "size": d.size, "media_type": d.media_type, "contents": f"base layer {i}",
-                   "cached": True} for i, d in enumerate(base.layers)]
-    for b in built:
-        layer_info.append({"digest": b.descriptor.digest, "size": b.descriptor.size,
-                           "media_type": b.descriptor.media_type, "contents": b.spec.description,
-                           "packages": [f"{w.locked.name}=={w.locked.version}" for w in b.spec.wheels],
-                           "cached": b.cached, "seconds": round(b.seconds, 3)})
-    from hermetic.builder.base import os_pretty_name
-
-    return {
-        "image_id": config_digest, "manifest_digest": manifest_digest, "build_key": key,
-        "layers": layer_info, "labels": labels, "notes": notes,
-        "base": {"reference": m.base, "manifest_digest": base.manifest_digest, "image_id": base.config_digest,
-                 "os": os_pretty_name(facts), "glibc": ".".join(map(str, facts.glibc)) if facts.glibc else None},
-        "lock": {"path": m.lock, "sha256": lock.sha256, "format": lock.format},
-        "packages": [{"name": w.locked.name, "version": w.locked.version, "filename": w.filename, "sha256": w.sha256,
-                      "size": w.size} for w in sorted(wheels, key=lambda w: w.locked.name)],
-        "config_sha256": image_config_sha256(cfg),
-        "env": config["config"]["Env"],
-    }
+    return manifest_digest, built, notes
 
 
 def image_labels(cfg: LoadedConfig, lock: Lock, base_digest: str, wheels: list[ResolvedWheel]) -> dict[str, str]:
@@ -238,6 +274,9 @@ def image_labels(cfg: LoadedConfig, lock: Lock, base_digest: str, wheels: list[R
     from hermetic.gpu.cuda import cuda_info, image_labels as cuda_labels
 
     labels.update(cuda_labels(cuda_info(wheels)))
+    # The wheels that went in, so the image describes itself wherever it is pulled.
+    labels[PACKAGES_LABEL] = canonical_json(sorted(
+        [w.locked.name, w.locked.version, w.filename, w.sha256] for w in wheels)).decode()
     return labels
 
 
@@ -247,9 +286,8 @@ def _write_record(cfg: LoadedConfig, info: dict[str, Any]) -> Path:
     record = {
         "hermetic_version": __version__,
         "image_id": info["image_id"], "manifest_digest": info["manifest_digest"], "build_key": info["build_key"],
-        "base": info["base"], "lock": info["lock"], "config_sha256": info["config_sha256"],
-        "packages": info["packages"], "labels": info["labels"], "env": info["env"],
-        "layers": [{k: v for k, v in layer.items() if k not in ("cached", "seconds")} for layer in info["layers"]],
+        "base": info["base"], "lock": {"path": cfg.model.lock, **info["lock"]}, "config_sha256": info["config_sha256"],
+        "packages": info["packages"], "labels": info["labels"], "env": info["env"], "layers": info["layers"],
     }
     text = pretty_json(record)
     try:

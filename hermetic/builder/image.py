@@ -63,6 +63,8 @@ def image_env(cfg: HermeticConfig, base_env: list[str], venv_bin: str, venv_pref
     env["VIRTUAL_ENV"] = venv_prefix
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # root fs is read-only at run time
     env["PYTHONUNBUFFERED"] = "1"  # logs stream as they happen
+    # Older NVIDIA container toolkits inject only `utility` when unset: no libcuda.
+    env.setdefault("NVIDIA_DRIVER_CAPABILITIES", "compute,utility")
     env.update(determinism_env(cfg))
     env.update(cfg.env)
     return [f"{k}={env[k]}" for k in sorted(env)]

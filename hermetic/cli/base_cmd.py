@@ -96,7 +96,7 @@ def pin_cmd(ref: str, config_path: str | None, as_json: bool) -> None:
             raise HermeticError(f"{ref}: not in the local store, and it names no registry host to resolve it on",
                                 hint="hermetic base bootstrap, or give host/repo:tag")
         else:
-            from hermetic.registry.client import resolve_tag
+            from hermetic.registry import resolve_tag
 
             digest = resolve_tag(ref)
             pinned = f"{ref}@{digest}"

@@ -52,7 +52,7 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
             click.echo(f"  layer {b.descriptor.digest[7:19]}  {_human(b.descriptor.size):>9}  {state:<16} {b.spec.description}", err=True)
 
     if cache_repo:
-        from hermetic.registry.cache import cached_build
+        from hermetic.builder.cicache import cached_build
 
         result = cached_build(cfg, paths, cache_repo, offline=offline, load=not no_load, log=log, on_layer=on_layer)
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from hermetic.errors import LockError
 from hermetic.lock.model import LockedWheel, Target, canonical
 
 _VCS_PREFIXES = ("git+", "hg+", "svn+", "bzr+")
+_HASH = re.compile(r"(?:^|\s)--hash(?:=|\s+)(\S+)")
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
@@ -54,37 +56,27 @@ def read_requirements_lock(path: Path, text: str, target: Target) -> tuple[list[
     seen: dict[str, str] = {}
     for lineno, line in _logical_lines(text):
         where = f"{path}:{lineno}"
-        try:
-            tokens = shlex.split(line, posix=True)
-        except ValueError as e:
-            raise LockError(f"{where}: cannot parse line: {e}") from None
-        if not tokens:
-            continue
-        head = tokens[0]
-        if head.startswith("-"):
+        if line.startswith("-"):
+            try:
+                tokens = shlex.split(line, posix=True)
+            except ValueError as e:
+                raise LockError(f"{where}: cannot parse line: {e}") from None
             _option_line(where, tokens, index_urls, find_links)
             continue
-        # requirement [--hash=...]...
+        # requirement [--hash=sha256:...]... (markers keep their quotes: no shlex here)
         hashes: set[str] = set()
-        req_tokens: list[str] = []
-        i = 0
-        while i < len(tokens):
-            tok = tokens[i]
-            if tok.startswith("--hash"):
-                value = tok.partition("=")[2] if "=" in tok else (tokens[i + 1] if i + 1 < len(tokens) else "")
-                if "=" not in tok:
-                    i += 1
-                algo, _, hexpart = value.partition(":")
-                if algo != "sha256":
-                    raise LockError(f"{where}: only sha256 hashes are accepted, got {value!r}")
-                if not is_sha256_hex(hexpart.lower()):
-                    raise LockError(f"{where}: malformed sha256 hash {value!r}")
-                hashes.add(hexpart.lower())
-            elif tok.startswith("--"):
-                raise LockError(f"{where}: unsupported per-requirement option {tok!r}")
-            else:
-                req_tokens.append(tok)
-            i += 1
+        for value in _HASH.findall(line):
+            algo, _, hexpart = value.partition(":")
+            if algo != "sha256":
+                raise LockError(f"{where}: only sha256 hashes are accepted, got {value!r}")
+            if not is_sha256_hex(hexpart.lower()):
+                raise LockError(f"{where}: malformed sha256 hash {value!r}")
+            hashes.add(hexpart.lower())
+        rest = _HASH.sub(" ", line)
+        stray = re.search(r"(?:^|\s)(--?[A-Za-z][\w-]*)", rest)
+        if stray:
+            raise LockError(f"{where}: unsupported per-requirement option {stray.group(1)!r}")
+        req_tokens = [rest.strip()]
         req_text = " ".join(req_tokens)
         if req_text.startswith(_VCS_PREFIXES):
             raise LockError(f"{where}: {req_text.split()[0]}: VCS requirements need a build and are not hermetic; pin a wheel with a hash")

@@ -18,8 +18,8 @@ from hermetic.canonical import pretty_json
 from hermetic.errors import HermeticError, IntegrityError
 from hermetic.fsutil import atomic_write_text
 from hermetic.record.index import GROUP_JSON, INDEX_NAME, RUN_JSON, append_entry, run_entry
-from hermetic.record.secrets_policy import REDACTED, is_secret_name
 from hermetic.record.seal import seal, verify_seal
+from hermetic.record.secrets_policy import REDACTED, is_secret_name
 
 RUN_SUBDIRS = ("outputs", "logs", "code", "data")
 README_NAME = "README.md"
@@ -167,20 +167,23 @@ def load_record(run_dir_or_run_json: str | os.PathLike[str]) -> dict[str, Any]:
 def resolve_run(ref: str, runs_root: str | os.PathLike[str] | None) -> Path:
     """A run or group directory from a path, an ID, or a unique ID prefix.
 
-    ``runs/20261129-2145``, ``20261129-214500-1a2b3c`` and ``20261129-2145``
+    ``runs/20261129-214500-1a2b3c``, ``20261129-214500-1a2b3c`` and ``20261129-2145``
     (when only one run starts so) all work. RunNotFound (exit 2) otherwise.
     """
     p = Path(ref)
-    if p.is_dir() and ((p / RUN_JSON).exists() or (p / GROUP_JSON).exists() or runs_root is None
-                       or "/" in ref or ref in (".", "..")):
-        return p
-    if p.is_file() and p.name in (RUN_JSON, GROUP_JSON):
-        return p.parent
-    if runs_root is None or "/" in ref or not ref:
+    if "/" in ref or ref in (".", "..") or p.is_file():
+        if p.is_dir():
+            return p
+        if p.is_file() and p.name in (RUN_JSON, GROUP_JSON):
+            return p.parent
         raise RunNotFound(f"{ref}: no such run directory")
+    if runs_root is not None and ref and (Path(runs_root) / ref).is_dir():
+        return Path(runs_root) / ref
+    if p.is_dir() and ref:
+        return p
+    if runs_root is None or not ref:
+        raise RunNotFound(f"{ref!r}: no such run directory")
     root = Path(runs_root)
-    if (root / ref).is_dir():
-        return root / ref
     try:
         matches = sorted(e.name for e in os.scandir(root)
                          if e.name.startswith(ref) and not e.name.startswith(".") and e.is_dir())

@@ -9,10 +9,12 @@ in-image probe reports, so only their container types are checked.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, StrictFloat, ValidationError
 
 from hermetic.canonical import is_sha256_hex
 from hermetic.errors import HermeticError
@@ -67,7 +69,18 @@ IsoTime = Annotated[str, AfterValidator(_iso)]
 RunId = Annotated[str, AfterValidator(_run_id)]
 RelPath = Annotated[str, AfterValidator(_relpath)]
 NonNegInt = Annotated[int, Field(ge=0)]
-Number = Union[StrictInt, StrictFloat, Literal["NaN", "Infinity", "-Infinity"]]
+FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False)]
+
+
+def _number(v: Any) -> Any:
+    if isinstance(v, bool) or not (isinstance(v, (int, float)) or v in ("NaN", "Infinity", "-Infinity")):
+        raise ValueError(f"must be a number, or 'NaN', 'Infinity' or '-Infinity' (got {_json_type(v)})")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError("must be finite; write non-finite values as 'NaN', 'Infinity' or '-Infinity'")
+    return v
+
+
+Number = Annotated[Union[int, float, str], PlainValidator(_number)]
 
 
 class _Strict(BaseModel):
@@ -231,47 +244,119 @@ def _check_cross_fields(record: dict[str, Any], source: str, sealed: bool) -> No
 
 
 def _first_error(e: ValidationError, data: Any, source: str) -> str:
-    err = e.errors()[0]
+    errors = e.errors()
+    err = errors[0]
     key = _key_path(err["loc"], data)
-    if err["type"] == "extra_forbidden":
+    kind = err["type"]
+    if kind == "extra_forbidden":
         msg = "unknown key"
-    elif err["type"] == "missing":
+    elif kind == "missing":
         msg = "required key is missing"
+    elif kind in ("model_type", "dict_type"):
+        msg = f"must be an object (got {_json_type(err.get('input'))})"
     else:
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"].endswith("_type") or err["type"] == "literal_error":
+        msg = str(err["msg"]).removeprefix("Value error, ").replace("Input should be", "must be")
+        if kind == "literal_error":
+            msg += f" (got {err.get('input')!r})"
+        elif kind.endswith("_type"):
             msg += f" (got {_json_type(err.get('input'))})"
-    more = len(e.errors()) - 1
     # Union members each report the same failure; count distinct keys instead.
-    distinct = {_key_path(x["loc"], data) for x in e.errors()} - {key}
-    tail = f" (and {len(distinct)} more)" if more and distinct else ""
+    distinct = {_key_path(x["loc"], data) for x in errors} - {key}
+    tail = f" (and {len(distinct)} more)" if distinct else ""
     return f"{source}: {key}: {msg}{tail}" if key else f"{source}: {msg}{tail}"
 
 
 def _key_path(loc: tuple[Any, ...], data: Any) -> str:
-    """pydantic's error location as a dotted key path through the *data*.
+    """pydantic's error location as a key path through the *data*: ``a.b[0]["odd/key"]``.
 
     Parts that do not index into the data (union member tags such as
-    ``'int'`` or ``"literal['NaN']"``) are dropped, so the path names a key
-    the user can find in the file.
+    ``'int'``, pydantic's ``'[key]'`` marker) are dropped, so the path names
+    a key the user can find in the file.
     """
     out = ""
     node = data
     for part in loc:
+        if part == "[key]":
+            break
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
         elif isinstance(node, dict) and isinstance(part, str):
-            # a missing or unknown key: still name it, then stop walking
-            out += ("." if out else "") + part
+            out += _key_part(part, out)  # a missing or unknown key: name it, then stop
             break
         else:
             break
-        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+        out += f"[{part}]" if isinstance(part, int) else _key_part(str(part), out)
     return out
+
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _key_part(key: str, so_far: str) -> str:
+    if _PLAIN_KEY.match(key):
+        return f".{key}" if so_far else key
+    return f"[{json.dumps(key, ensure_ascii=False)}]"
 
 
 def _json_type(value: Any) -> str:
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
             dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+# --- group.json -------------------------------------------------------------------------------
+
+class GroupMeta(_Strict):
+    schema_version: Literal[1]
+    group_id: RunId
+    tool: str
+    name: Optional[str]
+    started_at: IsoTime
+    written_at: IsoTime
+    status: Literal["succeeded", "failed"]
+    group_sha256: Hex64
+
+
+class GroupMember(_Strict):
+    run_id: RunId
+    seed: NonNegInt
+    status: Literal["succeeded", "failed", "interrupted", "refused"]
+    record_sha256: Hex64
+
+
+class GroupInputs(_Strict):
+    image: Digest
+    config_sha256: Hex64
+    code_sha256: Hex64
+    data: dict[str, Hex64]
+    mixed: list[str]
+
+
+class MetricStats(_Strict):
+    n: NonNegInt
+    mean: Optional[FiniteFloat]
+    sd: Optional[FiniteFloat]
+    ci95: Optional[list[FiniteFloat]]
+    t: Optional[FiniteFloat]
+    values: list[Optional[Number]]
+    nonfinite: NonNegInt
+
+
+class Group(_Strict):
+    group: GroupMeta
+    members: list[GroupMember]
+    inputs: GroupInputs
+    metrics: dict[str, MetricStats]
+    method: str
+
+
+def validate_group(doc: Any, *, source: str = "group.json") -> dict[str, Any]:
+    """Return ``doc`` unchanged if it has the shape write_group writes; else raise RecordError."""
+    if not isinstance(doc, dict):
+        raise RecordError(f"{source}: top level must be a JSON object (got {type(doc).__name__})")
+    try:
+        Group.model_validate(doc)
+    except ValidationError as e:
+        raise RecordError(_first_error(e, doc, source)) from None
+    return doc

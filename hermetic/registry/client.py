@@ -148,7 +148,7 @@ class RegistryClient:
     def _new_session() -> requests.Session:
         s = requests.Session()
         retry = Retry(
-            total=4, connect=4, read=2, status=3, backoff_factor=0.5,
+            total=3, connect=2, read=2, status=3, backoff_factor=0.5,
             allowed_methods=frozenset({"GET", "HEAD"}), status_forcelist=(429, 502, 503, 504),
             raise_on_status=False, respect_retry_after_header=True,
         )
@@ -161,10 +161,11 @@ class RegistryClient:
     # -- auth -------------------------------------------------------------
     @property
     def credentials(self) -> Credentials | None:
-        if self._creds_lookup:
-            self._creds = find_credentials(self.host)
-            self._creds_lookup = False
-        return self._creds
+        with self._lock:  # one lookup (a credential helper run) per client, whatever the threads
+            if self._creds_lookup:
+                self._creds = find_credentials(self.host)
+                self._creds_lookup = False
+            return self._creds
 
     def _ping(self) -> None:
         with self._lock:
@@ -226,11 +227,13 @@ class RegistryClient:
                 headers = {"Authorization": creds.basic_header()} if creds is not None and creds.has_basic else {}
                 resp = self.session.get(realm, params=params, headers=headers, timeout=TIMEOUT)
         except requests.RequestException as e:
-            raise AuthError(f"registry {self.host}: token service {_origin(realm)} unreachable ({_short_reason(e)})") from None
+            raise AuthError(f"registry {self.host}: token service {_origin(realm)} unreachable "
+                            f"({_short_reason(e)})") from None
         if resp.status_code in (401, 403):
             who = f"user {creds.username!r} ({creds.source})" if creds and creds.username else (
                 f"identity token ({creds.source})" if creds else "anonymous access")
-            raise AuthError(f"registry {self.host}: authentication failed for {who} at {_origin(realm)} ({resp.status_code})")
+            raise AuthError(f"registry {self.host}: authentication failed for {who} at {_origin(realm)} "
+                            f"({resp.status_code})")
         if resp.status_code != 200:
             raise AuthError(f"registry {self.host}: token service {_origin(realm)} answered {resp.status_code}")
         try:
@@ -305,7 +308,8 @@ class RegistryClient:
             raise AuthError(f"registry {self.host}: {who} ({creds.source}) was refused for {repository}: "
                             f"401 {code or 'UNAUTHORIZED'}")
         if resp.status_code == 403:
-            raise AuthError(f"registry {self.host}: access to {repository} denied (403 {code or 'DENIED'}{': ' + message if message else ''})")
+            why = f"{code or 'DENIED'}: {message}" if message else (code or "DENIED")
+            raise AuthError(f"registry {self.host}: access to {repository} denied (403 {why})")
         detail = f" {code}" if code else ""
         detail += f": {message}" if message else ""
         raise RegistryError(f"registry {self.host}: {what} answered {resp.status_code}{detail}")
@@ -416,7 +420,8 @@ class RegistryClient:
                 self.stats.add(bytes_received=len(data))
                 yield data
         except requests.RequestException as e:
-            raise RegistryError(f"registry {self.host}: download of {digest} from {repository} broke off: {_short_reason(e)}") from None
+            raise RegistryError(f"registry {self.host}: download of {digest} from {repository} broke off: "
+                                f"{_short_reason(e)}") from None
         finally:
             resp.close()
 
@@ -446,13 +451,9 @@ class RegistryClient:
         self.stats.add(bytes_sent=len(body))
         return resp.headers.get("Docker-Content-Digest")
 
-    def delete_manifest(self, repository: str, digest: str) -> None:
-        self.request("DELETE", f"/v2/{repository}/manifests/{digest}", repository=repository,
-                     actions="pull,push,delete", ok=(202, 200)).close()
-
 
 class _Tally:
-    """Bytes of one transfer attempt: progress live, stats only when it succeeded... or was retried."""
+    """Bytes of one upload attempt: the wire counter keeps every byte sent; progress is undone on a resend."""
 
     def __init__(self, stats: TransferStats, progress: ProgressFn | None):
         self._stats = stats

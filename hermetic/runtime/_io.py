@@ -22,6 +22,8 @@ def atomic_writer(path: str, mode: str = "wb") -> Iterator[IO]:
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
+            # mkstemp makes 0600; outputs are read by the host user too.
+            os.fchmod(f.fileno(), 0o644)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

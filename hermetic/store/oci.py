@@ -281,10 +281,17 @@ class OciStore:
         except (ValueError, KeyError, HermeticError):
             return False
 
-    def live_blobs(self, extra_roots: list[str] = ()) -> set[str]:  # type: ignore[assignment]
-        """Blobs reachable from index.json (and from extra manifest digests)."""
+    def live_blobs(self) -> set[str]:
+        """Blobs reachable from index.json."""
         live: set[str] = set()
-        stack = [d.digest for d in self.manifests()] + list(extra_roots)
+        for d in self.manifests():
+            live |= self.live_blobs_from(d.digest)
+        return live
+
+    def live_blobs_from(self, root_digest: str) -> set[str]:
+        """The manifest (or index) and every blob it reaches."""
+        live: set[str] = set()
+        stack = [root_digest]
         while stack:
             dg = stack.pop()
             if dg in live or not self.has_blob(dg):

@@ -1,0 +1,126 @@
+"""``hermetic cache verify`` and ``hermetic cache gc``: keep the stores honest and small.
+
+verify rehashes every OCI blob and every stored wheel; a blob whose content
+does not match its name is reported (and removed with --repair, along with
+the cache entries that point at it, so the next build recreates it).
+
+gc keeps what is named: every store ref except per-build-key refs
+(``NAME:bk-…``), of which the most recent ``keep_builds`` survive, plus
+everything reachable from those manifests. Everything else — unreferenced
+blobs, layer-cache and build entries pointing at removed blobs, staging
+leftovers of killed builds — is deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hermetic.paths import CachePaths
+from hermetic.store.oci import OciStore
+from hermetic.store.wheels import WheelStore
+
+
+@dataclass
+class VerifyReport:
+    blobs: int = 0
+    wheels: int = 0
+    problems: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify(paths: CachePaths, *, repair: bool = False) -> VerifyReport:
+    rep = VerifyReport()
+    store = OciStore(paths.oci)
+    for digest in store.iter_blobs():
+        rep.blobs += 1
+        if not store.verify_blob(digest):
+            rep.problems.append(f"blob {digest}: content does not match its digest")
+            if repair:
+                os.unlink(store.blob_path(digest))
+                rep.removed.append(digest)
+    wheels = WheelStore(paths.wheels)
+    for w in wheels.entries():
+        rep.wheels += 1
+    for p in wheels.verify():
+        rep.problems.append(f"wheel {p}")
+        if repair:
+            sha = Path(p.split(":")[0]).parent.name
+            wheels.remove(sha)
+            rep.removed.append(f"wheel {sha}")
+    if repair and rep.removed:
+        _drop_dangling_entries(paths, store)
+    return rep
+
+
+def _drop_dangling_entries(paths: CachePaths, store: OciStore) -> int:
+    n = 0
+    for d, key in ((paths.layers, "descriptor"), (paths.builds, None)):
+        if not d.is_dir():
+            continue
+        for f in d.glob("*.json"):
+            try:
+                entry = json.loads(f.read_text())
+            except ValueError:
+                f.unlink(missing_ok=True)
+                n += 1
+                continue
+            digests = [entry[key]["digest"]] if key else [entry.get("manifest_digest", ""), entry.get("image_id", "")]
+            if not all(store.has_blob(dg) for dg in digests if dg):
+                f.unlink(missing_ok=True)
+                n += 1
+    return n
+
+
+@dataclass
+class GcReport:
+    kept_refs: list[str]
+    dropped_refs: list[str]
+    removed_blobs: int
+    freed_bytes: int
+    removed_entries: int
+
+
+def gc(paths: CachePaths, *, keep_builds: int = 10, dry_run: bool = False) -> GcReport:
+    store = OciStore(paths.oci)
+    refs = store.refs() if store.index_path.exists() else {}
+    build_refs = [n for n in refs if ":bk-" in n]
+    mtime = {}
+    for n in build_refs:
+        prefix = n.split(":bk-", 1)[1]
+        hits = list(paths.builds.glob(f"{prefix}*.json")) if paths.builds.is_dir() else []
+        mtime[n] = max((h.stat().st_mtime for h in hits), default=0.0)
+    build_refs.sort(key=lambda n: mtime[n], reverse=True)
+    dropped = build_refs[keep_builds:]
+    kept = [n for n in refs if n not in dropped]
+    live: set[str] = set()
+    for n in kept:
+        live |= store.live_blobs_from(refs[n].digest)
+    removed = freed = 0
+    if not dry_run:
+        for n in dropped:
+            store.remove_ref(n)
+    for digest in list(store.iter_blobs()):
+        if digest in live:
+            continue
+        p = store.blob_path(digest)
+        freed += p.stat().st_size
+        removed += 1
+        if not dry_run:
+            p.unlink(missing_ok=True)
+    entries = 0
+    if not dry_run:
+        entries = _drop_dangling_entries(paths, store)
+        if paths.tmp.is_dir():
+            shutil.rmtree(paths.tmp, ignore_errors=True)
+        if store.tmp.is_dir():
+            for p in store.tmp.iterdir():
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    return GcReport(sorted(kept), sorted(dropped), removed, freed, entries)

@@ -1,0 +1,113 @@
+"""The base catalog: GPU-ready bases users pin with ``hermetic base pin REF``.
+
+images/catalog.yaml lists them by TAG only; pinning resolves the tag to a
+digest once and writes it into hermetic.yaml. A digest typed into the catalog
+would freeze a base nobody can update from here, so it is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hermetic
+from hermetic.errors import HermeticError
+
+KINDS = ("registry", "bootstrap")
+
+
+def catalog_path() -> Path:
+    """images/catalog.yaml of the checkout (beside the package, like the base recipes)."""
+    return Path(hermetic.__file__).resolve().parent.parent / "images" / "catalog.yaml"
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    name: str
+    ref: str  # a tag reference: registry host/repo:tag, or a local-store name:tag for bootstraps
+    kind: str  # "registry" | "bootstrap"
+    provides: dict[str, str | None] = field(default_factory=dict)  # python, glibc, cuda
+    gpu: bool = True
+    notes: str = ""
+    how: str = ""  # the command that makes it pinnable / pins it
+
+    @property
+    def python(self) -> str | None:
+        return self.provides.get("python")
+
+    @property
+    def glibc(self) -> tuple[int, int] | None:
+        g = self.provides.get("glibc")
+        if not g:
+            return None
+        major, _, minor = str(g).partition(".")
+        return int(major), int(minor)
+
+
+def load_catalog(path: str | Path | None = None) -> list[CatalogEntry]:
+    import yaml
+
+    p = Path(path) if path is not None else catalog_path()
+    try:
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise HermeticError(f"{p}: base catalog not found; the installation is incomplete") from None
+    except yaml.YAMLError as e:
+        raise HermeticError(f"{p}: not valid YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+        raise HermeticError(f"{p}: expected a mapping with an 'entries' list")
+    out: list[CatalogEntry] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(doc["entries"]):
+        entry = _entry(p, i, raw)
+        if entry.name in seen:
+            raise HermeticError(f"{p}: entries[{i}]: duplicate name {entry.name!r}")
+        seen.add(entry.name)
+        out.append(entry)
+    return out
+
+
+def _entry(p: Path, i: int, raw: Any) -> CatalogEntry:
+    from hermetic.builder.reference import parse_image_name
+
+    where = f"{p}: entries[{i}]"
+    if not isinstance(raw, dict):
+        raise HermeticError(f"{where}: expected a mapping")
+    unknown = set(raw) - {"name", "ref", "kind", "provides", "gpu", "notes", "how"}
+    if unknown:
+        raise HermeticError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    for key in ("name", "ref", "kind"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise HermeticError(f"{where}: '{key}' must be a non-empty string")
+    name, ref, kind = raw["name"], raw["ref"], raw["kind"]
+    where = f"{p}: entry {name!r}"
+    if kind not in KINDS:
+        raise HermeticError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+    try:
+        image = parse_image_name(ref)
+    except ValueError as e:
+        raise HermeticError(f"{where}: {e}") from None
+    if image.digest:
+        raise HermeticError(f"{where}: ref {ref} carries a digest; the catalog lists tags, "
+                            f"`hermetic base pin` resolves them")
+    if not image.tag:
+        raise HermeticError(f"{where}: ref {ref} has no tag")
+    if kind == "registry" and not image.has_host:
+        raise HermeticError(f"{where}: registry ref {ref} must name its registry host (e.g. docker.io/...)")
+    provides = raw.get("provides") or {}
+    if not isinstance(provides, dict) or set(provides) - {"python", "glibc", "cuda"}:
+        raise HermeticError(f"{where}: 'provides' takes python, glibc and cuda")
+    provides = {k: (None if v is None else str(v)) for k, v in provides.items()}
+    glibc = provides.get("glibc")
+    if glibc is not None and not _is_major_minor(glibc):
+        raise HermeticError(f"{where}: provides.glibc {glibc!r} is not MAJOR.MINOR")
+    return CatalogEntry(
+        name=name, ref=ref, kind=kind, provides=provides, gpu=bool(raw.get("gpu", True)),
+        notes=" ".join(str(raw.get("notes") or "").split()), how=str(raw.get("how") or ""),
+    )
+
+
+def _is_major_minor(s: str) -> bool:
+    major, dot, minor = s.partition(".")
+    return bool(dot) and major.isdigit() and minor.isdigit()

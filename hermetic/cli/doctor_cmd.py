@@ -1,0 +1,275 @@
+"""``hermetic doctor``: is this machine ready to build and run? One line per check.
+
+Checks, in order: the Docker Engine, its GPU runtime, the host's NVIDIA
+driver, free disk under the cache root, the OCI blob store (every blob
+rehashes to its name; every ref's image is complete) and the wheel store
+(every wheel rehashes to its directory name). Each is ok / warn / fail with
+what to do about it; the exit status is 0 when nothing fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from hermetic.cli.common import emit_json, json_option, progress_enabled, stderr_console
+
+GiB = 1 << 30
+DISK_WARN_BYTES = 10 * GiB
+DISK_FAIL_BYTES = 1 * GiB
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # "ok" | "warn" | "fail"
+    detail: str
+    hint: str = ""
+
+
+# -- Docker Engine -------------------------------------------------------------
+
+def check_engine() -> tuple[Check, Any]:
+    """(check, client or None)."""
+    from hermetic.engine import engine_client
+    from hermetic.errors import EngineError
+
+    try:
+        client = engine_client()
+        v = client.version()
+    except EngineError as e:
+        return Check("docker engine", "fail", e.message, e.hint or "run scripts/ensure-docker"), None
+    except Exception as e:  # the daemon answered ping but not version: still unusable
+        return Check("docker engine", "fail", f"Docker Engine error: {' '.join(str(e).split())}",
+                     "run scripts/ensure-docker"), None
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    return Check("docker engine", "ok",
+                 f"Docker Engine {v.get('Version', '?')} (API {v.get('ApiVersion', '?')}) at {host}"), client
+
+
+def host_has_gpu(gpus: list[dict[str, Any]]) -> bool:
+    return bool(gpus) or Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists()
+
+
+def check_gpu_runtime(client: Any, gpu_on_host: bool) -> Check:
+    name = "gpu runtime"
+    if client is None:
+        return Check(name, "warn", "not checked (no Docker Engine)", "run scripts/ensure-docker")
+    try:
+        info = client.info()
+    except Exception as e:
+        return Check(name, "fail", f"docker info failed: {' '.join(str(e).split())}")
+    runtimes = sorted((info.get("Runtimes") or {}).keys())
+    if "nvidia" in runtimes:
+        return Check(name, "ok", f"nvidia runtime registered (runtimes: {', '.join(runtimes)}; "
+                                 f"default {info.get('DefaultRuntime', '?')})")
+    # `docker run --gpus` also works without the runtime entry: dockerd execs
+    # nvidia-container-runtime-hook from its PATH.
+    hook = shutil.which("nvidia-container-runtime-hook") or shutil.which("nvidia-container-toolkit")
+    if hook:
+        return Check(name, "ok", f"--gpus supported through {hook} (runtimes: {', '.join(runtimes)})")
+    hint = ("install nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=docker` "
+            "and restart dockerd")
+    if gpu_on_host:
+        return Check(name, "fail", f"no NVIDIA runtime in Docker (runtimes: {', '.join(runtimes) or 'none'}): "
+                                   f"`hermetic run --gpus` will fail", hint)
+    return Check(name, "warn", f"no NVIDIA runtime (runtimes: {', '.join(runtimes) or 'none'}); "
+                               f"no GPU on this host either: CPU runs only", hint)
+
+
+# -- host driver ---------------------------------------------------------------
+
+def host_gpus() -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """(gpus, errors, sources tried) as the in-image probe sees them, here on the host."""
+    from hermetic.probe.probe import collect_gpus
+
+    errors: list[str] = []
+    gpus, _source, tried = collect_gpus(errors, use_torch=False)
+    return gpus, errors, tried
+
+
+def check_driver(gpus: list[dict[str, Any]], errors: list[str], tried: list[str]) -> Check:
+    name = "nvidia driver"
+    if gpus:
+        first = gpus[0]
+        models: dict[str, int] = {}
+        for g in gpus:
+            models[str(g.get("name"))] = models.get(str(g.get("name")), 0) + 1
+        listing = ", ".join(f"{m} x{n}" if n > 1 else m for m, n in models.items())
+        detail = (f"driver {first.get('driver_version') or '?'} (CUDA {first.get('cuda_driver_version') or '?'}); "
+                  f"{len(gpus)} GPU(s): {listing}")
+        if errors:
+            return Check(name, "warn", detail + f"; {len(errors)} field(s) unreadable: {errors[0]}")
+        return Check(name, "ok", detail)
+    smi_failed = [t for t in tried if t.startswith("nvidia-smi:") and "not on PATH" not in t]
+    nvml_failed = [t for t in tried if t.startswith("libnvidia-ml") and "cannot open" not in t]
+    if smi_failed or nvml_failed:
+        return Check(name, "fail", (smi_failed + nvml_failed)[0],
+                     "the driver is installed but not working: reboot after a driver upgrade, "
+                     "or reinstall the NVIDIA driver")
+    if Path("/proc/driver/nvidia/version").exists():
+        return Check(name, "fail", "the nvidia kernel module is loaded but neither NVML nor nvidia-smi answers",
+                     "install the NVIDIA driver's user-space utilities (nvidia-smi, libnvidia-ml)")
+    return Check(name, "warn", "no NVIDIA driver or GPU on this host: CPU runs only",
+                 "for GPU runs, install the NVIDIA driver (it must support the image's CUDA; see docs/gpu.md)")
+
+
+# -- disk ------------------------------------------------------------------------
+
+def check_disk(root: Path) -> Check:
+    name = "disk"
+    probe = root
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    usage = shutil.disk_usage(probe)
+    free = usage.free
+    detail = f"{free / GiB:.1f} GiB free under {root}"
+    if free < DISK_FAIL_BYTES:
+        return Check(name, "fail", detail, "free space or set HERMETIC_CACHE to a larger disk")
+    if free < DISK_WARN_BYTES:
+        return Check(name, "warn", detail + " (a torch + CUDA image needs ~10 GiB)",
+                     "free space or set HERMETIC_CACHE to a larger disk")
+    return Check(name, "ok", detail)
+
+
+# -- stores ----------------------------------------------------------------------
+
+def check_oci_store(root: Path, *, rehash: bool = True,
+                    on_blob: Callable[[int], None] | None = None) -> Check:
+    from hermetic.canonical import parse_digest
+    from hermetic.store.oci import INDEX_TYPES, OciStore
+
+    name = "oci store"
+    store = OciStore(root)
+    if not (root / "blobs" / "sha256").is_dir():
+        return Check(name, "ok", f"empty ({root})")
+    bad: list[str] = []
+    count = 0
+    total = 0
+    for digest in store.iter_blobs():
+        count += 1
+        try:
+            parse_digest(digest)
+        except ValueError:
+            bad.append(f"{root / 'blobs' / 'sha256' / digest.split(':', 1)[1]} (not a sha256 name)")
+            continue
+        path = store.blob_path(digest)
+        try:
+            size = path.stat().st_size
+            intact = store.verify_blob(digest) if rehash else True
+        except OSError as e:  # a directory or an unreadable file where a blob should be
+            size, intact = 0, False
+            path = Path(f"{path} ({e.__class__.__name__})")
+        total += size
+        if not intact:
+            bad.append(str(path))
+        if on_blob is not None:
+            on_blob(size)
+    incomplete = []
+    if store.index_path.exists():
+        for ref, desc in sorted(store.refs().items()):
+            if desc.media_type not in INDEX_TYPES and not store.has_image(desc.digest):
+                incomplete.append(ref)
+    what = "rehashed" if rehash else "listed (not rehashed: --quick)"
+    if bad:
+        return Check(name, "fail", f"{len(bad)} of {count} blobs corrupt: {', '.join(bad[:3])}"
+                                   + (" ..." if len(bad) > 3 else ""),
+                     "delete the listed files; `hermetic build` / `hermetic pull` brings them back")
+    if incomplete:
+        return Check(name, "warn", f"{count} blobs {what}; ref(s) with missing blobs: {', '.join(incomplete[:3])}",
+                     "rebuild or pull those images again")
+    return Check(name, "ok", f"{count} blobs {what}, {total / GiB:.2f} GiB ({root})")
+
+
+def check_wheel_store(root: Path, *, rehash: bool = True) -> Check:
+    name = "wheel store"
+    try:
+        from hermetic.store.wheels import WheelStore
+    except ImportError:
+        return Check(name, "warn", "not checked (hermetic.store.wheels is not available)")
+    store = WheelStore(root)
+    if not rehash:
+        n = sum(1 for _ in store.entries())
+        return Check(name, "ok", f"{n} wheels listed (not rehashed: --quick) ({root})")
+    problems = store.verify()
+    n = sum(1 for _ in store.entries())
+    if problems:
+        return Check(name, "fail", f"{len(problems)} problem(s): {problems[0]}"
+                                   + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
+                     "delete the listed wheel directories; `hermetic fetch` downloads them again")
+    return Check(name, "ok", f"{n} wheels rehashed ({root})")
+
+
+# -- all -------------------------------------------------------------------------
+
+def run_doctor(*, rehash: bool = True) -> list[Check]:
+    from hermetic.paths import cache_paths
+
+    paths = cache_paths()
+    checks: list[Check] = []
+    engine, client = check_engine()
+    checks.append(engine)
+    gpus, gpu_errors, tried = host_gpus()
+    checks.append(check_gpu_runtime(client, host_has_gpu(gpus)))
+    checks.append(check_driver(gpus, gpu_errors, tried))
+    checks.append(check_disk(paths.root))
+    checks.append(_with_progress("rehashing the OCI store", paths.oci,
+                                 lambda cb: check_oci_store(paths.oci, rehash=rehash, on_blob=cb)))
+    checks.append(_with_progress("rehashing the wheel store", None,
+                                 lambda _cb: check_wheel_store(paths.wheels, rehash=rehash)))
+    return checks
+
+
+def _with_progress(label: str, blob_root: Path | None, fn: Callable[[Callable[[int], None] | None], Check]) -> Check:
+    if not progress_enabled():
+        return fn(None)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    total = 0
+    if blob_root is not None and (blob_root / "blobs" / "sha256").is_dir():
+        total = sum(p.stat().st_size for p in (blob_root / "blobs" / "sha256").iterdir() if p.is_file())
+    if not total:
+        with stderr_console().status(label + " ..."):
+            return fn(None)
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  console=stderr_console(), transient=True) as progress:
+        task = progress.add_task(label, total=total)
+        return fn(lambda n: progress.advance(task, n))
+
+
+_MARK = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="List the stores without rehashing them (rehashing reads every byte).")
+@json_option
+def doctor(quick: bool, as_json: bool) -> int:
+    """Check that this machine can build and run: one line per check.
+
+    \b
+    Checks: the Docker Engine, its NVIDIA GPU runtime, the host's NVIDIA
+    driver, free disk under the cache root, the OCI blob store and the wheel
+    store (every file rehashed to its name). Each line is ok, warn or FAIL,
+    with what to do about it. Exit status 0 when nothing fails, 1 otherwise.
+
+    \b
+    Examples:
+      hermetic doctor
+      hermetic doctor --quick --json | jq '.checks[] | select(.status != "ok")'
+    """
+    checks = run_doctor(rehash=not quick)
+    failed = any(c.status == "fail" for c in checks)
+    if as_json:
+        emit_json({"ok": not failed, "checks": [asdict(c) for c in checks]})
+    else:
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            click.echo(f"{_MARK[c.status]}  {c.name:<{width}}  {c.detail}")
+            if c.hint and c.status != "ok":
+                click.echo(f"      {'':<{width}}  -> {c.hint}")
+    return 1 if failed else 0

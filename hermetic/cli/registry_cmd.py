@@ -1,0 +1,162 @@
+"""``hermetic push`` / ``hermetic pull``: the local OCI store <-> a registry, by digest."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from hermetic.cli.common import config_option, emit_json, json_option, progress_enabled
+from hermetic.errors import HermeticError
+
+BUILD_RECORD = "hermetic.image.json"
+
+
+def _store():
+    from hermetic.paths import cache_paths
+    from hermetic.store.oci import OciStore
+
+    return OciStore(cache_paths().oci)
+
+
+def _progress():
+    if progress_enabled():
+        from hermetic.registry.progress import RichProgress
+
+        return RichProgress()
+    from hermetic.registry.progress import NoProgress
+
+    return NoProgress()
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+def image_to_push(store, image: str | None, config_path: str | None) -> str:
+    """The manifest digest to push: --image (digest or store ref), else the build record."""
+    from hermetic.canonical import parse_digest
+
+    if image:
+        if image.startswith("sha256:"):
+            try:
+                parse_digest(image)
+            except ValueError:
+                raise HermeticError(f"--image {image}: not a sha256:<64 hex> digest") from None
+            if store.find_manifest(image) is None:
+                raise HermeticError(f"--image {image}: no such image in the store {store.root}")
+            return image
+        desc = store.resolve(image)
+        if desc is None:
+            raise HermeticError(f"--image {image}: no such ref in the store {store.root}",
+                                hint="pass the manifest digest (sha256:…) that hermetic build printed")
+        return desc.digest
+    from hermetic.config import find_config
+
+    try:
+        cfg = find_config(config_path)
+    except HermeticError as e:
+        raise HermeticError(f"{e.message}; or name the image with --image sha256:…") from None
+    record = cfg.parent / BUILD_RECORD
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+        digest = data["manifest_digest"]
+        parse_digest(digest)
+    except FileNotFoundError:
+        raise HermeticError(f"{record}: no build record; run hermetic build first, or pass --image sha256:…") from None
+    except (ValueError, KeyError, TypeError, OSError):
+        raise HermeticError(f"{record}: unreadable build record (want a JSON object with manifest_digest)") from None
+    return digest
+
+
+@click.command()
+@click.argument("ref", metavar="REF")
+@click.option("--image", metavar="DIGEST|NAME",
+              help="Image to push: a manifest digest (sha256:…) or a ref in the local store. "
+                   f"Default: manifest_digest from {BUILD_RECORD} beside hermetic.yaml.")
+@click.option("--workers", type=click.IntRange(1, 8), default=4, show_default=True, help="Parallel blob uploads.")
+@config_option
+@json_option
+def push(ref: str, image: str | None, workers: int, config_path: str | None, as_json: bool) -> None:
+    """Push an image from the local store to a registry, keeping every digest.
+
+    REF is HOST[:PORT]/REPO[:TAG]. The registry receives the exact bytes of the
+    store (no recompression), so the repo digest it prints equals the local
+    manifest digest. Blobs the repository already has are skipped, blobs known
+    to be in another repository of the same registry are mounted, the rest are
+    uploaded in parallel. Rerun a push that was interrupted: it finishes.
+
+    Credentials: HERMETIC_REGISTRY_USER / HERMETIC_REGISTRY_PASSWORD, else
+    ~/.docker/config.json (docker login, credential helpers).
+
+    \b
+    Examples:
+      hermetic build && hermetic push ghcr.io/acme/train:v1
+      hermetic push 127.0.0.1:5000/train --image sha256:4f1c… --json
+    """
+    from hermetic.registry.push import parse_push_ref, push_image
+
+    name = parse_push_ref(ref)
+    store = _store()
+    digest = image_to_push(store, image, config_path)
+    progress = _progress()
+    try:
+        result = push_image(store, digest, name, workers=workers, progress=progress)
+    finally:
+        progress.close()
+    if as_json:
+        emit_json(result.to_json())
+        return
+    s = result.stats
+    target = f"{result.registry}/{result.repository}" + (f":{result.tag}" if result.tag else "")
+    click.echo(f"pushed {target}: {s.blobs_uploaded} blobs uploaded ({_human(s.bytes_sent)} sent), "
+               f"{s.blobs_mounted} mounted, {s.blobs_skipped} already there", err=True)
+    click.echo(result.repo_digest)
+
+
+@click.command()
+@click.argument("ref", metavar="REF@sha256:DIGEST")
+@click.option("--platform", default="linux/amd64", show_default=True, metavar="OS/ARCH",
+              help="Which image to take from a multi-platform index.")
+@json_option
+def pull(ref: str, platform: str, as_json: bool) -> None:
+    """Pull an image by digest into the local store, verifying every byte.
+
+    Each blob is hashed while it streams in and must match its digest and
+    size; the pull is all or nothing, so a registry that serves one wrong
+    byte leaves the store unchanged. An image index (or Docker manifest list)
+    resolves to its linux/amd64 image. The image gets the store ref
+    HOST/REPO@sha256:… (readable with: skopeo inspect oci:STORE:REF).
+
+    \b
+    Examples:
+      hermetic pull ghcr.io/acme/train@sha256:4f1c…
+      hermetic pull 127.0.0.1:5000/train@sha256:4f1c… --json
+    """
+    from hermetic.registry.pull import pull_image
+
+    os_name, sep, arch = platform.partition("/")
+    if not sep or not os_name or not arch:
+        raise HermeticError(f"--platform {platform}: write OS/ARCH, e.g. linux/amd64")
+    store = _store()
+    progress = _progress()
+    try:
+        result = pull_image(store, ref, platform=(os_name, arch), progress=progress)
+    finally:
+        progress.close()
+    if as_json:
+        emit_json(result.to_json())
+        return
+    if result.already_present:
+        click.echo(f"already in the store: {result.ref_name}", err=True)
+    else:
+        s = result.stats
+        click.echo(f"pulled {result.ref_name}: {s.blobs_downloaded} blobs ({_human(s.bytes_received)}) verified",
+                   err=True)
+    click.echo(result.manifest_digest)
+

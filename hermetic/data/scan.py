@@ -1,0 +1,186 @@
+"""Walking a dataset directory: every regular file once, with its stat key.
+
+What a dataset may contain, and why (docs/data.md, "What is listed"):
+
+- Regular files, listed by their ``/``-separated path relative to the root.
+  Directories are not listed (an empty directory is invisible, as in BagIt).
+- A symlink is listed under its own path with its target's content, which is
+  what ``sha256sum -c`` verifies -- but only a *relative* link that stays
+  inside the root and ends at a regular file. An absolute link, even to a file
+  inside the root, would dangle once the dataset is mounted elsewhere in the
+  container, and a link that leaves the root makes the dataset depend on
+  files the manifest does not cover: both are refused. Links to directories
+  are refused too (no loops, no file listed twice).
+- Devices, FIFOs and sockets are refused (reading a FIFO would hang).
+- Names must be UTF-8, and no two paths may differ only by Unicode
+  normalization (NFC vs NFD): on macOS they are one file, on Linux two.
+
+The walk opens each directory relative to the root's descriptor and stats
+entries with ``fstatat`` on the short name (``os.scandir(fd)``), which is
+about twice as fast as stat-ing full paths on a 100,000-file tree.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat as statmod
+from dataclasses import dataclass, field
+
+from hermetic.errors import HermeticError
+
+# (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of the bytes a path reads.
+StatKey = tuple[int, int, int, int, int]
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+
+
+class TreeError(HermeticError):
+    """The dataset directory holds something a manifest cannot describe safely."""
+
+    exit_code = 2
+
+
+@dataclass
+class Tree:
+    """A scanned dataset: parallel lists, in walk order (not sorted)."""
+
+    root: str  # absolute, symlinks resolved
+    paths: list[str] = field(default_factory=list)
+    keys: list[StatKey] = field(default_factory=list)  # empty when scanned with stat=False
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(k[2] for k in self.keys)
+
+    def abspath(self, rel: str) -> str:
+        return self.root + "/" + rel
+
+
+def resolve_root(root: str | os.PathLike[str]) -> str:
+    real = os.path.realpath(root)
+    if not os.path.isdir(real):
+        what = "no such directory" if not os.path.exists(real) else "not a directory"
+        raise TreeError(f"{root}: {what}")
+    return real
+
+
+def scan_tree(root: str | os.PathLike[str], *, exclude: frozenset[str] | set[str] = frozenset(),
+              stat: bool = True) -> Tree:
+    """Every file under ``root`` (see the module doc for what is refused).
+
+    ``exclude`` holds relative paths to leave out (the manifest itself, when it
+    is written inside the directory it describes). With ``stat=False`` regular
+    files are only listed (``keys`` stays empty): a caller that will open every
+    file anyway takes the stat from the open file, and saves a syscall per file.
+    """
+    real_root = resolve_root(root)
+    tree = Tree(real_root)
+    paths, keys = tree.paths, tree.keys
+    non_ascii: list[str] = []
+    try:
+        root_fd = os.open(real_root, _DIR_FLAGS)
+    except OSError as e:
+        raise TreeError(f"{root}: cannot open directory: {e.strerror}") from None
+    try:
+        pending = [""]  # directories to list, relative ("" is the root, else "a/b/")
+        while pending:
+            rel = pending.pop()
+            try:
+                fd = os.open(rel, _DIR_FLAGS, dir_fd=root_fd) if rel else os.dup(root_fd)
+            except OSError as e:
+                raise TreeError(f"{real_root}/{rel}: cannot open directory: {e.strerror}") from None
+            try:
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        name = entry.name
+                        if entry.is_dir(follow_symlinks=False):
+                            pending.append(rel + name + "/")
+                        elif entry.is_file(follow_symlinks=False):
+                            paths.append(rel + name)
+                            if stat:
+                                st = entry.stat(follow_symlinks=False)
+                                keys.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+                        elif entry.is_symlink():
+                            st = _check_symlink(real_root, rel + name, fd, name)
+                            paths.append(rel + name)
+                            if stat:
+                                keys.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+                        else:
+                            kind = _kind(entry.stat(follow_symlinks=False).st_mode)
+                            raise TreeError(f"{real_root}/{rel}{name}: {kind}; a dataset holds regular files only")
+            except PermissionError as e:
+                raise TreeError(f"{real_root}/{rel}: cannot read: {e.strerror}") from None
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root_fd)
+    if exclude:
+        keep = [i for i, p in enumerate(paths) if p not in exclude]
+        if len(keep) != len(paths):
+            tree.paths = [paths[i] for i in keep]
+            tree.keys = [keys[i] for i in keep] if stat else []
+            paths = tree.paths
+    for p in paths:
+        if not p.isascii():
+            non_ascii.append(p)
+    if non_ascii:
+        _check_names(real_root, non_ascii)
+    return tree
+
+
+def _check_symlink(real_root: str, rel: str, dir_fd: int, name: str) -> os.stat_result:
+    where = f"{real_root}/{rel}"
+    target = os.readlink(name, dir_fd=dir_fd)
+    if target.startswith("/"):
+        raise TreeError(
+            f"{where}: symlink with an absolute target ({target}); it would not resolve where the "
+            "dataset is mounted -- make it relative, or copy the file"
+        )
+    lexical = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+    if lexical == ".." or lexical.startswith("../"):
+        raise TreeError(f"{where}: symlink points outside the dataset root ({target})")
+    try:
+        st = os.stat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise TreeError(f"{where}: broken symlink ({target})") from None
+    real = os.path.realpath(where)
+    if not (real + "/").startswith(real_root + "/"):
+        raise TreeError(f"{where}: symlink resolves outside the dataset root ({real})")
+    if statmod.S_ISDIR(st.st_mode):
+        raise TreeError(
+            f"{where}: symlink to a directory ({target}); not followed -- list the directory itself"
+        )
+    if not statmod.S_ISREG(st.st_mode):
+        raise TreeError(f"{where}: symlink to a {_kind(st.st_mode)}; a dataset holds regular files only")
+    return st
+
+
+def _check_names(real_root: str, non_ascii: list[str]) -> None:
+    import unicodedata
+
+    seen: dict[str, str] = {}
+    for p in non_ascii:
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = p.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise TreeError(f"{real_root}/{shown}: file name is not valid UTF-8; rename it") from None
+        nfc = unicodedata.normalize("NFC", p)
+        other = seen.get(nfc)
+        if other is not None:
+            raise TreeError(
+                f"{real_root}: {p!r} and {other!r} differ only by Unicode normalization (NFC/NFD); "
+                "they are one file on some filesystems and two on others -- rename one"
+            )
+        seen[nfc] = p
+
+
+def _kind(mode: int) -> str:
+    if statmod.S_ISFIFO(mode):
+        return "a FIFO"
+    if statmod.S_ISSOCK(mode):
+        return "a socket"
+    if statmod.S_ISCHR(mode) or statmod.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"

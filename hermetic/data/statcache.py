@@ -1,0 +1,342 @@
+"""A stat cache: skip re-hashing files whose metadata says they have not changed.
+
+Keyed by absolute path; each entry holds the file's (dev, ino, size,
+mtime_ns, ctime_ns), the sha256 of its bytes, and the wall-clock time taken
+*before* that stat (``recorded_ns``). A lookup returns the cached sha256 only
+when all five stat fields still match and the entry is not racy.
+
+Racy-clean rule (git's, Documentation/technical/racy-git.txt): a file changed
+in the same timestamp tick as the stat that recorded it keeps the same mtime
+and ctime, so its entry could hide the change. An entry is trusted only when
+the file's mtime and ctime are strictly older than ``recorded_ns`` minus a
+slack: twice the timestamp granularity (inferred from the timestamp's
+trailing zeros: whole seconds on FAT/HFS+/ext3, nanoseconds on ext4/xfs/btrfs)
+plus 50 ms for the kernel's coarse clock, which stamps files up to one tick
+behind ``time.time_ns()``. A racy entry is simply re-hashed and recorded again,
+after which it is trusted.
+
+What it cannot see (docs/data.md): a change that leaves all five fields equal
+-- bit rot, writes to the raw block device, a clock set backwards, a network
+filesystem serving stale attributes. ``--full`` re-hashes everything.
+
+Storage: one binary file, written atomically, fast to load: a header, int64
+columns (stat keys, recorded times), raw digests, NUL-separated UTF-8 paths,
+in the order of the last ``retain`` (for a dataset: scan order, so the next
+verify of an unchanged tree compares whole columns at C speed instead of
+100,000 entries one by one). A file that does not parse is treated as empty:
+a cache is never a reason to fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import sys
+from array import array
+from itertools import chain
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from hermetic.fsutil import atomic_write_bytes
+
+_MAGIC = b"hermetic-statcache\x00v1\n"
+_HEADER = struct.Struct("<QQ")  # entry count, note length
+_KEY_INTS = 5  # dev, ino, size, mtime_ns, ctime_ns
+_DIGEST = 32
+_COARSE_CLOCK_NS = 50_000_000
+_SAFE_AGE_NS = 2 * 1_000_000_000 + _COARSE_CLOCK_NS  # enough for any granularity up to 1 s
+
+StatKey = tuple[int, int, int, int, int]
+
+
+def stat_key(st: os.stat_result) -> StatKey:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def is_racy(mtime_ns: int, ctime_ns: int, recorded_ns: int) -> bool:
+    """True when an entry recorded at ``recorded_ns`` cannot be trusted (see module doc)."""
+    newest = mtime_ns if mtime_ns > ctime_ns else ctime_ns
+    if newest + _SAFE_AGE_NS < recorded_ns:
+        return False  # the common case, decided without looking at granularity
+    granularity = 1
+    while granularity < 1_000_000_000 and newest % (granularity * 10) == 0:
+        granularity *= 10
+    return newest + 2 * granularity + _COARSE_CLOCK_NS >= recorded_ns
+
+
+def _pack_keys(keys: Sequence[StatKey]) -> bytes:
+    a = array("q", list(chain.from_iterable(keys)))
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tobytes()
+
+
+def _ints(data: bytes) -> array:
+    a = array("q")
+    a.frombytes(data)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a
+
+
+class StatCache:
+    """path -> (stat key, sha256, recorded time); loaded lazily, saved atomically.
+
+    Usage::
+
+        cache = StatCache(path_of_cache_file)
+        t0 = time.time_ns()                    # before the stat
+        key = stat_key(os.stat(p))
+        digest = cache.get(p, key)             # hex, or None: hash the file
+        if digest is None:
+            digest = sha256_file(p)
+            cache.put(p, key, digest, t0)
+        cache.save()                           # writes only if something changed
+    """
+
+    def __init__(self, file: str | os.PathLike[str]):
+        self.file = Path(file)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._loaded = False
+        self._paths: list[str] = []
+        self._keys = b""  # packed int64 x 5 per entry
+        self._recorded = array("q")
+        self._digests = b""
+        self._index_cache: dict[str, int] | None = None
+        self._new: dict[str, tuple[StatKey, int, bytes]] = {}
+        self._order: list[str] | None = None
+        self._dirty = False
+        self._note = b""
+
+    @property
+    def note(self) -> bytes:
+        self._load()
+        return self._note
+
+    @classmethod
+    def for_tree(cls, root: str) -> "StatCache":
+        """The cache file for one dataset root, under ``cache_paths().statcache``.
+
+        One file per root keeps a lookup's load proportional to the dataset
+        being verified, not to every dataset this machine has seen.
+        """
+        from hermetic.paths import cache_paths
+
+        name = hashlib.sha256(os.fsencode(root)).hexdigest()[:32]
+        return cls(cache_paths().statcache / f"{name}.bin")
+
+    # ------------------------------------------------------------ queries
+
+    def __len__(self) -> int:
+        self._load()
+        index = self._index()
+        return len(self._paths) + sum(1 for p in self._new if p not in index)
+
+    def get(self, path: str, key: StatKey) -> str | None:
+        """The cached sha256 of ``path`` if ``key`` matches and the entry is trusted."""
+        return self.get_many([path], [key])[0]
+
+    def get_many(self, paths: Sequence[str], keys: Sequence[StatKey]) -> list[str | None]:
+        """``get`` for many files at once."""
+        raw = self.digests_if_unchanged(paths, keys)
+        if raw is not None:
+            h = raw.hex()
+            return [h[i:i + 64] for i in range(0, len(h), 64)]
+        self._load()
+        index, new, recorded, digests = self._index(), self._new, self._recorded, self._digests
+        stored = _ints(self._keys)
+        out: list[str | None] = []
+        append = out.append
+        for path, key in zip(paths, keys):
+            rec = new.get(path) if new else None
+            if rec is not None:
+                trusted = rec[0] == key and not is_racy(key[3], key[4], rec[1])
+                append(rec[2].hex() if trusted else None)
+                continue
+            i = index.get(path)
+            if i is None:
+                append(None)
+                continue
+            b = i * _KEY_INTS
+            if (stored[b + 1] == key[1] and stored[b + 3] == key[3] and stored[b + 4] == key[4]
+                    and stored[b + 2] == key[2] and stored[b] == key[0]
+                    and not is_racy(key[3], key[4], recorded[i])):
+                append(digests[i * _DIGEST:(i + 1) * _DIGEST].hex())
+            else:
+                append(None)
+        return out
+
+    def digests_if_unchanged(self, paths: Sequence[str], keys: Sequence[StatKey]) -> bytes | None:
+        """All digests, concatenated raw, if the cache holds exactly ``paths`` in
+        this order with these keys, every entry trusted; else None (use ``get_many``).
+
+        The common case of a warm verify, decided with whole-column comparisons.
+        """
+        self._load()
+        if self._new or not paths or len(paths) != len(self._paths) or list(paths) != self._paths:
+            return None
+        if _pack_keys(keys) != self._keys:
+            return None
+        stored = _ints(self._keys)
+        newest = max(max(stored[3::_KEY_INTS]), max(stored[4::_KEY_INTS]))
+        if newest + _SAFE_AGE_NS >= min(self._recorded):
+            return None  # some entry may be racy: let get_many decide one by one
+        return self._digests
+
+    # ------------------------------------------------------------ updates
+
+    def put(self, path: str, key: StatKey, sha256_hex: str, recorded_ns: int) -> None:
+        """Remember that ``path`` with stat ``key`` (taken after ``recorded_ns``) hashed to ``sha256_hex``."""
+        self._new[path] = (tuple(key), recorded_ns, bytes.fromhex(sha256_hex))  # type: ignore[assignment]
+        self._dirty = True
+        self._note = b""
+
+    def put_many(self, paths: Sequence[str], keys: Sequence[StatKey], sha256_hexes: Sequence[str],
+                 recorded_ns: int) -> None:
+        """``put`` for many files recorded at the same time."""
+        new = self._new
+        for path, key, digest in zip(paths, keys, sha256_hexes):
+            new[path] = (key, recorded_ns, bytes.fromhex(digest))
+        if paths:
+            self._dirty = True
+            self._note = b""
+
+    def replace(self, paths: Sequence[str], packed_keys: bytes, recorded_ns: int, digests: bytes) -> None:
+        """Make the cache exactly these entries, in this order (after hashing a whole tree).
+
+        ``packed_keys``: 5 little-endian int64 per path (dev, ino, size,
+        mtime_ns, ctime_ns); ``digests``: 32 raw bytes per path.
+        """
+        n = len(paths)
+        if len(packed_keys) != n * _KEY_INTS * 8 or len(digests) != n * _DIGEST:
+            raise ValueError("replace: keys and digests do not match the paths")
+        self._reset()
+        self._loaded = True
+        self._paths = list(paths)
+        self._keys = packed_keys
+        self._recorded = array("q", [recorded_ns]) * n
+        self._digests = digests
+        self._dirty = True
+
+    def retain(self, paths: Iterable[str]) -> None:
+        """Keep only entries for ``paths`` (files that still exist), stored in this order."""
+        self._load()
+        order = list(paths)
+        if order != self._paths:
+            self._dirty = True
+            self._note = b""
+        self._order = order
+
+    def set_note(self, note: bytes) -> None:
+        """Attach caller data that holds only while the entries stay as they are now.
+
+        Any later ``put`` or ``retain`` that changes the entries clears it.
+        (verify stores the sha256 of the manifest the digests were found to match.)
+        """
+        self._load()
+        if note != self._note:
+            self._note = note
+            self._dirty = True
+
+    def save(self) -> None:
+        """Write the cache atomically if it changed. Failure to write is not an error."""
+        if not self._dirty:
+            return
+        self._load()
+        if not self._new and (self._order is None or self._order == self._paths):
+            # Only the note changed, or replace() set whole columns: write them as they are.
+            self._write(self._paths, self._keys, self._recorded, self._digests)
+            return
+        index = self._index()
+        if self._order is not None:
+            order = self._order
+        else:
+            order = self._paths + [p for p in self._new if p not in index]
+        new = self._new
+        recs = [new.get(p) for p in order]
+        if None not in recs:  # everything was (re)hashed: build whole columns at once
+            paths = order
+            keys = list(chain.from_iterable([r[0] for r in recs]))  # type: ignore[index]
+            recorded = [r[1] for r in recs]  # type: ignore[index]
+            digests = [r[2] for r in recs]  # type: ignore[index]
+        else:
+            stored = _ints(self._keys)
+            paths, keys, recorded, digests = [], [], [], []
+            for path, rec in zip(order, recs):
+                if rec is not None:
+                    keys.extend(rec[0])
+                    recorded.append(rec[1])
+                    digests.append(rec[2])
+                else:
+                    i = index.get(path)
+                    if i is None:
+                        continue
+                    keys.extend(stored[i * _KEY_INTS:(i + 1) * _KEY_INTS])
+                    recorded.append(self._recorded[i])
+                    digests.append(self._digests[i * _DIGEST:(i + 1) * _DIGEST])
+                paths.append(path)
+        key_arr = array("q", keys)
+        if sys.byteorder != "little":
+            key_arr.byteswap()
+        self._write(paths, key_arr.tobytes(), array("q", recorded), b"".join(digests))
+
+    def _write(self, paths: Sequence[str], packed_keys: bytes, recorded: array, digests: bytes) -> None:
+        rec = recorded
+        if sys.byteorder != "little":
+            rec = array("q", recorded)
+            rec.byteswap()
+        blob = "\0".join(paths).encode("utf-8", "surrogateescape")
+        data = b"".join((_MAGIC, _HEADER.pack(len(paths), len(self._note)), self._note, packed_keys,
+                         rec.tobytes(), digests, blob))
+        try:
+            # No fsync: a cache lost in a crash costs one re-hash, never a wrong answer
+            # (a torn file fails the length checks in _parse and is ignored).
+            atomic_write_bytes(self.file, data, fsync=False)
+        except OSError:
+            return
+        self._reset()  # re-read lazily if used again
+
+    # ------------------------------------------------------------ storage
+
+    def _index(self) -> dict[str, int]:
+        if self._index_cache is None:
+            self._index_cache = dict(zip(self._paths, range(len(self._paths))))
+        return self._index_cache
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        try:
+            data = self.file.read_bytes()
+        except OSError:
+            return
+        parsed = _parse(data)
+        if parsed is None:
+            self._dirty = True  # rewrite the unreadable file at the next save
+            return
+        self._note, self._paths, self._keys, self._recorded, self._digests = parsed
+
+
+def _parse(data: bytes) -> tuple[bytes, list[str], bytes, array, bytes] | None:
+    head = len(_MAGIC) + _HEADER.size
+    if not data.startswith(_MAGIC) or len(data) < head:
+        return None
+    count, note_len = _HEADER.unpack_from(data, len(_MAGIC))
+    note = data[head:head + note_len]
+    head += note_len
+    keys_end = head + count * _KEY_INTS * 8
+    rec_end = keys_end + count * 8
+    dig_end = rec_end + count * _DIGEST
+    if len(data) < dig_end:
+        return None
+    try:
+        paths = data[dig_end:].decode("utf-8", "surrogateescape").split("\0") if count else []
+    except UnicodeDecodeError:
+        return None
+    if len(paths) != count:
+        return None
+    return note, paths, data[head:keys_end], _ints(data[keys_end:rec_end]), data[rec_end:dig_end]

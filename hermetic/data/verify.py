@@ -1,0 +1,368 @@
+"""Verifying a dataset directory against its manifest, and making manifests.
+
+``verify_dataset`` is what ``hermetic data verify`` and ``hermetic run`` call:
+scan the directory, compare the file set with the manifest (missing, extra),
+hash what must be hashed, compare digests (changed). By default a stat cache
+(hermetic.data.statcache) supplies the digests of files whose metadata has not
+changed since they were last hashed; ``full=True`` re-hashes every file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import hashlib
+import os
+import stat as statmod
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Literal, Sequence
+
+from hermetic.data.hashing import hash_files
+from hermetic.data.manifest import Manifest, first_names, make_manifest, parse_manifest, read_manifest_bytes
+from hermetic.data.scan import Tree, TreeError, resolve_root, scan_tree
+from hermetic.data.statcache import StatCache
+from hermetic.errors import ConfigError, HermeticError
+
+Mode = Literal["stat-cache", "full"]
+# Stat-cache note meaning "these digests matched the manifest with this sha256".
+_OK_NOTE = b"verified-manifest-sha256:"
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What ``verify_dataset`` found. ``ok`` is True only when all three lists are empty.
+
+    ``file_count`` / ``total_bytes`` describe the directory as scanned (the
+    manifest's own file, when it sits inside, is not part of it); when ``ok``
+    they are the dataset's bytes.count (BagIt Payload-Oxum).
+    """
+
+    root: str
+    manifest_path: str
+    manifest_sha256: str
+    mode: Mode
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    changed: list[tuple[str, str, str]] = field(default_factory=list)  # (path, expected, actual)
+    file_count: int = 0
+    total_bytes: int = 0
+    hashed_files: int = 0
+    hashed_bytes: int = 0
+    cached_files: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.changed)
+
+    @property
+    def oxum(self) -> str:
+        return f"{self.total_bytes}.{self.file_count}"
+
+    def summary(self) -> str:
+        """One line: 'OK ...' or the counts of each kind of problem, naming the first few."""
+        if self.ok:
+            return (f"{self.root}: OK, {self.file_count} files, {self.total_bytes} bytes "
+                    f"(manifest sha256 {self.manifest_sha256[:12]}, {self.mode})")
+        parts = []
+        if self.changed:
+            parts.append(f"{len(self.changed)} changed ({first_names(p for p, _, _ in self.changed)})")
+        if self.missing:
+            parts.append(f"{len(self.missing)} missing ({first_names(self.missing)})")
+        if self.extra:
+            parts.append(f"{len(self.extra)} extra ({first_names(self.extra)})")
+        return f"{self.root} does not match {self.manifest_path}: " + "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "root": self.root, "manifest": self.manifest_path,
+            "manifest_sha256": self.manifest_sha256, "mode": self.mode,
+            "file_count": self.file_count, "total_bytes": self.total_bytes, "oxum": self.oxum,
+            "missing": self.missing, "extra": self.extra,
+            "changed": [{"path": p, "expected": e, "actual": a} for p, e, a in self.changed],
+            "hashed_files": self.hashed_files, "hashed_bytes": self.hashed_bytes,
+            "cached_files": self.cached_files, "seconds": round(self.seconds, 3),
+        }
+
+
+def verify_dataset(
+    root: str | os.PathLike[str],
+    manifest_path: str | os.PathLike[str],
+    *,
+    full: bool = False,
+    progress: bool = False,
+    stat_cache: StatCache | None = None,
+    workers: int | None = None,
+) -> VerifyReport:
+    """Compare ``root`` with the manifest at ``manifest_path``.
+
+    Raises ManifestError (file:line) for a malformed manifest and TreeError for
+    a directory that cannot be described safely (escaping symlinks, FIFOs,
+    NFC/NFD name collisions); mismatches are reported, not raised.
+    ``stat_cache`` defaults to this root's cache under HERMETIC_CACHE.
+    """
+    started = time.perf_counter()
+    recorded_ns = time.time_ns()  # before any stat: the racy-clean reference time
+    with _gc_paused():
+        manifest_bytes = read_manifest_bytes(manifest_path)
+        real_root = resolve_root(root)
+        tree = scan_tree(real_root, exclude=_inside(real_root, manifest_path), stat=not full)
+        job = _Job(real_root, manifest_path, manifest_bytes, tree,
+                   stat_cache if stat_cache is not None else StatCache.for_tree(real_root),
+                   recorded_ns, workers, _label(real_root) if progress else None)
+        report = job.full() if full else job.with_stat_cache()
+    return dataclasses.replace(report, seconds=time.perf_counter() - started)
+
+
+class _Job:
+    """One verification: the scanned tree, the manifest bytes, the cache."""
+
+    def __init__(self, real_root: str, manifest_path: str | os.PathLike[str], manifest_bytes: bytes, tree: Tree,
+                 cache: StatCache, recorded_ns: int, workers: int | None, label: str | None):
+        self.root, self.manifest_path, self.manifest_bytes = real_root, str(manifest_path), manifest_bytes
+        self.manifest_sha256 = hashlib.sha256(manifest_bytes).hexdigest()
+        self.tree, self.cache, self.recorded_ns = tree, cache, recorded_ns
+        self.workers, self.label = workers, label
+        self.abs_paths = [real_root + "/" + p for p in tree.paths]
+        self.ok_note = _OK_NOTE + self.manifest_sha256.encode()
+
+    def parse(self) -> dict[str, str]:
+        return parse_manifest(self.manifest_bytes, self.manifest_path).entries
+
+    def report(self, mode: Mode, **kw: Any) -> VerifyReport:
+        return VerifyReport(root=self.root, manifest_path=self.manifest_path,
+                            manifest_sha256=self.manifest_sha256, mode=mode, **kw)
+
+    def with_stat_cache(self) -> VerifyReport:
+        tree, cache = self.tree, self.cache
+        paths, keys, abs_paths = tree.paths, tree.keys, self.abs_paths
+        total_bytes = tree.total_bytes
+        if cache.note == self.ok_note and cache.digests_if_unchanged(abs_paths, keys) is not None:
+            # The last verify found these very digests equal to this very manifest, and
+            # nothing in the tree moved since: same answer, without even parsing it.
+            return self.report("stat-cache", file_count=len(paths), total_bytes=total_bytes,
+                               cached_files=len(paths))
+        expected = self.parse()
+        extra, missing, checked = _partition(paths, expected)
+        c_paths = paths if checked is None else [paths[i] for i in checked]
+        c_keys = keys if checked is None else [keys[i] for i in checked]
+        c_abs = abs_paths if checked is None else [abs_paths[i] for i in checked]
+        changed: list[tuple[str, str, str]] = []
+        hashed_files = hashed_bytes = 0
+        raw = cache.digests_if_unchanged(c_abs, c_keys)
+        if raw is not None:  # warm: every digest from the cache, compared as one column
+            changed = _compare_raw(c_paths, raw, expected)
+        else:
+            digests = cache.get_many(c_abs, c_keys)
+            todo = [j for j, d in enumerate(digests) if d is None]
+            if todo:
+                hashed = hash_files([c_abs[j] for j in todo], [c_keys[j][2] for j in todo],
+                                    workers=self.workers, progress_label=self.label)
+                gone = set(hashed.vanished)
+                if len(todo) == len(c_paths) and checked is None and not gone:
+                    cache.replace(c_abs, hashed.keys_little_endian(), self.recorded_ns, hashed.digests)
+                else:
+                    done = [(k, j) for k, j in enumerate(todo) if k not in gone]
+                    cache.put_many([c_abs[j] for _, j in done], [hashed.key(k) for k, _ in done],
+                                   [hashed.hex(k) for k, _ in done], self.recorded_ns)
+                    cache.retain([c_abs[j] for j in range(len(c_abs)) if j not in {todo[k] for k in gone}])
+                for k, j in enumerate(todo):
+                    if k in gone:  # deleted while we were hashing
+                        missing.append(c_paths[j])
+                        digests[j] = None
+                    else:
+                        digests[j] = hashed.hex(k)
+                hashed_files = len(todo) - len(gone)
+                hashed_bytes = sum(c_keys[j][2] for k, j in enumerate(todo) if k not in gone)
+            else:
+                cache.retain(c_abs)
+            changed = [(p, expected[p], d) for p, d in zip(c_paths, digests) if d is not None and d != expected[p]]
+        if not (missing or extra or changed):
+            cache.set_note(self.ok_note)
+        cache.save()
+        return self.report("stat-cache", missing=sorted(missing), extra=sorted(extra), changed=sorted(changed),
+                           file_count=len(paths), total_bytes=total_bytes, hashed_files=hashed_files,
+                           hashed_bytes=hashed_bytes, cached_files=len(c_paths) - hashed_files)
+
+    def full(self) -> VerifyReport:
+        """Hash every file (workers stat what they open); parse the manifest meanwhile."""
+        paths, abs_paths, cache = self.tree.paths, self.abs_paths, self.cache
+        parsed: list[dict[str, str]] = []
+        hashed = hash_files(abs_paths, None, workers=self.workers, progress_label=self.label,
+                            while_hashing=lambda: parsed.append(self.parse()))
+        expected = parsed[0]
+        gone = set(hashed.vanished)
+        present = paths if not gone else [p for i, p in enumerate(paths) if i not in gone]
+        extra, missing, checked = _partition(present, expected)
+        if not gone:
+            cache.replace(abs_paths, hashed.keys_little_endian(), self.recorded_ns, hashed.digests)
+            if checked is None:
+                changed = _compare_raw(paths, hashed.digests, expected)
+            else:
+                changed = [(paths[i], expected[paths[i]], hashed.hex(i))
+                           for i in range(len(paths)) if paths[i] in expected and hashed.hex(i) != expected[paths[i]]]
+        else:
+            keep = [i for i in range(len(paths)) if i not in gone]
+            cache.put_many([abs_paths[i] for i in keep], [hashed.key(i) for i in keep],
+                           [hashed.hex(i) for i in keep], self.recorded_ns)
+            cache.retain([abs_paths[i] for i in keep])
+            changed = [(paths[i], expected[paths[i]], hashed.hex(i))
+                       for i in keep if paths[i] in expected and hashed.hex(i) != expected[paths[i]]]
+        if not (missing or extra or changed):
+            cache.set_note(self.ok_note)
+        cache.save()
+        sizes = hashed.sizes()
+        return self.report("full", missing=sorted(missing), extra=sorted(extra), changed=sorted(changed),
+                           file_count=len(present), total_bytes=sum(sizes), hashed_files=len(present),
+                           hashed_bytes=sum(sizes), cached_files=0)
+
+
+def _partition(paths: list[str], expected: dict[str, str]) -> tuple[list[str], list[str], list[int] | None]:
+    """(extra, missing, indices of paths in the manifest -- None meaning all of them)."""
+    checked: list[int] = []
+    extra: list[str] = []
+    for i, p in enumerate(paths):
+        if p in expected:
+            checked.append(i)
+        else:
+            extra.append(p)
+    missing: list[str] = []
+    if len(checked) != len(expected):
+        present = set(paths)
+        missing = [p for p in expected if p not in present]
+    return extra, missing, (None if len(checked) == len(paths) else checked)
+
+
+def _compare_raw(paths: list[str], raw: bytes, expected: dict[str, str]) -> list[tuple[str, str, str]]:
+    """Changed files, given every path's raw digest in order -- one bytes comparison when none changed."""
+    if raw == bytes.fromhex("".join(map(expected.__getitem__, paths))):
+        return []
+    h = raw.hex()
+    return [(p, expected[p], h[j * 64:(j + 1) * 64]) for j, p in enumerate(paths) if h[j * 64:(j + 1) * 64] != expected[p]]
+
+
+def build_manifest(
+    root: str | os.PathLike[str],
+    *,
+    exclude: Sequence[str | os.PathLike[str]] = (),
+    progress: bool = False,
+    stat_cache: StatCache | None = None,
+    workers: int | None = None,
+) -> Manifest:
+    """Hash every file under ``root`` (always in full) into a Manifest.
+
+    ``exclude`` names files to leave out -- the manifest's own output file when
+    it is written inside ``root`` (a file stdout is redirected to is left out
+    too). The digests are recorded in the stat cache, so the first ``verify``
+    afterwards is fast.
+    """
+    recorded_ns = time.time_ns()
+    real_root = resolve_root(root)
+    skip: set[str] = set()
+    for path in [*exclude, *_stdout_file()]:
+        skip |= _inside(real_root, path)
+    with _gc_paused():
+        tree = scan_tree(real_root, exclude=skip, stat=False)
+        abs_paths = [real_root + "/" + p for p in tree.paths]
+        hashed = hash_files(abs_paths, None, workers=workers,
+                            progress_label=_label(real_root) if progress else None)
+        if hashed.vanished:
+            gone = tree.paths[hashed.vanished[0]]
+            raise TreeError(f"{real_root}/{gone}: disappeared while hashing; is something writing to the dataset?")
+        manifest = make_manifest(dict(zip(tree.paths, hashed.hexes())), sum(hashed.sizes()))
+        cache = stat_cache if stat_cache is not None else StatCache.for_tree(real_root)
+        cache.replace(abs_paths, hashed.keys_little_endian(), recorded_ns, hashed.digests)
+        cache.set_note(_OK_NOTE + manifest.sha256.encode())
+        cache.save()
+        return manifest
+
+
+# ---------------------------------------------------------------- hermetic.yaml datasets
+
+
+@dataclass(frozen=True)
+class DatasetReport:
+    name: str
+    mount: str
+    report: VerifyReport
+
+
+def verify_configured(
+    cfg: Any, names: Sequence[str] | None = None, *, full: bool = False, progress: bool = False,
+) -> list[DatasetReport]:
+    """Verify the datasets a LoadedConfig declares (all, or those in ``names``).
+
+    Paths resolve against the config file's directory. A dataset whose
+    directory or manifest is unusable raises HermeticError naming the dataset.
+    """
+    declared = {d.name: d for d in cfg.model.datasets}
+    if names:
+        unknown = [n for n in names if n not in declared]
+        if unknown:
+            have = ", ".join(declared) or "none"
+            raise ConfigError(f"{cfg.path}: no dataset named {unknown[0]!r} (declared: {have})")
+        chosen = [declared[n] for n in dict.fromkeys(names)]
+    else:
+        chosen = list(cfg.model.datasets)
+    out = []
+    for d in chosen:
+        try:
+            report = verify_dataset(cfg.resolve(d.path), cfg.resolve(d.manifest), full=full, progress=progress)
+        except HermeticError as e:
+            e.message = f"dataset {d.name!r} ({cfg.path}): {e.message}"
+            e.args = (e.message,)
+            raise
+        out.append(DatasetReport(d.name, d.mount, report))
+    return out
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _inside(real_root: str, path: str | os.PathLike[str]) -> set[str]:
+    """{path relative to root} if ``path`` lies inside ``real_root``, else {}."""
+    real = os.path.realpath(path)
+    if real.startswith(real_root + "/"):
+        return {real[len(real_root) + 1:]}
+    return set()
+
+
+def _stdout_file() -> list[str]:
+    """The regular file stdout is redirected to, if any (``hermetic data manifest d > d/m.txt``)."""
+    try:
+        st = os.fstat(1)
+        if not statmod.S_ISREG(st.st_mode):
+            return []
+        target = os.readlink("/proc/self/fd/1")
+    except OSError:
+        return []
+    return [target] if target.startswith("/") else []
+
+
+def _label(real_root: str) -> str:
+    return f"hashing {Path(real_root).name}"
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic GC while building 100,000-element lists of tuples (it would re-scan them repeatedly)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def iter_problems(report: VerifyReport) -> Iterator[tuple[str, str, str]]:
+    """(kind, path, detail) for each problem, changed first -- for printing."""
+    for p, e, a in report.changed:
+        yield "changed", p, f"expected {e}, got {a}"
+    for p in report.missing:
+        yield "missing", p, ""
+    for p in report.extra:
+        yield "extra", p, ""

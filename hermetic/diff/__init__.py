@@ -1,0 +1,104 @@
+"""``hermetic diff``: why two runs (or two multi-seed groups) differ, or that they do not.
+
+Entry points:
+
+- ``diff_paths(dir_a, dir_b, rtol=, atol=) -> RunDiff | GroupDiff``: loads, detects groups, compares.
+- ``diff_runs(dir_a, dir_b, ...) -> RunDiff`` and ``diff_records(rec_a, rec_b, ...)`` (pure).
+- ``result.verdict`` (kind, line, causes, knobs_not_set, exit_code), ``result.to_json()``,
+  ``hermetic.diff.render.render(result)`` for the terminal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hermetic.diff.compare import compare_outputs, compare_sections
+from hermetic.diff.groups import GroupDiff, compare_group_metrics, decide_groups
+from hermetic.diff.manifests import read_manifest_file
+from hermetic.diff.model import RunDiff
+from hermetic.diff.verdict import decide
+
+DEFAULT_RTOL = 1e-5  # numpy.isclose's defaults
+DEFAULT_ATOL = 1e-8
+
+
+def diff_records(a: dict[str, Any], b: dict[str, Any], *, manifests_a: dict[str, Any] | None = None,
+                 manifests_b: dict[str, Any] | None = None, rtol: float = DEFAULT_RTOL,
+                 atol: float = DEFAULT_ATOL, label_a: str | None = None, label_b: str | None = None) -> RunDiff:
+    """Compare two loaded records; ``manifests_*`` map dataset name -> {path: sha256} (per-file detail)."""
+    sections = compare_sections(a, b, manifests_a or {}, manifests_b or {})
+    outputs = compare_outputs(a, b, rtol=rtol, atol=atol)
+    verdict = decide(sections, outputs, a, b)
+    return RunDiff(label_a or a["record"]["run_id"], label_b or b["record"]["run_id"], sections, outputs, verdict,
+                   {"rtol": rtol, "atol": atol})
+
+
+def run_manifests(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The dataset manifest copies kept in the run dir (None for a missing one)."""
+    return {name: read_manifest_file(run_dir / ds["manifest_file"]) for name, ds in record["data"].items()}
+
+
+def diff_runs(dir_a: str | Path, dir_b: str | Path, *, rtol: float = DEFAULT_RTOL,
+              atol: float = DEFAULT_ATOL) -> RunDiff:
+    from hermetic.record.rundir import load_record
+
+    da, db = Path(dir_a), Path(dir_b)
+    a, b = load_record(da), load_record(db)
+    return diff_records(a, b, manifests_a=run_manifests(da, a), manifests_b=run_manifests(db, b), rtol=rtol, atol=atol)
+
+
+def diff_groups(dir_a: str | Path, dir_b: str | Path) -> GroupDiff:
+    from hermetic.record.group import load_group
+
+    da, db = Path(dir_a), Path(dir_b)
+    ga, gb = load_group(da), load_group(db)
+    metrics = compare_group_metrics(ga, gb)
+    notes: list[str] = []
+    inputs = []
+    ra, rb = _first_member(da, ga, notes), _first_member(db, gb, notes)
+    if ra is not None and rb is not None:
+        ma = run_manifests(da.parent / ra["record"]["run_id"], ra)
+        mb = run_manifests(db.parent / rb["record"]["run_id"], rb)
+        inputs = [s for s in compare_sections(ra, rb, ma, mb) if s.name != "seed"]
+    for g, label in ((ga, "A"), (gb, "B")):
+        if g["inputs"]["mixed"]:
+            notes.append(f"group {label}'s members differ in more than the seed: {', '.join(g['inputs']['mixed'])}")
+        failed = [m["run_id"] for m in g["members"] if m["status"] != "succeeded"]
+        if failed:
+            notes.append(f"group {label}: {len(failed)} member(s) did not succeed and are left out: "
+                         f"{', '.join(failed)}")
+    verdict = decide_groups(metrics, inputs)
+    return GroupDiff(ga["group"]["group_id"], gb["group"]["group_id"], metrics, inputs, verdict, notes)
+
+
+def _first_member(group_dir: Path, group: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
+    from hermetic.errors import HermeticError
+    from hermetic.record.rundir import load_record
+
+    members = [m for m in group["members"] if m["status"] == "succeeded"] or group["members"]
+    try:
+        return load_record(group_dir.parent / members[0]["run_id"])
+    except HermeticError as e:
+        notes.append(f"inputs not compared: {e}")
+        return None
+
+
+def diff_paths(dir_a: str | Path, dir_b: str | Path, *, rtol: float = DEFAULT_RTOL,
+               atol: float = DEFAULT_ATOL) -> RunDiff | GroupDiff:
+    """Runs or groups, whichever the two directories hold (both must be the same kind)."""
+    from hermetic.record.index import GROUP_JSON, RUN_JSON
+    from hermetic.record.rundir import RunNotFound
+
+    da, db = Path(dir_a), Path(dir_b)
+    kinds = ["group" if (d / GROUP_JSON).is_file() and not (d / RUN_JSON).is_file() else "run" for d in (da, db)]
+    if kinds[0] != kinds[1]:
+        raise RunNotFound(f"cannot compare a {kinds[0]} ({da}) with a {kinds[1]} ({db}); compare two runs "
+                          "or two groups")
+    if kinds[0] == "group":
+        return diff_groups(da, db)
+    return diff_runs(da, db, rtol=rtol, atol=atol)
+
+
+__all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "GroupDiff", "RunDiff", "diff_groups", "diff_paths", "diff_records",
+           "diff_runs"]

@@ -1,0 +1,401 @@
+"""Comparing two run records section by section, in causal order (pure functions).
+
+Causal order is the order in which a difference would explain the next:
+image and packages, code, config, data, seed, environment variables (the
+inputs), then software, driver and GPU, CPU and BLAS (the machine), then the
+outputs. Each comparison marks a change ``material`` when it can change what
+the program computes; values that merely restate another section (the image
+ID restates the packages; the config's ``determinism.seed`` restates the seed)
+or that cannot change results (a branch name, a GPU's UUID) are listed but
+not material.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from typing import Any, Callable
+
+from hermetic.diff.manifests import compare_manifests
+from hermetic.diff.model import Change, FileComparison, MetricComparison, OutputsDiff, SectionDiff
+
+INPUT_SECTIONS = ("image", "code", "config", "data", "seed", "env")
+ENVIRONMENT_SECTIONS = ("software", "gpu", "cpu")
+TITLES = {
+    "image": "image and packages", "code": "code", "config": "config and arguments", "data": "data",
+    "seed": "seed", "env": "environment variables", "software": "software versions and flags",
+    "gpu": "driver and GPU", "cpu": "CPU, BLAS and host",
+}
+# Config keys whose effect another section records exactly: the image ID covers the build,
+# data manifests cover dataset paths, seed.value covers the seed.
+_CONFIG_RESTATED = re.compile(
+    r"^(name|base|lock|runs_dir|python(\..*)?|build(\..*)?|determinism\.seed|datasets\[\d+\]\.(path|manifest))$"
+)
+# Per-GPU keys that tell which card and how it was clocked, not how it computes.
+_GPU_CONTEXT_KEYS = frozenset({"index", "uuid", "pci_bus_id", "clocks", "power_limit_w", "power_limit",
+                               "sm_count_source", "memory_used", "temperature", "utilization"})
+_GPU_TOP_CONTEXT_KEYS = frozenset({"gpu_note", "gpu_source", "gpu_sources_tried"})
+_HOST_CONTEXT_KEYS = frozenset({"kernel", "os", "memory_bytes", "memory_limit_bytes", "hostname"})
+CUBLAS_NOTE = ("cuBLAS only promises identical bits on the same GPU architecture and the same SM count "
+               "(a MIG slice has fewer SMs)")
+
+Json = Any
+Manifests = dict[str, dict[str, str] | None]
+
+
+def short(value: Any, n: int = 12) -> str:
+    """A compact rendering for notes: digests shortened, None as 'unset'."""
+    if value is None:
+        return "unset"
+    if isinstance(value, str):
+        if value.startswith("sha256:") and len(value) == 71:
+            return value[: 7 + n]
+        if len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+            return value[:n]
+        return value if len(value) <= 60 else value[:57] + "..."
+    if isinstance(value, list):
+        return "[" + ", ".join(short(v, n) for v in value) + "]" if len(value) <= 6 else f"[{len(value)} items]"
+    return str(value)
+
+
+def flatten(value: Json, prefix: str = "") -> dict[str, Json]:
+    """Nested dicts and lists of dicts -> ``{"a.b[0].c": leaf}``; lists of scalars stay leaves."""
+    out: dict[str, Json] = {}
+    if isinstance(value, dict):
+        if not value and prefix:
+            out[prefix] = {}
+        for k, v in value.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        for i, v in enumerate(value):
+            out.update(flatten(v, f"{prefix}[{i}]"))
+    else:
+        out[prefix] = value
+    return out
+
+
+def diff_flat(section: str, a: Json, b: Json, *, prefix: str = "",
+              material: Callable[[str], bool] = lambda k: True) -> list[Change]:
+    """Key-level changes between two nested values, dotted key paths, sorted by key."""
+    fa, fb = flatten(a, prefix), flatten(b, prefix)
+    changes = []
+    for key in sorted(fa.keys() | fb.keys()):
+        if key in fa and key in fb:
+            if fa[key] == fb[key] and type(fa[key]) is type(fb[key]):
+                continue
+            kind, note = "changed", f"{key} {short(fa[key])} -> {short(fb[key])}"
+            if isinstance(fa[key], list) and isinstance(fb[key], list) and len(fa[key]) + len(fb[key]) > 12:
+                note = f"{key}: " + _set_note(fa[key], fb[key])
+        elif key in fa:
+            kind, note = "removed", f"{key} {short(fa[key])} -> unset"
+        else:
+            kind, note = "added", f"{key} unset -> {short(fb[key])}"
+        changes.append(Change(section, key, kind, fa.get(key), fb.get(key), note, material(key)))
+    return changes
+
+
+def _set_note(a: list[Any], b: list[Any]) -> str:
+    sa, sb = {str(x) for x in a}, {str(x) for x in b}
+    plus, minus = sorted(sb - sa), sorted(sa - sb)
+    parts = [f"+{x}" for x in plus[:5]] + [f"-{x}" for x in minus[:5]]
+    more = len(plus) + len(minus) - len(parts)
+    return " ".join(parts) + (f" (+{more} more)" if more > 0 else "") if parts else "same items, other order"
+
+
+def files_changes(section: str, a: dict[str, str], b: dict[str, str], *, what: str = "", material: bool = True,
+                  prefix: str = "") -> list[Change]:
+    """Per-path changes between two ``{path: sha256}`` maps (added, removed, changed)."""
+    only_a, only_b, changed = compare_manifests(a, b)
+    out = [Change(section, prefix + p, "changed", a[p], b[p], f"{what}{p} changed", material) for p in changed]
+    out += [Change(section, prefix + p, "added", None, b[p], f"{what}{p} added", material) for p in only_b]
+    out += [Change(section, prefix + p, "removed", a[p], None, f"{what}{p} removed", material) for p in only_a]
+    return out
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+
+def compare_image(a: Json, b: Json) -> SectionDiff:
+    s = SectionDiff("image", TITLES["image"], "input", same_as=short(a["id"]))
+    pa = {p["name"].lower(): p for p in a["packages"]}
+    pb = {p["name"].lower(): p for p in b["packages"]}
+    for name in sorted(pa.keys() | pb.keys()):
+        x, y = pa.get(name), pb.get(name)
+        if x and y:
+            if x["version"] != y["version"]:
+                s.changes.append(Change("image", f"packages.{name}", "changed", x, y,
+                                        f"{name} {x['version']} -> {y['version']}"))
+            elif x["sha256"] != y["sha256"] or x["filename"] != y["filename"]:
+                s.changes.append(Change("image", f"packages.{name}", "changed", x, y,
+                                        f"{name} {x['version']} other wheel ({short(x['sha256'], 8)} -> "
+                                        f"{short(y['sha256'], 8)})"))
+        elif y:
+            s.changes.append(Change("image", f"packages.{name}", "added", None, y, f"{name} {y['version']} added"))
+        elif x:
+            s.changes.append(Change("image", f"packages.{name}", "removed", x, None,
+                                    f"{name} {x['version']} removed"))
+    if a["base"] != b["base"]:
+        s.changes.append(Change("image", "base", "changed", a["base"], b["base"],
+                                f"base {short(a['base'])} -> {short(b['base'])}"))
+    if a["lock_sha256"] != b["lock_sha256"]:
+        s.changes.append(Change("image", "lock_sha256", "changed", a["lock_sha256"], b["lock_sha256"],
+                                f"lock {short(a['lock_sha256'])} -> {short(b['lock_sha256'])}",
+                                headline=not s.changes))
+    s.changes += diff_flat("image", a["cuda"], b["cuda"], prefix="cuda")
+    s.changes += diff_flat("image", a["labels"], b["labels"], prefix="labels")
+    same_id = a["id"] == b["id"]
+    if not same_id:
+        s.changes.append(Change("image", "id", "changed", a["id"], b["id"],
+                                f"image {short(a['id'])} -> {short(b['id'])}", headline=False))
+    if a["manifest_digest"] != b["manifest_digest"]:
+        # Same config (ID) but another manifest: the same image stored another way (e.g. compressed).
+        s.changes.append(Change("image", "manifest_digest", "changed", a["manifest_digest"], b["manifest_digest"],
+                                f"manifest {short(a['manifest_digest'])} -> {short(b['manifest_digest'])}",
+                                material=not same_id, headline=False))
+    if sorted(a["repo_digests"]) != sorted(b["repo_digests"]):
+        s.changes.append(Change("image", "repo_digests", "changed", a["repo_digests"], b["repo_digests"],
+                                "pushed under other names", material=False))
+    if same_id:
+        # The ID is the digest of the image config, which names every layer: equal IDs mean
+        # equal images, whatever the package lists say.
+        s.changes = [Change(c.section, c.key, c.kind, c.a, c.b, c.note, False, c.headline) for c in s.changes]
+    return s
+
+
+def compare_code(a: Json, b: Json) -> SectionDiff:
+    sa, sb = a["snapshot"], b["snapshot"]
+    s = SectionDiff("code", TITLES["code"], "input", same_as=f"source {short(sa['sha256'])}")
+    tree_differs = sa["sha256"] != sb["sha256"] or sa["files"] != sb["files"]
+    s.changes += files_changes("code", sa["files"], sb["files"], prefix="")
+    if sa["sha256"] != sb["sha256"]:
+        s.changes.append(Change("code", "snapshot.sha256", "changed", sa["sha256"], sb["sha256"],
+                                f"source tree {short(sa['sha256'])} -> {short(sb['sha256'])}", headline=False))
+    # Git says where the bytes came from; the snapshot is the bytes. Git differences matter
+    # only when the trees differ (an amended commit message changes nothing that runs).
+    ga, gb = a["git"], b["git"]
+    if (ga is None) != (gb is None):
+        s.changes.append(Change("code", "git", "changed", ga, gb,
+                                "git checkout -> no git" if gb is None else "no git -> git checkout", tree_differs))
+    elif ga is not None:
+        for key in ("commit", "dirty", "diff_sha256", "branch"):
+            if ga[key] != gb[key]:
+                label = {"commit": "commit", "dirty": "uncommitted changes", "diff_sha256": "patch",
+                         "branch": "branch"}[key]
+                s.changes.append(Change("code", f"git.{key}", "changed", ga[key], gb[key],
+                                        f"{label} {short(ga[key], 10)} -> {short(gb[key], 10)}",
+                                        tree_differs and key != "branch"))
+        s.changes += files_changes("code", ga["untracked"], gb["untracked"], what="untracked ",
+                                   material=tree_differs, prefix="git.untracked.")
+    if ga and ga.get("commit"):
+        s.same_as += f", commit {str(ga['commit'])[:10]}"
+    return s
+
+
+def compare_config(a_inv: Json, b_inv: Json) -> SectionDiff:
+    s = SectionDiff("config", TITLES["config"], "input", same_as=f"config {short(a_inv['config_sha256'])}")
+    s.changes += diff_flat("config", a_inv["config"], b_inv["config"],
+                           material=lambda k: not _CONFIG_RESTATED.match(k))
+    if a_inv["args"] != b_inv["args"]:
+        s.changes.append(Change("config", "args", "changed", a_inv["args"], b_inv["args"],
+                                f"arguments '{shlex.join(a_inv['args'])}' -> '{shlex.join(b_inv['args'])}'"))
+    for key in ("script", "network"):
+        if a_inv[key] != b_inv[key]:
+            s.changes.append(Change("config", key, "changed", a_inv[key], b_inv[key],
+                                    f"{key} {short(a_inv[key])} -> {short(b_inv[key])}"))
+    if a_inv["config_sha256"] != b_inv["config_sha256"] and not s.changes:
+        s.changes.append(Change("config", "config_sha256", "changed", a_inv["config_sha256"],
+                                b_inv["config_sha256"], "config sha256 differs", False))
+    return s
+
+
+def compare_data(a: Json, b: Json, manifests_a: Manifests, manifests_b: Manifests) -> SectionDiff:
+    s = SectionDiff("data", TITLES["data"], "input",
+                    same_as=", ".join(f"{n} {short(d['manifest_sha256'], 8)}" for n, d in sorted(a.items())) or "none")
+    for name in sorted(a.keys() | b.keys()):
+        x, y = a.get(name), b.get(name)
+        if x is None or y is None:
+            kind = "added" if x is None else "removed"
+            s.changes.append(Change("data", name, kind, x, y, f"dataset {name} {kind}"))
+            continue
+        if x["manifest_sha256"] != y["manifest_sha256"]:
+            ma, mb = manifests_a.get(name), manifests_b.get(name)
+            if ma is not None and mb is not None:
+                per_file = files_changes("data", ma, mb, what=f"{name}: ", prefix=f"{name}/")
+                s.changes += per_file or [Change("data", f"{name}.manifest_sha256", "changed", x["manifest_sha256"],
+                                                 y["manifest_sha256"], f"{name}: manifest differs (same files)")]
+            else:
+                s.changes.append(Change("data", f"{name}.manifest_sha256", "changed", x["manifest_sha256"],
+                                        y["manifest_sha256"],
+                                        f"{name}: manifest {short(x['manifest_sha256'], 8)} -> "
+                                        f"{short(y['manifest_sha256'], 8)} ({x['count']} -> {y['count']} files; "
+                                        "manifest copies not found, no per-file detail)"))
+        if x["mount"] != y["mount"]:
+            s.changes.append(Change("data", f"{name}.mount", "changed", x["mount"], y["mount"],
+                                    f"{name} mounted at {x['mount']} -> {y['mount']}"))
+        for key in ("path", "verify_mode"):
+            if x[key] != y[key]:
+                s.changes.append(Change("data", f"{name}.{key}", "changed", x[key], y[key],
+                                        f"{name}.{key} {x[key]} -> {y[key]}", material=False))
+    return s
+
+
+def compare_seed(a: Json, b: Json) -> SectionDiff:
+    s = SectionDiff("seed", TITLES["seed"], "input", same_as=str(a["value"]))
+    if a["value"] != b["value"]:
+        s.changes.append(Change("seed", "value", "changed", a["value"], b["value"],
+                                f"seed {a['value']} -> {b['value']}"))
+    if a["policy"] != b["policy"]:
+        s.changes.append(Change("seed", "policy", "changed", a["policy"], b["policy"],
+                                f"seed chosen by {a['policy']} -> {b['policy']}", material=False))
+    s.changes += diff_flat("seed", a["applied"], b["applied"], prefix="applied")
+    return s
+
+
+def compare_env(a: Json, b: Json) -> SectionDiff:
+    s = SectionDiff("env", TITLES["env"], "input",
+                    same_as=f"{len(a['determinism'])} determinism, {len(a['passed'])} passed")
+    s.changes += diff_flat("env", a["determinism"], b["determinism"])
+    s.changes += diff_flat("env", a["passed"], b["passed"])
+    sa, sb = set(a["secrets"]), set(b["secrets"])
+    for name in sorted(sa ^ sb):
+        s.changes.append(Change("env", f"secrets.{name}", "added" if name in sb else "removed", name in sa,
+                                name in sb, f"secret {name} {'passed' if name in sb else 'not passed'}",
+                                material=False))
+    return s
+
+
+# --- the machine --------------------------------------------------------------------------------
+
+def compare_software(a: Json, b: Json) -> SectionDiff:
+    a = {k: v for k, v in a.items() if k != "blas"}
+    b = {k: v for k, v in b.items() if k != "blas"}
+    s = SectionDiff("software", TITLES["software"], "environment", same_as=_software_line(a))
+    # software.env is the probe's view of the environment variables: the env section judges them
+    s.changes += diff_flat("software", a, b, material=lambda k: not k.startswith("env."))
+    return s
+
+
+def _software_line(sw: Json) -> str:
+    parts = []
+    python = sw.get("python")
+    if isinstance(python, dict):
+        python = python.get("version")
+    if python:
+        parts.append(f"python {short(python)}")
+    torch = sw.get("torch")
+    if isinstance(torch, dict) and torch.get("version"):
+        parts.append(f"torch {torch['version']}")
+    return ", ".join(parts) or "-"
+
+
+def _gpu_part(hw: Json) -> dict[str, Any]:
+    return {k: v for k, v in hw.items() if k.startswith("gpu") or "driver" in k or k.startswith("cuda")}
+
+
+def _gpu_key_material(key: str) -> bool:
+    if key in _GPU_TOP_CONTEXT_KEYS or key.split(".")[0] in _GPU_TOP_CONTEXT_KEYS:
+        return False
+    m = re.match(r"^gpus\[\d+\]\.(mig_parent\.)?([^.\[]+)", key)
+    return not (m and m.group(2) in _GPU_CONTEXT_KEYS)
+
+
+def compare_gpu(a_hw: Json, b_hw: Json, a_inv: Json, b_inv: Json) -> SectionDiff:
+    ga, gb = _gpu_part(a_hw), _gpu_part(b_hw)
+    gpus_a, gpus_b = ga.get("gpus") or [], gb.get("gpus") or []
+    s = SectionDiff("gpu", TITLES["gpu"], "environment", same_as=_gpu_line(gpus_a, ga.get("gpu_note")))
+    s.changes += diff_flat("gpu", ga, gb, material=_gpu_key_material)
+    if len(gpus_a) != len(gpus_b):
+        # The extra GPUs' every key would show as added/removed: one count change says it.
+        common = min(len(gpus_a), len(gpus_b))
+        s.changes = [c for c in s.changes if c.key != "gpus" and not _gpu_index_at_least(c.key, common)]
+        s.changes.insert(0, Change("gpu", "gpus", "changed", len(gpus_a), len(gpus_b),
+                                   f"{len(gpus_a)} GPU(s) -> {len(gpus_b)} GPU(s)"))
+    if a_inv["gpus"] != b_inv["gpus"]:
+        s.changes.append(Change("gpu", "invocation.gpus", "changed", a_inv["gpus"], b_inv["gpus"],
+                                f"--gpus {a_inv['gpus']} -> {b_inv['gpus']}", material=False))
+    for i, (x, y) in enumerate(zip(gpus_a, gpus_b, strict=False)):  # extra GPUs: counted above
+        if not (isinstance(x, dict) and isinstance(y, dict)):
+            continue
+        what = [k for k in ("name", "compute_capability", "sm_count", "mig_mode") if x.get(k) != y.get(k)]
+        if what:
+            detail = ", ".join(f"{k} {short(x.get(k))} vs {short(y.get(k))}" for k in what)
+            s.warnings.append(f"GPU {i}: {detail}: {CUBLAS_NOTE}; bitwise equality is not expected")
+    return s
+
+
+def _gpu_index_at_least(key: str, n: int) -> bool:
+    m = re.match(r"^gpus\[(\d+)\]", key)
+    return bool(m) and int(m.group(1)) >= n
+
+
+def _gpu_line(gpus: list[Any], note: Any) -> str:
+    if not gpus:
+        return str(note or "no GPU")
+    names = sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)})
+    drivers = sorted({str(g.get("driver_version")) for g in gpus if isinstance(g, dict) and g.get("driver_version")})
+    return f"{len(gpus)}x {', '.join(names)}" + (f", driver {', '.join(drivers)}" if drivers else "")
+
+
+def compare_cpu(a_hw: Json, b_hw: Json, a_sw: Json, b_sw: Json) -> SectionDiff:
+    gpu_keys = set(_gpu_part(a_hw)) | set(_gpu_part(b_hw))
+    ha = {k: v for k, v in a_hw.items() if k not in gpu_keys}
+    hb = {k: v for k, v in b_hw.items() if k not in gpu_keys}
+    cpu = ha.get("cpu") if isinstance(ha.get("cpu"), dict) else {}
+    s = SectionDiff("cpu", TITLES["cpu"], "environment", same_as=str(cpu.get("model") or "-"))
+    s.changes += diff_flat("cpu", ha, hb, material=lambda k: k.split(".")[0] not in _HOST_CONTEXT_KEYS)
+    s.changes += diff_flat("cpu", a_sw.get("blas"), b_sw.get("blas"), prefix="blas")
+    return s
+
+
+# --- outputs ------------------------------------------------------------------------------------
+
+def compare_outputs(a: Json, b: Json, *, rtol: float, atol: float) -> OutputsDiff:
+    fa, fb = a["outputs"]["files"], b["outputs"]["files"]
+    files = []
+    for path in sorted(fa.keys() | fb.keys()):
+        x, y = fa.get(path), fb.get(path)
+        if x and y:
+            status = "equal" if x["sha256"] == y["sha256"] else "changed"
+        else:
+            status = "only_a" if x else "only_b"
+        files.append(FileComparison(path, status, x and x["sha256"], y and y["sha256"]))
+    ma, mb = a["metrics"]["final"], b["metrics"]["final"]
+    metrics = [compare_metric(name, ma.get(name), mb.get(name), rtol=rtol, atol=atol,
+                              present=(name in ma, name in mb)) for name in sorted(ma.keys() | mb.keys())]
+    return OutputsDiff(files=files, metrics=metrics,
+                       status=((a["record"]["status"], a["record"]["exit_code"]),
+                               (b["record"]["status"], b["record"]["exit_code"])),
+                       steps=(a["metrics"]["steps"], b["metrics"]["steps"]))
+
+
+def compare_metric(name: str, a: Any, b: Any, *, rtol: float, atol: float,
+                   present: tuple[bool, bool] = (True, True)) -> MetricComparison:
+    """Equal (same value, bit for bit), close (numpy.isclose: |a-b| <= atol + rtol*|b|) or different."""
+    from hermetic.record.outputs import decode_number
+
+    if not present[0] or not present[1]:
+        return MetricComparison(name, "only_a" if present[0] else "only_b", a, b)
+    x, y = float(decode_number(a)), float(decode_number(b))
+    if x == y or (math.isnan(x) and math.isnan(y)):
+        return MetricComparison(name, "equal", a, b, 0.0, 0.0)
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return MetricComparison(name, "different", a, b)
+    diff = abs(x - y)
+    rel = diff / abs(y) if y else math.inf
+    status = "close" if diff <= atol + rtol * abs(y) else "different"
+    return MetricComparison(name, status, a, b, diff, rel if math.isfinite(rel) else None)
+
+
+def compare_sections(a: Json, b: Json, manifests_a: Manifests, manifests_b: Manifests) -> list[SectionDiff]:
+    """All sections, in causal order."""
+    return [
+        compare_image(a["image"], b["image"]),
+        compare_code(a["code"], b["code"]),
+        compare_config(a["invocation"], b["invocation"]),
+        compare_data(a["data"], b["data"], manifests_a, manifests_b),
+        compare_seed(a["seed"], b["seed"]),
+        compare_env(a["env"], b["env"]),
+        compare_software(a["software"], b["software"]),
+        compare_gpu(a["hardware"], b["hardware"], a["invocation"], b["invocation"]),
+        compare_cpu(a["hardware"], b["hardware"], a["software"], b["software"]),
+    ]

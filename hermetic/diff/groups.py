@@ -1,0 +1,94 @@
+"""Comparing two multi-seed groups: is the difference of means bigger than seed noise?
+
+Per metric, Welch's two-sided t-test at the 5% level on the members'
+final values (hermetic.diff.stats.welch): "within seed noise" when it is not
+significant. Welch rather than interval overlap because two 95% intervals
+can overlap while the difference is still significant (overlap is a ~99%
+test), and Welch does not assume both groups vary equally. The groups'
+inputs are compared through their first members (the seed left out: that is
+what a group varies), so the verdict can say what was changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hermetic.diff.model import SectionDiff, Verdict
+from hermetic.diff.stats import welch
+
+
+@dataclass(frozen=True)
+class MetricSeedComparison:
+    name: str
+    status: str  # within_noise | beyond_noise | undetermined | only_a | only_b
+    a: dict[str, Any] | None
+    b: dict[str, Any] | None
+    test: dict[str, Any] | None
+
+
+@dataclass
+class GroupDiff:
+    a: str
+    b: str
+    metrics: list[MetricSeedComparison]
+    inputs: list[SectionDiff]
+    verdict: Verdict
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "groups",
+            "a": self.a,
+            "b": self.b,
+            "verdict": asdict(self.verdict),
+            "method": "Welch's t-test, two-sided, 5% level, on each metric's per-seed final values",
+            "metrics": [asdict(m) for m in self.metrics],
+            "inputs": [{"name": s.name, "title": s.title, "role": s.role, "differs": s.differs,
+                        "summary": s.summary(99), "changes": [asdict(c) for c in s.changes]} for s in self.inputs],
+            "notes": self.notes,
+        }
+
+
+def _stats(m: dict[str, Any]) -> dict[str, Any]:
+    return {k: m[k] for k in ("n", "mean", "sd", "ci95")}
+
+
+def compare_group_metrics(ga: dict[str, Any], gb: dict[str, Any]) -> list[MetricSeedComparison]:
+    out = []
+    ma, mb = ga["metrics"], gb["metrics"]
+    for name in sorted(ma.keys() | mb.keys()):
+        if name not in mb or name not in ma:
+            side = "only_a" if name in ma else "only_b"
+            out.append(MetricSeedComparison(name, side, ma.get(name) and _stats(ma[name]),
+                                            mb.get(name) and _stats(mb[name]), None))
+            continue
+        test = welch(ma[name], mb[name])
+        status = {True: "within_noise", False: "beyond_noise", None: "undetermined"}[test["within_noise"]]
+        out.append(MetricSeedComparison(name, status, _stats(ma[name]), _stats(mb[name]), test))
+    return out
+
+
+def fmt_stats(s: dict[str, Any] | None) -> str:
+    if not s or s["mean"] is None:
+        return "-"
+    sd = f" ± {s['sd']:.4g}" if s["sd"] is not None else ""
+    return f"{s['mean']:.4g}{sd} (n={s['n']})"
+
+
+def decide_groups(metrics: list[MetricSeedComparison], inputs: list[SectionDiff]) -> Verdict:
+    beyond = [m for m in metrics if m.status in ("beyond_noise", "only_a", "only_b")]
+    unknown = [m for m in metrics if m.status == "undetermined"]
+    changed = [s for s in inputs if s.differs]
+    cause = ("; inputs differ: " + "; then ".join(f"{s.name} ({s.summary(2)})" for s in changed)) if changed else \
+        "; no input differs besides the seeds"
+    causes = [s.name for s in changed]
+    if beyond:
+        detail = ", ".join(f"{m.name} {fmt_stats(m.a)} -> {fmt_stats(m.b)}" for m in beyond[:3])
+        return Verdict("beyond_noise", f"differs beyond seed noise: {detail}{cause}", causes, [], [], 1)
+    if unknown or not metrics:
+        what = ", ".join(m.name for m in unknown) or "no metrics to compare"
+        return Verdict("undetermined", f"cannot judge seed noise (fewer than 2 seeds with values): {what}{cause}",
+                       causes, [], [], 1)
+    names = ", ".join(m.name for m in metrics[:6]) + (", ..." if len(metrics) > 6 else "")
+    return Verdict("within_noise", f"within seed noise: {names} (Welch's t-test, 5% level){cause}", causes, [], [], 0)

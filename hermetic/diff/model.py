@@ -1,0 +1,159 @@
+"""What a diff is made of: changes grouped by section, output comparisons, one verdict."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Role = Literal["input", "environment", "output"]
+VerdictKind = Literal["identical", "nondeterminism", "environment", "inputs",  # two runs
+                      "within_noise", "beyond_noise", "undetermined"]  # two seed groups
+
+
+@dataclass(frozen=True)
+class Change:
+    """One difference: ``key`` in ``section`` went from ``a`` to ``b``.
+
+    ``material`` changes can explain different outputs; the others are
+    listed for context (a branch name, a repo digest, a GPU's UUID...).
+    Changes that are not ``headline`` (an image ID, a tree digest) restate
+    the others and are named in summaries only when nothing else differs.
+    """
+
+    section: str
+    key: str
+    kind: Literal["added", "removed", "changed"]
+    a: Any
+    b: Any
+    note: str
+    material: bool = True
+    headline: bool = True  # False for identities that restate other changes (image ID, tree sha256)
+
+
+@dataclass
+class SectionDiff:
+    name: str
+    title: str
+    role: Role
+    changes: list[Change] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    same_as: str = ""  # short description of the shared value when nothing material differs
+
+    @property
+    def material(self) -> list[Change]:
+        return [c for c in self.changes if c.material]
+
+    @property
+    def differs(self) -> bool:
+        return bool(self.material)
+
+    def summary(self, limit: int = 3) -> str:
+        """A phrase naming the most telling material changes, e.g. ``numpy 1.26.4 -> 2.0.0``."""
+        notes = [c.note for c in self.material if c.headline] or [c.note for c in self.material]
+        if len(notes) > limit:
+            return "; ".join(notes[:limit]) + f"; +{len(notes) - limit} more"
+        return "; ".join(notes)
+
+
+@dataclass(frozen=True)
+class FileComparison:
+    path: str
+    status: Literal["equal", "changed", "only_a", "only_b"]
+    a: str | None  # sha256
+    b: str | None
+
+
+@dataclass(frozen=True)
+class MetricComparison:
+    name: str
+    status: Literal["equal", "close", "different", "only_a", "only_b"]
+    a: Any
+    b: Any
+    abs_diff: float | None = None
+    rel_diff: float | None = None
+
+
+@dataclass
+class OutputsDiff:
+    files: list[FileComparison]
+    metrics: list[MetricComparison]
+    status: tuple[Any, Any]  # (status, exit_code) of each run
+    steps: tuple[Any, Any]
+
+    @property
+    def identical(self) -> bool:
+        return (all(f.status == "equal" for f in self.files) and all(m.status == "equal" for m in self.metrics)
+                and self.status[0] == self.status[1] and self.steps[0] == self.steps[1])
+
+    def summary(self) -> str:
+        changed = [f.path for f in self.files if f.status != "equal"]
+        parts = []
+        if self.status[0] != self.status[1]:
+            parts.append(f"status {_status(self.status[0])} -> {_status(self.status[1])}")
+        if changed:
+            parts.append(f"{len(changed)} of {len(self.files)} output files differ ({', '.join(changed[:3])}"
+                         + (", ..." if len(changed) > 3 else "") + ")")
+        diff = [m.name for m in self.metrics if m.status in ("different", "only_a", "only_b")]
+        close = [m.name for m in self.metrics if m.status == "close"]
+        if diff:
+            parts.append("metrics differ: " + ", ".join(diff[:4]) + (", ..." if len(diff) > 4 else ""))
+        if close:
+            parts.append("within tolerance: " + ", ".join(close[:4]) + (", ..." if len(close) > 4 else ""))
+        if self.steps[0] != self.steps[1]:
+            parts.append(f"steps {self.steps[0]} -> {self.steps[1]}")
+        return "; ".join(parts) if parts else f"all {len(self.files)} files and {len(self.metrics)} metrics identical"
+
+
+def _status(s: tuple[str, Any]) -> str:
+    return f"{s[0]}" + (f" (exit {s[1]})" if s[1] not in (None, 0) else "")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The first line of the diff and the exit code it implies.
+
+    kind: ``identical`` (exit 0), ``nondeterminism`` (same inputs, same
+    machine kind, outputs differ), ``environment`` (same inputs, different
+    hardware/software, outputs differ), ``inputs`` (an input differs).
+    """
+
+    kind: VerdictKind
+    line: str
+    causes: list[str]          # sections that differ materially, most likely cause first
+    knobs_not_set: list[str]
+    notes: list[str]
+    exit_code: int
+
+
+@dataclass
+class RunDiff:
+    a: str
+    b: str
+    sections: list[SectionDiff]
+    outputs: OutputsDiff
+    verdict: Verdict
+    tolerance: dict[str, float]
+
+    def section(self, name: str) -> SectionDiff:
+        return next(s for s in self.sections if s.name == name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "runs",
+            "a": self.a,
+            "b": self.b,
+            "verdict": asdict(self.verdict),
+            "sections": [
+                {"name": s.name, "title": s.title, "role": s.role, "differs": s.differs, "summary": s.summary(99),
+                 "same_as": s.same_as, "warnings": s.warnings, "changes": [asdict(c) for c in s.changes]}
+                for s in self.sections
+            ],
+            "outputs": {
+                "identical": self.outputs.identical,
+                "status": {"a": list(self.outputs.status[0]), "b": list(self.outputs.status[1])},
+                "steps": {"a": self.outputs.steps[0], "b": self.outputs.steps[1]},
+                "files": [asdict(f) for f in self.outputs.files],
+                "metrics": [asdict(m) for m in self.outputs.metrics],
+            },
+            "tolerance": self.tolerance,
+        }

@@ -1,0 +1,115 @@
+"""The diff for a terminal: verdict first, one line per section, details where they differ.
+
+Styles go through click.style; click.echo drops them when stdout is not a
+terminal, so piped output is plain text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from hermetic.diff.compare import short
+from hermetic.diff.groups import GroupDiff, fmt_stats
+from hermetic.diff.model import RunDiff, SectionDiff
+
+DETAIL_LIMIT = 12  # change lines shown per section; --json has them all
+_VERDICT_COLOUR = {"identical": "green", "within_noise": "green", "nondeterminism": "yellow",
+                   "environment": "yellow", "undetermined": "yellow"}
+_KIND_MARK = {"added": "+", "removed": "-", "changed": "~"}
+
+
+def render(result: RunDiff | GroupDiff) -> str:
+    return render_groups(result) if isinstance(result, GroupDiff) else render_runs(result)
+
+
+def _verdict(v: Any) -> str:
+    return click.style(v.line, fg=_VERDICT_COLOUR.get(v.kind, "red"), bold=True)
+
+
+def render_runs(d: RunDiff) -> str:
+    lines = [_verdict(d.verdict), f"  A {d.a}", f"  B {d.b}", ""]
+    width = max(len(s.title) for s in d.sections)
+    for s in d.sections:
+        lines += _section_lines(s, width)
+    lines += _outputs_lines(d, width)
+    shown = {w for s in d.sections for w in s.warnings}  # already printed under their section
+    notes = [n for n in d.verdict.notes if n not in shown]
+    if notes:
+        lines.append("")
+        lines += [click.style(f"note: {n}", fg="yellow") for n in notes]
+    return "\n".join(lines)
+
+
+def _section_lines(s: SectionDiff, width: int) -> list[str]:
+    title = s.title.ljust(width)
+    if s.differs:
+        colour = "red" if s.role == "input" else "yellow"
+        head = f"  {title}  {click.style('differs', fg=colour, bold=True)}  {s.summary(2)}"
+    else:
+        extra = f"  {click.style(f'({len(s.changes)} immaterial)', dim=True)}" if s.changes else ""
+        head = f"  {title}  {click.style('same   ', fg='green')}  {s.same_as}{extra}"
+    out = [head]
+    if s.differs:
+        shown = s.changes[:DETAIL_LIMIT]
+        for c in shown:
+            text = f"      {_KIND_MARK[c.kind]} {c.note}"
+            out.append(text if c.material else click.style(text + "  (immaterial)", dim=True))
+        if len(s.changes) > len(shown):
+            out.append(f"      ... {len(s.changes) - len(shown)} more (--json lists all)")
+    for w in s.warnings:
+        out.append(click.style(f"      ! {w}", fg="yellow"))
+    return out
+
+
+def _outputs_lines(d: RunDiff, width: int) -> list[str]:
+    o = d.outputs
+    title = "outputs".ljust(width)
+    if o.identical:
+        return [f"  {title}  {click.style('same   ', fg='green')}  {o.summary()}"]
+    out = [f"  {title}  {click.style('differ ', fg='red', bold=True)}  {o.summary()}"]
+    files = [f for f in o.files if f.status != "equal"]
+    for f in files[:DETAIL_LIMIT]:
+        mark = {"changed": "~", "only_a": "-", "only_b": "+"}[f.status]
+        out.append(f"      {mark} {f.path}  {short(f.a, 8)} -> {short(f.b, 8)}")
+    if len(files) > DETAIL_LIMIT:
+        out.append(f"      ... {len(files) - DETAIL_LIMIT} more files (--json lists all)")
+    for m in o.metrics:
+        if m.status == "equal":
+            continue
+        label = {"close": "within tolerance", "different": "different", "only_a": "only in A",
+                 "only_b": "only in B"}[m.status]
+        delta = f", |Δ| {m.abs_diff:.3g}" if m.abs_diff is not None else ""
+        rel = f", rel {m.rel_diff:.3g}" if m.rel_diff is not None else ""
+        colour = "yellow" if m.status == "close" else "red"
+        out.append(f"      {m.name} {short(m.a)} -> {short(m.b)}  "
+                   + click.style(label, fg=colour) + f"{delta}{rel}")
+    tol = d.tolerance
+    out.append(click.style(f"      (tolerance: rtol {tol['rtol']:g}, atol {tol['atol']:g})", dim=True))
+    return out
+
+
+def render_groups(d: GroupDiff) -> str:
+    lines = [_verdict(d.verdict), f"  A {d.a}", f"  B {d.b}", ""]
+    width = max([len(m.name) for m in d.metrics] + [6])
+    lines.append(f"  {'metric'.ljust(width)}  {'A: mean ± sd (n)':<28}  {'B: mean ± sd (n)':<28}  verdict")
+    for m in d.metrics:
+        label = {"within_noise": ("within seed noise", "green"), "beyond_noise": ("beyond seed noise", "red"),
+                 "undetermined": ("too few seeds", "yellow"), "only_a": ("only in A", "red"),
+                 "only_b": ("only in B", "red")}[m.status]
+        extra = ""
+        if m.test and m.test.get("t") is not None:
+            extra = f"  (t={m.test['t']:.3g}, df={m.test['df']:.3g}, crit {m.test['t_crit']:.3g})"
+        lines.append(f"  {m.name.ljust(width)}  {fmt_stats(m.a):<28}  {fmt_stats(m.b):<28}  "
+                     + click.style(label[0], fg=label[1]) + extra)
+    if d.inputs:
+        lines.append("")
+        lines.append("  inputs (first member of each group; seeds left out):")
+        w = max(len(s.title) for s in d.inputs)
+        for s in d.inputs:
+            lines += _section_lines(s, w)
+    if d.notes:
+        lines.append("")
+        lines += [click.style(f"note: {n}", fg="yellow") for n in d.notes]
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""The verdict: one line that says whether two runs are the same and, if not, the likeliest why.
+
+- ``bitwise identical``: no input differs and every output file and metric is
+  equal (the machine may differ: that is then noted, and is the good news).
+- ``same inputs, outputs differ: nondeterminism (knobs not set: ...)``: the
+  same inputs on the same kind of machine gave different bits; the knobs
+  named are the determinism settings at least one run did not have.
+- ``same inputs on different hardware, outputs differ: ...``: inputs equal,
+  the machine (GPU, driver, CPU, BLAS, software build) differs.
+- ``inputs differ: ...``: the first cause is the most likely one, in causal
+  order (image, code, config, data, seed, environment variables), then the
+  rest; machine differences follow.
+
+Exit code: 0 for identical, 1 for anything else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hermetic.diff.model import OutputsDiff, SectionDiff, Verdict
+
+CUBLAS_OK = (":4096:8", ":16:8")
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def knobs_not_set(record: dict[str, Any]) -> list[str]:
+    """The determinism settings this run lacked (empty when all the known ones were set).
+
+    Environment: CUBLAS_WORKSPACE_CONFIG (:4096:8 or :16:8), PYTHONHASHSEED
+    (a number, set before the interpreter starts), the BLAS/OpenMP thread
+    counts. In-process, when the run used torch: deterministic algorithms on,
+    cudnn.benchmark off; and any in-process seeding at all (seed.applied).
+    """
+    env = {**record["env"]["passed"], **record["env"]["determinism"]}
+    missing = []
+    if env.get("CUBLAS_WORKSPACE_CONFIG") not in CUBLAS_OK:
+        missing.append("CUBLAS_WORKSPACE_CONFIG")
+    if not str(env.get("PYTHONHASHSEED", "")).isdigit():
+        missing.append("PYTHONHASHSEED")
+    missing += [v for v in THREAD_VARS if not env.get(v)]
+    torch = record["software"].get("torch")
+    applied = record["seed"]["applied"]
+    if isinstance(torch, dict):
+        det = torch.get("deterministic_algorithms")
+        if det is None:
+            det = next((v for k, v in _flat(applied) if "deterministic" in k and isinstance(v, bool)), None)
+        if det is not True:
+            missing.append("torch.use_deterministic_algorithms(True)")
+        bench = torch.get("cudnn_benchmark")
+        if bench is None:
+            bench = next((v for k, v in _flat(applied) if "benchmark" in k and isinstance(v, bool)), None)
+        if bench is not False:
+            missing.append("torch.backends.cudnn.benchmark=False")
+    if not applied:
+        missing.append("in-process seeding (seed.applied is empty)")
+    return missing
+
+
+def _flat(d: dict[str, Any], prefix: str = ""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any], b: dict[str, Any]) -> Verdict:
+    inputs = [s for s in sections if s.role == "input" and s.differs]
+    machine = [s for s in sections if s.role == "environment" and s.differs]
+    warnings = [w for s in sections for w in s.warnings]
+    knobs = _union(knobs_not_set(a), knobs_not_set(b))
+    notes = []
+    if machine:
+        notes.append("machine differs: " + "; ".join(f"{s.name} ({s.summary(2)})" for s in machine))
+    notes += warnings
+    causes = [s.name for s in inputs + machine]
+    if not inputs and outputs.identical:
+        return Verdict("identical", "bitwise identical", causes, knobs, notes, 0)
+    if not inputs:
+        knob_text = f"knobs not set: {', '.join(knobs)}" if knobs else "all known determinism knobs were set"
+        if not machine:
+            line = f"same inputs, outputs differ: nondeterminism ({knob_text})"
+            return Verdict("nondeterminism", line, causes, knobs, notes, 1)
+        first = machine[0]
+        line = f"same inputs on different hardware, outputs differ: {first.title} ({first.summary(2)})"
+        if len(machine) > 1:
+            line += "; also " + ", ".join(s.title for s in machine[1:])
+        if knobs:
+            line += f"; and knobs not set: {', '.join(knobs)}"
+        return Verdict("environment", line, causes, knobs, notes, 1)
+    head = f"{inputs[0].name} ({inputs[0].summary()})"
+    rest = [f"{s.name} ({s.summary(2)})" for s in inputs[1:]]
+    line = "inputs differ: " + "; then ".join([head, *rest])
+    if outputs.identical:
+        line += "; outputs bitwise identical all the same"
+    return Verdict("inputs", line, causes, knobs, notes, 1)
+
+
+def _union(a: list[str], b: list[str]) -> list[str]:
+    return a + [x for x in b if x not in a]

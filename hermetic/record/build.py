@@ -1,0 +1,91 @@
+"""Helpers that assemble a record section by section (``hermetic run`` fills the rest).
+
+Typical use::
+
+    rid = new_run_id(now, name)
+    run_dir = create_run_dir(runs_root, rid)
+    rec = begin_record(rid, argv=sys.argv, script="train.py", args=[...], config=cfg.resolved(),
+                       config_sha256=cfg.sha256, gpus="all")
+    rec["image"] = {...}; rec["code"] = {...}; rec["data"] = {...}
+    rec["seed"] = seed_section(0, "config")
+    rec["env"] = env_section(determinism_env, passed_env)
+    rec["software"], rec["hardware"] = probe["software"], probe["hardware"]
+    write_record(run_dir, rec)                      # optional early record: status "interrupted"
+    ... run the container ...
+    rec = finish_record(rec, run_dir, status="succeeded", exit_code=0)
+    write_record(run_dir, rec)
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from hermetic import __version__
+from hermetic.record.ids import iso_utc
+from hermetic.record.outputs import hash_outputs, metrics_summary
+from hermetic.record.secrets_policy import is_secret_name
+
+METRICS_FILE = "outputs/metrics.jsonl"
+
+
+def begin_record(run_id: str, *, argv: Sequence[str], script: str, args: Sequence[str],
+                 config: dict[str, Any], config_sha256: str, started_at: datetime | None = None,
+                 name: str | None = None, replay_of: str | None = None, group: str | None = None,
+                 gpus: str | None = None, network: str = "none") -> dict[str, Any]:
+    """A record with ``record`` and ``invocation`` filled and status ``interrupted``.
+
+    The other sections are None (or empty) until the caller sets them;
+    write_record refuses the record, naming the first missing section, until
+    they are. Status starts as ``interrupted`` so that a record written early
+    and never finished says so.
+    """
+    return {
+        "record": {"schema_version": 1, "run_id": run_id, "tool": f"hermetic {__version__}",
+                   "started_at": iso_utc(started_at), "finished_at": None, "status": "interrupted",
+                   "exit_code": None, "record_sha256": ""},
+        "invocation": {"argv": list(argv), "script": script, "args": list(args), "config": copy.deepcopy(config),
+                       "config_sha256": config_sha256, "name": name, "replay_of": replay_of, "group": group,
+                       "gpus": gpus, "network": network},
+        "image": None,
+        "code": None,
+        "data": {},
+        "seed": None,
+        "env": None,
+        "software": {},
+        "hardware": {},
+        "outputs": {"files": {}},
+        "metrics": {"final": {}, "steps": None, "file": None},
+    }
+
+
+def env_section(determinism: Mapping[str, str], passed: Mapping[str, str]) -> dict[str, Any]:
+    """The ``env`` section: secret-named variables keep only their names (in ``secrets``)."""
+    secrets = sorted({k for k in (*determinism, *passed) if is_secret_name(k)})
+    return {"determinism": {k: str(v) for k, v in sorted(determinism.items()) if not is_secret_name(k)},
+            "passed": {k: str(v) for k, v in sorted(passed.items()) if not is_secret_name(k)},
+            "secrets": secrets}
+
+
+def seed_section(value: int, policy: str, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``seed`` section; ``applied`` is what the in-image runtime reported (may be empty)."""
+    return {"value": value, "policy": policy, "applied": dict(applied or {})}
+
+
+def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, exit_code: int | None,
+                  finished_at: datetime | None = None) -> dict[str, Any]:
+    """A copy of ``record`` with status, exit code, end time, output hashes and metrics filled in.
+
+    Output files are hashed under ``run_dir/outputs``; metrics are summarized
+    from ``run_dir/outputs/metrics.jsonl`` when it exists.
+    """
+    rec = copy.deepcopy(record)
+    run_dir = Path(run_dir)
+    rec["record"].update(status=status, exit_code=exit_code, finished_at=iso_utc(finished_at))
+    rec["outputs"] = hash_outputs(run_dir / "outputs")
+    metrics_path = run_dir / METRICS_FILE
+    summary = metrics_summary(metrics_path)
+    rec["metrics"] = {**summary, "file": METRICS_FILE if metrics_path.is_file() else None}
+    return rec

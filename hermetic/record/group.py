@@ -1,0 +1,145 @@
+"""Multi-seed groups: runs/<group_id>/group.json summarizes the same run under several seeds.
+
+Only members that succeeded enter the statistics (a failed member's last
+metrics are not a result); non-finite values (a diverged seed) are counted
+but left out of mean and SD. Per metric: n, mean, sample SD and the 95%
+interval of the mean, mean ± t(0.975, n-1)·SD/√n (hermetic.diff.stats).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hermetic import __version__
+from hermetic.canonical import canonical_sha256, pretty_json
+from hermetic.errors import IntegrityError
+from hermetic.fsutil import atomic_write_text
+from hermetic.record.ids import is_run_id, iso_utc
+from hermetic.record.index import GROUP_JSON, RUN_JSON, group_entry
+from hermetic.record.outputs import decode_number
+from hermetic.record.rundir import load_json_doc, load_record, update_index
+
+GROUP_SCHEMA_VERSION = 1
+INTERVAL_METHOD = "mean ± t(0.975, n-1)·sd/√n, Student t; members with status succeeded only"
+
+
+def group_digest(group: dict[str, Any]) -> str:
+    blank = dict(group)
+    blank["group"] = {**group["group"], "group_sha256": ""}
+    return canonical_sha256(blank)
+
+
+def build_group(group_id: str, members: list[dict[str, Any]], *, now: datetime | None = None,
+                name: str | None = None) -> dict[str, Any]:
+    """The group document (sealed) from the members' loaded records, in seed order given."""
+    from hermetic.diff.stats import summarize
+    from hermetic.record.schema import RecordError
+
+    if not members:
+        raise RecordError(f"group {group_id}: no member runs")
+    ok = [m for m in members if m["record"]["status"] == "succeeded"]
+    names = sorted({k for m in ok for k in m["metrics"]["final"]})
+    metrics: dict[str, Any] = {}
+    for metric in names:
+        raw = [decode_number(m["metrics"]["final"][metric]) for m in ok if metric in m["metrics"]["final"]]
+        finite = [float(v) for v in raw if math.isfinite(v)]
+        s = summarize(finite)
+        s["values"] = [m["metrics"]["final"].get(metric) for m in ok]
+        s["nonfinite"] = len(raw) - len(finite)
+        metrics[metric] = s
+    first = members[0]
+    group = {
+        "group": {
+            "schema_version": GROUP_SCHEMA_VERSION,
+            "group_id": group_id,
+            "tool": f"hermetic {__version__}",
+            "name": name if name is not None else first["invocation"]["name"],
+            "started_at": min(m["record"]["started_at"] for m in members),
+            "written_at": iso_utc(now),
+            "status": "succeeded" if len(ok) == len(members) else "failed",
+            "group_sha256": "",
+        },
+        "members": [{"run_id": m["record"]["run_id"], "seed": m["seed"]["value"], "status": m["record"]["status"],
+                     "record_sha256": m["record"]["record_sha256"]} for m in members],
+        "inputs": {
+            "image": first["image"]["id"],
+            "config_sha256": first["invocation"]["config_sha256"],
+            "code_sha256": first["code"]["snapshot"]["sha256"],
+            "data": {k: v["manifest_sha256"] for k, v in sorted(first["data"].items())},
+            "mixed": _mixed_inputs(members),
+        },
+        "metrics": metrics,
+        "method": INTERVAL_METHOD,
+    }
+    group["group"]["group_sha256"] = group_digest(group)
+    return group
+
+
+def _mixed_inputs(members: list[dict[str, Any]]) -> list[str]:
+    """Inputs other than the seed on which members disagree (should be none)."""
+    probes = {
+        "image": lambda r: r["image"]["id"],
+        "code": lambda r: r["code"]["snapshot"]["sha256"],
+        "config": lambda r: _without_seed(r["invocation"]["config"]),
+        "data": lambda r: sorted((k, v["manifest_sha256"]) for k, v in r["data"].items()),
+        "env": lambda r: sorted(r["env"]["determinism"].items()) + sorted(r["env"]["passed"].items()),
+        "args": lambda r: [r["invocation"]["script"], *r["invocation"]["args"]],
+    }
+    return [k for k, f in probes.items() if any(f(m) != f(members[0]) for m in members[1:])]
+
+
+def _without_seed(config: dict[str, Any]) -> dict[str, Any]:
+    """The config minus determinism.seed: a group varies the seed on purpose."""
+    det = config.get("determinism")
+    if isinstance(det, dict) and "seed" in det:
+        return {**config, "determinism": {k: v for k, v in det.items() if k != "seed"}}
+    return config
+
+
+def write_group(runs_root: str | os.PathLike[str], group_id: str, member_run_ids: list[str], *,
+                now: datetime | None = None, name: str | None = None) -> Path:
+    """Summarize the member runs into ``runs_root/group_id/group.json``; return that directory.
+
+    Each member must be a sealed run under ``runs_root`` whose
+    ``invocation.group`` is ``group_id``. May be called again (e.g. after
+    each member finishes); the file is replaced atomically each time.
+    """
+    from hermetic.record.schema import RecordError
+
+    root = Path(runs_root)
+    if not is_run_id(group_id):
+        raise RecordError(f"{group_id!r} is not a group ID (use hermetic.record.new_group_id)")
+    members = []
+    for rid in member_run_ids:
+        rec = load_record(root / rid)
+        if rec["invocation"]["group"] != group_id:
+            raise RecordError(f"{root / rid / RUN_JSON}: invocation.group: is {rec['invocation']['group']!r}, "
+                              f"not {group_id!r}")
+        members.append(rec)
+    group = build_group(group_id, members, now=now, name=name)
+    gdir = root / group_id
+    gdir.mkdir(parents=True, exist_ok=True)
+    if (gdir / RUN_JSON).exists():
+        raise RecordError(f"{gdir}: is a run directory; a group needs its own ID")
+    atomic_write_text(gdir / GROUP_JSON, pretty_json(group))
+    update_index(root, group_entry(group, gdir.name))
+    return gdir
+
+
+def load_group(group_dir_or_json: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read group.json, check its shape and seal."""
+    from hermetic.record.schema import validate_group
+
+    p = Path(group_dir_or_json)
+    path = p if p.name == GROUP_JSON else p / GROUP_JSON
+    doc = load_json_doc(path, "group")
+    validate_group(doc, source=str(path))
+    if doc["group"]["group_sha256"] != group_digest(doc):
+        raise IntegrityError(f"{path}: group_sha256 does not match the content; the file was changed "
+                             "after hermetic wrote it")
+    return copy.deepcopy(doc)

@@ -1,0 +1,141 @@
+"""runs/<id>/README.md: how to reproduce the run, in plain words, from its record."""
+
+from __future__ import annotations
+
+import shlex
+from string import Template
+from typing import Any
+
+from hermetic.resources import read_template
+
+TEMPLATE_NAME = "run-README.md"
+
+
+def render_readme(record: dict[str, Any], *, run_dir: str | None = None) -> str:
+    """The README text for a (sealed) record; ``run_dir`` defaults to ``runs/<id>``."""
+    meta, inv, image, code = record["record"], record["invocation"], record["image"], record["code"]
+    run_id = meta["run_id"]
+    cfg = inv.get("config") or {}
+    run_dir = run_dir or f"{cfg.get('runs_dir') or 'runs'}/{run_id}"
+    values = {
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "status_line": _status_line(meta),
+        "tool": meta["tool"],
+        "record_sha256": meta["record_sha256"] or "(not sealed)",
+        "image_id": f"`{image['id']}`",
+        "manifest_digest": f"`{image['manifest_digest']}`",
+        "repo_digests": "".join(f", pushed as `{d}`" for d in image["repo_digests"]),
+        "base": image["base"],
+        "lock_sha256": f"`{image['lock_sha256']}`",
+        "package_count": len(image["packages"]),
+        "code_text": _code_text(code, run_id, run_dir),
+        "data_text": _data_text(record["data"], run_dir),
+        "seed": record["seed"]["value"],
+        "seed_policy": {"config": "hermetic.yaml", "cli": "the --seed option",
+                        "group": "a --seeds group"}.get(record["seed"]["policy"], record["seed"]["policy"]),
+        "env_text": _env_text(record["env"]),
+        "docker_run": _indent(docker_run_command(record), 7),
+        "output_count": len(record["outputs"]["files"]),
+    }
+    return Template(read_template(TEMPLATE_NAME)).substitute(values)
+
+
+def _status_line(meta: dict[str, Any]) -> str:
+    code = "" if meta["exit_code"] is None else f", exit code {meta['exit_code']}"
+    end = f", finished {meta['finished_at']}" if meta["finished_at"] else ""
+    return f"Status: **{meta['status']}**{code}. Started {meta['started_at']}{end}."
+
+
+def _code_text(code: dict[str, Any], run_id: str, run_dir: str) -> str:
+    snap = code["snapshot"]
+    lines = [f"`{run_dir}/code/source.tar` ({len(snap['files'])} files, sha256",
+             f"   `{snap['sha256']}`) is the exact source tree the run saw. Extract it:",
+             "",
+             f"       mkdir code-{run_id} && tar -xf {run_dir}/code/source.tar -C code-{run_id}"]
+    git = code["git"]
+    if git is None:
+        lines += ["", "   The project was not a git checkout; the snapshot is the only copy."]
+        return "\n".join(lines)
+    lines += ["", f"   Or from git: commit `{git['commit']}`" + (f" (branch {git['branch']})" if git["branch"] else "")]
+    if git["dirty"]:
+        extra = []
+        if git["diff_file"]:
+            extra.append(f"apply `{git['diff_file']}` (`git apply`, sha256 `{git['diff_sha256']}`)")
+        if git["untracked"]:
+            extra.append(f"add the {len(git['untracked'])} untracked files (their sha256s are in "
+                         "`code.git.untracked`; their bytes are in the snapshot)")
+        lines.append("   with uncommitted changes: " + ("; ".join(extra) if extra else "see the snapshot") + ".")
+    else:
+        lines.append("   (clean working tree).")
+    return "\n".join(lines)
+
+
+def _data_text(data: dict[str, Any], run_dir: str) -> str:
+    if not data:
+        return "\n   (this run used no datasets)"
+    out = []
+    for name, ds in sorted(data.items()):
+        out.append(f"   - `{name}`: `{ds['path']}` mounted read-only at `{ds['mount']}`; {ds['count']} files, "
+                   f"{ds['bytes']} bytes; manifest `{ds['manifest_file']}` (sha256 `{ds['manifest_sha256']}`,"
+                   " the dataset's ID). Check it with:")
+        out.append("")
+        out.append(f"         (cd {shlex.quote(ds['path'])} && sha256sum -c --quiet "
+                   f"\"$OLDPWD/{run_dir}/{ds['manifest_file']}\")")
+        out.append("")
+    return "\n" + "\n".join(out).rstrip()
+
+
+def _env_text(env: dict[str, Any]) -> str:
+    lines = [f"   - `{k}={v}` (determinism)" for k, v in sorted(env["determinism"].items())]
+    lines += [f"   - `{k}={v}`" for k, v in sorted(env["passed"].items())]
+    lines += [f"   - `{k}` (a secret: recorded by name only; supply your own value)" for k in env["secrets"]]
+    return "\n".join(lines) if lines else "   (nothing)"
+
+
+def docker_run_command(record: dict[str, Any]) -> str:
+    """A ``docker run`` line equivalent to the run's container (for a person to read and paste).
+
+    Built from the record: network, GPUs, user and workdir from the resolved
+    config, every recorded variable (secrets by name, so docker takes the
+    value from the caller's environment), read-only data mounts, the code
+    mounted at the workdir, outputs at /outputs.
+    """
+    inv = record["invocation"]
+    cfg = inv.get("config") or {}
+    build = cfg.get("build") or {}
+    workdir = build.get("workdir", "/workspace")
+    python = (cfg.get("python") or {}).get("path", "python3")
+    env = record["env"]
+    groups: list[list[str]] = [["docker", "run", "--rm", "--network", inv["network"]]]
+    if inv["gpus"]:
+        groups.append(["--gpus", inv["gpus"]])
+    if build.get("user"):
+        groups.append(["--user", build["user"]])
+    groups.append(["--workdir", workdir])
+    groups += [["-e", f"{k}={v}"] for k, v in sorted({**env["determinism"], **env["passed"]}.items())]
+    groups += [["-e", k] for k in env["secrets"]]
+    groups.append(["-v", f"$PWD/code-{record['record']['run_id']}:{workdir}:ro"])
+    # docker takes a relative host path for a volume name: make data paths absolute
+    groups += [["-v", f"{_host_path(ds['path'])}:{ds['mount']}:ro"] for _, ds in sorted(record["data"].items())]
+    groups.append(["-v", "$PWD/outputs:/outputs"])
+    groups.append([record["image"]["id"]])
+    groups.append([python, inv["script"], *inv["args"]])
+    return " \\\n    ".join(" ".join(_quote(a) for a in g) for g in groups)
+
+
+def _host_path(path: str) -> str:
+    return path if path.startswith("/") else f"$PWD/{path}"
+
+
+def _quote(arg: str) -> str:
+    """Shell-quote, but keep a leading $PWD expandable."""
+    if arg.startswith("$PWD"):
+        rest = "".join("\\" + c if c in '"\\$`' else c for c in arg[4:])
+        return f'"$PWD{rest}"'
+    return shlex.quote(arg)
+
+
+def _indent(text: str, n: int) -> str:
+    pad = " " * n
+    return "\n".join(pad + line for line in text.splitlines())

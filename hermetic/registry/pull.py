@@ -1,0 +1,289 @@
+"""Pull an image by digest into the local OCI store; nothing unverified enters it.
+
+Every byte is hashed while it streams into a BlobWriter's temp file. A pull
+is all or nothing: blobs are committed (renamed into blobs/sha256/) only
+after every one of them matched its digest and size, then the manifest,
+then the store ref. A registry that serves one wrong byte leaves the store
+exactly as it was.
+
+Manifests: OCI image manifest and Docker v2 schema 2 are stored as served
+(their digests are the identity); an OCI image index or Docker manifest list
+is stored too, and the linux/amd64 image it lists is pulled. Docker schema 1
+is refused (it has no content-addressed config).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from hermetic.builder.reference import ImageName, parse_image_name
+from hermetic.canonical import sha256_digest
+from hermetic.errors import HermeticError, IntegrityError
+from hermetic.registry.client import RegistryClient, RegistryError, TransferStats
+from hermetic.registry.locations import record_blob_locations, record_image_location
+from hermetic.registry.progress import NoProgress, TransferProgress
+from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, BlobWriter, Descriptor, OciStore
+
+DEFAULT_PLATFORM = ("linux", "amd64")
+DEFAULT_WORKERS = 4
+DOWNLOAD_ATTEMPTS = 3  # a connection that breaks mid-blob is retried; wrong bytes never are
+
+
+@dataclass(frozen=True)
+class PullResult:
+    manifest_digest: str  # the image manifest now complete in the store
+    requested_digest: str  # what the reference named (an index digest, or the same manifest)
+    media_type: str
+    ref_name: str  # the store ref pointing at the image
+    repo_digest: str | None  # host/repo@requested digest, when it came from (or is known in) a registry
+    already_present: bool
+    stats: TransferStats
+
+    def to_json(self) -> dict:
+        return {
+            "manifest_digest": self.manifest_digest, "requested_digest": self.requested_digest,
+            "media_type": self.media_type, "ref": self.ref_name, "repo_digest": self.repo_digest,
+            "already_present": self.already_present, **self.stats.to_json(),
+        }
+
+
+def parse_pull_ref(ref: str) -> ImageName:
+    try:
+        name = parse_image_name(ref)
+    except ValueError as e:
+        raise HermeticError(str(e), hint="write HOST[:PORT]/REPO@sha256:<digest>") from None
+    if name.digest is None:
+        raise HermeticError(f"{ref} is not pinned by digest",
+                            hint=f"pin it first: hermetic base pin {ref} (prints {ref.split(':')[0]}@sha256:…)")
+    return name
+
+
+def default_ref_name(name: ImageName) -> str:
+    """The store ref a pulled image gets: ``host/repo@sha256:…`` (skopeo's oci: transport reads it)."""
+    prefix = f"{name.host}/" if name.host else ""
+    return f"{prefix}{name.repository}@{name.digest}"
+
+
+def ensure_image(store: OciStore, ref_with_digest: str, *, client: RegistryClient | None = None) -> str:
+    """The image manifest digest for ``ref_with_digest``, pulling it only if the store lacks it.
+
+    ``[host/]repo[:tag]@sha256:…``; a digest of an index resolves to its
+    linux/amd64 image. A name without a host is looked up in the store only.
+    """
+    return pull_image(store, ref_with_digest, client=client).manifest_digest
+
+
+def pull_image(
+    store: OciStore,
+    ref: str | ImageName,
+    *,
+    client: RegistryClient | None = None,
+    platform: tuple[str, str] = DEFAULT_PLATFORM,
+    workers: int = DEFAULT_WORKERS,
+    ref_name: str | None = None,
+    progress: TransferProgress | None = None,
+) -> PullResult:
+    name = parse_pull_ref(ref) if isinstance(ref, str) else ref
+    assert name.digest is not None
+    requested = name.digest
+    ref_name = ref_name or default_ref_name(name)
+    store.ensure()
+
+    local = _local_image(store, requested, platform)
+    if local is not None:
+        desc = local
+        current = store.resolve(ref_name)
+        if current is None or current.digest != desc.digest:
+            store.set_ref(ref_name, desc)
+        repo_digest = f"{name.host}/{name.registry_repository()}@{requested}" if name.host else None
+        return PullResult(desc.digest, requested, desc.media_type, ref_name, repo_digest, True,
+                          client.stats if client else TransferStats())
+    if name.host is None:
+        raise HermeticError(f"image {name} is not in the store {store.root} and names no registry to pull from",
+                            hint="write HOST[:PORT]/REPO@sha256:… to pull it")
+
+    host, repository = name.registry_host(), name.registry_repository()
+    client = client or RegistryClient(host)
+    top_body, top_type = _fetch_manifest(client, repository, requested)
+    manifests: list[tuple[str, bytes]] = [(requested, top_body)]
+    image_digest, image_body, image_type = requested, top_body, top_type
+    if top_type in INDEX_TYPES:
+        child = select_platform(json.loads(top_body), platform, f"{name}")
+        image_body, image_type = _fetch_manifest(client, repository, child.digest)
+        image_digest = child.digest
+        manifests.insert(0, (image_digest, image_body))
+    if image_type not in MANIFEST_TYPES:
+        raise HermeticError(f"{name}: {image_digest} is a {image_type!r}, not an image manifest")
+
+    blobs = _image_blobs(json.loads(image_body), image_digest)
+    missing = [b for b in blobs if not store.has_blob(b.digest)]
+    short = f"{host}/{repository}@{requested[:19]}"  # sha256: + 12 hex, like docker's short IDs
+    _download_all(store, client, repository, missing, max(1, min(workers, 8)), progress or NoProgress(), short)
+    for digest, body in manifests:  # children before the index, the image before any ref
+        store.put_bytes(body, expected_digest=digest)
+    desc = Descriptor(image_type, image_digest, len(image_body))
+    store.set_ref(ref_name, desc)
+    repo_digest = f"{host}/{repository}@{requested}"
+    record_image_location(store, image_digest, f"{host}/{repository}@{image_digest}")
+    if requested != image_digest:
+        record_image_location(store, requested, repo_digest)
+    record_blob_locations(store, host, repository, [b.digest for b in blobs] + [d for d, _ in manifests])
+    return PullResult(image_digest, requested, image_type, ref_name, repo_digest, False, client.stats)
+
+
+def resolve_tag(ref: str, *, client: RegistryClient | None = None) -> str:
+    """The digest a tag points to now (``host/repo[:tag]``, default tag ``latest``).
+
+    HEAD with Accept for OCI and Docker types; the registry's
+    Docker-Content-Digest, else the sha256 of the GET body. For a multi-arch
+    image this is the index digest, which is what a pin should name.
+    """
+    try:
+        name = parse_image_name(ref)
+    except ValueError as e:
+        raise HermeticError(str(e)) from None
+    if name.digest is not None:
+        return name.digest
+    if name.host is None:
+        raise HermeticError(f"{ref} names no registry host; write HOST[:PORT]/REPO[:TAG]")
+    repository = name.registry_repository()
+    client = client or RegistryClient(name.registry_host())
+    tag = name.tag or "latest"
+    head = client.head_manifest(repository, tag)
+    if head is None:
+        raise HermeticError(f"{name.registry_host()}/{repository}:{tag} not found in the registry")
+    digest, _ = head
+    if digest and digest.startswith("sha256:"):
+        return digest
+    return sha256_digest(client.get_manifest(repository, tag).body)
+
+
+# -- helpers -----------------------------------------------------------------
+
+def select_platform(index: dict, platform: tuple[str, str], what: str) -> Descriptor:
+    os_name, arch = platform
+    seen = []
+    for m in index.get("manifests") or []:
+        p = m.get("platform") or {}
+        seen.append(f"{p.get('os', '?')}/{p.get('architecture', '?')}")
+        is_image = m.get("mediaType", MANIFEST_TYPES[0]) in MANIFEST_TYPES
+        if p.get("os") == os_name and p.get("architecture") == arch and is_image:
+            return Descriptor.from_json(m)
+    raise HermeticError(f"{what} has no {os_name}/{arch} image (it lists: {', '.join(seen) or 'nothing'})")
+
+
+def _local_image(store: OciStore, digest: str, platform: tuple[str, str]) -> Descriptor | None:
+    """The complete image ``digest`` names in the store (through an index), or None."""
+    if not store.has_blob(digest):
+        return None
+    try:
+        doc = store.read_json(digest)
+    except (ValueError, HermeticError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if "manifests" in doc:
+        try:
+            child = select_platform(doc, platform, digest)
+        except HermeticError:
+            return None
+        return child if store.has_image(child.digest) else None
+    if store.has_image(digest):
+        return Descriptor(doc.get("mediaType") or MANIFEST_TYPES[0], digest, store.blob_size(digest))
+    return None
+
+
+def _fetch_manifest(client: RegistryClient, repository: str, digest: str) -> tuple[bytes, str]:
+    resp = client.get_manifest(repository, digest)
+    actual = sha256_digest(resp.body)
+    if actual != digest:
+        raise IntegrityError(
+            f"registry {client.host} served {repository} manifest {digest} with content hashing to {actual}")
+    try:
+        doc = json.loads(resp.body)
+    except ValueError:
+        raise IntegrityError(f"registry {client.host}: manifest {digest} of {repository} is not JSON") from None
+    if not isinstance(doc, dict):
+        raise IntegrityError(f"registry {client.host}: manifest {digest} of {repository} is not a JSON object")
+    if doc.get("schemaVersion") == 1:
+        raise HermeticError(f"{client.host}/{repository}@{digest} is a Docker schema 1 manifest, which has no "
+                            "content-addressed config; re-push it with a current client")
+    media_type = doc.get("mediaType") or resp.media_type
+    if not media_type:  # OCI manifests may omit mediaType; tell them apart by shape
+        media_type = INDEX_TYPES[0] if "manifests" in doc else MANIFEST_TYPES[0]
+    return resp.body, media_type
+
+
+def _image_blobs(doc: dict, digest: str) -> list[Descriptor]:
+    try:
+        blobs = [Descriptor.from_json(doc["config"])] + [Descriptor.from_json(x) for x in doc["layers"]]
+    except (KeyError, TypeError, ValueError):
+        raise IntegrityError(f"manifest {digest} lacks a config or layers list") from None
+    for b in blobs:
+        if not b.digest.startswith("sha256:") or len(b.digest) != 71:
+            raise IntegrityError(f"manifest {digest} names a blob by unsupported digest {b.digest!r}")
+    return list({b.digest: b for b in blobs}.values())
+
+
+def _download_all(store: OciStore, client: RegistryClient, repository: str, blobs: list[Descriptor],
+                  workers: int, progress: TransferProgress, what: str) -> None:
+    """Download and verify every blob, then commit them all; on any failure commit none."""
+    if not blobs:
+        return
+    advance = progress.start(f"pull {what}", sum(b.size for b in blobs))
+    with ThreadPoolExecutor(max_workers=min(workers, len(blobs)), thread_name_prefix="hermetic-pull") as pool:
+        futures = [pool.submit(_download, store, client, repository, b, advance) for b in blobs]
+        outcomes = [(f.result() if f.exception() is None else f.exception()) for f in futures]
+    verified = [w for w in outcomes if isinstance(w, BlobWriter)]
+    failed = [e for e in outcomes if not isinstance(e, BlobWriter)]
+    if failed:
+        for w in verified:
+            w.abort()
+        raise failed[0]
+    try:
+        for w in verified:
+            w.commit()  # re-checks digest and size, then renames into place
+    except BaseException:
+        for w in verified:
+            if w.digest is None:
+                w.abort()
+        raise
+
+
+def _download(store: OciStore, client: RegistryClient, repository: str, blob: Descriptor, advance) -> BlobWriter:
+    """One blob into an uncommitted BlobWriter, verified; a broken connection is retried from the start."""
+    for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+        w = store.writer(blob.digest, blob.size)
+        h = hashlib.sha256()
+        size = 0
+        try:
+            for chunk in client.iter_blob(repository, blob.digest):
+                size += len(chunk)
+                if size > blob.size:
+                    raise IntegrityError(
+                        f"registry {client.host} served more than the {blob.size} bytes of {blob.digest}")
+                h.update(chunk)
+                w.write(chunk)
+                advance(len(chunk))
+        except RegistryError:
+            w.abort()
+            advance(-size)
+            if attempt == DOWNLOAD_ATTEMPTS:
+                raise
+            continue
+        except BaseException:
+            w.abort()
+            raise
+        actual = "sha256:" + h.hexdigest()
+        if actual != blob.digest or size != blob.size:
+            w.abort()
+            raise IntegrityError(
+                f"registry {client.host} served {repository} blob {blob.digest} with content hashing to {actual} "
+                f"({size} bytes); nothing was stored"
+            )
+        client.stats.add(blobs_downloaded=1)
+        return w
+    raise AssertionError("unreachable")

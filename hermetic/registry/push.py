@@ -1,0 +1,197 @@
+"""Push an image from the local OCI store to a registry, every digest preserved.
+
+We send the store's bytes as they are: the manifest, config and layers the
+registry ends up with are the ones we hashed, so the repo digest equals the
+local manifest digest. (``docker push`` of a loaded image recompresses the
+layers and changes every digest, which is why we never use it.)
+
+Per blob, cheapest first: HEAD (the repository already has it: skip) ->
+cross-repository mount from a repository of the same registry where we
+pushed or pulled it before -> upload (one PUT, or PATCH chunks for big
+blobs). Blobs go up in a small thread pool; the manifest goes last, so a
+registry never holds a manifest whose blobs are missing, and a push killed
+midway is finished by running it again (HEAD skips what already landed).
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Literal
+
+from hermetic.builder.reference import ImageName, parse_image_name
+from hermetic.errors import HermeticError, IntegrityError
+from hermetic.registry.client import RegistryClient, RegistryError, TransferStats
+from hermetic.registry.locations import blob_locations, record_blob_locations, record_image_location
+from hermetic.registry.progress import NoProgress, TransferProgress
+from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, Descriptor, OciStore
+
+# Blobs above this go up in PATCH chunks: a broken connection then costs one
+# chunk, not the whole layer, and registries with body-size limits accept it.
+CHUNKED_THRESHOLD = 128 << 20
+CHUNK_SIZE = 64 << 20
+DEFAULT_WORKERS = 4
+
+BlobOutcome = Literal["skipped", "mounted", "uploaded"]
+
+
+@dataclass(frozen=True)
+class PushResult:
+    manifest_digest: str
+    media_type: str
+    registry: str
+    repository: str
+    tag: str | None
+    stats: TransferStats
+
+    @property
+    def repo_digest(self) -> str:
+        return f"{self.registry}/{self.repository}@{self.manifest_digest}"
+
+    def to_json(self) -> dict:
+        return {
+            "repo_digest": self.repo_digest, "manifest_digest": self.manifest_digest,
+            "media_type": self.media_type, "registry": self.registry, "repository": self.repository,
+            "tag": self.tag, **self.stats.to_json(),
+        }
+
+
+def parse_push_ref(ref: str) -> ImageName:
+    """``host[:port]/repo[:tag]``; a digest is allowed only as a check of what is pushed."""
+    try:
+        name = parse_image_name(ref)
+    except ValueError as e:
+        raise HermeticError(f"{e}", hint="write HOST[:PORT]/REPO[:TAG], e.g. ghcr.io/acme/train:v1") from None
+    return name
+
+
+def push_image(
+    store: OciStore,
+    manifest_digest: str,
+    ref: str | ImageName,
+    *,
+    client: RegistryClient | None = None,
+    workers: int = DEFAULT_WORKERS,
+    chunked_threshold: int = CHUNKED_THRESHOLD,
+    chunk_size: int = CHUNK_SIZE,
+    progress: TransferProgress | None = None,
+) -> PushResult:
+    """Push the image (or image index) ``manifest_digest`` from ``store`` to ``ref``.
+
+    Tags ``ref``'s tag when it has one, else pushes by digest only. Records the
+    repo digest (see ``repo_digests``) and where each blob now lives.
+    """
+    name = parse_push_ref(ref) if isinstance(ref, str) else ref
+    if name.digest is not None and name.digest != manifest_digest:
+        raise HermeticError(f"{name} names digest {name.digest}, but the image to push is {manifest_digest}")
+    host = name.registry_host()
+    repository = name.registry_repository()
+    client = client or RegistryClient(host)
+    progress = progress or NoProgress()
+    pusher = _Pusher(store, client, host, repository, max(1, min(workers, 8)), chunked_threshold, chunk_size, progress)
+    media_type = pusher.push_manifest(manifest_digest, name.tag)
+    shown_host = "docker.io" if name.host is None else host
+    record_image_location(store, manifest_digest, f"{shown_host}/{repository}@{manifest_digest}")
+    return PushResult(manifest_digest, media_type, shown_host, repository, name.tag, client.stats)
+
+
+class _Pusher:
+    def __init__(self, store: OciStore, client: RegistryClient, host: str, repository: str, workers: int,
+                 chunked_threshold: int, chunk_size: int, progress: TransferProgress):
+        self.store = store
+        self.client = client
+        self.host = host
+        self.repository = repository
+        self.workers = workers
+        self.chunked_threshold = chunked_threshold
+        self.chunk_size = chunk_size
+        self.progress = progress
+
+    def push_manifest(self, digest: str, tag: str | None) -> str:
+        desc = self.store.find_manifest(digest)
+        if desc is None:
+            raise HermeticError(f"image {digest} is not in the store {self.store.root}")
+        body = self.store.read_blob(digest)  # verified: we never push a corrupt manifest
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise IntegrityError(f"store blob {digest} is not a JSON manifest") from None
+        media_type = doc.get("mediaType") or desc.media_type
+        if media_type in INDEX_TYPES:
+            for child in doc.get("manifests") or []:
+                self.push_manifest(child["digest"], None)
+        elif media_type in MANIFEST_TYPES:
+            self.push_blobs(self.image_blobs(digest, doc))
+        else:
+            raise HermeticError(f"image {digest}: cannot push a manifest of media type {media_type!r}")
+        returned = self.client.put_manifest(self.repository, tag or digest, body, media_type)
+        if returned is not None and returned != digest:
+            raise IntegrityError(
+                f"registry {self.host} stored {self.repository} manifest as {returned}, expected {digest}"
+            )
+        return media_type
+
+    def image_blobs(self, digest: str, doc: dict) -> list[Descriptor]:
+        try:
+            blobs = [Descriptor.from_json(doc["config"])] + [Descriptor.from_json(x) for x in doc["layers"]]
+        except (KeyError, TypeError, ValueError):
+            raise IntegrityError(f"store manifest {digest} lacks a config or layers list") from None
+        unique = list({b.digest: b for b in blobs}.values())
+        for b in unique:
+            if not self.store.has_blob(b.digest):
+                raise HermeticError(f"image {digest} is incomplete in the store: blob {b.digest} is missing",
+                                    hint="rebuild it, or pull it again by digest")
+        return unique
+
+    def push_blobs(self, blobs: list[Descriptor]) -> None:
+        # Biggest first: the pool's wall time is bounded by the largest blob.
+        blobs = sorted(blobs, key=lambda b: -b.size)
+        advance = self.progress.start(f"push {self.host}/{self.repository}", sum(b.size for b in blobs))
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(blobs)) or 1,
+                                thread_name_prefix="hermetic-push") as pool:
+            futures = [pool.submit(self.push_blob, b, advance) for b in blobs]
+            for f in futures:
+                f.result()
+        record_blob_locations(self.store, self.host, self.repository, [b.digest for b in blobs])
+
+    def push_blob(self, blob: Descriptor, advance) -> BlobOutcome:
+        client, repo = self.client, self.repository
+        if client.blob_size(repo, blob.digest) is not None:
+            client.stats.add(blobs_skipped=1)
+            advance(blob.size)
+            return "skipped"
+        location = None
+        sources = [r for r in blob_locations(self.store, self.host, blob.digest) if r != repo]
+        if sources:
+            # One try, from where it was seen last: a refused mount opens a normal upload session (202).
+            location = client.start_upload(repo, mount=blob.digest, mount_from=sources[0])
+            if location is None:
+                client.stats.add(blobs_mounted=1)
+                advance(blob.size)
+                return "mounted"
+        for attempt in (1, 2):
+            location = location or client.start_upload(repo)
+            try:
+                self.upload(location, blob, advance)
+                break
+            except RegistryError:
+                if attempt == 2:
+                    raise
+                location = None  # a fresh session for the retry
+        client.stats.add(blobs_uploaded=1)
+        return "uploaded"
+
+    def upload(self, location: str, blob: Descriptor, advance) -> None:
+        path = self.store.blob_path(blob.digest)
+        size = path.stat().st_size
+        if size != blob.size:
+            raise IntegrityError(f"store blob {blob.digest} is {size} bytes, the manifest says {blob.size}")
+
+        def opener():
+            return open(path, "rb")
+
+        if size > self.chunked_threshold:
+            self.client.upload_chunked(self.repository, location, blob.digest, size, opener, self.chunk_size, advance)
+        else:
+            self.client.upload_monolithic(self.repository, location, blob.digest, size, opener, advance)

@@ -1,0 +1,1 @@
+"""``hermetic run``: verified inputs -> one container -> one immutable run directory."""

@@ -1,0 +1,211 @@
+"""One training container, locked down, its logs streamed, its end always recorded.
+
+The container runs the image by ID with: the source snapshot read-only at
+/workspace, datasets read-only at their mount points, /outputs writable, a
+non-root user, a read-only root filesystem with a tmpfs /tmp (HOME lives
+there), every capability dropped, no-new-privileges, and no network unless
+asked. Ctrl-C or SIGTERM stop and remove it; the caller still writes the
+record, with status ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from hermetic.errors import EngineError, HermeticError
+
+RUN_LABEL = "org.hermetic.run-id"
+NO_GPU_RUNTIME = "this Docker Engine has no NVIDIA runtime: install nvidia-container-toolkit"
+
+
+@dataclass
+class Mount:
+    source: Path
+    target: str
+    read_only: bool = True
+
+
+@dataclass
+class ContainerSpec:
+    image_id: str
+    command: list[str]
+    mounts: list[Mount]
+    env: dict[str, str]
+    user: str
+    workdir: str = "/workspace"
+    network: str = "none"
+    gpus: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    shm_size: str = "1g"
+    tmpfs_size: str = "4g"
+
+
+def device_requests(gpus: str | None) -> list[Any]:
+    """docker-like --gpus: all | N | device=0,1 | "device=GPU-uuid"."""
+    if not gpus:
+        return []
+    from docker.types import DeviceRequest
+
+    g = gpus.strip().strip('"')
+    if g == "all":
+        return [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    if g.isdigit():
+        return [DeviceRequest(count=int(g), capabilities=[["gpu"]])]
+    if g.startswith("device="):
+        ids = [x for x in g[len("device="):].split(",") if x]
+        if ids:
+            return [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
+    raise HermeticError(f"--gpus {gpus!r}: expected all, a count, or device=ID[,ID...]", exit_code=2)
+
+
+def check_gpu_runtime(client) -> None:
+    """Refuse before any container exists when --gpus cannot work on this engine."""
+    try:
+        info = client.info()
+    except Exception as e:  # docker.errors.APIError or a transport error
+        raise EngineError(f"cannot query the Docker Engine: {e}") from None
+    runtimes = set((info.get("Runtimes") or {}).keys())
+    if "nvidia" in runtimes:
+        return
+    # Docker >= 19.03 drives GPUs through the toolkit's prestart hook, without
+    # a runtime entry; the hook lives beside a local daemon.
+    import shutil
+
+    local = (os.environ.get("DOCKER_HOST") or "unix://").startswith("unix://")
+    if local and (shutil.which("nvidia-container-runtime-hook") or shutil.which("nvidia-ctk")):
+        return
+    raise EngineError(NO_GPU_RUNTIME)
+
+
+def _host_config_kwargs(spec: ContainerSpec) -> dict[str, Any]:
+    from docker.types import Mount as DMount
+
+    return {
+        "mounts": [DMount(target=m.target, source=str(m.source), type="bind", read_only=m.read_only) for m in spec.mounts],
+        "read_only": True,
+        "tmpfs": {"/tmp": f"rw,nosuid,nodev,exec,size={spec.tmpfs_size},mode=1777"},
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "network_mode": spec.network,
+        "shm_size": spec.shm_size,
+        "device_requests": device_requests(spec.gpus),
+        "init": True,  # PID 1 forwards signals and reaps DataLoader workers
+    }
+
+
+def create(client, spec: ContainerSpec, name: str | None = None):
+    import docker.errors
+
+    env = {"HOME": "/tmp", **spec.env}
+    try:
+        return client.containers.create(
+            spec.image_id, command=spec.command, environment=env, user=spec.user, working_dir=spec.workdir,
+            labels=spec.labels, name=name, detach=True, stdin_open=False, tty=False,
+            **_host_config_kwargs(spec),
+        )
+    except docker.errors.ImageNotFound:
+        raise EngineError(f"the Docker Engine has no image {spec.image_id}; run `hermetic build`") from None
+    except docker.errors.APIError as e:
+        msg = str(e.explanation or e)
+        if "capabilities: [[gpu]]" in msg or "nvidia" in msg.lower():
+            raise EngineError(NO_GPU_RUNTIME) from None
+        raise EngineError(f"the Docker Engine refused the container: {msg}") from None
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int | None
+    interrupted: bool
+    signal_name: str | None = None
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+
+def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None) -> RunOutcome:
+    """Create, start, stream logs to the terminal and to log_dir, wait, remove."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    container = create(client, spec, name=name)
+    previous: dict[int, Any] = {}
+    main_thread = threading.current_thread() is threading.main_thread()
+
+    def handler(signum, _frame):
+        raise _Interrupted(signum)
+
+    if main_thread:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    outcome: RunOutcome
+    try:
+        try:
+            stream = container.attach(stdout=True, stderr=True, stream=True, logs=True, demux=True)
+            container.start()
+            with open(log_dir / "stdout.log", "wb") as out_f, open(log_dir / "stderr.log", "wb") as err_f, \
+                    open(log_dir / "combined.log", "wb") as all_f:
+                for out, err in stream:
+                    if out:
+                        _tee(out, out_f, all_f, sys.stdout.buffer if echo else None)
+                    if err:
+                        _tee(err, err_f, all_f, sys.stderr.buffer if echo else None)
+            result = container.wait()
+            outcome = RunOutcome(int(result.get("StatusCode", 1)), False)
+        except (_Interrupted, KeyboardInterrupt) as e:
+            signum = e.signum if isinstance(e, _Interrupted) else signal.SIGINT
+            _stop(container)
+            outcome = RunOutcome(None, True, signal.Signals(signum).name)
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+        _remove(container)
+    return outcome
+
+
+def _tee(data: bytes, f: BinaryIO, all_f: BinaryIO, term: BinaryIO | None) -> None:
+    f.write(data)
+    all_f.write(data)
+    if term is not None:
+        try:
+            term.write(data)
+            term.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+
+def _stop(container) -> None:
+    try:
+        container.stop(timeout=10)
+    except Exception:
+        try:
+            container.kill()
+        except Exception:
+            pass
+
+
+def _remove(container) -> None:
+    for _ in range(3):
+        try:
+            container.remove(force=True)
+            return
+        except Exception:
+            continue
+
+
+def run_capture(client, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
+    """Run to completion and return (exit code, stdout, stderr); for the probe."""
+    container = create(client, spec)
+    try:
+        container.start()
+        result = container.wait()
+        out = container.logs(stdout=True, stderr=False)
+        err = container.logs(stdout=False, stderr=True)
+        return int(result.get("StatusCode", 1)), out, err
+    finally:
+        _remove(container)

@@ -1,0 +1,173 @@
+"""The code that ran: git state plus a normalized tar of the source tree.
+
+In a git work tree the snapshot holds the tracked files and the untracked
+files git does not ignore (what ``git status`` would show), read from the
+working tree as they are now; the commit, branch, dirty flag, ``git diff``
+patch and the untracked files' hashes are recorded beside it. Outside git it
+holds every file under the project root. Either way the run directory, the
+datasets and .git are left out. The tar is normalized like an image layer,
+so the same source gives the same snapshot sha256, and it is what the
+container sees at /workspace (extracted, read-only): edits made while a run
+is going do not leak into it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hermetic.builder.tarlayer import Entry, complete_parents, normalized_mode, write_layer
+from hermetic.errors import HermeticError
+from hermetic.fsutil import sha256_file
+
+SNAPSHOT_FILE = "code/source.tar"
+DIFF_FILE = "code/diff.patch"
+
+
+@dataclass
+class Snapshot:
+    git: dict[str, Any] | None
+    files: dict[str, str]  # relpath -> sha256
+    tar_sha256: str
+    tar_path: Path
+    total_bytes: int
+    warnings: list[str] = field(default_factory=list)
+
+    def section(self) -> dict[str, Any]:
+        return {"git": self.git, "snapshot": {"file": SNAPSHOT_FILE, "sha256": self.tar_sha256, "files": self.files}}
+
+
+def _git(root: Path, *args: str, check: bool = True) -> str | None:
+    try:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=False)
+    except FileNotFoundError:
+        return None
+    if proc.returncode != 0:
+        if check:
+            return None
+        return None
+    return proc.stdout.decode("utf-8", "surrogateescape")
+
+
+def _excluded(rel: str, excludes: list[str]) -> bool:
+    return any(rel == e or rel.startswith(e + "/") for e in excludes)
+
+
+def list_source_files(root: Path, excludes: list[str]) -> tuple[list[str], bool]:
+    """(relative paths, in_git). Paths are files or symlinks, sorted."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top is not None:
+        out = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".")
+        if out is not None:
+            prefix = _git(root, "rev-parse", "--show-prefix") or ""
+            prefix = prefix.strip()
+            paths = []
+            for p in out.split("\0"):
+                if not p:
+                    continue
+                rel = p[len(prefix):] if prefix and p.startswith(prefix) else p
+                if _excluded(rel, excludes) or not os.path.lexists(root / rel):
+                    continue  # deleted in the work tree: not part of the code now
+                if (root / rel).is_dir() and not (root / rel).is_symlink():
+                    continue  # a submodule: recorded by git, not snapshotted
+                paths.append(rel)
+            return sorted(set(paths), key=lambda s: s.encode("utf-8", "surrogateescape")), True
+    paths = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        dirnames[:] = [d for d in dirnames if d not in (".git", "__pycache__")
+                       and not _excluded(f"{rel_dir}/{d}".lstrip("/"), excludes)]
+        for name in filenames:
+            rel = f"{rel_dir}/{name}".lstrip("/")
+            if not _excluded(rel, excludes) and not name.endswith(".pyc"):
+                paths.append(rel)
+    return sorted(paths, key=lambda s: s.encode("utf-8", "surrogateescape")), False
+
+
+def git_state(root: Path, run_dir: Path, untracked_hashes: dict[str, str]) -> dict[str, Any] | None:
+    commit = _git(root, "rev-parse", "HEAD")
+    if commit is None:
+        if _git(root, "rev-parse", "--show-toplevel") is None:
+            return None
+        commit_s = None  # a repository with no commits yet
+    else:
+        commit_s = commit.strip()
+    branch = (_git(root, "rev-parse", "--abbrev-ref", "HEAD") or "").strip() or None
+    diff = _git(root, "diff", "--binary", "HEAD", "--", ".") if commit_s else ""
+    diff = diff or ""
+    untracked_out = _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".") or ""
+    prefix = (_git(root, "rev-parse", "--show-prefix") or "").strip()
+    untracked = {}
+    for p in untracked_out.split("\0"):
+        if p:
+            rel = p[len(prefix):] if prefix and p.startswith(prefix) else p
+            if rel in untracked_hashes:
+                untracked[rel] = untracked_hashes[rel]
+    dirty = bool(diff) or bool(untracked)
+    diff_sha = None
+    diff_file = None
+    if diff:
+        data = diff.encode("utf-8", "surrogateescape")
+        (run_dir / DIFF_FILE).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / DIFF_FILE).write_bytes(data)
+        diff_sha = hashlib.sha256(data).hexdigest()
+        diff_file = DIFF_FILE
+    return {"commit": commit_s, "branch": branch if branch != "HEAD" else None, "dirty": dirty,
+            "diff_sha256": diff_sha, "diff_file": diff_file, "untracked": dict(sorted(untracked.items()))}
+
+
+def take_snapshot(root: Path, run_dir: Path, excludes: list[str]) -> Snapshot:
+    paths, in_git = list_source_files(root, excludes)
+    entries: list[Entry] = []
+    files: dict[str, str] = {}
+    total = 0
+    for rel in paths:
+        full = root / rel
+        st = os.lstat(full)
+        if os.path.islink(full):
+            target = os.readlink(full)
+            entries.append(Entry(rel, "symlink", 0o777, linkname=target))
+            # A symlink is identified by its target text (hashed, so every value is hex).
+            files[rel] = hashlib.sha256(b"symlink:" + target.encode("utf-8", "surrogateescape")).hexdigest()
+            continue
+        if not os.path.isfile(full):
+            continue
+        files[rel] = sha256_file(full)
+        total += st.st_size
+        entries.append(Entry(rel, "file", normalized_mode(st.st_mode), size=st.st_size,
+                             open=(lambda f=full: open(f, "rb"))))
+    tar_path = run_dir / SNAPSHOT_FILE
+    tar_path.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+
+    class _Sink:
+        def __init__(self, f) -> None:
+            self.f = f
+
+        def write(self, b) -> int:
+            self.f.write(b)
+            h.update(b)
+            return len(b)
+
+    with open(tar_path, "wb") as f:
+        write_layer(complete_parents(entries), _Sink(f), mtime=0)
+    warnings = []
+    if total > 200 * 1024 * 1024:
+        warnings.append(f"the source snapshot is {total / 1e6:.0f} MB; large data belongs in a dataset (hermetic.yaml datasets:)")
+    git = git_state(root, run_dir, files) if in_git else None
+    return Snapshot(git, files, h.hexdigest(), tar_path, total, warnings)
+
+
+def extract_snapshot(tar_path: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(tar_path) as tf:
+            tf.extractall(dest, filter="data")  # type: ignore[call-arg]
+    except (tarfile.TarError, OSError) as e:
+        raise HermeticError(f"{tar_path}: cannot extract the source snapshot: {e}") from None

@@ -1,0 +1,105 @@
+"""One seed for every random number generator the process may use.
+
+``derive_seed`` is the one way the runtime makes a seed from a seed: the first
+8 bytes (big-endian) of sha256 over the parts joined by ':'. Adding numbers
+(seed + worker_id) makes seed 1/worker 1 and seed 2/worker 0 the same stream;
+a hash keeps every (seed, rank, worker) distinct, on any Python and platform.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+from . import _optional
+from ._env import resolve_seed
+from .report import record
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 64-bit seed from ``parts``: ``int.from_bytes(sha256(":".join(map(str, parts))).digest()[:8], "big")``.
+
+    ``derive_seed(1234, 0, 1)`` is the seed of worker 1 on rank 0 for seed 1234.
+    Parts are written with ``str()``, so pass ints and plain strings only.
+    """
+    if not parts:
+        raise ValueError("derive_seed needs at least one part")
+    for p in parts:
+        if isinstance(p, bool) or not isinstance(p, (int, str)):
+            raise ValueError(f"derive_seed: parts must be int or str, got {p!r}")
+    text = ":".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    """What ``seed_everything`` did.
+
+    ``numpy_generator`` is a fresh ``numpy.random.Generator`` (PCG64) seeded
+    with the seed, or None without numpy; ``jax_key`` is
+    ``jax.random.PRNGKey(seed)``, or None without JAX. ``seeded`` names every
+    generator seeded, e.g. ``("python", "numpy", "torch")``.
+    """
+
+    seed: int
+    source: str  # "argument", "env:HERMETIC_SEED" or "default"
+    seeded: Tuple[str, ...]
+    numpy_generator: Any = field(default=None, repr=False, compare=False)
+    jax_key: Any = field(default=None, repr=False, compare=False)
+
+
+# The seed the last seed_everything() applied in this process: the default for
+# the DataLoader helpers, so a seed passed in code is not silently replaced by
+# $HERMETIC_SEED there.
+_current_seed: Optional[int] = None
+
+
+def current_seed(seed: Optional[int] = None) -> int:
+    """``seed`` if given, else the one seed_everything() applied, else
+    $HERMETIC_SEED, else 0."""
+    if seed is None and _current_seed is not None:
+        return _current_seed
+    return resolve_seed(seed)[0]
+
+
+def seed_everything(seed: Optional[int] = None) -> SeedResult:
+    """Seed Python's ``random``, numpy (legacy global state and a returned
+    Generator), torch (CPU and every CUDA device) and make a JAX key.
+
+    With no argument the seed is $HERMETIC_SEED (which `hermetic run` sets
+    from hermetic.yaml), else 0. Records what it did in the runtime report.
+    """
+    global _current_seed
+    value, source = resolve_seed(seed)
+    _current_seed = value
+    seeded: List[str] = []
+
+    random.seed(value)
+    seeded.append("python")
+
+    np_gen = None
+    np = _optional.numpy()
+    if np is not None:
+        np.random.seed(value)
+        np_gen = np.random.default_rng(value)
+        seeded += ["numpy", "numpy.Generator"]
+
+    torch = _optional.torch()
+    if torch is not None:
+        torch.manual_seed(value)  # CPU, and every CUDA device (lazily)
+        seeded.append("torch")
+        if torch.cuda.is_available():
+            torch.cuda.manual_seed_all(value)
+            seeded.append("torch.cuda")
+
+    jax_key = None
+    jax = _optional.jax()
+    if jax is not None:
+        jax_key = jax.random.PRNGKey(value)
+        seeded.append("jax")
+
+    result = SeedResult(seed=value, source=source, seeded=tuple(seeded), numpy_generator=np_gen, jax_key=jax_key)
+    record(seed={"value": value, "source": source, "seeded": list(seeded)})
+    return result

@@ -1,0 +1,98 @@
+"""hermetic.yaml: schema errors name the key path (exit 2, no traceback); the hash is canonical."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import assert_clean_error, run_cli
+
+BASE = "hermetic/debian-bookworm-python3@sha256:" + "a" * 64
+
+BLOCK_STYLE = f"""\
+name: demo
+base: {BASE}
+python:
+  path: /usr/bin/python3
+  version: "3.11"
+determinism:
+  mode: strict
+  seed: 7
+  threads: 2
+env:
+  FOO: bar
+datasets:
+  - name: train
+    path: ./data/
+    manifest: data.sha256
+    mount: /data/train
+"""
+
+FLOW_STYLE = f"""\
+# same settings, other order and style
+datasets: [{{mount: "/data/train/", manifest: "data.sha256", path: "data", name: "train"}}]
+env: {{"FOO": "bar"}}
+determinism: {{threads: 2, seed: 7, mode: "strict"}}
+python: {{version: '3.11', path: '/usr/bin/python3'}}
+base: '{BASE}'
+name: "demo"
+runs_dir: runs
+"""
+
+
+def write(tmp_path, text, name="a"):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "hermetic.yaml").write_text(text)
+    return d
+
+
+def show(d):
+    proc = run_cli("config", "show", "--json", "-C", str(d))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_same_config_other_order_and_style_same_hash(tmp_path):
+    a = show(write(tmp_path, BLOCK_STYLE, "a"))
+    b = show(write(tmp_path, FLOW_STYLE, "b"))
+    assert a["sha256"] == b["sha256"]
+    assert a["config"] == b["config"]
+    assert a["config"]["runs_dir"] == "runs" and a["config"]["datasets"][0]["path"] == "data"
+
+
+def test_changed_value_changes_hash(tmp_path):
+    a = show(write(tmp_path, BLOCK_STYLE, "a"))
+    b = show(write(tmp_path, BLOCK_STYLE.replace("seed: 7", "seed: 8"), "b"))
+    assert a["sha256"] != b["sha256"]
+
+
+def test_text_output_shows_hash(tmp_path):
+    d = write(tmp_path, BLOCK_STYLE)
+    proc = run_cli("config", "show", "-C", str(d))
+    assert proc.returncode == 0
+    assert "# sha256: " in proc.stdout and "mode: strict" in proc.stdout
+
+
+@pytest.mark.parametrize("text,needles", [
+    (BLOCK_STYLE + "colour: blue\n", ["colour", "unknown key", ":17"]),
+    (BLOCK_STYLE.replace("threads: 2", "threads: two"), ["determinism.threads", "integer", ":9"]),
+    (BLOCK_STYLE.replace("mode: strict", "mode: loose"), ["determinism.mode", "strict", "statistical"]),
+    (BLOCK_STYLE.replace("    mount: /data/train", "    mount: data"), ["datasets[0].mount", "absolute"]),
+    (BLOCK_STYLE.replace("    manifest: data.sha256\n", ""), ["datasets[0].manifest", "required"]),
+    (BLOCK_STYLE.replace(BASE, "python:3.11-slim"), ["base", "hermetic base pin python:3.11-slim"]),
+    (BLOCK_STYLE.replace('version: "3.11"', "version: 3.11"), ["python.version", "string"]),
+    (BLOCK_STYLE.replace("env:\n  FOO: bar", "env:\n  1FOO: bar"), ["env", "1FOO"]),
+    ("name: [unclosed\n", ["invalid YAML"]),
+    ("- just\n- a list\n", ["top level must be a mapping"]),
+])
+def test_bad_config_is_a_clear_error(tmp_path, text, needles):
+    d = write(tmp_path, text)
+    proc = run_cli("config", "show", "-C", str(d))
+    assert_clean_error(proc, 2, "hermetic.yaml", *needles)
+
+
+def test_missing_config_file(tmp_path):
+    proc = run_cli("config", "show", "-C", str(tmp_path))
+    assert_clean_error(proc, 2, "no such config file")

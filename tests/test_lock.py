@@ -1,0 +1,151 @@
+"""Lock readers (requirements.txt, uv.lock, pylock.toml) and `hermetic lock`."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_clean_error, run_cli, tree_digest
+from hermetic.errors import LockError
+from hermetic.lock.model import Target
+from hermetic.lock.read import read_lock
+from wheelfactory import make_wheel
+
+FIX = Path(__file__).parent / "fixtures" / "locks" / "equiv"
+T311 = Target(python_version="3.11")
+BASE = "hermetic/debian-bookworm-python3@sha256:" + "a" * 64
+
+
+def test_three_formats_read_to_the_same_set():
+    """uv wrote these three from one input (tests/fixtures/locks/equiv)."""
+    req = read_lock(FIX / "requirements.txt", T311)
+    pyl = read_lock(FIX / "pylock.toml", T311)
+    uvl = read_lock(FIX / "uv.lock", T311)
+    pins = {(w.name, w.version) for w in req.wheels}
+    assert pins == {(w.name, w.version) for w in pyl.wheels} == {(w.name, w.version) for w in uvl.wheels}
+    assert {"requests", "pyyaml", "urllib3", "idna", "certifi", "charset-normalizer"} == {n for n, _ in pins}
+    r, p, u = req.by_name(), pyl.by_name(), uvl.by_name()
+    for name in r:
+        # uv.lock lists every wheel of the release; requirements.txt every file (wheels + sdist);
+        # pylock.toml written for one platform lists that platform's wheels: nested sets.
+        assert p[name].sha256s <= u[name].sha256s <= r[name].sha256s, name
+        assert p[name].sha256s, name
+
+
+def test_markers_are_evaluated_for_the_image(tmp_path):
+    lock = tmp_path / "requirements.lock"
+    lock.write_text(textwrap.dedent(f"""\
+        foo==1.0 ; sys_platform == 'linux' --hash=sha256:{'1' * 64}
+        pywin32==306 ; sys_platform == 'win32' --hash=sha256:{'2' * 64}
+        tomli==2.0.1 ; python_version < '3.11' --hash=sha256:{'3' * 64}
+    """))
+    names = [w.name for w in read_lock(lock, T311).wheels]
+    assert names == ["foo"]
+    assert [w.name for w in read_lock(lock, Target(python_version="3.10")).wheels] == ["foo", "tomli"]
+
+
+REFUSALS = [
+    ("numpy==2.1.0\n", "numpy==2.1.0 has no --hash", ":1"),
+    (f"numpy>=2 --hash=sha256:{'a' * 64}\n", "numpy is not pinned with ==", ":1"),
+    (f"ok==1.0 --hash=sha256:{'a' * 64}\n-e ./src\n", "editable", ":2"),
+    ("git+https://example.invalid/x.git#egg=x\n", "VCS", ":1"),
+    ("x @ https://example.invalid/x-1.0-py3-none-any.whl\n", "x: URL requirement without a --hash", ":1"),
+    (f"x @ https://example.invalid/x-1.0.tar.gz --hash=sha256:{'a' * 64}\n", "not a wheel", ":1"),
+    ("-r other.txt\n", "nested file", ":1"),
+    (f"numpy==2.1.0 --hash=md5:{'a' * 32}\n", "only sha256", ":1"),
+    (f"numpy==2.1.0 --hash=sha256:{'z' * 64}\n", "malformed sha256", ":1"),
+]
+
+
+@pytest.mark.parametrize("text,needle,line", REFUSALS)
+def test_requirements_refusals_name_file_line_and_package(tmp_path, cache_dir, text, needle, line):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\n")
+    (proj / "requirements.lock").write_text(text)
+    before = tree_digest(cache_dir)
+    proc = run_cli("fetch", "-C", str(proj))
+    assert_clean_error(proc, 2, "requirements.lock" + line, needle)
+    assert tree_digest(cache_dir) == before
+
+
+def test_uv_lock_sdist_only_is_refused(tmp_path):
+    text = (FIX / "uv.lock").read_text()
+    start = text.index('[[package]]\nname = "idna"')
+    end = text.index("[[package]]", start + 10)
+    block = text[start:end]
+    no_wheels = block[: block.index("wheels = [")] + "\n"
+    p = tmp_path / "uv.lock"
+    p.write_text(text[:start] + no_wheels + text[end:])
+    with pytest.raises(LockError, match=r"idna==3\.20: no wheel in the lock \(sdist only\)"):
+        read_lock(p, T311)
+
+
+def test_pylock_sdist_only_and_missing_hash_are_refused(tmp_path):
+    text = (FIX / "pylock.toml").read_text()
+    start = text.index('name = "idna"')
+    end = text.index("[[packages]]", start)
+    block = text[start:end]
+    p = tmp_path / "pylock.toml"
+    p.write_text(text[:start] + block[: block.index("wheels = ")] + "\n" + text[end:])
+    with pytest.raises(LockError, match="idna==3.20: no wheel in the lock"):
+        read_lock(p, T311)
+    p.write_text(text.replace('hashes = { sha256 = "ab7ae7122974553370f0bdb919e1a960b2cd1bc1ef0276416d896db81c14582c" }', "hashes = {}"))
+    with pytest.raises(LockError, match="idna.*has no sha256 hash"):
+        read_lock(p, T311)
+
+
+def test_pinned_twice_is_refused(tmp_path):
+    p = tmp_path / "requirements.lock"
+    p.write_text(f"a==1 --hash=sha256:{'1' * 64}\nA==1 --hash=sha256:{'1' * 64}\n")
+    with pytest.raises(LockError, match=r"requirements.lock:2: a is pinned twice"):
+        read_lock(p, T311)
+
+
+def test_hermetic_lock_resolves_offline_from_find_links(tmp_path, isolated_pip):
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "alpha", "1.0")
+    make_wheel(wheels, "alpha", "2.0")
+    make_wheel(wheels, "beta", "0.5", tag="cp311-cp311-manylinux_2_17_x86_64")
+    make_wheel(wheels, "beta", "0.6", tag="cp312-cp312-manylinux_2_17_x86_64")  # wrong Python for the image
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\n")
+    (proj / "requirements.in").write_text(f"--no-index\n--find-links {wheels}\nalpha\nbeta\n")
+    proc = run_cli("lock", "-C", str(proj), "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["packages"] == 2 and out["target"]["python"] == "3.11"
+    lock = read_lock(proj / "requirements.lock", T311)
+    assert [(w.name, w.version) for w in lock.wheels] == [("alpha", "2.0"), ("beta", "0.5")]
+    assert str(wheels) not in (proj / "requirements.lock").read_text()  # machine paths stay out of the lock
+
+
+def test_hermetic_lock_keeps_unreachable_index_and_warns(tmp_path, isolated_pip):
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "alpha", "1.0")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\n")
+    (proj / "requirements.in").write_text(
+        f"--extra-index-url http://127.0.0.1:9/simple\n--no-index\n--find-links {wheels}\nalpha==1.0\n")
+    proc = run_cli("lock", "-C", str(proj))
+    assert proc.returncode == 0, proc.stderr
+    assert "does not answer" in proc.stderr
+    text = (proj / "requirements.lock").read_text()
+    assert "--extra-index-url http://127.0.0.1:9/simple" in text
+    assert read_lock(proj / "requirements.lock", T311).index_urls == ("http://127.0.0.1:9/simple",)
+
+
+def test_hermetic_lock_failure_names_input_and_writes_nothing(tmp_path, isolated_pip):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\n")
+    (proj / "requirements.in").write_text(f"--no-index\n--find-links {tmp_path}\nnot-there==1.0\n")
+    proc = run_cli("lock", "-C", str(proj))
+    assert_clean_error(proc, 2, "requirements.in", "resolution failed")
+    assert not (proj / "requirements.lock").exists()
+    assert not [p for p in proj.iterdir() if p.name.startswith(".hermetic-lock") or p.name.startswith("hermetic-lock")]
