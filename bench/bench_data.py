@@ -72,7 +72,8 @@ def timed(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
-        sys.exit(f"bench: {' '.join(cmd)} failed ({r.returncode}):\n{r.stdout.decode()[-2000:]}{r.stderr.decode()[-2000:]}")
+        tail = (r.stdout.decode() + r.stderr.decode())[-4000:]
+        sys.exit(f"bench: {' '.join(cmd)} failed ({r.returncode}):\n{tail}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu
 

@@ -136,7 +136,8 @@ def test_verify_refuses_malformed_manifest_with_file_and_line(tmp_path: Path) ->
     m.write_text(f"{'a' * 64}  ok\n{'b' * 64}  /etc/passwd\n")
     r = hermetic("data", "verify", str(root), str(m))
     assert r.returncode == 2
-    assert r.stderr == f"hermetic: error: {m}:2: absolute path (paths are relative to the dataset root): '/etc/passwd'\n"
+    reason = "absolute path (paths are relative to the dataset root): '/etc/passwd'"
+    assert r.stderr == f"hermetic: error: {m}:2: {reason}\n"
     assert "Traceback" not in r.stderr
 
 

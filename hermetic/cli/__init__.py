@@ -29,7 +29,7 @@ COMMANDS: dict[str, str] = {
     "run": "hermetic.cli.run_cmd:run",
     "runs": "hermetic.cli.runs_cmd:runs",
     "diff": "hermetic.cli.diff_cmd:diff",
-    "replay": "hermetic.cli.diff_cmd:replay",
+    "replay": "hermetic.cli.run_cmd:replay",
     "push": "hermetic.cli.registry_cmd:push",
     "pull": "hermetic.cli.registry_cmd:pull",
     "init": "hermetic.cli.init_cmd:init",

@@ -62,8 +62,3 @@ def diff(run_a: str, run_b: str, rtol: float, atol: float, runs_dir: str | None,
 
         click.echo(render(result))
     return result.verdict.exit_code
-
-
-# COMMANDS still maps "replay" to this module until the lead moves it to the replay
-# module; None makes the lazy group treat the command as absent instead of crashing --help.
-replay = None

@@ -19,6 +19,7 @@ Pure: bytes in, values out. Nothing here touches the filesystem except
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -106,12 +107,12 @@ def make_manifest(entries: Mapping[str, str], total_bytes: int | None = None) ->
 # ---------------------------------------------------------------- reading
 
 
-def read_manifest(path: str | Path) -> Manifest:
+def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Parse a manifest file; ManifestError with ``file:line: reason`` if malformed."""
     return parse_manifest(read_manifest_bytes(path), str(path))
 
 
-def read_manifest_bytes(path: str | Path) -> bytes:
+def read_manifest_bytes(path: str | os.PathLike[str]) -> bytes:
     try:
         return Path(path).read_bytes()
     except FileNotFoundError:

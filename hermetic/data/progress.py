@@ -2,7 +2,8 @@
 
 Short work (a warm verify, a small dataset) prints nothing; work still going
 after half a second gets a rich bar with bytes, bytes/s, files and time left.
-rich is imported only then.
+The bar follows bytes when the total is known (sizes from a scan), else
+files. rich is imported only when the bar appears.
 """
 
 from __future__ import annotations
@@ -28,25 +29,34 @@ class ByteProgress:
             return
         if done_files is not None:
             self._files = done_files
-        if self._progress is None:
-            if time.monotonic() - self._start < _SHOW_AFTER_S:
-                return
-            self._open()
-        self._progress.update(self._task, completed=done_bytes, files=self._files)
+        elapsed = time.monotonic() - self._start
+        if self._progress is None and elapsed < _SHOW_AFTER_S:
+            return
+        from rich.filesize import decimal
 
-    def _open(self) -> None:
+        fields = {
+            "files": f"{self._files:,}/{self._total_files:,} files",
+            "bytes": decimal(done_bytes) + (f"/{decimal(self._total_bytes)}" if self._total_bytes else ""),
+            "rate": f"{decimal(int(done_bytes / elapsed))}/s" if elapsed > 0 else "",
+        }
+        completed = done_bytes if self._total_bytes else self._files
+        if self._progress is None:
+            self._open(completed, fields)
+        else:
+            self._progress.update(self._task, completed=completed, **fields)
+
+    def _open(self, completed: int, fields: dict[str, str]) -> None:
         from rich.console import Console
-        from rich.progress import (
-            BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
-        )
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TextColumn("{task.fields[files]}/" + str(self._total_files) + " files"), TimeRemainingColumn(),
+            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[bytes]}"),
+            TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[files]}"), TimeRemainingColumn(),
             console=Console(stderr=True, highlight=False), transient=True,
         )
+        total = self._total_bytes or self._total_files
+        self._task = self._progress.add_task(self._label, total=total, completed=completed, **fields)
         self._progress.start()
-        self._task = self._progress.add_task(self._label, total=self._total_bytes, files=self._files)
 
     def close(self) -> None:
         if self._progress is not None:

@@ -222,6 +222,8 @@ class _Job:
 
 def _partition(paths: list[str], expected: dict[str, str]) -> tuple[list[str], list[str], list[int] | None]:
     """(extra, missing, indices of paths in the manifest -- None meaning all of them)."""
+    if len(paths) == len(expected) and expected.keys() == set(paths):
+        return [], [], None  # the usual case, decided by one set comparison
     checked: list[int] = []
     extra: list[str] = []
     for i, p in enumerate(paths):
@@ -241,7 +243,8 @@ def _compare_raw(paths: list[str], raw: bytes, expected: dict[str, str]) -> list
     if raw == bytes.fromhex("".join(map(expected.__getitem__, paths))):
         return []
     h = raw.hex()
-    return [(p, expected[p], h[j * 64:(j + 1) * 64]) for j, p in enumerate(paths) if h[j * 64:(j + 1) * 64] != expected[p]]
+    actual = [h[j:j + 64] for j in range(0, len(h), 64)]
+    return [(p, expected[p], a) for p, a in zip(paths, actual) if a != expected[p]]
 
 
 def build_manifest(

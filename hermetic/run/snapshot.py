@@ -58,9 +58,9 @@ def _excluded(rel: str, excludes: list[str]) -> bool:
     return any(rel == e or rel.startswith(e + "/") for e in excludes)
 
 
-def list_source_files(root: Path, excludes: list[str]) -> tuple[list[str], bool]:
+def list_source_files(root: Path, excludes: list[str], use_git: bool = True) -> tuple[list[str], bool]:
     """(relative paths, in_git). Paths are files or symlinks, sorted."""
-    top = _git(root, "rev-parse", "--show-toplevel")
+    top = _git(root, "rev-parse", "--show-toplevel") if use_git else None
     if top is not None:
         out = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".")
         if out is not None:
@@ -122,8 +122,8 @@ def git_state(root: Path, run_dir: Path, untracked_hashes: dict[str, str]) -> di
             "diff_sha256": diff_sha, "diff_file": diff_file, "untracked": dict(sorted(untracked.items()))}
 
 
-def take_snapshot(root: Path, run_dir: Path, excludes: list[str]) -> Snapshot:
-    paths, in_git = list_source_files(root, excludes)
+def take_snapshot(root: Path, run_dir: Path, excludes: list[str], *, use_git: bool = True) -> Snapshot:
+    paths, in_git = list_source_files(root, excludes, use_git)
     entries: list[Entry] = []
     files: dict[str, str] = {}
     total = 0

@@ -1,0 +1,66 @@
+"""Run the hardware/software probe inside the training image, with the same devices.
+
+The probe's answer depends on the image, the device flags and the host (its
+kernel boot, its engine, its driver), so it is cached under that key: the
+first run on a machine pays for one extra container start (and for
+``import torch``), later runs reuse the answer. A reboot (new boot_id),
+another engine or another image probes afresh.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hermetic.canonical import canonical_sha256
+from hermetic.errors import HermeticError
+from hermetic.fsutil import atomic_write_bytes
+from hermetic.probe import PROBE_PATH
+from hermetic.run.container import ContainerSpec, Mount, run_capture
+
+PROBE_MOUNT = "/run/hermetic-probe"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def probe_key(client, image_id: str, gpus: str | None) -> str:
+    try:
+        engine_id = client.info().get("ID", "")
+    except Exception:
+        engine_id = ""
+    return canonical_sha256({"image": image_id, "gpus": gpus or "", "boot": _boot_id(), "engine": engine_id,
+                             "probe": canonical_sha256(PROBE_PATH.read_text())})
+
+
+def run_probe(client, *, image_id: str, python: str, user: str, gpus: str | None, cache_dir: Path,
+              refresh: bool = False) -> tuple[dict[str, Any], bool]:
+    """(probe document, from_cache)."""
+    key = probe_key(client, image_id, gpus)
+    cached = cache_dir / f"{key}.json"
+    if not refresh:
+        try:
+            return json.loads(cached.read_text()), True
+        except (FileNotFoundError, ValueError):
+            pass
+    spec = ContainerSpec(
+        image_id=image_id, command=[python, f"{PROBE_MOUNT}/probe.py"],
+        mounts=[Mount(PROBE_PATH.parent, PROBE_MOUNT, True)], env={}, user=user, gpus=gpus,
+        labels={"org.hermetic.probe": "1"},
+    )
+    code, out, err = run_capture(client, spec)
+    if code != 0:
+        tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(no output)"]
+        raise HermeticError(f"the hardware probe failed in image {image_id[:19]} (exit {code}): {tail[0]}")
+    try:
+        doc = json.loads(out.decode("utf-8").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise HermeticError("the hardware probe printed no JSON") from None
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(cached, json.dumps(doc, sort_keys=True).encode(), fsync=False)
+    return doc, False

@@ -1,0 +1,104 @@
+"""``hermetic replay RUN``: re-execute a recorded run with exactly its recorded inputs.
+
+The image by its manifest digest (from the store, pulled from a registry the
+record names when the store lacks it), the recorded source snapshot rather
+than today's working tree, the recorded config, seed, script, arguments,
+devices and network, and the same data, verified against the manifest copies
+kept in the run directory. An input that can no longer be had (image gone,
+data changed, snapshot damaged) refuses the replay and says which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from hermetic.config import HermeticConfig, LoadedConfig
+from hermetic.errors import HermeticError, IntegrityError
+from hermetic.fsutil import sha256_file
+from hermetic.paths import CachePaths
+from hermetic.run.runner import RunRequest
+
+
+class ReplayRefused(HermeticError):
+    exit_code = 3
+
+
+def _project_root(run_dir: Path, runs_dir: str) -> Path:
+    root = run_dir.parent
+    if not PurePosixPath(runs_dir).is_absolute():
+        for part in PurePosixPath(runs_dir).parts:
+            if part not in (".", ""):
+                root = root.parent
+    return root
+
+
+def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, echo: bool,
+                   argv: list[str]) -> tuple[LoadedConfig, RunRequest]:
+    from hermetic.record import secrets_policy
+    from hermetic.store.oci import OciStore
+
+    inv = record["invocation"]
+    try:
+        model = HermeticConfig.model_validate(inv["config"])
+    except Exception as e:
+        raise ReplayRefused(f"{run_dir}: the recorded config no longer validates: {e}") from None
+    root = _project_root(run_dir, model.runs_dir)
+    cfg = LoadedConfig(model=model, path=root / "hermetic.yaml")
+
+    # the image
+    image = record["image"]
+    store = OciStore(paths.oci)
+    if not store.has_image(image["manifest_digest"]):
+        pulled = False
+        for rd in image.get("repo_digests") or []:
+            try:
+                from hermetic.registry import ensure_image
+
+                ensure_image(store, rd)
+                pulled = True
+                break
+            except HermeticError:
+                continue
+        if not pulled:
+            where = ", ".join(image.get("repo_digests") or []) or "no registry (never pushed)"
+            raise ReplayRefused(f"image {image['manifest_digest']} (id {image['id']}) is gone from the local store "
+                                f"and could not be pulled from {where}")
+
+    # the code
+    snap = record["code"]["snapshot"]
+    tar = run_dir / snap["file"]
+    if not tar.is_file():
+        raise ReplayRefused(f"{tar}: the recorded source snapshot is missing")
+    if sha256_file(tar) != snap["sha256"]:
+        raise IntegrityError(f"{tar}: the source snapshot does not match its recorded sha256 {snap['sha256'][:12]}")
+
+    # the data: recorded paths, verified against the run's own manifest copies
+    data_paths, manifests = {}, {}
+    for name, d in (record.get("data") or {}).items():
+        mf = run_dir / d["manifest_file"]
+        if not mf.is_file() or hashlib.sha256(mf.read_bytes()).hexdigest() != d["manifest_sha256"]:
+            raise ReplayRefused(f"dataset {name}: the run's manifest copy {mf} is missing or altered")
+        data_paths[name] = d["path"]
+        manifests[name] = mf
+
+    # env: values as recorded; secrets by name from today's environment
+    import os
+
+    env_sec = record.get("env") or {}
+    env = [f"{k}={v}" for k, v in (env_sec.get("passed") or {}).items()]
+    missing = [k for k in env_sec.get("secrets", []) if k not in os.environ]
+    if missing:
+        raise ReplayRefused(f"secret variable(s) {', '.join(missing)} were passed to the original run; "
+                            "set them in the environment (their values are never recorded)")
+    env += [k for k in env_sec.get("secrets", []) if secrets_policy.is_secret_name(k)]
+
+    req = RunRequest(
+        script=inv["script"], args=list(inv["args"]), argv=argv, gpus=inv.get("gpus"),
+        data_paths=data_paths, manifest_paths=manifests, seed=int(record["seed"]["value"]),
+        seed_policy=record["seed"].get("policy", "config"), network=inv.get("network") or "none", env=env,
+        name=inv.get("name"), echo=echo, replay_of=record["record"]["run_id"], group=None,
+        image_manifest=image["manifest_digest"], source_tar=tar, replay_git=record["code"].get("git"),
+    )
+    return cfg, req
