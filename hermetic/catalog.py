@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import hermetic
 from hermetic.errors import HermeticError
 
 KINDS = ("registry", "bootstrap")
@@ -19,7 +18,9 @@ KINDS = ("registry", "bootstrap")
 
 def catalog_path() -> Path:
     """images/catalog.yaml of the checkout (beside the package, like the base recipes)."""
-    return Path(hermetic.__file__).resolve().parent.parent / "images" / "catalog.yaml"
+    from hermetic.resources import images_dir
+
+    return images_dir() / "catalog.yaml"
 
 
 @dataclass(frozen=True)

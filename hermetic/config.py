@@ -97,7 +97,8 @@ class BuildConfig(_Strict):
 
     source_date_epoch: int = Field(default=0, ge=0)
     prefix: str = "/opt/venv"
-    bytecode: Literal["none", "hash"] = "none"
+    # gzip is a recorded, machine-dependent transform (zlib versions differ):
+    # the diff_ids stay the uncompressed digests, the manifest names the gzip blobs.
     compression: Literal["none", "gzip"] = "none"
     user: str = "1000:1000"
     workdir: str = "/workspace"

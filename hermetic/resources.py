@@ -1,4 +1,4 @@
-"""Where hermetic's non-Python files (templates) are found.
+"""Where hermetic's non-Python files (templates, base recipes) are found.
 
 In a source checkout (and an editable install) they live in the repository's
 templates/ folder next to the package; an installed wheel carries them in
@@ -17,6 +17,14 @@ _PACKAGE_DIR = Path(hermetic.__file__).resolve().parent
 
 def template_dirs() -> list[Path]:
     return [_PACKAGE_DIR.parent / "templates", _PACKAGE_DIR / "templates"]
+
+
+def images_dir() -> Path:
+    """Base image recipes and the catalog (repo's images/, or the wheel's copy)."""
+    for d in (_PACKAGE_DIR.parent / "images", _PACKAGE_DIR / "images"):
+        if d.is_dir():
+            return d
+    return _PACKAGE_DIR / "images"
 
 
 def template_path(name: str) -> Path:

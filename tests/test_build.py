@@ -9,12 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import assert_clean_error, run_cli, tree_digest
-from wheelfactory import make_index, make_wheel, requirements_lock, sha256_of
+from buildsupport import build_json, make_project, share_base as _share_base
+from wheelfactory import make_index, make_wheel, sha256_of
 
 pytestmark = pytest.mark.docker
 
@@ -31,23 +31,6 @@ def wheels(tmp_path_factory, isolated_pip, monkeypatch):
     url = make_index(src / "index", list(files.values()))
     monkeypatch.setenv("PIP_INDEX_URL", url)
     return files
-
-
-def make_project(root: Path, base: str, pins: dict[str, Path], *, extra: str = "") -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "hermetic.yaml").write_text(f"name: demo\nbase: {base}\n{extra}")
-    rows = []
-    for name, f in sorted(pins.items()):
-        dist, version = f.name.split("-")[:2]
-        rows.append((dist, version, [sha256_of(f)]))
-    (root / "requirements.lock").write_text(requirements_lock(rows))
-    return root
-
-
-def build_json(proj: Path, *args: str, env: dict | None = None) -> dict:
-    proc = run_cli("build", "-C", str(proj), "--json", *args, env=env)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 def test_build_runs_and_id_matches_engine(tmp_path, use_session_cache, base_ref, wheels, docker_client):
@@ -154,26 +137,6 @@ def test_one_package_change_rebuilds_only_its_layer(tmp_path, cache_dir, base_re
     assert second["image_id"] != first["image_id"]
 
 
-def _share_base(session_cache: Path, cache_dir: Path) -> None:
-    """Give a fresh cache the session's bootstrapped base (hardlinked blobs, same digests)."""
-    src = session_cache / "oci"
-    dst = cache_dir / "oci"
-    for p in src.rglob("*"):
-        rel = p.relative_to(src)
-        if p.is_dir():
-            (dst / rel).mkdir(parents=True, exist_ok=True)
-        elif rel.parts[0] in ("blobs", "oci-layout", "index.json"):
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            if not (dst / rel).exists():
-                os.link(p, dst / rel) if rel.parts[0] == "blobs" else shutil.copy(p, dst / rel)
-    from hermetic.store.oci import OciStore
-
-    store = OciStore(dst)
-    for name in store.refs():
-        if not name.startswith("hermetic/"):
-            store.remove_ref(name)  # only the bootstrapped base is shared
-
-
 def test_floating_tag_is_refused_with_pin_hint(tmp_path, cache_dir):
     proj = tmp_path / "p"
     proj.mkdir()
@@ -276,3 +239,24 @@ def test_gc_removes_unreferenced_blobs(tmp_path, cache_dir, session_cache, base_
     assert (blobs / base_ref.split(":")[-1]).exists()
     assert run_cli("cache", "verify").returncode == 0
     assert build_json(proj, "--no-load")["noop"] is True
+
+
+def test_gzip_is_a_recorded_transform(tmp_path, cache_dir, session_cache, base_ref, wheels, docker_client):
+    """gzip layers: the manifest names the gzip blobs; diff_ids (and the image ID) stay uncompressed."""
+    _share_base(session_cache, cache_dir)
+    proj = make_project(tmp_path / "p", base_ref, {"alpha": wheels["alpha"]}, extra="build:\n  compression: gzip\n")
+    out = build_json(proj)
+    manifest = json.loads((cache_dir / "oci" / "blobs" / "sha256" / out["manifest_digest"][7:]).read_bytes())
+    config = json.loads((cache_dir / "oci" / "blobs" / "sha256" / out["image_id"][7:]).read_bytes())
+    ours = manifest["layers"][1:]
+    assert all(layer["mediaType"].endswith("tar+gzip") for layer in ours)
+    assert manifest["annotations"]["org.hermetic.layers.gzip"].startswith("zlib ")
+    import gzip
+    import hashlib
+
+    for layer, diff_id in zip(ours, config["rootfs"]["diff_ids"][1:]):
+        raw = gzip.decompress((cache_dir / "oci" / "blobs" / "sha256" / layer["digest"][7:]).read_bytes())
+        assert "sha256:" + hashlib.sha256(raw).hexdigest() == diff_id
+    assert docker_client.images.get(out["image_id"]).id == out["image_id"]
+    logs = docker_client.containers.run(out["image_id"], ["python", "-c", "import alpha; print('ok')"], remove=True)
+    assert logs.strip() == b"ok"

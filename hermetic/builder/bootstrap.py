@@ -53,7 +53,9 @@ class Recipe(BaseModel):
 
 
 def images_dir() -> Path:
-    return Path(__file__).resolve().parent.parent.parent / "images"
+    from hermetic.resources import images_dir as find
+
+    return find()
 
 
 def find_recipe(name_or_path: str) -> Path:

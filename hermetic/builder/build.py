@@ -154,10 +154,11 @@ def finish(cfg: LoadedConfig, store: OciStore, info: dict[str, Any], *, noop: bo
     loaded = _ensure_loaded(store, info, cfg.model.name, load)
     record = _write_record(cfg, info)
     # The result (not the record) also says which layers this build made or reused.
-    by_digest = {b.descriptor.digest: b for b in built or []}
+    built = built or []
+    first_built = len(info["layers"]) - len(built)
     layers = []
-    for layer in info["layers"]:
-        b = by_digest.get(layer["digest"])
+    for i, layer in enumerate(info["layers"]):
+        b = built[i - first_built] if built and i >= first_built else None
         layers.append({**layer, "cached": b.cached if b else True, "seconds": round(b.seconds, 3) if b else 0.0,
                        "packages": [f"{w.locked.name}=={w.locked.version}" for w in b.spec.wheels] if b else []})
     return BuildResult(info["image_id"], info["manifest_digest"], info["build_key"], layers, noop, loaded,
@@ -250,8 +251,18 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     config = image_config(base_config=base.config, cfg=m, layers=refs, base_layer_count=len(base.layers),
                           labels=labels, venv_bin=layout.bin, venv_prefix=layout.prefix)
     config_digest, config_size, _ = store.put_json(config)
-    layer_descs = base.layers + [b.descriptor for b in built]
+    ours = [b.descriptor for b in built]
+    if m.build.compression == "gzip":
+        from hermetic.builder.layers import gzip_layer
+
+        ours = [gzip_layer(d, store, LayerCache(paths.layers, store)) for d in ours]
+    layer_descs = base.layers + ours
     manifest = image_manifest(config_digest, config_size, layer_descs)
+    if m.build.compression == "gzip":
+        import zlib
+
+        # Machine-dependent, so recorded on the manifest (not in the config: the image ID stays put).
+        manifest["annotations"] = {"org.hermetic.layers.gzip": f"zlib {zlib.ZLIB_RUNTIME_VERSION} level 6"}
     manifest_digest, manifest_size, _ = store.put_json(manifest)
     desc = Descriptor(MT_MANIFEST, manifest_digest, manifest_size)
     store.set_ref(f"{m.name}:latest", desc)

@@ -40,7 +40,12 @@ def cached_build(cfg: LoadedConfig, paths: CachePaths, registry_repo: str, *, of
         done = lookup_build(paths, store, key)
         source = "local"
         if done is None and not offline:
-            pulled = cache_fetch(store, registry_repo, key)
+            try:
+                pulled = cache_fetch(store, registry_repo, key)
+            except HermeticError as e:
+                # The cache is an optimization: an unreachable registry means build here.
+                pulled = None
+                notes.append(f"cache unavailable, building here: {e.message}")
             if pulled is not None:
                 done = pulled.manifest_digest
                 remember_build(paths, key, done)

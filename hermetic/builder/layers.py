@@ -31,7 +31,7 @@ from hermetic.builder.tarlayer import DirAttrs, Entry, complete_parents, entries
 from hermetic.canonical import canonical_sha256
 from hermetic.fsutil import atomic_write_bytes
 from hermetic.lock.model import ResolvedWheel
-from hermetic.store.oci import MT_LAYER, Descriptor, OciStore
+from hermetic.store.oci import MT_LAYER, MT_LAYER_GZIP, Descriptor, OciStore
 
 LAYER_FORMAT = 1
 BIG_WHEEL_BYTES = 64 * 1024 * 1024
@@ -240,3 +240,26 @@ def cleanup_tmp(tmp_root: Path, older_than_s: float = 3600) -> int:
         except FileNotFoundError:
             pass
     return n
+
+
+def gzip_layer(desc: Descriptor, store: OciStore, cache: LayerCache, level: int = 6) -> Descriptor:
+    """The gzip form of a layer blob: fixed header (no name, mtime 0), cached by input.
+
+    The bytes depend on the zlib build, so this is a recorded transform, never
+    the identity: the image's diff_ids stay the uncompressed digests.
+    """
+    import gzip
+    import zlib
+
+    key = canonical_sha256({"gzip": desc.digest, "level": level, "zlib": zlib.ZLIB_RUNTIME_VERSION})
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    with open(store.blob_path(desc.digest), "rb") as src, store.writer() as w:
+        with gzip.GzipFile(filename="", mode="wb", compresslevel=level, fileobj=w, mtime=0) as gz:
+            shutil.copyfileobj(src, gz, 1 << 20)
+        digest = w.commit()
+        size = w.size
+    out = Descriptor(MT_LAYER_GZIP, digest, size)
+    cache.put(key, out, {"description": f"gzip of {desc.digest}"})
+    return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, json_option, progress_enabled
+from hermetic.cli.common import config_option, emit_json, json_option
 
 
 def _human(n: int) -> str:

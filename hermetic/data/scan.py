@@ -94,13 +94,13 @@ def scan_tree(root: str | os.PathLike[str], *, exclude: frozenset[str] | set[str
                 with os.scandir(fd) as entries:
                     for entry in entries:
                         name = entry.name
-                        if entry.is_dir(follow_symlinks=False):
-                            pending.append(rel + name + "/")
-                        elif entry.is_file(follow_symlinks=False):
+                        if entry.is_file(follow_symlinks=False):  # the common case first
                             paths.append(rel + name)
                             if stat:
                                 st = entry.stat(follow_symlinks=False)
                                 keys.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+                        elif entry.is_dir(follow_symlinks=False):
+                            pending.append(rel + name + "/")
                         elif entry.is_symlink():
                             st = _check_symlink(real_root, rel + name, fd, name)
                             paths.append(rel + name)

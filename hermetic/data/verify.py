@@ -168,7 +168,8 @@ class _Job:
                     done = [(k, j) for k, j in enumerate(todo) if k not in gone]
                     cache.put_many([c_abs[j] for _, j in done], [hashed.key(k) for k, _ in done],
                                    [hashed.hex(k) for k, _ in done], self.recorded_ns)
-                    cache.retain([c_abs[j] for j in range(len(c_abs)) if j not in {todo[k] for k in gone}])
+                    lost = {todo[k] for k in gone}
+                    cache.retain([a for j, a in enumerate(c_abs) if j not in lost])
                 for k, j in enumerate(todo):
                     if k in gone:  # deleted while we were hashing
                         missing.append(c_paths[j])

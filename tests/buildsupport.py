@@ -1,0 +1,48 @@
+"""Shared by the build tests: small projects on the session's base image."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from conftest import run_cli
+from wheelfactory import requirements_lock, sha256_of
+
+
+def make_project(root: Path, base: str, pins: dict[str, Path], *, extra: str = "") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "hermetic.yaml").write_text(f"name: demo\nbase: {base}\n{extra}")
+    rows = []
+    for name, f in sorted(pins.items()):
+        dist, version = f.name.split("-")[:2]
+        rows.append((dist, version, [sha256_of(f)]))
+    (root / "requirements.lock").write_text(requirements_lock(rows))
+    return root
+
+
+def build_json(proj: Path, *args: str, env: dict | None = None) -> dict:
+    proc = run_cli("build", "-C", str(proj), "--json", *args, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def share_base(session_cache: Path, cache_dir: Path) -> None:
+    """Give a fresh cache the session's bootstrapped base (hardlinked blobs, same digests)."""
+    src = session_cache / "oci"
+    dst = cache_dir / "oci"
+    for p in src.rglob("*"):
+        rel = p.relative_to(src)
+        if p.is_dir():
+            (dst / rel).mkdir(parents=True, exist_ok=True)
+        elif rel.parts[0] in ("blobs", "oci-layout", "index.json"):
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            if not (dst / rel).exists():
+                os.link(p, dst / rel) if rel.parts[0] == "blobs" else shutil.copy(p, dst / rel)
+    from hermetic.store.oci import OciStore
+
+    store = OciStore(dst)
+    for name in store.refs():
+        if not name.startswith("hermetic/"):
+            store.remove_ref(name)  # only the bootstrapped base is shared
