@@ -149,3 +149,31 @@ def test_hermetic_lock_failure_names_input_and_writes_nothing(tmp_path, isolated
     assert_clean_error(proc, 2, "requirements.in", "resolution failed")
     assert not (proj / "requirements.lock").exists()
     assert not [p for p in proj.iterdir() if p.name.startswith(".hermetic-lock") or p.name.startswith("hermetic-lock")]
+
+
+def test_pip_tools_resolver_where_host_python_matches(tmp_path, isolated_pip):
+    import sys
+
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "alpha", "1.0")
+    make_wheel(wheels, "alpha", "2.0")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    host = f"{sys.version_info.major}.{sys.version_info.minor}"
+    (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\npython:\n  version: '{host}'\n")
+    (proj / "requirements.in").write_text(f"--no-index\n--find-links {wheels}\nalpha\n")
+    proc = run_cli("lock", "-C", str(proj), "--resolver", "pip-tools")
+    assert proc.returncode == 0, proc.stderr
+    lock = read_lock(proj / "requirements.lock", Target(python_version=host))
+    assert [(w.name, w.version) for w in lock.wheels] == [("alpha", "2.0")]
+    text = (proj / "requirements.lock").read_text()
+    assert "resolver: pip-tools" in text and str(wheels) not in text
+
+
+def test_pip_tools_refuses_a_different_image_python(tmp_path):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\npython:\n  version: '3.9'\n")
+    (proj / "requirements.in").write_text("alpha\n")
+    proc = run_cli("lock", "-C", str(proj), "--resolver", "pip-tools")
+    assert_clean_error(proc, 2, "pip-tools resolves for the running interpreter", "Python 3.9", "--resolver uv")

@@ -136,9 +136,12 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
             if fmt != "requirements":
                 raise LockError("pip-tools writes requirements.txt-style locks only")
             cmd = [sys.executable, "-m", "piptools", "compile", str(resolve_input), "--generate-hashes",
-                   "--no-header", "--only-binary", ":all:", "--quiet", "-o", tmp_out]
+                   "--no-header", "--no-emit-find-links", "--no-emit-index-url", "--pip-args", "--only-binary :all:",
+                   "--quiet", "-o", tmp_out]
             if upgrade:
                 cmd.append("--upgrade")
+            for fl in find_links:
+                cmd += ["--find-links", fl]
         else:
             raise LockError(f"unknown resolver {resolver!r} (uv or pip-tools)")
         try:

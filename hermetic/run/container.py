@@ -133,19 +133,22 @@ class _Interrupted(Exception):
 def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None) -> RunOutcome:
     """Create, start, stream logs to the terminal and to log_dir, wait, remove."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    container = create(client, spec, name=name)
     previous: dict[int, Any] = {}
     main_thread = threading.current_thread() is threading.main_thread()
 
     def handler(signum, _frame):
         raise _Interrupted(signum)
 
+    # Handlers go in before the container exists: a signal during create()
+    # must not leave behind a container this process never heard of.
     if main_thread:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, handler)
+    container = None
     outcome: RunOutcome
     try:
         try:
+            container = create(client, spec, name=name)
             stream = container.attach(stdout=True, stderr=True, stream=True, logs=True, demux=True)
             container.start()
             with open(log_dir / "stdout.log", "wb") as out_f, open(log_dir / "stderr.log", "wb") as err_f, \
@@ -159,12 +162,16 @@ def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = Tr
             outcome = RunOutcome(int(result.get("StatusCode", 1)), False)
         except (_Interrupted, KeyboardInterrupt) as e:
             signum = e.signum if isinstance(e, _Interrupted) else signal.SIGINT
-            _stop(container)
+            if container is not None:
+                _stop(container)
             outcome = RunOutcome(None, True, signal.Signals(signum).name)
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)
-        _remove(container)
+        if container is not None:
+            _remove(container)
+        elif spec.labels:  # interrupted inside create(): the engine may have made it anyway
+            _remove_labelled(client, spec.labels)
     return outcome
 
 
@@ -196,6 +203,15 @@ def _remove(container) -> None:
             return
         except Exception:
             continue
+
+
+def _remove_labelled(client, labels: dict[str, str]) -> None:
+    try:
+        found = client.containers.list(all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
+    except Exception:
+        return
+    for c in found:
+        _remove(c)
 
 
 def run_capture(client, spec: ContainerSpec) -> tuple[int, bytes, bytes]:

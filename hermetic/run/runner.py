@@ -15,6 +15,7 @@ import json
 import os
 import posixpath
 import shutil
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -162,6 +163,30 @@ def _passed_env(names: list[str]) -> dict[str, str]:
     return out
 
 
+def redact_argv(argv: list[str]) -> list[str]:
+    """argv with the value of each secret-named ``--env NAME=VALUE`` replaced by ``<redacted>``.
+
+    argv.txt and invocation.argv keep the command line as typed; a secret
+    given as NAME=VALUE must not ride along (env.secrets keeps its name).
+    """
+    from hermetic.record.secrets_policy import REDACTED, is_secret_name
+
+    def item(text: str) -> str:
+        name, eq, _ = text.partition("=")
+        return f"{name}={REDACTED}" if eq and is_secret_name(name) else text
+
+    out, value_next = [], False
+    for a in argv:
+        if value_next:
+            out.append(item(a))
+        elif a.startswith("--env="):
+            out.append("--env=" + item(a[len("--env="):]))
+        else:
+            out.append(a)
+        value_next = a == "--env" and not value_next
+    return out
+
+
 def _container_user(cfg: LoadedConfig) -> tuple[str, int, int]:
     uid, gid = os.getuid(), os.getgid()
     if uid == 0:
@@ -237,7 +262,8 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest) -> RunResult:
     run_id = new_run_id(name=req.name)
     run_dir = create_run_dir(cfg.runs_path, run_id)
     seed = req.seed if req.seed is not None else m.determinism.seed
-    rec = begin_record(run_id, argv=req.argv, script=script, args=req.args, config=cfg.resolved(),
+    argv = redact_argv(req.argv)
+    rec = begin_record(run_id, argv=argv, script=script, args=req.args, config=cfg.resolved(),
                        config_sha256=cfg.sha256, name=req.name, replay_of=req.replay_of, group=req.group,
                        gpus=req.gpus, network=req.network)
     rec["image"] = _image_section(store, info, m.base)
@@ -263,7 +289,7 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest) -> RunResult:
     except FileNotFoundError:
         pass
     atomic_write_text(run_dir / "config.resolved.yaml", yaml.safe_dump(cfg.resolved(), sort_keys=True))
-    atomic_write_text(run_dir / "argv.txt", "\n".join(req.argv) + "\n")
+    atomic_write_text(run_dir / "argv.txt", "\n".join(argv) + "\n")
 
     # 4. the code
     workspace = Path(tempfile.mkdtemp(prefix=f"workspace-{run_id}.", dir=paths.tmpdir()))
@@ -318,7 +344,8 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest) -> RunResult:
         applied = _read_runtime_report(meta / "runtime.json")
         rec["seed"] = seed_section(seed, req.seed_policy, applied)
         if outcome.interrupted:
-            status, code = "interrupted", 130
+            # 128 + signal number, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM
+            status, code = "interrupted", 128 + int(getattr(signal.Signals, outcome.signal_name or "SIGINT"))
         else:
             code = outcome.exit_code if outcome.exit_code is not None else 1
             status = "succeeded" if code == 0 else "failed"

@@ -1,0 +1,119 @@
+"""Helpers for the tests that run real training containers (test_run, test_replay, test_examples).
+
+Projects are copies of examples/ in tmp dirs, pinned to the session's
+bootstrapped base; `hermetic` is always run as a new process (conftest.run_cli).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import REPO, run_cli
+
+EXAMPLES = REPO / "examples"
+RUN_LABEL = "org.hermetic.run-id"
+_COPY_IGNORE = shutil.ignore_patterns("runs", "data", "__pycache__", ".hermetic", "*.pyc")
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def pin_base(project: Path, base_ref: str) -> None:
+    """Point hermetic.yaml's `base:` at the session's base (the examples' pin may be another)."""
+    cfg = project / "hermetic.yaml"
+    text, n = re.subn(r"(?m)^base: .*$", f"base: {base_ref}", cfg.read_text())
+    assert n == 1, f"{cfg}: no single 'base:' line"
+    cfg.write_text(text)
+
+
+def copy_example(example: str, dest: Path, base_ref: str) -> Path:
+    """examples/<example> -> dest (no runs/, no data/), base pinned, data made by its make_data.py."""
+    shutil.copytree(EXAMPLES / example, dest, ignore=_COPY_IGNORE)
+    pin_base(dest, base_ref)
+    subprocess.run([sys.executable, str(dest / "make_data.py")], check=True, capture_output=True, timeout=120)
+    return dest
+
+
+def copy_project(src: Path, dest: Path) -> Path:
+    """Another checkout of a prepared project: code, config, lock and data, without its runs."""
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("runs", ".git", "__pycache__", "*.pyc"))
+    return dest
+
+
+def git_commit_all(root: Path, message: str = "snapshot") -> str:
+    """git init (once), add everything not ignored, commit; returns HEAD."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout
+
+    if not (root / ".git").exists():
+        git("init", "-q", "-b", "main")
+        (root / ".gitignore").write_text("data/\nruns/\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-m", message)
+    return git("rev-parse", "HEAD").strip()
+
+
+def build(project: Path, *args: str) -> dict[str, Any]:
+    proc = run_cli("build", "-C", str(project), "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def hermetic_run(project: Path, *args: str, expect: int | None = 0, env: dict[str, str] | None = None,
+                 timeout: float = 900) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
+    """`hermetic run --json ARGS` in project; (process, the sealed record it printed)."""
+    proc = run_cli("run", "--json", *args, cwd=project, env=env, timeout=timeout)
+    if expect is not None:
+        assert proc.returncode == expect, (proc.returncode, proc.stderr[-4000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc, json.loads(proc.stdout)
+
+
+def run_dir_of(project: Path, record: dict[str, Any]) -> Path:
+    return project / "runs" / record["record"]["run_id"]
+
+
+def run_dirs(project: Path) -> set[str]:
+    runs = project / "runs"
+    return {p.name for p in runs.iterdir() if p.is_dir()} if runs.is_dir() else set()
+
+
+def diff_json(a: Path, b: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    proc = run_cli("diff", str(a), str(b), "--json", *args)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def material_causes(diff: dict[str, Any]) -> dict[str, list[str]]:
+    """Section name -> notes of its material changes, for the sections that differ."""
+    return {s["name"]: [c["note"] for c in s["changes"] if c["material"]]
+            for s in diff["sections"] if s["differs"]}
+
+
+def output_digests(run_dir: Path) -> dict[str, str]:
+    out = run_dir / "outputs"
+    return {p.relative_to(out).as_posix(): sha256_file(p) for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def labelled_containers(client, run_id_part: str) -> list[Any]:
+    """Containers (any state) whose run-id label contains run_id_part."""
+    found = client.containers.list(all=True, filters={"label": RUN_LABEL})
+    return [c for c in found if run_id_part in (c.labels.get(RUN_LABEL) or "")]
+
+
+def containers_created_since(client, since: float, run_id_part: str) -> list[str]:
+    """Run IDs of the containers created since `since` (epoch seconds) whose run-id label
+    contains run_id_part: the engine's event log sees containers that are already gone."""
+    events = client.events(since=int(since) - 1, until=int(time.time()) + 1, decode=True,
+                           filters={"type": "container", "event": "create", "label": RUN_LABEL})
+    ids = [(e.get("Actor") or {}).get("Attributes", {}).get(RUN_LABEL, "") for e in events]
+    return [i for i in ids if run_id_part in i]
