@@ -208,8 +208,9 @@ class Build:
     detail: dict = field(default_factory=dict)
 
 
-def hermetic_build(project: Path, cache: Path) -> Build:
-    out, _, dt = run(HERMETIC + ["build", "-C", str(project), "--json"], env=hermetic_env(cache))
+def hermetic_build(project: Path, cache: Path, *, load: bool = True) -> Build:
+    cmd = HERMETIC + ["build", "-C", str(project), "--json"] + ([] if load else ["--no-load"])
+    out, _, dt = run(cmd, env=hermetic_env(cache))
     doc = json.loads(out)
     layers = [{"contents": layer["contents"], "size": layer["size"], "cached": layer["cached"],
                "seconds": layer["seconds"]} for layer in doc["layers"] if not layer["contents"].startswith("base")]
@@ -225,7 +226,9 @@ def docker_build(context: Path, tag: str, *, no_cache: bool) -> Build:
     out, err, dt = run(cmd)
     out += err
     builder = "legacy" if "Sending build context" in out or re.search(r"(?m)^Step \d+/\d+", out) else "buildkit"
-    return Build(dt, iid.read_text().strip(), {"builder": builder, "cached_steps": out.count("Using cache")})
+    sent = re.findall(r"Sending build context to Docker daemon\s+(\S+)", out)
+    return Build(dt, iid.read_text().strip(), {"builder": builder, "cached_steps": out.count("Using cache"),
+                                                "context": sent[-1] if sent else None})
 
 
 def docker(*args: str, check: bool = True) -> str:
@@ -248,15 +251,21 @@ def import_torch_seconds(image: str) -> tuple[float, float]:
     return float(out.strip().splitlines()[-1]), wall
 
 
-def machine() -> dict[str, str]:
+def machine(workdir: Path) -> dict[str, str]:
     cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(
         ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name")), "?")
     engine = docker("version", "-f", "{{.Server.Version}}", check=False)
     client = docker("version", "-f", "{{.Client.Version}}", check=False)
     driver = docker("info", "-f", "{{.Driver}}", check=False)
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    root = docker("info", "-f", "{{.DockerRootDir}}", check=False) or "/var/lib/docker"
+    disks = []
+    for label, path in (("workdir", str(workdir)), ("docker", root)):
+        src = subprocess.run(["findmnt", "-no", "SOURCE,FSTYPE", "-T", path],
+                             capture_output=True, text=True).stdout.split()
+        disks.append(f"{label} on {' '.join(src) or '?'}")
     return {"cpu": f"{os.cpu_count()} cores, {cpu}", "memory": f"{mem:.0f} GiB", "kernel": platform.release(),
-            "docker": f"engine {engine}, client {client}, storage driver {driver}"}
+            "docker": f"engine {engine}, client {client}, storage driver {driver}", "disk": "; ".join(disks)}
 
 
 def median(xs: list[float]) -> float:
@@ -288,7 +297,8 @@ def bench(args: argparse.Namespace, workdir: Path, made_tags: list[str]) -> dict
     made_tags.append(hermetic_tag)
     untag(hermetic_tag)
 
-    res: dict = {"machine": machine(), "example": str(example), "added": args.add,
+    res: dict = {"machine": machine(workdir), "load_average_start": os.getloadavg(),
+                 "example": str(example), "added": args.add,
                  "wheels": {"a": len(locked_wheel_files(proj_a, seed)), "b": len(locked_wheel_files(proj_b, seed))}}
     # (1) cold, interleaved: hermetic, docker, hermetic, docker.
     h_cold, d_cold = [], []
@@ -300,6 +310,12 @@ def bench(args: argparse.Namespace, workdir: Path, made_tags: list[str]) -> dict
         made_tags.append(tag)
         print(f"[cold {i}] docker build --no-cache ...", file=sys.stderr)
         d_cold.append(docker_build(ctx_a, tag, no_cache=True))
+        if i == 1:
+            shutil.rmtree(workdir / "cache-1")  # ~1 GB; cache-2 stays as the warm cache
+    # Cold into the OCI store only (no engine load: what a CI job that pushes needs).
+    print("[cold] hermetic build --no-load ...", file=sys.stderr)
+    h_store = hermetic_build(proj_a, fresh_cache(seed, workdir / "cache-3", base_digest, all_wheels), load=False)
+    shutil.rmtree(workdir / "cache-3")
     # Keep image A in the engine under our own tag while the name's tag moves to image B.
     keep_a = f"{HERMETIC_KEEP_TAG}:a"
     made_tags.append(keep_a)
@@ -328,14 +344,16 @@ def bench(args: argparse.Namespace, workdir: Path, made_tags: list[str]) -> dict
         return {"hermetic_s": hs, "docker_s": ds, "ratio": median(ds) / median(hs),
                 "hermetic_detail": [b.detail for b in h], "docker_detail": [b.detail for b in d]}
 
-    res["cases"] = {"cold": pair(h_cold, d_cold), "change": pair([h_change], [d_change]),
-                    "noop": pair(h_noop, d_noop)}
+    res["cases"] = {"cold": pair(h_cold, d_cold), "cold_no_load": pair([h_store], d_cold),
+                    "change": pair([h_change], [d_change]), "noop": pair(h_noop, d_noop)}
     res["reproducible"] = {"hermetic_image_ids": [b.image_id for b in h_cold],
                            "docker_image_ids": [b.image_id for b in d_cold],
                            "hermetic_manifest_digests": [b.detail["manifest_digest"] for b in h_cold]}
-    res["import_torch"] = {k: {"import_s": [a for a, _ in v], "docker_run_s": [b for _, b in v]} for k, v in imp.items()}
+    res["import_torch"] = {k: {"import_s": [a for a, _ in v], "docker_run_s": [b for _, b in v]}
+                           for k, v in imp.items()}
     res["image_size_bytes"] = sizes
     res["docker_builder"] = d_cold[0].detail["builder"]
+    res["load_average_end"] = os.getloadavg()
     return res
 
 
@@ -343,11 +361,15 @@ def report(res: dict) -> str:
     c = res["cases"]
     rows = [
         ("cold (base present)", c["cold"]),
+        ("cold, hermetic --no-load (OCI store only)", c["cold_no_load"]),
         (f"+ {res['added']} (caches warm)", c["change"]),
         ("no-op (same inputs)", c["noop"]),
     ]
-    lines = [f"machine: {res['machine']['cpu']}; {res['machine']['memory']}; kernel {res['machine']['kernel']}; "
-             f"docker {res['machine']['docker']} ({res['docker_builder']} builder)",
+    m = res["machine"]
+    load = f"load average {res['load_average_start'][0]:.1f} at start, {res['load_average_end'][0]:.1f} at end"
+    lines = [f"machine: {m['cpu']}; {m['memory']}; kernel {m['kernel']}; {m['disk']}; {load}",
+             f"docker: {m['docker']} ({res['docker_builder']} builder, build context "
+             f"{c['cold']['docker_detail'][0]['context']})",
              "",
              "| case | hermetic build | docker build | ratio (docker / hermetic) |",
              "| --- | --- | --- | --- |"]
@@ -370,10 +392,28 @@ def report(res: dict) -> str:
     lines.append(f"image size: hermetic {sz['hermetic'] / 1e6:.0f} MB, docker {sz['docker'] / 1e6:.0f} MB")
     for name, r in rows:
         for d in r["hermetic_detail"]:
-            built = ", ".join(f"{layer['contents']} {layer['seconds']:.1f}s" for layer in d["layers"] if not layer["cached"])
+            built = ", ".join(f"{layer['contents']} {layer['seconds']:.1f}s"
+                              for layer in d["layers"] if not layer["cached"])
             lines.append(f"  hermetic {name}: internal {d['internal_seconds']:.2f}s, loaded={d['loaded']}, "
                          f"noop={d['noop']}; built: {built or 'nothing'}")
     return "\n".join(lines)
+
+
+MADE_IN_WORKDIR = ("seed", "proj-a", "proj-b", "pip", "ctx-a", "ctx-b", "cache-1", "cache-2", "cache-3")
+
+
+def clean_up(workdir: Path, existed: bool, made_tags: list[str], keep: Path | None) -> None:
+    """Our Docker tags, then what we made under the workdir (all of it if we made the workdir)."""
+    for tag in reversed(made_tags):
+        untag(tag)
+    if not existed:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
+    for p in workdir.iterdir():
+        if p == keep:
+            continue
+        if p.name in MADE_IN_WORKDIR or p.name.startswith(".iid-"):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 def main() -> int:
@@ -384,7 +424,8 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/work/scratch/bench-build"),
                     help="scratch directory (made and removed by the bench; default /work/scratch/bench-build)")
     ap.add_argument("--seed-cache", type=Path, help="a HERMETIC_CACHE already holding the base (skip bootstrap)")
-    ap.add_argument("--pip-wheel", type=Path, help=f"pip wheel for the Dockerfile (default: download pip=={PIP_VERSION})")
+    ap.add_argument("--pip-wheel", type=Path,
+                    help=f"pip wheel for the Dockerfile (default: download pip=={PIP_VERSION})")
     ap.add_argument("--import-runs", type=int, default=3, help="container `import torch` runs per image (default 3)")
     ap.add_argument("--keep", action="store_true", help="keep the workdir and the Docker tags")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -406,15 +447,7 @@ def main() -> int:
         return 1
     finally:
         if not args.keep:
-            for tag in reversed(made_tags):
-                untag(tag)
-            if existed:
-                for p in workdir.iterdir():
-                    if p.name in ("seed", "proj-a", "proj-b", "pip", "ctx-a", "ctx-b", "cache-1", "cache-2") \
-                            or p.name.startswith(".iid-"):
-                        shutil.rmtree(p) if p.is_dir() else p.unlink()
-            else:
-                shutil.rmtree(workdir, ignore_errors=True)
+            clean_up(workdir, existed, made_tags, keep=args.seed_cache)
     res["total_bench_seconds"] = time.perf_counter() - t0
     print(json.dumps(res, indent=2) if args.json else report(res))
     return 0

@@ -115,5 +115,6 @@ def containers_created_since(client, since: float, run_id_part: str) -> list[str
     contains run_id_part: the engine's event log sees containers that are already gone."""
     events = client.events(since=int(since) - 1, until=int(time.time()) + 1, decode=True,
                            filters={"type": "container", "event": "create", "label": RUN_LABEL})
-    ids = [(e.get("Actor") or {}).get("Attributes", {}).get(RUN_LABEL, "") for e in events]
+    ids = [(e.get("Actor") or {}).get("Attributes", {}).get(RUN_LABEL, "") for e in events
+           if e.get("timeNano", 0) >= since * 1e9]
     return [i for i in ids if run_id_part in i]

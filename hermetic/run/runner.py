@@ -139,8 +139,10 @@ def verify_data(plan: list[dict[str, Any]], *, progress: bool, log) -> list[Any]
 
 
 def _snapshot_excludes(cfg: LoadedConfig, plan: list[dict[str, Any]]) -> list[str]:
+    # The datasets and their manifests are the data section's (a copy of each manifest is
+    # kept in the run's data/): in the code snapshot too, a data update would read as a code change.
     ex = {".git", ".hermetic"}
-    for p in [cfg.runs_path] + [d["path"] for d in plan]:
+    for p in [cfg.runs_path] + [d["path"] for d in plan] + [d["manifest"] for d in plan]:
         try:
             ex.add(Path(p).resolve().relative_to(cfg.root).as_posix())
         except ValueError:

@@ -5,10 +5,10 @@ files git does not ignore (what ``git status`` would show), read from the
 working tree as they are now; the commit, branch, dirty flag, ``git diff``
 patch and the untracked files' hashes are recorded beside it. Outside git it
 holds every file under the project root. Either way the run directory, the
-datasets and .git are left out. The tar is normalized like an image layer,
-so the same source gives the same snapshot sha256, and it is what the
-container sees at /workspace (extracted, read-only): edits made while a run
-is going do not leak into it.
+datasets, their manifests (the record's data section) and .git are left
+out. The tar is normalized like an image layer, so the same source gives the
+same snapshot sha256, and it is what the container sees at /workspace
+(extracted, read-only): edits made while a run is going do not leak into it.
 """
 
 from __future__ import annotations
