@@ -12,10 +12,10 @@ import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hermetic.canonical import canonical_json, sha256_hex
 from hermetic.errors import ConfigError
@@ -26,6 +26,39 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 
 
+def _check_name(v: str) -> str:
+    if not _NAME.match(v):
+        raise ValueError("must be lowercase letters, digits, '.', '_' or '-'")
+    return v
+
+
+def _check_env_names(v: dict[str, str]) -> dict[str, str]:
+    for k in v:
+        if not _ENV_NAME.match(k):
+            raise ValueError(f"{k!r} is not a valid environment variable name")
+    return v
+
+
+def _check_image_path(v: str) -> str:
+    if not v.startswith("/"):
+        raise ValueError("must be an absolute path inside the image")
+    return posixpath.normpath(v)
+
+
+def _norm_path(v: str) -> str:
+    if not v:
+        raise ValueError("must not be empty")
+    # Keep relative paths relative (so checkouts at different places hash the
+    # same) and spelled one way ('./data/' and 'data' are the same path).
+    return posixpath.normpath(v.replace("\\", "/"))
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
+EnvMap = Annotated[dict[str, str], AfterValidator(_check_env_names)]
+ImagePath = Annotated[str, AfterValidator(_check_image_path)]
+HostPath = Annotated[str, AfterValidator(_norm_path)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -33,15 +66,8 @@ class _Strict(BaseModel):
 class PythonConfig(_Strict):
     """The interpreter inside the image that runs training."""
 
-    path: str = "/usr/bin/python3"
+    path: ImagePath = "/usr/bin/python3"
     version: str = "3.11"
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("must be an absolute path inside the image")
-        return v
 
     @field_validator("version")
     @classmethod
@@ -55,29 +81,14 @@ class DeterminismConfig(_Strict):
     mode: Literal["strict", "statistical", "off"] = "strict"
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
     threads: int = Field(default=1, ge=1, le=1024)
-    env: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for k in v:
-            if not _ENV_NAME.match(k):
-                raise ValueError(f"{k!r} is not a valid environment variable name")
-        return v
+    env: EnvMap = Field(default_factory=dict)
 
 
 class DatasetConfig(_Strict):
-    name: str
-    path: str
-    manifest: str
+    name: Name
+    path: HostPath
+    manifest: HostPath
     mount: str
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError("must be lowercase letters, digits, '.', '_' or '-'")
-        return v
 
     @field_validator("mount")
     @classmethod
@@ -86,29 +97,17 @@ class DatasetConfig(_Strict):
             raise ValueError("must be an absolute path in the container other than /, /workspace, /outputs, /tmp")
         return posixpath.normpath(v)
 
-    @field_validator("path", "manifest")
-    @classmethod
-    def _rel(cls, v: str) -> str:
-        return _norm_path(v)
-
 
 class BuildConfig(_Strict):
     """How the image is assembled; every field is part of the image's identity."""
 
     source_date_epoch: int = Field(default=0, ge=0)
-    prefix: str = "/opt/venv"
+    prefix: ImagePath = "/opt/venv"
     # gzip is a recorded, machine-dependent transform (zlib versions differ):
     # the diff_ids stay the uncompressed digests, the manifest names the gzip blobs.
     compression: Literal["none", "gzip"] = "none"
     user: str = "1000:1000"
-    workdir: str = "/workspace"
-
-    @field_validator("prefix", "workdir")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("must be an absolute path inside the image")
-        return posixpath.normpath(v)
+    workdir: ImagePath = "/workspace"
 
     @field_validator("user")
     @classmethod
@@ -120,22 +119,15 @@ class BuildConfig(_Strict):
 
 
 class HermeticConfig(_Strict):
-    name: str
+    name: Name  # also the image's name in the store
     base: str
     python: PythonConfig = Field(default_factory=PythonConfig)
-    lock: str = "requirements.lock"
+    lock: HostPath = "requirements.lock"
     determinism: DeterminismConfig = Field(default_factory=DeterminismConfig)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: EnvMap = Field(default_factory=dict)
     datasets: list[DatasetConfig] = Field(default_factory=list)
-    runs_dir: str = "runs"
+    runs_dir: HostPath = "runs"
     build: BuildConfig = Field(default_factory=BuildConfig)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError("must be lowercase letters, digits, '.', '_' or '-' (an image name)")
-        return v
 
     @field_validator("base")
     @classmethod
@@ -144,19 +136,6 @@ class HermeticConfig(_Strict):
         from hermetic.builder.reference import parse_base_reference
 
         parse_base_reference(v)  # raises ValueError with the pin hint
-        return v
-
-    @field_validator("lock", "runs_dir")
-    @classmethod
-    def _rel(cls, v: str) -> str:
-        return _norm_path(v)
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for k in v:
-            if not _ENV_NAME.match(k):
-                raise ValueError(f"{k!r} is not a valid environment variable name")
         return v
 
     @model_validator(mode="after")
@@ -171,14 +150,6 @@ class HermeticConfig(_Strict):
             seen_names.add(d.name)
             seen_mounts.add(d.mount)
         return self
-
-
-def _norm_path(v: str) -> str:
-    if not v:
-        raise ValueError("must not be empty")
-    # Keep relative paths relative (so checkouts at different places hash the
-    # same) and spelled one way ('./data/' and 'data' are the same path).
-    return posixpath.normpath(v.replace("\\", "/"))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from conftest import run_cli
 from wheelfactory import requirements_lock, sha256_of
 
@@ -46,3 +48,22 @@ def share_base(session_cache: Path, cache_dir: Path) -> None:
     for name in store.refs():
         if not name.startswith("hermetic/"):
             store.remove_ref(name)  # only the bootstrapped base is shared
+
+
+def serve_wheels(src: Path, monkeypatch, **versions: str) -> dict[str, Path]:
+    """Wheels NAME==VERSION in a local PEP 503 index that pip's config points at."""
+    from wheelfactory import make_index, make_wheel
+
+    files = {name: make_wheel(src, name, version) for name, version in versions.items()}
+    monkeypatch.setenv("PIP_INDEX_URL", make_index(src / "index", list(files.values())))
+    return files
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """A real registry (Debian's docker-registry) on a free 127.0.0.1 port."""
+    from registry_support import start_registry
+
+    server = start_registry(tmp_path_factory.mktemp("registry"))
+    yield server
+    server.stop()

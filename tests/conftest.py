@@ -13,6 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SESSION_CACHE_ENV = "HERMETIC_TEST_SESSION_CACHE"
+pytest_plugins = ("buildsupport",)  # shared fixtures: registry
 
 
 def pytest_configure(config):

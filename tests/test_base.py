@@ -7,27 +7,15 @@ import tarfile
 
 import pytest
 
-from buildsupport import build_json, make_project
+from buildsupport import build_json, make_project, serve_wheels
 from conftest import assert_clean_error, run_cli
-from registry_support import start_registry
-from wheelfactory import make_index, make_wheel
 
 pytestmark = [pytest.mark.docker]
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    server = start_registry(tmp_path_factory.mktemp("registry"))
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def wheels(tmp_path, isolated_pip, monkeypatch):
-    src = tmp_path / "wheels"
-    files = {"alpha": make_wheel(src, "alpha", "1.0")}
-    monkeypatch.setenv("PIP_INDEX_URL", make_index(src / "index", list(files.values())))
-    return files
+    return serve_wheels(tmp_path / "wheels", monkeypatch, alpha="1.0")
 
 
 def _run_alpha(docker_client, image_id: str) -> bytes:

@@ -7,27 +7,15 @@ import subprocess
 
 import pytest
 
-from buildsupport import make_project, share_base
+from buildsupport import make_project, serve_wheels, share_base
 from conftest import run_cli
-from registry_support import start_registry
-from wheelfactory import make_index, make_wheel
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    server = start_registry(tmp_path_factory.mktemp("registry"))
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def wheels(tmp_path, isolated_pip, monkeypatch):
-    src = tmp_path / "wheels"
-    files = {"alpha": make_wheel(src, "alpha", "1.0"), "beta": make_wheel(src, "beta", "2.0")}
-    monkeypatch.setenv("PIP_INDEX_URL", make_index(src / "index", list(files.values())))
-    return files
+    return serve_wheels(tmp_path / "wheels", monkeypatch, alpha="1.0", beta="2.0")
 
 
 def test_miss_builds_and_publishes_then_a_fresh_runner_pulls(tmp_path, session_cache, base_ref, wheels, registry,

@@ -17,7 +17,8 @@ import click
 from hermetic.cli.common import config_option, emit_json, json_option
 
 CONFIG_FILENAME = "hermetic.yaml"  # = hermetic.config.CONFIG_FILENAME (not imported: it pulls in pydantic)
-KEY_METRICS = ("val_loss", "loss", "val_accuracy", "val_acc", "accuracy", "acc")
+KEY_METRICS = ("val_loss", "test_loss", "loss", "train_loss", "val_accuracy", "val_acc", "test_acc", "accuracy", "acc")
+COUNTERS = ("epoch", "step", "batch", "iteration", "lr")
 
 
 def runs_dir_option(f):  # noqa: ANN001, ANN201 - a click decorator
@@ -122,7 +123,8 @@ def emit_json_list(entries: list[dict[str, Any]]) -> None:
 def key_metric(final: dict[str, Any]) -> str | None:
     if not final:
         return None
-    name = next((k for k in KEY_METRICS if k in final), None) or sorted(final)[0]
+    name = (next((k for k in KEY_METRICS if k in final), None)
+            or next((k for k in sorted(final) if k not in COUNTERS), None) or sorted(final)[0])
     return name
 
 
