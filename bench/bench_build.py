@@ -24,7 +24,9 @@ Usage: bench/bench_build.py [--example examples/torch-mlp] [--add six==1.17.0]
 
 The base is made once per invocation with ``hermetic base bootstrap`` into a
 seed cache under --workdir (about 35 s, not measured) unless --seed-cache names
-a cache that already holds it. Everything made under --workdir and every
+a cache that already holds it (the bench fetches the locked wheels into that
+cache too; preparation, including `hermetic lock` of the added package, needs
+the package index once). Everything made under --workdir and every
 Docker tag it made (hermetic-bench/*, hermetic-bench-base:1,
 hermetic/bench-*:latest) is removed at the end unless --keep.
 """

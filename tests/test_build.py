@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -210,18 +211,23 @@ def test_sigkill_mid_build_leaves_store_valid(tmp_path, cache_dir, session_cache
     proj = make_project(tmp_path / "p", base_ref, {"alpha": wheels["alpha"], "bigpkg": big})
     assert run_cli("fetch", "-C", str(proj)).returncode == 0
     p = subprocess.Popen([sys.executable, "-m", "hermetic", "build", "-C", str(proj), "--no-load"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    tmp = cache_dir / "tmp"
-    while time.monotonic() < deadline and not (tmp.is_dir() and any(tmp.iterdir())):
-        time.sleep(0.05)
-    time.sleep(0.3)
-    os.kill(p.pid, signal.SIGKILL)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    # Kill it while a layer blob is being written (a temp file in the OCI store's tmp/).
+    deadline = time.monotonic() + 120
+    tmp = cache_dir / "oci" / "tmp"
+    while time.monotonic() < deadline and p.poll() is None and not (tmp.is_dir() and any(tmp.glob("blob.*"))):
+        time.sleep(0.02)
+    assert p.poll() is None, "the build finished before it could be killed"
+    os.killpg(p.pid, signal.SIGKILL)  # the build and its layer-building workers
     p.wait()
     assert run_cli("cache", "verify").returncode == 0
     out = build_json(proj, "--no-load")
     assert out["noop"] is False
     assert run_cli("cache", "verify").returncode == 0
+    # RAM staging (/dev/shm) left by the killed build's processes was freed by the next build
+    leftovers = [d for d in Path("/dev/shm").glob("hermetic-layer.*")
+                 if not Path(f"/proc/{d.name.split('.')[1]}").exists()]
+    assert leftovers == []
 
 
 def test_gc_removes_unreferenced_blobs(tmp_path, cache_dir, session_cache, base_ref, wheels):

