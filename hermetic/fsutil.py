@@ -15,6 +15,10 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
+# Read once: os.umask can only be read by setting it, which is not thread-safe.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 # 1 MiB reads: large enough that hashlib releases the GIL and syscalls are few.
 READ_SIZE = 1 << 20
 
@@ -39,6 +43,7 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *, fsync: bool
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should read like any new file
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()

@@ -168,8 +168,6 @@ def test_torch_mlp_applies_seed_and_determinism(torch_mlp, torch_pair):
 
 @pytest.mark.docker
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="hermetic/diff/verdict.py knobs_not_set reads software.torch (the probe's "
-                   "view before train.py runs: defaults) before seed.applied (what the script set)")
 def test_torch_mlp_diff_finds_no_missing_knob(torch_mlp, torch_pair):
     proj, _ = torch_mlp
     _, d = diff_json(*(run_dir_of(proj, r) for r in torch_pair))

@@ -183,8 +183,6 @@ def test_diff_of_an_unchanged_rerun_is_bitwise_identical(baseline, tmp_path):
     assert material_causes(d) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="hermetic/diff/compare.py compare_seed counts seed.applied.checkpoint.* "
-                   "(the runtime's report of the checkpoint it wrote: an output) as a material seed change")
 def test_checkpoint_digest_is_not_a_seed_cause(baseline, tmp_path):
     base_proj, a = baseline
     proj = copy_project(base_proj, tmp_path / "numpy-logreg")

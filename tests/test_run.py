@@ -434,8 +434,6 @@ def test_seed_group_statistics_and_group_diff(project):
     assert text.returncode == 0 and text.stdout.startswith("within seed noise")
 
 
-@pytest.mark.xfail(strict=True, reason="hermetic/cli/run_cmd.py _seed_group reads write_group()'s return value "
-                   "(the group directory) as the group.json file, so --json prints {} and the summary no metrics")
 @pytest.mark.docker
 def test_seed_group_prints_its_summary(project):
     proc, group = run_group(project, "--json")

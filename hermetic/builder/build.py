@@ -109,21 +109,6 @@ def _resolve_wheels(lock: Lock, paths: CachePaths, *, offline: bool, log) -> lis
     return report.resolved
 
 
-def _verify_wheels(wheels: list[ResolvedWheel]) -> None:
-    """A stored wheel must still hash to its name before its bytes go into a layer."""
-    from hermetic.errors import IntegrityError
-    from hermetic.fsutil import sha256_file
-
-    for w in wheels:
-        actual = sha256_file(w.url or "")
-        if actual != w.sha256:
-            raise IntegrityError(
-                f"{w.locked.name}=={w.locked.version}: stored wheel {w.filename} is corrupt "
-                f"(expected sha256 {w.sha256}, found {actual})",
-                hint="run `hermetic cache verify --repair`, then `hermetic fetch`",
-            )
-
-
 def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: bool = True,
           log: Callable[[str], None] | None = None,
           on_layer: Callable[[BuiltLayer], None] | None = None) -> BuildResult:
@@ -234,7 +219,6 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     if not facts.exists(m.python.path):
         raise HermeticError(f"base {m.base}: has no interpreter at python.path {m.python.path}")
     notes = run_build_checks(cfg, wheels, facts)
-    _verify_wheels(wheels)
     layout = VenvLayout(m.build.prefix, m.python.version, m.python.path)
     specs = plan_layers(wheels, hermetic_layer_files(layout), max_layers=MAX_LAYERS - len(base.layers))
     built = build_layers(specs, layout, facts.dirs, m.build.source_date_epoch, store,

@@ -56,18 +56,42 @@ class BuiltLayer:
     seconds: float
 
 
+def _group_small(small: list[ResolvedWheel], max_groups: int) -> list[list[ResolvedWheel]]:
+    """Small wheels in name order, cut where a wheel's name hashes into the lower half.
+
+    Content-defined boundaries (rsync's idea, over names): adding, removing or
+    upgrading one package changes only the group it falls in, and the other
+    groups keep their bytes and digests. About two wheels per group; over the
+    layer budget, equal-count chunks instead.
+    """
+    groups: list[list[ResolvedWheel]] = []
+    for w in small:
+        if not groups or hashlib.sha256(w.locked.name.encode()).digest()[0] < 128:
+            groups.append([])
+        groups[-1].append(w)
+    if len(groups) > max_groups:
+        n = max(1, max_groups)
+        per = -(-len(small) // n)
+        groups = [small[i:i + per] for i in range(0, len(small), per)]
+    return groups
+
+
 def plan_layers(wheels: list[ResolvedWheel], hermetic_files: dict[str, bytes | str], *, max_layers: int) -> list[LayerSpec]:
     big = sorted((w for w in wheels if (w.size or 0) >= BIG_WHEEL_BYTES), key=lambda w: (-(w.size or 0), w.locked.name))
     small = sorted((w for w in wheels if (w.size or 0) < BIG_WHEEL_BYTES), key=lambda w: w.locked.name)
-    # Respect the layer budget: beyond it, the smallest "big" wheels join the group.
+    # Respect the layer budget: beyond it, the smallest "big" wheels join the groups.
     room = max(0, max_layers - 2)
     if len(big) > room:
         small = sorted(small + big[room:], key=lambda w: w.locked.name)
         big = big[:room]
     specs = [LayerSpec("wheel", [w], f"{w.locked.name}=={w.locked.version}") for w in big]
-    if small:
-        names = ", ".join(w.locked.name for w in small[:6]) + (f", +{len(small) - 6} more" if len(small) > 6 else "")
-        specs.append(LayerSpec("wheels", small, f"{len(small)} wheels: {names}"))
+    for group in _group_small(small, max(1, max_layers - 1 - len(big))):
+        if len(group) == 1:
+            desc = f"{group[0].locked.name}=={group[0].locked.version}"
+        else:
+            names = ", ".join(w.locked.name for w in group[:4]) + (f", +{len(group) - 4} more" if len(group) > 4 else "")
+            desc = f"{len(group)} wheels: {names}"
+        specs.append(LayerSpec("wheels", group, desc))
     specs.append(LayerSpec("hermetic", [], "hermetic runtime + venv", files=hermetic_files))
     return specs
 
@@ -181,12 +205,13 @@ def installed_tree(w: ResolvedWheel, layout: VenvLayout, trees_root: Path) -> Pa
     against its own RECORD before reuse and reinstalled if anything differs.
     """
     dest = trees_root / _tree_key(w, layout)
-    if dest.is_dir() and verify_tree(dest, layout):
+    if dest.is_dir() and (_tree_unchanged(dest) or verify_tree(dest, layout)):
         return dest
     trees_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tree.", dir=trees_root))
     try:
         assert w.url is not None
+        verify_wheel(w)
         install_wheel(Path(w.url), tmp, layout)
         if dest.exists():
             shutil.rmtree(dest, ignore_errors=True)  # a damaged copy
@@ -197,7 +222,49 @@ def installed_tree(w: ResolvedWheel, layout: VenvLayout, trees_root: Path) -> Pa
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _stamp_tree(dest)
     return dest
+
+
+def _tree_stats(tree: Path) -> dict[str, list[int]]:
+    out = {}
+    for dirpath, _, filenames in os.walk(tree):
+        for n in filenames:
+            st = os.lstat(os.path.join(dirpath, n))
+            out[os.path.relpath(os.path.join(dirpath, n), tree)] = [st.st_size, st.st_mtime_ns, st.st_ino]
+    return out
+
+
+def _stamp_tree(tree: Path) -> None:
+    """Remember each file's (size, mtime, inode) once the tree is known good."""
+    atomic_write_bytes(tree.with_name(tree.name + ".stat.json"),
+                       json.dumps({"at_ns": time.time_ns(), "files": _tree_stats(tree)}).encode(), fsync=False)
+
+
+def _tree_unchanged(tree: Path) -> bool:
+    """Every file as it was stamped (and stamped after it was last written: git's racy-clean rule)."""
+    try:
+        stamp = json.loads(tree.with_name(tree.name + ".stat.json").read_text())
+    except (OSError, ValueError):
+        return False
+    files = stamp.get("files", {})
+    if _tree_stats(tree) != files:
+        return False
+    return all(mtime < stamp.get("at_ns", 0) for _, mtime, _ in files.values())
+
+
+def verify_wheel(w: ResolvedWheel) -> None:
+    """A stored wheel must still hash to its name before its bytes go into a layer."""
+    from hermetic.errors import IntegrityError
+    from hermetic.fsutil import sha256_file
+
+    actual = sha256_file(w.url or "")
+    if actual != w.sha256:
+        raise IntegrityError(
+            f"{w.locked.name}=={w.locked.version}: stored wheel {w.filename} is corrupt "
+            f"(expected sha256 {w.sha256}, found {actual})",
+            hint="run `hermetic cache verify --repair`, then `hermetic fetch`",
+        )
 
 
 def verify_tree(tree: Path, layout: VenvLayout) -> bool:
@@ -240,6 +307,7 @@ def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs
             staging_dir = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}.", dir=staging_root(tmp_root, need))
             for w in spec.wheels:
                 assert w.url is not None
+                verify_wheel(w)
                 install_wheel(Path(w.url), Path(staging_dir), layout)
             entries = entries_from_dir(Path(staging_dir))
         else:

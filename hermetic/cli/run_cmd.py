@@ -105,7 +105,7 @@ def _seed_group(cfg, paths, base: dict, seeds: str, as_json: bool) -> int:
             first_failure = result.exit_code
         if not as_json:
             _summary(result)
-        group_path = write_group(cfg.runs_path, gid, members, name=base.get("name"))
+        group_path = write_group(cfg.runs_path, gid, members, name=base.get("name")) / "group.json"
         if result.status == "interrupted":
             break
     import json

@@ -4,20 +4,28 @@ Worker *processes*, not threads: hashlib releases the GIL on large buffers,
 so threads would do for big files, but a dataset of small files spends its
 time in per-file Python work (open, read, digest) that holds the GIL, and
 measured here two threads were 2x *slower* than one on 20,000 8 KiB files
-while two forked processes were 2x faster. Files go to workers in contiguous
-batches (many small files, or one large one), largest first, so the cores
-finish together. Each worker reads with one reused 1 MiB buffer
-(``os.readv``): large reads, no allocation per file.
+while two forked processes were 2x faster.
 
-A worker ``fstat``s each file it opened before reading it and returns that
-stat key with the digest, packed (40 + 32 bytes per file): the key is exactly
-that of the bytes hashed, the main process need not stat files it hands out,
-and it merges results without touching them one by one.
+When this process has a single thread, workers are *forked* (instant,
+nothing re-imported, nothing pickled): they inherit the list of paths, take
+batches of indices from a pipe (one 4-byte batch number per read: the pipe
+hands each number to exactly one reader, so the cores finish together), and
+write digests and stat keys straight into a shared anonymous mmap at each
+file's index. The calling process hashes batches too once its own side work
+(``while_hashing``) is done, so ``workers`` processes hash in all and none
+waits idle. Only per-file errors (rare) travel back, over a pipe, at exit.
+A process with other threads starts workers from a fork server instead
+(forking a threaded process can deadlock in a lock another thread held),
+and batches of paths travel there and back pickled. Small jobs are hashed
+in-process: starting workers would cost more than it saves.
 
-Workers are forked when this process has a single thread (instant, nothing
-re-imported), else started from a fork server (forking a threaded process can
-deadlock in a lock another thread held). Small jobs are hashed in-process:
-starting workers would cost more than it saves.
+Per file: ``open``, ``fstat``, one ``read`` of exactly the file's size plus
+one byte (a short read of exactly ``st_size`` bytes is the whole file as of
+the fstat, so no second read to see EOF) and one ``hashlib.sha256(data)``
+call. Small files on a VM are mostly syscalls; this is the fewest there are.
+Files over 128 KiB are read in 1 MiB chunks into one reused buffer instead
+(no large allocation per file). The ``fstat`` key is exactly that of the
+bytes hashed, so the caller need not stat files it hands out.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat as statmod
+import struct
 import sys
 from array import array
 from dataclasses import dataclass, field
@@ -33,17 +42,27 @@ from typing import Any, Callable, Optional, Sequence
 from hermetic.errors import HermeticError
 
 READ_SIZE = 1 << 20
+_ONE_READ_MAX = 128 << 10  # larger files: chunked reads into a reused buffer
 _BATCH_MAX_FILES = 2000
 _INLINE_MAX_BYTES = 32 << 20
 _INLINE_MAX_FILES = 1000
-_REPORT_EVERY = 8 << 20  # bytes between a worker's progress updates
+_INLINE_SPAN = 1000  # files between progress updates when hashing in-process
+_REPORT_EVERY = 8 << 20  # bytes of one large file between progress updates
+# Batch numbers are 4 bytes in a pipe written in full before the workers start:
+# at most 16,384 of them fit in Linux's (and POSIX's minimum 4 KiB is not our case:
+# macOS pipes grow to 64 KiB too) default 64 KiB pipe buffer.
+_MAX_BATCHES = 16384
 _KEY_BYTES = 5 * 8
 _DIGEST = 32
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not block the open
+_ZERO_KEY = (0, 0, 0, 0, 0)
+_ZERO_DIGEST = bytes(_DIGEST)
+_COUNTERS = struct.Struct("qq")  # per hashing process: bytes done, files done
 
-_worker_state: dict[str, Any] = {}
-# (packed keys, digests, [(index, error message, or None when the file vanished)])
-_Result = tuple[bytes, bytes, list[tuple[int, Optional[str]]]]
+# [(index, error message, or None when the file vanished)]
+_Errors = list[tuple[int, Optional[str]]]
+# (packed keys, digests, errors) for one batch
+_Result = tuple[bytes, bytes, _Errors]
 
 
 @dataclass
@@ -111,8 +130,9 @@ def hash_files(
     size the progress bar; without them batches are balanced by count.
     ``while_hashing`` runs in this process while the workers hash (it would
     otherwise sit idle). ``progress_label`` shows a bar with bytes/s on stderr
-    if the work lasts more than half a second. A file that cannot be read
-    raises HermeticError naming it, after all work is done.
+    if the work lasts more than half a second. ``start_method`` ("fork" or
+    "forkserver") overrides the choice described in the module doc. A file
+    that cannot be read raises HermeticError naming it, after all work is done.
     """
     from hermetic.data.progress import ByteProgress
 
@@ -126,10 +146,14 @@ def hash_files(
         if len(batches) <= 1:
             if while_hashing is not None:
                 while_hashing()
-            keys, digests, errors = _hash_range(paths, bar, None, None)
+            keys, digests, errors = _hash_inline(paths, bar)
         else:
-            keys, digests, errors = _hash_pool(paths, batches, min(workers, len(batches)), bar,
-                                               while_hashing, start_method)
+            workers = min(workers, len(batches))
+            method = start_method or _default_start_method()
+            if method == "fork":
+                keys, digests, errors = _hash_forked(paths, batches, workers, bar, while_hashing)
+            else:
+                keys, digests, errors = _hash_pool(paths, batches, workers, bar, while_hashing, method)
     finally:
         bar.close()
     vanished = [i for i, msg in errors if msg is None]
@@ -140,13 +164,28 @@ def hash_files(
     return Hashed(keys, digests, sorted(vanished))
 
 
+def _default_start_method() -> str:
+    import threading
+
+    return "fork" if threading.active_count() == 1 and hasattr(os, "fork") else "forkserver"
+
+
 def _plan(sizes: Sequence[int] | None, n: int, workers: int) -> list[tuple[int, int]]:
-    """Contiguous (start, end) ranges of roughly equal work, the biggest first (LPT)."""
+    """Contiguous (start, end) ranges, at most _MAX_BATCHES of them.
+
+    By count: small batches (~1/32 of a worker's share, at most 1,000 files),
+    since workers take the next one as they finish: the tail is one small
+    batch. By bytes: roughly equal bytes, a large file a batch of its own,
+    the biggest first (LPT).
+    """
     if sizes is None:
-        per = max(16, min(_BATCH_MAX_FILES, n // (workers * 8)))
+        per = max(16, min(1000, n // (workers * 32)), -(-n // _MAX_BATCHES))
         return [(s, min(s + per, n)) for s in range(0, n, per)]
     total = sum(sizes)
-    target = min(max(total // (workers * 8), 1 << 20), 64 << 20)
+    # Batches close at `target` bytes or `max_files` files, and a file of `target`
+    # bytes or more is one batch: at most 2*total/target + n/max_files + 1 of them.
+    target = max(min(max(total // (workers * 8), 1 << 20), 64 << 20), 4 * total // _MAX_BATCHES + 1)
+    max_files = max(_BATCH_MAX_FILES, 4 * n // _MAX_BATCHES + 1)
     batches: list[tuple[int, int]] = []
     start, acc = 0, 0
     for i, size in enumerate(sizes):
@@ -157,7 +196,7 @@ def _plan(sizes: Sequence[int] | None, n: int, workers: int) -> list[tuple[int, 
             start, acc = i + 1, 0
             continue
         acc += size
-        if acc >= target or i + 1 - start >= _BATCH_MAX_FILES:
+        if acc >= target or i + 1 - start >= max_files:
             batches.append((start, i + 1))
             start, acc = i + 1, 0
     if start < n:
@@ -166,77 +205,264 @@ def _plan(sizes: Sequence[int] | None, n: int, workers: int) -> list[tuple[int, 
     return batches
 
 
-def _hash_range(paths: Sequence[str], bar: Any, counter: Any, stop: Any) -> _Result:
-    """Hash ``paths`` in this process: (packed keys, digests, [(index, error or None if vanished)])."""
-    if "buf" not in _worker_state:
-        _worker_state["buf"] = bytearray(READ_SIZE)
-        _worker_state["view"] = memoryview(_worker_state["buf"])
-    buf, view = _worker_state["buf"], _worker_state["view"]
-    bufs = [buf]
-    keys = array("q")
+# ---------------------------------------------------------------- the per-file loop
+
+
+def _hash_span(paths: Sequence[str], start: int, end: int, digests_out: Any, keys_out: Any,
+               on_bytes: Callable[[int], bool] | None) -> tuple[int, _Errors]:
+    """Hash ``paths[start:end]``; write each digest and key at its index in the outputs.
+
+    Returns (bytes hashed, [(index, error or None if vanished)]). ``on_bytes``
+    hears of progress inside large files and answers True to stop.
+    """
+    sha256, fstat, read, close, open_ = hashlib.sha256, os.fstat, os.read, os.close, os.open
+    is_reg, one_read_max = statmod.S_ISREG, _ONE_READ_MAX
     digests: list[bytes] = []
-    errors: list[tuple[int, str | None]] = []
-    pending = 0
-    done = 0
-    sha256, fstat, readv, close, open_ = hashlib.sha256, os.fstat, os.readv, os.close, os.open
-    zero_key, zero_digest = (0, 0, 0, 0, 0), bytes(_DIGEST)
-    for i, path in enumerate(paths):
-        if stop is not None and not i & 63 and stop.value:
-            errors.append((i, "interrupted"))
-            keys.extend(zero_key)
-            digests.append(zero_digest)
-            continue
+    keys = array("q")
+    errors: _Errors = []
+    nbytes = 0
+    for i in range(start, end):
         try:
-            fd = open_(path, _OPEN_FLAGS)
-        except FileNotFoundError:
-            errors.append((i, None))
-            keys.extend(zero_key)
-            digests.append(zero_digest)
-            continue
+            fd = open_(paths[i], _OPEN_FLAGS)
         except OSError as e:
-            errors.append((i, e.strerror or str(e)))
-            keys.extend(zero_key)
-            digests.append(zero_digest)
+            errors.append((i, None if isinstance(e, FileNotFoundError) else (e.strerror or str(e))))
+            digests.append(_ZERO_DIGEST)
+            keys.extend(_ZERO_KEY)
             continue
         try:
             st = fstat(fd)
-            if not statmod.S_ISREG(st.st_mode):
+            size = st.st_size
+            if not is_reg(st.st_mode):
                 raise OSError(0, "no longer a regular file")
-            h = sha256()
-            nread = readv(fd, bufs)
-            # A short read of exactly st_size bytes is the whole file as of the fstat
-            # (whose key is what gets recorded): skip the extra read that would return 0.
-            # Small files, on a VM where a syscall costs ~1 us, are mostly syscalls.
-            more = nread != st.st_size or nread == READ_SIZE
-            while nread:
-                h.update(view[:nread])
-                pending += nread
-                if pending >= _REPORT_EVERY:
-                    done += pending
-                    if counter is not None:
-                        with counter.get_lock():
-                            counter.value += pending
-                    else:
-                        bar.update(done, i)
-                    pending = 0
-                    if stop is not None and stop.value:
-                        raise OSError(0, "interrupted")
-                nread = readv(fd, bufs) if more else 0
-            keys.extend((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-            digests.append(h.digest())
+            if size <= one_read_max:
+                data = read(fd, size + 1)
+                # Exactly st_size bytes: the whole file as of the fstat, whose key is recorded.
+                digest = sha256(data).digest() if len(data) == size else _finish(fd, sha256(data), None)
+            else:
+                digest = _finish(fd, sha256(), on_bytes)
         except OSError as e:
             errors.append((i, e.strerror or str(e)))
-            keys.extend(zero_key)
-            digests.append(zero_digest)
+            digests.append(_ZERO_DIGEST)
+            keys.extend(_ZERO_KEY)
+            continue
         finally:
             close(fd)
-    if counter is not None and pending:
-        with counter.get_lock():
-            counter.value += pending
-    return keys.tobytes(), b"".join(digests), errors
+        digests.append(digest)
+        keys.extend((st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns))
+        nbytes += size
+    digests_out[start * _DIGEST:end * _DIGEST] = b"".join(digests)
+    keys_out[start * _KEY_BYTES:end * _KEY_BYTES] = keys.tobytes()
+    return nbytes, errors
 
 
-# ---------------------------------------------------------------- worker processes
+_read_buffer: list[bytearray] = []
+
+
+def _finish(fd: int, h: Any, on_bytes: Callable[[int], bool] | None) -> bytes:
+    """Read the rest of ``fd`` into ``h`` through one reused 1 MiB buffer."""
+    if not _read_buffer:
+        _read_buffer.append(bytearray(READ_SIZE))
+    bufs = _read_buffer
+    view = memoryview(bufs[0])
+    pending = 0
+    while True:
+        n = os.readv(fd, bufs)
+        if not n:
+            return h.digest()
+        h.update(view[:n])
+        pending += n
+        if on_bytes is not None and pending >= _REPORT_EVERY:
+            if on_bytes(pending):
+                raise OSError(0, "interrupted")
+            pending = 0
+
+
+def _hash_inline(paths: Sequence[str], bar: Any) -> _Result:
+    """Everything in this process, in spans between progress updates."""
+    n = len(paths)
+    digests, keys = bytearray(n * _DIGEST), bytearray(n * _KEY_BYTES)
+    errors: _Errors = []
+    done = 0
+    for start in range(0, n, _INLINE_SPAN):
+        end = min(start + _INLINE_SPAN, n)
+        nbytes, errs = _hash_span(paths, start, end, digests, keys, None)
+        errors += errs
+        done += nbytes
+        bar.update(done, end)
+    return bytes(keys), bytes(digests), errors
+
+
+# ---------------------------------------------------------------- forked workers
+
+
+class _Shared:
+    """The anonymous shared mapping forked workers write into.
+
+    Layout: digests (32 B per file) | keys (40 B per file) | per-process
+    (bytes, files) counters | a stop byte.
+    """
+
+    def __init__(self, n: int, procs: int):
+        import mmap
+
+        self.n, self.procs = n, procs
+        self.keys_at = n * _DIGEST
+        self.counters_at = self.keys_at + n * _KEY_BYTES
+        self.stop_at = self.counters_at + procs * _COUNTERS.size
+        self.mm = mmap.mmap(-1, self.stop_at + 1)
+        self.digests = memoryview(self.mm)[:self.keys_at]
+        self.keys = memoryview(self.mm)[self.keys_at:self.counters_at]
+
+    def progress(self) -> tuple[int, int]:
+        nbytes = files = 0
+        for slot in range(self.procs):
+            b, f = _COUNTERS.unpack_from(self.mm, self.counters_at + slot * _COUNTERS.size)
+            nbytes += b
+            files += f
+        return nbytes, files
+
+    @property
+    def stopped(self) -> bool:
+        return self.mm[self.stop_at] != 0
+
+    def stop(self) -> None:
+        self.mm[self.stop_at] = 1
+
+    def results(self) -> tuple[bytes, bytes]:
+        return bytes(self.keys), bytes(self.digests)
+
+    def close(self) -> None:
+        self.digests.release()
+        self.keys.release()
+        self.mm.close()
+
+
+def _drain(paths: Sequence[str], batches: list[tuple[int, int]], queue: int, shared: _Shared, slot: int,
+           after_batch: Callable[[], None] | None) -> _Errors:
+    """Take batch numbers from the ``queue`` pipe until it is empty; hash each into ``shared``."""
+    errors: _Errors = []
+    counter_at = shared.counters_at + slot * _COUNTERS.size
+    done_bytes = done_files = 0
+    in_file = 0
+
+    def on_bytes(n: int) -> bool:  # progress inside a large file
+        nonlocal in_file
+        in_file += n
+        _COUNTERS.pack_into(shared.mm, counter_at, done_bytes + in_file, done_files)
+        return shared.stopped
+
+    while not shared.stopped:
+        record = os.read(queue, 4)
+        if not record:
+            break
+        start, end = batches[int.from_bytes(record, sys.byteorder)]
+        in_file = 0
+        nbytes, errs = _hash_span(paths, start, end, shared.digests, shared.keys, on_bytes)
+        errors += errs
+        done_bytes += nbytes
+        done_files += end - start
+        _COUNTERS.pack_into(shared.mm, counter_at, done_bytes, done_files)
+        if after_batch is not None:
+            after_batch()
+    return errors
+
+
+def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: int, bar: Any,
+                 while_hashing: Callable[[], None] | None) -> _Result:
+    """``workers - 1`` forked children and this process take batches from one pipe."""
+    import marshal
+
+    shared = _Shared(len(paths), workers)
+    tick = lambda: bar.update(*shared.progress())  # noqa: E731
+    queue, feed = os.pipe()
+    children: dict[int, int] = {}  # pid -> read end of its error pipe, until reaped
+    try:
+        _write_all(feed, array("I", range(len(batches))).tobytes())
+        os.close(feed)
+        feed = -1
+        for slot in range(1, workers):
+            err_r, err_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: never returns
+                _child(paths, batches, queue, shared, slot, err_w)
+            os.close(err_w)
+            children[pid] = err_r
+        if while_hashing is not None:
+            while_hashing()
+        errors = _drain(paths, batches, queue, shared, 0, tick)
+        for pid in list(children):
+            data = _read_all(children[pid], tick)
+            os.close(children.pop(pid))
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            if code != 0:
+                raise HermeticError(f"a hashing worker process failed (exit status {code}); "
+                                    "is the machine out of memory?")
+            if data:
+                errors += marshal.loads(data)
+        tick()
+        keys, digests = shared.results()
+        return keys, digests, errors
+    except BaseException:
+        shared.stop()
+        raise
+    finally:
+        for pid, err_r in children.items():
+            os.close(err_r)  # first: a child blocked writing its errors gets EPIPE and exits
+            os.waitpid(pid, 0)
+        os.close(queue)
+        if feed != -1:
+            os.close(feed)
+        shared.close()
+
+
+def _child(paths: Sequence[str], batches: list[tuple[int, int]], queue: int, shared: _Shared, slot: int,
+           err_w: int) -> None:
+    code = 1
+    try:
+        import marshal
+        import signal
+
+        # Ctrl-C is handled by the parent, which raises the stop flag.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        errors = _drain(paths, batches, queue, shared, slot, None)
+        if errors:
+            _write_all(err_w, marshal.dumps(errors))
+        code = 0
+    except BaseException:
+        if not shared.stopped:  # else the parent gave up on us: nothing to say
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_all(fd: int, tick: Callable[[], None]) -> bytes:
+    """Everything until EOF, calling ``tick`` every 0.1 s while waiting (the progress bar)."""
+    import select
+
+    chunks = []
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if not ready:
+            tick()
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+# ---------------------------------------------------------------- fork-server workers
+
+
+_worker_state: dict[str, Any] = {}
 
 
 def _init_worker(counter: Any, stop: Any) -> None:
@@ -248,24 +474,39 @@ def _init_worker(counter: Any, stop: Any) -> None:
 
 
 def _hash_batch(paths: list[str]) -> _Result:
-    return _hash_range(paths, None, _worker_state["counter"], _worker_state["stop"])
+    counter, stop = _worker_state["counter"], _worker_state["stop"]
+    if stop.value:
+        raise OSError(0, "interrupted")
+
+    reported = 0
+
+    def on_bytes(n: int) -> bool:  # progress inside a large file
+        nonlocal reported
+        reported += n
+        with counter.get_lock():
+            counter.value += n
+        return bool(stop.value)
+
+    n = len(paths)
+    digests, keys = bytearray(n * _DIGEST), bytearray(n * _KEY_BYTES)
+    nbytes, errors = _hash_span(paths, 0, n, digests, keys, on_bytes)
+    with counter.get_lock():
+        counter.value += nbytes - reported
+    return bytes(keys), bytes(digests), errors
 
 
 def _hash_pool(paths: Sequence[str], batches: list[tuple[int, int]], workers: int, bar: Any,
-               while_hashing: Callable[[], None] | None,
-               start_method: str | None) -> _Result:
+               while_hashing: Callable[[], None] | None, method: str) -> _Result:
     import multiprocessing
-    import threading
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    method = start_method or ("fork" if threading.active_count() == 1 else "forkserver")
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload([__name__])
     counter = ctx.Value("q", 0)
     stop = ctx.RawValue("b", 0)
     parts: dict[int, tuple[bytes, bytes]] = {}
-    errors: list[tuple[int, str | None]] = []
+    errors: _Errors = []
     files_done = 0
     ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(counter, stop))

@@ -12,6 +12,8 @@ not material.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import re
 import shlex
@@ -162,11 +164,14 @@ def compare_image(a: Json, b: Json) -> SectionDiff:
     return s
 
 
-def compare_code(a: Json, b: Json) -> SectionDiff:
+def compare_code(a: Json, b: Json, restated: frozenset[str] = frozenset()) -> SectionDiff:
+    """``restated``: files in the tree whose content other sections judge (hermetic.yaml
+    is the config section, the lock and hermetic.image.json are the image section)."""
     sa, sb = a["snapshot"], b["snapshot"]
     s = SectionDiff("code", TITLES["code"], "input", same_as=f"source {short(sa['sha256'])}")
     tree_differs = sa["sha256"] != sb["sha256"] or sa["files"] != sb["files"]
-    s.changes += files_changes("code", sa["files"], sb["files"], prefix="")
+    s.changes += [dataclasses.replace(c, material=c.key not in restated)
+                  for c in files_changes("code", sa["files"], sb["files"], prefix="")]
     if sa["sha256"] != sb["sha256"]:
         s.changes.append(Change("code", "snapshot.sha256", "changed", sa["sha256"], sb["sha256"],
                                 f"source tree {short(sa['sha256'])} -> {short(sb['sha256'])}", headline=False))
@@ -191,6 +196,15 @@ def compare_code(a: Json, b: Json) -> SectionDiff:
     return s
 
 
+def _restated_files(a: Json, b: Json) -> frozenset[str]:
+    names = {"hermetic.yaml", "hermetic.image.json"}
+    for rec in (a, b):
+        lock = (rec.get("invocation", {}).get("config") or {}).get("lock")
+        if isinstance(lock, str):
+            names.add(lock)
+    return frozenset(names)
+
+
 def compare_config(a_inv: Json, b_inv: Json) -> SectionDiff:
     s = SectionDiff("config", TITLES["config"], "input", same_as=f"config {short(a_inv['config_sha256'])}")
     s.changes += diff_flat("config", a_inv["config"], b_inv["config"],
@@ -198,10 +212,10 @@ def compare_config(a_inv: Json, b_inv: Json) -> SectionDiff:
     if a_inv["args"] != b_inv["args"]:
         s.changes.append(Change("config", "args", "changed", a_inv["args"], b_inv["args"],
                                 f"arguments '{shlex.join(a_inv['args'])}' -> '{shlex.join(b_inv['args'])}'"))
-    for key in ("script", "network"):
-        if a_inv[key] != b_inv[key]:
-            s.changes.append(Change("config", key, "changed", a_inv[key], b_inv[key],
-                                    f"{key} {short(a_inv[key])} -> {short(b_inv[key])}"))
+    for key in ("script", "network", "resume_from"):
+        if a_inv.get(key) != b_inv.get(key):
+            s.changes.append(Change("config", key, "changed", a_inv.get(key), b_inv.get(key),
+                                    f"{key} {short(a_inv.get(key))} -> {short(b_inv.get(key))}"))
     if a_inv["config_sha256"] != b_inv["config_sha256"] and not s.changes:
         s.changes.append(Change("config", "config_sha256", "changed", a_inv["config_sha256"],
                                 b_inv["config_sha256"], "config sha256 differs", False))
@@ -247,7 +261,11 @@ def compare_seed(a: Json, b: Json) -> SectionDiff:
     if a["policy"] != b["policy"]:
         s.changes.append(Change("seed", "policy", "changed", a["policy"], b["policy"],
                                 f"seed chosen by {a['policy']} -> {b['policy']}", material=False))
-    s.changes += diff_flat("seed", a["applied"], b["applied"], prefix="applied")
+    # Only what the runtime applied as seeding or determinism is an input; the
+    # rest of its report (the checkpoint the script wrote, versions, the env it
+    # saw) restates outputs or other sections.
+    s.changes += diff_flat("seed", a["applied"], b["applied"], prefix="applied",
+                           material=lambda k: k.startswith(("applied.seed", "applied.determinism", "applied.dataloader")))
     return s
 
 
@@ -390,7 +408,7 @@ def compare_sections(a: Json, b: Json, manifests_a: Manifests, manifests_b: Mani
     """All sections, in causal order."""
     return [
         compare_image(a["image"], b["image"]),
-        compare_code(a["code"], b["code"]),
+        compare_code(a["code"], b["code"], _restated_files(a, b)),
         compare_config(a["invocation"], b["invocation"]),
         compare_data(a["data"], b["data"], manifests_a, manifests_b),
         compare_seed(a["seed"], b["seed"]),

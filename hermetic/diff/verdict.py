@@ -42,14 +42,16 @@ def knobs_not_set(record: dict[str, Any]) -> list[str]:
     torch = record["software"].get("torch")
     applied = record["seed"]["applied"]
     if isinstance(torch, dict):
-        det = torch.get("deterministic_algorithms")
+        # What the script set in-process (the runtime's report) wins over the
+        # probe, which sees torch's defaults from a separate process.
+        det = next((v for k, v in _flat(applied) if "deterministic" in k and isinstance(v, bool)), None)
         if det is None:
-            det = next((v for k, v in _flat(applied) if "deterministic" in k and isinstance(v, bool)), None)
+            det = torch.get("deterministic_algorithms")
         if det is not True:
             missing.append("torch.use_deterministic_algorithms(True)")
-        bench = torch.get("cudnn_benchmark")
+        bench = next((v for k, v in _flat(applied) if "benchmark" in k and isinstance(v, bool)), None)
         if bench is None:
-            bench = next((v for k, v in _flat(applied) if "benchmark" in k and isinstance(v, bool)), None)
+            bench = torch.get("cudnn_benchmark")
         if bench is not False:
             missing.append("torch.backends.cudnn.benchmark=False")
     if not applied:

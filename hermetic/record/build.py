@@ -34,7 +34,8 @@ METRICS_FILE = "outputs/metrics.jsonl"
 def begin_record(run_id: str, *, argv: Sequence[str], script: str, args: Sequence[str],
                  config: dict[str, Any], config_sha256: str, started_at: datetime | None = None,
                  name: str | None = None, replay_of: str | None = None, group: str | None = None,
-                 gpus: str | None = None, network: str = "none") -> dict[str, Any]:
+                 gpus: str | None = None, network: str = "none",
+                 resume_from: str | None = None) -> dict[str, Any]:
     """A record with ``record`` and ``invocation`` filled and status ``interrupted``.
 
     The other sections are None (or empty) until the caller sets them;
@@ -48,7 +49,7 @@ def begin_record(run_id: str, *, argv: Sequence[str], script: str, args: Sequenc
                    "exit_code": None, "record_sha256": ""},
         "invocation": {"argv": list(argv), "script": script, "args": list(args), "config": copy.deepcopy(config),
                        "config_sha256": config_sha256, "name": name, "replay_of": replay_of, "group": group,
-                       "gpus": gpus, "network": network},
+                       "gpus": gpus, "network": network, "resume_from": resume_from},
         "image": None,
         "code": None,
         "data": {},

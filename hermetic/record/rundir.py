@@ -73,16 +73,16 @@ def redact_secrets(record: dict[str, Any]) -> dict[str, Any]:
         env["secrets"] = sorted(names)
     inv = out.get("invocation")
     if isinstance(inv, dict) and isinstance(inv.get("config"), dict):
-        inv["config"] = _redact_tree(inv["config"])
+        inv["config"] = redact_tree(inv["config"])
     return out
 
 
-def _redact_tree(node: Any) -> Any:
+def redact_tree(node: Any) -> Any:
     if isinstance(node, dict):
-        return {k: (REDACTED if isinstance(v, str) and is_secret_name(str(k)) else _redact_tree(v))
+        return {k: (REDACTED if isinstance(v, str) and is_secret_name(str(k)) else redact_tree(v))
                 for k, v in node.items()}
     if isinstance(node, list):
-        return [_redact_tree(v) for v in node]
+        return [redact_tree(v) for v in node]
     return node
 
 

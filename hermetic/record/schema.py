@@ -109,6 +109,7 @@ class Invocation(_Strict):
     group: Optional[RunId]
     gpus: Optional[str]
     network: Literal["none", "host"]
+    resume_from: Optional[RunId] = None  # the run whose outputs/ this run started from
 
 
 class Package(_Strict):

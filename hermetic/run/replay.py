@@ -94,11 +94,18 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
                             "set them in the environment (their values are never recorded)")
     env += [k for k in env_sec.get("secrets", []) if secrets_policy.is_secret_name(k)]
 
+    resume_dir = None
+    if inv.get("resume_from"):
+        resume_dir = run_dir.parent / inv["resume_from"]
+        if not (resume_dir / "outputs").is_dir():
+            raise ReplayRefused(f"the original run started from the outputs of run {inv['resume_from']}, "
+                                f"which are gone ({resume_dir})")
     req = RunRequest(
         script=inv["script"], args=list(inv["args"]), argv=argv, gpus=inv.get("gpus"),
         data_paths=data_paths, manifest_paths=manifests, seed=int(record["seed"]["value"]),
         seed_policy=record["seed"].get("policy", "config"), network=inv.get("network") or "none", env=env,
         name=inv.get("name"), echo=echo, replay_of=record["record"]["run_id"], group=None,
         image_manifest=image["manifest_digest"], source_tar=tar, replay_git=record["code"].get("git"),
+        resume_from=resume_dir,
     )
     return cfg, req

@@ -267,7 +267,8 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest) -> RunResult:
     argv = redact_argv(req.argv)
     rec = begin_record(run_id, argv=argv, script=script, args=req.args, config=cfg.resolved(),
                        config_sha256=cfg.sha256, name=req.name, replay_of=req.replay_of, group=req.group,
-                       gpus=req.gpus, network=req.network)
+                       gpus=req.gpus, network=req.network,
+                       resume_from=req.resume_from.name if req.resume_from is not None else None)
     rec["image"] = _image_section(store, info, m.base)
     rec["data"] = {}
     for d, rep in zip(plan, reports):
@@ -290,7 +291,9 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest) -> RunResult:
         shutil.copyfile(cfg.lock_path, run_dir / lock_name)
     except FileNotFoundError:
         pass
-    atomic_write_text(run_dir / "config.resolved.yaml", yaml.safe_dump(cfg.resolved(), sort_keys=True))
+    from hermetic.record.rundir import redact_tree
+
+    atomic_write_text(run_dir / "config.resolved.yaml", yaml.safe_dump(redact_tree(cfg.resolved()), sort_keys=True))
     atomic_write_text(run_dir / "argv.txt", "\n".join(argv) + "\n")
 
     # 4. the code
