@@ -46,6 +46,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=None, help="default: $HERMETIC_SEED (hermetic.yaml determinism.seed)")
     ap.add_argument("--resume", action="store_true", help="continue from the halfway checkpoint in the outputs")
     ap.add_argument("--stop-after-checkpoint", action="store_true", help="exit right after writing the checkpoint")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (strict mode makes CUDA runs repeatable too)")
     for key, value in params.items():
         ap.add_argument("--" + key.replace("_", "-"), type=type(value), default=value, help=f"(default: {value})")
     return ap.parse_args(argv)
@@ -93,7 +94,9 @@ def main(argv: list[str]) -> int:
     test_x, test_y = load_split(data, "test")
     classes = int(json.loads((data / "meta.json").read_text())["classes"])
 
-    model = make_model(train_x.shape[1], args.hidden, classes, args.dropout)
+    device = torch.device(args.device)
+    test_x, test_y = test_x.to(device), test_y.to(device)
+    model = make_model(train_x.shape[1], args.hidden, classes, args.dropout).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.lr_gamma)
     loss_fn = nn.CrossEntropyLoss()
@@ -125,6 +128,7 @@ def main(argv: list[str]) -> int:
         for batch, (xb, yb) in enumerate(loader):
             if batch < skip:
                 continue  # iterate, not slice the sampler: workers' RNGs advance as before
+            xb, yb = xb.to(device), yb.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(xb), yb)
             loss.backward()
@@ -152,7 +156,7 @@ def main(argv: list[str]) -> int:
         print(f"epoch {epoch}: train_loss={loss_sum / seen:.4f} test_acc={test_acc:.4f}", file=sys.stderr)
         loss_sum, seen = 0.0, 0
 
-    weights = hr.save_weights(model.state_dict())
+    weights = hr.save_weights({k: v.cpu() for k, v in model.state_dict().items()})
     print(f"weights: {weights}", file=sys.stderr)
     return 0
 

@@ -48,10 +48,7 @@ _INLINE_MAX_BYTES = 32 << 20
 _INLINE_MAX_FILES = 1000
 _INLINE_SPAN = 1000  # files between progress updates when hashing in-process
 _REPORT_EVERY = 8 << 20  # bytes of one large file between progress updates
-# Batch numbers are 4 bytes in a pipe written in full before the workers start:
-# at most 16,384 of them fit in Linux's (and POSIX's minimum 4 KiB is not our case:
-# macOS pipes grow to 64 KiB too) default 64 KiB pipe buffer.
-_MAX_BATCHES = 16384
+_MAX_BATCHES = 8192  # (start, end) records of 8 bytes: 64 KiB, a pipe's usual capacity
 _KEY_BYTES = 5 * 8
 _DIGEST = 32
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not block the open
@@ -295,146 +292,180 @@ def _hash_inline(paths: Sequence[str], bar: Any) -> _Result:
 # ---------------------------------------------------------------- forked workers
 
 
-class _Shared:
-    """The anonymous shared mapping forked workers write into.
+class Control:
+    """What forked hashing processes share besides their output: a stop flag and,
+    per process ("slot"), (bytes, files) done. An anonymous shared mapping, so it
+    must exist before the fork."""
 
-    Layout: digests (32 B per file) | keys (40 B per file) | per-process
-    (bytes, files) counters | a stop byte.
-    """
-
-    def __init__(self, n: int, procs: int):
+    def __init__(self, procs: int):
         import mmap
 
-        self.n, self.procs = n, procs
-        self.keys_at = n * _DIGEST
-        self.counters_at = self.keys_at + n * _KEY_BYTES
-        self.stop_at = self.counters_at + procs * _COUNTERS.size
-        self.mm = mmap.mmap(-1, self.stop_at + 1)
-        self.digests = memoryview(self.mm)[:self.keys_at]
-        self.keys = memoryview(self.mm)[self.keys_at:self.counters_at]
+        self.procs = procs
+        self._stop_at = procs * _COUNTERS.size
+        self.mm = mmap.mmap(-1, self._stop_at + 1)
+
+    def report(self, slot: int, nbytes: int, files: int) -> None:
+        _COUNTERS.pack_into(self.mm, slot * _COUNTERS.size, nbytes, files)
 
     def progress(self) -> tuple[int, int]:
         nbytes = files = 0
         for slot in range(self.procs):
-            b, f = _COUNTERS.unpack_from(self.mm, self.counters_at + slot * _COUNTERS.size)
+            b, f = _COUNTERS.unpack_from(self.mm, slot * _COUNTERS.size)
             nbytes += b
             files += f
         return nbytes, files
 
     @property
     def stopped(self) -> bool:
-        return self.mm[self.stop_at] != 0
+        return self.mm[self._stop_at] != 0
 
     def stop(self) -> None:
-        self.mm[self.stop_at] = 1
-
-    def results(self) -> tuple[bytes, bytes]:
-        return bytes(self.keys), bytes(self.digests)
+        self.mm[self._stop_at] = 1
 
     def close(self) -> None:
-        self.digests.release()
-        self.keys.release()
         self.mm.close()
 
 
-def _drain(paths: Sequence[str], batches: list[tuple[int, int]], queue: int, shared: _Shared, slot: int,
-           after_batch: Callable[[], None] | None) -> _Errors:
-    """Take batch numbers from the ``queue`` pipe until it is empty; hash each into ``shared``."""
+def output_views(mm: Any, n: int) -> tuple[memoryview, memoryview]:
+    """(digests, keys) regions at the start of a mapping: n * 32 bytes, then n * 40."""
+    view = memoryview(mm)
+    return view[:n * _DIGEST], view[n * _DIGEST:n * (_DIGEST + _KEY_BYTES)]
+
+
+OUTPUT_BYTES_PER_FILE = _DIGEST + _KEY_BYTES
+
+
+def feed(queue_w: int, batches: list[tuple[int, int]]) -> None:
+    """Write the batches as (start, end) uint32 records, then close the pipe.
+
+    Each write is at most PIPE_BUF bytes of whole records, so it lands in the
+    pipe in one piece, and every 8-byte read gets one whole record.
+    """
+    import select
+
+    records = array("I", [x for b in batches for x in b]).tobytes()
+    step = max(8, getattr(select, "PIPE_BUF", 512) // 8 * 8)
+    for at in range(0, len(records), step):
+        _write_all(queue_w, records[at:at + step])
+    os.close(queue_w)
+
+
+def drain(paths: Sequence[str], queue: int, control: Control, slot: int, digests_out: Any, keys_out: Any,
+          after_batch: Callable[[], None] | None = None) -> _Errors:
+    """Take (start, end) records from the ``queue`` pipe until it is empty; hash each."""
     errors: _Errors = []
-    counter_at = shared.counters_at + slot * _COUNTERS.size
     done_bytes = done_files = 0
-    in_file = 0
+    in_batch = 0
 
     def on_bytes(n: int) -> bool:  # progress inside a large file
-        nonlocal in_file
-        in_file += n
-        _COUNTERS.pack_into(shared.mm, counter_at, done_bytes + in_file, done_files)
-        return shared.stopped
+        nonlocal in_batch
+        in_batch += n
+        control.report(slot, done_bytes + in_batch, done_files)
+        return control.stopped
 
-    while not shared.stopped:
-        record = os.read(queue, 4)
-        if not record:
+    record = array("I")
+    while not control.stopped:
+        data = os.read(queue, 8)
+        if not data:
             break
-        start, end = batches[int.from_bytes(record, sys.byteorder)]
-        in_file = 0
-        nbytes, errs = _hash_span(paths, start, end, shared.digests, shared.keys, on_bytes)
+        del record[:]
+        record.frombytes(data)
+        start, end = record
+        in_batch = 0
+        nbytes, errs = _hash_span(paths, start, end, digests_out, keys_out, on_bytes)
         errors += errs
         done_bytes += nbytes
         done_files += end - start
-        _COUNTERS.pack_into(shared.mm, counter_at, done_bytes, done_files)
+        control.report(slot, done_bytes, done_files)
         if after_batch is not None:
             after_batch()
     return errors
+
+
+def fork_child(body: Callable[[], None], control: Control) -> int:
+    """Fork; the child runs ``body`` and exits (0 if it returned, 1 if it raised). Returns the pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it raises the stop flag
+        body()
+        code = 0
+    except BaseException:
+        if not control.stopped:  # else the parent gave up on us: nothing to add
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def reap(pid: int) -> None:
+    """Wait for a worker; HermeticError if it did not exit cleanly."""
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code != 0:
+        raise HermeticError(f"a hashing worker process failed (exit status {code}); is the machine out of memory?")
 
 
 def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: int, bar: Any,
                  while_hashing: Callable[[], None] | None) -> _Result:
     """``workers - 1`` forked children and this process take batches from one pipe."""
     import marshal
+    import mmap
 
-    shared = _Shared(len(paths), workers)
-    tick = lambda: bar.update(*shared.progress())  # noqa: E731
-    queue, feed = os.pipe()
+    n = len(paths)
+    control = Control(workers)
+    out = mmap.mmap(-1, n * OUTPUT_BYTES_PER_FILE)
+    digests_out, keys_out = output_views(out, n)
+    queue, queue_w = os.pipe()
     children: dict[int, int] = {}  # pid -> read end of its error pipe, until reaped
+
+    def tick() -> None:
+        bar.update(*control.progress())
+
     try:
-        _write_all(feed, array("I", range(len(batches))).tobytes())
-        os.close(feed)
-        feed = -1
         for slot in range(1, workers):
             err_r, err_w = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the child: never returns
-                _child(paths, batches, queue, shared, slot, err_w)
+
+            def body(slot: int = slot, err_w: int = err_w) -> None:
+                os.close(queue_w)
+                errors = drain(paths, queue, control, slot, digests_out, keys_out)
+                if errors:
+                    _write_all(err_w, marshal.dumps(errors))
+
+            pid = fork_child(body, control)
             os.close(err_w)
             children[pid] = err_r
+        feed(queue_w, batches)
+        queue_w = -1
         if while_hashing is not None:
             while_hashing()
-        errors = _drain(paths, batches, queue, shared, 0, tick)
+        errors = drain(paths, queue, control, 0, digests_out, keys_out, tick)
         for pid in list(children):
-            data = _read_all(children[pid], tick)
+            data = read_all(children[pid], tick)
             os.close(children.pop(pid))
-            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            if code != 0:
-                raise HermeticError(f"a hashing worker process failed (exit status {code}); "
-                                    "is the machine out of memory?")
+            reap(pid)
             if data:
                 errors += marshal.loads(data)
         tick()
-        keys, digests = shared.results()
-        return keys, digests, errors
+        return bytes(keys_out), bytes(digests_out), errors
     except BaseException:
-        shared.stop()
+        control.stop()
         raise
     finally:
         for pid, err_r in children.items():
             os.close(err_r)  # first: a child blocked writing its errors gets EPIPE and exits
             os.waitpid(pid, 0)
-        os.close(queue)
-        if feed != -1:
-            os.close(feed)
-        shared.close()
-
-
-def _child(paths: Sequence[str], batches: list[tuple[int, int]], queue: int, shared: _Shared, slot: int,
-           err_w: int) -> None:
-    code = 1
-    try:
-        import marshal
-        import signal
-
-        # Ctrl-C is handled by the parent, which raises the stop flag.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        errors = _drain(paths, batches, queue, shared, slot, None)
-        if errors:
-            _write_all(err_w, marshal.dumps(errors))
-        code = 0
-    except BaseException:
-        if not shared.stopped:  # else the parent gave up on us: nothing to say
-            import traceback
-
-            traceback.print_exc()
-    finally:
-        os._exit(code)
+        for fd in (queue, queue_w):
+            if fd != -1:
+                os.close(fd)
+        digests_out.release()
+        keys_out.release()
+        out.close()
+        control.close()
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -443,7 +474,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_all(fd: int, tick: Callable[[], None]) -> bytes:
+def read_all(fd: int, tick: Callable[[], None]) -> bytes:
     """Everything until EOF, calling ``tick`` every 0.1 s while waiting (the progress bar)."""
     import select
 

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
 
 from hermetic.data.hashing import hash_files
-from hermetic.data.manifest import Manifest, first_names, make_manifest, parse_manifest, read_manifest_bytes
+from hermetic.data.manifest import (
+    Manifest, first_names, make_manifest, parse_columns, parse_manifest, read_manifest_bytes,
+)
 from hermetic.data.scan import Tree, TreeError, resolve_root, scan_tree
 from hermetic.data.statcache import StatCache
 from hermetic.errors import ConfigError, HermeticError
@@ -126,7 +128,7 @@ class _Job:
         self.manifest_sha256 = hashlib.sha256(manifest_bytes).hexdigest()
         self.tree, self.cache, self.recorded_ns = tree, cache, recorded_ns
         self.workers, self.label = workers, label
-        self.abs_paths = [real_root + "/" + p for p in tree.paths]
+        self.abs_paths = tree.abs_paths
         self.ok_note = _OK_NOTE + self.manifest_sha256.encode()
 
     def parse(self) -> dict[str, str]:
@@ -189,36 +191,46 @@ class _Job:
                            hashed_bytes=hashed_bytes, cached_files=len(c_paths) - hashed_files)
 
     def full(self) -> VerifyReport:
-        """Hash every file (workers stat what they open); parse the manifest meanwhile."""
+        """Hash every file (workers stat what they open); meanwhile parse the manifest and
+        line its digests up with the scan, so that one bytes comparison settles the usual case."""
         paths, abs_paths, cache = self.tree.paths, self.abs_paths, self.cache
-        parsed: list[dict[str, str]] = []
+        ready: dict[str, Any] = {}
+
+        def meanwhile() -> None:  # in this process, while the workers hash
+            columns = parse_columns(self.manifest_bytes, self.manifest_path)
+            lines = list(map(columns.positions.get, paths))  # each scanned file's manifest line, or None
+            ready.update(columns=columns, lines=lines)
+            if len(paths) == len(columns.positions) and None not in lines:  # the very same set of paths
+                ready["expected"] = _gather(columns.digests, lines)
+
         hashed = hash_files(abs_paths, None, workers=self.workers, progress_label=self.label,
-                            while_hashing=lambda: parsed.append(self.parse()))
-        expected = parsed[0]
+                            while_hashing=meanwhile)
+        columns, lines = ready["columns"], ready["lines"]
         gone = set(hashed.vanished)
-        present = paths if not gone else [p for i, p in enumerate(paths) if i not in gone]
-        extra, missing, checked = _partition(present, expected)
+        keep = [i for i in range(len(paths)) if i not in gone] if gone else range(len(paths))
+        if not gone and hashed.digests == ready.get("expected"):
+            extra: list[str] = []
+            missing: list[str] = []
+            changed: list[tuple[str, str, str]] = []
+        else:
+            extra = [paths[i] for i in keep if lines[i] is None]
+            present = {paths[i] for i in keep}
+            missing = [p for p in columns.positions if p not in present]
+            changed = [(paths[i], columns.hex(lines[i]), hashed.hex(i)) for i in keep
+                       if lines[i] is not None and columns.hex(lines[i]) != hashed.hex(i)]
         if not gone:
             cache.replace(abs_paths, hashed.keys_little_endian(), self.recorded_ns, hashed.digests)
-            if checked is None:
-                changed = _compare_raw(paths, hashed.digests, expected)
-            else:
-                changed = [(paths[i], expected[paths[i]], hashed.hex(i))
-                           for i in range(len(paths)) if paths[i] in expected and hashed.hex(i) != expected[paths[i]]]
         else:
-            keep = [i for i in range(len(paths)) if i not in gone]
             cache.put_many([abs_paths[i] for i in keep], [hashed.key(i) for i in keep],
                            [hashed.hex(i) for i in keep], self.recorded_ns)
             cache.retain([abs_paths[i] for i in keep])
-            changed = [(paths[i], expected[paths[i]], hashed.hex(i))
-                       for i in keep if paths[i] in expected and hashed.hex(i) != expected[paths[i]]]
         if not (missing or extra or changed):
             cache.set_note(self.ok_note)
         cache.save()
-        sizes = hashed.sizes()
+        total = sum(hashed.sizes())
         return self.report("full", missing=sorted(missing), extra=sorted(extra), changed=sorted(changed),
-                           file_count=len(present), total_bytes=sum(sizes), hashed_files=len(present),
-                           hashed_bytes=sum(sizes), cached_files=0)
+                           file_count=len(keep), total_bytes=total, hashed_files=len(keep),
+                           hashed_bytes=total, cached_files=0)
 
 
 def _partition(paths: list[str], expected: dict[str, str]) -> tuple[list[str], list[str], list[int] | None]:
@@ -239,10 +251,25 @@ def _partition(paths: list[str], expected: dict[str, str]) -> tuple[list[str], l
     return extra, missing, (None if len(checked) == len(paths) else checked)
 
 
+def _gather(digests: bytes, order: list[int]) -> bytes:
+    """The 32-byte digests at positions ``order``, concatenated."""
+    chunks = [digests[i:i + 32] for i in range(0, len(digests), 32)]
+    return b"".join([chunks[i] for i in order])
+
+
+def _expected_raw(paths: list[str], expected: dict[str, str]) -> bytes:
+    """The manifest's digests of ``paths`` (all in it), raw and in that order: one column to compare."""
+    return bytes.fromhex("".join(map(expected.__getitem__, paths)))
+
+
 def _compare_raw(paths: list[str], raw: bytes, expected: dict[str, str]) -> list[tuple[str, str, str]]:
     """Changed files, given every path's raw digest in order -- one bytes comparison when none changed."""
-    if raw == bytes.fromhex("".join(map(expected.__getitem__, paths))):
+    if raw == _expected_raw(paths, expected):
         return []
+    return _changed(paths, raw, expected)
+
+
+def _changed(paths: list[str], raw: bytes, expected: dict[str, str]) -> list[tuple[str, str, str]]:
     h = raw.hex()
     actual = [h[j:j + 64] for j in range(0, len(h), 64)]
     return [(p, expected[p], a) for p, a in zip(paths, actual) if a != expected[p]]
@@ -270,7 +297,7 @@ def build_manifest(
         skip |= _inside(real_root, path)
     with _gc_paused():
         tree = scan_tree(real_root, exclude=skip, stat=False)
-        abs_paths = [real_root + "/" + p for p in tree.paths]
+        abs_paths = tree.abs_paths
         hashed = hash_files(abs_paths, None, workers=workers,
                             progress_label=_label(real_root) if progress else None)
         if hashed.vanished:
