@@ -99,6 +99,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=int, default=200, help="size of the big random layer (default 200)")
     ap.add_argument("--image", metavar="OCI_DIR:REF", help="bench this image instead of a synthetic one")
+    ap.add_argument("--image-b", metavar="OCI_DIR:REF",
+                    help="with --image: the second image (e.g. the same example after a one-package change); "
+                         "default: --image with its last layer replaced")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args()
     missing = have_registry_tools()
@@ -123,9 +126,14 @@ def main() -> int:
             image_a = make_image(store, [big, small_a], ref="bench:a", label="a")
             del big
             described = f"{args.size_mb} MB random layer + busybox layer, uncompressed"
-        image_b = with_last_layer_replaced(store, image_a, small_b)
+        if args.image and args.image_b:
+            image_b = import_image(store, args.image_b)
+            described += f" -> {args.image_b}"
+        else:
+            image_b = with_last_layer_replaced(store, image_a, small_b)
         total_a = sum(d.size for d in store.image_blobs(image_a)) + store.blob_size(image_a)
-        changed = len(small_b) + store.image_blobs(image_b)[0].size + store.blob_size(image_b)
+        in_a = {d.digest for d in store.image_blobs(image_a)}
+        changed = sum(d.size for d in store.image_blobs(image_b) if d.digest not in in_a) + store.blob_size(image_b)
 
         r: dict[str, float | int | str] = {"image": described, "image_bytes": total_a,
                                            "layers": len(store.image_blobs(image_a)) - 1}

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -224,10 +223,6 @@ def test_sigkill_mid_build_leaves_store_valid(tmp_path, cache_dir, session_cache
     out = build_json(proj, "--no-load")
     assert out["noop"] is False
     assert run_cli("cache", "verify").returncode == 0
-    # RAM staging (/dev/shm) left by the killed build's processes was freed by the next build
-    leftovers = [d for d in Path("/dev/shm").glob("hermetic-layer.*")
-                 if not Path(f"/proc/{d.name.split('.')[1]}").exists()]
-    assert leftovers == []
 
 
 def test_gc_removes_unreferenced_blobs(tmp_path, cache_dir, session_cache, base_ref, wheels):

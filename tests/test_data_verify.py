@@ -232,6 +232,74 @@ def test_plan_gives_large_files_their_own_batch_biggest_first() -> None:
     assert len(by_count) >= 16
 
 
+def test_scan_and_hash_overlaps_the_callers_work_and_matches_a_plain_scan(tmp_path: Path) -> None:
+    from hermetic.data.scan import scan_tree
+    from hermetic.data.treehash import scan_and_hash
+
+    files = {f"d{i % 7}/f{i}": os.urandom(i * 37 % 20_000) for i in range(300)}
+    files["big"] = os.urandom(3 << 20)  # read in several 1 MiB chunks
+    root, _ = make_dataset(tmp_path, files)
+    (root / "d0" / "alias").symlink_to("f0")
+    real = os.path.realpath(root)
+    seen: list[object] = []
+    for workers in (2, 3):  # 3: the scanning worker forks a helper of its own
+        tree, hashed = scan_and_hash(real, exclude={"d1/f1"}, workers=workers,
+                                     while_scanning=lambda: seen.append("scanning"),
+                                     while_hashing=lambda t: seen.append(len(t.paths)))
+        assert sorted(tree.paths) == sorted(scan_tree(real, exclude={"d1/f1"}).paths)
+        assert seen[-2:] == ["scanning", len(tree.paths)] and "d1/f1" not in tree.paths
+        for i, p in enumerate(tree.paths):
+            assert hashed.hex(i) == sha((root / p).read_bytes())
+            assert hashed.key(i) == stat_key(os.stat(root / p))
+        assert hashed.vanished == []
+
+
+def test_scan_and_hash_of_an_empty_tree(tmp_path: Path) -> None:
+    from hermetic.data.treehash import scan_and_hash
+
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    tree, hashed = scan_and_hash(str(tmp_path / "empty"), workers=2)
+    assert tree.paths == [] and len(hashed) == 0 and hashed.keys == b""
+
+
+def test_scan_error_comes_before_a_manifest_error_as_when_scanning_first(tmp_path: Path) -> None:
+    root, manifest = make_dataset(tmp_path, {"a": b"a", "b": b"b"})
+    manifest.write_text(f"{sha(b'a')}  a\n{sha(b'b')}  ../b\n")
+    with pytest.raises(ManifestError, match=r":2: '\.\.' in path"):
+        verify_dataset(root, manifest, full=True, workers=2)
+    os.mkfifo(root / "fifo")
+    with pytest.raises(TreeError, match="fifo: a FIFO"):
+        verify_dataset(root, manifest, full=True, workers=2)
+    manifest.write_bytes(format_manifest({"a": sha(b"a")}))
+    with pytest.raises(TreeError, match="fifo: a FIFO"):
+        verify_dataset(root, manifest, full=True, workers=2)
+
+
+def test_file_deleted_while_the_workers_hash_is_vanished_or_was_hashed_before(tmp_path: Path) -> None:
+    from hermetic.data.treehash import scan_and_hash
+
+    root, _ = make_dataset(tmp_path, {f"f{i:04d}": b"x" * i for i in range(2000)})
+    real = os.path.realpath(root)
+    tree, hashed = scan_and_hash(real, workers=2, while_hashing=lambda t: (root / t.paths[-1]).unlink())
+    last = len(tree.paths) - 1  # hashed by the worker before it was deleted, or found gone
+    assert (hashed.vanished == [last] and hashed.hex(last) == "0" * 64) or (
+        hashed.vanished == [] and hashed.hex(last) == sha(b"x" * int(tree.paths[last][1:])))
+    assert all(hashed.hex(i) == sha(b"x" * int(p[1:])) for i, p in enumerate(tree.paths[:-1]))
+
+
+def test_full_verify_of_an_unchanged_tree_leaves_the_cache_file_alone(tmp_path: Path) -> None:
+    root, manifest = make_dataset(tmp_path, {f"f{i}": bytes([i]) * 10 for i in range(50)})
+    cache_file = StatCache.for_tree(os.path.realpath(root)).file
+    assert verify_dataset(root, manifest, full=True, workers=2).ok
+    before = cache_file.stat()
+    assert verify_dataset(root, manifest, full=True, workers=2).ok
+    assert cache_file.stat().st_ino == before.st_ino  # not rewritten
+    (root / "f3").write_bytes(b"changed")
+    assert verify_dataset(root, manifest, full=True, workers=2).changed[0][0] == "f3"
+    assert cache_file.stat().st_ino != before.st_ino  # rewritten: the default mode sees the change too
+    assert verify_dataset(root, manifest).changed[0][0] == "f3"
+
+
 # ---------------------------------------------------------------- hermetic.yaml datasets
 
 

@@ -222,8 +222,7 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     layout = VenvLayout(m.build.prefix, m.python.version, m.python.path)
     specs = plan_layers(wheels, hermetic_layer_files(layout), max_layers=MAX_LAYERS - len(base.layers))
     built = build_layers(specs, layout, facts.dirs, m.build.source_date_epoch, store,
-                         LayerCache(paths.layers, store), paths.tmp, on_layer=on_layer,
-                         trees_root=paths.root / "trees")
+                         LayerCache(paths.layers, store), on_layer=on_layer)
     labels = image_labels(cfg, lock, base.manifest_digest, wheels)
     labels[BASE_LAYERS_LABEL] = str(len(base.layers))
     from hermetic.builder.base import os_pretty_name

@@ -19,15 +19,14 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from hermetic import __version__
-from hermetic.builder.install import VenvLayout, install_wheel, venv_files
-from hermetic.builder.tarlayer import DirAttrs, Entry, complete_parents, entries_from_dir, write_layer
+from hermetic.builder.install import VenvLayout, venv_files, wheel_files
+from hermetic.builder.tarlayer import DirAttrs, Entry, complete_parents, write_layer
 from hermetic.canonical import canonical_sha256
 from hermetic.fsutil import atomic_write_bytes
 from hermetic.lock.model import ResolvedWheel
@@ -36,7 +35,6 @@ from hermetic.store.oci import MT_LAYER, MT_LAYER_GZIP, Descriptor, OciStore
 LAYER_FORMAT = 1
 BIG_WHEEL_BYTES = 64 * 1024 * 1024
 MAX_LAYERS = 100
-STAGING_PREFIX = "hermetic-layer."
 
 
 @dataclass
@@ -174,85 +172,6 @@ class LayerCache:
         return [p.stem for p in self.root.glob("*.json")] if self.root.is_dir() else []
 
 
-def staging_root(fallback: Path, need_bytes: int) -> Path:
-    """Where to unpack a big wheel: /dev/shm when it has room, else ``fallback``.
-
-    Creating torch's 12,000 files on tmpfs instead of disk took 6 s instead of
-    9 s here, and deleting them 0.1 s instead of 0.8 s.
-    """
-    shm = Path("/dev/shm")
-    try:
-        st = os.statvfs(shm)
-        if st.f_bavail * st.f_frsize > 2 * need_bytes and os.access(shm, os.W_OK):
-            return shm
-    except OSError:
-        pass
-    fallback.mkdir(parents=True, exist_ok=True)
-    return fallback
-
-
-def _tree_key(w: ResolvedWheel, layout: VenvLayout) -> str:
-    return canonical_sha256({"format": LAYER_FORMAT, "wheel": w.sha256, "prefix": layout.prefix,
-                             "python": layout.python_version, "base_python": layout.base_python,
-                             "installer": _installer_version()})
-
-
-def installed_tree(w: ResolvedWheel, layout: VenvLayout, trees_root: Path) -> Path:
-    """The wheel installed at its in-image paths, cached per (wheel, layout).
-
-    A small package changing then re-installs only itself; its group layer is
-    re-tarred from the cached trees of the others. A cached tree is checked
-    against its own RECORD before reuse and reinstalled if anything differs.
-    """
-    dest = trees_root / _tree_key(w, layout)
-    if dest.is_dir() and (_tree_unchanged(dest) or verify_tree(dest, layout)):
-        return dest
-    trees_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tree.", dir=trees_root))
-    try:
-        assert w.url is not None
-        verify_wheel(w)
-        install_wheel(Path(w.url), tmp, layout)
-        if dest.exists():
-            shutil.rmtree(dest, ignore_errors=True)  # a damaged copy
-        try:
-            os.rename(tmp, dest)  # atomic: a tree is complete or absent
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)  # another build won the race with the same bytes
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _stamp_tree(dest)
-    return dest
-
-
-def _tree_stats(tree: Path) -> dict[str, list[int]]:
-    out = {}
-    for dirpath, _, filenames in os.walk(tree):
-        for n in filenames:
-            st = os.lstat(os.path.join(dirpath, n))
-            out[os.path.relpath(os.path.join(dirpath, n), tree)] = [st.st_size, st.st_mtime_ns, st.st_ino]
-    return out
-
-
-def _stamp_tree(tree: Path) -> None:
-    """Remember each file's (size, mtime, inode) once the tree is known good."""
-    atomic_write_bytes(tree.with_name(tree.name + ".stat.json"),
-                       json.dumps({"at_ns": time.time_ns(), "files": _tree_stats(tree)}).encode(), fsync=False)
-
-
-def _tree_unchanged(tree: Path) -> bool:
-    """Every file as it was stamped (and stamped after it was last written: git's racy-clean rule)."""
-    try:
-        stamp = json.loads(tree.with_name(tree.name + ".stat.json").read_text())
-    except (OSError, ValueError):
-        return False
-    files = stamp.get("files", {})
-    if _tree_stats(tree) != files:
-        return False
-    return all(mtime < stamp.get("at_ns", 0) for _, mtime, _ in files.values())
-
-
 def verify_wheel(w: ResolvedWheel) -> None:
     """A stored wheel must still hash to its name before its bytes go into a layer."""
     from hermetic.errors import IntegrityError
@@ -267,49 +186,25 @@ def verify_wheel(w: ResolvedWheel) -> None:
         )
 
 
-def verify_tree(tree: Path, layout: VenvLayout) -> bool:
-    """Every file a RECORD lists under ``tree`` still has its recorded sha256."""
-    import base64
-    import csv
-
-    site = tree / layout.site_packages.lstrip("/")
-    records = list(site.glob("*.dist-info/RECORD")) if site.is_dir() else []
-    if not records:
-        return False
-    for record in records:
-        with open(record, newline="", encoding="utf-8") as f:
-            for row in csv.reader(f):
-                if len(row) < 2 or not row[1]:
-                    continue
-                algo, _, expected = row[1].partition("=")
-                target = os.path.normpath(os.path.join(site, row[0]))
-                try:
-                    data = Path(target).read_bytes()
-                except OSError:
-                    return False
-                digest = base64.urlsafe_b64encode(hashlib.new(algo, data).digest()).rstrip(b"=").decode()
-                if digest != expected:
-                    return False
-    return True
-
-
 def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs], mtime: int,
-                store: OciStore, tmp_root: Path, trees_root: Path | None = None) -> Descriptor:
-    """Install, normalize, tar and hash one layer into the store."""
+                store: OciStore) -> Descriptor:
+    """Install (as entries, straight from the zips), normalize, tar and hash one layer into the store."""
     entries: list[Entry] = []
-    staging_dir = None
+    zips = []
     try:
-        if spec.kind == "wheels" and trees_root is not None:
-            for w in spec.wheels:
-                entries += entries_from_dir(installed_tree(w, layout, trees_root))
-        elif spec.kind in ("wheel", "wheels"):
-            need = sum((w.size or 0) for w in spec.wheels) * 5
-            staging_dir = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}.", dir=staging_root(tmp_root, need))
+        if spec.kind in ("wheel", "wheels"):
             for w in spec.wheels:
                 assert w.url is not None
                 verify_wheel(w)
-                install_wheel(Path(w.url), Path(staging_dir), layout)
-            entries = entries_from_dir(Path(staging_dir))
+                zf, files = wheel_files(Path(w.url), layout)
+                zips.append(zf)
+                for path, f in files.items():
+                    mode = 0o755 if f.executable else 0o644
+                    if f.member is not None:
+                        opener = (lambda zf=zf, m=f.member: zf.open(m))
+                    else:
+                        opener = (lambda d=f.data: _BytesOpen(d or b""))
+                    entries.append(Entry(path.lstrip("/"), "file", mode, size=f.size, open=opener))
         else:
             for path, value in spec.files.items():
                 rel = path.strip("/")
@@ -323,8 +218,8 @@ def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs
             size = write_layer(entries, w, mtime=mtime)
             digest = w.commit()
     finally:
-        if staging_dir:
-            shutil.rmtree(staging_dir, ignore_errors=True)
+        for zf in zips:
+            zf.close()
     return Descriptor(MT_LAYER, digest, size)
 
 
@@ -358,9 +253,9 @@ def hermetic_layer_files(layout: VenvLayout) -> dict[str, bytes | str]:
 
 
 def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str, DirAttrs], mtime: int,
-                 store: OciStore, cache: LayerCache, tmp_root: Path,
+                 store: OciStore, cache: LayerCache,
                  on_layer: Callable[[BuiltLayer], None] | None = None,
-                 trees_root: Path | None = None, jobs: int | None = None) -> list[BuiltLayer]:
+                 jobs: int | None = None) -> list[BuiltLayer]:
     """Reuse cached layers; build the others, in parallel processes (installing is CPU-bound Python)."""
     from concurrent.futures import ProcessPoolExecutor
 
@@ -378,14 +273,13 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
     workers = max(1, min(len(todo), jobs or os.cpu_count() or 1))
     if workers > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {i: pool.submit(build_layer, specs[i], layout, parents, mtime, store, tmp_root, trees_root)
-                       for i in todo}
+            futures = {i: pool.submit(build_layer, specs[i], layout, parents, mtime, store) for i in todo}
             for i, fut in futures.items():
                 results[i] = BuiltLayer(specs[i], fut.result(), False, time.monotonic() - t0)
     else:
         for i in todo:
             t1 = time.monotonic()
-            desc = build_layer(specs[i], layout, parents, mtime, store, tmp_root, trees_root)
+            desc = build_layer(specs[i], layout, parents, mtime, store)
             results[i] = BuiltLayer(specs[i], desc, False, time.monotonic() - t1)
     out = []
     for i, spec in enumerate(specs):
@@ -400,25 +294,10 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
 
 
 def cleanup_tmp(tmp_root: Path, older_than_s: float = 3600) -> int:
-    """Remove staging leftovers of killed builds.
-
-    A staging dir is named after the process that made it; once that process
-    is gone the dir goes (it may sit in RAM, on /dev/shm). Anything else in
-    ``tmp_root`` goes after an hour.
-    """
+    """Remove leftovers of killed builds in ``tmp_root`` (older than an hour)."""
     n = 0
-    for root in (Path("/dev/shm"), tmp_root):
-        try:
-            names = [p for p in root.iterdir() if p.name.startswith(STAGING_PREFIX)]
-        except OSError:
-            continue
-        for p in names:
-            pid = p.name[len(STAGING_PREFIX):].split(".")[0]
-            if pid.isdigit() and not _alive(int(pid)):
-                shutil.rmtree(p, ignore_errors=True)
-                n += 1
     if not tmp_root.is_dir():
-        return n
+        return 0
     now = time.time()
     for p in tmp_root.iterdir():
         try:
@@ -428,16 +307,6 @@ def cleanup_tmp(tmp_root: Path, older_than_s: float = 3600) -> int:
         except FileNotFoundError:
             pass
     return n
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def gzip_layer(desc: Descriptor, store: OciStore, cache: LayerCache, level: int = 6) -> Descriptor:

@@ -48,7 +48,10 @@ _INLINE_MAX_BYTES = 32 << 20
 _INLINE_MAX_FILES = 1000
 _INLINE_SPAN = 1000  # files between progress updates when hashing in-process
 _REPORT_EVERY = 8 << 20  # bytes of one large file between progress updates
-_MAX_BATCHES = 8192  # (start, end) records of 8 bytes: 64 KiB, a pipe's usual capacity
+# Batches are (start, end) records of 8 bytes, all written to a pipe before they are
+# taken: 512 of them fill 4 KiB, the least a pipe holds (one page), so the writer
+# never waits for a reader.
+_MAX_BATCHES = 512
 _KEY_BYTES = 5 * 8
 _DIGEST = 32
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not block the open
@@ -91,10 +94,11 @@ class Hashed:
         a.frombytes(self.keys[i * _KEY_BYTES:(i + 1) * _KEY_BYTES])
         return tuple(a)  # type: ignore[return-value]
 
-    def sizes(self) -> array:
-        a = array("q")
-        a.frombytes(self.keys)
-        return a[2::5]
+    def sizes(self) -> Sequence[int]:
+        """Each file's size (0 for a vanished one), as a view of ``keys``: no copy."""
+        if not self.keys:
+            return []
+        return memoryview(self.keys).cast("q")[2::5]
 
     def keys_little_endian(self) -> bytes:
         if sys.byteorder == "little":
@@ -170,13 +174,13 @@ def _default_start_method() -> str:
 def _plan(sizes: Sequence[int] | None, n: int, workers: int) -> list[tuple[int, int]]:
     """Contiguous (start, end) ranges, at most _MAX_BATCHES of them.
 
-    By count: small batches (~1/32 of a worker's share, at most 1,000 files),
+    By count: small batches (~1/32 of a worker's share, at most 256 files),
     since workers take the next one as they finish: the tail is one small
     batch. By bytes: roughly equal bytes, a large file a batch of its own,
     the biggest first (LPT).
     """
     if sizes is None:
-        per = max(16, min(1000, n // (workers * 32)), -(-n // _MAX_BATCHES))
+        per = max(16, min(256, n // (workers * 32)), -(-n // _MAX_BATCHES))
         return [(s, min(s + per, n)) for s in range(0, n, per)]
     total = sum(sizes)
     # Batches close at `target` bytes or `max_files` files, and a file of `target`
@@ -206,25 +210,28 @@ def _plan(sizes: Sequence[int] | None, n: int, workers: int) -> list[tuple[int, 
 
 
 def _hash_span(paths: Sequence[str], start: int, end: int, digests_out: Any, keys_out: Any,
-               on_bytes: Callable[[int], bool] | None) -> tuple[int, _Errors]:
-    """Hash ``paths[start:end]``; write each digest and key at its index in the outputs.
+               on_bytes: Callable[[int], bool] | None, dir_fd: int | None = None) -> tuple[int, _Errors]:
+    """Hash ``paths[start:end]`` (relative to ``dir_fd`` if given); write each digest and key
+    at its index in the outputs.
 
     Returns (bytes hashed, [(index, error or None if vanished)]). ``on_bytes``
     hears of progress inside large files and answers True to stop.
     """
+    # Everything the loop touches is a local: at 100,000 files, lookups add up.
     sha256, fstat, read, close, open_ = hashlib.sha256, os.fstat, os.read, os.close, os.open
-    is_reg, one_read_max = statmod.S_ISREG, _ONE_READ_MAX
+    is_reg, one_read_max, flags = statmod.S_ISREG, _ONE_READ_MAX, _OPEN_FLAGS
     digests: list[bytes] = []
     keys = array("q")
+    add_digest, add_key = digests.append, keys.extend
     errors: _Errors = []
     nbytes = 0
     for i in range(start, end):
         try:
-            fd = open_(paths[i], _OPEN_FLAGS)
+            fd = open_(paths[i], flags, dir_fd=dir_fd)
         except OSError as e:
             errors.append((i, None if isinstance(e, FileNotFoundError) else (e.strerror or str(e))))
-            digests.append(_ZERO_DIGEST)
-            keys.extend(_ZERO_KEY)
+            add_digest(_ZERO_DIGEST)
+            add_key(_ZERO_KEY)
             continue
         try:
             st = fstat(fd)
@@ -239,13 +246,13 @@ def _hash_span(paths: Sequence[str], start: int, end: int, digests_out: Any, key
                 digest = _finish(fd, sha256(), on_bytes)
         except OSError as e:
             errors.append((i, e.strerror or str(e)))
-            digests.append(_ZERO_DIGEST)
-            keys.extend(_ZERO_KEY)
+            add_digest(_ZERO_DIGEST)
+            add_key(_ZERO_KEY)
             continue
         finally:
             close(fd)
-        digests.append(digest)
-        keys.extend((st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns))
+        add_digest(digest)
+        add_key((st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns))
         nbytes += size
     digests_out[start * _DIGEST:end * _DIGEST] = b"".join(digests)
     keys_out[start * _KEY_BYTES:end * _KEY_BYTES] = keys.tobytes()
@@ -351,8 +358,9 @@ def feed(queue_w: int, batches: list[tuple[int, int]]) -> None:
 
 
 def drain(paths: Sequence[str], queue: int, control: Control, slot: int, digests_out: Any, keys_out: Any,
-          after_batch: Callable[[], None] | None = None) -> _Errors:
-    """Take (start, end) records from the ``queue`` pipe until it is empty; hash each."""
+          after_batch: Callable[[], None] | None = None, dir_fd: int | None = None) -> _Errors:
+    """Take (start, end) records from the ``queue`` pipe until it is empty; hash each
+    (``paths`` relative to ``dir_fd`` if given)."""
     errors: _Errors = []
     done_bytes = done_files = 0
     in_batch = 0
@@ -372,7 +380,7 @@ def drain(paths: Sequence[str], queue: int, control: Control, slot: int, digests
         record.frombytes(data)
         start, end = record
         in_batch = 0
-        nbytes, errs = _hash_span(paths, start, end, digests_out, keys_out, on_bytes)
+        nbytes, errs = _hash_span(paths, start, end, digests_out, keys_out, on_bytes, dir_fd)
         errors += errs
         done_bytes += nbytes
         done_files += end - start

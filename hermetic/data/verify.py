@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
 
-from hermetic.data.hashing import hash_files
+from hermetic.data.hashing import Hashed, hash_files
 from hermetic.data.manifest import (
     Manifest, first_names, make_manifest, parse_columns, parse_manifest, read_manifest_bytes,
 )
 from hermetic.data.scan import Tree, TreeError, resolve_root, scan_tree
 from hermetic.data.statcache import StatCache
+from hermetic.data.treehash import scan_and_hash
 from hermetic.errors import ConfigError, HermeticError
 
 Mode = Literal["stat-cache", "full"]
@@ -111,25 +112,39 @@ def verify_dataset(
     with _gc_paused():
         manifest_bytes = read_manifest_bytes(manifest_path)
         real_root = resolve_root(root)
-        tree = scan_tree(real_root, exclude=_inside(real_root, manifest_path), stat=not full)
-        job = _Job(real_root, manifest_path, manifest_bytes, tree,
-                   stat_cache if stat_cache is not None else StatCache.for_tree(real_root),
-                   recorded_ns, workers, _label(real_root) if progress else None)
-        report = job.full() if full else job.with_stat_cache()
+        exclude = _inside(real_root, manifest_path)
+        cache = stat_cache if stat_cache is not None else StatCache.for_tree(real_root)
+        label = _label(real_root) if progress else None
+        if full:  # the scan happens in a worker process, while this one parses the manifest
+            report = _Job(real_root, manifest_path, manifest_bytes, None, cache, recorded_ns, workers,
+                          label).full(exclude)
+        else:
+            tree = scan_tree(real_root, exclude=exclude, stat=True)
+            report = _Job(real_root, manifest_path, manifest_bytes, tree, cache, recorded_ns, workers,
+                          label).with_stat_cache()
     return dataclasses.replace(report, seconds=time.perf_counter() - started)
 
 
 class _Job:
-    """One verification: the scanned tree, the manifest bytes, the cache."""
+    """One verification: the manifest bytes, the cache, and the scanned tree (for ``full``,
+    None until the workers have scanned it)."""
 
-    def __init__(self, real_root: str, manifest_path: str | os.PathLike[str], manifest_bytes: bytes, tree: Tree,
-                 cache: StatCache, recorded_ns: int, workers: int | None, label: str | None):
+    def __init__(self, real_root: str, manifest_path: str | os.PathLike[str], manifest_bytes: bytes,
+                 tree: Tree | None, cache: StatCache, recorded_ns: int, workers: int | None, label: str | None):
         self.root, self.manifest_path, self.manifest_bytes = real_root, str(manifest_path), manifest_bytes
-        self.manifest_sha256 = hashlib.sha256(manifest_bytes).hexdigest()
         self.tree, self.cache, self.recorded_ns = tree, cache, recorded_ns
         self.workers, self.label = workers, label
-        self.abs_paths = tree.abs_paths
-        self.ok_note = _OK_NOTE + self.manifest_sha256.encode()
+        self._sha256: str | None = None  # the manifest's; parsing computes it too, so it is taken from there
+
+    @property
+    def manifest_sha256(self) -> str:
+        if self._sha256 is None:
+            self._sha256 = hashlib.sha256(self.manifest_bytes).hexdigest()
+        return self._sha256
+
+    @property
+    def ok_note(self) -> bytes:
+        return _OK_NOTE + self.manifest_sha256.encode()
 
     def parse(self) -> dict[str, str]:
         return parse_manifest(self.manifest_bytes, self.manifest_path).entries
@@ -140,7 +155,8 @@ class _Job:
 
     def with_stat_cache(self) -> VerifyReport:
         tree, cache = self.tree, self.cache
-        paths, keys, abs_paths = tree.paths, tree.keys, self.abs_paths
+        assert tree is not None
+        paths, keys, abs_paths = tree.paths, tree.keys, tree.abs_paths
         total_bytes = tree.total_bytes
         if cache.note == self.ok_note and cache.digests_if_unchanged(abs_paths, keys) is not None:
             # The last verify found these very digests equal to this very manifest, and
@@ -190,47 +206,76 @@ class _Job:
                            file_count=len(paths), total_bytes=total_bytes, hashed_files=hashed_files,
                            hashed_bytes=hashed_bytes, cached_files=len(c_paths) - hashed_files)
 
-    def full(self) -> VerifyReport:
-        """Hash every file (workers stat what they open); meanwhile parse the manifest and
-        line its digests up with the scan, so that one bytes comparison settles the usual case."""
-        paths, abs_paths, cache = self.tree.paths, self.abs_paths, self.cache
+    def full(self, exclude: set[str] | frozenset[str] = frozenset()) -> VerifyReport:
+        """Hash every file (workers stat what they open). Meanwhile parse the manifest and line
+        its digests up with the scan, so that one bytes comparison settles the usual case.
+
+        Scans the tree too (in a worker, leaving out ``exclude``) unless the job has one."""
+        cache = self.cache
         ready: dict[str, Any] = {}
 
-        def meanwhile() -> None:  # in this process, while the workers hash
-            columns = parse_columns(self.manifest_bytes, self.manifest_path)
-            lines = list(map(columns.positions.get, paths))  # each scanned file's manifest line, or None
-            ready.update(columns=columns, lines=lines)
-            if len(paths) == len(columns.positions) and None not in lines:  # the very same set of paths
-                ready["expected"] = _gather(columns.digests, lines)
+        def parse() -> None:
+            ready["columns"] = columns = parse_columns(self.manifest_bytes, self.manifest_path)
+            self._sha256 = columns.sha256
 
-        hashed = hash_files(abs_paths, None, workers=self.workers, progress_label=self.label,
-                            while_hashing=meanwhile)
-        columns, lines = ready["columns"], ready["lines"]
+        def line_up(tree: Tree) -> None:  # in this process, while the workers hash
+            expected = ready["columns"].digests
+            if len(tree.paths) == len(expected):
+                with contextlib.suppress(KeyError):  # (a file the manifest does not list)
+                    ready["expected"] = b"".join(map(expected.__getitem__, tree.paths))
+
+        if self.tree is None:
+            tree, hashed = scan_and_hash(self.root, exclude=exclude, workers=self.workers,
+                                         progress_label=self.label, while_scanning=parse, while_hashing=line_up)
+        else:
+            tree = self.tree
+
+            def meanwhile() -> None:
+                parse()
+                line_up(tree)
+
+            hashed = hash_files(tree.abs_paths, None, workers=self.workers, progress_label=self.label,
+                                while_hashing=meanwhile)
+        paths = tree.paths
         gone = set(hashed.vanished)
         keep = [i for i in range(len(paths)) if i not in gone] if gone else range(len(paths))
-        if not gone and hashed.digests == ready.get("expected"):
+        if not gone and hashed.digests == ready.get("expected"):  # the usual case, in one comparison
             extra: list[str] = []
             missing: list[str] = []
             changed: list[tuple[str, str, str]] = []
         else:
-            extra = [paths[i] for i in keep if lines[i] is None]
+            expected = ready["columns"].digests
+            extra = [paths[i] for i in keep if paths[i] not in expected]
             present = {paths[i] for i in keep}
-            missing = [p for p in columns.positions if p not in present]
-            changed = [(paths[i], columns.hex(lines[i]), hashed.hex(i)) for i in keep
-                       if lines[i] is not None and columns.hex(lines[i]) != hashed.hex(i)]
-        if not gone:
-            cache.replace(abs_paths, hashed.keys_little_endian(), self.recorded_ns, hashed.digests)
-        else:
-            cache.put_many([abs_paths[i] for i in keep], [hashed.key(i) for i in keep],
-                           [hashed.hex(i) for i in keep], self.recorded_ns)
-            cache.retain([abs_paths[i] for i in keep])
-        if not (missing or extra or changed):
-            cache.set_note(self.ok_note)
-        cache.save()
+            missing = [p for p in expected if p not in present]
+            changed = []
+            for i in keep:
+                want = expected.get(paths[i])
+                if want is not None and hashed.digests[i * 32:i * 32 + 32] != want:
+                    changed.append((paths[i], want.hex(), hashed.hex(i)))
+        self._record(tree, hashed, keep, ok=not (missing or extra or changed))
         total = sum(hashed.sizes())
         return self.report("full", missing=sorted(missing), extra=sorted(extra), changed=sorted(changed),
                            file_count=len(keep), total_bytes=total, hashed_files=len(keep),
                            hashed_bytes=total, cached_files=0)
+
+
+    def _record(self, tree: Tree, hashed: Hashed, keep: Sequence[int], *, ok: bool) -> None:
+        """Put what ``full`` hashed in the stat cache -- unless it already says exactly that."""
+        cache = self.cache
+        if len(keep) == len(tree.paths):
+            keys = hashed.keys_little_endian()
+            if ok and cache.is_current(tree.paths, keys, hashed.digests, self.ok_note, prefix=self.root + "/"):
+                return  # an unchanged tree verified again: nothing to write
+            cache.replace(tree.abs_paths, keys, self.recorded_ns, hashed.digests)
+        else:
+            abs_paths = tree.abs_paths
+            cache.put_many([abs_paths[i] for i in keep], [hashed.key(i) for i in keep],
+                           [hashed.hex(i) for i in keep], self.recorded_ns)
+            cache.retain([abs_paths[i] for i in keep])
+        if ok:
+            cache.set_note(self.ok_note)
+        cache.save()
 
 
 def _partition(paths: list[str], expected: dict[str, str]) -> tuple[list[str], list[str], list[int] | None]:
@@ -249,12 +294,6 @@ def _partition(paths: list[str], expected: dict[str, str]) -> tuple[list[str], l
         present = set(paths)
         missing = [p for p in expected if p not in present]
     return extra, missing, (None if len(checked) == len(paths) else checked)
-
-
-def _gather(digests: bytes, order: list[int]) -> bytes:
-    """The 32-byte digests at positions ``order``, concatenated."""
-    chunks = [digests[i:i + 32] for i in range(0, len(digests), 32)]
-    return b"".join([chunks[i] for i in order])
 
 
 def _expected_raw(paths: list[str], expected: dict[str, str]) -> bytes:
