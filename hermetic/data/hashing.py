@@ -8,22 +8,23 @@ while two forked processes were 2x faster.
 
 When this process has a single thread, workers are *forked* (instant,
 nothing re-imported, nothing pickled): they inherit the list of paths, take
-batches of indices from a pipe (one 4-byte batch number per read: the pipe
-hands each number to exactly one reader, so the cores finish together), and
-write digests and stat keys straight into a shared anonymous mmap at each
-file's index. The calling process hashes batches too once its own side work
+batches as (start, end) records from one pipe (``feed``/``drain``: each
+record goes to exactly one reader, so the cores finish together), and write
+digests and stat keys straight into shared memory at each file's index.
+The calling process hashes batches too once its own side work
 (``while_hashing``) is done, so ``workers`` processes hash in all and none
-waits idle. Only per-file errors (rare) travel back, over a pipe, at exit.
+waits idle. Only per-file errors (rare) travel back, over a pipe, at the end.
 A process with other threads starts workers from a fork server instead
 (forking a threaded process can deadlock in a lock another thread held),
 and batches of paths travel there and back pickled. Small jobs are hashed
-in-process: starting workers would cost more than it saves.
+in-process: starting workers would cost more than it saves. (treehash.py
+builds ``verify --full`` on the same pieces, with the scan in a worker too.)
 
 Per file: ``open``, ``fstat``, one ``read`` of exactly the file's size plus
 one byte (a short read of exactly ``st_size`` bytes is the whole file as of
 the fstat, so no second read to see EOF) and one ``hashlib.sha256(data)``
-call. Small files on a VM are mostly syscalls; this is the fewest there are.
-Files over 128 KiB are read in 1 MiB chunks into one reused buffer instead
+call: small files on a VM are mostly syscalls, and this is the fewest there
+are. Files over 128 KiB are read in 1 MiB chunks into a reused buffer instead
 (no large allocation per file). The ``fstat`` key is exactly that of the
 bytes hashed, so the caller need not stat files it hands out.
 """
@@ -35,6 +36,7 @@ import os
 import stat as statmod
 import struct
 import sys
+import threading
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -166,8 +168,6 @@ def hash_files(
 
 
 def _default_start_method() -> str:
-    import threading
-
     return "fork" if threading.active_count() == 1 and hasattr(os, "fork") else "forkserver"
 
 
@@ -259,14 +259,14 @@ def _hash_span(paths: Sequence[str], start: int, end: int, digests_out: Any, key
     return nbytes, errors
 
 
-_read_buffer: list[bytearray] = []
+_buffers = threading.local()  # one reused 1 MiB read buffer per thread
 
 
 def _finish(fd: int, h: Any, on_bytes: Callable[[int], bool] | None) -> bytes:
-    """Read the rest of ``fd`` into ``h`` through one reused 1 MiB buffer."""
-    if not _read_buffer:
-        _read_buffer.append(bytearray(READ_SIZE))
-    bufs = _read_buffer
+    """Read the rest of ``fd`` into ``h`` through this thread's reused 1 MiB buffer."""
+    bufs = getattr(_buffers, "bufs", None)
+    if bufs is None:
+        bufs = _buffers.bufs = [bytearray(READ_SIZE)]
     view = memoryview(bufs[0])
     pending = 0
     while True:

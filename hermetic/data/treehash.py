@@ -22,7 +22,7 @@ import marshal
 import mmap
 import os
 import struct
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from hermetic.data.hashing import (
     OUTPUT_BYTES_PER_FILE, Control, Hashed, _default_start_method, _plan, _write_all, available_cpus, drain,
@@ -120,7 +120,8 @@ class _Pipeline:
             if n:
                 out = mmap.mmap(self.shared, n * OUTPUT_BYTES_PER_FILE + blob_len)
                 self.stack.callback(out.close)
-                tree.paths = out[n * OUTPUT_BYTES_PER_FILE:].decode("utf-8", "surrogateescape").split("\0")
+                with memoryview(out)[n * OUTPUT_BYTES_PER_FILE:] as blob:  # (decoded in place: no copy)
+                    tree.paths = str(blob, "utf-8", "surrogateescape").split("\0")
                 views = output_views(out, n)
                 for view in views:
                     self.stack.callback(view.release)

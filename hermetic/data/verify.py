@@ -211,7 +211,6 @@ class _Job:
         its digests up with the scan, so that one bytes comparison settles the usual case.
 
         Scans the tree too (in a worker, leaving out ``exclude``) unless the job has one."""
-        cache = self.cache
         ready: dict[str, Any] = {}
 
         def parse() -> None:
