@@ -62,7 +62,7 @@ def skopeo(*args: str) -> float:
     return time.perf_counter() - t
 
 
-def import_image(store: OciStore, spec: str) -> str:
+def import_image(store: OciStore, spec: str, as_ref: str = "bench:a") -> str:
     """Hard-link (else copy) an image from another OCI layout into the scratch store."""
     src_dir, sep, ref = spec.partition(":")
     src = OciStore(src_dir)
@@ -76,7 +76,7 @@ def import_image(store: OciStore, spec: str) -> str:
                 os.link(src.blob_path(d), dest)
             except OSError:
                 shutil.copyfile(src.blob_path(d), dest)
-    store.set_ref("bench:a", Descriptor(desc.media_type, desc.digest, desc.size))
+    store.set_ref(as_ref, Descriptor(desc.media_type, desc.digest, desc.size))
     return desc.digest
 
 
@@ -127,7 +127,7 @@ def main() -> int:
             del big
             described = f"{args.size_mb} MB random layer + busybox layer, uncompressed"
         if args.image and args.image_b:
-            image_b = import_image(store, args.image_b)
+            image_b = import_image(store, args.image_b, "bench:b")
             described += f" -> {args.image_b}"
         else:
             image_b = with_last_layer_replaced(store, image_a, small_b)

@@ -32,7 +32,9 @@ from hermetic.fsutil import atomic_write_bytes
 from hermetic.lock.model import ResolvedWheel
 from hermetic.store.oci import MT_LAYER, MT_LAYER_GZIP, Descriptor, OciStore
 
-LAYER_FORMAT = 1
+# Bump on any change to what a layer holds or how layers are planned: it is part
+# of every layer key and of the build key, so old cached builds are not reused.
+LAYER_FORMAT = 2
 BIG_WHEEL_BYTES = 64 * 1024 * 1024
 MAX_LAYERS = 100
 

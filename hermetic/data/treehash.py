@@ -252,4 +252,3 @@ def _read_exactly(fd: int, size: int, tick: Callable[[], None] | None) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
-

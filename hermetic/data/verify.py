@@ -258,7 +258,6 @@ class _Job:
                            file_count=len(keep), total_bytes=total, hashed_files=len(keep),
                            hashed_bytes=total, cached_files=0)
 
-
     def _record(self, tree: Tree, hashed: Hashed, keep: Sequence[int], *, ok: bool) -> None:
         """Put what ``full`` hashed in the stat cache -- unless it already says exactly that."""
         cache = self.cache
