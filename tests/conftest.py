@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SESSION_CACHE_ENV = "HERMETIC_TEST_SESSION_CACHE"
-pytest_plugins = ("buildsupport",)  # shared fixtures: registry
+pytest_plugins = ("buildsupport", "run_support")  # shared fixtures: registry, built example projects
 
 
 def pytest_configure(config):

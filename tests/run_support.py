@@ -6,6 +6,8 @@ bootstrapped base; `hermetic` is always run as a new process (conftest.run_cli).
 
 from __future__ import annotations
 
+import pytest
+
 import hashlib
 import json
 import re
@@ -118,3 +120,26 @@ def containers_created_since(client, since: float, run_id_part: str) -> list[str
     ids = [(e.get("Actor") or {}).get("Attributes", {}).get(RUN_LABEL, "") for e in events
            if e.get("timeNano", 0) >= since * 1e9]
     return [i for i in ids if run_id_part in i]
+
+
+@pytest.fixture(scope="module")
+def module_cache(session_cache):
+    """The session cache for every `hermetic` a module starts (one base, one image per example)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HERMETIC_CACHE", str(session_cache))
+    yield session_cache
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def logreg(tmp_path_factory, module_cache, base_ref) -> Path:
+    """examples/numpy-logreg, copied, pinned to the session base, data made, image built."""
+    proj = copy_example("numpy-logreg", tmp_path_factory.mktemp("logreg") / "numpy-logreg", base_ref)
+    build(proj)
+    return proj
+
+
+@pytest.fixture
+def project(logreg, tmp_path) -> Path:
+    """A private checkout of the built project (same image), for tests that add or change files."""
+    return copy_project(logreg, tmp_path / "numpy-logreg")

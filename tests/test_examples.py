@@ -45,14 +45,6 @@ def test_make_data_reproduces_the_committed_manifest(example, tmp_path):
     assert made == manifest
 
 
-@pytest.fixture(scope="module")
-def module_cache(session_cache):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HERMETIC_CACHE", str(session_cache))
-    yield session_cache
-    mp.undo()
-
-
 def built_example(example: str, tmp_path_factory, base_ref: str) -> tuple[Path, dict]:
     proj = copy_example(example, tmp_path_factory.mktemp(example) / example, base_ref)
     return proj, build(proj)

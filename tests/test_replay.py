@@ -17,30 +17,10 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_clean_error, run_cli
-from run_support import (build, containers_created_since, copy_example, copy_project, diff_json, hermetic_run,
+from run_support import (containers_created_since, copy_project, diff_json, hermetic_run,
                          material_causes, output_digests, run_dir_of, run_dirs)
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-def module_cache(session_cache):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HERMETIC_CACHE", str(session_cache))
-    yield session_cache
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def logreg(tmp_path_factory, module_cache, base_ref) -> Path:
-    proj = copy_example("numpy-logreg", tmp_path_factory.mktemp("logreg") / "numpy-logreg", base_ref)
-    build(proj)
-    return proj
-
-
-@pytest.fixture
-def project(logreg, tmp_path) -> Path:
-    return copy_project(logreg, tmp_path / "numpy-logreg")
 
 
 def flip_byte(path: Path, offset: int = 1000) -> None:

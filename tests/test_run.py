@@ -23,34 +23,11 @@ import pytest
 import yaml
 
 from conftest import assert_clean_error, run_cli
-from run_support import (build, containers_created_since, copy_example, copy_project, git_commit_all,
+from run_support import (containers_created_since, git_commit_all,
                          hermetic_run, labelled_containers, run_dir_of, run_dirs, sha256_file)
 
 SECRET = "s3cr3t-v4lue-xyz"
 NO_GPU_RUNTIME = "this Docker Engine has no NVIDIA runtime: install nvidia-container-toolkit"
-
-
-@pytest.fixture(scope="module")
-def module_cache(session_cache):
-    """The session cache for every `hermetic` this module starts (one base, one image)."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HERMETIC_CACHE", str(session_cache))
-    yield session_cache
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def logreg(tmp_path_factory, module_cache, base_ref) -> Path:
-    """examples/numpy-logreg, copied, pinned to the session base, data made, image built."""
-    proj = copy_example("numpy-logreg", tmp_path_factory.mktemp("logreg") / "numpy-logreg", base_ref)
-    build(proj)
-    return proj
-
-
-@pytest.fixture
-def project(logreg, tmp_path) -> Path:
-    """A private checkout of the built project (same image), for tests that add files."""
-    return copy_project(logreg, tmp_path / "numpy-logreg")
 
 
 def unique() -> str:
