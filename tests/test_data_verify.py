@@ -13,7 +13,7 @@ import pytest
 from hermetic.config import parse_config
 from hermetic.data.hashing import _plan, hash_files
 from hermetic.data.manifest import ManifestError, format_manifest, read_manifest
-from hermetic.data.scan import TreeError
+from hermetic.data.scan import TreeError, scan_tree
 from hermetic.data.statcache import StatCache, stat_key
 from hermetic.data.verify import build_manifest, verify_configured, verify_dataset
 from hermetic.errors import ConfigError, HermeticError
@@ -209,6 +209,17 @@ def test_worker_processes_hash_like_hashlib(tmp_path: Path, start_method: str) -
         assert [got.key(i) for i in range(len(files))] == [stat_key(os.stat(p)) for p in files]
 
 
+@pytest.mark.parametrize("n", [10, 300])  # hashed in this process, or by forked workers
+def test_a_file_that_cannot_be_read_is_named_after_the_rest_is_hashed(tmp_path: Path, n: int) -> None:
+    files = [tmp_path / f"f{i:03d}" for i in range(n)]
+    for p in files:
+        p.write_bytes(p.name.encode())
+    files[n // 2].unlink()
+    files[n // 2].mkdir()  # what a dataset file can turn into between the scan and its turn
+    with pytest.raises(HermeticError, match=rf"^{files[n // 2]}: cannot read: no longer a regular file$"):
+        hash_files([str(p) for p in files], workers=2)
+
+
 def test_workers_start_from_a_fork_server_when_threads_are_running(tmp_path: Path) -> None:
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
@@ -287,17 +298,41 @@ def test_file_deleted_while_the_workers_hash_is_vanished_or_was_hashed_before(tm
     assert all(hashed.hex(i) == sha(b"x" * int(p[1:])) for i, p in enumerate(tree.paths[:-1]))
 
 
-def test_full_verify_of_an_unchanged_tree_leaves_the_cache_file_alone(tmp_path: Path) -> None:
+def test_full_verify_of_an_unchanged_tree_leaves_a_trusted_cache_file_alone(tmp_path: Path) -> None:
     root, manifest = make_dataset(tmp_path, {f"f{i}": bytes([i]) * 10 for i in range(50)})
-    cache_file = StatCache.for_tree(os.path.realpath(root)).file
+    real = os.path.realpath(root)
+    cache = StatCache.for_tree(real)
     assert verify_dataset(root, manifest, full=True, workers=2).ok
-    before = cache_file.stat()
+    # Entries recorded well after the files were written, as on any dataset older than a few seconds.
+    tree = scan_tree(real, stat=False)
+    hashed = hash_files(tree.abs_paths, workers=1)
+    cache.replace(tree.abs_paths, hashed.keys_little_endian(), time.time_ns() + 5_000_000_000, hashed.digests)
+    cache.set_note(b"verified-manifest-sha256:" + sha(manifest.read_bytes()).encode())
+    cache.save()
+    before = cache.file.stat()
     assert verify_dataset(root, manifest, full=True, workers=2).ok
-    assert cache_file.stat().st_ino == before.st_ino  # not rewritten
+    assert cache.file.stat().st_ino == before.st_ino  # not rewritten
     (root / "f3").write_bytes(b"changed")
     assert verify_dataset(root, manifest, full=True, workers=2).changed[0][0] == "f3"
-    assert cache_file.stat().st_ino != before.st_ino  # rewritten: the default mode sees the change too
+    assert cache.file.stat().st_ino != before.st_ino  # rewritten: the default mode sees the change too
     assert verify_dataset(root, manifest).changed[0][0] == "f3"
+
+
+def test_full_verify_rewrites_a_cache_too_recent_to_trust_as_a_whole(tmp_path: Path) -> None:
+    """Entries recorded within ~2 s of their files' stamps would send every warm verify
+    down the entry-by-entry path: --full records them again, at its own (later) time."""
+    root, manifest = make_dataset(tmp_path, {f"f{i}": bytes([i]) * 10 for i in range(50)})
+    real = os.path.realpath(root)
+    cache = StatCache.for_tree(real)
+    tree = scan_tree(real, stat=False)
+    hashed = hash_files(tree.abs_paths, workers=1)
+    newest = max(max(os.stat(p).st_mtime_ns, os.stat(p).st_ctime_ns) for p in tree.abs_paths)
+    cache.replace(tree.abs_paths, hashed.keys_little_endian(), newest, hashed.digests)  # racy: same tick
+    cache.set_note(b"verified-manifest-sha256:" + sha(manifest.read_bytes()).encode())
+    cache.save()
+    before = cache.file.stat()
+    assert verify_dataset(root, manifest, full=True, workers=2).ok
+    assert cache.file.stat().st_ino != before.st_ino  # rewritten, with this verify's own recorded time
 
 
 # ---------------------------------------------------------------- hermetic.yaml datasets

@@ -60,6 +60,8 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)  # a FIF
 _ZERO_KEY = (0, 0, 0, 0, 0)
 _ZERO_DIGEST = bytes(_DIGEST)
 _COUNTERS = struct.Struct("qq")  # per hashing process: bytes done, files done
+_KEY = struct.Struct("5q")  # dev, ino, size, mtime_ns, ctime_ns (native order)
+_RECORD = struct.Struct("=II")  # a batch in the pipe: (start, end)
 
 # [(index, error message, or None when the file vanished)]
 _Errors = list[tuple[int, Optional[str]]]
@@ -220,9 +222,9 @@ def _hash_span(paths: Sequence[str], start: int, end: int, digests_out: Any, key
     # Everything the loop touches is a local: at 100,000 files, lookups add up.
     sha256, fstat, read, close, open_ = hashlib.sha256, os.fstat, os.read, os.close, os.open
     is_reg, one_read_max, flags = statmod.S_ISREG, _ONE_READ_MAX, _OPEN_FLAGS
+    put_key = _KEY.pack_into  # (half the cost of an array of tuples: the ns stamps are big ints)
     digests: list[bytes] = []
-    keys = array("q")
-    add_digest, add_key = digests.append, keys.extend
+    add_digest = digests.append
     errors: _Errors = []
     nbytes = 0
     for i in range(start, end):
@@ -231,7 +233,7 @@ def _hash_span(paths: Sequence[str], start: int, end: int, digests_out: Any, key
         except OSError as e:
             errors.append((i, None if isinstance(e, FileNotFoundError) else (e.strerror or str(e))))
             add_digest(_ZERO_DIGEST)
-            add_key(_ZERO_KEY)
+            put_key(keys_out, i * _KEY_BYTES, *_ZERO_KEY)
             continue
         try:
             st = fstat(fd)
@@ -247,15 +249,14 @@ def _hash_span(paths: Sequence[str], start: int, end: int, digests_out: Any, key
         except OSError as e:
             errors.append((i, e.strerror or str(e)))
             add_digest(_ZERO_DIGEST)
-            add_key(_ZERO_KEY)
+            put_key(keys_out, i * _KEY_BYTES, *_ZERO_KEY)
             continue
         finally:
             close(fd)
         add_digest(digest)
-        add_key((st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns))
+        put_key(keys_out, i * _KEY_BYTES, st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
         nbytes += size
     digests_out[start * _DIGEST:end * _DIGEST] = b"".join(digests)
-    keys_out[start * _KEY_BYTES:end * _KEY_BYTES] = keys.tobytes()
     return nbytes, errors
 
 
@@ -350,8 +351,8 @@ def feed(queue_w: int, batches: list[tuple[int, int]]) -> None:
     """
     import select
 
-    records = array("I", [x for b in batches for x in b]).tobytes()
-    step = max(8, getattr(select, "PIPE_BUF", 512) // 8 * 8)
+    records = b"".join(_RECORD.pack(start, end) for start, end in batches)
+    step = max(_RECORD.size, getattr(select, "PIPE_BUF", 512) // _RECORD.size * _RECORD.size)
     for at in range(0, len(records), step):
         _write_all(queue_w, records[at:at + step])
     os.close(queue_w)
@@ -371,14 +372,11 @@ def drain(paths: Sequence[str], queue: int, control: Control, slot: int, digests
         control.report(slot, done_bytes + in_batch, done_files)
         return control.stopped
 
-    record = array("I")
     while not control.stopped:
-        data = os.read(queue, 8)
+        data = os.read(queue, _RECORD.size)
         if not data:
             break
-        del record[:]
-        record.frombytes(data)
-        start, end = record
+        start, end = _RECORD.unpack(data)
         in_batch = 0
         nbytes, errs = _hash_span(paths, start, end, digests_out, keys_out, on_bytes, dir_fd)
         errors += errs

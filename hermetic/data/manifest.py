@@ -38,9 +38,10 @@ _HEAD_LEN = HEX_LEN + 2  # the hash and its separator
 _HEAD = itemgetter(slice(0, _HEAD_LEN))
 _PATH = itemgetter(slice(_HEAD_LEN, None))
 # In the newline-framed blob of all paths, substrings that only a path needing the
-# slow, per-line parser holds (decoding, './' stripping, or refusal)...
-_SUSPECT = ("%", "\0", "\r", "//", "\n/", "/\n", "\n\n")
-# ...and those with a '.' next to a separator, looked for only when '/.' or '\n.' occurs.
+# slow, per-line parser holds (decoding, './' stripping, or refusal): a character...
+_SUSPECT_CHARS = ("%", "\0", "\r")
+# ...two separators in a row (an empty path or component, an absolute path, a trailing
+# '/': "//" once every LF is a '/'), or a '.' component, looked for only past a '/.'.
 _SUSPECT_DOT = ("/./", "/../", "\n./", "\n../", "/.\n", "/..\n", "\n.\n", "\n..\n")
 
 
@@ -246,9 +247,10 @@ def _columns_fast(lines: list[str]) -> tuple[list[str], bytes] | None:
         return None
     paths = list(map(_PATH, lines))
     blob = "\n" + "\n".join(paths) + "\n"
-    if not blob.isascii() or any(s in blob for s in _SUSPECT):
+    if not blob.isascii() or any(c in blob for c in _SUSPECT_CHARS):
         return None  # non-ASCII needs the normalization check; the rest need decoding or refusal
-    if ("/." in blob or "\n." in blob) and any(s in blob for s in _SUSPECT_DOT):
+    slashes = blob.replace("\n", "/")  # one search below instead of one per separator pair
+    if "//" in slashes or ("/." in slashes and any(s in blob for s in _SUSPECT_DOT)):
         return None
     return paths, raw
 

@@ -19,12 +19,14 @@ What it cannot see (docs/data.md): a change that leaves all five fields equal
 -- bit rot, writes to the raw block device, a clock set backwards, a network
 filesystem serving stale attributes. ``--full`` re-hashes everything.
 
-Storage: one binary file, written atomically, fast to load: a header, int64
-columns (stat keys, recorded times), raw digests, NUL-separated UTF-8 paths,
-in the order of the last ``retain`` (for a dataset: scan order, so the next
-verify of an unchanged tree compares whole columns at C speed instead of
-100,000 entries one by one). A file that does not parse is treated as empty:
-a cache is never a reason to fail.
+Storage: one binary file, written atomically, fast to load: a header (with
+the newest stamp and the oldest recorded time, so "every entry trusted" is
+one comparison), int64 columns (stat keys, recorded times), raw digests,
+NUL-separated UTF-8 paths, in the order of the last ``retain`` (for a
+dataset: scan order, so the next verify of an unchanged tree compares whole
+columns at C speed instead of 100,000 entries one by one). A file that does
+not parse (or comes from an older version) is treated as empty: a cache is
+never a reason to fail.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ from itertools import chain
 from pathlib import Path
 from typing import Iterable, Sequence
 
-_MAGIC = b"hermetic-statcache\x00v1\n"
-_HEADER = struct.Struct("<QQ")  # entry count, note length
+_MAGIC = b"hermetic-statcache\x00v2\n"
+# entry count, note length, newest mtime/ctime of any entry, oldest recorded time: the
+# last two decide "every entry trusted" without going through 100,000 entries.
+_HEADER = struct.Struct("<QQqq")
 _KEY_INTS = 5  # dev, ino, size, mtime_ns, ctime_ns
 _DIGEST = 32
 _COARSE_CLOCK_NS = 50_000_000
@@ -108,6 +112,7 @@ class StatCache:
         self._order: list[str] | None = None
         self._dirty = False
         self._note = b""
+        self._newest = self._oldest = 0  # from the file's header (see _HEADER)
 
     @property
     def note(self) -> bytes:
@@ -178,20 +183,16 @@ class StatCache:
             return None
         if _pack_keys(keys) != self._keys:
             return None
-        stored = _ints(self._keys)
-        newest = max(max(stored[3::_KEY_INTS]), max(stored[4::_KEY_INTS]))
-        if newest + _SAFE_AGE_NS >= min(self._recorded):
+        if self._newest + _SAFE_AGE_NS >= self._oldest:  # (the stored keys are these very keys)
             return None  # some entry may be racy: let get_many decide one by one
         return self._digests
 
     def is_current(self, paths: Sequence[str], packed_keys: bytes, digests: bytes, note: bytes, *,
                    prefix: str = "") -> bool:
         """True if the cache file already holds exactly these entries, in this order, and this
-        note: then ``replace`` and ``set_note`` with them need not be written.
+        note, every entry trusted: then ``replace`` and ``set_note`` with them need not be
+        written (they would only move the recorded times forward).
 
-        They would only have moved the recorded times forward, which can only turn a racy
-        entry (its file changed within ~2 s of the time it was recorded) into a trusted one;
-        left as it is, such an entry is re-hashed by the next lookup, and recorded then.
         Arguments as for ``replace`` (``prefix`` + each of ``paths`` is a path). Compares
         with the file's bytes in place, without loading it: an unchanged 100,000-file tree
         verified again is settled in a few milliseconds.
@@ -239,6 +240,7 @@ class StatCache:
         self._keys = packed_keys
         self._recorded = array("q", [recorded_ns]) * n
         self._digests = digests
+        self._newest, self._oldest = _newest_stamp(packed_keys), recorded_ns if n else 0
         self._dirty = True
 
     def retain(self, paths: Iterable[str]) -> None:
@@ -268,7 +270,7 @@ class StatCache:
         self._load()
         if not self._new and (self._order is None or self._order == self._paths):
             # Only the note changed, or replace() set whole columns: write them as they are.
-            self._write(self._paths, self._keys, self._recorded, self._digests)
+            self._write(self._paths, self._keys, self._recorded, self._digests, (self._newest, self._oldest))
             return
         index = self._index()
         if self._order is not None:
@@ -303,14 +305,16 @@ class StatCache:
             key_arr.byteswap()
         self._write(paths, key_arr.tobytes(), array("q", recorded), b"".join(digests))
 
-    def _write(self, paths: Sequence[str], packed_keys: bytes, recorded: array, digests: bytes) -> None:
+    def _write(self, paths: Sequence[str], packed_keys: bytes, recorded: array, digests: bytes,
+               newest_oldest: tuple[int, int] | None = None) -> None:
+        newest, oldest = newest_oldest or (_newest_stamp(packed_keys), _oldest(recorded))
         rec = recorded
         if sys.byteorder != "little":
             rec = array("q", recorded)
             rec.byteswap()
         blob = "\0".join(paths).encode("utf-8", "surrogateescape")
-        data = b"".join((_MAGIC, _HEADER.pack(len(paths), len(self._note)), self._note, packed_keys,
-                         rec.tobytes(), digests, blob))
+        header = _HEADER.pack(len(paths), len(self._note), newest, oldest)
+        data = b"".join((_MAGIC, header, self._note, packed_keys, rec.tobytes(), digests, blob))
         from hermetic.fsutil import atomic_write_bytes  # (imports tempfile: only when writing)
 
         try:
@@ -340,7 +344,7 @@ class StatCache:
         if parsed is None:
             self._dirty = True  # rewrite the unreadable file at the next save
             return
-        self._note, self._paths, self._keys, self._recorded, self._digests = parsed
+        self._note, self._paths, self._keys, self._recorded, self._digests, self._newest, self._oldest = parsed
 
 
 def _file_holds(data: memoryview, paths: Sequence[str], prefix: str, packed_keys: bytes, digests: bytes,
@@ -351,7 +355,7 @@ def _file_holds(data: memoryview, paths: Sequence[str], prefix: str, packed_keys
         head = len(_MAGIC) + _HEADER.size
         if len(data) < head or not _same(data[:len(_MAGIC)], _MAGIC):
             return False
-        count, note_len = _HEADER.unpack_from(data, len(_MAGIC))
+        count, note_len, newest, oldest = _HEADER.unpack_from(data, len(_MAGIC))
         if count != n or not _same(data[head:head + note_len], note):
             return False
         head += note_len
@@ -368,7 +372,10 @@ def _file_holds(data: memoryview, paths: Sequence[str], prefix: str, packed_keys
             if not _same(data[at:at + len(blob)], blob):
                 return False
             at += len(blob)
-        return at == len(data)
+        # Trusted as a whole, as digests_if_unchanged wants them: a file changed within the
+        # slack of its entry's recorded time is re-hashed then, and a fresh time recorded now
+        # (by the caller's write) is what makes the next lookup skip it.
+        return at == len(data) and (not n or newest + _SAFE_AGE_NS < oldest)
     except (ValueError, struct.error):  # (paths that cannot be encoded: not what the file holds)
         return False
     finally:
@@ -384,11 +391,29 @@ def _same(view: memoryview, data: bytes) -> bool:
     return all(bytearray(view[i:i + step]) == other[i:i + step] for i in range(0, len(data), step))
 
 
-def _parse(data: bytes) -> tuple[bytes, list[str], bytes, array, bytes] | None:
+def _newest_stamp(packed_keys: bytes) -> int:
+    """The latest mtime or ctime among little-endian packed keys (0 for none)."""
+    if not packed_keys:
+        return 0
+    # A view where little-endian is native, rather than a copy of 100,000 keys.
+    stamps = memoryview(packed_keys).cast("q") if sys.byteorder == "little" else _ints(packed_keys)
+    return max(max(stamps[3::_KEY_INTS]), max(stamps[4::_KEY_INTS]))
+
+
+def _oldest(recorded: array) -> int:
+    """The earliest recorded time (0 for none); one comparison when replace() wrote them all."""
+    if not recorded:
+        return 0
+    if recorded.tobytes() == recorded[:1].tobytes() * len(recorded):
+        return recorded[0]
+    return min(recorded)
+
+
+def _parse(data: bytes) -> tuple[bytes, list[str], bytes, array, bytes, int, int] | None:
     head = len(_MAGIC) + _HEADER.size
     if not data.startswith(_MAGIC) or len(data) < head:
         return None
-    count, note_len = _HEADER.unpack_from(data, len(_MAGIC))
+    count, note_len, newest, oldest = _HEADER.unpack_from(data, len(_MAGIC))
     note = data[head:head + note_len]
     head += note_len
     keys_end = head + count * _KEY_INTS * 8
@@ -402,4 +427,4 @@ def _parse(data: bytes) -> tuple[bytes, list[str], bytes, array, bytes] | None:
         return None
     if len(paths) != count:
         return None
-    return note, paths, data[head:keys_end], _ints(data[keys_end:rec_end]), data[rec_end:dig_end]
+    return note, paths, data[head:keys_end], _ints(data[keys_end:rec_end]), data[rec_end:dig_end], newest, oldest

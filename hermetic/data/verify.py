@@ -222,6 +222,9 @@ class _Job:
             if len(tree.paths) == len(expected):
                 with contextlib.suppress(KeyError):  # (a file the manifest does not list)
                     ready["expected"] = b"".join(map(expected.__getitem__, tree.paths))
+                    # Freed now, while the workers hash, rather than after them; a dataset
+                    # that turns out to differ has its manifest parsed again, to say how.
+                    del ready["columns"]
 
         if self.tree is None:
             tree, hashed = scan_and_hash(self.root, exclude=exclude, workers=self.workers,
@@ -243,7 +246,7 @@ class _Job:
             missing: list[str] = []
             changed: list[tuple[str, str, str]] = []
         else:
-            expected = ready["columns"].digests
+            expected = (ready.get("columns") or parse_columns(self.manifest_bytes, self.manifest_path)).digests
             extra = [paths[i] for i in keep if paths[i] not in expected]
             present = {paths[i] for i in keep}
             missing = [p for p in expected if p not in present]
