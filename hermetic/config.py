@@ -32,9 +32,13 @@ def _check_name(v: str) -> str:
     return v
 
 
+def is_env_name(name: str) -> bool:
+    return bool(_ENV_NAME.match(name))
+
+
 def _check_env_names(v: dict[str, str]) -> dict[str, str]:
     for k in v:
-        if not _ENV_NAME.match(k):
+        if not is_env_name(k):
             raise ValueError(f"{k!r} is not a valid environment variable name")
     return v
 

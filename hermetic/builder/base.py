@@ -362,7 +362,3 @@ def os_pretty_name(facts: BaseFacts) -> str | None:
         if line.startswith("PRETTY_NAME="):
             return line.split("=", 1)[1].strip().strip('"')
     return None
-
-
-def base_dir_attrs(facts: BaseFacts) -> dict[str, DirAttrs]:
-    return facts.dirs

@@ -227,8 +227,9 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     labels[BASE_LAYERS_LABEL] = str(len(base.layers))
     from hermetic.builder.base import os_pretty_name
 
-    if os_pretty_name(facts):
-        labels["org.hermetic.base.os"] = os_pretty_name(facts) or ""
+    base_os = os_pretty_name(facts)
+    if base_os:
+        labels["org.hermetic.base.os"] = base_os
     if facts.glibc:
         labels["org.hermetic.base.glibc"] = ".".join(map(str, facts.glibc))
     refs = [LayerRef(b.descriptor, b.descriptor.digest, f"hermetic: {b.spec.description}") for b in built]

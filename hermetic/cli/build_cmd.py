@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, json_option
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000  # type: ignore[assignment]
-    return str(n)
+from hermetic.cli.common import config_option, emit_json, human_bytes, json_option
 
 
 @click.command()
@@ -49,7 +41,7 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
     def on_layer(b) -> None:
         if show:
             state = "cached" if b.cached else f"built in {b.seconds:.1f}s"
-            click.echo(f"  layer {b.descriptor.digest[7:19]}  {_human(b.descriptor.size):>9}  {state:<16} {b.spec.description}", err=True)
+            click.echo(f"  layer {b.descriptor.digest[7:19]}  {human_bytes(b.descriptor.size):>9}  {state:<16} {b.spec.description}", err=True)
 
     if cache_repo:
         from hermetic.builder.cicache import cached_build
@@ -102,7 +94,7 @@ def inspect_image(image: str | None, config_path: str | None, as_json: bool) -> 
     click.echo(f"created:         {info['created']}   user: {info['user']}   workdir: {info['workdir']}")
     click.echo("layers:")
     for layer in info["layers"]:
-        click.echo(f"  {layer['digest'][7:19]}  {_human(layer['size']):>9}  {layer['created_by']}")
+        click.echo(f"  {layer['digest'][7:19]}  {human_bytes(layer['size']):>9}  {layer['created_by']}")
     click.echo("env:")
     for e in info["env"]:
         click.echo(f"  {e}")

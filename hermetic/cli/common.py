@@ -26,6 +26,16 @@ def emit_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
+def human_bytes(n: int) -> str:
+    """1234567 -> '1.2 MB' (SI units, as docker and skopeo print sizes)."""
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
 def stderr_console():  # -> rich.console.Console, imported lazily
     from rich.console import Console
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, json_option, progress_enabled
+from hermetic.cli.common import config_option, emit_json, human_bytes, json_option, progress_enabled
 from hermetic.errors import HermeticError
 
 BUILD_RECORD = "hermetic.image.json"
@@ -27,15 +27,6 @@ def _progress():
     from hermetic.registry.progress import NoProgress
 
     return NoProgress()
-
-
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{n} B"
 
 
 def image_to_push(store, image: str | None, config_path: str | None) -> str:
@@ -114,7 +105,7 @@ def push(ref: str, image: str | None, workers: int, config_path: str | None, as_
         return
     s = result.stats
     target = f"{result.registry}/{result.repository}" + (f":{result.tag}" if result.tag else "")
-    click.echo(f"pushed {target}: {s.blobs_uploaded} blobs uploaded ({_human(s.bytes_sent)} sent), "
+    click.echo(f"pushed {target}: {s.blobs_uploaded} blobs uploaded ({human_bytes(s.bytes_sent)} sent), "
                f"{s.blobs_mounted} mounted, {s.blobs_skipped} already there", err=True)
     click.echo(result.repo_digest)
 
@@ -156,7 +147,7 @@ def pull(ref: str, platform: str, as_json: bool) -> None:
         click.echo(f"already in the store: {result.ref_name}", err=True)
     else:
         s = result.stats
-        click.echo(f"pulled {result.ref_name}: {s.blobs_downloaded} blobs ({_human(s.bytes_received)}) verified",
+        click.echo(f"pulled {result.ref_name}: {s.blobs_downloaded} blobs ({human_bytes(s.bytes_received)}) verified",
                    err=True)
     click.echo(result.manifest_digest)
 

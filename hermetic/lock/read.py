@@ -52,7 +52,3 @@ def read_lock(path: str | Path, target: Target) -> Lock:
         index_urls=tuple(indexes), find_links=tuple(find_links),
         sha256=hashlib.sha256(raw).hexdigest(),
     )
-
-
-def target_for(python_version: str) -> Target:
-    return Target(python_version=python_version)

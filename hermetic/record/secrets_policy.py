@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Mapping
-
 SECRET_MARKERS = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
 REDACTED = "<redacted>"
 
@@ -16,10 +14,3 @@ def is_secret_name(name: str) -> bool:
     """
     upper = name.upper()
     return any(marker in upper for marker in SECRET_MARKERS)
-
-
-def split_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """``env`` -> (the non-secret variables with values, the secret names sorted)."""
-    passed = {k: v for k, v in env.items() if not is_secret_name(k)}
-    names = sorted(k for k in env if is_secret_name(k))
-    return passed, names

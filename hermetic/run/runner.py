@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import yaml
 
-from hermetic.config import LoadedConfig
+from hermetic.config import LoadedConfig, is_env_name
 from hermetic.errors import HermeticError
 from hermetic.fsutil import atomic_write_text
 from hermetic.paths import CachePaths
@@ -154,7 +154,7 @@ def _passed_env(names: list[str]) -> dict[str, str]:
     out = {}
     for item in names:
         k, eq, v = item.partition("=")
-        if not k or not k.replace("_", "a").isalnum() or k[0].isdigit():
+        if not is_env_name(k):
             raise HermeticError(f"--env {item!r}: not NAME or NAME=VALUE", exit_code=2)
         if eq:
             out[k] = v

@@ -42,14 +42,13 @@ class Snapshot:
         return {"git": self.git, "snapshot": {"file": SNAPSHOT_FILE, "sha256": self.tar_sha256, "files": self.files}}
 
 
-def _git(root: Path, *args: str, check: bool = True) -> str | None:
+def _git(root: Path, *args: str) -> str | None:
+    """git's stdout, or None when git is missing or the command fails (not a repository)."""
     try:
         proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=False)
     except FileNotFoundError:
         return None
     if proc.returncode != 0:
-        if check:
-            return None
         return None
     return proc.stdout.decode("utf-8", "surrogateescape")
 
