@@ -111,21 +111,41 @@ def _resolve_wheels(lock: Lock, paths: CachePaths, *, offline: bool, log) -> lis
 
 def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: bool = True,
           log: Callable[[str], None] | None = None,
-          on_layer: Callable[[BuiltLayer], None] | None = None) -> BuildResult:
+          on_layer: Callable[[BuiltLayer], None] | None = None,
+          cache_repo: str | None = None) -> BuildResult:
+    """Build (or find) the image for ``cfg``.
+
+    With ``cache_repo`` (``build --cache``) a registry is asked for the build
+    key before anything is built, and a local build is published there
+    (hermetic/builder/cicache.py).
+    """
+    from hermetic.builder import cicache
+
+    if cache_repo:
+        cicache.check_repo(cache_repo)  # a bad --cache value fails before any work
     t0 = time.monotonic()
     lock = read_config_lock(cfg)
     key = build_key(cfg, lock)
     store = OciStore(paths.oci).ensure()
+    built: list[BuiltLayer] = []
+    notes: list[str] = []
     with file_lock(paths.builds / f".{key}.lock"):
-        done = lookup_build(paths, store, key)
-        built: list[BuiltLayer] = []
-        notes: list[str] = []
-        if done is None:
+        digest = lookup_build(paths, store, key)
+        source = "local"
+        if digest is None and cache_repo and not offline:
+            digest = cicache.pull_cached(store, cache_repo, key, notes)
+            source = "registry"
+        if digest is None:
             wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
-            manifest_digest, built, notes = _build(cfg, paths, store, lock, wheels, key, log=log, on_layer=on_layer)
-            remember_build(paths, key, manifest_digest)
-    info = image_info(store, done or manifest_digest, key)
-    return finish(cfg, store, info, noop=done is not None, load=load, t0=t0, notes=notes, built=built)
+            digest, built, build_notes = _build(cfg, paths, store, lock, wheels, key, log=log, on_layer=on_layer)
+            notes += build_notes
+            source = "built"
+        if source != "local":
+            remember_build(paths, key, digest)
+    if cache_repo and source != "registry" and not offline:
+        cicache.publish_cached(store, cache_repo, key, digest, notes)
+    info = image_info(store, digest, key)
+    return finish(cfg, store, info, noop=source == "local", load=load, t0=t0, notes=notes, built=built)
 
 
 def read_config_lock(cfg: LoadedConfig) -> Lock:

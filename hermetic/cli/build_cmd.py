@@ -43,14 +43,10 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
             state = "cached" if b.cached else f"built in {b.seconds:.1f}s"
             click.echo(f"  layer {b.descriptor.digest[7:19]}  {human_bytes(b.descriptor.size):>9}  {state:<16} {b.spec.description}", err=True)
 
-    if cache_repo:
-        from hermetic.builder.cicache import cached_build
+    from hermetic.builder.build import build as do_build
 
-        result = cached_build(cfg, paths, cache_repo, offline=offline, load=not no_load, log=log, on_layer=on_layer)
-    else:
-        from hermetic.builder.build import build as do_build
-
-        result = do_build(cfg, paths, offline=offline, load=not no_load, log=log, on_layer=on_layer)
+    result = do_build(cfg, paths, offline=offline, load=not no_load, log=log, on_layer=on_layer,
+                      cache_repo=cache_repo)
     if as_json:
         emit_json(result.to_json())
         return
