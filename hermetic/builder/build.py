@@ -21,7 +21,8 @@ from typing import Any, Callable
 from hermetic import __version__
 from hermetic.builder.install import VenvLayout
 from hermetic.builder.layers import (
-    LAYER_FORMAT, MAX_LAYERS, BuiltLayer, LayerCache, build_layers, cleanup_tmp, hermetic_layer_files, plan_layers,
+    LAYER_FORMAT, MAX_LAYERS, RUNTIME_DIR, BuiltLayer, LayerCache, build_layers, cleanup_tmp, hermetic_layer_files,
+    plan_layers,
 )
 from hermetic.builder.reference import parse_base_reference
 from hermetic.canonical import canonical_json, canonical_sha256, pretty_json
@@ -53,9 +54,8 @@ def image_config_sha256(cfg: LoadedConfig) -> str:
 
 def runtime_sha256() -> str:
     h = hashlib.sha256()
-    rt = Path(__file__).resolve().parent.parent / "runtime"
-    for p in sorted(rt.rglob("*.py")) if rt.is_dir() else []:
-        h.update(p.relative_to(rt).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    for p in sorted(RUNTIME_DIR.rglob("*.py")) if RUNTIME_DIR.is_dir() else []:
+        h.update(p.relative_to(RUNTIME_DIR).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 
 

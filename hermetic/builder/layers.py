@@ -37,6 +37,7 @@ from hermetic.store.oci import MT_LAYER, MT_LAYER_GZIP, Descriptor, OciStore
 LAYER_FORMAT = 2
 BIG_WHEEL_BYTES = 64 * 1024 * 1024
 MAX_LAYERS = 100
+RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"  # shipped as hermetic_runtime
 
 
 @dataclass
@@ -243,10 +244,9 @@ def hermetic_layer_files(layout: VenvLayout) -> dict[str, bytes | str]:
     files: dict[str, bytes | str] = {}
     for path, (kind, value) in venv_files(layout).items():
         files[path] = value if kind == "symlink" else (value if isinstance(value, bytes) else value.encode())
-    runtime_dir = Path(__file__).resolve().parent.parent / "runtime"
-    if runtime_dir.is_dir():
-        for p in sorted(runtime_dir.rglob("*.py")):
-            rel = p.relative_to(runtime_dir).as_posix()
+    if RUNTIME_DIR.is_dir():
+        for p in sorted(RUNTIME_DIR.rglob("*.py")):
+            rel = p.relative_to(RUNTIME_DIR).as_posix()
             files[f"{layout.site_packages}/hermetic_runtime/{rel}"] = p.read_bytes()
     files[f"{layout.site_packages}/hermetic_runtime-{__version__}.dist-info/METADATA"] = (
         f"Metadata-Version: 2.1\nName: hermetic-runtime\nVersion: {__version__}\n".encode())
