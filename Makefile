@@ -14,7 +14,10 @@ help:
 	@echo "make bench  the benchmarks in bench/ (figures for docs/benchmarks.md)"
 
 # The project's own environment, from its own lock, hashes required.
-$(STAMP): requirements.lock pyproject.toml
+# setup.py builds one C extension (hermetic/data/_filehash.c); ensure-build-deps
+# installs its compiler and headers when missing (it is optional: see setup.py).
+$(STAMP): requirements.lock pyproject.toml setup.py hermetic/data/_filehash.c
+	scripts/ensure-build-deps $(PY)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --require-hashes --no-deps -r requirements.lock
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
