@@ -31,7 +31,29 @@ def test_the_c_loop_is_built() -> None:
         "needed when hermetic is installed (pip install -e . builds it)")
 
 
+def test_the_multi_buffer_hasher_is_used_where_the_library_is_installed() -> None:
+    """Likewise for intel-ipsec-mb: installed here (scripts/ensure-build-deps) but not compiled in
+    means a build that did not find it."""
+    import ctypes.util
+
+    if native is None or ctypes.util.find_library("IPSec_MB") is None or os.environ.get("HERMETIC_NO_IPSEC_MB"):
+        pytest.skip("no C loop, or no intel-ipsec-mb on this machine")
+    assert native.backend().startswith("intel-ipsec-mb "), native.backend()
+
+
 needs_native = pytest.mark.skipif(native is None, reason="hermetic.data._filehash is not built")
+
+
+@pytest.fixture(params=["multi-buffer", "openssl-only"])
+def c_sha256(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each C-loop test twice: with intel-ipsec-mb (where built in) and with OpenSSL alone."""
+    if request.param == "openssl-only":
+        monkeypatch.setenv("HERMETIC_NO_IPSEC_MB", "1")
+    else:
+        monkeypatch.delenv("HERMETIC_NO_IPSEC_MB", raising=False)
+        if native is not None and not native.backend().startswith("intel-ipsec-mb"):
+            pytest.skip("built without intel-ipsec-mb")
+    return request.param
 
 
 def sha(data: bytes) -> str:
@@ -81,7 +103,7 @@ def odd_tree(tmp_path: Path) -> tuple[Path, dict[str, bytes | None]]:
 @needs_native
 @pytest.mark.parametrize("relative", [True, False])
 def test_c_and_python_loops_agree_on_every_kind_of_path(
-        odd_tree: tuple[Path, dict[str, bytes | None]], relative: bool) -> None:
+        odd_tree: tuple[Path, dict[str, bytes | None]], relative: bool, c_sha256: str) -> None:
     root, contents = odd_tree
     names = list(contents)
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
@@ -109,6 +131,55 @@ def test_c_and_python_loops_agree_on_every_kind_of_path(
         names.index("gone"): None,  # vanished, not an error
         names.index("one/not-a-dir"): os.strerror(20),  # ENOTDIR
     }
+
+
+@needs_native
+def test_many_files_of_every_size_around_the_block_and_buffer_limits(tmp_path: Path, c_sha256: str) -> None:
+    """Enough files to cycle every multi-buffer slot several times, sizes on both sides of sha256's
+    block boundaries and of the multi-buffer job limit (65534 bytes), with failures in between."""
+    import random
+
+    rng = random.Random(7)
+    sizes = [0, 1, 55, 56, 63, 64, 65, 119, 120, 128, 4095, 4096, 65533, 65534, 65535, 65536, 200_000]
+    sizes += [rng.randrange(0, 70_000) for _ in range(400)]
+    rng.shuffle(sizes)
+    pool = os.urandom(200_001)
+    paths, expected = [], []
+    for i, size in enumerate(sizes):
+        p = tmp_path / f"f{i:04d}"
+        data = pool[i % 1000:i % 1000 + size]
+        p.write_bytes(data)
+        paths.append(str(p))
+        expected.append(sha(data))
+        if i % 50 == 7:  # a path that fails among the jobs in flight
+            paths.append(str(tmp_path / f"gone{i}"))
+            expected.append(None)
+    c, py = run_both(paths)
+    assert c == py
+    _, errors, digests, _ = c
+    assert [i for i, _ in errors] == [i for i, e in enumerate(expected) if e is None]
+    assert all(digests[i * 32:i * 32 + 32].hex() == e for i, e in enumerate(expected) if e is not None)
+
+
+@needs_native
+def test_the_loop_is_safe_to_run_in_several_threads_at_once(tmp_path: Path, c_sha256: str) -> None:
+    """The GIL is released for the whole span: threads hash at the same time, each with its own
+    multi-buffer manager."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = []
+    for i in range(300):
+        (tmp_path / f"f{i}").write_bytes(os.urandom(i * 97 % 30_000))
+        paths.append(str(tmp_path / f"f{i}"))
+    want = [sha(Path(p).read_bytes()) for p in paths]
+
+    def one(_: int) -> list[str]:
+        digests, keys = bytearray(len(paths) * 32), bytearray(len(paths) * 40)
+        hashing._hash_span(paths, 0, len(paths), digests, keys, None)
+        return [digests[i * 32:i * 32 + 32].hex() for i in range(len(paths))]
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(got == want for got in pool.map(one, range(8)))
 
 
 @needs_native

@@ -15,7 +15,7 @@ from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, Oci
 from hermetic.store.wheels import WheelStore
 
 HERMETIC = str(Path(sys.executable).parent / "hermetic")
-NAMES = ["docker engine", "gpu runtime", "nvidia driver", "disk", "oci store", "wheel store"]
+NAMES = ["docker engine", "gpu runtime", "nvidia driver", "disk", "dataset hashing", "oci store", "wheel store"]
 
 
 def doctor(cache: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -135,6 +135,20 @@ def test_disk_thresholds(tmp_path, monkeypatch):
     assert c.status == "warn" and str(tmp_path / "not" / "yet") in c.detail
     monkeypatch.setattr(doctor_cmd, "DISK_FAIL_BYTES", 1 << 62)
     assert doctor_cmd.check_disk(tmp_path).status == "fail"
+
+
+def test_data_hashing_check_names_the_loop_and_warns_on_the_python_fallback(monkeypatch):
+    from hermetic.data import hashing
+
+    if hashing._native is not None:
+        c = doctor_cmd.check_data_hashing()
+        assert c.status == "ok" and c.detail == f"C loop: {hashing._native.backend()}"
+    monkeypatch.setattr(hashing, "_native", None)
+    monkeypatch.delenv("HERMETIC_PURE_PYTHON", raising=False)
+    c = doctor_cmd.check_data_hashing()
+    assert c.status == "warn" and "the C extension is not built" in c.detail and "ensure-build-deps" in c.hint
+    monkeypatch.setenv("HERMETIC_PURE_PYTHON", "1")
+    assert "HERMETIC_PURE_PYTHON is set" in doctor_cmd.check_data_hashing().detail
 
 
 def test_driver_check_reads_what_the_probe_reads():
