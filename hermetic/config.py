@@ -57,7 +57,18 @@ def _norm_path(v: str) -> str:
     return posixpath.normpath(v.replace("\\", "/"))
 
 
+_SIZE = re.compile(r"[1-9][0-9]*[bkmg]?")
+
+
+def _check_size(v: str) -> str:
+    # Docker's size syntax (--shm-size, tmpfs size=): a whole number, then b, k, m or g.
+    if not _SIZE.fullmatch(v.lower()):
+        raise ValueError("must be a size such as 512m or 8g (a whole number, then b, k, m or g)")
+    return v.lower()
+
+
 Name = Annotated[str, AfterValidator(_check_name)]
+Size = Annotated[str, AfterValidator(_check_size)]
 EnvMap = Annotated[dict[str, str], AfterValidator(_check_env_names)]
 ImagePath = Annotated[str, AfterValidator(_check_image_path)]
 HostPath = Annotated[str, AfterValidator(_norm_path)]
@@ -122,6 +133,13 @@ class BuildConfig(_Strict):
         return v
 
 
+class RunConfig(_Strict):
+    """The container of `hermetic run` (the root filesystem is read-only); not part of the image."""
+
+    shm_size: Size = "1g"  # /dev/shm: PyTorch DataLoader workers hand batches over through it
+    tmp_size: Size = "4g"  # the tmpfs at /tmp, which is also HOME
+
+
 class HermeticConfig(_Strict):
     name: Name  # also the image's name in the store
     base: str
@@ -132,6 +150,7 @@ class HermeticConfig(_Strict):
     datasets: list[DatasetConfig] = Field(default_factory=list)
     runs_dir: HostPath = "runs"
     build: BuildConfig = Field(default_factory=BuildConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
 
     @field_validator("base")
     @classmethod

@@ -84,6 +84,10 @@ def test_text_output_shows_hash(tmp_path):
     (BLOCK_STYLE.replace(BASE, "python:3.11-slim"), ["base", "hermetic base pin python:3.11-slim"]),
     (BLOCK_STYLE.replace('version: "3.11"', "version: 3.11"), ["python.version", "string"]),
     (BLOCK_STYLE.replace("env:\n  FOO: bar", "env:\n  1FOO: bar"), ["env", "1FOO"]),
+    (BLOCK_STYLE + "run:\n  shm_size: 2x\n", ["run.shm_size", "512m or 8g", ":18"]),
+    (BLOCK_STYLE + "run:\n  tmp_size: 0g\n", ["run.tmp_size", "whole number"]),
+    (BLOCK_STYLE + "run:\n  tmp_size: 1.5g\n", ["run.tmp_size", "512m or 8g"]),
+    (BLOCK_STYLE + "run:\n  memory: 8g\n", ["run.memory", "unknown key"]),
     ("name: [unclosed\n", ["invalid YAML"]),
     ("- just\n- a list\n", ["top level must be a mapping"]),
 ])
@@ -96,3 +100,18 @@ def test_bad_config_is_a_clear_error(tmp_path, text, needles):
 def test_missing_config_file(tmp_path):
     proc = run_cli("config", "show", "-C", str(tmp_path))
     assert_clean_error(proc, 2, "no such config file")
+
+
+def test_run_sizes_default_and_normalize_and_stay_out_of_the_image(tmp_path):
+    """run.* sizes the container of `hermetic run`, not the image: the build key does not see them."""
+    from pathlib import Path
+
+    from hermetic.builder.build import image_config_sha256
+    from hermetic.config import parse_config
+
+    plain = parse_config(BLOCK_STYLE, Path(tmp_path / "hermetic.yaml"))
+    assert (plain.model.run.shm_size, plain.model.run.tmp_size) == ("1g", "4g")
+    sized = parse_config(BLOCK_STYLE + "run:\n  shm_size: 8G\n  tmp_size: 512m\n", Path(tmp_path / "hermetic.yaml"))
+    assert (sized.model.run.shm_size, sized.model.run.tmp_size) == ("8g", "512m")
+    assert sized.sha256 != plain.sha256  # recorded with every run: a replay gets the same container
+    assert image_config_sha256(sized) == image_config_sha256(plain)

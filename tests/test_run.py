@@ -336,6 +336,21 @@ def test_container_is_locked_down_and_outputs_belong_to_the_caller(project):
 
 
 @pytest.mark.docker
+def test_run_section_sizes_shm_and_tmp_and_the_record_keeps_them(project):
+    cfg_path = project / "hermetic.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg["run"] = {"shm_size": "96m", "tmp_size": "80m"}
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    (project / "sizes.py").write_text(
+        "import json, os\n"
+        "print(json.dumps({p: os.statvfs(p).f_blocks * os.statvfs(p).f_frsize for p in ('/dev/shm', '/tmp')}))\n")
+    _, rec = hermetic_run(project, "sizes.py")
+    seen = json.loads((run_dir_of(project, rec) / "logs" / "stdout.log").read_text())
+    assert seen == {"/dev/shm": 96 << 20, "/tmp": 80 << 20}
+    assert rec["invocation"]["config"]["run"] == {"shm_size": "96m", "tmp_size": "80m"}
+
+
+@pytest.mark.docker
 def test_exit_code_is_the_containers(project):
     (project / "fail.py").write_text("import sys\nprint('giving up', file=sys.stderr)\nsys.exit(7)\n")
     _, rec = hermetic_run(project, "fail.py", expect=7)

@@ -342,7 +342,8 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest) -> RunResult:
         mounts += [Mount(d["path"], d["mount"], True) for d in plan]
         spec = ContainerSpec(image_id=info["image_id"], command=command, mounts=mounts,
                              env={**run_env, **passed}, user=user, workdir=m.build.workdir,
-                             network=req.network, gpus=req.gpus, labels={"org.hermetic.run-id": run_id})
+                             network=req.network, gpus=req.gpus, labels={"org.hermetic.run-id": run_id},
+                             shm_size=m.run.shm_size, tmpfs_size=m.run.tmp_size)
         log(f"run {run_id}: {' '.join(command)}")
         outcome = run_streaming(client, spec, run_dir / "logs", echo=req.echo)
         _chown_tree(run_dir, os.getuid(), os.getgid())
