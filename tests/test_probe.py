@@ -240,3 +240,22 @@ def test_nvml_structs_match_the_c_layout():
 def test_arch_list_sorted_sm_before_ptx():
     archs = ["compute_90", "sm_100", "sm_90a", "sm_80", "sm_90"]
     assert sorted(archs, key=probe_mod._arch_sort_key) == ["sm_80", "sm_90", "sm_90a", "sm_100", "compute_90"]
+
+
+def test_probe_cache_key_follows_the_loaded_nvidia_driver(tmp_path, monkeypatch):
+    """A driver reloaded without a reboot (same boot_id) must not reuse the old probe."""
+    from hermetic.run import probe as run_probe_mod
+
+    class Engine:
+        def info(self):
+            return {"ID": "engine-1"}
+
+    banner = tmp_path / "version"
+    monkeypatch.setattr(run_probe_mod, "NVIDIA_VERSION_PATH", banner)
+    none = run_probe_mod.probe_key(Engine(), "sha256:" + "1" * 64, "all")
+    banner.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\n")
+    old = run_probe_mod.probe_key(Engine(), "sha256:" + "1" * 64, "all")
+    banner.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  560.35.03\n")
+    new = run_probe_mod.probe_key(Engine(), "sha256:" + "1" * 64, "all")
+    assert len({none, old, new}) == 3
+    assert new == run_probe_mod.probe_key(Engine(), "sha256:" + "1" * 64, "all")  # stable for one driver

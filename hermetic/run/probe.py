@@ -4,7 +4,8 @@ The probe's answer depends on the image, the device flags and the host (its
 kernel boot, its engine, its driver), so it is cached under that key: the
 first run on a machine pays for one extra container start (and for
 ``import torch``), later runs reuse the answer. A reboot (new boot_id),
-another engine or another image probes afresh.
+another engine, another image or another NVIDIA driver (its kernel module
+can be reloaded without a reboot) probes afresh.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hermetic.probe import PROBE_PATH
 from hermetic.run.container import ContainerSpec, Mount, run_capture
 
 PROBE_MOUNT = "/run/hermetic-probe"
+NVIDIA_VERSION_PATH = Path("/proc/driver/nvidia/version")  # the loaded kernel module's version banner
 
 
 def _boot_id() -> str:
@@ -29,13 +31,20 @@ def _boot_id() -> str:
         return "unknown"
 
 
+def _nvidia_driver() -> str:
+    try:
+        return NVIDIA_VERSION_PATH.read_text().strip()
+    except OSError:
+        return ""
+
+
 def probe_key(client, image_id: str, gpus: str | None) -> str:
     try:
         engine_id = client.info().get("ID", "")
     except Exception:
         engine_id = ""
     return canonical_sha256({"image": image_id, "gpus": gpus or "", "boot": _boot_id(), "engine": engine_id,
-                             "probe": canonical_sha256(PROBE_PATH.read_text())})
+                             "driver": _nvidia_driver(), "probe": canonical_sha256(PROBE_PATH.read_text())})
 
 
 def run_probe(client, *, image_id: str, python: str, user: str, gpus: str | None, cache_dir: Path,
