@@ -255,6 +255,19 @@ def _columns_fast(lines: list[str]) -> tuple[list[str], bytes] | None:
     return paths, raw
 
 
+def normalization_twin(seen: dict[str, str], path: str) -> str | None:
+    """An earlier path in ``seen`` (NFC form -> path) that differs from ``path`` only by Unicode
+    normalization, else None after recording ``path``. Such names are one file on some
+    filesystems (macOS) and two on others (Linux): manifests and scanned trees refuse them alike."""
+    import unicodedata
+
+    nfc = unicodedata.normalize("NFC", path)
+    other = seen.get(nfc)
+    if other is None:
+        seen[nfc] = path
+    return other
+
+
 def _parse_slow(lines: list[str], source: str) -> dict[str, str]:
     entries: dict[str, str] = {}
     line_of: dict[str, int] = {}
@@ -263,17 +276,12 @@ def _parse_slow(lines: list[str], source: str) -> dict[str, str]:
         path, hexdigest = parse_line(line, f"{source}:{lineno}")
         if path in entries:
             raise ManifestError(f"{source}:{lineno}: duplicate entry for {path!r} (first on line {line_of[path]})")
-        if not path.isascii():
-            import unicodedata
-
-            nfc = unicodedata.normalize("NFC", path)
-            other = normalized.get(nfc)
-            if other is not None:
-                raise ManifestError(
-                    f"{source}:{lineno}: {path!r} and {other!r} (line {line_of[other]}) differ only by "
-                    "Unicode normalization; they may be one file or two depending on the filesystem"
-                )
-            normalized[nfc] = path
+        other = normalization_twin(normalized, path) if not path.isascii() else None
+        if other is not None:
+            raise ManifestError(
+                f"{source}:{lineno}: {path!r} and {other!r} (line {line_of[other]}) differ only by "
+                "Unicode normalization; they may be one file or two depending on the filesystem"
+            )
         entries[path] = hexdigest
         line_of[path] = lineno
     return entries

@@ -169,7 +169,7 @@ def _check_symlink(real_root: str, rel: str, dir_fd: int, name: str) -> os.stat_
 
 
 def _check_names(real_root: str, non_ascii: list[str]) -> None:
-    import unicodedata
+    from hermetic.data.manifest import normalization_twin
 
     seen: dict[str, str] = {}
     for p in non_ascii:
@@ -178,14 +178,12 @@ def _check_names(real_root: str, non_ascii: list[str]) -> None:
         except UnicodeEncodeError:
             shown = p.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
             raise TreeError(f"{real_root}/{shown}: file name is not valid UTF-8; rename it") from None
-        nfc = unicodedata.normalize("NFC", p)
-        other = seen.get(nfc)
+        other = normalization_twin(seen, p)
         if other is not None:
             raise TreeError(
                 f"{real_root}: {p!r} and {other!r} differ only by Unicode normalization (NFC/NFD); "
                 "they are one file on some filesystems and two on others -- rename one"
             )
-        seen[nfc] = p
 
 
 def _kind(mode: int) -> str:
