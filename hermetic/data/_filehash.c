@@ -59,6 +59,18 @@
 
 static const EVP_MD *sha256_md; /* fetched once: a per-call implicit fetch costs more than a small file's hash */
 
+/* The stat key of the bytes hashed: (dev, ino, size, mtime_ns, ctime_ns), native int64. */
+static void put_key(char *keys, Py_ssize_t i, const struct stat *st) {
+    int64_t key[5] = {
+        (int64_t)st->st_dev,
+        (int64_t)st->st_ino,
+        (int64_t)st->st_size,
+        (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec,
+        (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec,
+    };
+    memcpy(keys + i * KEY_BYTES, key, sizeof key);
+}
+
 /* ------------------------------------------------------------------ OpenSSL, streaming */
 
 /* Hash `have` bytes already in buf, then the rest of fd to EOF; 0 or an errno. */
@@ -201,11 +213,13 @@ static void mb_retire_completed(mb_hasher *h, IMB_JOB *job, int *codes, char *di
     }
 }
 
-/* Read the file whole into a slot and submit it. 0: submitted (the digest comes later); else an
- * errno, or the file changed size since the fstat, in which case OpenSSL hashed it meanwhile. */
-static int mb_file(mb_hasher *h, int fd, off_t size, Py_ssize_t k, EVP_MD_CTX *ctx, unsigned char *stream_buf,
-                   unsigned char *digest, int *codes, char *digests, char *keys, Py_ssize_t start,
-                   long long *nbytes, int *submitted) {
+/* Read the file whole into a slot and submit it. 0: submitted -- its key and bytes are counted
+ * now, its digest comes later (a job that fails takes them back out); else an errno, or the file
+ * changed size since the fstat, in which case OpenSSL hashed it meanwhile and the caller records it. */
+static int mb_file(mb_hasher *h, int fd, const struct stat *st, Py_ssize_t k, EVP_MD_CTX *ctx,
+                   unsigned char *stream_buf, unsigned char *digest, int *codes, char *digests, char *keys,
+                   Py_ssize_t start, long long *nbytes, int *submitted) {
+    off_t size = st->st_size;
     *submitted = 0;
     if (!h->n_free) /* every slot in flight: finish the oldest job (and any others done by then) */
         mb_retire_completed(h, IMB_FLUSH_JOB(h->mgr), codes, digests, keys, start, nbytes);
@@ -224,6 +238,8 @@ static int mb_file(mb_hasher *h, int fd, off_t size, Py_ssize_t k, EVP_MD_CTX *c
     }
     h->k_of[s] = k;
     h->size_of[s] = (size_t)size;
+    put_key(keys, start + k, st);
+    *nbytes += size;
     IMB_JOB *job = IMB_GET_NEXT_JOB(h->mgr);
     memset(job, 0, sizeof *job);
     job->cipher_mode = IMB_CIPHER_NULL;
@@ -249,17 +265,6 @@ static void mb_end(mb_hasher *h, int *codes, char *digests, char *keys, Py_ssize
 #endif
 
 /* ------------------------------------------------------------------ the loop */
-
-static void put_key(char *keys, Py_ssize_t i, const struct stat *st) {
-    int64_t key[5] = {
-        (int64_t)st->st_dev,
-        (int64_t)st->st_ino,
-        (int64_t)st->st_size,
-        (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec,
-        (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec,
-    };
-    memcpy(keys + i * KEY_BYTES, key, sizeof key);
-}
 
 /* paths[start:end] as C strings (ASCII names point into the str objects; others are encoded
  * into `keep`), or NULL with an exception set. */
@@ -397,15 +402,11 @@ static PyObject *hash_span(PyObject *self, PyObject *args) {
 #ifdef HERMETIC_WITH_IPSEC_MB
             else if (use_mb && st.st_size <= MB_MAX_BYTES) {
                 int submitted;
-                put_key(keys, i, &st); /* before the job: one that fails takes its key and bytes back out */
-                nbytes += st.st_size;
-                err = mb_file(&mb, fd, st.st_size, k, ctx, buf, digest, codes, digests, keys, start, &nbytes,
-                              &submitted);
+                err = mb_file(&mb, fd, &st, k, ctx, buf, digest, codes, digests, keys, start, &nbytes, &submitted);
                 if (submitted) {
                     close(fd);
                     continue;
                 }
-                nbytes -= st.st_size; /* hashed by OpenSSL instead, or failed: recorded below like the rest */
             }
 #endif
             else
