@@ -171,15 +171,15 @@ def per_file_floor(root: Path, sample: int = 20_000) -> dict[str, float]:
         return (time.perf_counter() - t0) / len(blobs) * 1e6
 
     out = {"hash": min(hash_only() for _ in range(3)), "python": min(python_loop() for _ in range(3))}
-    try:
-        from hermetic.data import _filehash
-    except ImportError:
+    from hermetic.data import hashing
+
+    if hashing._native is None:
         return out
     digests, keys = bytearray(len(paths) * 32), bytearray(len(paths) * 40)
 
     def c_loop() -> float:
         t0 = time.perf_counter()
-        _filehash.hash_span(paths, 0, len(paths), digests, keys, -1, 8 << 20)
+        hashing._native.hash_span(paths, 0, len(paths), digests, keys, -1, hashing._NATIVE_MAX)
         return (time.perf_counter() - t0) / len(paths) * 1e6
 
     out["c_loop"] = min(c_loop() for _ in range(3))
@@ -259,11 +259,9 @@ def machine() -> str:
 
 
 def hashing_backend() -> str:
-    try:
-        from hermetic.data import _filehash
-    except ImportError:
-        return "Python (the C extension is not built)"
-    return f"C, {_filehash.backend()}"
+    from hermetic.data import hashing
+
+    return f"C, {hashing._native.backend()}" if hashing._native is not None else "Python (the C loop is not built)"
 
 
 def fmt_row(label: str, t: object, total: int, files: int, base: float | None) -> str:

@@ -62,9 +62,10 @@ _SIZE = re.compile(r"[1-9][0-9]*[bkmg]?")
 
 def _check_size(v: str) -> str:
     # Docker's size syntax (--shm-size, tmpfs size=): a whole number, then b, k, m or g.
-    if not _SIZE.fullmatch(v.lower()):
+    v = v.lower()
+    if not _SIZE.fullmatch(v):
         raise ValueError("must be a size such as 512m or 8g (a whole number, then b, k, m or g)")
-    return v.lower()
+    return v
 
 
 Name = Annotated[str, AfterValidator(_check_name)]

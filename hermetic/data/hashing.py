@@ -33,7 +33,7 @@ OpenSSL's headers are found) for every file up to _NATIVE_MAX bytes: on
 interpreter work as in the hash, and the C one only the syscalls and the hash;
 where intel-ipsec-mb was found at build time the C loop also hashes files
 under 64 KiB many at a time in SIMD lanes, which on the development machine
-cut ``verify --full`` of those files from 1.7 to 1.0 CPU seconds
+cut ``verify --full`` of those files from 1.7 to 1.1 CPU seconds
 (docs/benchmarks.md). Larger files, and every file when the extension is
 missing or HERMETIC_PURE_PYTHON is set, go through the same loop in Python
 (``_hash_span_py``), which reports progress inside a large file and can stop
