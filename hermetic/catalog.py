@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.errors import HermeticError
+from hermetic.reference import parse_image_name
 
 KINDS = ("registry", "bootstrap")
 
@@ -70,8 +71,6 @@ def load_catalog(path: str | Path | None = None) -> list[CatalogEntry]:
 
 
 def _entry(p: Path, i: int, raw: Any) -> CatalogEntry:
-    from hermetic.builder.reference import parse_image_name
-
     where = f"{p}: entries[{i}]"
     if not isinstance(raw, dict):
         raise HermeticError(f"{where}: expected a mapping")

@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from hermetic.canonical import canonical_json, sha256_hex
 from hermetic.errors import ConfigError
+from hermetic.reference import parse_base_reference
 
 CONFIG_FILENAME = "hermetic.yaml"
 
@@ -156,9 +157,6 @@ class HermeticConfig(_Strict):
     @field_validator("base")
     @classmethod
     def _base(cls, v: str) -> str:
-        # Imported lazily: the reference grammar lives with the base-image code.
-        from hermetic.builder.reference import parse_base_reference
-
         parse_base_reference(v)  # raises ValueError with the pin hint
         return v
 

@@ -11,7 +11,7 @@ import pytest
 
 from hermetic.canonical import canonical_sha256
 from hermetic.diff import diff_paths
-from hermetic.diff.stats import summarize, t975, welch
+from hermetic.stats import summarize, t975, welch
 from hermetic.errors import IntegrityError
 from hermetic.record import load_group, write_group
 from hermetic.record.schema import RecordError

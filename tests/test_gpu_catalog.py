@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hermetic.builder.reference import parse_image_name
+from hermetic.reference import parse_image_name
 from hermetic.catalog import catalog_path, load_catalog
 from hermetic.errors import HermeticError
 from hermetic.gpu.checks import check_glibc

@@ -1,6 +1,6 @@
 """Base images: resolve a pinned reference to an image in the local OCI store.
 
-Sources, per hermetic/builder/reference.py: the store itself (by manifest
+Sources, per hermetic/reference.py: the store itself (by manifest
 digest, wherever the image came from), a registry (pulled over the
 Distribution API, every blob verified), an OCI layout directory or archive,
 or an image of the local engine by ID (``docker save``, each layer checked
@@ -21,9 +21,9 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from hermetic.builder.reference import BaseReference, parse_base_reference
+from hermetic.reference import BaseReference, parse_base_reference
 from hermetic.builder.tarlayer import DirAttrs
 from hermetic.errors import EngineError, HermeticError, IntegrityError
 from hermetic.fsutil import atomic_write_bytes
@@ -78,8 +78,16 @@ def load_base(store: OciStore, ref: BaseReference, manifest_digest: str) -> Base
     return BaseImage(ref, manifest_digest, doc, cfg_digest, config)
 
 
-def resolve_base(store: OciStore, ref_text: str) -> BaseImage:
-    """Find or import the pinned base; raises naming the reference."""
+PullImage = Callable[[OciStore, str], str]
+"""``pull(store, "HOST/REPO@sha256:…")`` brings an image into the store and returns its manifest
+digest (hermetic.registry.ensure_image); the builder is given it, it does not import the registry."""
+
+
+def resolve_base(store: OciStore, ref_text: str, *, pull: PullImage | None = None) -> BaseImage:
+    """Find or import the pinned base; raises naming the reference.
+
+    A base named by a registry host that the store lacks is fetched with ``pull``.
+    """
     try:
         ref = parse_base_reference(ref_text)
     except ValueError as e:
@@ -101,11 +109,10 @@ def resolve_base(store: OciStore, ref_text: str) -> BaseImage:
             f"base {ref.raw} is not in the local store {store.root}",
             hint="create it with `hermetic base bootstrap` (and `--pin` to write its digest), or `hermetic pull` it",
         )
-    try:
-        from hermetic.registry.pull import ensure_image
-    except ImportError:
-        raise HermeticError(f"base {ref.raw}: pulling from a registry is not available in this build") from None
-    digest = ensure_image(store, ref.raw)
+    if pull is None:
+        raise HermeticError(f"base {ref.raw} is not in the local store {store.root}, and this build does not "
+                            "pull from registries", hint=f"hermetic pull {ref.raw}")
+    digest = pull(store, ref.raw)
     return load_base(store, ref, digest)
 
 

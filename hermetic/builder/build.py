@@ -16,26 +16,26 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from hermetic import __version__
+from hermetic.builder.base import PullImage
+from hermetic.builder.image import BASE_LAYERS_LABEL, PACKAGES_LABEL
+from hermetic.builder.image_record import ImageInfo, write_image_record
 from hermetic.builder.install import VenvLayout
 from hermetic.builder.layers import (
     LAYER_FORMAT, MAX_LAYERS, RUNTIME_DIR, BuiltLayer, LayerCache, build_layers, cleanup_tmp, hermetic_layer_files,
     plan_layers,
 )
-from hermetic.builder.reference import parse_base_reference
-from hermetic.canonical import canonical_json, canonical_sha256, pretty_json
+from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.config import LoadedConfig
+from hermetic.determinism import identity_part
 from hermetic.errors import HermeticError
-from hermetic.fsutil import atomic_write_bytes, atomic_write_text, file_lock
+from hermetic.fsutil import atomic_write_bytes, file_lock
 from hermetic.lock.model import Lock, ResolvedWheel, Target
 from hermetic.paths import CachePaths
+from hermetic.reference import parse_base_reference
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
-
-BUILD_RECORD = "hermetic.image.json"
-PACKAGES_LABEL = "org.hermetic.packages"
-BASE_LAYERS_LABEL = "org.hermetic.base.layers"
 
 
 def image_config_part(cfg: LoadedConfig) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def image_config_part(cfg: LoadedConfig) -> dict[str, Any]:
     m = cfg.model
     return {
         "name": m.name, "base": m.base, "python": m.python.model_dump(mode="json"),
-        "determinism": {"mode": m.determinism.mode, "threads": m.determinism.threads, "env": dict(m.determinism.env)},
+        "determinism": identity_part(m.determinism.mode, m.determinism.threads, m.determinism.env),
         "env": dict(m.env), "build": m.build.model_dump(mode="json"),
     }
 
@@ -75,17 +75,41 @@ def build_key(cfg: LoadedConfig, lock: Lock) -> str:
     })
 
 
+class ImageCache(Protocol):
+    """Images shared by build key (``build --cache``: hermetic.registry.cache.RegistryCache).
+
+    The cache is an optimization: each method turns its own failures into a
+    note and never fails the build.
+    """
+
+    def pull(self, store: OciStore, key: str, notes: list[str]) -> str | None:
+        """The manifest digest for ``key``, brought into ``store`` (verified), or None on a miss."""
+
+    def publish(self, store: OciStore, key: str, manifest_digest: str, notes: list[str]) -> None:
+        """Make ``manifest_digest`` the image for ``key``."""
+
+
 @dataclass
 class BuildResult:
-    image_id: str
-    manifest_digest: str
-    build_key: str
+    info: ImageInfo
     layers: list[dict[str, Any]]
     noop: bool
     loaded: bool
     seconds: float
     record_path: Path
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def image_id(self) -> str:
+        return self.info.image_id
+
+    @property
+    def manifest_digest(self) -> str:
+        return self.info.manifest_digest
+
+    @property
+    def build_key(self) -> str:
+        return self.info.build_key
 
     def to_json(self) -> dict[str, Any]:
         return {"image_id": self.image_id, "manifest_digest": self.manifest_digest, "build_key": self.build_key,
@@ -112,17 +136,13 @@ def _resolve_wheels(lock: Lock, paths: CachePaths, *, offline: bool, log) -> lis
 def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: bool = True,
           log: Callable[[str], None] | None = None,
           on_layer: Callable[[BuiltLayer], None] | None = None,
-          cache_repo: str | None = None) -> BuildResult:
+          cache: ImageCache | None = None, pull_base: PullImage | None = None) -> BuildResult:
     """Build (or find) the image for ``cfg``.
 
-    With ``cache_repo`` (``build --cache``) a registry is asked for the build
-    key before anything is built, and a local build is published there
-    (hermetic/builder/cicache.py).
+    With ``cache`` (``build --cache``) the cache is asked for the build key
+    before anything is built, and a local build is published to it.
+    ``pull_base`` fetches a base named by a registry that the store lacks.
     """
-    from hermetic.builder import cicache
-
-    if cache_repo:
-        cicache.check_repo(cache_repo)  # a bad --cache value fails before any work
     t0 = time.monotonic()
     lock = read_config_lock(cfg)
     key = build_key(cfg, lock)
@@ -132,19 +152,20 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
     with file_lock(paths.builds / f".{key}.lock"):
         digest = lookup_build(paths, store, key)
         source = "local"
-        if digest is None and cache_repo and not offline:
-            digest = cicache.pull_cached(store, cache_repo, key, notes)
+        if digest is None and cache is not None and not offline:
+            digest = cache.pull(store, key, notes)
             source = "registry"
         if digest is None:
             wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
-            digest, built, build_notes = _build(cfg, paths, store, lock, wheels, key, log=log, on_layer=on_layer)
+            digest, built, build_notes = _build(cfg, paths, store, lock, wheels, key, log=log, on_layer=on_layer,
+                                                pull_base=pull_base)
             notes += build_notes
             source = "built"
         if source != "local":
             remember_build(paths, key, digest)
-    if cache_repo and source != "registry" and not offline:
-        cicache.publish_cached(store, cache_repo, key, digest, notes)
-    info = image_info(store, digest, key)
+    if cache is not None and source != "registry" and not offline:
+        cache.publish(store, key, digest, notes)
+    info = ImageInfo.from_store(store, digest, key)
     return finish(cfg, store, info, noop=source == "local", load=load, t0=t0, notes=notes, built=built)
 
 
@@ -154,31 +175,30 @@ def read_config_lock(cfg: LoadedConfig) -> Lock:
     return read_lock(cfg.lock_path, Target(python_version=cfg.model.python.version))
 
 
-def finish(cfg: LoadedConfig, store: OciStore, info: dict[str, Any], *, noop: bool, load: bool, t0: float,
+def finish(cfg: LoadedConfig, store: OciStore, info: ImageInfo, *, noop: bool, load: bool, t0: float,
            notes: list[str] | None = None, built: list[BuiltLayer] | None = None) -> BuildResult:
     loaded = _ensure_loaded(store, info, cfg.model.name, load)
-    record = _write_record(cfg, info)
+    record = write_image_record(cfg.root, cfg.model.lock, info)
     # The result (not the record) also says which layers this build made or reused.
     built = built or []
-    first_built = len(info["layers"]) - len(built)
+    first_built = len(info.layers) - len(built)
     layers = []
-    for i, layer in enumerate(info["layers"]):
+    for i, layer in enumerate(info.layers):
         b = built[i - first_built] if built and i >= first_built else None
         layers.append({**layer, "cached": b.cached if b else True, "seconds": round(b.seconds, 3) if b else 0.0,
                        "packages": [f"{w.locked.name}=={w.locked.version}" for w in b.spec.wheels] if b else []})
-    return BuildResult(info["image_id"], info["manifest_digest"], info["build_key"], layers, noop, loaded,
-                       time.monotonic() - t0, record, notes or [])
+    return BuildResult(info, layers, noop, loaded, time.monotonic() - t0, record, notes or [])
 
 
-def _ensure_loaded(store: OciStore, info: dict[str, Any], name: str, load: bool) -> bool:
+def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool) -> bool:
     """Load into the engine only when it lacks the image (by ID)."""
     if not load:
         return False
     from hermetic.engine import engine_has_image, load_image
 
-    if engine_has_image(info["image_id"]):
+    if engine_has_image(info.image_id):
         return False
-    load_image(store, info["manifest_digest"], repo_tag=f"hermetic/{name}:latest" if "/" not in name else f"{name}:latest")
+    load_image(store, info.manifest_digest, repo_tag=f"hermetic/{name}:latest" if "/" not in name else f"{name}:latest")
     return True
 
 
@@ -197,44 +217,15 @@ def lookup_build(paths: CachePaths, store: OciStore, key: str) -> str | None:
     return md if store.has_image(md) else None
 
 
-def image_info(store: OciStore, manifest_digest: str, key: str) -> dict[str, Any]:
-    """Everything the build record says, read back from the image itself.
-
-    Builds, no-op builds and CI-cache pulls all describe an image the same
-    way, so hermetic.image.json does not depend on how the image arrived.
-    """
-    from hermetic.builder.inspect import describe
-
-    d = describe(store, manifest_digest)
-    labels = d["labels"]
-    packages = json.loads(labels.get(PACKAGES_LABEL, "[]"))
-    base_layers = int(labels.get(BASE_LAYERS_LABEL, "0"))
-    layers = []
-    for i, layer in enumerate(d["layers"]):
-        entry = {"digest": layer["digest"], "size": layer["size"], "media_type": layer["media_type"],
-                 "contents": layer["created_by"].removeprefix("hermetic: ") if i >= base_layers else f"base layer {i}"}
-        layers.append(entry)
-    return {
-        "image_id": d["image_id"], "manifest_digest": manifest_digest, "build_key": key,
-        "layers": layers, "labels": {k: v for k, v in labels.items() if k != PACKAGES_LABEL},
-        "base": {"reference": labels.get("org.hermetic.base"), "manifest_digest": labels.get("org.hermetic.base.digest"),
-                 "os": labels.get("org.hermetic.base.os"), "glibc": labels.get("org.hermetic.base.glibc")},
-        "lock": {"sha256": labels.get("org.hermetic.lock.sha256")},
-        "packages": [{"name": n, "version": v, "filename": f, "sha256": h} for n, v, f, h in packages],
-        "config_sha256": labels.get("org.hermetic.config.sha256"),
-        "env": d["env"],
-    }
-
-
 def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wheels: list[ResolvedWheel],
-           key: str, *, log, on_layer) -> tuple[str, list[BuiltLayer], list[str]]:
+           key: str, *, log, on_layer, pull_base: PullImage | None) -> tuple[str, list[BuiltLayer], list[str]]:
     from hermetic.builder.base import resolve_base, scan_base
     from hermetic.builder.checks import run_build_checks
     from hermetic.builder.image import LayerRef, image_config, image_manifest
 
     m = cfg.model
     cleanup_tmp(paths.tmp)
-    base = resolve_base(store, m.base)
+    base = resolve_base(store, m.base, pull=pull_base)
     facts = scan_base(store, base, paths.root / "bases")
     if not facts.exists(m.python.path):
         raise HermeticError(f"base {m.base}: has no interpreter at python.path {m.python.path}")
@@ -295,21 +286,3 @@ def image_labels(cfg: LoadedConfig, lock: Lock, base_digest: str, wheels: list[R
         [w.locked.name, w.locked.version, w.filename, w.sha256] for w in wheels)).decode()
     return labels
 
-
-def _write_record(cfg: LoadedConfig, info: dict[str, Any]) -> Path:
-    """hermetic.image.json beside hermetic.yaml: every input with its digest, for `git diff`."""
-    path = cfg.root / BUILD_RECORD
-    record = {
-        "hermetic_version": __version__,
-        "image_id": info["image_id"], "manifest_digest": info["manifest_digest"], "build_key": info["build_key"],
-        "base": info["base"], "lock": {"path": cfg.model.lock, **info["lock"]}, "config_sha256": info["config_sha256"],
-        "packages": info["packages"], "labels": info["labels"], "env": info["env"], "layers": info["layers"],
-    }
-    text = pretty_json(record)
-    try:
-        if path.read_text() == text:
-            return path
-    except FileNotFoundError:
-        pass
-    atomic_write_text(path, text)
-    return path

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hermetic.config import HermeticConfig
+from hermetic.determinism import knob_env
 from hermetic.store.oci import MT_CONFIG, MT_MANIFEST, Descriptor
 
-STRICT_ONLY = ("CUBLAS_WORKSPACE_CONFIG", "MKL_DYNAMIC", "OMP_DYNAMIC", "NVIDIA_TF32_OVERRIDE", "NCCL_ALGO",
-               "XLA_FLAGS", "TF_DETERMINISTIC_OPS", "TZ", "LC_ALL", "SOURCE_DATE_EPOCH")
+# Labels the image describes itself with (read back by hermetic.builder.image_record).
+PACKAGES_LABEL = "org.hermetic.packages"  # [[name, version, filename, sha256], ...] of the installed wheels
+BASE_LAYERS_LABEL = "org.hermetic.base.layers"  # how many of the layers are the base's
 
 
 def rfc3339(epoch: int) -> str:
@@ -24,32 +26,9 @@ def rfc3339(epoch: int) -> str:
 
 
 def determinism_env(cfg: HermeticConfig) -> dict[str, str]:
-    """The knobs baked into the image for the configured mode (design.md)."""
+    """The knobs baked into the image for the configured mode (hermetic.determinism)."""
     d = cfg.determinism
-    threads = str(d.threads)
-    env: dict[str, str] = {"HERMETIC_DETERMINISM": d.mode}
-    if d.mode in ("strict", "statistical"):
-        env.update({
-            "PYTHONHASHSEED": "0",
-            "OMP_NUM_THREADS": threads,
-            "MKL_NUM_THREADS": threads,
-            "OPENBLAS_NUM_THREADS": threads,
-        })
-    if d.mode == "strict":
-        env.update({
-            "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-            "MKL_DYNAMIC": "FALSE",
-            "OMP_DYNAMIC": "FALSE",
-            "NVIDIA_TF32_OVERRIDE": "0",
-            "NCCL_ALGO": "Ring",
-            "XLA_FLAGS": "--xla_gpu_deterministic_ops=true",
-            "TF_DETERMINISTIC_OPS": "1",
-            "TZ": "UTC",
-            "LC_ALL": "C.UTF-8",
-            "SOURCE_DATE_EPOCH": str(cfg.build.source_date_epoch),
-        })
-    env.update(d.env)  # hermetic.yaml overrides any knob
-    return env
+    return knob_env(d.mode, d.threads, cfg.build.source_date_epoch, d.env)  # hermetic.yaml's env overrides any knob
 
 
 def image_env(cfg: HermeticConfig, base_env: list[str], venv_bin: str, venv_prefix: str) -> list[str]:

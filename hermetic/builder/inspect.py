@@ -1,24 +1,15 @@
-"""Read an image back from the store for ``hermetic inspect``."""
+"""Read an image back from the store (``hermetic inspect``, and every record of an image)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from hermetic.errors import HermeticError
 from hermetic.store.oci import OciStore
 
 
-def find_image(store: OciStore, image: str | None, config_path: str | None) -> str:
-    if image is None:
-        from hermetic.builder.build import BUILD_RECORD
-        from hermetic.config import find_config
-
-        rec = find_config(config_path).parent / BUILD_RECORD
-        try:
-            return json.loads(rec.read_text())["manifest_digest"]
-        except FileNotFoundError:
-            raise HermeticError(f"{rec}: no build record; run `hermetic build` first") from None
+def find_image(store: OciStore, image: str) -> str:
+    """The manifest digest for ``image``: a manifest digest, an image ID, or a store ref (name:tag)."""
     if image.startswith("sha256:"):
         if store.find_manifest(image) is not None and "layers" in store.read_json(image):
             return image

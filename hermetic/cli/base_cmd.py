@@ -76,7 +76,7 @@ def pin_cmd(ref: str, config_path: str | None, as_json: bool) -> None:
     Example:
       hermetic base pin 127.0.0.1:5000/bases/python:3.11-slim
     """
-    from hermetic.builder.reference import parse_image_name
+    from hermetic.reference import parse_image_name
     from hermetic.errors import HermeticError
     from hermetic.paths import cache_paths
     from hermetic.store.oci import OciStore

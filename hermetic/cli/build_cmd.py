@@ -44,9 +44,11 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
             click.echo(f"  layer {b.descriptor.digest[7:19]}  {human_bytes(b.descriptor.size):>9}  {state:<16} {b.spec.description}", err=True)
 
     from hermetic.builder.build import build as do_build
+    from hermetic.registry import RegistryCache, ensure_image
 
+    cache = RegistryCache(cache_repo) if cache_repo else None
     result = do_build(cfg, paths, offline=offline, load=not no_load, log=log, on_layer=on_layer,
-                      cache_repo=cache_repo)
+                      cache=cache, pull_base=ensure_image)
     if as_json:
         emit_json(result.to_json())
         return
@@ -75,12 +77,17 @@ def inspect_image(image: str | None, config_path: str | None, as_json: bool) -> 
       hermetic inspect
       hermetic inspect sha256:3f1c... --json
     """
-    from hermetic.builder.inspect import find_image, describe
+    from hermetic.builder.image_record import recorded_manifest_digest
+    from hermetic.builder.inspect import describe, find_image
+    from hermetic.config import find_config
     from hermetic.paths import cache_paths
     from hermetic.store.oci import OciStore
 
     store = OciStore(cache_paths().oci)
-    manifest_digest = find_image(store, image, config_path)
+    if image is None:
+        manifest_digest = recorded_manifest_digest(find_config(config_path).parent)
+    else:
+        manifest_digest = find_image(store, image)
     info = describe(store, manifest_digest)
     if as_json:
         emit_json(info)

@@ -7,6 +7,7 @@ import time
 import click
 
 from hermetic.cli.common import config_option, emit_json, json_option, progress_enabled
+from hermetic.cli.progress import download_bars
 
 
 @click.command()
@@ -42,7 +43,7 @@ def fetch(config_path: str | None, lock_file: str | None, jobs: int, offline: bo
     cfg = load_config(config_path)
     lock = read_lock(Path(lock_file) if lock_file else cfg.lock_path, Target(python_version=cfg.model.python.version))
     store = WheelStore(cache_paths().wheels)
-    progress_cb, finish = _progress(not as_json and progress_enabled())
+    progress_cb, finish = download_bars(not as_json and progress_enabled())
     try:
         report = do_fetch(lock, store, read_pip_sources(), jobs=jobs, progress=progress_cb, offline=offline)
     finally:
@@ -66,24 +67,3 @@ def fetch(config_path: str | None, lock_file: str | None, jobs: int, offline: bo
     else:
         click.echo(f"all {len(report.resolved)} locked wheels already in {store.root} ({total / 1e6:.1f} MB) [{elapsed:.2f}s]")
 
-
-def _progress(enabled: bool):
-    if not enabled:
-        return None, lambda: None
-    import threading
-
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-    prog = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                    transient=True)
-    prog.start()
-    tasks: dict[str, int] = {}
-    mu = threading.Lock()
-
-    def cb(filename: str, delta: int, total: int | None) -> None:
-        with mu:
-            if filename not in tasks:
-                tasks[filename] = prog.add_task(filename[:48], total=total)
-            prog.advance(tasks[filename], delta)
-
-    return cb, prog.stop

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from hermetic.cli.common import config_option, emit_json, human_bytes, json_option, progress_enabled
+from hermetic.cli.common import config_option, emit_json, human_bytes, json_option
+from hermetic.cli.progress import transfer_progress
 from hermetic.errors import HermeticError
-
-BUILD_RECORD = "hermetic.image.json"
 
 
 def _store():
@@ -17,16 +14,6 @@ def _store():
     from hermetic.store.oci import OciStore
 
     return OciStore(cache_paths().oci)
-
-
-def _progress():
-    if progress_enabled():
-        from hermetic.registry.progress import RichProgress
-
-        return RichProgress()
-    from hermetic.registry.progress import NoProgress
-
-    return NoProgress()
 
 
 def image_to_push(store, image: str | None, config_path: str | None) -> str:
@@ -47,29 +34,21 @@ def image_to_push(store, image: str | None, config_path: str | None) -> str:
             raise HermeticError(f"--image {image}: no such ref in the store {store.root}",
                                 hint="pass the manifest digest (sha256:…) that hermetic build printed")
         return desc.digest
+    from hermetic.builder.image_record import recorded_manifest_digest
     from hermetic.config import find_config
 
     try:
         cfg = find_config(config_path)
     except HermeticError as e:
         raise HermeticError(f"{e.message}; or name the image with --image sha256:…") from None
-    record = cfg.parent / BUILD_RECORD
-    try:
-        data = json.loads(record.read_text(encoding="utf-8"))
-        digest = data["manifest_digest"]
-        parse_digest(digest)
-    except FileNotFoundError:
-        raise HermeticError(f"{record}: no build record; run hermetic build first, or pass --image sha256:…") from None
-    except (ValueError, KeyError, TypeError, OSError):
-        raise HermeticError(f"{record}: unreadable build record (want a JSON object with manifest_digest)") from None
-    return digest
+    return recorded_manifest_digest(cfg.parent, otherwise="or pass --image sha256:…")
 
 
 @click.command()
 @click.argument("ref", metavar="REF")
 @click.option("--image", metavar="DIGEST|NAME",
               help="Image to push: a manifest digest (sha256:…) or a ref in the local store. "
-                   f"Default: manifest_digest from {BUILD_RECORD} beside hermetic.yaml.")
+                   "Default: manifest_digest from hermetic.image.json beside hermetic.yaml.")
 @click.option("--workers", type=click.IntRange(1, 8), default=4, show_default=True, help="Parallel blob uploads.")
 @config_option
 @json_option
@@ -95,7 +74,7 @@ def push(ref: str, image: str | None, workers: int, config_path: str | None, as_
     name = parse_push_ref(ref)
     store = _store()
     digest = image_to_push(store, image, config_path)
-    progress = _progress()
+    progress = transfer_progress()
     try:
         result = push_image(store, digest, name, workers=workers, progress=progress)
     finally:
@@ -135,7 +114,7 @@ def pull(ref: str, platform: str, as_json: bool) -> None:
     if not sep or not os_name or not arch:
         raise HermeticError(f"--platform {platform}: write OS/ARCH, e.g. linux/amd64")
     store = _store()
-    progress = _progress()
+    progress = transfer_progress()
     try:
         result = pull_image(store, ref, platform=(os_name, arch), progress=progress)
     finally:

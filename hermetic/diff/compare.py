@@ -19,6 +19,7 @@ import re
 import shlex
 from typing import Any, Callable
 
+from hermetic.determinism import SEED_KEY
 from hermetic.diff.manifests import compare_manifests
 from hermetic.diff.model import Change, FileComparison, MetricComparison, OutputsDiff, SectionDiff
 
@@ -32,7 +33,7 @@ TITLES = {
 # Config keys whose effect another section records exactly: the image ID covers the build,
 # data manifests cover dataset paths, seed.value covers the seed.
 _CONFIG_RESTATED = re.compile(
-    r"^(name|base|lock|runs_dir|python(\..*)?|build(\..*)?|determinism\.seed|datasets\[\d+\]\.(path|manifest))$"
+    r"^(name|base|lock|runs_dir|python(\..*)?|build(\..*)?|" + re.escape(SEED_KEY) + r"|datasets\[\d+\]\.(path|manifest))$"
 )
 # Per-GPU keys that tell which card and how it was clocked, not how it computes.
 _GPU_CONTEXT_KEYS = frozenset({"index", "uuid", "pci_bus_id", "clocks", "power_limit_w", "power_limit",

@@ -18,11 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hermetic.determinism import env_knobs_not_set
 from hermetic.diff.model import OutputsDiff, SectionDiff, Verdict
-
-CUBLAS_OK = (":4096:8", ":16:8")
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
 
 def knobs_not_set(record: dict[str, Any]) -> list[str]:
     """The determinism settings this run lacked (empty when all the known ones were set).
@@ -32,13 +29,7 @@ def knobs_not_set(record: dict[str, Any]) -> list[str]:
     counts. In-process, when the run used torch: deterministic algorithms on,
     cudnn.benchmark off; and any in-process seeding at all (seed.applied).
     """
-    env = {**record["env"]["passed"], **record["env"]["determinism"]}
-    missing = []
-    if env.get("CUBLAS_WORKSPACE_CONFIG") not in CUBLAS_OK:
-        missing.append("CUBLAS_WORKSPACE_CONFIG")
-    if not str(env.get("PYTHONHASHSEED", "")).isdigit():
-        missing.append("PYTHONHASHSEED")
-    missing += [v for v in THREAD_VARS if not env.get(v)]
+    missing = env_knobs_not_set({**record["env"]["passed"], **record["env"]["determinism"]})
     torch = record["software"].get("torch")
     applied = record["seed"]["applied"]
     if isinstance(torch, dict):

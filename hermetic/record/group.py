@@ -3,7 +3,7 @@
 Only members that succeeded enter the statistics (a failed member's last
 metrics are not a result); non-finite values (a diverged seed) are counted
 but left out of mean and SD. Per metric: n, mean, sample SD and the 95%
-interval of the mean, mean ± t(0.975, n-1)·SD/√n (hermetic.diff.stats).
+interval of the mean, mean ± t(0.975, n-1)·SD/√n (hermetic.stats).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from hermetic import __version__
 from hermetic.canonical import canonical_sha256, pretty_json
+from hermetic.determinism import without_seed
 from hermetic.errors import IntegrityError
 from hermetic.fsutil import atomic_write_text
 from hermetic.record.ids import is_run_id, iso_utc
@@ -37,7 +38,7 @@ def group_digest(group: dict[str, Any]) -> str:
 def build_group(group_id: str, members: list[dict[str, Any]], *, now: datetime | None = None,
                 name: str | None = None) -> dict[str, Any]:
     """The group document (sealed) from the members' loaded records, in seed order given."""
-    from hermetic.diff.stats import summarize
+    from hermetic.stats import summarize
     from hermetic.record.schema import RecordError
 
     if not members:
@@ -85,20 +86,12 @@ def _mixed_inputs(members: list[dict[str, Any]]) -> list[str]:
     probes = {
         "image": lambda r: r["image"]["id"],
         "code": lambda r: r["code"]["snapshot"]["sha256"],
-        "config": lambda r: _without_seed(r["invocation"]["config"]),
+        "config": lambda r: without_seed(r["invocation"]["config"]),
         "data": lambda r: sorted((k, v["manifest_sha256"]) for k, v in r["data"].items()),
         "env": lambda r: sorted(r["env"]["determinism"].items()) + sorted(r["env"]["passed"].items()),
         "args": lambda r: [r["invocation"]["script"], *r["invocation"]["args"]],
     }
     return [k for k, f in probes.items() if any(f(m) != f(members[0]) for m in members[1:])]
-
-
-def _without_seed(config: dict[str, Any]) -> dict[str, Any]:
-    """The config minus determinism.seed: a group varies the seed on purpose."""
-    det = config.get("determinism")
-    if isinstance(det, dict) and "seed" in det:
-        return {**config, "determinism": {k: v for k, v in det.items() if k != "seed"}}
-    return config
 
 
 def write_group(runs_root: str | os.PathLike[str], group_id: str, member_run_ids: list[str], *,

@@ -17,7 +17,7 @@ The public entry points are re-exported here.
 
 from __future__ import annotations
 
-from hermetic.registry.cache import cache_fetch, cache_lookup, cache_publish, cache_tag
+from hermetic.registry.cache import RegistryCache, cache_fetch, cache_lookup, cache_publish, cache_tag
 from hermetic.registry.locations import repo_digests
 from hermetic.registry.pull import PullResult, ensure_image, pull_image, resolve_tag
 from hermetic.registry.push import PushResult, push_image
@@ -25,6 +25,7 @@ from hermetic.registry.push import PushResult, push_image
 __all__ = [
     "PullResult",
     "PushResult",
+    "RegistryCache",
     "cache_fetch",
     "cache_lookup",
     "cache_publish",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hermetic.builder.reference import ImageName, parse_image_name
+from hermetic.reference import ImageName, parse_image_name
 from hermetic.canonical import is_sha256_hex, sha256_digest
 from hermetic.errors import HermeticError
 from hermetic.registry.client import RegistryClient, TransferStats
@@ -102,3 +102,42 @@ def cache_publish(store: OciStore, registry_repo: str, build_key: str, manifest_
         return CachePublish(repo_digest, tag, False, None, client.stats)
     result = push_image(store, manifest_digest, ImageName(host, repository, tag, None), client=client, progress=progress)
     return CachePublish(result.repo_digest, tag, True, before, result.stats)
+
+
+class RegistryCache:
+    """``hermetic build --cache REGISTRY/REPO``: the builder's ImageCache on a registry.
+
+    A hit is pulled by digest, every blob verified; a miss is built locally
+    and published. Builds are reproducible, so two runners that miss at once
+    publish the same digest under the same tag. An unreachable or read-only
+    registry is a note, never a failed build.
+    """
+
+    def __init__(self, registry_repo: str):
+        parse_cache_repo(registry_repo)  # a bad --cache value fails before any work
+        self.registry_repo = registry_repo
+
+    def pull(self, store: OciStore, key: str, notes: list[str]) -> str | None:
+        try:
+            pulled = cache_fetch(store, self.registry_repo, key)
+        except HermeticError as e:
+            notes.append(f"cache unavailable, building here: {e.message}")
+            return None
+        if pulled is None:
+            return None
+        notes.append(f"cache hit: pulled {pulled.repo_digest or pulled.manifest_digest} "
+                     f"({pulled.stats.bytes_received / 1e6:.1f} MB)")
+        return pulled.manifest_digest
+
+    def publish(self, store: OciStore, key: str, manifest_digest: str, notes: list[str]) -> None:
+        try:
+            if cache_lookup(self.registry_repo, key) == manifest_digest:
+                return
+            pub = cache_publish(store, self.registry_repo, key, manifest_digest)
+            if pub.replaced:
+                notes.append(f"the cache tag {pub.tag} named {pub.replaced}, a different image for the same "
+                             "inputs: that build was not reproducible; replaced it")
+            notes.append(f"cache miss: published {pub.repo_digest}")
+        except HermeticError as e:
+            # A read-only token (e.g. a fork's pull request) must not fail the build.
+            notes.append(f"could not publish to the cache: {e.message}")

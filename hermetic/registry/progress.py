@@ -1,13 +1,13 @@
-"""Byte progress for transfers: a rich bar on a TTY, nothing otherwise.
+"""Byte progress for transfers: the interface, and the silent default.
 
-push/pull take a ``Progress``-like object with ``start(description, total)``
-returning a callable that advances by n bytes; the CLI passes a RichProgress
-when stderr is a terminal and the library default is silent.
+push/pull take a ``TransferProgress`` (``start(description, total)``
+returning a callable that advances by n bytes); the library default is
+silent, and the CLI passes its rich bars (hermetic/cli/progress.py) when
+stderr is a terminal.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Callable, Protocol
 
 
@@ -23,38 +23,3 @@ class NoProgress:
 
     def close(self) -> None:
         pass
-
-
-class RichProgress:
-    """One bar per transfer on stderr; safe to advance from worker threads."""
-
-    def __init__(self) -> None:
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
-
-        from hermetic.cli.common import stderr_console
-
-        self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), console=stderr_console(), transient=True,
-        )
-        self._progress.start()
-        self._lock = threading.Lock()
-
-    def start(self, description: str, total: int) -> Callable[[int], None]:
-        task = self._progress.add_task(description, total=total)
-
-        def advance(n: int) -> None:
-            with self._lock:
-                self._progress.advance(task, n)
-
-        return advance
-
-    def close(self) -> None:
-        self._progress.stop()

@@ -19,7 +19,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from hermetic.builder.reference import ImageName, parse_image_name
+from hermetic.reference import ImageName, parse_image_name
 from hermetic.canonical import sha256_digest
 from hermetic.errors import HermeticError, IntegrityError
 from hermetic.registry.client import RegistryClient, RegistryError, TransferStats

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from hermetic.builder.reference import ImageName, parse_image_name
+from hermetic.reference import ImageName, parse_image_name
 from hermetic.errors import HermeticError, IntegrityError
 from hermetic.registry.client import RegistryClient, RegistryError, TransferStats
 from hermetic.registry.locations import blob_locations, record_blob_locations, record_image_location

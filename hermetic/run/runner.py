@@ -25,6 +25,7 @@ from typing import Any, Callable
 import yaml
 
 from hermetic.config import LoadedConfig, is_env_name
+from hermetic.determinism import is_knob
 from hermetic.errors import HermeticError
 from hermetic.fsutil import atomic_write_text
 from hermetic.paths import CachePaths
@@ -32,9 +33,6 @@ from hermetic.paths import CachePaths
 RUNTIME_MOUNT = "/run/hermetic"
 RUNTIME_REPORT = f"{RUNTIME_MOUNT}/runtime.json"
 OUTPUTS_MOUNT = "/outputs"
-KNOB_NAMES = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-              "OPENBLAS_NUM_THREADS", "MKL_DYNAMIC", "OMP_DYNAMIC", "NVIDIA_TF32_OVERRIDE", "NCCL_ALGO",
-              "XLA_FLAGS", "TF_DETERMINISTIC_OPS", "TZ", "LC_ALL", "SOURCE_DATE_EPOCH", "HERMETIC_DETERMINISM")
 
 
 class DataRefused(HermeticError):
@@ -206,18 +204,18 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
             os.lchown(os.path.join(dirpath, n), uid, gid)
 
 
-def _image_section(store, info: dict[str, Any], base_ref: str) -> dict[str, Any]:
+def _image_section(store, info, base_ref: str) -> dict[str, Any]:
     from hermetic.gpu.cuda import cuda_info_from_labels
     from hermetic.registry import repo_digests
 
-    labels = dict(info["labels"])
+    labels = dict(info.labels)
     ci = cuda_info_from_labels(labels)
     return {
-        "id": info["image_id"], "manifest_digest": info["manifest_digest"],
-        "repo_digests": repo_digests(store, info["manifest_digest"]),
+        "id": info.image_id, "manifest_digest": info.manifest_digest,
+        "repo_digests": repo_digests(store, info.manifest_digest),
         "base": labels.get("org.hermetic.base") or base_ref,
         "lock_sha256": labels.get("org.hermetic.lock.sha256") or "",
-        "packages": info["packages"],
+        "packages": info.packages,
         "cuda": {"runtime": ci.runtime, "cudnn": ci.cudnn, "cublas": ci.cublas, "nccl": ci.nccl,
                  "torch_variant": ci.torch_variant},
         "labels": labels,
@@ -225,7 +223,9 @@ def _image_section(store, info: dict[str, Any], base_ref: str) -> dict[str, Any]
 
 
 def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest) -> RunResult:
-    from hermetic.builder.build import build, image_info
+    from hermetic.builder.build import build
+    from hermetic.builder.image_record import ImageInfo
+    from hermetic.registry import ensure_image
     from hermetic.engine import engine_client, engine_has_image, load_image
     from hermetic.record import (begin_record, create_run_dir, env_section, finish_record, new_run_id,
                                  seed_section, write_record)
@@ -247,14 +247,14 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest) -> RunResult:
     if req.image_manifest:
         if not store.has_image(req.image_manifest):
             raise HermeticError(f"image {req.image_manifest} is not in the local store", exit_code=3)
-        info = image_info(store, req.image_manifest, "")
-        if not engine_has_image(info["image_id"]):
+        info = ImageInfo.from_store(store, req.image_manifest)
+        if not engine_has_image(info.image_id):
             load_image(store, req.image_manifest)
     else:
-        res = build(cfg, paths, log=log if req.echo else None)
+        res = build(cfg, paths, log=log if req.echo else None, pull_base=ensure_image)
         if not res.noop:
             log(f"built image {res.image_id}")
-        info = image_info(store, res.manifest_digest, res.build_key)
+        info = res.info
 
     # 2. the data (a failure stops before any run dir or container)
     plan = dataset_plan(cfg, req.data_paths, req.manifest_paths)
@@ -277,13 +277,12 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest) -> RunResult:
         rec["data"][d["name"]] = {"path": str(d["path"]), "mount": d["mount"], "manifest_file": manifest_copy,
                                   "manifest_sha256": rep.manifest_sha256, "bytes": rep.total_bytes,
                                   "count": rep.file_count, "verify_mode": rep.mode}
-    image_env = dict(e.split("=", 1) for e in info["env"])
+    image_env = info.env_map()
     run_env = {"HERMETIC_SEED": str(seed), "HERMETIC_RUN_ID": run_id, "HERMETIC_OUTPUTS": OUTPUTS_MOUNT,
                "HERMETIC_RUNTIME_REPORT": RUNTIME_REPORT}
-    determinism = {k: v for k, v in {**image_env, **run_env}.items() if k in KNOB_NAMES}
-    determinism.update({k: v for k, v in passed.items() if k in KNOB_NAMES})
+    determinism = {k: v for k, v in {**image_env, **run_env, **passed}.items() if is_knob(k)}
     rec["seed"] = seed_section(seed, req.seed_policy)
-    rec["env"] = env_section(determinism, {k: v for k, v in passed.items() if k not in KNOB_NAMES})
+    rec["env"] = env_section(determinism, {k: v for k, v in passed.items() if not is_knob(k)})
 
     # copies of what defines the run, beside the record
     lock_name = Path(m.lock).name
@@ -318,11 +317,11 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest) -> RunResult:
         # 5. the probe, same image, same devices
         user, uid, gid = _container_user(cfg)
         python = f"{m.build.prefix}/bin/python"
-        probe, cached = run_probe(client, image_id=info["image_id"], python=python, user=user, gpus=req.gpus,
+        probe, cached = run_probe(client, image_id=info.image_id, python=python, user=user, gpus=req.gpus,
                                   cache_dir=paths.root / "probes")
         rec["software"], rec["hardware"] = probe.get("software", {}), probe.get("hardware", {})
         write_record(run_dir, rec)  # early: a hard kill still leaves a record
-        refusal = _gpu_refusal(probe, info["labels"]) if req.gpus else None
+        refusal = _gpu_refusal(probe, info.labels) if req.gpus else None
         if refusal:
             rec = finish_record(rec, run_dir, status="refused", exit_code=None)
             write_record(run_dir, rec)
@@ -340,7 +339,7 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest) -> RunResult:
         mounts = [Mount(workspace, m.build.workdir, True), Mount(outputs, OUTPUTS_MOUNT, False),
                   Mount(meta, RUNTIME_MOUNT, False)]
         mounts += [Mount(d["path"], d["mount"], True) for d in plan]
-        spec = ContainerSpec(image_id=info["image_id"], command=command, mounts=mounts,
+        spec = ContainerSpec(image_id=info.image_id, command=command, mounts=mounts,
                              env={**run_env, **passed}, user=user, workdir=m.build.workdir,
                              network=req.network, gpus=req.gpus, labels={"org.hermetic.run-id": run_id},
                              shm_size=m.run.shm_size, tmpfs_size=m.run.tmp_size)
