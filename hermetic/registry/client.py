@@ -28,10 +28,7 @@ from urllib3.util.retry import Retry
 from hermetic import __version__
 from hermetic.errors import HermeticError
 from hermetic.registry.auth import AuthError, Challenge, Credentials, find_credentials, parse_challenge, scope_for
-from hermetic.store.oci import (
-    INDEX_TYPES,
-    MANIFEST_TYPES,
-)
+from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES
 
 INSECURE_ENV = "HERMETIC_INSECURE_REGISTRIES"
 # Every manifest type we can read; the registry picks the one it holds.
@@ -46,6 +43,7 @@ class RegistryError(HermeticError):
     """The registry answered something we cannot use (one line, names host and request)."""
 
     exit_code = 5
+    code: str = ""  # the Distribution error code (e.g. DIGEST_INVALID), when the registry sent one
 
 
 @dataclass
@@ -312,7 +310,9 @@ class RegistryClient:
             raise AuthError(f"registry {self.host}: access to {repository} denied (403 {why})")
         detail = f" {code}" if code else ""
         detail += f": {message}" if message else ""
-        raise RegistryError(f"registry {self.host}: {what} answered {resp.status_code}{detail}")
+        err = RegistryError(f"registry {self.host}: {what} answered {resp.status_code}{detail}")
+        err.code = code
+        raise err
 
     # -- blobs --------------------------------------------------------------
     def blob_size(self, repository: str, digest: str) -> int | None:

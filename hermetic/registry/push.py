@@ -16,12 +16,13 @@ midway is finished by running it again (HEAD skips what already landed).
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from hermetic.reference import ImageName, parse_image_name
 from hermetic.errors import HermeticError, IntegrityError
+from hermetic.reference import ImageName, parse_image_name
 from hermetic.registry.client import RegistryClient, RegistryError, TransferStats
 from hermetic.registry.locations import blob_locations, record_blob_locations, record_image_location
 from hermetic.registry.progress import NoProgress, TransferProgress
@@ -32,6 +33,8 @@ from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, Descriptor, OciStore
 CHUNKED_THRESHOLD = 128 << 20
 CHUNK_SIZE = 64 << 20
 DEFAULT_WORKERS = 4
+MANIFEST_ATTEMPTS = 4
+RACE_CODES = ("DIGEST_INVALID", "MANIFEST_BLOB_UNKNOWN")
 
 BlobOutcome = Literal["skipped", "mounted", "uploaded"]
 
@@ -125,12 +128,25 @@ class _Pusher:
             self.push_blobs(self.image_blobs(digest, doc))
         else:
             raise HermeticError(f"image {digest}: cannot push a manifest of media type {media_type!r}")
-        returned = self.client.put_manifest(self.repository, tag or digest, body, media_type)
+        returned = self._put_manifest(tag or digest, body, media_type)
         if returned is not None and returned != digest:
             raise IntegrityError(
                 f"registry {self.host} stored {self.repository} manifest as {returned}, expected {digest}"
             )
         return media_type
+
+    def _put_manifest(self, reference: str, body: bytes, media_type: str) -> str | None:
+        # Distribution 2.8 answers DIGEST_INVALID or MANIFEST_BLOB_UNKNOWN to a manifest PUT that races
+        # another client writing the same blobs or manifest (two CI runners publishing one build):
+        # our bytes are the ones whose digest we computed, so the same PUT is sent again, a few times.
+        for attempt in range(MANIFEST_ATTEMPTS):
+            try:
+                return self.client.put_manifest(self.repository, reference, body, media_type)
+            except RegistryError as e:
+                if e.code not in RACE_CODES or attempt == MANIFEST_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def image_blobs(self, digest: str, doc: dict) -> list[Descriptor]:
         try:
