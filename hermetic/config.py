@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from hermetic.canonical import canonical_json, sha256_hex
 from hermetic.errors import ConfigError
+from hermetic.paths import norm_relpath
 from hermetic.reference import parse_base_reference
 
 CONFIG_FILENAME = "hermetic.yaml"
@@ -53,9 +54,8 @@ def _check_image_path(v: str) -> str:
 def _norm_path(v: str) -> str:
     if not v:
         raise ValueError("must not be empty")
-    # Keep relative paths relative (so checkouts at different places hash the
-    # same) and spelled one way ('./data/' and 'data' are the same path).
-    return posixpath.normpath(v.replace("\\", "/"))
+    # Keep relative paths relative, so checkouts at different places hash the same.
+    return norm_relpath(v)
 
 
 _SIZE = re.compile(r"[1-9][0-9]*[bkmg]?")

@@ -13,6 +13,7 @@ import json
 import os
 import tarfile
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hermetic.errors import EngineError
@@ -43,6 +44,36 @@ def engine_client(timeout: int = 600) -> "docker.DockerClient":
         ) from None
     _client = client
     return client
+
+
+# Binaries through which `docker run --gpus` reaches the NVIDIA container toolkit without a
+# registered runtime (Docker >= 19.03 execs the prestart hook found beside a local daemon).
+GPU_HOOKS = ("nvidia-container-runtime-hook", "nvidia-ctk", "nvidia-container-toolkit")
+
+
+@dataclass(frozen=True)
+class GpuRuntime:
+    available: bool
+    via: str  # "nvidia runtime", or the hook's path; "" when unavailable
+    runtimes: list[str]  # the engine's registered runtimes
+    default_runtime: str
+
+
+def gpu_runtime(client: "docker.DockerClient") -> GpuRuntime:
+    """Whether ``--gpus`` can work on this engine, and through what (what run and doctor both check)."""
+    import shutil
+
+    try:
+        info = client.info()
+    except Exception as e:  # docker.errors.APIError or a transport error
+        raise EngineError(f"cannot query the Docker Engine: {' '.join(str(e).split())}") from None
+    runtimes = sorted((info.get("Runtimes") or {}).keys())
+    default = str(info.get("DefaultRuntime", "?"))
+    if "nvidia" in runtimes:
+        return GpuRuntime(True, "nvidia runtime", runtimes, default)
+    local = (os.environ.get("DOCKER_HOST") or "unix://").startswith("unix://")
+    hook = next((found for name in GPU_HOOKS if (found := shutil.which(name))), None) if local else None
+    return GpuRuntime(bool(hook), hook or "", runtimes, default)
 
 
 def engine_has_image(image_id: str) -> bool:

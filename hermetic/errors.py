@@ -13,10 +13,12 @@ class HermeticError(Exception):
 
     exit_code: int = 1
 
-    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None):
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None,
+                 details: list[str] | None = None):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.details = list(details or [])  # lines printed before the error line (e.g. each changed file)
         if exit_code is not None:
             self.exit_code = exit_code
 

@@ -9,8 +9,15 @@ a store is an atomic rename.
 from __future__ import annotations
 
 import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def norm_relpath(path: str) -> str:
+    """A path as hermetic.yaml's paths are compared and hashed: '/'-separated, one spelling
+    ('./data/' and 'data' are the same path), relative paths kept relative."""
+    return posixpath.normpath(path.replace("\\", "/"))
 
 
 def cache_root() -> Path:

@@ -11,7 +11,7 @@ import yaml
 from hermetic.reference import parse_image_name
 from hermetic.catalog import catalog_path, load_catalog
 from hermetic.errors import HermeticError
-from hermetic.gpu.checks import check_glibc
+from hermetic.gpu.wheels import check_glibc
 
 LOCKS = Path(__file__).parent / "fixtures" / "locks"
 

@@ -14,8 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from hermetic.probe import PROBE_PATH, probe_source
+from hermetic.probe import PROBE_PATH, probe_files
 from hermetic.probe import probe as probe_mod
+from hermetic.probe import probe_cuda, probe_nvml, probe_smi, probe_util
 
 OPTIONAL_IMPORTS = {"torch", "numpy", "threadpoolctl", "pynvml"}
 TOP_KEYS = {"probe_version", "software", "hardware", "errors"}
@@ -97,19 +98,31 @@ def test_probe_runs_on_old_pythons(minor):
     assert doc["software"]["python"]["version"].startswith(f"3.{minor}.")
 
 
-def test_probe_source_parses_as_python_38():
-    ast.parse(probe_source(), feature_version=(3, 8))
+@pytest.mark.parametrize("path", probe_files(), ids=lambda p: p.name)
+def test_probe_source_parses_as_python_38(path):
+    ast.parse(path.read_bytes(), feature_version=(3, 8))
 
 
-def test_probe_imports_only_the_standard_library_at_module_level():
-    tree = ast.parse(probe_source())
+def test_probe_is_its_entry_point_and_siblings():
+    assert [p.name for p in probe_files()] == ["probe.py", "probe_cuda.py", "probe_nvml.py", "probe_smi.py",
+                                               "probe_util.py"]
+
+
+@pytest.mark.parametrize("path", probe_files(), ids=lambda p: p.name)
+def test_probe_imports_only_the_standard_library_at_module_level(path):
+    tree = ast.parse(path.read_bytes())
+    siblings = {p.stem for p in probe_files()}
+    module_level = list(tree.body)
+    for node in tree.body:  # `if __package__: ... else: ...` blocks are module level too
+        if isinstance(node, (ast.If, ast.Try)):
+            module_level += node.body + node.orelse
     top: set[str] = set()
-    for node in tree.body:
+    for node in module_level:
         if isinstance(node, ast.Import):
             top.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             top.add(node.module.split(".")[0])
-    top.discard("__future__")
+    top -= {"__future__", "hermetic"} | siblings  # siblings: as a script, or as hermetic.probe.X when imported
     assert top <= set(sys.stdlib_module_names), top - set(sys.stdlib_module_names)
     # optional packages only inside functions, by the names we document
     inner = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} - top
@@ -160,7 +173,7 @@ def test_forced_gpu_source_is_respected_and_bad_values_reported():
 
 # -- pure parts of the GPU path (no GPU on the development machines) ---------------
 
-SMI_FIELDS = list(probe_mod.SMI_FIELDS)
+SMI_FIELDS = list(probe_smi.SMI_FIELDS)
 # Hand-written in nvidia-smi's documented csv,noheader,nounits form (two H100s;
 # an A100 with MIG on), not recorded.
 SMI_CSV = (
@@ -174,7 +187,7 @@ SMI_BANNER = ("| NVIDIA-SMI 550.54.15              Driver Version: 550.54.15    
 
 def test_parse_nvidia_smi_reads_every_field():
     errors: list[str] = []
-    gpus = probe_mod.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, SMI_BANNER, errors)
+    gpus = probe_smi.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, SMI_BANNER, errors)
     assert errors == []
     h100, a100 = gpus
     assert h100["name"] == "NVIDIA H100 80GB HBM3"
@@ -191,36 +204,36 @@ def test_parse_nvidia_smi_reads_every_field():
 
 def test_parse_nvidia_smi_without_cuda_banner_reports_it():
     errors: list[str] = []
-    gpus = probe_mod.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, "garbage", errors)
+    gpus = probe_smi.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, "garbage", errors)
     assert gpus[0]["cuda_driver_version"] is None
     assert errors == ["hardware.gpus.cuda_driver_version: no 'CUDA Version' in nvidia-smi output"]
 
 
 def test_sm_counts_attach_by_uuid_then_pci_bus():
     errors: list[str] = []
-    gpus = probe_mod.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, SMI_BANNER, errors)
+    gpus = probe_smi.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, SMI_BANNER, errors)
     cuda = [
         # torch prints UUIDs without the GPU- prefix; libcuda gives raw bytes
-        probe_mod._CudaDevice("NVIDIA H100 80GB HBM3", "11111111-2222-3333-4444-555555555555", None,
+        probe_cuda.CudaDevice("NVIDIA H100 80GB HBM3", "11111111-2222-3333-4444-555555555555", None,
                               "9.0", 132, 0, "torch"),
-        probe_mod._CudaDevice("NVIDIA A100-SXM4-40GB", None, "0000:07:00.0", "8.0", 108, 0, "libcuda"),
+        probe_cuda.CudaDevice("NVIDIA A100-SXM4-40GB", None, "0000:07:00.0", "8.0", 108, 0, "libcuda"),
     ]
-    probe_mod._attach_sm_counts(gpus, cuda, errors)
+    probe_cuda.attach_sm_counts(gpus, cuda, errors)
     assert [(g["sm_count"], g["sm_count_source"]) for g in gpus] == [(132, "torch"), (108, "libcuda")]
     assert errors == []
 
 
 def test_sm_count_missing_from_cuda_view_is_an_error_not_a_guess():
     errors: list[str] = []
-    gpus = probe_mod.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, SMI_BANNER, errors)
-    probe_mod._attach_sm_counts(gpus, [], errors)
+    gpus = probe_smi.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, SMI_BANNER, errors)
+    probe_cuda.attach_sm_counts(gpus, [], errors)
     assert all(g["sm_count"] is None for g in gpus)
     assert errors == [f"hardware.gpus[{i}].sm_count: not visible to CUDA (CUDA_VISIBLE_DEVICES?)" for i in (0, 1)]
 
 
 def test_versions_decode():
-    assert probe_mod._cuda_version_string(12040) == "12.4"
-    assert probe_mod._cuda_version_string(13000) == "13.0"
+    assert probe_util.cuda_version_string(12040) == "12.4"
+    assert probe_util.cuda_version_string(13000) == "13.0"
 
     def Nccl(v):  # noqa: N802 - stands for the torch module's shape
         return SimpleNamespace(cuda=SimpleNamespace(nccl=SimpleNamespace(version=lambda: v)))
@@ -232,9 +245,9 @@ def test_versions_decode():
 
 def test_nvml_structs_match_the_c_layout():
     # nvml.h: nvmlMemory_t 3 x u64; nvmlPciInfo_t (v3) 16+5*4+32 bytes; nvmlDeviceAttributes_t 8 x u32 + u64
-    assert ctypes.sizeof(probe_mod._NvmlCtypes._Memory) == 24
-    assert ctypes.sizeof(probe_mod._NvmlCtypes._Pci) == 68
-    assert ctypes.sizeof(probe_mod._NvmlCtypes._Attributes) == 40
+    assert ctypes.sizeof(probe_nvml.NvmlCtypes._Memory) == 24
+    assert ctypes.sizeof(probe_nvml.NvmlCtypes._Pci) == 68
+    assert ctypes.sizeof(probe_nvml.NvmlCtypes._Attributes) == 40
 
 
 def test_arch_list_sorted_sm_before_ptx():

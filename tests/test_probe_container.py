@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from hermetic.probe import PROBE_PATH
+from hermetic.probe import PROBE_DIR
 
 from test_probe import assert_shape
 
@@ -68,8 +68,8 @@ def python_image(docker_client, tmp_path_factory):
 
 def run_in_container(client, image: str, **kwargs) -> tuple[dict, str]:
     container = client.containers.run(
-        image, ["python3", "/p.py"], detach=True, read_only=True, network_mode="none",
-        volumes={str(PROBE_PATH): {"bind": "/p.py", "mode": "ro"}}, **kwargs,
+        image, ["python3", "/run/hermetic-probe/probe.py"], detach=True, read_only=True, network_mode="none",
+        volumes={str(PROBE_DIR): {"bind": "/run/hermetic-probe", "mode": "ro"}}, **kwargs,
     )
     try:
         status = container.wait(timeout=120)

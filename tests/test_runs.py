@@ -154,7 +154,7 @@ def test_groups_are_listed(tmp_path):
 
 @pytest.mark.parametrize("runs_dir", [None, "./out/runs/", "/srv/hermetic-runs", "exp/../runs2"])
 def test_fast_runs_dir_matches_the_config_loader(tmp_path, runs_dir):
-    from hermetic.cli.runs_cmd import config_runs_dir
+    from hermetic.record.locate import config_runs_dir
     from hermetic.config import load_config
 
     text = "name: demo\nbase: debian@sha256:" + "0" * 64 + "\n"

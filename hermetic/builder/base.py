@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from hermetic.reference import BaseReference, parse_base_reference
+from hermetic.builder.libc import glibc_from_rootfs
 from hermetic.builder.tarlayer import DirAttrs
 from hermetic.errors import EngineError, HermeticError, IntegrityError
 from hermetic.fsutil import atomic_write_bytes
-from hermetic.store.oci import (
-    INDEX_TYPES, MANIFEST_TYPES, MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore,
-)
+from hermetic.reference import BaseReference, parse_base_reference
+from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 
 FACTS_VERSION = 1
 _CAPTURE = ("var/lib/dpkg/status", "etc/os-release", "usr/lib/os-release")
@@ -333,34 +332,15 @@ def scan_base(store: OciStore, base: BaseImage, cache_dir: Path) -> BaseFacts:
 
 
 def _glibc(facts: BaseFacts, libc_bytes: bytes | None) -> tuple[int, int] | None:
-    try:
-        from hermetic.gpu.checks import glibc_from_rootfs
-    except ImportError:
-        glibc_from_rootfs = None  # type: ignore[assignment]
-    if glibc_from_rootfs is not None:
+    def read_file(p: str) -> bytes | None:
+        key = p.lstrip("/")
+        if key in facts.captured:
+            return facts.captured[key].encode()
+        if key.endswith("libc.so.6"):
+            return libc_bytes
+        return None
 
-        def read_file(p: str) -> bytes | None:
-            key = p.lstrip("/")
-            if key in facts.captured:
-                return facts.captured[key].encode()
-            if key.endswith("libc.so.6"):
-                return libc_bytes
-            return None
-
-        try:
-            return glibc_from_rootfs(read_file)
-        except Exception:
-            pass
-    status = facts.captured.get("var/lib/dpkg/status", "")
-    for block in status.split("\n\n"):
-        if "\nPackage: libc6\n" in "\n" + block + "\n" or block.startswith("Package: libc6\n"):
-            for line in block.splitlines():
-                if line.startswith("Version:"):
-                    v = line.split(":", 1)[1].strip().split("-")[0]
-                    parts = v.split(".")
-                    if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-                        return int(parts[0]), int(parts[1])
-    return None
+    return glibc_from_rootfs(read_file)
 
 
 def os_pretty_name(facts: BaseFacts) -> str | None:

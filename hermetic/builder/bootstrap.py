@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hermetic.builder.dpkg import installed_packages
 from hermetic.builder.image import rfc3339
 from hermetic.builder.tarlayer import Entry, complete_parents, write_layer
 from hermetic.canonical import canonical_json
@@ -93,15 +94,6 @@ class BootstrapResult:
     reused: bool = False
 
 
-def _dpkg_packages(status: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for block in status.split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(" "))
-        if fields.get("Package") and "installed" in fields.get("Status", ""):
-            out[fields["Package"]] = fields.get("Version", "")
-    return dict(sorted(out.items()))
-
-
 def rootfs_entries(tf: tarfile.TarFile) -> list[Entry]:
     """Entries of an mmdebstrap tar, ownership kept, hardlinks resolved, devices dropped."""
     members = tf.getmembers()
@@ -160,7 +152,7 @@ def bootstrap(recipe_path: Path, store: OciStore, *, source_date_epoch: int = 0,
         with tarfile.open(rootfs_tar) as tf:
             status_member = tf.getmember("./var/lib/dpkg/status")
             f = tf.extractfile(status_member)
-            packages = _dpkg_packages(f.read().decode() if f else "")
+            packages = installed_packages(f.read().decode() if f else "")
             entries = complete_parents(rootfs_entries(tf))
             with store.writer() as w:
                 size = write_layer(entries, w, mtime=source_date_epoch)

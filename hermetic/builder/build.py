@@ -24,8 +24,7 @@ from hermetic.builder.image import BASE_LAYERS_LABEL, PACKAGES_LABEL
 from hermetic.builder.image_record import ImageInfo, write_image_record
 from hermetic.builder.install import VenvLayout
 from hermetic.builder.layers import (
-    LAYER_FORMAT, MAX_LAYERS, RUNTIME_DIR, BuiltLayer, LayerCache, build_layers, cleanup_tmp, hermetic_layer_files,
-    plan_layers,
+    LAYER_FORMAT, MAX_LAYERS, RUNTIME_DIR, BuiltLayer, LayerCache, build_layers, cleanup_tmp, hermetic_layer_files, plan_layers,
 )
 from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.config import LoadedConfig
@@ -278,7 +277,8 @@ def image_labels(cfg: LoadedConfig, lock: Lock, base_digest: str, wheels: list[R
         "org.hermetic.python": m.python.version,
         "org.hermetic.determinism": m.determinism.mode,
     }
-    from hermetic.gpu.cuda import cuda_info, image_labels as cuda_labels
+    from hermetic.gpu.cuda import cuda_info
+    from hermetic.gpu.cuda import image_labels as cuda_labels
 
     labels.update(cuda_labels(cuda_info(wheels)))
     # The wheels that went in, so the image describes itself wherever it is pulled.

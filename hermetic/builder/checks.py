@@ -1,15 +1,16 @@
 """Build-time compatibility checks: every wheel must run on the base and its Python.
 
 The rules (glibc vs manylinux tag, Python ABI, torch's CUDA variant vs the
-nvidia wheels) live in hermetic.gpu.checks; this module feeds them the base's
+nvidia wheels) live in hermetic.gpu.wheels; this module feeds them the base's
 facts and the chosen wheel files.
 """
 
 from __future__ import annotations
 
 from hermetic.config import LoadedConfig
-from hermetic.gpu.checks import build_checks, raise_for_failures, warnings
 from hermetic.gpu.cuda import cuda_info
+from hermetic.gpu.findings import raise_for_failures, warnings
+from hermetic.gpu.wheels import build_checks
 from hermetic.lock.model import ResolvedWheel
 
 

@@ -14,50 +14,99 @@ leftovers of killed builds — is deleted.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
+from hermetic.canonical import is_sha256_hex
 from hermetic.paths import CachePaths
-from hermetic.store.oci import OciStore
+from hermetic.store.oci import INDEX_TYPES, OciStore
 from hermetic.store.wheels import WheelStore
+
+
+@dataclass(frozen=True)
+class BadBlob:
+    name: str  # the file's name under blobs/sha256 (a digest's hex, or whatever is there)
+    path: str  # the file, with the error when it could not be read
+    reason: str
 
 
 @dataclass
 class VerifyReport:
+    """Both stores checked: what ``cache verify`` and ``doctor`` report."""
+
+    rehashed: bool = True  # False: listed only (doctor --quick), nothing read
     blobs: int = 0
+    blob_bytes: int = 0
+    bad_blobs: list[BadBlob] = field(default_factory=list)
+    incomplete_refs: list[str] = field(default_factory=list)  # refs whose image lacks a blob
     wheels: int = 0
-    problems: list[str] = field(default_factory=list)
+    wheel_problems: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"blob {b.name}: {b.reason}" for b in self.bad_blobs] + [f"wheel {p}" for p in self.wheel_problems]
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
-def verify(paths: CachePaths, *, repair: bool = False) -> VerifyReport:
-    rep = VerifyReport()
+def verify(paths: CachePaths, *, repair: bool = False, rehash: bool = True,
+           on_blob: Callable[[int], None] | None = None) -> VerifyReport:
+    """Rehash every OCI blob and stored wheel (``rehash=False``: only list them).
+
+    ``on_blob(size)`` after each blob, for progress. With ``repair`` a corrupt
+    entry is deleted, and the cache entries that point at it, so the next
+    build or fetch recreates it.
+    """
+    rep = VerifyReport(rehashed=rehash)
     store = OciStore(paths.oci)
-    for digest in store.iter_blobs():
-        rep.blobs += 1
-        if not store.verify_blob(digest):
-            rep.problems.append(f"blob {digest}: content does not match its digest")
-            if repair:
-                os.unlink(store.blob_path(digest))
-                rep.removed.append(digest)
+    _verify_blobs(store, rep, repair=repair, on_blob=on_blob)
+    if store.index_path.exists():
+        rep.incomplete_refs = [ref for ref, desc in sorted(store.refs().items())
+                               if desc.media_type not in INDEX_TYPES and not store.has_image(desc.digest)]
     wheels = WheelStore(paths.wheels)
-    for w in wheels.entries():
-        rep.wheels += 1
-    for p in wheels.verify():
-        rep.problems.append(f"wheel {p}")
-        if repair:
-            sha = Path(p.split(":")[0]).parent.name
-            wheels.remove(sha)
-            rep.removed.append(f"wheel {sha}")
+    rep.wheels = sum(1 for _ in wheels.entries())
+    if rehash:
+        for p in wheels.verify():
+            rep.wheel_problems.append(p)
+            if repair:
+                sha = Path(p.split(":")[0]).parent.name
+                wheels.remove(sha)
+                rep.removed.append(f"wheel {sha}")
     if repair and rep.removed:
         _drop_dangling_entries(paths, store)
     return rep
+
+
+def _verify_blobs(store: OciStore, rep: VerifyReport, *, repair: bool,
+                  on_blob: Callable[[int], None] | None) -> None:
+    root = store.root / "blobs" / "sha256"
+    if not root.is_dir():
+        return
+    for entry in sorted(root.iterdir()):
+        rep.blobs += 1
+        path, size = str(entry), 0
+        if not is_sha256_hex(entry.name):
+            rep.bad_blobs.append(BadBlob(entry.name, f"{entry} (not a sha256 name)", "not a sha256 name"))
+            continue
+        digest = "sha256:" + entry.name
+        try:
+            size = entry.stat().st_size
+            intact = store.verify_blob(digest) if rep.rehashed else True
+        except OSError as e:  # a directory or an unreadable file where a blob should be
+            intact, path = False, f"{entry} ({e.__class__.__name__})"
+        rep.blob_bytes += size
+        if not intact:
+            rep.bad_blobs.append(BadBlob(digest, path, "content does not match its digest"))
+            if repair:
+                entry.unlink(missing_ok=True) if entry.is_file() else shutil.rmtree(entry, ignore_errors=True)
+                rep.removed.append(digest)
+        if on_blob is not None:
+            on_blob(size)
 
 
 def _drop_dangling_entries(paths: CachePaths, store: OciStore) -> int:

@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rv: Any = cli.main(args=argv, prog_name="hermetic", standalone_mode=False)
     except HermeticError as e:
+        for line in e.details:
+            click.echo(f"  {line}", err=True)
         _print_error(e.message, e.hint)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:

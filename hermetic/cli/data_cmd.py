@@ -137,19 +137,11 @@ def verify_cmd(directory: Path | None, manifest: Path | None, full: bool, config
 
 
 def _print_report(report: Any, name: str | None) -> None:
-    from hermetic.data.verify import iter_problems
+    from hermetic.data.verify import problem_lines
 
     label = f"{name}: " if name else ""
-    shown: dict[str, int] = {}
-    hidden: dict[str, int] = {}
-    for kind, path, detail in iter_problems(report):
-        shown[kind] = shown.get(kind, 0) + 1
-        if shown[kind] > _SHOW_PER_KIND:
-            hidden[kind] = hidden.get(kind, 0) + 1
-            continue
-        click.echo(f"{label}{kind:<8} {path}" + (f"  ({detail})" if detail else ""))
-    for kind, n in hidden.items():
-        click.echo(f"{label}... and {n} more {kind} (--json lists all)")
+    for line in problem_lines(report, label, _SHOW_PER_KIND):
+        click.echo(line)
     how = (f"{report.mode}: {report.hashed_files} hashed, {report.cached_files} from cache, "
            f"{report.seconds:.2f} s")
     if report.ok:

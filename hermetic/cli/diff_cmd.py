@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
-from hermetic.cli.runs_cmd import resolve_ref, runs_dir_option
+from hermetic.cli.runs_cmd import runs_dir_option
+from hermetic.record.locate import resolve_ref
 
 
 @click.command()

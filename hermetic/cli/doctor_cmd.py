@@ -2,10 +2,11 @@
 
 Checks, in order: the Docker Engine, its GPU runtime, the host's NVIDIA
 driver, free disk under the cache root, which loop hashes datasets (C or
-Python), the OCI blob store (every blob
-rehashes to its name; every ref's image is complete) and the wheel store
-(every wheel rehashes to its directory name). Each is ok / warn / fail with
-what to do about it; the exit status is 0 when nothing fails.
+Python), the OCI blob store (every blob rehashes to its name; every ref's
+image is complete) and the wheel store (every wheel rehashes to its
+directory name). Each is ok / warn / fail with what to do about it; the exit
+status is 0 when nothing fails. The engine's GPU runtime and the stores are
+judged by the same code as `hermetic run --gpus` and `hermetic cache verify`.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
-from hermetic.cli.common import emit_json, json_option, progress_enabled, stderr_console
+from hermetic.cli.common import emit_json, json_option
+from hermetic.cli.progress import with_byte_bar
 
 GiB = 1 << 30
 DISK_WARN_BYTES = 10 * GiB
@@ -58,29 +60,29 @@ def host_has_gpu(gpus: list[dict[str, Any]]) -> bool:
 
 
 def check_gpu_runtime(client: Any, gpu_on_host: bool) -> Check:
+    """What `hermetic run --gpus` checks (hermetic.engine.gpu_runtime), said with what to do."""
+    from hermetic.engine import gpu_runtime
+    from hermetic.errors import EngineError
+
     name = "gpu runtime"
     if client is None:
         return Check(name, "warn", "not checked (no Docker Engine)", "run scripts/ensure-docker")
     try:
-        info = client.info()
-    except Exception as e:
-        return Check(name, "fail", f"docker info failed: {' '.join(str(e).split())}")
-    runtimes = sorted((info.get("Runtimes") or {}).keys())
-    if "nvidia" in runtimes:
-        return Check(name, "ok", f"nvidia runtime registered (runtimes: {', '.join(runtimes)}; "
-                                 f"default {info.get('DefaultRuntime', '?')})")
-    # `docker run --gpus` also works without the runtime entry: dockerd execs
-    # nvidia-container-runtime-hook from its PATH.
-    hook = shutil.which("nvidia-container-runtime-hook") or shutil.which("nvidia-container-toolkit")
-    if hook:
-        return Check(name, "ok", f"--gpus supported through {hook} (runtimes: {', '.join(runtimes)})")
+        rt = gpu_runtime(client)
+    except EngineError as e:
+        return Check(name, "fail", e.message)
+    listed = ", ".join(rt.runtimes) or "none"
+    if rt.via == "nvidia runtime":
+        return Check(name, "ok", f"nvidia runtime registered (runtimes: {listed}; default {rt.default_runtime})")
+    if rt.available:
+        return Check(name, "ok", f"--gpus supported through {rt.via} (runtimes: {listed})")
     hint = ("install nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=docker` "
             "and restart dockerd")
     if gpu_on_host:
-        return Check(name, "fail", f"no NVIDIA runtime in Docker (runtimes: {', '.join(runtimes) or 'none'}): "
+        return Check(name, "fail", f"no NVIDIA runtime in Docker (runtimes: {listed}): "
                                    f"`hermetic run --gpus` will fail", hint)
-    return Check(name, "warn", f"no NVIDIA runtime (runtimes: {', '.join(runtimes) or 'none'}); "
-                               f"no GPU on this host either: CPU runs only", hint)
+    return Check(name, "warn", f"no NVIDIA runtime (runtimes: {listed}); no GPU on this host either: CPU runs only",
+                 hint)
 
 
 # -- host driver ---------------------------------------------------------------
@@ -154,75 +156,39 @@ def check_data_hashing() -> Check:
 
 # -- stores ----------------------------------------------------------------------
 
-def check_oci_store(root: Path, *, rehash: bool = True,
-                    on_blob: Callable[[int], None] | None = None) -> Check:
-    from hermetic.canonical import parse_digest
-    from hermetic.store.oci import INDEX_TYPES, OciStore
-
-    name = "oci store"
-    store = OciStore(root)
+def check_stores(report: Any, paths: Any) -> tuple[Check, Check]:
+    """(oci store, wheel store) from `hermetic cache verify`'s report (hermetic.builder.gc.verify)."""
+    root = paths.oci
     if not (root / "blobs" / "sha256").is_dir():
-        return Check(name, "ok", f"empty ({root})")
-    bad: list[str] = []
-    count = 0
-    total = 0
-    for digest in store.iter_blobs():
-        count += 1
-        try:
-            parse_digest(digest)
-        except ValueError:
-            bad.append(f"{root / 'blobs' / 'sha256' / digest.split(':', 1)[1]} (not a sha256 name)")
-            continue
-        path = store.blob_path(digest)
-        try:
-            size = path.stat().st_size
-            intact = store.verify_blob(digest) if rehash else True
-        except OSError as e:  # a directory or an unreadable file where a blob should be
-            size, intact = 0, False
-            path = Path(f"{path} ({e.__class__.__name__})")
-        total += size
-        if not intact:
-            bad.append(str(path))
-        if on_blob is not None:
-            on_blob(size)
-    incomplete = []
-    if store.index_path.exists():
-        for ref, desc in sorted(store.refs().items()):
-            if desc.media_type not in INDEX_TYPES and not store.has_image(desc.digest):
-                incomplete.append(ref)
-    what = "rehashed" if rehash else "listed (not rehashed: --quick)"
-    if bad:
-        return Check(name, "fail", f"{len(bad)} of {count} blobs corrupt: {', '.join(bad[:3])}"
-                                   + (" ..." if len(bad) > 3 else ""),
-                     "delete the listed files; `hermetic build` / `hermetic pull` brings them back")
-    if incomplete:
-        return Check(name, "warn", f"{count} blobs {what}; ref(s) with missing blobs: {', '.join(incomplete[:3])}",
-                     "rebuild or pull those images again")
-    return Check(name, "ok", f"{count} blobs {what}, {total / GiB:.2f} GiB ({root})")
-
-
-def check_wheel_store(root: Path, *, rehash: bool = True) -> Check:
-    name = "wheel store"
-    try:
-        from hermetic.store.wheels import WheelStore
-    except ImportError:
-        return Check(name, "warn", "not checked (hermetic.store.wheels is not available)")
-    store = WheelStore(root)
-    if not rehash:
-        n = sum(1 for _ in store.entries())
-        return Check(name, "ok", f"{n} wheels listed (not rehashed: --quick) ({root})")
-    problems = store.verify()
-    n = sum(1 for _ in store.entries())
+        oci = Check("oci store", "ok", f"empty ({root})")
+    elif report.bad_blobs:
+        bad = [b.path for b in report.bad_blobs]
+        oci = Check("oci store", "fail", f"{len(bad)} of {report.blobs} blobs corrupt: {', '.join(bad[:3])}"
+                                         + (" ..." if len(bad) > 3 else ""),
+                    "delete the listed files; `hermetic build` / `hermetic pull` brings them back")
+    else:
+        what = "rehashed" if report.rehashed else "listed (not rehashed: --quick)"
+        if report.incomplete_refs:
+            oci = Check("oci store", "warn", f"{report.blobs} blobs {what}; ref(s) with missing blobs: "
+                                             f"{', '.join(report.incomplete_refs[:3])}", "rebuild or pull those images again")
+        else:
+            oci = Check("oci store", "ok", f"{report.blobs} blobs {what}, {report.blob_bytes / GiB:.2f} GiB ({root})")
+    problems = report.wheel_problems
     if problems:
-        return Check(name, "fail", f"{len(problems)} problem(s): {problems[0]}"
-                                   + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
-                     "delete the listed wheel directories; `hermetic fetch` downloads them again")
-    return Check(name, "ok", f"{n} wheels rehashed ({root})")
+        wheels = Check("wheel store", "fail", f"{len(problems)} problem(s): {problems[0]}"
+                                              + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
+                       "delete the listed wheel directories; `hermetic fetch` downloads them again")
+    elif report.rehashed:
+        wheels = Check("wheel store", "ok", f"{report.wheels} wheels rehashed ({paths.wheels})")
+    else:
+        wheels = Check("wheel store", "ok", f"{report.wheels} wheels listed (not rehashed: --quick) ({paths.wheels})")
+    return oci, wheels
 
 
 # -- all -------------------------------------------------------------------------
 
 def run_doctor(*, rehash: bool = True) -> list[Check]:
+    from hermetic.builder.gc import verify
     from hermetic.paths import cache_paths
 
     paths = cache_paths()
@@ -234,28 +200,12 @@ def run_doctor(*, rehash: bool = True) -> list[Check]:
     checks.append(check_driver(gpus, gpu_errors, tried))
     checks.append(check_disk(paths.root))
     checks.append(check_data_hashing())
-    checks.append(_with_progress("rehashing the OCI store", paths.oci,
-                                 lambda cb: check_oci_store(paths.oci, rehash=rehash, on_blob=cb)))
-    checks.append(_with_progress("rehashing the wheel store", None,
-                                 lambda _cb: check_wheel_store(paths.wheels, rehash=rehash)))
+    blobs = paths.oci / "blobs" / "sha256"
+    total = sum(p.stat().st_size for p in blobs.iterdir() if p.is_file()) if rehash and blobs.is_dir() else 0
+    report = with_byte_bar("rehashing the stores", total,
+                           lambda advance: verify(paths, rehash=rehash, on_blob=advance))
+    checks += check_stores(report, paths)
     return checks
-
-
-def _with_progress(label: str, blob_root: Path | None, fn: Callable[[Callable[[int], None] | None], Check]) -> Check:
-    if not progress_enabled():
-        return fn(None)
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
-
-    total = 0
-    if blob_root is not None and (blob_root / "blobs" / "sha256").is_dir():
-        total = sum(p.stat().st_size for p in (blob_root / "blobs" / "sha256").iterdir() if p.is_file())
-    if not total:
-        with stderr_console().status(label + " ..."):
-            return fn(None)
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                  console=stderr_console(), transient=True) as progress:
-        task = progress.add_task(label, total=total)
-        return fn(lambda n: progress.advance(task, n))
 
 
 _MARK = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}

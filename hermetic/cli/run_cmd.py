@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import click
@@ -49,7 +50,8 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
     from hermetic.config import load_config
     from hermetic.errors import HermeticError
     from hermetic.paths import cache_paths
-    from hermetic.run.runner import RunRequest, execute
+    from hermetic.run.plan import RunRequest
+    from hermetic.run.runner import execute
 
     cfg = load_config(config_path)
     data_paths = {}
@@ -64,19 +66,28 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
 
         resume_dir = resolve_run(resume_from, cfg.runs_path)
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "run", script, *args]
-    base = dict(script=script, args=list(args), argv=argv, gpus=gpus, data_paths=data_paths, network=network,
-                env=list(env), name=name, echo=not as_json, resume_from=resume_dir)
+    template = RunRequest(script=script, args=list(args), argv=argv, gpus=gpus, data_paths=data_paths,
+                          network=network, env=list(env), name=name, echo=not as_json, resume_from=resume_dir)
     paths = cache_paths()
+    log, progress = run_log(not as_json)
     if seeds:
         if seed is not None:
             raise HermeticError("--seed and --seeds together: pick one", exit_code=2)
-        return _seed_group(cfg, paths, base, seeds, as_json)
-    result = execute(cfg, paths, RunRequest(seed=seed, seed_policy="cli" if seed is not None else "config", **base))
+        return _seed_group(cfg, paths, template, seeds, as_json, log, progress)
+    req = dataclasses.replace(template, seed=seed, seed_policy="cli" if seed is not None else "config")
+    result = execute(cfg, paths, req, log=log, progress=progress)
     if as_json:
         emit_json(result.record)
     else:
         _summary(result)
     return result.exit_code
+
+
+def run_log(show: bool):
+    """(log, progress) for a run: hermetic's messages on stderr, bars when it is a terminal."""
+    if not show:
+        return None, False
+    return (lambda msg: click.echo(f"hermetic: {msg}", err=True)), sys.stderr.isatty()
 
 
 def _summary(result) -> None:
@@ -85,44 +96,23 @@ def _summary(result) -> None:
     click.echo(f"{result.run_id}  {result.status}  exit {result.exit_code}" + (f"  {shown}" if shown else ""))
 
 
-def _seed_group(cfg, paths, base: dict, seeds: str, as_json: bool) -> int:
-    from hermetic.errors import HermeticError
-    from hermetic.record import new_group_id, write_group
-    from hermetic.run.runner import RunRequest, execute
+def _seed_group(cfg, paths, template, seeds: str, as_json: bool, log, progress) -> int:
+    from hermetic.run.group import parse_seeds, run_seed_group
 
-    try:
-        values = [int(s) for s in seeds.split(",") if s.strip()]
-    except ValueError:
-        raise HermeticError(f"--seeds {seeds!r}: expected comma-separated integers, e.g. 0,1,2,3,4", exit_code=2) from None
-    if len(values) < 2 or len(set(values)) != len(values):
-        raise HermeticError(f"--seeds {seeds!r}: give at least two distinct seeds", exit_code=2)
-    gid = new_group_id(name=base.get("name"))
-    members, first_failure = [], 0
-    for s in values:
-        result = execute(cfg, paths, RunRequest(seed=s, seed_policy="group", group=gid, **base))
-        members.append(result.run_id)
-        if result.exit_code != 0 and not first_failure:
-            first_failure = result.exit_code
-        if not as_json:
-            _summary(result)
-        group_path = write_group(cfg.runs_path, gid, members, name=base.get("name")) / "group.json"
-        if result.status == "interrupted":
-            break
-    import json
-
-    group = json.loads(group_path.read_text()) if group_path.is_file() else {}
+    result = run_seed_group(cfg, paths, template, parse_seeds(seeds), log=log, progress=progress,
+                            on_member=None if as_json else _summary)
     if as_json:
-        emit_json(group)
-    else:
-        click.echo(f"group {gid}: {len(members)} runs -> {group_path}")
-        for metric, st in (group.get("metrics") or {}).items():
-            if st.get("mean") is None:
-                continue
-            ci = st.get("ci95")
-            interval = f"[{ci[0]:.6g}, {ci[1]:.6g}]" if ci else "n/a"
-            sd = f"{st['sd']:.3g}" if st.get("sd") is not None else "n/a"
-            click.echo(f"  {metric}: mean {st['mean']:.6g}  sd {sd}  95% CI {interval}  (n={st['n']})")
-    return first_failure
+        emit_json(result.group)
+        return result.exit_code
+    click.echo(f"group {result.group_id}: {len(result.members)} runs -> {result.group_json}")
+    for metric, st in (result.group.get("metrics") or {}).items():
+        if st.get("mean") is None:
+            continue
+        ci = st.get("ci95")
+        interval = f"[{ci[0]:.6g}, {ci[1]:.6g}]" if ci else "n/a"
+        sd = f"{st['sd']:.3g}" if st.get("sd") is not None else "n/a"
+        click.echo(f"  {metric}: mean {st['mean']:.6g}  sd {sd}  95% CI {interval}  (n={st['n']})")
+    return result.exit_code
 
 
 @click.command()
@@ -143,11 +133,11 @@ def replay(run_ref: str, config_path: str | None, as_json: bool) -> int:
     Example:
       hermetic replay runs/20261129-214500-1a2b3c
     """
-    from hermetic.cli.runs_cmd import resolve_ref
     from hermetic.diff import diff_paths
     from hermetic.diff.render import render
     from hermetic.paths import cache_paths
     from hermetic.record import load_record
+    from hermetic.record.locate import resolve_ref
     from hermetic.run.replay import replay_request
     from hermetic.run.runner import execute
 
@@ -156,7 +146,8 @@ def replay(run_ref: str, config_path: str | None, as_json: bool) -> int:
     paths = cache_paths()
     argv = ["hermetic", *sys.argv[1:]]
     cfg, req = replay_request(run_dir, record, paths, echo=not as_json, argv=argv)
-    result = execute(cfg, paths, req)
+    log, progress = run_log(not as_json)
+    result = execute(cfg, paths, req, log=log, progress=progress)
     d = diff_paths(run_dir, result.run_dir)
     if as_json:
         emit_json({"replay": result.run_id, "original": record["record"]["run_id"], "diff": d.to_json()})

@@ -15,8 +15,8 @@ from typing import Any
 import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
+from hermetic.record.locate import resolve_ref, runs_root
 
-CONFIG_FILENAME = "hermetic.yaml"  # = hermetic.config.CONFIG_FILENAME (not imported: it pulls in pydantic)
 KEY_METRICS = ("val_loss", "test_loss", "loss", "train_loss", "val_accuracy", "val_acc", "test_acc", "accuracy", "acc")
 COUNTERS = ("epoch", "step", "batch", "iteration", "lr")
 
@@ -24,52 +24,6 @@ COUNTERS = ("epoch", "step", "batch", "iteration", "lr")
 def runs_dir_option(f):  # noqa: ANN001, ANN201 - a click decorator
     return click.option("--runs-dir", "runs_dir", metavar="DIR", default=None,
                         help="The runs directory (default: runs_dir from hermetic.yaml, else ./runs).")(f)
-
-
-def runs_root(runs_dir: str | None, config_path: str | None) -> Path:
-    """--runs-dir, else the config's runs_dir (-C or ./hermetic.yaml), else ./runs."""
-    if runs_dir:
-        return Path(runs_dir)
-    if config_path or Path(CONFIG_FILENAME).is_file():
-        return config_runs_dir(config_path)
-    return Path("runs")
-
-
-def config_runs_dir(config_path: str | None) -> Path:
-    """hermetic.yaml's runs_dir, read without validating the whole config.
-
-    Validating means importing pydantic and building the schema (~0.35 s,
-    more than listing 10,000 runs takes); listing needs one key. Anything
-    unusual (no file, bad YAML, a runs_dir that is not a string) goes to
-    hermetic.config.load_config, whose error messages are the reference.
-    """
-    import posixpath
-
-    import yaml
-
-    p = Path(config_path) if config_path else Path.cwd()
-    if p.is_dir():
-        p = p / CONFIG_FILENAME
-    try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-        rel = data.get("runs_dir", "runs") if isinstance(data, dict) else None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        rel = None
-    if not isinstance(rel, str) or not rel:
-        from hermetic.config import load_config
-
-        return load_config(config_path).runs_path
-    rel = posixpath.normpath(rel.replace("\\", "/"))  # as hermetic.config._norm_path
-    return Path(rel) if rel.startswith("/") else (p.parent / rel).resolve()
-
-
-def resolve_ref(ref: str, runs_dir: str | None, config_path: str | None) -> Path:
-    """A run/group directory from a path, an ID or a unique ID prefix (config read only if needed)."""
-    from hermetic.record.rundir import resolve_run
-
-    if "/" in ref or ref in (".", ".."):
-        return resolve_run(ref, None)
-    return resolve_run(ref, runs_root(runs_dir, config_path))
 
 
 @click.group(invoke_without_command=True)

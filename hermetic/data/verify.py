@@ -56,6 +56,8 @@ class VerifyReport:
     hashed_bytes: int = 0
     cached_files: int = 0
     seconds: float = 0.0
+    # The manifest's bytes exactly as verified: what a run keeps as its copy (never re-read from disk).
+    manifest_bytes: bytes = field(default=b"", repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -122,7 +124,7 @@ def verify_dataset(
             tree = scan_tree(real_root, exclude=exclude, stat=True)
             report = _Job(real_root, manifest_path, manifest_bytes, tree, cache, recorded_ns, workers,
                           label).with_stat_cache()
-    return dataclasses.replace(report, seconds=time.perf_counter() - started)
+    return dataclasses.replace(report, seconds=time.perf_counter() - started, manifest_bytes=manifest_bytes)
 
 
 class _Job:
@@ -427,6 +429,21 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def problem_lines(report: VerifyReport, label: str = "", per_kind: int = 20) -> list[str]:
+    """One line per problem (``label`` first), at most ``per_kind`` of each kind, then how many more."""
+    lines: list[str] = []
+    shown: dict[str, int] = {}
+    hidden: dict[str, int] = {}
+    for kind, path, detail in iter_problems(report):
+        shown[kind] = shown.get(kind, 0) + 1
+        if shown[kind] > per_kind:
+            hidden[kind] = hidden.get(kind, 0) + 1
+            continue
+        lines.append(f"{label}{kind:<8} {path}" + (f"  ({detail})" if detail else ""))
+    lines += [f"{label}... and {n} more {kind} (--json lists all)" for kind, n in hidden.items()]
+    return lines
 
 
 def iter_problems(report: VerifyReport) -> Iterator[tuple[str, str, str]]:

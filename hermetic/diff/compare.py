@@ -13,7 +13,6 @@ not material.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import re
 import shlex

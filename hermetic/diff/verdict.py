@@ -21,6 +21,7 @@ from typing import Any
 from hermetic.determinism import env_knobs_not_set
 from hermetic.diff.model import OutputsDiff, SectionDiff, Verdict
 
+
 def knobs_not_set(record: dict[str, Any]) -> list[str]:
     """The determinism settings this run lacked (empty when all the known ones were set).
 

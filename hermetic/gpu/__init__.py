@@ -1,2 +1,4 @@
-"""GPU compatibility: which CUDA a lock pins (cuda.py) and the checks between
-lock, base image, host driver and GPU (checks.py). Pure functions only."""
+"""GPU compatibility, pure functions only: which CUDA a lock pins (cuda.py); the build-time
+checks of the wheels against the base and its Python (wheels.py); the run-time checks of the
+host driver and GPU against the image (runtime.py); both say what they found as Findings
+(findings.py)."""

@@ -14,7 +14,7 @@ torch has pinned its CUDA libraries through PyPI wheels in two naming schemes
 
 The CUDA line of the image is the runtime wheel's MAJOR.MINOR (12.8.90 -> 12.8;
 13.0.96 -> 13.0); torch's local version tag (``+cu128``, ``+cpu``) is its own
-claim, checked against it in hermetic.gpu.checks. torch from PyPI has no tag:
+claim, checked against it in hermetic.gpu.wheels. torch from PyPI has no tag:
 on Linux it is a CUDA build whose CUDA is whatever its nvidia deps are.
 """
 

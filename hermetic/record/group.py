@@ -38,8 +38,8 @@ def group_digest(group: dict[str, Any]) -> str:
 def build_group(group_id: str, members: list[dict[str, Any]], *, now: datetime | None = None,
                 name: str | None = None) -> dict[str, Any]:
     """The group document (sealed) from the members' loaded records, in seed order given."""
-    from hermetic.stats import summarize
     from hermetic.record.schema import RecordError
+    from hermetic.stats import summarize
 
     if not members:
         raise RecordError(f"group {group_id}: no member runs")

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hermetic.reference import ImageName, parse_image_name
 from hermetic.canonical import is_sha256_hex, sha256_digest
 from hermetic.errors import HermeticError
+from hermetic.reference import ImageName, parse_image_name
 from hermetic.registry.client import RegistryClient, TransferStats
 from hermetic.registry.locations import record_image_location
 from hermetic.registry.progress import TransferProgress

@@ -19,9 +19,9 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from hermetic.reference import ImageName, parse_image_name
 from hermetic.canonical import sha256_digest
 from hermetic.errors import HermeticError, IntegrityError
+from hermetic.reference import ImageName, parse_image_name
 from hermetic.registry.client import RegistryClient, RegistryError, TransferStats
 from hermetic.registry.locations import record_blob_locations, record_image_location
 from hermetic.registry.progress import NoProgress, TransferProgress

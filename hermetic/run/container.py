@@ -10,7 +10,6 @@ record, with status ``interrupted``.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -66,21 +65,10 @@ def device_requests(gpus: str | None) -> list[Any]:
 
 def check_gpu_runtime(client) -> None:
     """Refuse before any container exists when --gpus cannot work on this engine."""
-    try:
-        info = client.info()
-    except Exception as e:  # docker.errors.APIError or a transport error
-        raise EngineError(f"cannot query the Docker Engine: {e}") from None
-    runtimes = set((info.get("Runtimes") or {}).keys())
-    if "nvidia" in runtimes:
-        return
-    # Docker >= 19.03 drives GPUs through the toolkit's prestart hook, without
-    # a runtime entry; the hook lives beside a local daemon.
-    import shutil
+    from hermetic.engine import gpu_runtime
 
-    local = (os.environ.get("DOCKER_HOST") or "unix://").startswith("unix://")
-    if local and (shutil.which("nvidia-container-runtime-hook") or shutil.which("nvidia-ctk")):
-        return
-    raise EngineError(NO_GPU_RUNTIME)
+    if not gpu_runtime(client).available:
+        raise EngineError(NO_GPU_RUNTIME)
 
 
 def _host_config_kwargs(spec: ContainerSpec) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 from hermetic.canonical import canonical_sha256
 from hermetic.errors import HermeticError
 from hermetic.fsutil import atomic_write_bytes
-from hermetic.probe import PROBE_PATH
+from hermetic.probe import PROBE_DIR, PROBE_PATH, probe_digest
 from hermetic.run.container import ContainerSpec, Mount, run_capture
 
 PROBE_MOUNT = "/run/hermetic-probe"
@@ -44,7 +44,7 @@ def probe_key(client, image_id: str, gpus: str | None) -> str:
     except Exception:
         engine_id = ""
     return canonical_sha256({"image": image_id, "gpus": gpus or "", "boot": _boot_id(), "engine": engine_id,
-                             "driver": _nvidia_driver(), "probe": canonical_sha256(PROBE_PATH.read_text())})
+                             "driver": _nvidia_driver(), "probe": probe_digest()})
 
 
 def run_probe(client, *, image_id: str, python: str, user: str, gpus: str | None, cache_dir: Path,
@@ -58,8 +58,8 @@ def run_probe(client, *, image_id: str, python: str, user: str, gpus: str | None
         except (FileNotFoundError, ValueError):
             pass
     spec = ContainerSpec(
-        image_id=image_id, command=[python, f"{PROBE_MOUNT}/probe.py"],
-        mounts=[Mount(PROBE_PATH.parent, PROBE_MOUNT, True)], env={}, user=user, gpus=gpus,
+        image_id=image_id, command=[python, f"{PROBE_MOUNT}/{PROBE_PATH.name}"],
+        mounts=[Mount(PROBE_DIR, PROBE_MOUNT, True)], env={}, user=user, gpus=gpus,
         labels={"org.hermetic.probe": "1"},
     )
     code, out, err = run_capture(client, spec)

@@ -18,7 +18,7 @@ from hermetic.config import HermeticConfig, LoadedConfig
 from hermetic.errors import HermeticError, IntegrityError
 from hermetic.fsutil import sha256_file
 from hermetic.paths import CachePaths
-from hermetic.run.runner import RunRequest
+from hermetic.run.plan import RunRequest
 
 
 class ReplayRefused(HermeticError):

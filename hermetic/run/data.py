@@ -1,0 +1,55 @@
+"""The data step: every dataset verified against its manifest before any run directory or container.
+
+What the run keeps as its copy of a manifest are the bytes that were
+verified (``VerifiedDataset.manifest_bytes``), never a second read of the
+file, which could have changed in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from hermetic.data.verify import VerifyReport, problem_lines, verify_dataset
+from hermetic.errors import HermeticError
+from hermetic.run.plan import DatasetPlan
+
+
+class DataRefused(HermeticError):
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class VerifiedDataset:
+    plan: DatasetPlan
+    report: VerifyReport
+
+    @property
+    def manifest_bytes(self) -> bytes:
+        return self.report.manifest_bytes
+
+    @property
+    def manifest_file(self) -> str:
+        """Where the run directory keeps the manifest copy (relative to it)."""
+        return f"data/{self.plan.name}.sha256"
+
+
+def verify_datasets(plans: list[DatasetPlan], *, progress: bool,
+                    log: Callable[[str], None] | None = None) -> list[VerifiedDataset]:
+    """All of them verified, or DataRefused naming each failing dataset (its problems as details)."""
+    verified, failed = [], []
+    for d in plans:
+        if not d.host_path.is_dir():
+            raise DataRefused(f"dataset {d.name}: {d.host_path} is not a directory")
+        rep = verify_dataset(d.host_path, d.manifest_path, progress=progress)
+        if rep.ok:
+            verified.append(VerifiedDataset(d, rep))
+            if log:
+                log(f"data {d.name}: {rep.file_count} files, {rep.total_bytes} bytes verified ({rep.mode})")
+        else:
+            failed.append((d.name, rep))
+    if failed:
+        details = [line for name, rep in failed for line in problem_lines(rep, f"{name}: ")]
+        raise DataRefused("; ".join(f"dataset {n}: {r.summary()}" for n, r in failed) + " — no container was started",
+                          details=details)
+    return verified

@@ -1,0 +1,152 @@
+"""What a run will be, decided before anything is built, verified or started (pure, or reads only).
+
+``RunRequest`` is what the user asked for (``hermetic run`` options, or a
+record for ``replay``); the functions here turn it and the config into
+typed plans: the script as a path in the snapshot, each dataset's host
+path, manifest and mount, the environment passed in, the container user.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hermetic.config import LoadedConfig, is_env_name
+from hermetic.errors import HermeticError
+
+RUNTIME_MOUNT = "/run/hermetic"
+RUNTIME_REPORT = f"{RUNTIME_MOUNT}/runtime.json"
+OUTPUTS_MOUNT = "/outputs"
+
+
+@dataclass
+class RunRequest:
+    script: str
+    args: list[str]
+    argv: list[str]
+    gpus: str | None = None
+    data_paths: dict[str, str] = field(default_factory=dict)  # NAME -> host path (overrides hermetic.yaml)
+    seed: int | None = None
+    seed_policy: str = "config"
+    network: str = "none"
+    env: list[str] = field(default_factory=list)  # NAME or NAME=VALUE
+    name: str | None = None
+    echo: bool = True  # stream the container's output to this terminal
+    replay_of: str | None = None
+    group: str | None = None
+    # replay: run exactly this image and this source snapshot
+    image_manifest: str | None = None
+    source_tar: Path | None = None
+    replay_git: dict[str, Any] | None = None  # the original run's git facts, kept for reference
+    manifest_paths: dict[str, Path] = field(default_factory=dict)  # NAME -> manifest (replay: the run's copy)
+    resume_from: Path | None = None  # a previous run dir whose outputs/ seed this one's
+
+
+@dataclass(frozen=True)
+class DatasetPlan:
+    name: str
+    host_path: Path  # absolute, on this machine
+    manifest_path: Path
+    mount: str  # where the container sees it
+    config_path: str  # the path as hermetic.yaml writes it
+
+
+def resolve_script(cfg: LoadedConfig, script: str) -> str:
+    """SCRIPT as a path inside /workspace (relative to the project root)."""
+    p = Path(script)
+    if p.is_absolute() or (Path.cwd() / p).exists():
+        full = (Path.cwd() / p).resolve()
+        try:
+            return full.relative_to(cfg.root).as_posix()
+        except ValueError:
+            raise HermeticError(f"{script}: not inside the project ({cfg.root}); only the project's code is "
+                                "snapshotted and mounted at /workspace", exit_code=2) from None
+    if (cfg.root / p).exists():
+        return posixpath.normpath(p.as_posix())
+    raise HermeticError(f"{script}: no such file in the project {cfg.root}", exit_code=2)
+
+
+def plan_datasets(cfg: LoadedConfig, overrides: dict[str, str],
+                  manifests: dict[str, Path] | None = None) -> list[DatasetPlan]:
+    known = {d.name for d in cfg.model.datasets}
+    for n in overrides:
+        if n not in known:
+            raise HermeticError(f"--data {n}=...: hermetic.yaml declares no dataset {n!r} "
+                                f"(declared: {', '.join(sorted(known)) or 'none'})", exit_code=2)
+    out = []
+    for d in cfg.model.datasets:
+        host = Path(overrides[d.name]).resolve() if d.name in overrides else cfg.resolve(d.path)
+        manifest = (manifests or {}).get(d.name) or cfg.resolve(d.manifest)
+        out.append(DatasetPlan(d.name, host, manifest, d.mount, d.path))
+    return out
+
+
+def snapshot_excludes(cfg: LoadedConfig, datasets: list[DatasetPlan]) -> list[str]:
+    # The datasets and their manifests are the data section's (a copy of each manifest is
+    # kept in the run's data/): in the code snapshot too, a data update would read as a code change.
+    ex = {".git", ".hermetic"}
+    for p in [cfg.runs_path] + [d.host_path for d in datasets] + [d.manifest_path for d in datasets]:
+        try:
+            ex.add(Path(p).resolve().relative_to(cfg.root).as_posix())
+        except ValueError:
+            pass
+    return sorted(ex)
+
+
+def passed_env(items: list[str]) -> dict[str, str]:
+    """``--env NAME[=VALUE]`` items -> {NAME: VALUE} (a bare NAME takes this environment's value)."""
+    out = {}
+    for item in items:
+        k, eq, v = item.partition("=")
+        if not is_env_name(k):
+            raise HermeticError(f"--env {item!r}: not NAME or NAME=VALUE", exit_code=2)
+        if eq:
+            out[k] = v
+        elif k in os.environ:
+            out[k] = os.environ[k]
+        else:
+            raise HermeticError(f"--env {k}: not set in this environment (pass NAME=VALUE to set it)", exit_code=2)
+    return out
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """argv with the value of each secret-named ``--env NAME=VALUE`` replaced by ``<redacted>``.
+
+    argv.txt and invocation.argv keep the command line as typed; a secret
+    given as NAME=VALUE must not ride along (env.secrets keeps its name).
+    """
+    from hermetic.record.secrets_policy import REDACTED, is_secret_name
+
+    def item(text: str) -> str:
+        name, eq, _ = text.partition("=")
+        return f"{name}={REDACTED}" if eq and is_secret_name(name) else text
+
+    out, value_next = [], False
+    for a in argv:
+        if value_next:
+            out.append(item(a))
+        elif a.startswith("--env="):
+            out.append("--env=" + item(a[len("--env="):]))
+        else:
+            out.append(a)
+        value_next = a == "--env" and not value_next
+    return out
+
+
+@dataclass(frozen=True)
+class ContainerUser:
+    spec: str  # "UID:GID" as docker takes it
+    uid: int
+    gid: int
+
+
+def container_user(cfg: LoadedConfig) -> ContainerUser:
+    """The image's non-root user when hermetic runs as root, else the caller (so outputs stay theirs)."""
+    uid, gid = os.getuid(), os.getgid()
+    if uid == 0:
+        u, g = (int(x) for x in cfg.model.build.user.split(":"))
+        return ContainerUser(f"{u}:{g}", u, g)
+    return ContainerUser(f"{uid}:{gid}", uid, gid)
