@@ -62,7 +62,7 @@ def test_replay_after_the_data_changed_is_refused(project, docker_client):
     before, t0 = run_dirs(project), time.time()
     proc = replay(run_dir_of(project, original))
     assert_clean_error(proc, 3, "logreg", "test-x.f32", "no container was started")
-    assert "changed test-x.f32" in proc.stderr
+    assert "logreg: changed  test-x.f32" in proc.stderr  # the lines `hermetic data verify` prints
     assert run_dirs(project) == before
     assert containers_created_since(docker_client, t0, name) == []
 

@@ -211,7 +211,7 @@ def test_changed_dataset_byte_is_refused_before_any_container(project, docker_cl
     name, before, t0 = unique(), run_dirs(project), time.time()
     proc = run_cli("run", "--name", name, "train.py", cwd=project)
     assert_clean_error(proc, 3, "logreg", "train-x.f32", "no container was started")
-    assert "changed train-x.f32" in proc.stderr
+    assert "logreg: changed  train-x.f32" in proc.stderr  # the lines `hermetic data verify` prints
     assert run_dirs(project) == before  # no run directory
     assert labelled_containers(docker_client, name) == []
     assert containers_created_since(docker_client, t0, name) == []  # none made and removed either
