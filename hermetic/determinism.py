@@ -29,6 +29,7 @@ STRICT_FIXED: dict[str, str] = {
     "OMP_DYNAMIC": "FALSE",
     "NVIDIA_TF32_OVERRIDE": "0",
     "NCCL_ALGO": "Ring",  # a fixed reduction order
+    "NCCL_NVLS_ENABLE": "0",  # NVLink SHARP reductions are not deterministic (nccl#1497)
     "XLA_FLAGS": "--xla_gpu_deterministic_ops=true",
     "TF_DETERMINISTIC_OPS": "1",  # TF < 2.8; later TF uses enable_op_determinism()
     "TZ": "UTC",

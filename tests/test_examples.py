@@ -148,6 +148,8 @@ def test_torch_mlp_applies_seed_and_determinism(torch_mlp, torch_pair):
     assert "torch" in applied["seed"]["seeded"]
     assert applied["determinism"]["torch"]["use_deterministic_algorithms"] is True
     assert applied["determinism"]["torch"]["cudnn.benchmark"] is False
+    assert applied["determinism"]["torch"]["fill_uninitialized_memory"] is True  # torch >= 2.1, set by strict mode
+    assert torch_pair[0]["env"]["determinism"]["NCCL_NVLS_ENABLE"] == "0"  # NVLS reductions off (nccl#1497)
     assert applied["dataloader"]["seed"] == SEED
     # torch's default seed is a constant, so equal runs alone would not show that the seed is
     # applied: another seed must change the weights (one epoch each, to keep this short)

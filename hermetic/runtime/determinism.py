@@ -2,8 +2,9 @@
 
 strict       torch.use_deterministic_algorithms(True) (an op with no
              deterministic implementation raises at once), cuDNN benchmark
-             off and deterministic on, TF32 off for matmul and cuDNN; warns
-             on stderr when an env knob the image should carry is missing.
+             off and deterministic on, TF32 off for matmul and cuDNN,
+             uninitialized memory filled (torch >= 2.1); warns on stderr
+             when an env knob the image should carry is missing.
 statistical  seeds only: deterministic algorithms off, so the fast,
              nondeterministic kernels are allowed and reruns agree in
              distribution, not in bits.
@@ -111,6 +112,11 @@ def _torch_strict(torch: Any) -> None:
     torch.use_deterministic_algorithms(True, warn_only=False)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
+    deterministic_mod = getattr(getattr(torch, "utils", None), "deterministic", None)
+    if deterministic_mod is not None and hasattr(deterministic_mod, "fill_uninitialized_memory"):
+        # torch >= 2.1: torch.empty() and friends fill memory with a known value (NaN / max int), so a
+        # kernel that reads memory it never wrote reads the same bits every run (its default; set, not assumed).
+        deterministic_mod.fill_uninitialized_memory = True
     if _new_precision_api(torch):
         torch.backends.cuda.matmul.fp32_precision = "ieee"
         torch.backends.cudnn.fp32_precision = "ieee"  # conv and rnn
