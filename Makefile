@@ -30,7 +30,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -ra -m "not docker and not registry and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra -m "not docker and not registry and not slow and not slurm" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	scripts/ensure-test-deps
