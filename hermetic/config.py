@@ -12,7 +12,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -58,6 +58,12 @@ def _norm_path(v: str) -> str:
     return norm_relpath(v)
 
 
+def _check_glob(v: str) -> str:
+    if not v or v.startswith("/") or "\\" in v or any(p == ".." for p in v.split("/")):
+        raise ValueError("must be a relative '/'-separated glob inside the working directory (no '..')")
+    return v
+
+
 _SIZE = re.compile(r"[1-9][0-9]*[bkmg]?")
 
 
@@ -69,11 +75,19 @@ def _check_size(v: str) -> str:
     return v
 
 
+def size_bytes(size: str) -> int:
+    """A validated size ("512m", "4g") in bytes, as Docker reads it (k, m, g are powers of 1024)."""
+    unit = size[-1] if size[-1] in "bkmg" else "b"
+    number = int(size[:-1] if size[-1] in "bkmg" else size)
+    return number * {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
+
+
 Name = Annotated[str, AfterValidator(_check_name)]
 Size = Annotated[str, AfterValidator(_check_size)]
 EnvMap = Annotated[dict[str, str], AfterValidator(_check_env_names)]
 ImagePath = Annotated[str, AfterValidator(_check_image_path)]
 HostPath = Annotated[str, AfterValidator(_norm_path)]
+Glob = Annotated[str, AfterValidator(_check_glob)]
 
 
 class _Strict(BaseModel):
@@ -102,17 +116,27 @@ class DeterminismConfig(_Strict):
 
 
 class DatasetConfig(_Strict):
+    """A dataset: read-only and verified, at its project-relative path in the working directory
+    (when it lies inside the project) and at ``mount`` (when given)."""
+
     name: Name
     path: HostPath
     manifest: HostPath
-    mount: str
+    mount: Optional[str] = None
 
     @field_validator("mount")
     @classmethod
-    def _mount(cls, v: str) -> str:
-        if not v.startswith("/") or v.rstrip("/") in ("", "/workspace", "/outputs", "/tmp"):
-            raise ValueError("must be an absolute path in the container other than /, /workspace, /outputs, /tmp")
+    def _mount(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path in the container")
         return posixpath.normpath(v)
+
+    @property
+    def in_project(self) -> bool:
+        """Whether ``path`` lies inside the project (then the script finds it where it is there)."""
+        return not (self.path.startswith("/") or self.path == ".." or self.path.startswith("../"))
 
 
 class BuildConfig(_Strict):
@@ -135,11 +159,23 @@ class BuildConfig(_Strict):
         return v
 
 
+class OutputsConfig(_Strict):
+    """Which files the script writes in its working directory become outputs (globs, '/'-separated,
+    relative to the working directory; ``**`` spans directories). Exclude wins over include."""
+
+    include: list[Glob] = Field(default_factory=lambda: ["**"])
+    exclude: list[Glob] = Field(default_factory=list)
+
+
 class RunConfig(_Strict):
     """The container of `hermetic run` (the root filesystem is read-only); not part of the image."""
 
     shm_size: Size = "1g"  # /dev/shm: PyTorch DataLoader workers hand batches over through it
     tmp_size: Size = "4g"  # the tmpfs at /tmp, which is also HOME
+    # The working directory is a writable copy of the code snapshot: what the script writes there,
+    # new or changed, is collected into the run's outputs/ (caches never: __pycache__/, *.pyc).
+    workdir_size: Size = "4g"
+    outputs: OutputsConfig = Field(default_factory=lambda: OutputsConfig())
 
 
 class HermeticConfig(_Strict):
@@ -161,16 +197,25 @@ class HermeticConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _unique_datasets(self) -> "HermeticConfig":
+    def _datasets_fit_the_container(self) -> "HermeticConfig":
+        from hermetic.containerpaths import dataset_container_paths, glob_matches_dataset
+
         seen_names: set[str] = set()
-        seen_mounts: set[str] = set()
+        taken: dict[str, str] = {}  # container path -> the key that claims it
         for i, d in enumerate(self.datasets):
             if d.name in seen_names:
                 raise ValueError(f"datasets[{i}].name: duplicate dataset name {d.name!r}")
-            if d.mount in seen_mounts:
-                raise ValueError(f"datasets[{i}].mount: {d.mount!r} is already used by another dataset")
             seen_names.add(d.name)
-            seen_mounts.add(d.mount)
+            for key, where in dataset_container_paths(i, d, workdir=self.build.workdir, prefix=self.build.prefix):
+                for other, other_key in taken.items():
+                    if where == other or where.startswith(other + "/") or other.startswith(where + "/"):
+                        raise ValueError(f"{key}: {where} collides with {other_key} ({other})")
+                taken[where] = key
+        for j, glob in enumerate(self.run.outputs.include):
+            hit = next((d for d in self.datasets if d.in_project and glob_matches_dataset(glob, d.path)), None)
+            if hit is not None:
+                raise ValueError(f"run.outputs.include[{j}]: {glob!r} reaches into dataset {hit.name!r} "
+                                 f"({hit.path}/): datasets are inputs, read-only, never outputs")
         return self
 
 
@@ -245,6 +290,11 @@ def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
         loc = tuple(err["loc"])
         key = format_key_path(loc)
         msg = _reason(err)
+        if not loc:  # a rule over several keys says which key it is about: "datasets[1].mount: ..."
+            m = _KEY_PREFIX.match(msg)
+            if m:
+                key, msg = m.group(1), m.group(2)
+                loc = tuple(int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", key))
         line = _line_of(node, loc)
         where = f"{cfg_path}:{line}" if line else str(cfg_path)
         more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
@@ -252,6 +302,9 @@ def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
             raise ConfigError(f"{where}: {key}: {msg}{more}") from None
         raise ConfigError(f"{where}: {msg}{more}") from None
     return LoadedConfig(model=model, path=cfg_path.resolve())
+
+
+_KEY_PREFIX = re.compile(r"^([a-z_]+(?:\[\d+\]|\.[a-z_]+)*): (.*)$", re.S)
 
 
 def format_key_path(loc: tuple[Any, ...]) -> str:

@@ -292,7 +292,7 @@ def test_gpus_without_nvidia_runtime_is_a_clean_refusal(logreg, docker_client):
 
 LOCKDOWN = """import json, os
 result = {}
-for path in ("/etc/x", "/usr/x", "/workspace/x", "/data/logreg/x", "/tmp/x", "/outputs/x"):
+for path in ("/etc/x", "/usr/x", "/workspace/x", "/workspace/data/x", "/data/logreg/x", "/tmp/x", "/outputs/x"):
     try:
         with open(path, "w") as f:
             f.write("x")
@@ -306,7 +306,8 @@ result.update(
     caps={k: int(status[k].strip(), 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")},
     no_new_privs=status["NoNewPrivs"].strip(),
     interfaces=sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").read().splitlines()[2:]),
-    ro={m: "ro" in mounts.get(m, []) for m in ("/", "/workspace", "/data/logreg", "/outputs", "/tmp")},
+    ro={m: "ro" in mounts.get(m, []) for m in ("/", "/workspace", "/workspace/data", "/data/logreg", "/outputs",
+                                               "/tmp")},
 )
 print(json.dumps(result))
 """
@@ -318,10 +319,12 @@ def test_container_is_locked_down_and_outputs_belong_to_the_caller(project):
     _, rec = hermetic_run(project, "lockdown.py")
     rd = run_dir_of(project, rec)
     seen = json.loads((rd / "logs" / "stdout.log").read_text())
-    for path in ("/etc/x", "/usr/x", "/workspace/x", "/data/logreg/x"):
+    for path in ("/etc/x", "/usr/x", "/workspace/data/x", "/data/logreg/x"):
         assert seen[path] == errno.EROFS, (path, seen[path])
-    assert seen["/tmp/x"] == "ok" and seen["/outputs/x"] == "ok"
-    assert seen["ro"] == {"/": True, "/workspace": True, "/data/logreg": True, "/outputs": False, "/tmp": False}
+    # the working directory is a writable copy of the code; the dataset inside it and at its mount is not
+    assert seen["/tmp/x"] == "ok" and seen["/outputs/x"] == "ok" and seen["/workspace/x"] == "ok"
+    assert seen["ro"] == {"/": True, "/workspace": False, "/workspace/data": True, "/data/logreg": True,
+                          "/outputs": False, "/tmp": False}
     assert seen["uid"] != 0 and seen["gid"] != 0
     assert seen["home"].startswith("/tmp")
     assert seen["caps"] == dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), 0)
@@ -347,7 +350,8 @@ def test_run_section_sizes_shm_and_tmp_and_the_record_keeps_them(project):
     _, rec = hermetic_run(project, "sizes.py")
     seen = json.loads((run_dir_of(project, rec) / "logs" / "stdout.log").read_text())
     assert seen == {"/dev/shm": 96 << 20, "/tmp": 80 << 20}
-    assert rec["invocation"]["config"]["run"] == {"shm_size": "96m", "tmp_size": "80m"}
+    assert rec["invocation"]["config"]["run"] == {"shm_size": "96m", "tmp_size": "80m", "workdir_size": "4g",
+                                                  "outputs": {"include": ["**"], "exclude": []}}
 
 
 @pytest.mark.docker

@@ -16,7 +16,10 @@ from hermetic.cli.common import config_option, emit_json
 @click.option("--data", "data", multiple=True, metavar="NAME=PATH",
               help="Use PATH for dataset NAME (still verified against its manifest). Repeatable.")
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), help="Seed for this run (default: determinism.seed).")
-@click.option("--seeds", metavar="0,1,2,...", help="One run per seed, plus a group record with mean, std and 95% CI.")
+@click.option("--seeds", metavar="N|0,1,2|0-4",
+              help="One run per seed, plus a group record with mean, SD and 95% CI. N alone: N seeds from "
+                   "hermetic.yaml's seed on. The script gets each seed as $HERMETIC_SEED, and in place of "
+                   "{seed} in its arguments.")
 @click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True,
               help="Container network. Runs have none unless asked.")
 @click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
@@ -34,17 +37,22 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
     In order: build the image if needed (a no-op when up to date); verify every
     dataset against its manifest (on failure, stop before any container
     exists); create runs/<id>/; snapshot the code; probe the hardware in the
-    same image with the same devices; run. The container is locked down: the
-    code read-only at /workspace, datasets read-only at their mounts, /outputs
-    writable, a non-root user, a read-only root filesystem, no capabilities,
-    no network. Logs stream here and into runs/<id>/logs/. The exit code is the
-    container's.
+    same image with the same devices; run.
+
+    The script runs unmodified in a locked-down container: its working
+    directory (/workspace) is a writable copy of the code snapshot, each
+    dataset is there read-only at its project path (and at its mount:, if
+    any), /outputs is writable, the root filesystem is read-only, the user is
+    not root, no capabilities, no network. Files the script writes in its
+    working directory and in /outputs are the run's outputs (runs/<id>/outputs/),
+    hashed and compared by `hermetic diff`. Logs stream here and into
+    runs/<id>/logs/. The exit code is the script's (docs/your-script.md).
 
     \b
     Examples:
       hermetic run train.py --epochs 3
       hermetic run --gpus all train.py --epochs 3
-      hermetic run --seeds 0,1,2,3,4 train.py         # a seed group with intervals
+      hermetic run --seeds 5 train.py --seed {seed}   # 5 seeds; {seed} reaches argparse too
       hermetic run --data synth=/mnt/big/synth -- train.py --lr 0.1
     """
     from hermetic.config import load_config
@@ -78,6 +86,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
     result = execute(cfg, paths, req, log=log, progress=progress)
     if as_json:
         emit_json(result.record)
+        _say_reason(result)
     else:
         _summary(result)
     return result.exit_code
@@ -94,12 +103,21 @@ def _summary(result) -> None:
     metrics = result.record.get("metrics", {}).get("final") or {}
     shown = ", ".join(f"{k}={v}" for k, v in list(metrics.items())[:4])
     click.echo(f"{result.run_id}  {result.status}  exit {result.exit_code}" + (f"  {shown}" if shown else ""))
+    _say_reason(result)
+
+
+def _say_reason(result) -> None:
+    """hermetic failed the run itself (not the script): one error line, and where it is recorded."""
+    if result.reason:
+        click.echo(f"hermetic: error: run {result.run_id}: {result.reason} (recorded in "
+                   f"{result.run_dir / 'run.json'})", err=True)
 
 
 def _seed_group(cfg, paths, template, seeds: str, as_json: bool, log, progress) -> int:
     from hermetic.run.group import parse_seeds, run_seed_group
 
-    result = run_seed_group(cfg, paths, template, parse_seeds(seeds), log=log, progress=progress,
+    seeds_list = parse_seeds(seeds, cfg.model.determinism.seed)
+    result = run_seed_group(cfg, paths, template, seeds_list, log=log, progress=progress,
                             on_member=None if as_json else _summary)
     if as_json:
         emit_json(result.group)

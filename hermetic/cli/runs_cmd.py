@@ -191,7 +191,7 @@ def format_record(r: dict[str, Any], run_dir: Path) -> str:
         lines.append(_line("data", "none"))
     for name, ds in sorted(r["data"].items()):
         lines.append(_line("data", f"{name} {ds['manifest_sha256'][:16]}  {ds['count']} files, {ds['bytes']} bytes, "
-                           f"{ds['path']} -> {ds['mount']} ({ds['verify_mode']})"))
+                           f"{ds['path']} -> {', '.join(ds.get('mounts') or [ds['mount']])} ({ds['verify_mode']})"))
     applied = ", ".join(sorted(r["seed"]["applied"])) or "nothing reported"
     lines.append(_line("seed", f"{r['seed']['value']} (from {r['seed']['policy']}); applied to: {applied}"))
     env = r["env"]

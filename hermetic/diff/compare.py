@@ -243,9 +243,10 @@ def compare_data(a: Json, b: Json, manifests_a: Manifests, manifests_b: Manifest
                                         f"{name}: manifest {short(x['manifest_sha256'], 8)} -> "
                                         f"{short(y['manifest_sha256'], 8)} ({x['count']} -> {y['count']} files; "
                                         "manifest copies not found, no per-file detail)"))
-        if x["mount"] != y["mount"]:
-            s.changes.append(Change("data", f"{name}.mount", "changed", x["mount"], y["mount"],
-                                    f"{name} mounted at {x['mount']} -> {y['mount']}"))
+        where_a, where_b = x.get("mounts") or [x["mount"]], y.get("mounts") or [y["mount"]]
+        if where_a != where_b:
+            s.changes.append(Change("data", f"{name}.mounts", "changed", where_a, where_b,
+                                    f"{name} seen at {', '.join(map(str, where_a))} -> {', '.join(map(str, where_b))}"))
         for key in ("path", "verify_mode"):
             if x[key] != y[key]:
                 s.changes.append(Change("data", f"{name}.{key}", "changed", x[key], y[key],

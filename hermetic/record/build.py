@@ -76,16 +76,23 @@ def seed_section(value: int, policy: str, applied: Mapping[str, Any] | None = No
 
 
 def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, exit_code: int | None,
-                  finished_at: datetime | None = None) -> dict[str, Any]:
+                  finished_at: datetime | None = None, reason: str | None = None,
+                  workdir: dict[str, Any] | None = None) -> dict[str, Any]:
     """A copy of ``record`` with status, exit code, end time, output hashes and metrics filled in.
 
     Output files are hashed under ``run_dir/outputs``; metrics are summarized
-    from ``run_dir/outputs/metrics.jsonl`` when it exists.
+    from ``run_dir/outputs/metrics.jsonl`` when it exists. ``reason`` says why
+    hermetic itself failed or refused the run; ``workdir`` is what was
+    collected from the script's working directory (hermetic.run.workdir).
     """
     rec = copy.deepcopy(record)
     run_dir = Path(run_dir)
     rec["record"].update(status=status, exit_code=exit_code, finished_at=iso_utc(finished_at))
+    if reason is not None:
+        rec["record"]["reason"] = reason
     rec["outputs"] = hash_outputs(run_dir / "outputs")
+    if workdir is not None:
+        rec["outputs"]["workdir"] = workdir
     metrics_path = run_dir / METRICS_FILE
     summary = metrics_summary(metrics_path)
     rec["metrics"] = {**summary, "file": METRICS_FILE if metrics_path.is_file() else None}

@@ -76,7 +76,8 @@ def _data_text(data: dict[str, Any], run_dir: str) -> str:
         return "\n   (this run used no datasets)"
     out = []
     for name, ds in sorted(data.items()):
-        out.append(f"   - `{name}`: `{ds['path']}` mounted read-only at `{ds['mount']}`; {ds['count']} files, "
+        where = ", ".join(f"`{w}`" for w in ds.get("mounts") or [ds["mount"]])
+        out.append(f"   - `{name}`: `{ds['path']}` mounted read-only at {where}; {ds['count']} files, "
                    f"{ds['bytes']} bytes; manifest `{ds['manifest_file']}` (sha256 `{ds['manifest_sha256']}`,"
                    " the dataset's ID). Check it with:")
         out.append("")
@@ -96,28 +97,35 @@ def _env_text(env: dict[str, Any]) -> str:
 def docker_run_command(record: dict[str, Any]) -> str:
     """A ``docker run`` line equivalent to the run's container (for a person to read and paste).
 
-    Built from the record: network, GPUs, user and workdir from the resolved
-    config, every recorded variable (secrets by name, so docker takes the
-    value from the caller's environment), read-only data mounts, the code
-    mounted at the workdir, outputs at /outputs.
+    Built from the record: the same locked-down container (read-only root,
+    tmpfs /tmp, no capabilities, no network unless the run had it), the
+    venv's interpreter, the seed and every recorded variable (secrets by
+    name, so docker takes the value from the caller's environment), the
+    code as the writable working directory, each dataset read-only wherever
+    the run saw it, outputs at /outputs. It runs as the caller (``id -u``),
+    so the files it writes in ./outputs are theirs.
     """
     inv = record["invocation"]
     cfg = inv.get("config") or {}
     build = cfg.get("build") or {}
+    run = cfg.get("run") or {}
     workdir = build.get("workdir", "/workspace")
-    python = (cfg.get("python") or {}).get("path", "python3")
+    python = f"{build.get('prefix', '/opt/venv')}/bin/python"
     env = record["env"]
-    groups: list[list[str]] = [["docker", "run", "--rm", "--network", inv["network"]]]
+    groups: list[list[str]] = [["docker", "run", "--rm", "--network", inv["network"], "--read-only",
+                                "--tmpfs", f"/tmp:rw,exec,size={run.get('tmp_size', '4g')}",
+                                "--shm-size", run.get("shm_size", "1g"), "--cap-drop", "ALL",
+                                "--security-opt", "no-new-privileges", "--init"]]
     if inv["gpus"]:
         groups.append(["--gpus", inv["gpus"]])
-    if build.get("user"):
-        groups.append(["--user", build["user"]])
-    groups.append(["--workdir", workdir])
-    groups += [["-e", f"{k}={v}"] for k, v in sorted({**env["determinism"], **env["passed"]}.items())]
+    groups.append(["--user", "$(id -u):$(id -g)", "--workdir", workdir, "-e", "HOME=/tmp"])
+    run_env = {"HERMETIC_SEED": str(record["seed"]["value"]), "HERMETIC_OUTPUTS": "/outputs"}
+    groups += [["-e", f"{k}={v}"] for k, v in sorted({**run_env, **env["determinism"], **env["passed"]}.items())]
     groups += [["-e", k] for k in env["secrets"]]
-    groups.append(["-v", f"$PWD/code-{record['record']['run_id']}:{workdir}:ro"])
+    groups.append(["-v", f"$PWD/code-{record['record']['run_id']}:{workdir}"])
     # docker takes a relative host path for a volume name: make data paths absolute
-    groups += [["-v", f"{_host_path(ds['path'])}:{ds['mount']}:ro"] for _, ds in sorted(record["data"].items())]
+    for _, ds in sorted(record["data"].items()):
+        groups += [["-v", f"{_host_path(ds['path'])}:{where}:ro"] for where in ds.get("mounts") or [ds["mount"]]]
     groups.append(["-v", "$PWD/outputs:/outputs"])
     groups.append([record["image"]["id"]])
     groups.append([python, inv["script"], *inv["args"]])
@@ -129,7 +137,9 @@ def _host_path(path: str) -> str:
 
 
 def _quote(arg: str) -> str:
-    """Shell-quote, but keep a leading $PWD expandable."""
+    """Shell-quote, but keep a leading $PWD and the caller's $(id ...) expandable."""
+    if arg == "$(id -u):$(id -g)":
+        return f'"{arg}"'
     if arg.startswith("$PWD"):
         rest = "".join("\\" + c if c in '"\\$`' else c for c in arg[4:])
         return f'"$PWD{rest}"'

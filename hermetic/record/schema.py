@@ -96,12 +96,15 @@ class RecordMeta(_Strict):
     status: Literal["succeeded", "failed", "interrupted", "refused"]
     exit_code: Optional[int]
     record_sha256: Union[Hex64, Literal[""]]
+    # Why hermetic refused or failed the run itself (the script's own failure needs none): one line.
+    reason: Optional[str] = None
 
 
 class Invocation(_Strict):
     argv: list[str]
     script: str
-    args: list[str]
+    args: list[str]  # as the script received them ({seed} substituted)
+    args_template: Optional[list[str]] = None  # as typed, when they hold a placeholder such as {seed}
     config: dict[str, Any]
     config_sha256: Hex64
     name: Optional[str]
@@ -160,7 +163,8 @@ class Code(_Strict):
 
 class Dataset(_Strict):
     path: str
-    mount: str
+    mount: Optional[str]  # hermetic.yaml's mount:, if any
+    mounts: Optional[list[str]] = None  # every place the container saw it (its project path in the workdir, mount)
     manifest_file: str
     manifest_sha256: Hex64
     bytes: NonNegInt
@@ -186,8 +190,14 @@ class OutputFile(_Strict):
     symlink: Optional[str] = None  # only for symbolic links: the link's target, as written
 
 
+class WorkdirOutputs(_Strict):
+    collected: list[RelPath]  # written by the script in its working directory, moved into outputs/
+    deleted: list[RelPath]  # files of the code snapshot the script removed
+
+
 class Outputs(_Strict):
     files: dict[RelPath, OutputFile]
+    workdir: Optional[WorkdirOutputs] = None
 
 
 class Metrics(_Strict):

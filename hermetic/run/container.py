@@ -15,7 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable, Protocol
 
 from hermetic.errors import EngineError, HermeticError
 
@@ -111,6 +111,13 @@ class RunOutcome:
     exit_code: int | None
     interrupted: bool
     signal_name: str | None = None
+    stopped_because: str | None = None  # hermetic stopped the container (e.g. the working directory outgrew its limit)
+
+
+class Watch(Protocol):
+    """Something to check while the container runs (hermetic.run.workdir.SizeWatch)."""
+
+    def run_until(self, stop: threading.Event, on_exceeded: Callable[[str], None]) -> None: ...
 
 
 class _Interrupted(Exception):
@@ -118,8 +125,13 @@ class _Interrupted(Exception):
         self.signum = signum
 
 
-def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None) -> RunOutcome:
-    """Create, start, stream logs to the terminal and to log_dir, wait, remove."""
+def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
+                  watch: Watch | None = None) -> RunOutcome:
+    """Create, start, stream logs to the terminal and to log_dir, wait, remove.
+
+    ``watch`` runs in a thread while the container does; when it reports a
+    reason, the container is stopped and the outcome says why.
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     previous: dict[int, Any] = {}
     main_thread = threading.current_thread() is threading.main_thread()
@@ -134,26 +146,41 @@ def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = Tr
             previous[sig] = signal.signal(sig, handler)
     container = None
     outcome: RunOutcome
+    stopped: list[str] = []
+    done = threading.Event()
+    # Opened before the container exists: whatever it prints has a file to land in.
+    files = [open(log_dir / n, "wb") for n in ("stdout.log", "stderr.log", "combined.log")]
+    out_f, err_f, all_f = files
     try:
         try:
             container = create(client, spec, name=name)
             stream = container.attach(stdout=True, stderr=True, stream=True, logs=True, demux=True)
             container.start()
-            with open(log_dir / "stdout.log", "wb") as out_f, open(log_dir / "stderr.log", "wb") as err_f, \
-                    open(log_dir / "combined.log", "wb") as all_f:
-                for out, err in stream:
-                    if out:
-                        _tee(out, out_f, all_f, sys.stdout.buffer if echo else None)
-                    if err:
-                        _tee(err, err_f, all_f, sys.stderr.buffer if echo else None)
+            if watch is not None:
+                def on_exceeded(reason: str, c=container) -> None:
+                    stopped.append(reason)
+                    _stop(c)
+
+                threading.Thread(target=watch.run_until, args=(done, on_exceeded), daemon=True,
+                                 name="hermetic-watch").start()
+            for out, err in stream:
+                if out:
+                    _tee(out, out_f, all_f, sys.stdout.buffer if echo else None)
+                if err:
+                    _tee(err, err_f, all_f, sys.stderr.buffer if echo else None)
             result = container.wait()
-            outcome = RunOutcome(int(result.get("StatusCode", 1)), False)
+            done.set()
+            outcome = RunOutcome(int(result.get("StatusCode", 1)), False, None, stopped[0] if stopped else None)
         except (_Interrupted, KeyboardInterrupt) as e:
             signum = e.signum if isinstance(e, _Interrupted) else signal.SIGINT
             if container is not None:
                 _stop(container)
+                _rewrite_logs(container, files)  # what it printed but we had not read yet
             outcome = RunOutcome(None, True, signal.Signals(signum).name)
     finally:
+        done.set()
+        for f in files:
+            f.close()
         for sig, h in previous.items():
             signal.signal(sig, h)
         if container is not None:
@@ -161,6 +188,19 @@ def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = Tr
         elif spec.labels:  # interrupted inside create(): the engine may have made it anyway
             _remove_labelled(client, spec.labels)
     return outcome
+
+
+def _rewrite_logs(container, files: list[BinaryIO]) -> None:
+    """The log files from the engine's own copy of the (stopped) container's output, complete."""
+    try:
+        parts = [container.logs(stdout=True, stderr=False), container.logs(stdout=False, stderr=True),
+                 container.logs(stdout=True, stderr=True)]
+    except Exception:  # the engine lost it: keep what was streamed
+        return
+    for f, data in zip(files, parts):
+        f.seek(0)
+        f.truncate()
+        f.write(data)
 
 
 def _tee(data: bytes, f: BinaryIO, all_f: BinaryIO, term: BinaryIO | None) -> None:

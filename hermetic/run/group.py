@@ -21,14 +21,38 @@ from hermetic.run.plan import RunRequest
 from hermetic.run.runner import Log, RunResult, execute
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``0,1,2,3`` -> [0, 1, 2, 3]: at least two distinct seeds."""
-    try:
-        values = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise HermeticError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2,3,4", exit_code=2) from None
-    if len(values) < 2 or len(set(values)) != len(values):
-        raise HermeticError(f"--seeds {text!r}: give at least two distinct seeds", exit_code=2)
+SEED_MAX = 2**32 - 1
+
+
+def parse_seeds(text: str, first: int) -> list[int]:
+    """The seeds of ``--seeds``: ``N`` (one integer) is N seeds from ``first`` (hermetic.yaml's seed) on;
+    ``0,1,2``, ``0-4`` (inclusive) and mixes like ``0-2,10`` are the seeds themselves."""
+    def bad(why: str) -> HermeticError:
+        return HermeticError(f"--seeds {text!r}: {why} (a count such as 5, or seeds such as 0,1,2 or 0-4)",
+                             exit_code=2)
+
+    text = text.strip()
+    if text.isdigit():
+        count = int(text)
+        if count < 2:
+            raise bad("a group needs at least two seeds")
+        values = list(range(first, first + count))
+    else:
+        values = []
+        for part in (p.strip() for p in text.split(",")):
+            lo, dash, hi = part.partition("-")
+            if not lo.isdigit() or (dash and not hi.isdigit()):
+                raise bad(f"{part!r} is not a seed or a range A-B")
+            a, b = int(lo), int(hi) if dash else int(lo)
+            if b < a:
+                raise bad(f"range {part} runs backwards")
+            values += range(a, b + 1)
+        if len(values) < 2:
+            raise bad("a group needs at least two seeds")
+        if len(set(values)) != len(values):
+            raise bad("a seed is given twice")
+    if max(values) > SEED_MAX:
+        raise bad(f"seeds go up to {SEED_MAX}")
     return values
 
 

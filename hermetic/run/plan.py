@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hermetic.config import LoadedConfig, is_env_name
+from hermetic.containerpaths import RUNTIME_MOUNT
 from hermetic.errors import HermeticError
 
-RUNTIME_MOUNT = "/run/hermetic"
 RUNTIME_REPORT = f"{RUNTIME_MOUNT}/runtime.json"
-OUTPUTS_MOUNT = "/outputs"
+# Placeholders in the script's arguments, replaced per run: `hermetic run --seeds 0,1,2 main.py --seed {seed}`.
+PLACEHOLDER = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|\{([A-Za-z_]\w*)\}")
 
 
 @dataclass
@@ -50,8 +52,10 @@ class DatasetPlan:
     name: str
     host_path: Path  # absolute, on this machine
     manifest_path: Path
-    mount: str  # where the container sees it
+    mount: str | None  # hermetic.yaml's mount:, if any
     config_path: str  # the path as hermetic.yaml writes it
+    container_paths: tuple[str, ...]  # everywhere the container sees it, read-only
+    workdir_path: str | None  # its path relative to the working directory, when it lies inside the project
 
 
 def resolve_script(cfg: LoadedConfig, script: str) -> str:
@@ -77,11 +81,37 @@ def plan_datasets(cfg: LoadedConfig, overrides: dict[str, str],
             raise HermeticError(f"--data {n}=...: hermetic.yaml declares no dataset {n!r} "
                                 f"(declared: {', '.join(sorted(known)) or 'none'})", exit_code=2)
     out = []
+    workdir = cfg.model.build.workdir
     for d in cfg.model.datasets:
         host = Path(overrides[d.name]).resolve() if d.name in overrides else cfg.resolve(d.path)
         manifest = (manifests or {}).get(d.name) or cfg.resolve(d.manifest)
-        out.append(DatasetPlan(d.name, host, manifest, d.mount, d.path))
+        inner = d.path if d.in_project else None
+        paths = ([posixpath.join(workdir, inner)] if inner else []) + ([d.mount] if d.mount else [])
+        out.append(DatasetPlan(d.name, host, manifest, d.mount, d.path, tuple(paths), inner))
     return out
+
+
+def script_args(template: list[str], seed: int) -> list[str]:
+    """The script's arguments with ``{seed}`` replaced; ``{{seed}}`` stays a literal ``{seed}``.
+
+    Only ``{identifier}`` is a placeholder, so JSON arguments (``'{"lr": 0.1}'``)
+    pass through untouched; an unknown one (``{sed}``) is refused as a typo.
+    """
+    def one(arg: str) -> str:
+        def sub(m: re.Match[str]) -> str:
+            if m.group(1) is not None:
+                return "{" + m.group(1) + "}"
+            if m.group(2) == "seed":
+                return str(seed)
+            raise HermeticError(f"script argument {arg!r}: unknown placeholder {m.group(0)} (the one hermetic "
+                                f"fills in is {{seed}}; write {{{m.group(0)}}} for the text itself)", exit_code=2)
+        return PLACEHOLDER.sub(sub, arg)
+
+    return [one(a) for a in template]
+
+
+def has_placeholder(args: list[str]) -> bool:
+    return any(m.group(2) is not None for a in args for m in PLACEHOLDER.finditer(a))
 
 
 def snapshot_excludes(cfg: LoadedConfig, datasets: list[DatasetPlan]) -> list[str]:

@@ -17,10 +17,10 @@ from typing import Any
 from hermetic.canonical import canonical_sha256
 from hermetic.errors import HermeticError
 from hermetic.fsutil import atomic_write_bytes
+from hermetic.containerpaths import PROBE_MOUNT
 from hermetic.probe import PROBE_DIR, PROBE_PATH, probe_digest
 from hermetic.run.container import ContainerSpec, Mount, run_capture
 
-PROBE_MOUNT = "/run/hermetic-probe"
 NVIDIA_VERSION_PATH = Path("/proc/driver/nvidia/version")  # the loaded kernel module's version banner
 
 

@@ -22,7 +22,8 @@ from hermetic.determinism import is_knob
 from hermetic.fsutil import atomic_write_text
 from hermetic.run.container import RunOutcome
 from hermetic.run.data import VerifiedDataset
-from hermetic.run.plan import OUTPUTS_MOUNT, RUNTIME_REPORT
+from hermetic.containerpaths import OUTPUTS_MOUNT
+from hermetic.run.plan import RUNTIME_REPORT
 
 
 def image_section(info: ImageInfo, repo_digests: list[str], base_ref: str) -> dict[str, Any]:
@@ -48,7 +49,8 @@ def data_section(run_dir: Path, verified: list[VerifiedDataset]) -> dict[str, An
     for v in verified:
         (run_dir / v.manifest_file).write_bytes(v.manifest_bytes)
         rep = v.report
-        out[v.plan.name] = {"path": str(v.plan.host_path), "mount": v.plan.mount, "manifest_file": v.manifest_file,
+        out[v.plan.name] = {"path": str(v.plan.host_path), "mount": v.plan.mount,
+                            "mounts": list(v.plan.container_paths), "manifest_file": v.manifest_file,
                             "manifest_sha256": rep.manifest_sha256, "bytes": rep.total_bytes,
                             "count": rep.file_count, "verify_mode": rep.mode}
     return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hermetic.builder.image_record import ImageInfo
-from hermetic.config import LoadedConfig
+from hermetic.config import LoadedConfig, size_bytes
+from hermetic.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT, inside
 from hermetic.errors import HermeticError
 from hermetic.paths import CachePaths
 from hermetic.record import (
@@ -33,10 +35,13 @@ from hermetic.record import (
 from hermetic.run.container import RUN_LABEL, ContainerSpec, Mount, RunOutcome, check_gpu_runtime, run_streaming
 from hermetic.run.data import VerifiedDataset, verify_datasets
 from hermetic.run.plan import (
-    OUTPUTS_MOUNT, RUNTIME_MOUNT, ContainerUser, RunRequest, container_user, passed_env, plan_datasets, redact_argv, resolve_script, snapshot_excludes,
+    ContainerUser, RunRequest, container_user, has_placeholder, passed_env, plan_datasets, redact_argv,
+    resolve_script, script_args, snapshot_excludes,
 )
+from hermetic.run.workdir import SizeWatch, WorkdirResult, collect
 from hermetic.run.recording import (
-    RunEnvironment, data_section, image_section, outcome_status, read_runtime_report, run_environment, write_run_files,
+    RunEnvironment, data_section, image_section, outcome_status, read_runtime_report, run_environment,
+    write_run_files,
 )
 from hermetic.store.oci import OciStore
 
@@ -49,8 +54,15 @@ class RunResult:
     run_id: str
     run_dir: Path
     status: str
-    exit_code: int
+    exit_code: int  # the script's, passed through; hermetic's own when hermetic failed the run (reason says why)
     record: dict[str, Any]
+    reason: str | None = None
+
+
+class RunFailed(HermeticError):
+    """hermetic failed a run the script finished: the exit code when the script itself exited 0."""
+
+    exit_code = 3
 
 
 def _quiet(_msg: str) -> None:
@@ -66,6 +78,7 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     if req.gpus:
         check_gpu_runtime(client)  # before anything is built, verified or created
     script = req.script if req.source_tar else resolve_script(cfg, req.script)
+    script_args(req.args, 0)  # an unknown placeholder is refused before anything is built
     passed = passed_env(req.env)
     store = OciStore(paths.oci)
 
@@ -82,9 +95,10 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
         write_record(run_dir, rec)  # early: a hard kill still leaves a record
         if req.gpus:
             refuse_unfit_gpu(rec, run_dir, probe, info)
-        outcome = run_container(client, cfg, req, info, datasets, env, run_id, run_dir, workspace,  # 6. the run
+        outcome = run_container(client, cfg, rec, req, info, datasets, env, run_dir, workspace,  # 6. the run
                                 script, python, user, log)
-    return seal_run(req, run_id, run_dir, rec, outcome, log)  # 7. the record
+        kept = collect_workdir(cfg, rec, datasets, workspace, run_dir)  # what the script wrote where it stood
+    return seal_run(req, run_id, run_dir, rec, outcome, kept, log)  # 7. the record
 
 
 def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: RunRequest, log: Log) -> ImageInfo:
@@ -118,10 +132,12 @@ def open_run(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInf
     run_dir = create_run_dir(cfg.runs_path, run_id)
     seed = req.seed if req.seed is not None else m.determinism.seed
     argv = redact_argv(req.argv)
-    rec = begin_record(run_id, argv=argv, script=script, args=req.args, config=cfg.resolved(),
+    rec = begin_record(run_id, argv=argv, script=script, args=script_args(req.args, seed), config=cfg.resolved(),
                        config_sha256=cfg.sha256, name=req.name, replay_of=req.replay_of, group=req.group,
                        gpus=req.gpus, network=req.network,
                        resume_from=req.resume_from.name if req.resume_from is not None else None)
+    if has_placeholder(req.args):
+        rec["invocation"]["args_template"] = list(req.args)
     rec["image"] = image_section(info, repo_digests(store, info.manifest_digest), m.base)
     rec["data"] = data_section(run_dir, datasets)
     env = run_environment(info, run_id, seed, passed)
@@ -133,7 +149,7 @@ def open_run(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInf
 
 @contextlib.contextmanager
 def _workspace(paths: CachePaths, run_id: str) -> Iterator[Path]:
-    """A scratch directory the snapshot is extracted into (mounted read-only at the workdir)."""
+    """A scratch directory the snapshot is extracted into: the container's writable working directory."""
     workspace = Path(tempfile.mkdtemp(prefix=f"workspace-{run_id}.", dir=paths.tmpdir()))
     os.chmod(workspace, 0o755)  # the container's (non-root) user must reach /workspace
     try:
@@ -184,42 +200,76 @@ def refuse_unfit_gpu(rec: dict[str, Any], run_dir: Path, probe: dict[str, Any], 
         raise HermeticError(fails[0].message, exit_code=3)
 
 
-def run_container(client, cfg: LoadedConfig, req: RunRequest, info: ImageInfo, datasets: list[VerifiedDataset],
-                  env: RunEnvironment, run_id: str, run_dir: Path, workspace: Path, script: str, python: str,
-                  user: ContainerUser, log: Log) -> RunOutcome:
-    """The locked-down training container: code and data read-only, outputs/ and the runtime's report writable."""
+def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunRequest, info: ImageInfo,
+                  datasets: list[VerifiedDataset], env: RunEnvironment, run_dir: Path, workspace: Path, script: str,
+                  python: str, user: ContainerUser, log: Log) -> RunOutcome:
+    """The locked-down training container: a writable copy of the code as the working directory, the
+    datasets read-only (at their project paths in it and their mounts), outputs/ and the runtime's report."""
     m = cfg.model
+    run_id = rec["record"]["run_id"]
     outputs = run_dir / "outputs"
     meta = run_dir / RUNTIME_DIR
     meta.mkdir()
     if req.resume_from is not None:
         _seed_outputs(req.resume_from, outputs)
-    _chown_tree(outputs, user.uid, user.gid)
-    _chown_tree(meta, user.uid, user.gid)
-    command = ([python, script] if script.endswith(".py") else [f"./{script}"]) + list(req.args)
-    mounts = [Mount(workspace, m.build.workdir, True), Mount(outputs, OUTPUTS_MOUNT, False),
+    for tree in (workspace, outputs, meta):
+        _chown_tree(tree, user.uid, user.gid)
+    command = ([python, script] if script.endswith(".py") else [f"./{script}"]) + rec["invocation"]["args"]
+    mounts = [Mount(workspace, m.build.workdir, False), Mount(outputs, OUTPUTS_MOUNT, False),
               Mount(meta, RUNTIME_MOUNT, False)]
-    mounts += [Mount(d.plan.host_path, d.plan.mount, True) for d in datasets]
+    mounts += [Mount(d.plan.host_path, where, True) for d in datasets for where in d.plan.container_paths]
     spec = ContainerSpec(image_id=info.image_id, command=command, mounts=mounts, env=env.container,
                          user=user.spec, workdir=m.build.workdir, network=req.network, gpus=req.gpus,
                          labels={RUN_LABEL: run_id}, shm_size=m.run.shm_size, tmpfs_size=m.run.tmp_size)
+    watch = SizeWatch(workspace, size_bytes(m.run.workdir_size), m.run.workdir_size)
     log(f"run {run_id}: {' '.join(command)}")
-    outcome = run_streaming(client, spec, run_dir / "logs", echo=req.echo)
+    outcome = run_streaming(client, spec, run_dir / "logs", echo=req.echo, watch=watch)
     _chown_tree(run_dir, os.getuid(), os.getgid())
     return outcome
 
 
+def collect_workdir(cfg: LoadedConfig, rec: dict[str, Any], datasets: list[VerifiedDataset], workspace: Path,
+                    run_dir: Path) -> WorkdirResult:
+    """Files the script created or changed in its working directory, moved into outputs/."""
+    workdir = cfg.model.build.workdir
+    skip = [posixpath.relpath(p, workdir) for d in datasets for p in d.plan.container_paths if inside(p, workdir)]
+    out = cfg.model.run.outputs
+    result = collect(workspace, rec["code"]["snapshot"]["files"], run_dir / "outputs", include=out.include,
+                     exclude=out.exclude, skip=skip)
+    _chown_tree(run_dir / "outputs", os.getuid(), os.getgid())
+    return result
+
+
+def failure_reason(outcome: RunOutcome, kept: WorkdirResult) -> str | None:
+    """Why hermetic fails a run the script may have finished, or None."""
+    if outcome.stopped_because:
+        return outcome.stopped_because
+    if kept.conflicts:
+        return (f"the script wrote {', '.join(kept.conflicts[:3])} both to /outputs and to its working directory, "
+                "with different contents; the /outputs copies were kept")
+    if kept.deleted:
+        more = f" (+{len(kept.deleted) - 3} more)" if len(kept.deleted) > 3 else ""
+        return (f"the script deleted {len(kept.deleted)} file(s) of its own code snapshot: "
+                f"{', '.join(kept.deleted[:3])}{more}")
+    return None
+
+
 def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], outcome: RunOutcome,
-             log: Log) -> RunResult:
+             kept: WorkdirResult, log: Log) -> RunResult:
     """What the runtime applied, the outcome, output hashes and metrics: the final, sealed record."""
     meta = run_dir / RUNTIME_DIR
     rec["seed"] = seed_section(rec["seed"]["value"], req.seed_policy, read_runtime_report(meta / "runtime.json"))
     status, code = outcome_status(outcome)
+    reason = None if outcome.interrupted else failure_reason(outcome, kept)
+    if reason is not None:
+        # The script's own failure keeps its code; a run hermetic stopped or failed gets hermetic's.
+        status, code = "failed", code if code != 0 and not outcome.stopped_because else RunFailed.exit_code
     shutil.rmtree(meta, ignore_errors=True)
-    rec = finish_record(rec, run_dir, status=status, exit_code=None if outcome.interrupted else code)
+    rec = finish_record(rec, run_dir, status=status, exit_code=None if outcome.interrupted else outcome.exit_code,
+                        reason=reason, workdir=kept.section())
     sealed = write_record(run_dir, rec)
     log(f"run {run_id} {status} (exit {code}); record: {run_dir / 'run.json'}")
-    return RunResult(run_id, run_dir, status, code, sealed)
+    return RunResult(run_id, run_dir, status, code, sealed, reason)
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:

@@ -1,0 +1,89 @@
+"""Where things are inside a run's container, and the rules that keep them from colliding (pure).
+
+The container sees: the working directory (a writable copy of the code
+snapshot, at ``build.workdir``), each dataset read-only at its
+project-relative path inside the working directory and at its ``mount:``,
+``/outputs``, the runtime's report directory, the probe, and the image's own
+system directories. config refuses a dataset that would land on, over or
+inside one of those, naming the key; the run step mounts what config allowed.
+Also here: the glob dialect of ``run.outputs`` (``*`` within a path
+segment, ``**`` across segments, ``?`` one character).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from functools import lru_cache
+from typing import Any
+
+OUTPUTS_MOUNT = "/outputs"
+RUNTIME_MOUNT = "/run/hermetic"  # the runtime's report (HERMETIC_RUNTIME_REPORT) lives here
+PROBE_MOUNT = "/run/hermetic-probe"
+# What the image and hermetic need in place: a dataset may not be mounted there, inside, or over them.
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys",
+               "/usr", "/tmp", OUTPUTS_MOUNT, RUNTIME_MOUNT, PROBE_MOUNT)
+
+
+def inside(path: str, parent: str) -> bool:
+    """``path`` is ``parent`` or below it (both absolute and normalized)."""
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def dataset_container_paths(index: int, dataset: Any, *, workdir: str, prefix: str) -> list[tuple[str, str]]:
+    """[(config key, container path)] of one dataset; ValueError naming the key when one may not be used."""
+    out = []
+    if dataset.in_project:
+        if dataset.path == ".":
+            raise ValueError(f"datasets[{index}].path: a dataset cannot be the whole project")
+        out.append((f"datasets[{index}].path", posixpath.join(workdir, dataset.path)))
+    elif dataset.mount is None:
+        raise ValueError(f"datasets[{index}].mount: required, because path {dataset.path} is outside the project "
+                         "(the container sees only the project and what hermetic.yaml mounts)")
+    if dataset.mount is not None:
+        out.append((f"datasets[{index}].mount", dataset.mount))
+    for key, where in out:
+        for reserved in SYSTEM_DIRS + (prefix,):
+            if inside(where, reserved):
+                raise ValueError(f"{key}: {where} is inside {reserved}, which the container needs")
+            if inside(reserved, where):
+                raise ValueError(f"{key}: {where} would hide {reserved}, which the container needs")
+        if inside(workdir, where):
+            raise ValueError(f"{key}: {where} would hide the working directory {workdir}")
+    return out
+
+
+@lru_cache(maxsize=256)
+def glob_regex(glob: str) -> re.Pattern[str]:
+    parts = []
+    i = 0
+    while i < len(glob):
+        c = glob[i]
+        if glob.startswith("**/", i):
+            parts.append("(?:[^/]+/)*")
+            i += 3
+        elif glob.startswith("**", i):
+            parts.append(".*")
+            i += 2
+        elif c == "*":
+            parts.append("[^/]*")
+            i += 1
+        elif c == "?":
+            parts.append("[^/]")
+            i += 1
+        else:
+            parts.append(re.escape(c))
+            i += 1
+    return re.compile("".join(parts) + r"\Z")
+
+
+def glob_match(glob: str, relpath: str) -> bool:
+    """``relpath`` ('/'-separated, relative) matches ``glob``; a glob naming a directory matches what is in it."""
+    return bool(glob_regex(glob).match(relpath) or glob_regex(glob.rstrip("/") + "/**").match(relpath))
+
+
+def glob_matches_dataset(glob: str, dataset_path: str) -> bool:
+    """An include glob that can only mean files of the dataset: its fixed part lies inside the dataset."""
+    fixed = re.split(r"[*?]", glob, maxsplit=1)[0]
+    head = fixed.rstrip("/") if fixed == glob else fixed.rpartition("/")[0]
+    return bool(head) and inside("/" + head, "/" + dataset_path)
