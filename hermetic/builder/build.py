@@ -142,9 +142,13 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
             source = "built"
         if source != "local":
             remember_build(paths, key, digest)
+    info = image_info(store, digest, key)
+    from hermetic.builder.attest import ensure_attestations
+
+    # SBOM + provenance as referrers of the image (issue 20), before a cache publish pushes them along.
+    notes += ensure_attestations(cfg, paths, store, lock, info)
     if cache_repo and source != "registry" and not offline:
         cicache.publish_cached(store, cache_repo, key, digest, notes)
-    info = image_info(store, digest, key)
     return finish(cfg, store, info, noop=source == "local", load=load, t0=t0, notes=notes, built=built)
 
 
