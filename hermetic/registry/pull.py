@@ -132,9 +132,11 @@ def pull_image(
         store.put_bytes(body, expected_digest=digest)
     desc = Descriptor(image_type, image_digest, len(image_body))
     store.set_ref(ref_name, desc)
+    from hermetic.registry.referrers import pull_base_manifest
     from hermetic.store.referrers import add_referrers
 
     add_referrers(store, image_digest, attached)
+    pull_base_manifest(store, client, repository, image_digest)  # so the image can be verified and re-pushed here
     repo_digest = f"{host}/{repository}@{requested}"
     record_image_location(store, image_digest, f"{host}/{repository}@{image_digest}")
     if requested != image_digest:

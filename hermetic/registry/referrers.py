@@ -162,3 +162,35 @@ def fetch_attestations(client: RegistryClient, repository: str, subject_digest: 
         return fetch_remote(client, repository, subject_digest, ATTESTATION_TYPES), []
     except RegistryError as e:
         return [], [f"attestations not fetched: {e.message}"]
+
+
+def pull_base_manifest(store: OciStore, client: RegistryClient, repository: str, manifest_digest: str) -> str | None:
+    """After a pull: the base's manifest and config from the same repository, when it has them (verified).
+
+    Its layers are the image's first layers, already in the store; with the
+    manifest too, the base is a complete image here, so a later push sends it
+    along again and a local ``hermetic verify`` can rebuild on it.
+    """
+    base = _base_digest(store, manifest_digest)
+    if not base or store.has_image(base):
+        return None
+    try:
+        resp = client.request("GET", f"/v2/{repository}/manifests/{base}", repository=repository,
+                              headers={"Accept": MT_MANIFEST}, ok=(200, 404))
+    except RegistryError:
+        return None  # an optional extra: the image itself is complete
+    body = resp.content
+    resp.close()
+    if resp.status_code == 404:
+        return None
+    if sha256_digest(body) != base:
+        raise IntegrityError(f"registry {client.host} served the base manifest {base} of {repository} with "
+                             f"content hashing to {sha256_digest(body)}")
+    doc = json.loads(body)
+    config = doc.get("config") or {}
+    data = _download_small(client, repository, config, f"the config of the base {base}")
+    store.put_bytes(data, config.get("digest"))
+    if not all(store.has_blob(x.get("digest", "")) for x in doc.get("layers") or []):
+        return None  # not this image's base after all: keep nothing that would name missing layers
+    store.put_bytes(body, base)
+    return base
