@@ -50,7 +50,7 @@ Architecture: amd64
 Version: 1.0
 
 Package: bsdutils
-Status: install ok installed
+Status: hold ok installed
 Architecture: amd64
 Source: util-linux (2.38.1-5+deb12u3)
 Version: 1:2.38.1-5+deb12u3
@@ -250,11 +250,11 @@ def test_gc_keeps_referrers_with_their_image_and_drops_them_with_it(tmp_path) ->
     add_referrers(store, img.digest, [prov])
     blob = json.loads(prov.manifest)["layers"][0]["digest"]
     report = gc(paths)
-    assert referrers_tag(img.digest) in report.kept_refs
+    assert report.kept_refs == ["demo:kept"] and store.resolve(referrers_tag(img.digest)) is not None
     assert store.has_blob(prov.digest) and store.has_blob(blob) and store.has_blob(EMPTY_DIGEST)
 
     store.remove_ref("demo:kept")  # the image is no longer named: its attestations go with it
     report = gc(paths)
-    assert referrers_tag(img.digest) in report.dropped_refs
+    assert report.removed_blobs >= 4  # image manifest, config, layer; artifact manifest, its blob, the empty config
     assert not store.has_blob(prov.digest) and not store.has_blob(blob) and not store.has_blob(img.digest)
     assert store.resolve(referrers_tag(img.digest)) is None

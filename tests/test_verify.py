@@ -38,9 +38,25 @@ def _no_ambient_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.fixture(scope="module")
-def pushed(logreg: Path, registry, module_cache: Path) -> dict:
+def publisher_cache(logreg: Path, module_cache: Path, tmp_path_factory) -> Path:
+    """The builder's store, hardlinked: pushes record where they went in its own files, not the session's."""
+    import os
+
+    dst = tmp_path_factory.mktemp("publisher") / "cache"
+    src = module_cache / "oci"
+    for p in src.rglob("*"):
+        rel = p.relative_to(src)
+        if p.is_file() and rel.parts[0] in ("blobs", "oci-layout", "index.json"):
+            (dst / "oci" / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.link(p, dst / "oci" / rel) if rel.parts[0] == "blobs" else shutil.copy(p, dst / "oci" / rel)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def pushed(logreg: Path, registry, publisher_cache: Path) -> dict:
     """The numpy example, built, pushed to REGISTRY/team/logreg:v1 (attestations attached)."""
-    proc = run_cli("push", f"{registry.host}/team/logreg:v1", "-C", str(logreg), "--json")
+    proc = run_cli("push", f"{registry.host}/team/logreg:v1", "-C", str(logreg), "--json",
+                   env={"HERMETIC_CACHE": str(publisher_cache)})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     record = json.loads((logreg / "hermetic.image.json").read_text())
@@ -124,8 +140,9 @@ def test_push_lists_provenance_and_sbom_under_the_fallback_tag_and_skopeo_reads_
     assert any(a.startswith("referrers tag sha256-") for a in pushed["out"]["attached"])
 
 
-def test_a_second_push_keeps_one_entry_per_artifact(pushed, registry, logreg):
-    again = run_cli("push", f"{registry.host}/team/logreg:v1", "-C", str(logreg), "--json")
+def test_a_second_push_keeps_one_entry_per_artifact(pushed, registry, logreg, publisher_cache):
+    again = run_cli("push", f"{registry.host}/team/logreg:v1", "-C", str(logreg), "--json",
+                    env={"HERMETIC_CACHE": str(publisher_cache)})
     assert again.returncode == 0, again.stderr
     assert not any(a.startswith("referrers tag") for a in json.loads(again.stdout)["attached"])  # nothing to add
     index = skopeo_raw(f"{registry.host}/team/logreg:sha256-{pushed['digest'][7:]}")

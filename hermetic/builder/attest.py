@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.config import LoadedConfig
-from hermetic.errors import HermeticError
+from hermetic.errors import HermeticError, IntegrityError
 from hermetic.fsutil import atomic_write_bytes
 from hermetic.lock.model import Lock
 from hermetic.paths import CachePaths
@@ -185,8 +185,8 @@ def sign_stored_provenance(store: OciStore, manifest_digest: str, key_path: Path
 
     provenance = stored_provenance(store, manifest_digest)
     if provenance is None:
-        raise HermeticError(f"image {manifest_digest} has no provenance in the store to sign",
-                            hint="build it with this hermetic (hermetic build), then push again", exit_code=3)
+        raise IntegrityError(f"image {manifest_digest} has no provenance in the store to sign",
+                             hint="build it with this hermetic (hermetic build), then push again")
     envelope = sign(provenance, key_path)
     subject = store.find_manifest(manifest_digest)
     assert subject is not None

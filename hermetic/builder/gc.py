@@ -106,14 +106,12 @@ def gc(paths: CachePaths, *, keep_builds: int = 10, dry_run: bool = False) -> Gc
     live: set[str] = set()
     for n in kept:
         live |= store.live_blobs_from(refs[n].digest)
-    # Attestations (OCI 1.1 referrers) live exactly as long as the image they are about.
+    # Attestations (OCI 1.1 referrers) live exactly as long as the image they are about (not reported as refs).
     attached, orphaned = referrers_to_keep(store, refs, live)
     live |= attached
-    dropped += orphaned
-    kept += [n for n in refs if subject_of_tag(n) is not None and n not in orphaned]
     removed = freed = 0
     if not dry_run:
-        for n in dropped:
+        for n in dropped + orphaned:
             store.remove_ref(n)
     for digest in list(store.iter_blobs()):
         if digest in live:

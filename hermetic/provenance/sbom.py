@@ -51,9 +51,8 @@ def installed_deb_packages(status: str) -> list[DebPackage]:
             key, sep, value = line.partition(":")
             if sep:
                 fields[key.strip()] = value.strip()
-        if not fields.get("Package") or not fields.get("Status", "").endswith(" installed"):
-            continue
-        if fields.get("Status", "").split()[:1] != ["install"]:
+        status = fields.get("Status", "").split()  # want, error flag, state: only the state says installed
+        if not fields.get("Package") or len(status) != 3 or status[2] != "installed":
             continue
         source = fields.get("Source", "").split(" ")[0] or None
         out.append(DebPackage(fields["Package"], fields.get("Version", ""), fields.get("Architecture", ""), source))

@@ -38,10 +38,8 @@ from hermetic.store.oci import OciStore
 from hermetic.store.wheels import WheelStore
 
 
-class CannotReproduce(HermeticError):
-    """The rebuild cannot be attempted here as the provenance describes it (exit 3)."""
-
-    exit_code = 3
+class CannotReproduce(IntegrityError):
+    """The rebuild cannot be attempted here as the provenance describes it (a refusal: IntegrityError's exit code)."""
 
 
 @dataclass

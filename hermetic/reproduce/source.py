@@ -17,7 +17,7 @@ from typing import Any
 
 from hermetic.builder.reference import ImageName, parse_image_name
 from hermetic.canonical import sha256_digest
-from hermetic.errors import HermeticError, IntegrityError
+from hermetic.errors import ConfigError, IntegrityError
 from hermetic.provenance import ATTESTATION_TYPES, MT_CYCLONEDX, MT_DSSE, MT_STATEMENT
 from hermetic.provenance.statement import PREDICATE_ANNOTATION, PREDICATE_TYPE, BuildFacts, ProvenanceError, read_statement
 from hermetic.store.oci import MANIFEST_TYPES, OciStore
@@ -65,10 +65,10 @@ def parse_verify_ref(ref: str) -> ImageName:
     try:
         name = parse_image_name(ref)
     except ValueError as e:
-        raise HermeticError(str(e), hint="write HOST[:PORT]/REPO@sha256:<manifest digest>", exit_code=2) from None
+        raise ConfigError(str(e), hint="write HOST[:PORT]/REPO@sha256:<manifest digest>") from None
     if name.digest is None:
-        raise HermeticError(f"{ref} is not pinned by digest; verify checks one image, by its manifest digest",
-                            hint=f"{ref}@sha256:…", exit_code=2)
+        raise ConfigError(f"{ref} is not pinned by digest; verify checks one image, by its manifest digest",
+                          hint=f"{ref}@sha256:…")
     return name
 
 
@@ -78,8 +78,8 @@ def open_subject(name: ImageName, *, local_store: OciStore, key: Path | None) ->
     digest = name.digest
     if name.host is None:
         if not local_store.has_blob(digest):
-            raise HermeticError(f"{name}: no such image in the local store {local_store.root} "
-                                "(write HOST/REPO@sha256:… to verify a pushed image)", exit_code=3)
+            raise IntegrityError(f"{name}: no such image in the local store {local_store.root} "
+                                 "(write HOST/REPO@sha256:… to verify a pushed image)")
         manifest_bytes = local_store.read_blob(digest)
         manifest = _manifest(manifest_bytes, str(name))
         config = json.loads(local_store.read_blob(manifest["config"]["digest"]))
@@ -129,8 +129,8 @@ def _manifest(body: bytes, what: str) -> dict[str, Any]:
         raise IntegrityError(f"{what}: the manifest is not JSON") from None
     media_type = doc.get("mediaType") or ("" if "manifests" in doc else MANIFEST_TYPES[0])
     if media_type not in MANIFEST_TYPES or "layers" not in doc:
-        raise HermeticError(f"{what} is a {media_type or 'index'}, not an image manifest; "
-                            "verify the platform image's manifest digest", exit_code=2)
+        raise ConfigError(f"{what} is a {media_type or 'index'}, not an image manifest; "
+                          "verify the platform image's manifest digest")
     return doc
 
 
