@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_clean_error, run_cli
-from hermetic.canonical import sha256_digest
 from hermetic.provenance import MT_CYCLONEDX, MT_DSSE, MT_STATEMENT, PROVENANCE_FILE
 from hermetic.store.oci import MT_CONFIG, MT_MANIFEST, Descriptor, OciStore
 from registry_support import have_registry_tools

@@ -24,9 +24,9 @@ from hermetic.errors import HermeticError, IntegrityError
 from hermetic.fsutil import atomic_write_bytes
 from hermetic.lock.model import Lock
 from hermetic.paths import CachePaths
-from hermetic.provenance import PROVENANCE_FILE
+from hermetic.provenance import MT_CYCLONEDX, MT_DSSE, MT_STATEMENT, PROVENANCE_FILE
 from hermetic.provenance.statement import (
-    MT_STATEMENT, PREDICATE_ANNOTATION, PREDICATE_TYPE, BuildFacts, LayerFact, WheelFact, read_statement,
+    PREDICATE_ANNOTATION, PREDICATE_TYPE, BuildFacts, LayerFact, WheelFact, read_statement,
     statement_bytes,
 )
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
@@ -83,8 +83,6 @@ def store_attestations(store: OciStore, facts: BuildFacts, paths: CachePaths, cr
     except ImportError as e:
         sbom, note = None, f"no SBOM: {e.name or 'cyclonedx-python-lib'} is not installed"
     if sbom is not None:
-        from hermetic.provenance.sbom import MT_CYCLONEDX
-
         art = artifact_manifest(subject, MT_CYCLONEDX, sbom, annotations={TITLE_ANNOTATION: "sbom.cdx.json"})
         artifacts.append(art)
         facts = replace(facts, sbom={"digest": art.doc()["layers"][0]["digest"], "size": len(sbom),
@@ -181,7 +179,7 @@ def _base_captured(store: OciStore, facts: BuildFacts, cache_dir: Path) -> dict[
 
 def sign_stored_provenance(store: OciStore, manifest_digest: str, key_path: Path) -> str:
     """Sign the image's stored provenance (DSSE, ed25519) and store the envelope as a referrer; its digest."""
-    from hermetic.provenance.dsse import MT_DSSE, sign
+    from hermetic.provenance.dsse import sign
 
     provenance = stored_provenance(store, manifest_digest)
     if provenance is None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from hermetic.canonical import canonical_json
 from hermetic.errors import ConfigError, IntegrityError
-from hermetic.provenance import MT_DSSE, MT_STATEMENT
+from hermetic.provenance import MT_STATEMENT
 
 PAYLOAD_TYPE = MT_STATEMENT
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from hermetic.canonical import pretty_json
-from hermetic.provenance import MT_CYCLONEDX
 SPEC_VERSION = "1.6"
 
 

@@ -38,7 +38,6 @@ from typing import Any
 
 from hermetic.canonical import is_sha256_hex, pretty_json
 from hermetic.errors import IntegrityError
-from hermetic.provenance import MT_STATEMENT
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
