@@ -108,6 +108,9 @@ FORBIDDEN = {
     "data": {"builder", "registry", "run", "store", "config", "record"},
     "determinism": {"builder", "registry", "run", "config", "record", "diff"},
     "reference": {"builder", "registry", "config"},
+    "containerpaths": {"builder", "registry", "run", "config", "record"},
+    "provenance": {"builder", "registry", "run", "store", "reproduce", "record", "diff"},  # pure documents
+    "reproduce": {"run", "diff", "record"},  # rebuilds with the builder; knows nothing of runs
 }
 
 

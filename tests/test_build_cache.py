@@ -42,6 +42,8 @@ def test_miss_builds_and_publishes_then_a_fresh_runner_pulls(tmp_path, session_c
     assert not list((runner2 / "wheels").rglob("*.whl"))  # nothing fetched
     assert docker_client.images.get(two["image_id"]).id == two["image_id"]  # loaded
     assert (proj / "hermetic.image.json").read_text() == (proj2 / "hermetic.image.json").read_text()
+    # The provenance came along with the cache hit (the fresh runner has no wheels to make one from).
+    assert (proj2 / "hermetic.provenance.json").read_bytes() == (proj / "hermetic.provenance.json").read_bytes()
 
     # The tag is a pure function of the build key; an independent client agrees on the digest.
     tag = "hk-" + one["build_key"]

@@ -162,9 +162,13 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
             source = "built"
         if source != "local":
             remember_build(paths, key, digest)
+    info = ImageInfo.from_store(store, digest, key)
+    from hermetic.builder.attest import ensure_attestations
+
+    # SBOM + provenance as referrers of the image (issue 20), before a cache publish pushes them along.
+    notes += ensure_attestations(cfg, paths, store, lock, info)
     if cache is not None and source != "registry" and not offline:
         cache.publish(store, key, digest, notes)
-    info = ImageInfo.from_store(store, digest, key)
     return finish(cfg, store, info, noop=source == "local", load=load, t0=t0, notes=notes, built=built)
 
 

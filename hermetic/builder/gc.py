@@ -6,7 +6,8 @@ the cache entries that point at it, so the next build recreates it).
 
 gc keeps what is named: every store ref except per-build-key refs
 (``NAME:bk-…``), of which the most recent ``keep_builds`` survive, plus
-everything reachable from those manifests. Everything else — unreferenced
+everything reachable from those manifests, plus the attestations (OCI 1.1
+referrers, hermetic/store/referrers.py) of every image it keeps. Everything else — unreferenced
 blobs, layer-cache and build entries pointing at removed blobs, staging
 leftovers of killed builds — is deleted.
 """
@@ -148,13 +149,18 @@ def gc(paths: CachePaths, *, keep_builds: int = 10, dry_run: bool = False) -> Gc
         mtime[n] = max((h.stat().st_mtime for h in hits), default=0.0)
     build_refs.sort(key=lambda n: mtime[n], reverse=True)
     dropped = build_refs[keep_builds:]
-    kept = [n for n in refs if n not in dropped]
+    from hermetic.store.referrers import referrers_to_keep, subject_of_tag
+
+    kept = [n for n in refs if n not in dropped and subject_of_tag(n) is None]
     live: set[str] = set()
     for n in kept:
         live |= store.live_blobs_from(refs[n].digest)
+    # Attestations (OCI 1.1 referrers) live exactly as long as the image they are about (not reported as refs).
+    attached, orphaned = referrers_to_keep(store, refs, live)
+    live |= attached
     removed = freed = 0
     if not dry_run:
-        for n in dropped:
+        for n in dropped + orphaned:
             store.remove_ref(n)
     for digest in list(store.iter_blobs()):
         if digest in live:

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "replay": "hermetic.cli.run_cmd:replay",
     "push": "hermetic.cli.registry_cmd:push",
     "pull": "hermetic.cli.registry_cmd:pull",
+    "verify": "hermetic.cli.verify_cmd:verify",
     "init": "hermetic.cli.init_cmd:init",
     "doctor": "hermetic.cli.doctor_cmd:doctor",
 }
@@ -67,6 +68,7 @@ def cli() -> None:
     hermetic run         train inside that image with verified data; write runs/<id>/
     hermetic diff        why two runs differ (or "bitwise identical")
     hermetic replay      re-execute a recorded run exactly, then diff
+    hermetic verify      rebuild a pushed image from its provenance: "reproduced" or why not
 
     Configuration is read from ./hermetic.yaml (or -C PATH). Caches live under
     $HERMETIC_CACHE (default ~/.cache/hermetic).

@@ -22,7 +22,8 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
     per big wheel), so the same inputs give the same image ID on any machine.
     A build whose key is already in the store is a no-op. The image is loaded
     into the Docker Engine only when the engine lacks it; hermetic.image.json
-    beside hermetic.yaml records every input with its digest.
+    beside hermetic.yaml records every input with its digest, and
+    hermetic.provenance.json is its SLSA provenance (docs/provenance.md).
 
     \b
     Example:

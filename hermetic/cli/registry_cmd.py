@@ -50,9 +50,13 @@ def image_to_push(store, image: str | None, config_path: str | None) -> str:
               help="Image to push: a manifest digest (sha256:…) or a ref in the local store. "
                    "Default: manifest_digest from hermetic.image.json beside hermetic.yaml.")
 @click.option("--workers", type=click.IntRange(1, 8), default=4, show_default=True, help="Parallel blob uploads.")
+@click.option("--sign-key", type=click.Path(dir_okay=False), default=None, metavar="KEY.pem",
+              help="Sign the provenance with this ed25519 private key (DSSE) and attach the signature; "
+                   "check it with `hermetic verify --key PUB.pem`.")
 @config_option
 @json_option
-def push(ref: str, image: str | None, workers: int, config_path: str | None, as_json: bool) -> None:
+def push(ref: str, image: str | None, workers: int, sign_key: str | None, config_path: str | None,
+         as_json: bool) -> None:
     """Push an image from the local store to a registry, keeping every digest.
 
     REF is HOST[:PORT]/REPO[:TAG]. The registry receives the exact bytes of the
@@ -61,6 +65,10 @@ def push(ref: str, image: str | None, workers: int, config_path: str | None, as_
     to be in another repository of the same registry are mounted, the rest are
     uploaded in parallel. Rerun a push that was interrupted: it finishes.
 
+    The image's SBOM and provenance go along as OCI 1.1 referrers (the
+    referrers API where the registry has it, else the tag sha256-<hex>), and
+    so does its base's manifest, so `hermetic verify` can rebuild it anywhere.
+
     Credentials: HERMETIC_REGISTRY_USER / HERMETIC_REGISTRY_PASSWORD, else
     ~/.docker/config.json (docker login, credential helpers).
 
@@ -68,12 +76,19 @@ def push(ref: str, image: str | None, workers: int, config_path: str | None, as_
     Examples:
       hermetic build && hermetic push ghcr.io/acme/train:v1
       hermetic push 127.0.0.1:5000/train --image sha256:4f1c… --json
+      hermetic push 127.0.0.1:5000/train --sign-key release.pem   # openssl genpkey -algorithm ed25519
     """
     from hermetic.registry.push import parse_push_ref, push_image
 
     name = parse_push_ref(ref)
     store = _store()
     digest = image_to_push(store, image, config_path)
+    if sign_key:
+        from pathlib import Path
+
+        from hermetic.builder.attest import sign_stored_provenance
+
+        sign_stored_provenance(store, digest, Path(sign_key))
     progress = transfer_progress()
     try:
         result = push_image(store, digest, name, workers=workers, progress=progress)
@@ -86,6 +101,8 @@ def push(ref: str, image: str | None, workers: int, config_path: str | None, as_
     target = f"{result.registry}/{result.repository}" + (f":{result.tag}" if result.tag else "")
     click.echo(f"pushed {target}: {s.blobs_uploaded} blobs uploaded ({human_bytes(s.bytes_sent)} sent), "
                f"{s.blobs_mounted} mounted, {s.blobs_skipped} already there", err=True)
+    for a in result.attached:
+        click.echo(f"  attached {a}", err=True)
     click.echo(result.repo_digest)
 
 
@@ -98,7 +115,9 @@ def pull(ref: str, platform: str, as_json: bool) -> None:
     """Pull an image by digest into the local store, verifying every byte.
 
     Each blob is hashed while it streams in and must match its digest and
-    size; the pull is all or nothing, so a registry that serves one wrong
+    size, and so are the image's attestations (SBOM, provenance, signature:
+    its OCI 1.1 referrers), which must name the image as their subject; the
+    pull is all or nothing, so a registry that serves one wrong
     byte leaves the store unchanged. An image index (or Docker manifest list)
     resolves to its linux/amd64 image. The image gets the store ref
     HOST/REPO@sha256:… (readable with: skopeo inspect oci:STORE:REF).
@@ -128,5 +147,9 @@ def pull(ref: str, platform: str, as_json: bool) -> None:
         s = result.stats
         click.echo(f"pulled {result.ref_name}: {s.blobs_downloaded} blobs ({human_bytes(s.bytes_received)}) verified",
                    err=True)
+    for a in result.attestations:
+        click.echo(f"  attestation {a} verified", err=True)
+    for n in result.notes:
+        click.echo(f"hermetic: warning: {n}", err=True)
     click.echo(result.manifest_digest)
 

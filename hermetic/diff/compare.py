@@ -197,7 +197,9 @@ def compare_code(a: Json, b: Json, restated: frozenset[str] = frozenset()) -> Se
 
 
 def _restated_files(a: Json, b: Json) -> frozenset[str]:
-    names = {"hermetic.yaml", "hermetic.image.json"}
+    from hermetic.provenance import PROVENANCE_FILE
+
+    names = {"hermetic.yaml", "hermetic.image.json", PROVENANCE_FILE}  # the provenance restates the image
     for rec in (a, b):
         lock = (rec.get("invocation", {}).get("config") or {}).get("lock")
         if isinstance(lock, str):

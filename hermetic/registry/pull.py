@@ -41,12 +41,15 @@ class PullResult:
     repo_digest: str | None  # host/repo@requested digest, when it came from (or is known in) a registry
     already_present: bool
     stats: TransferStats
+    attestations: tuple[str, ...] = ()  # "<artifactType> <manifest digest>" of the verified referrers pulled along
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return {
             "manifest_digest": self.manifest_digest, "requested_digest": self.requested_digest,
             "media_type": self.media_type, "ref": self.ref_name, "repo_digest": self.repo_digest,
-            "already_present": self.already_present, **self.stats.to_json(),
+            "already_present": self.already_present, "attestations": list(self.attestations),
+            "notes": list(self.notes), **self.stats.to_json(),
         }
 
 
@@ -122,16 +125,25 @@ def pull_image(
     missing = [b for b in blobs if not store.has_blob(b.digest)]
     short = f"{host}/{repository}@{requested[:19]}"  # sha256: + 12 hex, like docker's short IDs
     _download_all(store, client, repository, missing, max(1, min(workers, 8)), progress or NoProgress(), short)
+    from hermetic.registry.referrers import fetch_attestations
+
+    attached, notes = fetch_attestations(client, repository, image_digest)  # verified; stored with the image
     for digest, body in manifests:  # children before the index, the image before any ref
         store.put_bytes(body, expected_digest=digest)
     desc = Descriptor(image_type, image_digest, len(image_body))
     store.set_ref(ref_name, desc)
+    from hermetic.registry.referrers import pull_base_manifest
+    from hermetic.store.referrers import add_referrers
+
+    add_referrers(store, image_digest, attached)
+    pull_base_manifest(store, client, repository, image_digest)  # so the image can be verified and re-pushed here
     repo_digest = f"{host}/{repository}@{requested}"
     record_image_location(store, image_digest, f"{host}/{repository}@{image_digest}")
     if requested != image_digest:
         record_image_location(store, requested, repo_digest)
     record_blob_locations(store, host, repository, [b.digest for b in blobs] + [d for d, _ in manifests])
-    return PullResult(image_digest, requested, image_type, ref_name, repo_digest, False, client.stats)
+    return PullResult(image_digest, requested, image_type, ref_name, repo_digest, False, client.stats,
+                      tuple(f"{a.artifact_type} {a.digest}" for a in attached), tuple(notes))
 
 
 def resolve_tag(ref: str, *, client: RegistryClient | None = None) -> str:

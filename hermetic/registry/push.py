@@ -47,6 +47,7 @@ class PushResult:
     repository: str
     tag: str | None
     stats: TransferStats
+    attached: tuple[str, ...] = ()  # the base manifest and referrers pushed along (hermetic/registry/referrers.py)
 
     @property
     def repo_digest(self) -> str:
@@ -56,7 +57,7 @@ class PushResult:
         return {
             "repo_digest": self.repo_digest, "manifest_digest": self.manifest_digest,
             "media_type": self.media_type, "registry": self.registry, "repository": self.repository,
-            "tag": self.tag, **self.stats.to_json(),
+            "tag": self.tag, "attached": list(self.attached), **self.stats.to_json(),
         }
 
 
@@ -94,9 +95,13 @@ def push_image(
     progress = progress or NoProgress()
     pusher = _Pusher(store, client, host, repository, max(1, min(workers, 8)), chunked_threshold, chunk_size, progress)
     media_type = pusher.push_manifest(manifest_digest, name.tag)
+    from hermetic.registry.referrers import push_attached
+
+    # The base manifest and the attestations (OCI 1.1 referrers), so the image can be verified anywhere.
+    attached = push_attached(store, client, repository, manifest_digest, pusher.push_manifest)
     shown_host = "docker.io" if name.host is None else host
     record_image_location(store, manifest_digest, f"{shown_host}/{repository}@{manifest_digest}")
-    return PushResult(manifest_digest, media_type, shown_host, repository, name.tag, client.stats)
+    return PushResult(manifest_digest, media_type, shown_host, repository, name.tag, client.stats, tuple(attached))
 
 
 class _Pusher:

@@ -1,0 +1,123 @@
+"""The image's SBOM: CycloneDX 1.6 JSON, made with cyclonedx-python-lib.
+
+Why CycloneDX and not SPDX 2.3: every component carries its purl and its
+hashes as first-class fields (SPDX puts purls in externalRefs and needs a
+relationship per package), the document stays small, and the library is pure
+Python with a few small dependencies (spdx-tools pulls in rdflib and more).
+docs/provenance.md has the long form.
+
+Components: every installed wheel as ``pkg:pypi/NAME@VERSION?file_name=…``
+with its SHA-256; every installed Debian package of the base, read from its
+``var/lib/dpkg/status``, as ``pkg:deb/<ID>/NAME@VERSION?arch=…&distro=…``;
+the base OS; the hermetic runtime. The image itself is the BOM's subject
+(``metadata.component``, ``pkg:oci/NAME@sha256:…``).
+
+Deterministic: bom-refs are the purls, the serial number is a UUIDv5 of the
+image digest, the timestamp is the image's ``created`` (SOURCE_DATE_EPOCH),
+and the output is re-serialized with sorted keys, so the same image gives the
+same SBOM bytes on any machine with the same library version.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Iterable
+
+from hermetic.canonical import pretty_json
+SPEC_VERSION = "1.6"
+
+
+@dataclass(frozen=True)
+class DebPackage:
+    name: str
+    version: str
+    arch: str
+    source: str | None = None
+
+
+def installed_deb_packages(status: str) -> list[DebPackage]:
+    """Installed packages of a dpkg status file (RFC 822 stanzas; ``Status: install ok installed``)."""
+    out = []
+    for stanza in status.split("\n\n"):
+        fields: dict[str, str] = {}
+        key = None
+        for line in stanza.splitlines():
+            if line[:1] in (" ", "\t") and key:
+                continue  # continuation lines (Description, Conffiles): not needed
+            key, sep, value = line.partition(":")
+            if sep:
+                fields[key.strip()] = value.strip()
+        status = fields.get("Status", "").split()  # want, error flag, state: only the state says installed
+        if not fields.get("Package") or len(status) != 3 or status[2] != "installed":
+            continue
+        source = fields.get("Source", "").split(" ")[0] or None
+        out.append(DebPackage(fields["Package"], fields.get("Version", ""), fields.get("Architecture", ""), source))
+    return sorted(out, key=lambda p: (p.name, p.arch))
+
+
+def os_release(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.strip():
+            out[k.strip()] = v.strip().strip('"')
+    return out
+
+
+@dataclass(frozen=True)
+class SbomWheel:
+    name: str
+    version: str
+    filename: str
+    sha256: str
+
+
+def make_sbom(*, image_name: str, manifest_digest: str, created_epoch: int, hermetic_version: str,
+              runtime_sha256: str, wheels: Iterable[SbomWheel], dpkg_status: str, os_release_text: str) -> bytes:
+    """The CycloneDX 1.6 JSON bytes for one image."""
+    from cyclonedx.model import HashAlgorithm, HashType, Property
+    from cyclonedx.model.bom import Bom
+    from cyclonedx.model.component import Component, ComponentType
+    from cyclonedx.output.json import JsonV1Dot6
+    from packageurl import PackageURL
+
+    bom = Bom(serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"urn:hermetic:sbom:{manifest_digest}"))
+    bom.metadata.timestamp = _dt.datetime.fromtimestamp(created_epoch, _dt.timezone.utc)
+    root_purl = PackageURL("oci", None, image_name.rsplit("/", 1)[-1], manifest_digest)
+    root = Component(name=image_name, version=manifest_digest, type=ComponentType.CONTAINER, purl=root_purl,
+                     bom_ref=root_purl.to_string())
+    bom.metadata.component = root
+    bom.metadata.tools.components.add(Component(name="hermetic", version=hermetic_version,
+                                                type=ComponentType.APPLICATION, bom_ref="tool:hermetic"))
+    components = []
+    for w in wheels:
+        purl = PackageURL("pypi", None, w.name, w.version, {"file_name": w.filename})
+        components.append(Component(name=w.name, version=w.version, type=ComponentType.LIBRARY, purl=purl,
+                                    bom_ref=purl.to_string(),
+                                    hashes=[HashType(alg=HashAlgorithm.SHA_256, content=w.sha256)]))
+    osr = os_release(os_release_text)
+    distro_id = (osr.get("ID") or "debian").lower()
+    codename = osr.get("VERSION_CODENAME")
+    for p in installed_deb_packages(dpkg_status):
+        qualifiers = {"arch": p.arch} if p.arch else {}
+        if codename:
+            qualifiers["distro"] = codename
+        purl = PackageURL("deb", distro_id, p.name, p.version, qualifiers)
+        props = [Property(name="hermetic:deb:source", value=p.source)] if p.source else []
+        components.append(Component(name=p.name, version=p.version, type=ComponentType.LIBRARY, purl=purl,
+                                    bom_ref=purl.to_string(), properties=props))
+    if osr.get("ID"):
+        components.append(Component(name=osr["ID"], version=osr.get("VERSION_ID") or None,
+                                    type=ComponentType.OPERATING_SYSTEM, description=osr.get("PRETTY_NAME"),
+                                    bom_ref=f"os:{osr['ID']}:{osr.get('VERSION_ID', '')}"))
+    components.append(Component(name="hermetic-runtime", version=hermetic_version, type=ComponentType.LIBRARY,
+                                bom_ref="hermetic-runtime",
+                                properties=[Property(name="hermetic:sources-sha256", value=runtime_sha256)]))
+    for c in components:
+        bom.components.add(c)
+    bom.register_dependency(root, components)
+    text = JsonV1Dot6(bom).output_as_string()
+    return pretty_json(json.loads(text)).encode("utf-8")

@@ -1,0 +1,119 @@
+"""Why a rebuilt image differs from the one it should reproduce: per layer, per file, per config key.
+
+Layers are compared by position (the layer plan is part of the provenance);
+for a layer that differs, both tars are read and their entries compared
+(path, type, mode, owner, size, mtime, link target, content sha256), so the
+report names the files, not only the digests. The config is compared key by
+key (labels, env, the rest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_FILE_NOTES = 8
+
+
+@dataclass
+class LayerDiff:
+    index: int
+    contents: str
+    wheels: tuple[str, ...]
+    image_digest: str | None
+    rebuilt_digest: str | None
+    files: list[str] = field(default_factory=list)  # what differs inside, first MAX_FILE_NOTES
+    files_differing: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "contents": self.contents, "wheels": list(self.wheels),
+                "image_digest": self.image_digest, "rebuilt_digest": self.rebuilt_digest,
+                "files": self.files, "files_differing": self.files_differing}
+
+    def headline(self) -> str:
+        wheels = f" from {', '.join(self.wheels)}" if self.wheels else ""
+        return (f"layer {self.index} ({self.contents}{wheels}) differs: the image has {self.image_digest}, "
+                f"the rebuild made {self.rebuilt_digest}")
+
+
+def _entries(path: Path) -> dict[str, tuple]:
+    out: dict[str, tuple] = {}
+    with tarfile.open(path, "r:*") as tf:
+        for m in tf:
+            content = None
+            if m.isreg():
+                f = tf.extractfile(m)
+                h = hashlib.sha256()
+                if f is not None:
+                    while chunk := f.read(1 << 20):
+                        h.update(chunk)
+                content = h.hexdigest()
+            out[m.name] = (m.type, m.mode, m.uid, m.gid, m.size, m.mtime, m.linkname, content)
+    return out
+
+
+_FIELDS = ("type", "mode", "uid", "gid", "size", "mtime", "link target", "content sha256")
+
+
+def tar_differences(image_layer: Path, rebuilt_layer: Path) -> list[str]:
+    """One line per entry that differs between two layer tars (sorted by path)."""
+    a, b = _entries(image_layer), _entries(rebuilt_layer)
+    lines = []
+    for name in sorted(a.keys() | b.keys()):
+        x, y = a.get(name), b.get(name)
+        if x == y:
+            continue
+        if y is None:
+            lines.append(f"{name}: only in the image")
+        elif x is None:
+            lines.append(f"{name}: only in the rebuild")
+        else:
+            what = []
+            for i, label in enumerate(_FIELDS):
+                if x[i] != y[i]:
+                    if label == "content sha256":
+                        what.append(f"content differs (sha256 {str(x[i])[:12]}… in the image, {str(y[i])[:12]}… rebuilt)")
+                    elif label == "mode":
+                        what.append(f"mode {x[i]:o} vs {y[i]:o}")
+                    else:
+                        what.append(f"{label} {x[i]!r} vs {y[i]!r}")
+            lines.append(f"{name}: {', '.join(what)}")
+    return lines
+
+
+def config_differences(image: dict[str, Any], rebuilt: dict[str, Any]) -> list[str]:
+    """Config keys that differ (labels and env one by one; diff_ids are the layers' business)."""
+    lines = []
+    ci, cr = image.get("config") or {}, rebuilt.get("config") or {}
+    li, lr = ci.get("Labels") or {}, cr.get("Labels") or {}
+    for k in sorted(li.keys() | lr.keys()):
+        if li.get(k) != lr.get(k):
+            lines.append(f"label {k}: {li.get(k)!r} in the image, {lr.get(k)!r} rebuilt")
+    ei = dict(e.partition("=")[::2] for e in ci.get("Env") or [])
+    er = dict(e.partition("=")[::2] for e in cr.get("Env") or [])
+    for k in sorted(ei.keys() | er.keys()):
+        if ei.get(k) != er.get(k):
+            lines.append(f"env {k}: {ei.get(k)!r} in the image, {er.get(k)!r} rebuilt")
+    for k in sorted((ci.keys() | cr.keys()) - {"Labels", "Env"}):
+        if ci.get(k) != cr.get(k):
+            lines.append(f"config.{k}: {ci.get(k)!r} in the image, {cr.get(k)!r} rebuilt")
+    for k in sorted((image.keys() | rebuilt.keys()) - {"config", "rootfs"}):
+        if image.get(k) != rebuilt.get(k):
+            lines.append(f"{k} differs")
+    return lines
+
+
+def layer_differences(image_manifest: dict[str, Any], rebuilt_manifest: dict[str, Any],
+                      contents: list[str], wheels: list[tuple[str, ...]]) -> list[LayerDiff]:
+    li, lr = image_manifest.get("layers") or [], rebuilt_manifest.get("layers") or []
+    out = []
+    for i in range(max(len(li), len(lr))):
+        a = li[i]["digest"] if i < len(li) else None
+        b = lr[i]["digest"] if i < len(lr) else None
+        if a != b:
+            out.append(LayerDiff(i, contents[i] if i < len(contents) else "?",
+                                 wheels[i] if i < len(wheels) else (), a, b))
+    return out
