@@ -8,6 +8,11 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 
+# Verdicts that are not errors: `hermetic diff` / `replay` compare and say what they found.
+EXIT_DIFFERENT = 1  # the two runs (or groups) differ
+EXIT_NOTHING_COMPARED = 66  # neither run has an output file or a metric: nothing was compared (sysexits EX_NOINPUT)
+
+
 class HermeticError(Exception):
     """A user-facing failure: one line, names the culprit, nonzero exit."""
 

@@ -143,3 +143,11 @@ def logreg(tmp_path_factory, module_cache, base_ref) -> Path:
 def project(logreg, tmp_path) -> Path:
     """A private checkout of the built project (same image), for tests that add or change files."""
     return copy_project(logreg, tmp_path / "numpy-logreg")
+
+
+@pytest.fixture(scope="module")
+def torch_project(tmp_path_factory, module_cache, base_ref) -> Path:
+    """examples/torch-mlp, copied, pinned, data made, image built (layers shared through the session cache)."""
+    proj = copy_example("torch-mlp", tmp_path_factory.mktemp("torch") / "torch-mlp", base_ref)
+    build(proj)
+    return proj

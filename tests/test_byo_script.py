@@ -127,3 +127,110 @@ def test_mounts_that_collide_are_refused_when_the_config_loads(tmp_path):
                                                    "run:\n  outputs:\n    include: ['data/**']\n")
     assert_clean_error(run_cli("config", "show", "-C", str(tmp_path)), 2,
                        "run.outputs.include[0]: 'data/**' reaches into dataset 'a'")
+
+
+NEVER_SEEDS = """import random
+import numpy as np
+draws = [random.random(), float(np.random.rand())]
+try:
+    import torch
+    draws.append(float(torch.randn(1)))
+except ImportError:
+    pass
+open("draws.txt", "w").write(repr(draws) + "\\n")
+"""
+
+
+def _seeded_at_startup(rec: dict) -> list:
+    return rec["seed"]["applied"]["startup"]["seeded"]
+
+
+@pytest.mark.docker
+def test_a_script_that_never_seeds_is_seeded_at_interpreter_start(project):
+    (project / "never.py").write_text(NEVER_SEEDS)
+    _, a = hermetic_run(project, "never.py")
+    _, b = hermetic_run(project, "never.py")
+    assert _seeded_at_startup(a) == ["random", "numpy"]  # as they were first imported; no torch in this image
+    code, d = diff_json(run_dir_of(project, a), run_dir_of(project, b))
+    assert code == 0 and d["verdict"]["kind"] == "identical"
+    proc = run_cli("run", "--json", "--seeds", "3", "never.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    group = json.loads(proc.stdout)
+    draws = {json.loads((project / "runs" / m["run_id"] / "run.json").read_text())["outputs"]["files"]["draws.txt"]
+             ["sha256"] for m in group["members"]}
+    assert len(draws) == 3 and group["flags"] == []
+
+
+@pytest.mark.docker
+def test_a_sweep_whose_seed_never_reaches_the_script_is_flagged(project):
+    (project / "fixed.py").write_text("import random\nrandom.seed(42)\nopen('r.txt', 'w').write(str(random.random()))\n")
+    proc = run_cli("run", "--seeds", "0,1", "fixed.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert "hermetic: warning: all 2 members' outputs are bitwise identical: the seed did not reach" in proc.stderr
+
+
+@pytest.mark.docker
+def test_runs_that_compared_nothing_are_never_bitwise_identical(project):
+    (project / "silent.py").write_text("print('trained, saved nowhere hermetic looks')\n")
+    _, a = hermetic_run(project, "silent.py")
+    _, b = hermetic_run(project, "silent.py")
+    proc = run_cli("diff", str(run_dir_of(project, a)), str(run_dir_of(project, b)), "--json")
+    assert proc.returncode == 66, proc.stderr  # errors.EXIT_NOTHING_COMPARED, not success
+    d = json.loads(proc.stdout)
+    assert d["verdict"]["kind"] == "nothing_compared" and "nothing to compare" in d["verdict"]["line"]
+    assert d["logs"] == {"stdout": 0, "stderr": 0}
+    text = run_cli("diff", str(run_dir_of(project, a)), str(run_dir_of(project, b)))
+    assert "bitwise identical" not in text.stdout and "logs" in text.stdout
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_torch_is_seeded_at_start_and_a_tf32_change_after_enable_determinism_is_named(torch_project):
+    proj = torch_project
+    (proj / "never.py").write_text(NEVER_SEEDS)
+    _, a = hermetic_run(proj, "never.py")
+    _, b = hermetic_run(proj, "never.py")
+    assert set(_seeded_at_startup(a)) == {"random", "numpy", "torch"}
+    assert diff_json(run_dir_of(proj, a), run_dir_of(proj, b))[0] == 0
+    (proj / "tf32.py").write_text(
+        "import sys, torch, hermetic_runtime as hr\nhr.enable_determinism()\n"
+        "if '--tf32' in sys.argv:\n    torch.backends.cuda.matmul.allow_tf32 = True\n"
+        "hr.log_metrics(0, x=float(torch.ones(2) @ torch.ones(2)))\n")
+    _, plain = hermetic_run(proj, "tf32.py")
+    _, changed = hermetic_run(proj, "tf32.py", "--tf32")
+    final = changed["seed"]["applied"]["final"]
+    assert final["changed_after_enable_determinism"]["cuda.matmul.fp32_precision"] == ["ieee", "tf32"]
+    assert final["torch"]["cuda.matmul.fp32_precision"] == "tf32"
+    _, d = diff_json(run_dir_of(proj, plain), run_dir_of(proj, changed))
+    seed = next(s for s in d["sections"] if s["name"] == "seed")
+    assert any("final.torch.cuda.matmul.fp32_precision" in c["key"] and c["material"] for c in seed["changes"])
+    assert any("changed after enable_determinism() (ieee -> tf32)" in k for k in d["verdict"]["knobs_not_set"])
+    shown = run_cli("runs", "show", changed["record"]["run_id"], cwd=proj).stdout
+    assert "at exit: " in shown and "cuda.matmul.fp32_precision=tf32" in shown
+
+
+@pytest.mark.docker
+def test_the_run_readme_reproduce_by_hand_command_runs_and_matches(project, tmp_path):
+    import re
+    import subprocess
+    import tarfile
+
+    (project / "stands.py").write_text(WHERE_IT_STANDS)
+    _, rec = hermetic_run(project, "stands.py")
+    rd = run_dir_of(project, rec)
+    readme = (rd / "README.md").read_text()
+    block = re.search(r"\n( {7}docker run .*?)\n\n", readme, re.S).group(1)
+    command = "\n".join(line[7:] for line in block.splitlines())
+    here = tmp_path / "by-hand"
+    code_dir = here / f"code-{rec['record']['run_id']}"
+    code_dir.mkdir(parents=True)
+    with tarfile.open(rd / "code" / "source.tar") as tf:
+        tf.extractall(code_dir, filter="data")
+    (here / "outputs").mkdir()
+    proc = subprocess.run(["bash", "-c", command], cwd=here, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (command, proc.stderr)
+    import hashlib
+
+    for rel, f in rec["outputs"]["files"].items():
+        where = here / "outputs" / rel if not (code_dir / rel).is_file() else code_dir / rel
+        assert hashlib.sha256(where.read_bytes()).hexdigest() == f["sha256"], rel

@@ -113,12 +113,12 @@ def test_data_diff_reads_manifest_copies(tmp_path):
 
 def test_identical_runs(tmp_path):
     runs, d = pair(tmp_path)
-    assert d.verdict.line == "bitwise identical"
+    assert d.verdict.line == "bitwise identical (2 files and 2 metrics compared: metrics.jsonl, model.pt, accuracy, loss)"
     assert d.verdict.exit_code == 0 and d.outputs.identical
     assert not any(s.changes for s in d.sections if s.name in INPUT_SECTIONS)
     r = hermetic("diff", "--runs-dir", str(runs), A, B)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0] == "bitwise identical"
+    assert r.stdout.splitlines()[0].startswith("bitwise identical (2 files and 2 metrics compared: ")
     r = hermetic("diff", "--json", str(runs / A), str(runs / B))
     assert r.returncode == 0
     doc = json.loads(r.stdout)
@@ -172,7 +172,7 @@ def test_hardware_only_difference_says_so_and_warns_about_cublas():
     # the same hardware change with identical outputs is still a success
     b["outputs"] = copy.deepcopy(a["outputs"])
     d = diff_records(a, b)
-    assert d.verdict.line == "bitwise identical" and d.verdict.exit_code == 0
+    assert d.verdict.line.startswith("bitwise identical (") and d.verdict.exit_code == 0
     assert any("machine differs" in n for n in d.verdict.notes)
 
 
@@ -195,7 +195,7 @@ def test_immaterial_differences_do_not_count():
     b["hardware"]["kernel"]["release"] = "6.1.0-29-amd64"
     b["invocation"]["name"] = "again"
     d = diff_records(a, b)
-    assert d.verdict.line == "bitwise identical"
+    assert d.verdict.line == "bitwise identical (2 files and 2 metrics compared: metrics.jsonl, model.pt, accuracy, loss)"
     assert {c.key for s in d.sections for c in s.changes} == {
         "git.branch", "gpus[0].uuid", "gpus[0].clocks.sm_max_mhz", "gpus[0].pci_bus_id", "kernel.release"}
     assert not any(c.material for s in d.sections for c in s.changes)

@@ -42,7 +42,7 @@ def test_replay_is_bitwise_identical_and_uses_the_recorded_code(project):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout)
     assert out["original"] == original["record"]["run_id"]
-    assert out["diff"]["verdict"]["line"] == "bitwise identical"
+    assert out["diff"]["verdict"]["line"].startswith("bitwise identical (")
     new = json.loads((project / "runs" / out["replay"] / "run.json").read_text())
     assert new["invocation"]["replay_of"] == original["record"]["run_id"]
     assert new["invocation"]["args"] == ["--epochs", "6"] and new["seed"]["value"] == 1234
@@ -159,7 +159,7 @@ def test_diff_of_an_unchanged_rerun_is_bitwise_identical(baseline, tmp_path):
     proj = copy_project(base_proj, tmp_path / "numpy-logreg")  # another checkout, same bytes
     _, b = hermetic_run(proj, "train.py", "--epochs", "8")
     code, d = diff_json(run_dir_of(base_proj, a), run_dir_of(proj, b))
-    assert code == 0 and d["verdict"]["line"] == "bitwise identical"
+    assert code == 0 and d["verdict"]["line"].startswith("bitwise identical (")
     assert material_causes(d) == {}
 
 

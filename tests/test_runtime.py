@@ -70,7 +70,9 @@ def test_runtime_imports_only_stdlib_and_itself():
                 top = name.split(".")[0]
                 assert top != "hermetic", f"{path.name}:{node.lineno}: absolute import of hermetic"
                 assert top not in optional, f"{path.name}:{node.lineno}: {top} must be imported lazily via _optional"
-                assert top in sys.stdlib_module_names or top == "__future__", \
+                # _startup.py ships beside the package as _hermetic_startup: it imports it by its image name
+                own = top == "hermetic_runtime" and path.name == "_startup.py"
+                assert top in sys.stdlib_module_names or top == "__future__" or own, \
                     f"{path.name}:{node.lineno}: {name} is not in the standard library"
 
 
@@ -403,3 +405,47 @@ def test_read_weights_checks_the_index(tmp_path):
     (tmp_path / "w.bin").write_bytes(blob[:-1] + b"\x02")
     with pytest.raises(ValueError, match="sha256"):
         hr.read_weights(tmp_path / "w.bin")
+
+
+# --- seeding at interpreter start (_hermetic_startup, imported by hermetic-runtime.pth) -------------
+
+
+@pytest.fixture(scope="module")
+def startup_site(image_copy) -> Path:
+    shutil.copy(RUNTIME_SRC / "_startup.py", image_copy / "_hermetic_startup.py")
+    return image_copy
+
+
+STARTUP_PROBE = """
+    import _hermetic_startup, json, os, sys
+    import random
+    seed = os.environ.get("HERMETIC_SEED", "")
+    print(json.dumps({"draw": random.random(), "expected": random.Random(int(seed)).random() if seed.isdigit() else None,
+                      "hooked": any(type(f).__name__ == "SeedOnImport" for f in sys.meta_path)}))
+"""
+
+
+def test_startup_seeds_random_after_its_first_import_and_then_leaves(startup_site):
+    proc = run_isolated(startup_site, STARTUP_PROBE, env={"HERMETIC_SEED": "77"})
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert seen["draw"] == seen["expected"]
+    # numpy and torch are not installed here: the hook stays for them, costing one set lookup per import
+    assert seen["hooked"] is True
+
+
+@pytest.mark.parametrize("env", [{}, {"HERMETIC_SEED": "77", "HERMETIC_STARTUP_SEEDING": "0"},
+                                 {"HERMETIC_SEED": "not-a-seed"}], ids=["outside-a-run", "switched-off", "bad-seed"])
+def test_startup_does_nothing_outside_a_run_or_when_switched_off(startup_site, env):
+    proc = run_isolated(startup_site, STARTUP_PROBE, env=env)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert seen["hooked"] is False and seen["draw"] != seen["expected"]
+
+
+def test_startup_reports_what_it_seeded_at_exit(startup_site, tmp_path):
+    report = tmp_path / "runtime.json"
+    proc = run_isolated(startup_site, "import _hermetic_startup, random\n",
+                        env={"HERMETIC_SEED": "5", "HERMETIC_RUNTIME_REPORT": str(report)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(report.read_text())["startup"] == {"seed": 5, "seeded": ["random"]}

@@ -24,7 +24,8 @@ from hermetic.builder.image import BASE_LAYERS_LABEL, PACKAGES_LABEL
 from hermetic.builder.image_record import ImageInfo, write_image_record
 from hermetic.builder.install import VenvLayout
 from hermetic.builder.layers import (
-    LAYER_FORMAT, MAX_LAYERS, RUNTIME_DIR, BuiltLayer, LayerCache, build_layers, cleanup_tmp, hermetic_layer_files, plan_layers,
+    LAYER_FORMAT, MAX_LAYERS, BuiltLayer, LayerCache, build_layers, cleanup_tmp, hermetic_layer_files, plan_layers,
+    runtime_files,
 )
 from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.config import LoadedConfig
@@ -53,8 +54,8 @@ def image_config_sha256(cfg: LoadedConfig) -> str:
 
 def runtime_sha256() -> str:
     h = hashlib.sha256()
-    for p in sorted(RUNTIME_DIR.rglob("*.py")) if RUNTIME_DIR.is_dir() else []:
-        h.update(p.relative_to(RUNTIME_DIR).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    for rel, data in runtime_files().items():
+        h.update(rel.encode() + b"\0" + data + b"\0")
     return h.hexdigest()
 
 

@@ -38,6 +38,15 @@ LAYER_FORMAT = 2
 BIG_WHEEL_BYTES = 64 * 1024 * 1024
 MAX_LAYERS = 100
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"  # shipped as hermetic_runtime
+STARTUP_MODULE = "_startup.py"  # shipped as _hermetic_startup, run at interpreter start (hermetic-runtime.pth)
+
+
+def runtime_files() -> dict[str, bytes]:
+    """The runtime's files (relative path -> bytes): the package's modules and the start-up .pth."""
+    if not RUNTIME_DIR.is_dir():
+        return {}
+    paths = sorted(p for p in RUNTIME_DIR.rglob("*") if p.suffix in (".py", ".pth") and p.is_file())
+    return {p.relative_to(RUNTIME_DIR).as_posix(): p.read_bytes() for p in paths}
 
 
 @dataclass
@@ -244,10 +253,13 @@ def hermetic_layer_files(layout: VenvLayout) -> dict[str, bytes | str]:
     files: dict[str, bytes | str] = {}
     for path, (kind, value) in venv_files(layout).items():
         files[path] = value if kind == "symlink" else (value if isinstance(value, bytes) else value.encode())
-    if RUNTIME_DIR.is_dir():
-        for p in sorted(RUNTIME_DIR.rglob("*.py")):
-            rel = p.relative_to(RUNTIME_DIR).as_posix()
-            files[f"{layout.site_packages}/hermetic_runtime/{rel}"] = p.read_bytes()
+    for rel, data in runtime_files().items():
+        if rel == STARTUP_MODULE:  # imported at every interpreter start by the .pth: a module of its own
+            files[f"{layout.site_packages}/_hermetic_startup.py"] = data
+        elif rel.endswith(".pth"):
+            files[f"{layout.site_packages}/{rel}"] = data
+        else:
+            files[f"{layout.site_packages}/hermetic_runtime/{rel}"] = data
     files[f"{layout.site_packages}/hermetic_runtime-{__version__}.dist-info/METADATA"] = (
         f"Metadata-Version: 2.1\nName: hermetic-runtime\nVersion: {__version__}\n".encode())
     files[f"{layout.site_packages}/hermetic_runtime-{__version__}.dist-info/INSTALLER"] = b"hermetic\n"

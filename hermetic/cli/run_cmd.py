@@ -122,14 +122,21 @@ def _seed_group(cfg, paths, template, seeds: str, as_json: bool, log, progress) 
     if as_json:
         emit_json(result.group)
         return result.exit_code
-    click.echo(f"group {result.group_id}: {len(result.members)} runs -> {result.group_json}")
-    for metric, st in (result.group.get("metrics") or {}).items():
+    ok = sum(1 for m in result.members if m.status == "succeeded")
+    click.echo(f"group {result.group_id}: {ok} of {len(result.members)} runs succeeded -> {result.group_json}")
+    metrics = result.group.get("metrics") or {}
+    for metric, st in metrics.items():
         if st.get("mean") is None:
             continue
         ci = st.get("ci95")
         interval = f"[{ci[0]:.6g}, {ci[1]:.6g}]" if ci else "n/a"
         sd = f"{st['sd']:.3g}" if st.get("sd") is not None else "n/a"
         click.echo(f"  {metric}: mean {st['mean']:.6g}  sd {sd}  95% CI {interval}  (n={st['n']})")
+    if not metrics:
+        click.echo("  no metrics: the script logged none (hermetic_runtime.log_metrics, or lines of JSON in "
+                   "/outputs/metrics.jsonl); compare members' outputs with `hermetic diff`")
+    for flag in result.group.get("flags") or []:
+        click.echo(f"hermetic: warning: {flag}", err=True)
     return result.exit_code
 
 

@@ -199,7 +199,7 @@ def format_record(r: dict[str, Any], run_dir: Path) -> str:
     if env["secrets"]:
         env_text += f"  secrets (names only): {', '.join(env['secrets'])}"
     lines.append(_line("env", env_text))
-    lines.append(_line("software", _software_text(r["software"])))
+    lines.append(_line("software", _software_text(r["software"], r["seed"]["applied"])))
     lines.append(_line("hardware", _hardware_text(r["hardware"])))
     files = r["outputs"]["files"]
     lines.append(_line("outputs", f"{len(files)} files, {sum(f['size'] for f in files.values())} bytes"))
@@ -210,14 +210,26 @@ def format_record(r: dict[str, Any], run_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def _software_text(sw: dict[str, Any]) -> str:
+def _software_text(sw: dict[str, Any], applied: dict[str, Any]) -> str:
+    """Versions from the probe; torch's flags as the training process had them (the probe is another process)."""
+    final = (applied.get("final") or {}).get("torch")
+    enabled = (applied.get("determinism") or {}).get("torch")
     parts = []
     for k, v in sw.items():
         if k == "env":
             continue  # shown on the env line
         if isinstance(v, dict):
             version = v.get("version")
+            if k == "torch" and (final or enabled):
+                state, when = (final, "at exit") if final else (enabled, "after enable_determinism()")
+                flags = [f"{ik}={iv}" for ik, iv in state.items() if isinstance(iv, (bool, str))]
+                parts.append(f"torch {version or ''} ({when}: {', '.join(flags)})")
+                continue
             flags = [f"{ik}={iv}" for ik, iv in v.items() if isinstance(iv, bool)]
+            if k == "torch" and flags:
+                parts.append(f"torch {version or ''} (torch's defaults, from the probe; the script reported "
+                             f"nothing: {', '.join(flags)})")
+                continue
             parts.append(f"{k} {version or ''}".rstrip() + (f" ({', '.join(flags)})" if flags else ""))
         elif isinstance(v, list):
             parts.append(f"{k}: " + ", ".join(f"{x.get('internal_api')} {x.get('version')}" for x in v
@@ -264,5 +276,6 @@ def format_group(g: dict[str, Any], gdir: Path) -> str:
         nf = f", {s['nonfinite']} non-finite left out" if s["nonfinite"] else ""
         lines.append(_line("metric", f"{name}: mean {s['mean']:.6g}{sd}, n={s['n']}{ci}{nf}"))
     lines.append(_line("method", g["method"]))
+    lines += [_line("warning", click.style(flag, fg="yellow")) for flag in g.get("flags") or []]
     lines.append(_line("record", f"{gdir}/group.json  sha256 {meta['group_sha256'][:16]}  (seal verified)"))
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from typing import Any
 from hermetic.diff.compare import compare_outputs, compare_sections
 from hermetic.diff.groups import GroupDiff, compare_group_metrics, decide_groups
 from hermetic.diff.manifests import read_manifest_file
-from hermetic.diff.model import RunDiff
+from hermetic.diff.model import LogsDiff, RunDiff
 from hermetic.diff.verdict import decide
 
 DEFAULT_RTOL = 1e-5  # numpy.isclose's defaults
@@ -45,7 +45,27 @@ def diff_runs(dir_a: str | Path, dir_b: str | Path, *, rtol: float = DEFAULT_RTO
 
     da, db = Path(dir_a), Path(dir_b)
     a, b = load_record(da), load_record(db)
-    return diff_records(a, b, manifests_a=run_manifests(da, a), manifests_b=run_manifests(db, b), rtol=rtol, atol=atol)
+    d = diff_records(a, b, manifests_a=run_manifests(da, a), manifests_b=run_manifests(db, b), rtol=rtol, atol=atol)
+    d.logs = compare_logs(da, db)
+    return d
+
+
+def compare_logs(dir_a: Path, dir_b: Path) -> LogsDiff:
+    """How many lines of the two runs' stdout and stderr differ (context, never the verdict)."""
+    import difflib
+
+    def lines_differing(name: str) -> int | None:
+        try:
+            la = (dir_a / "logs" / name).read_bytes().splitlines()
+            lb = (dir_b / "logs" / name).read_bytes().splitlines()
+        except FileNotFoundError:
+            return None
+        if la == lb:
+            return 0
+        ops = difflib.SequenceMatcher(None, la, lb, autojunk=False).get_opcodes()
+        return sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in ops if tag != "equal")
+
+    return LogsDiff(lines_differing("stdout.log"), lines_differing("stderr.log"))
 
 
 def diff_groups(dir_a: str | Path, dir_b: str | Path) -> GroupDiff:

@@ -39,6 +39,8 @@ _GPU_CONTEXT_KEYS = frozenset({"index", "uuid", "pci_bus_id", "clocks", "power_l
                                "sm_count_source", "memory_used", "temperature", "utilization"})
 _GPU_TOP_CONTEXT_KEYS = frozenset({"gpu_note", "gpu_source", "gpu_sources_tried"})
 _HOST_CONTEXT_KEYS = frozenset({"kernel", "os", "memory_bytes", "memory_limit_bytes", "hostname"})
+_RESTATING_LABELS = frozenset(f"labels.{k}" for k in ("org.hermetic.config.sha256", "org.hermetic.lock.sha256",
+                                                     "org.hermetic.base", "org.hermetic.base.digest"))
 CUBLAS_NOTE = ("cuBLAS only promises identical bits on the same GPU architecture and the same SM count "
                "(a MIG slice has fewer SMs)")
 
@@ -144,7 +146,10 @@ def compare_image(a: Json, b: Json) -> SectionDiff:
                                 f"lock {short(a['lock_sha256'])} -> {short(b['lock_sha256'])}",
                                 headline=not s.changes))
     s.changes += diff_flat("image", a["cuda"], b["cuda"], prefix="cuda")
-    s.changes += diff_flat("image", a["labels"], b["labels"], prefix="labels")
+    # Labels that restate another section are listed, not causes: the config's hash (the config section
+    # names the key that changed), the lock's and the base's digests (said above).
+    s.changes += diff_flat("image", a["labels"], b["labels"], prefix="labels",
+                           material=lambda k: k not in _RESTATING_LABELS)
     same_id = a["id"] == b["id"]
     if not same_id:
         s.changes.append(Change("image", "id", "changed", a["id"], b["id"],
@@ -161,7 +166,17 @@ def compare_image(a: Json, b: Json) -> SectionDiff:
         # The ID is the digest of the image config, which names every layer: equal IDs mean
         # equal images, whatever the package lists say.
         s.changes = [Change(c.section, c.key, c.kind, c.a, c.b, c.note, False, c.headline) for c in s.changes]
+    elif _only_config_changed(s.changes):
+        # hermetic.yaml's image part changed (threads, env...): the config section names the key; the new
+        # image ID restates it, and is no cause of its own.
+        s.changes = [dataclasses.replace(c, material=False, note=c.note + " (restates the config change)")
+                     if c.key in ("id", "manifest_digest") else c for c in s.changes]
     return s
+
+
+def _only_config_changed(changes: list[Change]) -> bool:
+    keys = {c.key for c in changes if c.material}
+    return "labels.org.hermetic.config.sha256" in {c.key for c in changes} and keys <= {"id", "manifest_digest"}
 
 
 def compare_code(a: Json, b: Json, restated: frozenset[str] = frozenset()) -> SectionDiff:
@@ -268,7 +283,8 @@ def compare_seed(a: Json, b: Json) -> SectionDiff:
     # rest of its report (the checkpoint the script wrote, versions, the env it
     # saw) restates outputs or other sections.
     s.changes += diff_flat("seed", a["applied"], b["applied"], prefix="applied",
-                           material=lambda k: k.startswith(("applied.seed", "applied.determinism", "applied.dataloader")))
+                           material=lambda k: k.startswith(("applied.seed", "applied.determinism", "applied.dataloader",
+                                                            "applied.startup", "applied.final")))
     return s
 
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hermetic.diff.model import SectionDiff, Verdict
+from hermetic.errors import EXIT_DIFFERENT
 from hermetic.stats import welch
 
 
@@ -77,18 +78,23 @@ def fmt_stats(s: dict[str, Any] | None) -> str:
 
 
 def decide_groups(metrics: list[MetricSeedComparison], inputs: list[SectionDiff]) -> Verdict:
-    beyond = [m for m in metrics if m.status in ("beyond_noise", "only_a", "only_b")]
+    beyond = [m for m in metrics if m.status == "beyond_noise"]
     unknown = [m for m in metrics if m.status == "undetermined"]
+    one_sided = [m for m in metrics if m.status in ("only_a", "only_b")]
     changed = [s for s in inputs if s.differs]
     cause = ("; inputs differ: " + "; then ".join(f"{s.name} ({s.summary(2)})" for s in changed)) if changed else \
         "; no input differs besides the seeds"
     causes = [s.name for s in changed]
     if beyond:
         detail = ", ".join(f"{m.name} {fmt_stats(m.a)} -> {fmt_stats(m.b)}" for m in beyond[:3])
-        return Verdict("beyond_noise", f"differs beyond seed noise: {detail}{cause}", causes, [], [], 1)
+        return Verdict("beyond_noise", f"differs beyond seed noise: {detail}{cause}", causes, [], [], EXIT_DIFFERENT)
+    if one_sided:
+        # A metric one group has and the other lacks says nothing about seed noise.
+        what = ", ".join(f"{m.name} only in {'A' if m.status == 'only_a' else 'B'}" for m in one_sided[:4])
+        return Verdict("undetermined", f"cannot judge: {what}{cause}", causes, [], [], EXIT_DIFFERENT)
     if unknown or not metrics:
         what = ", ".join(m.name for m in unknown) or "no metrics to compare"
         return Verdict("undetermined", f"cannot judge seed noise (fewer than 2 seeds with values): {what}{cause}",
-                       causes, [], [], 1)
+                       causes, [], [], EXIT_DIFFERENT)
     names = ", ".join(m.name for m in metrics[:6]) + (", ..." if len(metrics) > 6 else "")
     return Verdict("within_noise", f"within seed noise: {names} (Welch's t-test, 5% level){cause}", causes, [], [], 0)

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Role = Literal["input", "environment", "output"]
-VerdictKind = Literal["identical", "nondeterminism", "environment", "inputs",  # two runs
+VerdictKind = Literal["identical", "nothing_compared", "nondeterminism", "environment", "inputs",  # two runs
                       "within_noise", "beyond_noise", "undetermined"]  # two seed groups
 
 
@@ -85,6 +85,18 @@ class OutputsDiff:
         return (all(f.status == "equal" for f in self.files) and all(m.status == "equal" for m in self.metrics)
                 and self.status[0] == self.status[1] and self.steps[0] == self.steps[1])
 
+    @property
+    def compared(self) -> int:
+        """How many output files and metrics the two runs had to compare (0: nothing was compared)."""
+        return len(self.files) + len(self.metrics)
+
+    def compared_names(self, limit: int = 4) -> str:
+        """e.g. ``2 files and 1 metric compared: model.pt, out/ckpt.pt, loss``."""
+        names = [f.path for f in self.files] + [m.name for m in self.metrics]
+        shown = ", ".join(names[:limit]) + (f", +{len(names) - limit} more" if len(names) > limit else "")
+        nf, nm = len(self.files), len(self.metrics)
+        return (f"{nf} file{'s' if nf != 1 else ''} and {nm} metric{'s' if nm != 1 else ''} compared: {shown}")
+
     def summary(self) -> str:
         changed = [f.path for f in self.files if f.status != "equal"]
         parts = []
@@ -101,6 +113,8 @@ class OutputsDiff:
             parts.append("within tolerance: " + ", ".join(close[:4]) + (", ..." if len(close) > 4 else ""))
         if self.steps[0] != self.steps[1]:
             parts.append(f"steps {self.steps[0]} -> {self.steps[1]}")
+        if not parts and not self.compared:
+            return "nothing to compare: no output files, no metrics"
         return "; ".join(parts) if parts else f"all {len(self.files)} files and {len(self.metrics)} metrics identical"
 
 
@@ -125,6 +139,20 @@ class Verdict:
     exit_code: int
 
 
+@dataclass(frozen=True)
+class LogsDiff:
+    """The two runs' stdout and stderr, line by line: context for the verdict, never its cause."""
+
+    stdout: int | None  # lines that differ (0: the same), None when a log is missing
+    stderr: int | None
+
+    def summary(self) -> str:
+        def one(n: int | None, what: str) -> str:
+            return f"{what} not recorded" if n is None else (f"{what} same" if n == 0 else f"{what} {n} lines differ")
+
+        return f"{one(self.stdout, 'stdout')}, {one(self.stderr, 'stderr')}"
+
+
 @dataclass
 class RunDiff:
     a: str
@@ -133,6 +161,7 @@ class RunDiff:
     outputs: OutputsDiff
     verdict: Verdict
     tolerance: dict[str, float]
+    logs: LogsDiff | None = None
 
     def section(self, name: str) -> SectionDiff:
         return next(s for s in self.sections if s.name == name)
@@ -156,4 +185,5 @@ class RunDiff:
                 "metrics": [asdict(m) for m in self.outputs.metrics],
             },
             "tolerance": self.tolerance,
+            "logs": asdict(self.logs) if self.logs is not None else None,
         }

@@ -16,7 +16,7 @@ from hermetic.diff.model import RunDiff, SectionDiff
 
 DETAIL_LIMIT = 12  # change lines shown per section; --json has them all
 _VERDICT_COLOUR = {"identical": "green", "within_noise": "green", "nondeterminism": "yellow",
-                   "environment": "yellow", "undetermined": "yellow"}
+                   "environment": "yellow", "undetermined": "yellow", "nothing_compared": "yellow"}
 _KIND_MARK = {"added": "+", "removed": "-", "changed": "~"}
 
 
@@ -34,6 +34,8 @@ def render_runs(d: RunDiff) -> str:
     for s in d.sections:
         lines += _section_lines(s, width)
     lines += _outputs_lines(d, width)
+    if d.logs is not None:
+        lines.append(f"  {'logs'.ljust(width)}  {click.style(d.logs.summary(), dim=True)}  (context, not the verdict)")
     shown = {w for s in d.sections for w in s.warnings}  # already printed under their section
     notes = [n for n in d.verdict.notes if n not in shown]
     if notes:

@@ -1,7 +1,11 @@
 """The verdict: one line that says whether two runs are the same and, if not, the likeliest why.
 
-- ``bitwise identical``: no input differs and every output file and metric is
+- ``bitwise identical (N files and M metrics compared: ...)``: no input
+  differs, at least one output file or metric was compared, and every one is
   equal (the machine may differ: that is then noted, and is the good news).
+- ``nothing to compare: ...``: no input differs, but neither run has an
+  output file or a metric, so nothing could match or differ (its own exit
+  code, EXIT_NOTHING_COMPARED: never a success).
 - ``same inputs, outputs differ: nondeterminism (knobs not set: ...)``: the
   same inputs on the same kind of machine gave different bits; the knobs
   named are the determinism settings at least one run did not have.
@@ -11,7 +15,8 @@
   order (image, code, config, data, seed, environment variables), then the
   rest; machine differences follow.
 
-Exit code: 0 for identical, 1 for anything else.
+Exit code: 0 for identical, EXIT_NOTHING_COMPARED when nothing was compared,
+1 (EXIT_DIFFERENT) for anything else.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from hermetic.determinism import env_knobs_not_set
+from hermetic.diff.compare import short
+from hermetic.errors import EXIT_DIFFERENT, EXIT_NOTHING_COMPARED
 from hermetic.diff.model import OutputsDiff, SectionDiff, Verdict
 
 
@@ -33,19 +40,28 @@ def knobs_not_set(record: dict[str, Any]) -> list[str]:
     missing = env_knobs_not_set({**record["env"]["passed"], **record["env"]["determinism"]})
     torch = record["software"].get("torch")
     applied = record["seed"]["applied"]
+    final = applied.get("final") if isinstance(applied.get("final"), dict) else {}
+    at_exit = final.get("torch") if isinstance(final.get("torch"), dict) else {}
     if isinstance(torch, dict):
-        # What the script set in-process (the runtime's report) wins over the
-        # probe, which sees torch's defaults from a separate process.
-        det = next((v for k, v in _flat(applied) if "deterministic" in k and isinstance(v, bool)), None)
+        # The training process's own state wins over the probe's (a separate process that sees torch's
+        # defaults): as it was at exit, else as enable_determinism() left it.
+        det = at_exit.get("use_deterministic_algorithms")
+        if det is None:
+            det = next((v for k, v in _flat(applied) if "deterministic" in k and isinstance(v, bool)), None)
         if det is None:
             det = torch.get("deterministic_algorithms")
         if det is not True:
             missing.append("torch.use_deterministic_algorithms(True)")
-        bench = next((v for k, v in _flat(applied) if "benchmark" in k and isinstance(v, bool)), None)
+        bench = at_exit.get("cudnn.benchmark")
+        if bench is None:
+            bench = next((v for k, v in _flat(applied) if "benchmark" in k and isinstance(v, bool)), None)
         if bench is None:
             bench = torch.get("cudnn_benchmark")
         if bench is not False:
             missing.append("torch.backends.cudnn.benchmark=False")
+    changed = final.get("changed_after_enable_determinism") or {}
+    missing += [f"{flag} changed after enable_determinism() ({short(a)} -> {short(b)})"
+                for flag, (a, b) in sorted(changed.items())]
     if not applied:
         missing.append("in-process seeding (seed.applied is empty)")
     return missing
@@ -69,26 +85,32 @@ def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any],
         notes.append("machine differs: " + "; ".join(f"{s.name} ({s.summary(2)})" for s in machine))
     notes += warnings
     causes = [s.name for s in inputs + machine]
+    if not inputs and outputs.identical and not outputs.compared:
+        line = ("nothing to compare: neither run has an output file or a metric (hermetic looks in /outputs, "
+                "in what the script writes in its working directory, and in /outputs/metrics.jsonl)")
+        return Verdict("nothing_compared", line, causes, knobs, notes, EXIT_NOTHING_COMPARED)
     if not inputs and outputs.identical:
-        return Verdict("identical", "bitwise identical", causes, knobs, notes, 0)
+        return Verdict("identical", f"bitwise identical ({outputs.compared_names()})", causes, knobs, notes, 0)
     if not inputs:
         knob_text = f"knobs not set: {', '.join(knobs)}" if knobs else "all known determinism knobs were set"
         if not machine:
             line = f"same inputs, outputs differ: nondeterminism ({knob_text})"
-            return Verdict("nondeterminism", line, causes, knobs, notes, 1)
+            return Verdict("nondeterminism", line, causes, knobs, notes, EXIT_DIFFERENT)
         first = machine[0]
         line = f"same inputs on different hardware, outputs differ: {first.title} ({first.summary(2)})"
         if len(machine) > 1:
             line += "; also " + ", ".join(s.title for s in machine[1:])
         if knobs:
             line += f"; and knobs not set: {', '.join(knobs)}"
-        return Verdict("environment", line, causes, knobs, notes, 1)
+        return Verdict("environment", line, causes, knobs, notes, EXIT_DIFFERENT)
     head = f"{inputs[0].name} ({inputs[0].summary()})"
     rest = [f"{s.name} ({s.summary(2)})" for s in inputs[1:]]
     line = "inputs differ: " + "; then ".join([head, *rest])
-    if outputs.identical:
+    if outputs.identical and outputs.compared:
         line += "; outputs bitwise identical all the same"
-    return Verdict("inputs", line, causes, knobs, notes, 1)
+    elif not outputs.compared:
+        line += "; and nothing to compare (no output files, no metrics)"
+    return Verdict("inputs", line, causes, knobs, notes, EXIT_DIFFERENT)
 
 
 def _union(a: list[str], b: list[str]) -> list[str]:

@@ -76,9 +76,31 @@ def build_group(group_id: str, members: list[dict[str, Any]], *, now: datetime |
         },
         "metrics": metrics,
         "method": INTERVAL_METHOD,
+        "flags": group_flags(ok),
     }
     group["group"]["group_sha256"] = group_digest(group)
     return group
+
+
+def group_flags(succeeded: list[dict[str, Any]]) -> list[str]:
+    """What makes the summary suspect: a sweep whose seed never reached the script."""
+    if len(succeeded) < 2:
+        return []
+    flags = []
+    if not any(_used_seed(m) for m in succeeded):
+        flags.append("the script used no seed: nothing seeded from $HERMETIC_SEED (no hermetic_runtime call, no "
+                     "random/numpy/torch import seeded at start-up) and no {seed} in its arguments")
+    outputs = [(m["outputs"]["files"], m["metrics"]["final"]) for m in succeeded]
+    if (outputs[0][0] or outputs[0][1]) and all(o == outputs[0] for o in outputs[1:]):
+        flags.append(f"all {len(succeeded)} members' outputs are bitwise identical: the seed did not reach the "
+                     "script (it may set its own; pass --seed {seed}, or read $HERMETIC_SEED)")
+    return flags
+
+
+def _used_seed(record: dict[str, Any]) -> bool:
+    applied = record["seed"]["applied"]
+    seeded = bool((applied.get("seed") or {}).get("seeded")) or bool((applied.get("startup") or {}).get("seeded"))
+    return seeded or bool(record["invocation"].get("args_template"))
 
 
 def _mixed_inputs(members: list[dict[str, Any]]) -> list[str]:

@@ -360,6 +360,7 @@ class Group(_Strict):
     inputs: GroupInputs
     metrics: dict[str, MetricStats]
     method: str
+    flags: list[str] = []  # what makes the summary suspect (e.g. every member's outputs identical)
 
 
 def validate_group(doc: Any, *, source: str = "group.json") -> dict[str, Any]:

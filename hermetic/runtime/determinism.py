@@ -26,6 +26,9 @@ from .report import record
 # cuBLAS for deterministic results, harmless without a GPU.
 CUBLAS_WORKSPACE_DEFAULT = ":4096:8"
 
+# torch's flags as the last enable_determinism() left them, to tell at exit what the script changed after.
+_flags_at_enable: Optional[Dict[str, Any]] = None
+
 
 @dataclass(frozen=True)
 class DeterminismResult:
@@ -84,6 +87,8 @@ def enable_determinism(mode: Optional[str] = None) -> DeterminismResult:
             torch.backends.cudnn.deterministic = False
         flags = torch_flags(torch)
 
+    global _flags_at_enable
+    _flags_at_enable = dict(flags) if torch is not None else None
     result = DeterminismResult(
         mode=value, source=source, torch=flags, env_missing=tuple(env_missing),
         env_set_in_process=env_set, warnings=tuple(warnings),
@@ -124,6 +129,14 @@ def _torch_strict(torch: Any) -> None:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
+
+
+def changed_since_enable(flags_now: Dict[str, Any]) -> Optional[Dict[str, List[Any]]]:
+    """{flag: [as enable_determinism() set it, as it is now]} for the flags that changed since;
+    None when enable_determinism() was never called with torch present."""
+    if _flags_at_enable is None:
+        return None
+    return {k: [_flags_at_enable.get(k), v] for k, v in sorted(flags_now.items()) if _flags_at_enable.get(k) != v}
 
 
 def torch_flags(torch: Any) -> Dict[str, Any]:
