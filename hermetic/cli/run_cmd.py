@@ -7,9 +7,10 @@ import sys
 import click
 
 from hermetic.cli.common import config_option, emit_json
+from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_option, mlflow_target
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(cls=MlflowCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @config_option
 @click.option("--gpus", metavar="all|N|device=ID,...", help="GPUs for the container, as `docker run --gpus`.")
 @click.option("--data", "data", multiple=True, metavar="NAME=PATH",
@@ -24,10 +25,12 @@ from hermetic.cli.common import config_option, emit_json
 @click.option("--name", help="A name for the run (appended to its ID).")
 @click.option("--resume-from", "resume_from", metavar="RUN",
               help="Start with a copy of RUN's outputs/ (e.g. to resume from its checkpoint).")
+@mlflow_option
 @click.option("--json", "as_json", is_flag=True, help="Print the sealed run record (JSON) instead of a summary.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, as_json, script, args) -> int:
+def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, mlflow_uri, as_json, script,
+        args) -> int:
     """Run SCRIPT [ARGS...] inside the pinned image and record everything.
 
     In order: build the image if needed (a no-op when up to date); verify every
@@ -45,6 +48,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
       hermetic run --gpus all train.py --epochs 3
       hermetic run --seeds 0,1,2,3,4 train.py         # a seed group with intervals
       hermetic run --data synth=/mnt/big/synth -- train.py --lr 0.1
+      hermetic run --mlflow http://127.0.0.1:5000 train.py  # then export the run to MLflow
     """
     from hermetic.config import load_config
     from hermetic.errors import HermeticError
@@ -52,6 +56,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
     from hermetic.run.runner import RunRequest, execute
 
     cfg = load_config(config_path)
+    mlflow = mlflow_target(mlflow_uri)  # checked before the run: a URI, and hermetic[mlflow] installed
     data_paths = {}
     for item in data:
         n, eq, p = item.partition("=")
@@ -70,13 +75,13 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
     if seeds:
         if seed is not None:
             raise HermeticError("--seed and --seeds together: pick one", exit_code=2)
-        return _seed_group(cfg, paths, base, seeds, as_json)
+        return _seed_group(cfg, paths, base, seeds, as_json, mlflow)
     result = execute(cfg, paths, RunRequest(seed=seed, seed_policy="cli" if seed is not None else "config", **base))
     if as_json:
         emit_json(result.record)
     else:
         _summary(result)
-    return result.exit_code
+    return export_after_run(mlflow, [result.run_dir], result.exit_code)
 
 
 def _summary(result) -> None:
@@ -85,7 +90,7 @@ def _summary(result) -> None:
     click.echo(f"{result.run_id}  {result.status}  exit {result.exit_code}" + (f"  {shown}" if shown else ""))
 
 
-def _seed_group(cfg, paths, base: dict, seeds: str, as_json: bool) -> int:
+def _seed_group(cfg, paths, base: dict, seeds: str, as_json: bool, mlflow=None) -> int:
     from hermetic.errors import HermeticError
     from hermetic.record import new_group_id, write_group
     from hermetic.run.runner import RunRequest, execute
@@ -122,7 +127,7 @@ def _seed_group(cfg, paths, base: dict, seeds: str, as_json: bool) -> int:
             interval = f"[{ci[0]:.6g}, {ci[1]:.6g}]" if ci else "n/a"
             sd = f"{st['sd']:.3g}" if st.get("sd") is not None else "n/a"
             click.echo(f"  {metric}: mean {st['mean']:.6g}  sd {sd}  95% CI {interval}  (n={st['n']})")
-    return first_failure
+    return export_after_run(mlflow, [group_path.parent], first_failure)
 
 
 @click.command()

@@ -312,3 +312,6 @@ def format_group(g: dict[str, Any], gdir: Path) -> str:
     lines.append(_line("method", g["method"]))
     lines.append(_line("record", f"{gdir}/group.json  sha256 {meta['group_sha256'][:16]}  (seal verified)"))
     return "\n".join(lines)
+
+
+from hermetic.cli import runs_tools_cmd  # noqa: E402,F401 - adds `runs export` and `runs plot` to the group above
