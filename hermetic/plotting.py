@@ -112,10 +112,11 @@ def render(panels: Sequence[Panel], *, title: str, fmt: str = "png") -> bytes:
 
 
 def _draw_panel(ax, panel: Panel) -> None:  # noqa: ANN001 - a matplotlib Axes
-    for c in panel.curves:
+    for i, c in enumerate(panel.curves):
         if c.band is not None:
             ax.fill_between(c.steps, c.band[0], c.band[1], color=colour(c.colour), alpha=0.2, linewidth=0)
-        ax.plot(c.steps, c.values, color=colour(c.colour), linewidth=1.6, label=c.label,
+        # each curve thinner than the one under it, so where two coincide both stay visible
+        ax.plot(c.steps, c.values, color=colour(c.colour), linewidth=max(1.0, 2.8 - 0.9 * i), label=c.label,
                 marker="o" if len(c.steps) == 1 else None)
     for m in panel.marks:
         ax.axvline(m.step, color=colour(m.colour), linestyle="--", linewidth=1.0, label=m.label)

@@ -165,7 +165,7 @@ def build_panels(entries: Sequence[Entry], metrics: Sequence[str] | None = None)
                     step = first_difference(first.series[name], e.series[name])
                     if step is not None:
                         firsts.setdefault(name, {})[e.id] = step
-                        marks.append(Mark(step, f"{_short(e.id)} differs from step {step}", i))
+                        marks.append(Mark(step, f"{e.id} differs from step {step}", i))
         panel_curves = [Curve(" = ".join(labels) + (" (identical)" if len(labels) > 1 else ""), d[0], d[1], colour,
                               band=d[2]) for _, _, labels, colour, d in curves]
         shared[name] = [ids for _, ids, _, _, _ in curves]
@@ -175,10 +175,6 @@ def build_panels(entries: Sequence[Entry], metrics: Sequence[str] | None = None)
 
 def _nan_key(v: float) -> Any:
     return "nan" if math.isnan(v) else v
-
-
-def _short(run_id: str) -> str:
-    return run_id if len(run_id) <= 24 else run_id[:24] + "…"
 
 
 def plot(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
