@@ -17,6 +17,24 @@ FIGURE_NAME = "metrics.png"
 COUNTERS = frozenset({"epoch", "batch", "iteration", "global_step"})
 
 
+_warm: list = []
+
+
+def warm_up() -> None:
+    """Import matplotlib in a background thread (once per process), so that the final record's
+    figure costs only the drawing: called when a run's early record is written, the import
+    (~0.3 s of CPU) overlaps the container, which mostly waits on the engine."""
+    from hermetic import plotting
+
+    if _warm or not plotting.available():
+        return
+    import threading
+
+    t = threading.Thread(target=plotting.preload, name="hermetic-figure-import", daemon=True)
+    _warm.append(t)
+    t.start()
+
+
 def run_panels(series: dict[str, list[tuple[int, float]]], label: str):  # -> list[hermetic.plotting.Panel]
     """One panel per metric (counters left out, unless that is all there is), one curve each."""
     from hermetic.plotting import Curve, Panel
