@@ -213,3 +213,19 @@ def test_a_real_run_and_its_replay_in_mlflow(project, mlflow_server, tmp_path):
     assert r.data.tags["hermetic.verdict"] == "bitwise identical" and r.data.tags["hermetic.verdict.kind"] == "identical"
     assert len(find_runs(client, "numpy-logreg", rid)) == 1
 
+
+
+@pytest.mark.docker
+def test_run_mlflow_checks_the_target_before_the_run(project, monkeypatch):
+    """No URI, or no mlflow: refused before anything runs (no run directory), not after a long training."""
+    from run_support import run_dirs
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    before = run_dirs(project)
+    proc = run_cli("run", "--mlflow", "train.py", cwd=project)
+    assert_clean_error(proc, 2, "MLFLOW_TRACKING_URI")
+    blocked = ("import sys; sys.modules['mlflow'] = None; from hermetic.cli import main; "
+               "main(['run', '--mlflow', 'http://127.0.0.1:1', 'train.py'])")
+    proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120, cwd=project)
+    assert_clean_error(proc, 2, "pip install 'hermetic[mlflow]'")
+    assert run_dirs(project) == before
