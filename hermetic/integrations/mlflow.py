@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shlex
-import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
