@@ -20,7 +20,9 @@ $(STAMP): requirements.lock pyproject.toml setup.py hermetic/data/_filehash.c
 	scripts/ensure-build-deps $(PY)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --require-hashes --no-deps -r requirements.lock
-	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	@# setuptools announces every editable install with an "Editable installation." notice
+	@# (InformationOnly, which pip prints as a warning); it says nothing about this project.
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
 
 venv: $(STAMP)

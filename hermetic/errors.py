@@ -53,3 +53,14 @@ class EngineError(HermeticError):
     """The Docker Engine is missing, unreachable or lacks a needed runtime."""
 
     exit_code = 4
+
+
+class MissingExtra(HermeticError):
+    """An optional feature's package is not installed (exit 2, like a usage error):
+    the message names the extra that brings it, e.g. ``pip install 'hermetic[plots]'``."""
+
+    exit_code = 2
+
+    def __init__(self, feature: str, extra: str, module: str):
+        super().__init__(f"{feature} needs {module}, which is not installed: pip install 'hermetic[{extra}]'")
+        self.extra = extra

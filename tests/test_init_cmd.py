@@ -43,9 +43,13 @@ def test_template_builds_with_the_cache_then_runs(ci: str) -> None:
         assert doc["env"]["HERMETIC_REGISTRY_PASSWORD"] == "${{ secrets.GITHUB_TOKEN }}"
         assert doc["permissions"]["packages"] == "write"
     else:
-        job = doc["hermetic"]
-        assert job["variables"]["HERMETIC_REGISTRY_PASSWORD"] == "$CI_REGISTRY_PASSWORD"
-        assert job["variables"]["REGISTRY"] == "$CI_REGISTRY"
+        common = doc[".hermetic"]  # the docker-executor job and the shell-runner job extend it
+        assert common["variables"]["HERMETIC_REGISTRY_PASSWORD"] == "$CI_REGISTRY_PASSWORD"
+        assert common["variables"]["REGISTRY"] == "$CI_REGISTRY"
+        assert doc["hermetic"]["extends"] == doc["hermetic-shell"]["extends"] == ".hermetic"
+    # A fresh runner has no base and no data: both come before the build (tests/test_ci_templates.py runs them)
+    assert script.index("hermetic base bootstrap") < script.index("hermetic data verify") < build
+    assert "hermetic push" in script and "hermetic pull" in script
 
 
 @pytest.mark.parametrize("ci,dest", [(ci, dest) for ci, (_, dest) in sorted(CI_TEMPLATES.items())])

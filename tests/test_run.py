@@ -392,8 +392,8 @@ def run_group(project: Path, *args: str) -> tuple[subprocess.CompletedProcess, d
     """`hermetic run --seeds 0,1,2 ARGS`; (process, the group.json it wrote, read from disk)."""
     proc = run_cli("run", "--seeds", "0,1,2", *args, "train.py", "--epochs", "4", cwd=project)
     assert proc.returncode == 0, proc.stderr
-    (gid,) = re.findall(r"(?m)^group (\S+): 3 runs -> ", proc.stdout) or re.findall(r'"group_id": "([^"]+)"',
-                                                                                   proc.stdout)
+    (gid,) = (re.findall(r"(?m)^group (\S+): 3 of 3 runs succeeded -> ", proc.stdout)
+              or re.findall(r'"group_id": "([^"]+)"', proc.stdout))
     return proc, json.loads((project / "runs" / gid / "group.json").read_text())
 
 

@@ -6,6 +6,7 @@ import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
 from hermetic.cli.runs_cmd import runs_dir_option
+from hermetic.cli.runs_tools_cmd import check_plot_file, plot_option, write_plot
 from hermetic.record.locate import resolve_ref
 
 
@@ -16,11 +17,12 @@ from hermetic.record.locate import resolve_ref
               help="Relative tolerance for 'metric within tolerance' (as numpy.isclose).")
 @click.option("--atol", type=click.FloatRange(min=0), default=1e-8, show_default=True,
               help="Absolute tolerance for 'metric within tolerance' (as numpy.isclose).")
+@plot_option
 @runs_dir_option
 @config_option
 @json_option
-def diff(run_a: str, run_b: str, rtol: float, atol: float, runs_dir: str | None, config_path: str | None,
-         as_json: bool) -> int:
+def diff(run_a: str, run_b: str, rtol: float, atol: float, plot_file: str | None, runs_dir: str | None,
+         config_path: str | None, as_json: bool) -> int:
     """Explain why two runs differ, most likely cause first.
 
     RUN_A and RUN_B are run directories, run IDs or unique ID prefixes. The
@@ -50,14 +52,17 @@ def diff(run_a: str, run_b: str, rtol: float, atol: float, runs_dir: str | None,
       hermetic diff runs/20261129-214500-1a2b3c runs/20261130-090000-4d5e6f
       hermetic diff 20261129-2145 20261130-09 --json | jq .verdict
       hermetic diff GROUP_A GROUP_B
+      hermetic diff RUN_A RUN_B --plot curves.png   # each metric over steps, where they part marked
     """
     from hermetic.diff import diff_paths
 
+    check_plot_file(plot_file)
     dir_a = resolve_ref(run_a, runs_dir, config_path)
     dir_b = resolve_ref(run_b, runs_dir, config_path)
     result = diff_paths(dir_a, dir_b, rtol=rtol, atol=atol)
+    plotted = write_plot([dir_a, dir_b], plot_file) if plot_file else None
     if as_json:
-        emit_json(result.to_json())
+        emit_json({**result.to_json(), **({"plot": plotted.to_json()} if plotted else {})})
     else:
         from hermetic.diff.render import render
 

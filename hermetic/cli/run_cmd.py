@@ -8,9 +8,10 @@ import sys
 import click
 
 from hermetic.cli.common import config_option, emit_json
+from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_option, mlflow_target
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(cls=MlflowCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @config_option
 @click.option("--gpus", metavar="all|N|device=ID,...", help="GPUs for the container, as `docker run --gpus`.")
 @click.option("--data", "data", multiple=True, metavar="NAME=PATH",
@@ -28,10 +29,12 @@ from hermetic.cli.common import config_option, emit_json
 @click.option("--name", help="A name for the run (appended to its ID).")
 @click.option("--resume-from", "resume_from", metavar="RUN",
               help="Start with a copy of RUN's outputs/ (e.g. to resume from its checkpoint).")
+@mlflow_option
 @click.option("--json", "as_json", is_flag=True, help="Print the sealed run record (JSON) instead of a summary.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, as_json, script, args) -> int:
+def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, mlflow_uri, as_json, script,
+        args) -> int:
     """Run SCRIPT [ARGS...] inside the pinned image and record everything.
 
     In order: build the image if needed (a no-op when up to date); verify every
@@ -54,6 +57,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
       hermetic run --gpus all train.py --epochs 3
       hermetic run --seeds 5 train.py --seed {seed}   # 5 seeds; {seed} reaches argparse too
       hermetic run --data synth=/mnt/big/synth -- train.py --lr 0.1
+      hermetic run --mlflow http://127.0.0.1:5000 train.py  # then export the run to MLflow
     """
     from hermetic.config import load_config
     from hermetic.errors import HermeticError
@@ -62,6 +66,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
     from hermetic.run.runner import execute
 
     cfg = load_config(config_path)
+    mlflow = mlflow_target(mlflow_uri)  # checked before the run: a URI, and hermetic[mlflow] installed
     data_paths = {}
     for item in data:
         n, eq, p = item.partition("=")
@@ -81,7 +86,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
     if seeds:
         if seed is not None:
             raise HermeticError("--seed and --seeds together: pick one", exit_code=2)
-        return _seed_group(cfg, paths, template, seeds, as_json, log, progress)
+        return _seed_group(cfg, paths, template, seeds, as_json, log, progress, mlflow)
     req = dataclasses.replace(template, seed=seed, seed_policy="cli" if seed is not None else "config")
     result = execute(cfg, paths, req, log=log, progress=progress)
     if as_json:
@@ -89,7 +94,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
         _say_reason(result)
     else:
         _summary(result)
-    return result.exit_code
+    return export_after_run(mlflow, [result.run_dir], result.exit_code)
 
 
 def run_log(show: bool):
@@ -113,7 +118,7 @@ def _say_reason(result) -> None:
                    f"{result.run_dir / 'run.json'})", err=True)
 
 
-def _seed_group(cfg, paths, template, seeds: str, as_json: bool, log, progress) -> int:
+def _seed_group(cfg, paths, template, seeds: str, as_json: bool, log, progress, mlflow=None) -> int:
     from hermetic.run.group import parse_seeds, run_seed_group
 
     seeds_list = parse_seeds(seeds, cfg.model.determinism.seed)
@@ -121,7 +126,7 @@ def _seed_group(cfg, paths, template, seeds: str, as_json: bool, log, progress) 
                             on_member=None if as_json else _summary)
     if as_json:
         emit_json(result.group)
-        return result.exit_code
+        return export_after_run(mlflow, [result.group_json.parent], result.exit_code)
     ok = sum(1 for m in result.members if m.status == "succeeded")
     click.echo(f"group {result.group_id}: {ok} of {len(result.members)} runs succeeded -> {result.group_json}")
     metrics = result.group.get("metrics") or {}
@@ -137,7 +142,7 @@ def _seed_group(cfg, paths, template, seeds: str, as_json: bool, log, progress) 
                    "/outputs/metrics.jsonl); compare members' outputs with `hermetic diff`")
     for flag in result.group.get("flags") or []:
         click.echo(f"hermetic: warning: {flag}", err=True)
-    return result.exit_code
+    return export_after_run(mlflow, [result.group_json.parent], result.exit_code)
 
 
 @click.command()

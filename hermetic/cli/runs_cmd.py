@@ -279,3 +279,6 @@ def format_group(g: dict[str, Any], gdir: Path) -> str:
     lines += [_line("warning", click.style(flag, fg="yellow")) for flag in g.get("flags") or []]
     lines.append(_line("record", f"{gdir}/group.json  sha256 {meta['group_sha256'][:16]}  (seal verified)"))
     return "\n".join(lines)
+
+
+from hermetic.cli import runs_tools_cmd  # noqa: E402,F401 - adds `runs export` and `runs plot` to the group above

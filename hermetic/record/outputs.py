@@ -79,10 +79,39 @@ def metrics_summary(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, Any
     final: dict[str, Any] = {}
     if not path.is_file():
         return {"final": final, "steps": None}
+    max_step: int | None = None
+    count = 0
+    for _, step, values in metric_lines(path):
+        count += 1
+        if step is not None:
+            max_step = step if max_step is None else max(max_step, step)
+        for name, value in values:
+            final[name] = encode_number(value)
+    return {"final": dict(sorted(final.items())), "steps": max_step if max_step is not None else count}
+
+
+def metrics_series(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
+    """Every metric's ``(step, value)`` points in file order, read as metrics_summary reads them.
+
+    A line without an integer ``step`` takes its line count (1, 2, ...) as
+    the step, the count metrics_summary reports as ``steps`` for such files.
+    ``{}`` when the file does not exist.
+    """
+    path = Path(metrics_jsonl_path)
+    series: dict[str, list[tuple[int, float]]] = {}
+    if not path.is_file():
+        return series
+    for count, step, values in metric_lines(path):
+        for name, value in values:
+            series.setdefault(name, []).append((count if step is None else step, float(value)))
+    return dict(sorted(series.items()))
+
+
+def metric_lines(path: Path):  # -> Iterator[(line count, step or None, [(name, number)])]
+    """The parsed lines of a metrics.jsonl (see metrics_summary for the rules)."""
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.split("\n")
     complete = text.endswith("\n")
-    max_step: int | None = None
     count = 0
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
@@ -97,11 +126,8 @@ def metrics_summary(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, Any
             raise HermeticError(f"{path}:{lineno}: not a JSON object")
         count += 1
         step = obj.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            max_step = step if max_step is None else max(max_step, step)
-        for name, value in _flatten_numbers(obj):
-            final[name] = encode_number(value)
-    return {"final": dict(sorted(final.items())), "steps": max_step if max_step is not None else count}
+        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        yield count, step, list(_flatten_numbers(obj))
 
 
 def _flatten_numbers(obj: dict[str, Any], prefix: str = ""):

@@ -11,8 +11,11 @@ from hermetic.resources import read_template
 TEMPLATE_NAME = "run-README.md"
 
 
-def render_readme(record: dict[str, Any], *, run_dir: str | None = None) -> str:
-    """The README text for a (sealed) record; ``run_dir`` defaults to ``runs/<id>``."""
+def render_readme(record: dict[str, Any], *, run_dir: str | None = None, figure: str | None = None) -> str:
+    """The README text for a (sealed) record; ``run_dir`` defaults to ``runs/<id>``.
+
+    ``figure``: the name of the metrics figure beside it (hermetic.record.figure), shown under the status.
+    """
     meta, inv, image, code = record["record"], record["invocation"], record["image"], record["code"]
     run_id = meta["run_id"]
     cfg = inv.get("config") or {}
@@ -21,6 +24,7 @@ def render_readme(record: dict[str, Any], *, run_dir: str | None = None) -> str:
         "run_id": run_id,
         "run_dir": run_dir,
         "status_line": _status_line(meta),
+        "figure_text": f"\n\n![The run's metrics over steps]({figure})\n" if figure else "",
         "tool": meta["tool"],
         "record_sha256": meta["record_sha256"] or "(not sealed)",
         "image_id": f"`{image['id']}`",

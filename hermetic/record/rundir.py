@@ -95,6 +95,7 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> dic
     latest. Raises RecordError naming the key when the record is malformed;
     nothing is written then.
     """
+    from hermetic.record.figure import warm_up, write_metrics_figure
     from hermetic.record.readme import render_readme
     from hermetic.record.schema import RecordError, validate_record
 
@@ -110,7 +111,10 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> dic
     except ValueError as e:  # NaN/Infinity somewhere: JSON cannot hold them
         raise RecordError(f"{source}: {e} (store non-finite numbers as 'NaN'/'Infinity' strings)") from None
     atomic_write_text(run_dir / RUN_JSON, pretty_json(sealed))
-    atomic_write_text(run_dir / README_NAME, render_readme(sealed))
+    if sealed["record"]["finished_at"] is None:
+        warm_up()  # the early record: the run is about to start; its figure will be drawn at the end
+    figure = write_metrics_figure(run_dir, sealed)  # final records with metrics only, when matplotlib is there
+    atomic_write_text(run_dir / README_NAME, render_readme(sealed, figure=figure))
     update_index(run_dir.parent, run_entry(sealed, run_dir.name))
     return sealed
 

@@ -1,0 +1,146 @@
+"""``hermetic runs export`` (to MLflow) and ``hermetic runs plot``, and ``hermetic diff --plot``'s option.
+
+Added to the ``runs`` group by hermetic/cli/runs_cmd.py. Only click is
+imported until a command runs; mlflow and matplotlib (the extras
+hermetic[mlflow] and hermetic[plots]) are imported by hermetic.integrations
+when an export or a figure starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import click
+
+from hermetic.cli.common import config_option, emit_json, json_option
+from hermetic.cli.mlflow_opt import MlflowCommand, mlflow_option
+from hermetic.cli.runs_cmd import resolve_ref, runs, runs_dir_option, runs_root
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _where(ctx: click.Context, runs_dir: str | None, config_path: str | None) -> tuple[str | None, str | None]:
+    parent = ctx.obj or {}
+    return runs_dir or parent.get("runs_dir"), config_path or parent.get("config_path")
+
+
+def all_exportable(root: Path) -> list[Path]:
+    """Every group and every run that is not a member of one (members go with their group), oldest first."""
+    from hermetic.record.index import list_entries
+
+    entries = [e for e in list_entries(root) if not e.get("placeholder")]
+    groups = {e["id"] for e in entries if e["kind"] == "group"}
+    keep = [e for e in entries if e["kind"] == "group" or e.get("group") not in groups]
+    return [root / e["id"] for e in reversed(keep)]
+
+
+@runs.command("export", cls=MlflowCommand)
+@click.argument("refs", nargs=-1, metavar="[RUN|GROUP]...")
+@mlflow_option
+@click.option("--experiment", metavar="NAME",
+              help="MLflow experiment (default: the project's name from hermetic.yaml, else 'hermetic').")
+@runs_dir_option
+@config_option
+@json_option
+@click.pass_context
+def export_cmd(ctx: click.Context, refs: tuple[str, ...], mlflow_uri: str | None, experiment: str | None,
+               runs_dir: str | None, config_path: str | None, as_json: bool) -> None:
+    """Export runs and seed groups to an MLflow tracking server.
+
+    Each run becomes one MLflow run: params (resolved config, script
+    arguments, seed), metrics with their steps from metrics.jsonl, tags
+    (image ID, manifest and repo digests, lock sha256, git commit and dirty
+    flag, hermetic version, status, a replay's verdict), each dataset as an
+    MLflow dataset whose digest is its manifest's sha256, and run.json and
+    README.md as artifacts. A seed group becomes a parent run with the
+    summary (mean, sd, 95% interval) and its members as children. With no
+    RUN, every run and group in the runs directory.
+
+    Exporting again updates the same MLflow run (found by the tag
+    hermetic.run_id), never a second one. Needs hermetic[mlflow].
+
+    \b
+    Examples:
+      hermetic runs export --mlflow http://127.0.0.1:5000 20261129-2145
+      MLFLOW_TRACKING_URI=http://mlflow:5000 hermetic runs export --mlflow
+      hermetic runs export --mlflow=./mlruns --experiment mnist --json
+    """
+    from hermetic.errors import HermeticError
+    from hermetic.integrations.mlflow import MlflowExporter, tracking_uri
+
+    if mlflow_uri is None:
+        raise HermeticError("say where to export: --mlflow [URI] (alone: $MLFLOW_TRACKING_URI)", exit_code=2)
+    uri = tracking_uri(mlflow_uri or None)
+    runs_dir, config_path = _where(ctx, runs_dir, config_path)
+    paths = ([resolve_ref(r, runs_dir, config_path) for r in refs] if refs
+             else all_exportable(runs_root(runs_dir, config_path)))
+    exporter = MlflowExporter(uri, experiment=experiment)
+    results = []
+    for path in paths:
+        r = exporter.export(path)
+        results.append(r)
+        if not as_json:
+            for x in [r, *r.children]:
+                click.echo(f"{x.id}  {'created' if x.created else 'updated'}  mlflow run {x.mlflow_run_id}  "
+                           f"{x.metrics_logged} metric points" + (f"  {x.url}" if x.url else ""))
+    if as_json:
+        emit_json({"tracking_uri": uri, "exported": [r.to_json() for r in results]})
+    elif not results:
+        click.echo("no runs to export", err=True)
+
+
+@runs.command("plot")
+@click.argument("refs", nargs=-1, required=True, metavar="RUN|GROUP...")
+@click.option("-o", "--output", "output", required=True, metavar="FILE", help="Where to write it: .png or .svg.")
+@click.option("--metric", "metrics", multiple=True, metavar="NAME",
+              help="Only this metric (repeatable; default: every metric except counters like epoch).")
+@runs_dir_option
+@config_option
+@json_option
+@click.pass_context
+def plot_cmd(ctx: click.Context, refs: tuple[str, ...], output: str, metrics: tuple[str, ...],
+             runs_dir: str | None, config_path: str | None, as_json: bool) -> None:
+    """Draw runs' metrics over steps into a PNG or SVG.
+
+    One panel per metric, one curve per run (from outputs/metrics.jsonl); a
+    seed group is drawn as the mean over its seeds with the 95% interval of
+    the mean as a band. Runs with the same curve are drawn once and labelled
+    together, so two bitwise-identical runs show one line; the first step
+    where a run's curve parts from the first run's is marked. Needs
+    hermetic[plots].
+
+    \b
+    Examples:
+      hermetic runs plot 20261129-2145 20261130-09 -o loss.png
+      hermetic runs plot GROUP_A GROUP_B --metric val_loss -o seeds.svg
+    """
+    runs_dir, config_path = _where(ctx, runs_dir, config_path)
+    paths = [resolve_ref(r, runs_dir, config_path) for r in refs]
+    result = write_plot(paths, output, metrics=list(metrics) or None)
+    if as_json:
+        emit_json(result.to_json())
+
+
+def plot_option(f: F) -> F:
+    return click.option("--plot", "plot_file", metavar="FILE", default=None,
+                        help="Also draw both runs' metrics over steps into FILE (.png or .svg; needs "
+                             "hermetic[plots]).")(f)
+
+
+def check_plot_file(plot_file: str | None) -> None:
+    """Refuse a bad suffix or a missing matplotlib before any work is done."""
+    if plot_file is not None:
+        from hermetic import plotting
+
+        plotting.figure_format(plot_file)
+        plotting.require("--plot")
+
+
+def write_plot(paths: list[Path], output: str, *, metrics: list[str] | None = None):  # -> PlotResult
+    from hermetic.integrations.plots import plot
+
+    result = plot(paths, output, metrics=metrics)
+    curves = ", ".join(f"{m}: {n}" for m, n in result.to_json()["curves"].items())
+    click.echo(f"wrote {result.path} ({curves} curves)", err=True)
+    return result

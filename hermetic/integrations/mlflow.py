@@ -1,0 +1,436 @@
+"""hermetic runs as MLflow runs: ``hermetic runs export --mlflow`` and ``hermetic run --mlflow``.
+
+Each run becomes one MLflow run in an experiment (default: the project's
+``name`` from hermetic.yaml): params from the resolved config (dotted keys,
+``config.determinism.mode``), the script and its arguments and the seed;
+every metric with its steps from outputs/metrics.jsonl; tags for what makes
+the run repeatable (image ID, manifest and repo digests, lock sha256, git
+commit and dirty flag, hermetic version, status, and for a replay the diff
+verdict against its original); each dataset as an MLflow dataset input; and
+run.json, README.md and the metrics figure as artifacts. A seed group is a
+parent run holding the summary of each metric (mean, SD, 95% interval) with
+its members as child runs.
+
+Exports are keyed by hermetic's run ID (the tag ``hermetic.run_id``): the
+same run exported again finds its MLflow run and adds only what is missing
+(params already there are kept, metric points already logged are not logged
+twice), so exporting is safe to repeat. MLflow caps a dataset digest at 36
+characters: the digest is the first 36 hex digits of the manifest's sha256,
+and the whole sha256 is in the input's tags and in its source.
+
+mlflow (``hermetic[mlflow]``, the ``mlflow-skinny`` client) is imported on
+first use only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hermetic.errors import HermeticError, MissingExtra
+
+RUN_ID_TAG = "hermetic.run_id"
+KIND_TAG = "hermetic.kind"
+PARENT_TAG = "mlflow.parentRunId"
+DEFAULT_EXPERIMENT = "hermetic"
+# MLflow's limits (mlflow.utils.validation): param values 6000 characters, tag values 8000
+# (5000 on older servers), dataset digests 36; at most 100 params or tags and 1000 metrics a batch.
+MAX_PARAM_VALUE = 6000
+MAX_TAG_VALUE = 5000
+MAX_DIGEST = 36
+PARAMS_PER_BATCH = 100
+METRICS_PER_BATCH = 1000
+STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "interrupted": "KILLED", "refused": "FAILED"}
+_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")  # what MLflow accepts in a key
+
+
+@dataclass
+class Exported:
+    """One hermetic run or group and the MLflow run it is now."""
+
+    id: str
+    kind: str  # "run" | "group"
+    mlflow_run_id: str
+    experiment_id: str
+    created: bool  # False: an earlier export was found and updated
+    metrics_logged: int  # metric points logged by this export (0 when all were there)
+    url: str | None
+    children: list["Exported"] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def tracking_uri(value: str | None) -> str:
+    """``--mlflow URI``, else $MLFLOW_TRACKING_URI; a usage error when neither is set."""
+    uri = value or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise HermeticError("no MLflow tracking server: pass --mlflow URI or set MLFLOW_TRACKING_URI", exit_code=2)
+    return uri
+
+
+def require(feature: str = "exporting to MLflow") -> None:
+    """MissingExtra naming ``hermetic[mlflow]`` when mlflow is not installed (checked without importing it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is None:
+        raise MissingExtra(feature, "mlflow", "mlflow")
+
+
+# -- what a record says, as MLflow params, tags and metrics (pure) --------------------------------
+
+def safe_key(key: str) -> str:
+    return _KEY_UNSAFE.sub("_", key)
+
+
+def _text(value: Any, limit: int) -> str:
+    s = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def flatten(node: Any, prefix: str) -> dict[str, Any]:
+    """Nested dicts and lists as dotted keys: ``config.datasets.0.mount``."""
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(flatten(v, f"{prefix}.{k}"))
+        return out
+    if isinstance(node, list) and node:
+        out = {}
+        for i, v in enumerate(node):
+            out.update(flatten(v, f"{prefix}.{i}"))
+        return out
+    return {prefix: node}
+
+
+def run_params(record: dict[str, Any], *, without_seed: bool = False) -> dict[str, str]:
+    """The resolved config (flattened), script, arguments and seed; ``without_seed`` for a group's parent."""
+    inv = record["invocation"]
+    params: dict[str, Any] = {"script": inv["script"], "args": shlex.join(inv["args"]), "network": inv["network"]}
+    if inv["gpus"]:
+        params["gpus"] = inv["gpus"]
+    config = flatten(inv["config"] or {}, "config")
+    if without_seed:
+        config.pop("config.determinism.seed", None)
+    else:
+        params["seed"] = record["seed"]["value"]
+    params.update(config)
+    return {safe_key(k): _text(v, MAX_PARAM_VALUE) for k, v in params.items()}
+
+
+def run_tags(record: dict[str, Any], *, verdict: Any = None) -> dict[str, str]:
+    """What identifies the run's inputs and result; ``verdict`` is a replay's diff verdict (hermetic.diff)."""
+    meta, inv, image, code = record["record"], record["invocation"], record["image"], record["code"]
+    git = code["git"] or {}
+    tags: dict[str, Any] = {
+        RUN_ID_TAG: meta["run_id"],
+        KIND_TAG: "run",
+        "hermetic.version": meta["tool"],
+        "hermetic.status": meta["status"],
+        "hermetic.exit_code": "" if meta["exit_code"] is None else str(meta["exit_code"]),
+        "hermetic.record_sha256": meta["record_sha256"],
+        "hermetic.image.id": image["id"],
+        "hermetic.image.manifest_digest": image["manifest_digest"],
+        "hermetic.image.repo_digests": ", ".join(image["repo_digests"]),
+        "hermetic.image.base": image["base"],
+        "hermetic.lock_sha256": image["lock_sha256"],
+        "hermetic.config_sha256": inv["config_sha256"],
+        "hermetic.code.sha256": code["snapshot"]["sha256"],
+        "hermetic.git.commit": git.get("commit") or "",
+        "hermetic.git.dirty": "" if not git else str(bool(git.get("dirty"))).lower(),
+        "hermetic.seed": str(record["seed"]["value"]),
+        "mlflow.source.name": inv["script"],
+        "mlflow.note.content": (f"hermetic run `{meta['run_id']}`: {meta['status']}. Reproduce it with "
+                                f"`hermetic replay runs/{meta['run_id']}` (README.md and run.json are artifacts)."),
+    }
+    if git.get("commit"):
+        tags["mlflow.source.git.commit"] = git["commit"]
+    for name, ds in sorted(record["data"].items()):
+        tags[f"hermetic.data.{name}.manifest_sha256"] = ds["manifest_sha256"]
+    gpus = [g.get("name") for g in (record["hardware"].get("gpus") or []) if isinstance(g, dict)]
+    if gpus:
+        tags["hermetic.hardware.gpus"] = ", ".join(str(g) for g in gpus)
+    for key in ("replay_of", "group", "name"):
+        if inv[key]:
+            tags[f"hermetic.{key}"] = inv[key]
+    if verdict is not None:
+        tags["hermetic.verdict"] = verdict.line
+        tags["hermetic.verdict.kind"] = verdict.kind
+    return {safe_key(k): _text(v, MAX_TAG_VALUE) for k, v in tags.items()}
+
+
+def group_tags(group: dict[str, Any]) -> dict[str, str]:
+    meta, inputs = group["group"], group["inputs"]
+    tags = {
+        RUN_ID_TAG: meta["group_id"],
+        KIND_TAG: "group",
+        "hermetic.version": meta["tool"],
+        "hermetic.status": meta["status"],
+        "hermetic.group_sha256": meta["group_sha256"],
+        "hermetic.group.members": ", ".join(m["run_id"] for m in group["members"]),
+        "hermetic.group.seeds": ", ".join(str(m["seed"]) for m in group["members"]),
+        "hermetic.group.method": group["method"],
+        "hermetic.image.id": inputs["image"],
+        "hermetic.config_sha256": inputs["config_sha256"],
+        "hermetic.code.sha256": inputs["code_sha256"],
+        "mlflow.note.content": (f"hermetic seed group `{meta['group_id']}` ({len(group['members'])} seeds): "
+                                f"{meta['status']}. Each metric's mean, sd and 95% interval are this run's "
+                                "metrics; the members are its child runs."),
+    }
+    for name, digest in sorted(inputs["data"].items()):
+        tags[f"hermetic.data.{name}.manifest_sha256"] = digest
+    if inputs["mixed"]:
+        tags["hermetic.group.mixed_inputs"] = ", ".join(inputs["mixed"])
+    return {safe_key(k): _text(v, MAX_TAG_VALUE) for k, v in tags.items()}
+
+
+def group_summary_metrics(group: dict[str, Any]) -> dict[str, list[tuple[int, float]]]:
+    """``loss.mean``, ``loss.sd``, ``loss.ci95_low``, ``loss.ci95_high``, ``loss.n`` at step 0."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for name, s in group["metrics"].items():
+        values = {"n": s["n"], "mean": s["mean"], "sd": s["sd"]}
+        if s["ci95"]:
+            values["ci95_low"], values["ci95_high"] = s["ci95"]
+        for stat, v in values.items():
+            if v is not None:
+                out[f"{name}.{stat}"] = [(0, float(v))]
+    return out
+
+
+def millis(iso: str | None) -> int | None:
+    """``2026-11-29T21:45:00.123Z`` -> milliseconds since the epoch."""
+    if not iso:
+        return None
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def _nan_key(v: float) -> Any:
+    return "nan" if v != v else v
+
+
+# -- the exporter (talks to the tracking server) -------------------------------------------------
+
+class MlflowExporter:
+    """Export run and group directories to one MLflow tracking server."""
+
+    def __init__(self, uri: str, *, experiment: str | None = None):
+        require()
+        # MLflow retries a refused connection 7 times with doubling waits (minutes); a CLI
+        # that exports after a run should say "unreachable" in seconds. The user's settings win.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.experiment_name = experiment
+        self.client = MlflowClient(tracking_uri=uri)
+        self._experiments: dict[str, str] = {}
+
+    def export(self, path: str | os.PathLike[str], *, experiment: str | None = None) -> Exported:
+        """A run directory or a group directory (its members become child runs)."""
+        from hermetic.record.index import GROUP_JSON, RUN_JSON
+
+        p = Path(path)
+        with self._mlflow_errors():
+            if (p / GROUP_JSON).is_file() and not (p / RUN_JSON).is_file():
+                return self._export_group(p, experiment)
+            return self._export_run(p, experiment)
+
+    @contextlib.contextmanager
+    def _mlflow_errors(self):
+        """MLflow's exceptions as one-line HermeticErrors; its own chatter (run links) to stderr."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # its "View run at" lines: we print our own
+                yield
+        except MlflowException as e:
+            first = str(e.message if hasattr(e, "message") else e).strip().splitlines()[0]
+            raise HermeticError(f"MLflow at {self.uri}: {first}") from None
+
+    # -- runs and groups
+
+    def _export_run(self, run_dir: Path, experiment: str | None, *, parent: str | None = None,
+                    exp_id: str | None = None) -> Exported:
+        from hermetic.record.figure import FIGURE_NAME
+        from hermetic.record.outputs import metrics_series
+        from hermetic.record.rundir import README_NAME, load_record
+
+        rec = load_record(run_dir)
+        meta = rec["record"]
+        exp_id = exp_id or self._experiment(experiment or self.experiment_name
+                                            or rec["invocation"]["config"].get("name"))
+        tags = run_tags(rec, verdict=self._replay_verdict(run_dir, rec))
+        if parent is None and rec["invocation"]["group"]:
+            found = self._find(exp_id, rec["invocation"]["group"])
+            parent = found.info.run_id if found is not None else None
+        if parent is not None:
+            tags[PARENT_TAG] = parent
+        run, created = self._find_or_create(exp_id, meta["run_id"], meta["started_at"], tags)
+        series = metrics_series(run_dir / rec["metrics"]["file"]) if rec["metrics"]["file"] else {}
+        logged = self._log(run, created, run_params(rec), tags, series, millis(meta["started_at"]) or 0)
+        self._log_datasets(run, rec, run_dir)
+        for name in ("run.json", README_NAME, FIGURE_NAME):
+            if (run_dir / name).is_file():
+                self.client.log_artifact(run.info.run_id, str(run_dir / name))
+        self.client.set_terminated(run.info.run_id, STATUS.get(meta["status"], "FAILED"),
+                                   end_time=millis(meta["finished_at"]) or millis(meta["started_at"]))
+        return Exported(meta["run_id"], "run", run.info.run_id, exp_id, created, logged, self._url(exp_id, run))
+
+    def _export_group(self, gdir: Path, experiment: str | None) -> Exported:
+        from hermetic.record.group import load_group
+        from hermetic.record.rundir import load_record
+
+        group = load_group(gdir)
+        meta = group["group"]
+        members = [gdir.parent / m["run_id"] for m in group["members"]]
+        first = load_record(members[0])
+        exp_id = self._experiment(experiment or self.experiment_name or first["invocation"]["config"].get("name"))
+        tags = group_tags(group)
+        run, created = self._find_or_create(exp_id, meta["group_id"], meta["started_at"], tags)
+        params = run_params(first, without_seed=True)
+        params["seeds"] = ",".join(str(m["seed"]) for m in group["members"])
+        logged = self._log(run, created, params, tags, group_summary_metrics(group),
+                           millis(meta["written_at"]) or 0)
+        self.client.log_artifact(run.info.run_id, str(gdir / "group.json"))
+        children = [self._export_run(m, None, parent=run.info.run_id, exp_id=exp_id) for m in members]
+        self.client.set_terminated(run.info.run_id, STATUS.get(meta["status"], "FAILED"),
+                                   end_time=millis(meta["written_at"]))
+        return Exported(meta["group_id"], "group", run.info.run_id, exp_id, created, logged,
+                        self._url(exp_id, run), children)
+
+    # -- MLflow calls
+
+    def _experiment(self, name: str | None) -> str:
+        name = name or DEFAULT_EXPERIMENT
+        if name not in self._experiments:
+            exp = self.client.get_experiment_by_name(name)
+            self._experiments[name] = exp.experiment_id if exp is not None else self.client.create_experiment(name)
+        return self._experiments[name]
+
+    def _find(self, exp_id: str, hermetic_id: str):  # -> mlflow.entities.Run | None
+        found = self.client.search_runs([exp_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{hermetic_id}'",
+                                        max_results=10, order_by=["attributes.start_time ASC"])
+        return found[0] if found else None  # the oldest, should an outside tool have made a second
+
+    def _find_or_create(self, exp_id: str, hermetic_id: str, started_at: str, tags: dict[str, str]):
+        run = self._find(exp_id, hermetic_id)
+        if run is not None:
+            return run, False
+        run = self.client.create_run(exp_id, start_time=millis(started_at), tags={RUN_ID_TAG: hermetic_id},
+                                     run_name=hermetic_id)
+        return run, True
+
+    def _log(self, run, created: bool, params: dict[str, str], tags: dict[str, str],  # noqa: ANN001 - a Run
+             series: dict[str, list[tuple[int, float]]], timestamp: int) -> int:
+        """Params not yet there, every tag (tags may be updated), metric points not yet logged."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        rid = run.info.run_id
+        have_params = {} if created else run.data.params
+        for key, value in params.items():
+            if key in have_params and have_params[key] != value:
+                raise HermeticError(f"MLflow run {rid} ({tags[RUN_ID_TAG]}): param {key} is {have_params[key]!r} "
+                                    f"there but {value!r} in the record; MLflow never changes a param")
+        new_params = [Param(k, v) for k, v in params.items() if k not in have_params]
+        run_tags_ = [RunTag(k, v) for k, v in tags.items()]
+        metrics = []
+        for name, points in series.items():
+            key = safe_key(name)
+            seen = set()
+            if not created and key in run.data.metrics:
+                seen = {(m.step, _nan_key(m.value)) for m in self.client.get_metric_history(rid, key)}
+            for step, value in points:
+                if (step, _nan_key(value)) not in seen:
+                    seen.add((step, _nan_key(value)))
+                    metrics.append(Metric(key, value, timestamp, step))
+        for i in range(0, max(len(new_params), len(run_tags_)), PARAMS_PER_BATCH):
+            self.client.log_batch(rid, params=new_params[i:i + PARAMS_PER_BATCH],
+                                  tags=run_tags_[i:i + PARAMS_PER_BATCH])
+        for i in range(0, len(metrics), METRICS_PER_BATCH):
+            self.client.log_batch(rid, metrics=metrics[i:i + METRICS_PER_BATCH])
+        return len(metrics)
+
+    def _log_datasets(self, run, rec: dict[str, Any], run_dir: Path) -> None:  # noqa: ANN001 - a Run
+        from mlflow.entities import DatasetInput, InputTag
+
+        where = project_dir(run_dir, rec["invocation"]["config"] or {})
+        have = {(d.dataset.name, d.dataset.digest) for d in (run.inputs.dataset_inputs if run.inputs else [])}
+        inputs = []
+        for name, ds in sorted(rec["data"].items()):
+            entity = manifest_dataset(name, ds, where)
+            if (entity.name, entity.digest) in have:
+                continue
+            inputs.append(DatasetInput(entity, tags=[
+                InputTag("mlflow.data.context", name),
+                InputTag("hermetic.manifest_sha256", ds["manifest_sha256"]),
+                InputTag("hermetic.mount", ds["mount"]),
+            ]))
+        if inputs:
+            self.client.log_inputs(run.info.run_id, datasets=inputs)
+
+    def _replay_verdict(self, run_dir: Path, rec: dict[str, Any]):  # -> hermetic.diff.model.Verdict | None
+        """A replay's verdict against its original, when the original is still beside it."""
+        original = rec["invocation"]["replay_of"]
+        if not original or not (run_dir.parent / original).is_dir():
+            return None
+        from hermetic.diff import diff_runs
+
+        try:
+            return diff_runs(run_dir.parent / original, run_dir).verdict
+        except HermeticError:
+            return None
+
+    def _url(self, exp_id: str, run) -> str | None:  # noqa: ANN001 - a Run
+        if not self.uri.startswith(("http://", "https://")):
+            return None
+        return f"{self.uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run.info.run_id}"
+
+
+def manifest_dataset(name: str, ds: dict[str, Any], project_dir: Path | None):  # -> mlflow.entities.Dataset
+    """A dataset of the record as an mlflow.data dataset: its source the data's local path (MLflow's
+    ``local`` source, so ``mlflow.data.get_source(...)`` works), its digest the manifest sha256 (the
+    first 36 hex digits: MLflow's limit), its profile the file count, bytes and the whole sha256."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    path = Path(ds["path"])
+    if not path.is_absolute() and project_dir is not None:
+        path = project_dir / path
+    with warnings.catch_warnings():
+        # MLflow registers its local source twice and says so each time it resolves a path
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(str(path))
+    profile = {"files": ds["count"], "bytes": ds["bytes"], "manifest_sha256": ds["manifest_sha256"]}
+
+    class ManifestDataset(MetaDataset):
+        def to_dict(self) -> dict[str, str]:
+            return {**super().to_dict(), "profile": json.dumps(profile, sort_keys=True)}
+
+    return ManifestDataset(source, name=name, digest=ds["manifest_sha256"][:MAX_DIGEST])._to_mlflow_entity()
+
+
+def project_dir(run_dir: Path, config: dict[str, Any]) -> Path | None:
+    """The directory hermetic.yaml was in (dataset paths are relative to it), from the run dir and
+    the recorded runs_dir; None when that cannot be told."""
+    runs_dir = config.get("runs_dir") or "runs"
+    parts = Path(runs_dir).parts
+    runs_root = run_dir.resolve().parent
+    if Path(runs_dir).is_absolute() or ".." in parts or runs_root.parts[-len(parts):] != parts:
+        return None
+    return runs_root.parents[len(parts) - 1]
+
+
+def export_paths(paths: list[Path], uri: str, *, experiment: str | None = None) -> list[Exported]:
+    exporter = MlflowExporter(uri, experiment=experiment)
+    return [exporter.export(p) for p in paths]

@@ -1,0 +1,193 @@
+"""Figures of runs and seed groups: ``hermetic runs plot`` and ``hermetic diff --plot``.
+
+One panel per metric, one curve per run over its steps (from
+outputs/metrics.jsonl); a seed group is drawn as the mean of its succeeded
+members at each step with the 95% interval of that mean as a band (mean ±
+t(0.975, n-1)·sd/√n, the interval group.json reports for final values).
+Runs whose curve for a metric is the same, point for point, are drawn once,
+labelled with every run that shares it: two bitwise-identical runs give one
+line. Against the first run, the first step where another run's curve
+differs (a value, or a step one of them lacks) is marked with a dashed line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from hermetic.errors import HermeticError
+
+Series = dict[str, list[tuple[int, float]]]
+
+
+@dataclass
+class Entry:
+    """A run or a group, ready to draw: ``series`` for a run, ``members`` (one series each) for a group."""
+
+    id: str
+    kind: str  # "run" | "group"
+    series: Series = field(default_factory=dict)
+    members: list[Series] = field(default_factory=list)
+
+    def metric_names(self) -> set[str]:
+        return set(self.series) if self.kind == "run" else {n for m in self.members for n in m}
+
+
+@dataclass
+class PlotResult:
+    path: Path
+    format: str
+    entries: list[Entry]
+    metrics: list[str]
+    shared: dict[str, list[list[str]]]  # metric -> groups of entry IDs drawn as one curve
+    first_difference: dict[str, dict[str, int]]  # metric -> {entry ID: first step differing from the first entry}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "format": self.format, "metrics": self.metrics,
+                "entries": [{"id": e.id, "kind": e.kind} for e in self.entries],
+                "curves": {m: len(groups) for m, groups in self.shared.items()},
+                "shared": self.shared, "first_difference": self.first_difference}
+
+
+def load_entry(path: str | os.PathLike[str]) -> Entry:
+    """A run directory (its seal checked) or a group directory (group.json and its succeeded members)."""
+    from hermetic.record.group import load_group
+    from hermetic.record.index import GROUP_JSON, RUN_JSON
+    from hermetic.record.outputs import metrics_series
+    from hermetic.record.rundir import load_record
+
+    p = Path(path)
+    if (p / GROUP_JSON).is_file() and not (p / RUN_JSON).is_file():
+        group = load_group(p)
+        members = []
+        for m in group["members"]:
+            if m["status"] != "succeeded":
+                continue  # as in group.json's statistics
+            rec = load_record(p.parent / m["run_id"])
+            members.append(metrics_series(p.parent / m["run_id"] / rec["metrics"]["file"])
+                           if rec["metrics"]["file"] else {})
+        return Entry(group["group"]["group_id"], "group", members=members)
+    rec = load_record(p)
+    series = metrics_series(p / rec["metrics"]["file"]) if rec["metrics"]["file"] else {}
+    return Entry(rec["record"]["run_id"], "run", series=series)
+
+
+def _by_step(points: list[tuple[int, float]]) -> dict[int, float]:
+    return dict(points)  # the last value logged for a step wins, as in metrics.final
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def first_difference(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> int | None:
+    """The first step at which the two curves differ (a value, or a step only one has); None if equal."""
+    da, db = _by_step(a), _by_step(b)
+    for step in sorted(da.keys() | db.keys()):
+        if step not in da or step not in db or not _same(da[step], db[step]):
+            return step
+    return None
+
+
+def group_curve(members: list[Series], name: str) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Steps, mean, and the 95% interval of the mean (low, high) over the members that logged ``name``."""
+    from hermetic.stats import t975
+
+    per_step: dict[int, list[float]] = {}
+    for m in members:
+        for step, value in _by_step(m.get(name, [])).items():
+            if math.isfinite(value):
+                per_step.setdefault(step, []).append(value)
+    steps, means, lows, highs = [], [], [], []
+    for step in sorted(per_step):
+        vals = per_step[step]
+        n = len(vals)
+        mean = math.fsum(vals) / n
+        half = 0.0
+        if n >= 2:
+            sd = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (n - 1))
+            half = t975(n - 1) * sd / math.sqrt(n)
+        steps.append(step)
+        means.append(mean)
+        lows.append(mean - half)
+        highs.append(mean + half)
+    return steps, means, lows, highs
+
+
+def build_panels(entries: Sequence[Entry], metrics: Sequence[str] | None = None):
+    """(panels, metric names, shared curves, first differences) for ``entries`` (see the module doc)."""
+    from hermetic.plotting import Curve, Mark, Panel
+    from hermetic.record.figure import COUNTERS
+
+    available = sorted(set().union(*(e.metric_names() for e in entries)))
+    if metrics:
+        unknown = [m for m in metrics if m not in available]
+        if unknown:
+            raise HermeticError(f"--metric {unknown[0]}: no such metric in these runs (they have: "
+                                f"{', '.join(available) or 'none'})", exit_code=2)
+        names = list(metrics)
+    else:
+        names = [n for n in available if n not in COUNTERS] or available
+    if not names:
+        raise HermeticError(f"{', '.join(e.id for e in entries)}: no metrics to plot (no outputs/metrics.jsonl, "
+                            "or no numeric values in it)", exit_code=2)
+    panels, shared, firsts = [], {}, {}
+    for name in names:
+        curves: list[tuple[tuple, list[str], list[str], int, Any]] = []  # (identity, IDs, labels, colour, data)
+        for i, e in enumerate(entries):
+            if e.kind == "run":
+                pts = e.series.get(name)
+                if not pts:
+                    continue
+                data = ([s for s, _ in pts], [v for _, v in pts], None)
+            else:
+                steps, mean, lo, hi = group_curve(e.members, name)
+                if not steps:
+                    continue
+                data = (steps, mean, (lo, hi))
+            ident = (tuple(data[0]), tuple(map(_nan_key, data[1])), None if data[2] is None else
+                     (tuple(data[2][0]), tuple(data[2][1])))
+            same = next((c for c in curves if c[0] == ident), None)
+            label = e.id if e.kind == "run" else f"{e.id}: mean of {len(e.members)} seeds, 95% CI"
+            if same is not None:
+                same[1].append(e.id)
+                same[2].append(label)
+            else:
+                curves.append((ident, [e.id], [label], i, data))
+        marks = []
+        first = entries[0]
+        if first.kind == "run" and first.series.get(name):
+            for i, e in enumerate(entries[1:], 1):
+                if e.kind == "run" and e.series.get(name):
+                    step = first_difference(first.series[name], e.series[name])
+                    if step is not None:
+                        firsts.setdefault(name, {})[e.id] = step
+                        marks.append(Mark(step, f"{e.id} differs from step {step}", i))
+        panel_curves = [Curve(" = ".join(labels) + (" (identical)" if len(labels) > 1 else ""), d[0], d[1], colour,
+                              band=d[2]) for _, _, labels, colour, d in curves]
+        shared[name] = [ids for _, ids, _, _, _ in curves]
+        panels.append(Panel(name, panel_curves, marks))
+    return panels, names, shared, firsts
+
+
+def _nan_key(v: float) -> Any:
+    return "nan" if math.isnan(v) else v
+
+
+def plot(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
+         metrics: Sequence[str] | None = None, title: str | None = None) -> PlotResult:
+    """Draw the runs/groups at ``paths`` into ``out`` (.png or .svg)."""
+    from hermetic import plotting
+
+    fmt = plotting.figure_format(out)
+    plotting.require("plotting runs")
+    entries = [load_entry(p) for p in paths]
+    panels, names, shared, firsts = build_panels(entries, metrics)
+    if title is None:
+        ids = [e.id for e in entries]
+        title = " vs ".join(ids) if len(ids) <= 3 else f"{', '.join(ids[:3])} and {len(ids) - 3} more"
+    path = plotting.save(panels, out, title=title)
+    return PlotResult(path, fmt, entries, names, shared, firsts)

@@ -1,0 +1,188 @@
+"""Pictures of runs (issue 18): `hermetic diff --plot`, `hermetic runs plot`, and the figure in a run's
+README. Every figure is read back: its size, that it is not blank, which colours it holds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import assert_clean_error, run_cli
+from metric_runs import loss_curve, make_group, make_run
+from run_support import hermetic_run, run_dir_of
+
+from hermetic.plotting import PALETTE
+
+A, B, C = "20261129-214500-aaaaaa", "20261129-214600-bbbbbb", "20261129-214700-cccccc"
+BLUE, RED = PALETTE[0], PALETTE[1]  # the first run's colour, the second's
+
+
+def rgb(hex_colour: str) -> tuple[int, int, int]:
+    return tuple(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+
+
+def pixels(img: Image.Image) -> np.ndarray:
+    return np.asarray(img.convert("RGB"), dtype=np.int16)
+
+
+def pixels_near(img: Image.Image, colour: str, tol: int = 40) -> int:
+    """How many pixels are within ``tol`` (per channel) of ``colour``."""
+    return int((np.abs(pixels(img) - np.array(rgb(colour))) <= tol).all(axis=2).sum())
+
+
+def non_white(img: Image.Image) -> float:
+    """The share of pixels that are not white."""
+    return float((pixels(img) != 255).any(axis=2).mean())
+
+
+def parting(step: int) -> float:
+    """loss_curve until step 20, then a little higher: logged at steps 10, 20, ..., parts at step 200."""
+    return loss_curve(step) + (0.05 if step >= 20 else 0.0)
+
+
+@pytest.fixture
+def runs(tmp_path) -> Path:
+    root = tmp_path / "runs"
+    make_run(root, A)
+    make_run(root, B, minutes=1)  # the same curves as A
+    make_run(root, C, parting, minutes=2)
+    return root
+
+
+def diff_plot(root: Path, a: str, b: str, out: Path) -> tuple[int, dict]:
+    proc = run_cli("diff", str(root / a), str(root / b), "--plot", str(out), "--json")
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_two_identical_runs_draw_one_curve_and_two_that_part_draw_two_with_the_step_marked(runs, tmp_path):
+    _, same = diff_plot(runs, A, B, tmp_path / "same.png")
+    assert same["plot"]["curves"] == {"acc": 1, "loss": 1, "val.loss": 1}  # epoch: a counter, left out
+    assert same["plot"]["shared"]["loss"] == [[A, B]] and same["plot"]["first_difference"] == {}
+    img = Image.open(tmp_path / "same.png")
+    assert img.format == "PNG" and img.size == (1120, 690)  # 2 columns x 2 rows of panels at 100 dpi
+    assert non_white(img) > 0.02
+    assert pixels_near(img, BLUE) > 500 and pixels_near(img, RED) == 0  # B's colour drawn nowhere
+
+    _, parted = diff_plot(runs, A, C, tmp_path / "differ.png")
+    assert parted["plot"]["curves"] == {"acc": 2, "loss": 2, "val.loss": 2}
+    assert parted["plot"]["first_difference"] == {"acc": {C: 200}, "loss": {C: 200}, "val.loss": {C: 200}}
+    img = Image.open(tmp_path / "differ.png")
+    assert img.size == (1120, 690) and pixels_near(img, BLUE) > 500 and pixels_near(img, RED) > 500
+
+
+def test_runs_plot_svg_metric_choice_and_the_same_bytes_twice(runs, tmp_path):
+    out = tmp_path / "loss.svg"
+    proc = run_cli("runs", "--runs-dir", str(runs), "plot", A, C, "--metric", "loss", "-o", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert res["format"] == "svg" and res["metrics"] == ["loss"] and res["curves"] == {"loss": 2}
+    root = ET.fromstring(out.read_bytes())
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    styles = " ".join(el.get("style", "") for el in root.iter())
+    assert f"stroke: {BLUE}" in styles and f"stroke: {RED}" in styles
+    first = out.read_bytes()
+    assert run_cli("runs", "--runs-dir", str(runs), "plot", A, C, "--metric", "loss", "-o", str(out)).returncode == 0
+    assert out.read_bytes() == first  # no date, fixed ids
+    pngs = [tmp_path / "loss1.png", tmp_path / "loss2.png"]
+    for png in pngs:
+        assert run_cli("runs", "--runs-dir", str(runs), "plot", A, C, "--metric", "loss", "-o", str(png)).returncode == 0
+    assert pngs[0].read_bytes() == pngs[1].read_bytes()
+    assert Image.open(pngs[0]).size == (560, 370)  # one panel
+
+
+def test_a_seed_group_is_its_mean_with_the_95_percent_band(tmp_path):
+    from hermetic.stats import summarize
+    from hermetic.integrations.plots import group_curve, load_entry
+
+    root = tmp_path / "runs"
+    gid = "20261129-230000-9a9a9a-seeds"
+    gdir = make_group(root, gid, [lambda s, k=k: loss_curve(s) * (1 + 0.2 * k) for k in range(4)], prefix="20261129-2201")
+    entry = load_entry(gdir)
+    steps, mean, lo, hi = group_curve(entry.members, "loss")
+    assert steps == [10 * s for s in range(1, 31)]
+    at = summarize([loss_curve(3) * (1 + 0.2 * k) for k in range(4)])  # step 30, as group.json would
+    assert mean[2] == pytest.approx(at["mean"]) and [lo[2], hi[2]] == pytest.approx(at["ci95"])
+    # the last step's band is group.json's interval for the final value
+    final = json.loads((gdir / "group.json").read_text())["metrics"]["loss"]
+    assert [lo[-1], hi[-1]] == pytest.approx(final["ci95"])
+
+    out = tmp_path / "group.png"
+    proc = run_cli("runs", "plot", str(gdir), "-o", str(out), "--metric", "loss", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["curves"] == {"loss": 1}
+    img = Image.open(out)
+    band = "#d2e3f0"  # the blue at alpha 0.2 over white
+    assert pixels_near(img, BLUE) > 200 and pixels_near(img, band, tol=12) > 500
+
+
+def test_bad_output_unknown_metric_and_no_matplotlib(runs, tmp_path):
+    proc = run_cli("runs", "--runs-dir", str(runs), "plot", A, "-o", str(tmp_path / "x.jpg"))
+    assert_clean_error(proc, 2, "x.jpg", ".png or .svg")
+    proc = run_cli("diff", str(runs / A), str(runs / B), "--plot", str(tmp_path / "x.pdf"))
+    assert_clean_error(proc, 2, ".png or .svg")
+    proc = run_cli("runs", "--runs-dir", str(runs), "plot", A, "--metric", "nope", "-o", str(tmp_path / "x.png"))
+    assert_clean_error(proc, 2, "nope", "acc, epoch, loss, val.loss")
+    assert not (tmp_path / "x.png").exists()
+    blocked = ("import sys; sys.modules['matplotlib'] = None; from hermetic.cli import main; "
+               f"main(['diff', {str(runs / A)!r}, {str(runs / B)!r}, '--plot', {str(tmp_path / 'y.png')!r}])")
+    proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120)
+    assert_clean_error(proc, 2, "pip install 'hermetic[plots]'")
+
+
+def test_a_finished_runs_readme_shows_its_metrics_figure(runs, tmp_path):
+    from hermetic.record import begin_record, write_record
+    from hermetic.record.rundir import create_run_dir
+    from hermetic.record.synthetic import synthetic_record
+
+    readme = (runs / A / "README.md").read_text()
+    assert "![The run's metrics over steps](metrics.png)" in readme.splitlines()[4]  # under the status line
+    img = Image.open(runs / A / "metrics.png")
+    assert img.size == (1120, 690) and non_white(img) > 0.02 and pixels_near(img, BLUE) > 500
+
+    # an early record (the run is still going) and a run without metrics: no figure, no link
+    rid = "20261129-235900-0f0f0f"
+    full = synthetic_record(rid)
+    rec = begin_record(rid, argv=["hermetic", "run", "train.py"], script="train.py", args=[],
+                       config=full["invocation"]["config"], config_sha256=full["invocation"]["config_sha256"])
+    for key in ("image", "code", "data", "seed", "env", "software", "hardware"):
+        rec[key] = full[key]
+    run_dir = create_run_dir(tmp_path / "more", rid)
+    (run_dir / "outputs" / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    write_record(run_dir, rec)
+    assert not (run_dir / "metrics.png").exists() and "metrics.png" not in (run_dir / "README.md").read_text()
+    plain = synthetic_record("20261129-235800-0e0e0e")
+    plain["metrics"] = {"final": {}, "steps": None, "file": None}
+    plain_dir = create_run_dir(tmp_path / "more", "20261129-235800-0e0e0e")
+    write_record(plain_dir, plain)
+    assert not (plain_dir / "metrics.png").exists()
+
+    # without matplotlib the record and README are written all the same, without the figure
+    script = ("import sys, json; sys.modules['matplotlib'] = None\n"
+              "from pathlib import Path\nfrom hermetic.record import write_record, load_record\n"
+              f"d = Path({str(runs / C)!r}); (d / 'metrics.png').unlink()\n"
+              "write_record(d, load_record(d))\n")
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120)
+    assert not (runs / C / "metrics.png").exists() and "metrics.png" not in (runs / C / "README.md").read_text()
+
+
+@pytest.mark.docker
+def test_two_real_runs_of_the_example_draw_one_curve_each(project, tmp_path):
+    _, a = hermetic_run(project, "train.py", "--epochs", "3")
+    _, b = hermetic_run(project, "train.py", "--epochs", "3")
+    da, db = run_dir_of(project, a), run_dir_of(project, b)
+    for rd in (da, db):
+        assert "![The run's metrics over steps](metrics.png)" in (rd / "README.md").read_text()
+        assert Image.open(rd / "metrics.png").size[0] > 0
+    code, out = diff_plot(project / "runs", da.name, db.name, tmp_path / "real.png")
+    assert code == 0 and out["verdict"]["kind"] == "identical"
+    assert set(out["plot"]["curves"].values()) == {1}
+    assert set(out["plot"]["metrics"]) == {"test_acc", "test_loss", "train_acc", "train_loss"}
+    img = Image.open(tmp_path / "real.png")
+    assert non_white(img) > 0.02 and pixels_near(img, BLUE) > 200 and pixels_near(img, RED) == 0
