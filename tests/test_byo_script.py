@@ -234,3 +234,39 @@ def test_the_run_readme_reproduce_by_hand_command_runs_and_matches(project, tmp_
     for rel, f in rec["outputs"]["files"].items():
         where = here / "outputs" / rel if not (code_dir / rel).is_file() else code_dir / rel
         assert hashlib.sha256(where.read_bytes()).hexdigest() == f["sha256"], rel
+
+
+@pytest.mark.docker
+def test_init_takes_a_fresh_clone_to_its_first_recorded_run_in_two_commands(tmp_path, module_cache, base_ref):
+    import subprocess
+
+    upstream = tmp_path / "upstream"
+    (upstream / "data").mkdir(parents=True)
+    (upstream / "data" / "train.txt").write_text("1 2 3\n4 5 6\n")
+    (upstream / "requirements.in").write_text("numpy==2.4.6\n")
+    (upstream / "train.py").write_text(
+        "import numpy as np\nx = np.loadtxt('data/train.txt')\nnp.save('weights.npy', x.mean(axis=0))\n")
+
+    def git(cwd, *args):
+        subprocess.run(["git", "-C", str(cwd), "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+                       check=True, capture_output=True)
+
+    git(upstream, "init", "-q", "-b", "main")
+    git(upstream, "add", "-A")
+    git(upstream, "commit", "-q", "-m", "a project that never heard of hermetic")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(upstream), str(clone)], check=True)
+
+    first = run_cli("init", "--data", "data", cwd=clone)  # 1
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "next: hermetic run train.py"
+    cfg = yaml.safe_load((clone / "hermetic.yaml").read_text())
+    assert cfg["base"] == base_ref and cfg["lock"] == "requirements.lock" and cfg["name"] == "clone"
+    assert cfg["datasets"] == [{"name": "data", "path": "data", "manifest": "data.sha256"}]
+    assert "runs/" in (clone / ".gitignore").read_text().splitlines()
+    _, rec = hermetic_run(clone, "train.py")  # 2
+    assert rec["record"]["status"] == "succeeded"
+    assert set(rec["outputs"]["files"]) == {"weights.npy"}
+    assert rec["data"]["data"]["count"] == 1
+    again = run_cli("init", cwd=clone)
+    assert_clean_error(again, 2, "hermetic.yaml already exists; pass --force")

@@ -115,3 +115,17 @@ def test_run_sizes_default_and_normalize_and_stay_out_of_the_image(tmp_path):
     assert (sized.model.run.shm_size, sized.model.run.tmp_size) == ("8g", "512m")
     assert sized.sha256 != plain.sha256  # recorded with every run: a replay gets the same container
     assert image_config_sha256(sized) == image_config_sha256(plain)
+
+
+def test_pin_writes_the_base_line_and_adds_it_when_there_is_none(tmp_path):
+    from hermetic.builder.pin import pin_base
+
+    ref = "hermetic/debian-bookworm-python3@sha256:" + "1" * 64
+    cfg = tmp_path / "hermetic.yaml"
+    cfg.write_text("name: x  # mine\nlock: requirements.lock\n")
+    assert pin_base(cfg, ref) == (None, True)
+    assert cfg.read_text() == f"name: x  # mine\nbase: {ref}\nlock: requirements.lock\n"
+    assert pin_base(cfg, ref) == (ref, False)
+    other = ref.replace("1" * 64, "2" * 64)
+    cfg.write_text(f"name: x\nbase: {ref}   # pinned\n")
+    assert pin_base(cfg, other) == (ref, True) and cfg.read_text() == f"name: x\nbase: {other}   # pinned\n"

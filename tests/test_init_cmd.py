@@ -72,9 +72,9 @@ def test_init_writes_and_refuses_to_overwrite_without_force(tmp_path: Path, ci: 
     assert [p.name for p in path.parent.iterdir() if p.name.startswith(".") and p.suffix == ".tmp"] == []
 
 
-def test_init_needs_a_ci_choice(tmp_path: Path) -> None:
-    r = _init("--dir", str(tmp_path))
-    assert r.returncode == 2 and "--ci" in r.stderr
+def test_init_refuses_an_unknown_ci_and_a_project_without_requirements(tmp_path: Path) -> None:
     r = _init("--ci", "jenkins", "--dir", str(tmp_path))
     assert r.returncode == 2 and "jenkins" in r.stderr
-    assert list(tmp_path.iterdir()) == []
+    r = _init("--dir", str(tmp_path), "--base", "x@sha256:" + "0" * 64)
+    assert r.returncode == 2 and "no requirements.in" in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing half-written

@@ -34,6 +34,10 @@ def bootstrap_cmd(recipe: str, pin_config: str | None, source_date_epoch: int, a
     from hermetic.store.oci import OciStore
 
     path = find_recipe(recipe)
+    if pin_config:
+        from hermetic.config import find_config
+
+        find_config(pin_config)  # a missing hermetic.yaml is said now, not after the bootstrap's minute
     log = None if as_json else (lambda s: click.echo(s, err=True))
     res = bootstrap(path, OciStore(cache_paths().oci), source_date_epoch=source_date_epoch, log=log)
     pinned = None

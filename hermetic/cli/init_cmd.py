@@ -1,4 +1,4 @@
-"""``hermetic init --ci github|gitlab``: write a CI job that shares builds through a registry."""
+"""``hermetic init``: make an existing project ready for `hermetic run`; ``--ci``: a CI job for it."""
 
 from __future__ import annotations
 
@@ -7,62 +7,78 @@ from pathlib import Path
 import click
 
 from hermetic.cli.common import emit_json, json_option
-from hermetic.errors import HermeticError
-
-# --ci value -> (template under templates/, where it goes in the project)
-CI_TEMPLATES: dict[str, tuple[str, str]] = {
-    "github": ("ci/github-actions.yml", ".github/workflows/hermetic.yml"),
-    "gitlab": ("ci/gitlab-ci.yml", ".gitlab-ci.yml"),
-}
-VERSION_PLACEHOLDER = "@HERMETIC_VERSION@"
-
-
-def render_ci(ci: str) -> str:
-    """The CI file for ``ci``, with the running hermetic version pinned in its install step."""
-    from hermetic import __version__
-    from hermetic.resources import read_template
-
-    return read_template(CI_TEMPLATES[ci][0]).replace(VERSION_PLACEHOLDER, __version__)
-
-
-def write_ci(project_dir: Path, ci: str, *, force: bool = False) -> tuple[Path, bool]:
-    """Write the CI file into ``project_dir``; returns (path, whether it replaced a file)."""
-    from hermetic.fsutil import atomic_write_text
-
-    dest = project_dir / CI_TEMPLATES[ci][1]
-    existed = dest.exists()
-    if existed and not force:
-        raise HermeticError(f"{dest} already exists; pass --force to overwrite it")
-    atomic_write_text(dest, render_ci(ci))
-    return dest, existed
+from hermetic.scaffold import CI_TEMPLATES, VERSION_PLACEHOLDER, render_ci, write_ci  # noqa: F401 (the CLI's API)
 
 
 @click.command()
-@click.option("--ci", "ci", type=click.Choice(sorted(CI_TEMPLATES)), required=True,
-              help="Which CI system to write a job for.")
+@click.option("--data", "data", multiple=True, metavar="DIR",
+              help="A dataset directory of the project: a manifest is made beside it (DIR.sha256) and the "
+                   "script finds it at the same path in the container. Repeatable.")
+@click.option("--base", metavar="REF@sha256:…", help="The base image, pinned by digest (default: the Debian "
+                                                       "bookworm + Python 3.11 base, from the store or bootstrapped).")
+@click.option("--python", "python", metavar="X.Y", help="The image's Python version (default: the base's).")
+@click.option("--name", help="The image's name (default: the folder's name).")
+@click.option("--ci", "ci", type=click.Choice(sorted(CI_TEMPLATES)),
+              help="Also (alone: only) write a CI job that shares builds through a registry.")
 @click.option("--dir", "project_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
-              show_default=True, help="The repository root to write into.")
-@click.option("--force", is_flag=True, help="Overwrite an existing CI file.")
+              show_default=True, help="The project (repository root) to write into.")
+@click.option("--force", is_flag=True, help="Replace an existing hermetic.yaml (or CI file).")
 @json_option
-def init(ci: str, project_dir: Path, force: bool, as_json: bool) -> None:
-    """Write a CI job that builds once per input set and shares the image through a registry.
+def init(data: tuple[str, ...], base: str | None, python: str | None, name: str | None, ci: str | None,
+         project_dir: Path, force: bool, as_json: bool) -> None:
+    """Make an existing training project ready for its first recorded run.
+
+    Writes hermetic.yaml: the name from the folder; a base found in the
+    local store, else bootstrapped from Debian's packages (about a minute,
+    once), pinned by digest; its Python version; the lock: uv.lock,
+    pylock.toml, requirements.lock or a fully hashed requirements.txt as they
+    are, else requirements.in / requirements.txt / pyproject.toml locked into
+    requirements.lock. Each --data DIR gets a checksum manifest and a dataset
+    entry (verified before every run; the script reads it where it is). Adds
+    runs/ to .gitignore. An existing hermetic.yaml is kept unless --force.
+    Then prints the next command.
 
     \b
       --ci github  ->  .github/workflows/hermetic.yml  (GitHub Actions, cache on ghcr.io)
       --ci gitlab  ->  .gitlab-ci.yml                  (GitLab CI, cache in the project registry)
-
-    The job runs `hermetic build --cache "$REGISTRY/$REPO"` (pull on a cache
-    hit, build and push on a miss), then `hermetic run`. Registry credentials
-    come from the CI's secret store through HERMETIC_REGISTRY_USER and
-    HERMETIC_REGISTRY_PASSWORD. An existing file is kept unless --force.
+    With --ci alone only the CI file is written. The job runs `hermetic build
+    --cache "$REGISTRY/$REPO"` (pull on a hit, build and push on a miss),
+    then `hermetic run`; credentials come from HERMETIC_REGISTRY_USER and
+    HERMETIC_REGISTRY_PASSWORD.
 
     \b
-    Example:
+    Examples:
+      git clone https://example.org/my-model && cd my-model
+      hermetic init --data data         # then: hermetic run train.py
       hermetic init --ci github && git add .github/workflows/hermetic.yml
     """
-    path, replaced = write_ci(project_dir, ci, force=force)
+    ci_only = ci is not None and not (data or base or python or name)
+    result = None
+    if not ci_only:
+        from hermetic.paths import cache_paths
+        from hermetic.scaffold import init_project
+        from hermetic.store.oci import OciStore
+
+        say = None if as_json else (lambda msg: click.echo(f"hermetic: {msg}", err=True))
+        result = init_project(project_dir, data=list(data), base=base, python=python, name=name, force=force,
+                              store=OciStore(cache_paths().oci), log=say)
+    ci_written = write_ci(project_dir, ci, force=force) if ci else None
     if as_json:
-        emit_json({"ci": ci, "path": str(path), "replaced": replaced})
+        out = result.to_json() if result else {}
+        if ci_written:
+            out.update({"ci": ci, "path": str(ci_written[0]), "replaced": ci_written[1]})
+        emit_json(out)
         return
-    click.echo(f"{'replaced' if replaced else 'wrote'} {path}", err=True)
-    click.echo("edit the `hermetic run` line to your entry point, then commit it", err=True)
+    if result is not None:
+        click.echo(f"wrote {result.config}: base {result.base} ({result.base_source}), Python {result.python}, "
+                   f"lock {result.lock} ({result.lock_source})", err=True)
+        for d in result.datasets:
+            click.echo(f"  dataset {d['name']}: {d['path']}/ ({d['files']} files, {d['bytes']} bytes) -> "
+                       f"{d['manifest']}", err=True)
+        if result.gitignore:
+            click.echo(f"  .gitignore: + {' '.join(result.gitignore)}", err=True)
+    if ci_written:
+        click.echo(f"{'replaced' if ci_written[1] else 'wrote'} {ci_written[0]}", err=True)
+        click.echo("edit the `hermetic run` line to your entry point, then commit it", err=True)
+    if result is not None:
+        click.echo(f"next: {result.next_command}")
