@@ -30,6 +30,8 @@ COMMANDS: dict[str, str] = {
     "runs": "hermetic.cli.runs_cmd:runs",
     "diff": "hermetic.cli.diff_cmd:diff",
     "replay": "hermetic.cli.run_cmd:replay",
+    "logs": "hermetic.cli.logs_cmd:logs",
+    "stop": "hermetic.cli.logs_cmd:stop",
     "push": "hermetic.cli.registry_cmd:push",
     "pull": "hermetic.cli.registry_cmd:pull",
     "verify": "hermetic.cli.verify_cmd:verify",

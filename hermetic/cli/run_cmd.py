@@ -30,10 +30,13 @@ from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_opti
 @click.option("--resume-from", "resume_from", metavar="RUN",
               help="Start with a copy of RUN's outputs/ (e.g. to resume from its checkpoint).")
 @mlflow_option
+@click.option("--detach", is_flag=True,
+              help="Print the run's ID once it has started and return; the run goes on in the background "
+                   "(follow it with `hermetic logs -f`, wait with `hermetic runs wait`, end it with `hermetic stop`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the sealed run record (JSON) instead of a summary.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, mlflow_uri, as_json, script,
+def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, mlflow_uri, detach, as_json, script,
         args) -> int:
     """Run SCRIPT [ARGS...] inside the pinned image and record everything.
 
@@ -58,7 +61,14 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, m
       hermetic run --seeds 5 train.py --seed {seed}   # 5 seeds; {seed} reaches argparse too
       hermetic run --data synth=/mnt/big/synth -- train.py --lr 0.1
       hermetic run --mlflow http://127.0.0.1:5000 train.py  # then export the run to MLflow
+      hermetic run --detach train.py && hermetic logs -f   # the newest run's log, followed
+
+    A closed terminal or pipe does not stop a run (`hermetic run ... | head`):
+    its output keeps going to runs/<id>/logs/ and the record is completed.
     """
+    if detach:
+        return _start_detached(script, as_json)
+    keep_running_without_a_terminal()
     from hermetic.config import load_config
     from hermetic.errors import HermeticError
     from hermetic.paths import cache_paths
@@ -101,14 +111,48 @@ def run_log(show: bool):
     """(log, progress) for a run: hermetic's messages on stderr, bars when it is a terminal."""
     if not show:
         return None, False
-    return (lambda msg: click.echo(f"hermetic: {msg}", err=True)), sys.stderr.isatty()
+
+    def say(msg: str) -> None:
+        try:
+            click.echo(f"hermetic: {msg}", err=True)
+        except OSError:  # a closed pipe, a hung-up terminal: the run goes on, its logs are in the run dir
+            pass
+
+    return say, sys.stderr.isatty()
+
+
+def keep_running_without_a_terminal() -> None:
+    """A hang-up (the terminal closed) must not end a run: the record still gets finished."""
+    import signal
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def _start_detached(script: str, as_json: bool) -> int:
+    from hermetic.run.detach import start_detached
+
+    tokens = sys.argv[1:]
+    upto = tokens.index(script) if script in tokens else len(tokens)
+    argv = [t for i, t in enumerate(tokens) if not (t == "--detach" and i < upto)]
+    started = start_detached(argv)
+    if as_json:
+        emit_json({"detached": True, "kind": started.kind, "id": started.ident, "dir": str(started.path)})
+    else:
+        click.echo(started.ident)
+        click.echo(f"hermetic: {started.kind} {started.ident} goes on in the background: "
+                   f"`hermetic logs -f {started.ident}`, `hermetic runs wait {started.ident}`, "
+                   f"`hermetic stop {started.ident}`", err=True)
+    return 0
 
 
 def _summary(result) -> None:
     metrics = result.record.get("metrics", {}).get("final") or {}
     shown = ", ".join(f"{k}={v}" for k, v in list(metrics.items())[:4])
-    click.echo(f"{result.run_id}  {result.status}  exit {result.exit_code}" + (f"  {shown}" if shown else ""))
-    _say_reason(result)
+    try:
+        click.echo(f"{result.run_id}  {result.status}  exit {result.exit_code}" + (f"  {shown}" if shown else ""))
+        _say_reason(result)
+    except OSError:  # nobody reads any more; the record says it all
+        pass
 
 
 def _say_reason(result) -> None:
@@ -170,6 +214,8 @@ def replay(run_ref: str, config_path: str | None, as_json: bool) -> int:
     from hermetic.record.locate import resolve_ref
     from hermetic.run.replay import replay_request
     from hermetic.run.runner import execute
+
+    keep_running_without_a_terminal()
 
     run_dir = resolve_ref(run_ref, None, config_path)
     record = load_record(run_dir)

@@ -104,7 +104,7 @@ def format_row(e: dict[str, Any]) -> list[str]:
 
 
 _STATUS_COLOUR = {"succeeded": "green", "failed": "red", "interrupted": "yellow", "refused": "red",
-                  "incomplete": "yellow", "unreadable": "red"}
+                  "incomplete": "yellow", "unreadable": "red", "running": "cyan"}
 
 
 def format_table(entries: list[dict[str, Any]], *, colour: bool) -> str:
@@ -282,3 +282,4 @@ def format_group(g: dict[str, Any], gdir: Path) -> str:
 
 
 from hermetic.cli import runs_tools_cmd  # noqa: E402,F401 - adds `runs export` and `runs plot` to the group above
+from hermetic.cli import logs_cmd  # noqa: E402,F401 - adds `runs wait` to the group above

@@ -19,6 +19,7 @@ from typing import Any
 from hermetic.canonical import canonical_json
 from hermetic.fsutil import atomic_write_bytes, file_lock
 from hermetic.record.ids import RUN_ID_RE
+from hermetic.record.liveness import is_running
 
 INDEX_NAME = ".index.jsonl"
 LOCK_NAME = ".index.lock"
@@ -167,6 +168,10 @@ def list_entries(runs_root: str | os.PathLike[str], *, reindex: bool = False) ->
     except OSError:
         pass
     out = list(live.values()) + fresh
+    for e in out:
+        # A record still saying what its early write said, with its driver alive: the run is running.
+        if e["status"] in ("interrupted", "incomplete") and not e.get("finished_at") and is_running(root / e["id"]):
+            e["status"] = "running"
     out.sort(key=lambda e: (e.get("started_at") or "", e["id"]), reverse=True)
     return out
 

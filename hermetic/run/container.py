@@ -206,11 +206,13 @@ def _rewrite_logs(container, files: list[BinaryIO]) -> None:
 def _tee(data: bytes, f: BinaryIO, all_f: BinaryIO, term: BinaryIO | None) -> None:
     f.write(data)
     all_f.write(data)
+    f.flush()  # `hermetic logs -f` reads these files while the run goes on
+    all_f.flush()
     if term is not None:
         try:
             term.write(data)
             term.flush()
-        except (BrokenPipeError, ValueError):
+        except (OSError, ValueError):  # a closed pipe (EPIPE), a hung-up terminal (EIO): the run goes on
             pass
 
 

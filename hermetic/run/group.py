@@ -18,6 +18,8 @@ from hermetic.errors import HermeticError
 from hermetic.paths import CachePaths
 from hermetic.record import new_group_id, write_group
 from hermetic.run.plan import RunRequest
+from hermetic.record import liveness
+from hermetic.run.detach import announce
 from hermetic.run.runner import Log, RunResult, execute
 
 
@@ -69,6 +71,16 @@ def run_seed_group(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, s
                    log: Log | None = None, progress: bool = False,
                    on_member: Callable[[RunResult], None] | None = None) -> GroupResult:
     gid = new_group_id(name=template.name)
+    gdir = cfg.runs_path / gid
+    gdir.mkdir(parents=True)
+    with liveness.hold(gdir):
+        if announce("group", gid, gdir, gdir / "logs"):  # --detach: the group's ID; the terminal is gone
+            template = dataclasses.replace(template, echo=False)
+        return _run_members(cfg, paths, template, seeds, gid, log=log, progress=progress, on_member=on_member)
+
+
+def _run_members(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: list[int], gid: str, *,
+                 log: Log | None, progress: bool, on_member: Callable[[RunResult], None] | None) -> GroupResult:
     members: list[RunResult] = []
     first_failure = 0
     group_json = cfg.runs_path / gid / "group.json"

@@ -38,19 +38,22 @@ def _nvidia_driver() -> str:
         return ""
 
 
-def probe_key(client, image_id: str, gpus: str | None) -> str:
+def probe_key(client, image_id: str, gpus: str | None, env: dict[str, str] | None = None) -> str:
     try:
         engine_id = client.info().get("ID", "")
     except Exception:
         engine_id = ""
-    return canonical_sha256({"image": image_id, "gpus": gpus or "", "boot": _boot_id(), "engine": engine_id,
-                             "driver": _nvidia_driver(), "probe": probe_digest()})
+    key = {"image": image_id, "gpus": gpus or "", "boot": _boot_id(), "engine": engine_id,
+           "driver": _nvidia_driver(), "probe": probe_digest()}
+    if env:  # what the run passed changes what the probe sees (thread counts, visible devices)
+        key["env"] = dict(sorted(env.items()))
+    return canonical_sha256(key)
 
 
 def run_probe(client, *, image_id: str, python: str, user: str, gpus: str | None, cache_dir: Path,
-              refresh: bool = False) -> tuple[dict[str, Any], bool]:
-    """(probe document, from_cache)."""
-    key = probe_key(client, image_id, gpus)
+              refresh: bool = False, env: dict[str, str] | None = None) -> tuple[dict[str, Any], bool]:
+    """(probe document, from_cache). ``env``: what the training run passes (secrets left out by the caller)."""
+    key = probe_key(client, image_id, gpus, env)
     cached = cache_dir / f"{key}.json"
     if not refresh:
         try:
@@ -59,7 +62,7 @@ def run_probe(client, *, image_id: str, python: str, user: str, gpus: str | None
             pass
     spec = ContainerSpec(
         image_id=image_id, command=[python, f"{PROBE_MOUNT}/{PROBE_PATH.name}"],
-        mounts=[Mount(PROBE_DIR, PROBE_MOUNT, True)], env={}, user=user, gpus=gpus,
+        mounts=[Mount(PROBE_DIR, PROBE_MOUNT, True)], env=dict(env or {}), user=user, gpus=gpus,
         labels={"org.hermetic.probe": "1"},
     )
     code, out, err = run_capture(client, spec)

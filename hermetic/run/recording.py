@@ -61,13 +61,15 @@ class RunEnvironment:
     container: dict[str, str]  # what the container gets on top of the image's Env
     determinism: dict[str, str]  # every knob in effect, whoever set it (record: env.determinism)
     passed: dict[str, str]  # the other variables the user passed (record: env.passed)
+    given: dict[str, str]  # everything the user passed with --env, knobs included
 
 
 def run_environment(info: ImageInfo, run_id: str, seed: int, passed: dict[str, str]) -> RunEnvironment:
     run_env = {"HERMETIC_SEED": str(seed), "HERMETIC_RUN_ID": run_id, "HERMETIC_OUTPUTS": OUTPUTS_MOUNT,
                "HERMETIC_RUNTIME_REPORT": RUNTIME_REPORT}
     determinism = {k: v for k, v in {**info.env_map(), **run_env, **passed}.items() if is_knob(k)}
-    return RunEnvironment({**run_env, **passed}, determinism, {k: v for k, v in passed.items() if not is_knob(k)})
+    return RunEnvironment({**run_env, **passed}, determinism, {k: v for k, v in passed.items() if not is_knob(k)},
+                          dict(passed))
 
 
 def write_run_files(run_dir: Path, cfg: LoadedConfig, argv: list[str]) -> None:

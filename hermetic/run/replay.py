@@ -88,6 +88,12 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
 
     env_sec = record.get("env") or {}
     env = [f"{k}={v}" for k, v in (env_sec.get("passed") or {}).items()]
+    # Knobs the original run was given with --env (recorded among the determinism knobs, where they took
+    # effect): every one whose value is not the image's own is passed again.
+    from hermetic.builder.image_record import ImageInfo
+
+    image_env = ImageInfo.from_store(store, image["manifest_digest"]).env_map()
+    env += [f"{k}={v}" for k, v in (env_sec.get("determinism") or {}).items() if image_env.get(k) != v]
     missing = [k for k in env_sec.get("secrets", []) if k not in os.environ]
     if missing:
         raise ReplayRefused(f"secret variable(s) {', '.join(missing)} were passed to the original run; "

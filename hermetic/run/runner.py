@@ -16,6 +16,7 @@ container's output is streamed by hermetic.run.container when asked.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import posixpath
 import shutil
@@ -33,7 +34,9 @@ from hermetic.record import (
     begin_record, create_run_dir, env_section, finish_record, new_run_id, seed_section, write_record,
 )
 from hermetic.run.container import RUN_LABEL, ContainerSpec, Mount, RunOutcome, check_gpu_runtime, run_streaming
+from hermetic.record import liveness
 from hermetic.run.data import VerifiedDataset, verify_datasets
+from hermetic.run.detach import announce
 from hermetic.run.plan import (
     ContainerUser, RunRequest, container_user, has_placeholder, passed_env, plan_datasets, redact_argv,
     resolve_script, script_args, snapshot_excludes,
@@ -86,11 +89,20 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     datasets = verify_datasets(plan_datasets(cfg, req.data_paths, req.manifest_paths),  # 2. the data
                                progress=progress, log=log)
     run_id, run_dir, rec, env = open_run(cfg, store, req, info, datasets, script, passed)  # 3. the run directory
+    with liveness.hold(run_dir):  # `hermetic stop`, `logs -f`, `runs wait` find the run's process by this
+        if announce("run", run_id, run_dir, run_dir / "logs"):  # --detach: the terminal is gone from here on
+            req = dataclasses.replace(req, echo=False)
+        return _run_in_dir(client, cfg, paths, req, info, datasets, script, run_id, run_dir, rec, env, log)
+
+
+def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, info: ImageInfo,
+                datasets: list[VerifiedDataset], script: str, run_id: str, run_dir: Path, rec: dict[str, Any],
+                env: RunEnvironment, log: Log) -> RunResult:
     user = container_user(cfg)
     python = f"{cfg.model.build.prefix}/bin/python"
     with _workspace(paths, run_id) as workspace:
         rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log)  # 4. the code
-        probe = probe_image(client, info, python, user, req.gpus, paths)  # 5. the probe: same image, same devices
+        probe = probe_image(client, info, python, user, req.gpus, paths, env)  # 5. the probe: same image, devices, env
         rec["software"], rec["hardware"] = probe.get("software", {}), probe.get("hardware", {})
         write_record(run_dir, rec)  # early: a hard kill still leaves a record
         if req.gpus:
@@ -181,11 +193,15 @@ def snapshot_code(cfg: LoadedConfig, req: RunRequest, run_dir: Path, workspace: 
 
 
 def probe_image(client, info: ImageInfo, python: str, user: ContainerUser, gpus: str | None,
-                paths: CachePaths) -> dict[str, Any]:
+                paths: CachePaths, env: RunEnvironment) -> dict[str, Any]:
+    """The probe in the training run's image, with its devices and the variables it was given (not its
+    secrets, nor hermetic's per-run bookkeeping: neither changes what the machine is)."""
+    from hermetic.record.secrets_policy import is_secret_name
     from hermetic.run.probe import run_probe
 
+    given = {k: v for k, v in env.given.items() if not is_secret_name(k)}
     probe, _cached = run_probe(client, image_id=info.image_id, python=python, user=user.spec, gpus=gpus,
-                               cache_dir=paths.root / "probes")
+                               cache_dir=paths.root / "probes", env=given)
     return probe
 
 

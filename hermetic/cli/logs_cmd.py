@@ -1,0 +1,174 @@
+"""``hermetic logs [-f] [RUN]``, ``hermetic stop RUN`` and ``hermetic runs wait RUN``: runs that are still going."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from hermetic.cli.common import config_option, emit_json, json_option
+from hermetic.cli.runs_cmd import runs, runs_dir_option
+
+FOLLOW_POLL_S = 0.2
+
+
+def _run_dir(run: str | None, runs_dir: str | None, config_path: str | None) -> Path:
+    """RUN as given, else the newest run (what `hermetic run --detach` just started, usually)."""
+    from hermetic.errors import HermeticError
+    from hermetic.record.index import list_entries
+    from hermetic.record.locate import resolve_ref, runs_root
+
+    if run:
+        return resolve_ref(run, runs_dir, config_path)
+    root = runs_root(runs_dir, config_path)
+    newest = next((e for e in list_entries(root) if e["kind"] == "run"), None)
+    if newest is None:
+        raise HermeticError(f"no runs in {root}", exit_code=2)
+    return root / newest["id"]
+
+
+def _log_file(run_dir: Path) -> Path:
+    """The run's combined output; a group's own log (it has no container of its own)."""
+    if (run_dir / "group.json").is_file() or not (run_dir / "logs" / "combined.log").exists():
+        own = run_dir / "logs" / "hermetic.log"
+        if own.exists():
+            return own
+    return run_dir / "logs" / "combined.log"
+
+
+@click.command()
+@click.argument("run", required=False, metavar="[RUN]")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the run writes, until it ends.")
+@runs_dir_option
+@config_option
+def logs(run: str | None, follow: bool, runs_dir: str | None, config_path: str | None) -> int:
+    """Print a run's output (stdout and stderr, as they came); the newest run when RUN is left out.
+
+    With -f the output is followed until the run ends; Ctrl-C stops
+    following, never the run (`hermetic stop RUN` does that).
+
+    \b
+    Examples:
+      hermetic run --detach train.py && hermetic logs -f
+      hermetic logs 20261201-0815 | tail
+    """
+    from hermetic.record import liveness
+
+    run_dir = _run_dir(run, runs_dir, config_path)
+    out = sys.stdout.buffer
+    offset = 0
+    try:
+        while True:
+            path = _log_file(run_dir)
+            running = liveness.is_running(run_dir)  # read before the file: no line written after it is missed
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except FileNotFoundError:
+                chunk = b""
+            if chunk:
+                out.write(chunk)
+                out.flush()
+                offset += len(chunk)
+            if not follow or not running:
+                return 0
+            time.sleep(FOLLOW_POLL_S)
+    except KeyboardInterrupt:
+        return 130  # only the following stops; the run is another process
+
+
+@click.command()
+@click.argument("run", metavar="RUN")
+@click.option("--no-wait", is_flag=True, help="Return once asked, without waiting for the run to end.")
+@runs_dir_option
+@config_option
+@json_option
+def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None, as_json: bool) -> int:
+    """Stop a running run: its container is stopped and its record says interrupted.
+
+    \b
+    Example:
+      hermetic stop 20261201-0815
+    """
+    from hermetic.errors import HermeticError
+    from hermetic.record import liveness
+
+    run_dir = _run_dir(run, runs_dir, config_path)
+    if not liveness.stop(run_dir):
+        raise HermeticError(f"{run_dir.name}: not running (see `hermetic runs show {run_dir.name}`)", exit_code=2)
+    if not no_wait:
+        liveness.wait(run_dir)
+    status = _status(run_dir)
+    if as_json:
+        emit_json({"id": run_dir.name, "stopped": True, "status": status})
+    else:
+        click.echo(f"{run_dir.name}: {status}")
+    return 0
+
+
+def _status(run_dir: Path) -> str:
+    from hermetic.record.index import entry_from_dir
+    from hermetic.record.liveness import is_running
+
+    return "running" if is_running(run_dir) else entry_from_dir(run_dir)["status"]
+
+
+@runs.command("wait")
+@click.argument("run", metavar="RUN")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Give up after this long (exit 75, the run goes on).")
+@runs_dir_option
+@config_option
+@json_option
+def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str | None, as_json: bool) -> int:
+    """Block until a run (or a seed group) ends, then exit as `hermetic run` would have.
+
+    The exit status is the script's (0 when it succeeded), hermetic's own
+    when hermetic failed or refused the run, 130 when it was interrupted.
+
+    \b
+    Example:
+      id=$(hermetic run --detach train.py) && hermetic runs wait "$id"
+    """
+    from hermetic.errors import HermeticError
+    from hermetic.record import liveness
+    from hermetic.record.index import entry_from_dir
+
+    run_dir = _run_dir(run, runs_dir, config_path)
+    if not liveness.wait(run_dir, timeout_s=timeout):
+        raise HermeticError(f"{run_dir.name}: still running after {timeout:g} s", exit_code=75)
+    entry = entry_from_dir(run_dir)
+    code = exit_code_of(run_dir, entry)
+    if as_json:
+        emit_json({**entry, "exit": code})
+    else:
+        click.echo(f"{run_dir.name}  {entry['status']}" + (f"  exit {entry['exit_code']}"
+                                                          if entry.get("exit_code") is not None else ""))
+    return code
+
+
+def exit_code_of(run_dir: Path, entry: dict) -> int:
+    """What `hermetic run` returned for this run, from its record."""
+    import json
+
+    from hermetic.run.runner import RunFailed
+
+    status = entry["status"]
+    if status == "succeeded":
+        return 0
+    if status == "interrupted":
+        return 130
+    if status in ("refused",):
+        return RunFailed.exit_code
+    if entry.get("kind") == "group":
+        return 1
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())["record"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return RunFailed.exit_code  # it ended without a record: see logs/hermetic.log
+    if meta.get("reason"):
+        return meta["exit_code"] if meta.get("exit_code") not in (None, 0) else RunFailed.exit_code
+    return meta.get("exit_code") or 1
