@@ -184,3 +184,27 @@ def test_atomic_writer_leaves_no_temp_file_and_a_killed_one_is_dead(tmp_path):
     assert target.read_bytes() == b"{}"
     assert sweep_dead(tmp_path, is_atomic_temp).count == 1
     assert [p.name for p in tmp_path.iterdir()] == ["index.json"]
+
+
+def test_a_dead_owners_staging_directory_goes_with_its_lock(tmp_path):
+    """owned_temp_dir (a bootstrap's rootfs, an engine image being saved): a SIGKILLed owner's directory
+    is removed, with its lock file, and counted; a live owner's is not touched."""
+    from hermetic.fsutil import owned_temp_dir
+
+    with owned_temp_dir(tmp_path, "bootstrap.") as live:
+        (live / "rootfs.tar").write_bytes(b"l" * 10)
+        p, (path,) = start("""
+            import sys, time
+            from hermetic.fsutil import owned_temp_dir
+            with owned_temp_dir(sys.argv[1], "bootstrap.") as d:
+                (d / "rootfs.tar").write_bytes(b"r" * 5000)
+                print("ready", d, flush=True)
+                time.sleep(120)
+        """, str(tmp_path))
+        assert sweep_dead(tmp_path).count == 0
+        kill(p)
+        removed = sweep_dead(tmp_path)
+        assert (removed.count, removed.bytes) == (1, 5000)
+        assert not Path(path).exists() and not Path(path + ".lock").exists()
+        assert (live / "rootfs.tar").exists()
+    assert not list(tmp_path.iterdir())
