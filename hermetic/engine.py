@@ -3,7 +3,9 @@
 Images are loaded as a docker-archive stream (manifest.json + config + layer
 tars) built from the OCI store on the fly; the engine keeps the config digest
 as the image ID, so the ID hermetic prints is the one ``docker image
-inspect`` shows.
+inspect`` shows. Each layer is hashed on its way out; a layer blob that no
+longer matches its digest stops the stream before manifest.json (so the
+engine keeps nothing) and is named in the error.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hermetic.errors import EngineError
+from hermetic.errors import EngineError, IntegrityError
 
 if TYPE_CHECKING:
     import docker
@@ -157,9 +159,32 @@ def load_image(store: "OciStore", manifest_digest: str, repo_tag: str | None = N
         return _load(store, manifest, repo_tag, 0)
 
 
+class _HashingReader:
+    """A file's bytes as tarfile reads them, hashed on the way."""
+
+    def __init__(self, f) -> None:
+        import hashlib
+
+        self._f = f
+        self.sha256 = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self.sha256.update(data)
+        return data
+
+
+def _corrupt_layer(digest: str, path, what: str) -> IntegrityError:
+    from hermetic.store.intact import REPAIR
+
+    return IntegrityError(f"layer blob {digest} in the store ({path}) {what}; nothing was loaded into the engine; "
+                          f"run `{REPAIR}`, then build or pull the image again")
+
+
 def _load(store: "OciStore", manifest: dict, repo_tag: str | None, skip: int) -> str:
     config_digest = manifest["config"]["digest"]
     layers = [layer["digest"] for layer in manifest["layers"]]
+    sizes = [int(layer["size"]) for layer in manifest["layers"]]
     rfd, wfd = os.pipe()
     errors: list[BaseException] = []
 
@@ -183,8 +208,15 @@ def _load(store: "OciStore", manifest: dict, repo_tag: str | None, skip: int) ->
                         p = store.blob_path(d)
                         ti = tarfile.TarInfo(name)
                         ti.size = p.stat().st_size
+                        if ti.size != sizes[i]:
+                            raise _corrupt_layer(d, p, f"is {ti.size} bytes, not {sizes[i]}")
                         with open(p, "rb") as f:
-                            tf.addfile(ti, f)
+                            hashed = _HashingReader(f)
+                            tf.addfile(ti, hashed)  # type: ignore[arg-type]
+                        if "sha256:" + hashed.sha256.hexdigest() != d:
+                            # Raised before manifest.json is written: the engine loads nothing.
+                            raise _corrupt_layer(d, p, f"is corrupt (its content hashes to "
+                                                       f"sha256:{hashed.sha256.hexdigest()})")
                     doc = [{"Config": cfg_name, "RepoTags": [repo_tag] if repo_tag else None, "Layers": names}]
                     add_bytes("manifest.json", json.dumps(doc).encode())
         except BaseException as e:  # surfaced by the caller
@@ -195,16 +227,22 @@ def _load(store: "OciStore", manifest: dict, repo_tag: str | None, skip: int) ->
     import docker.errors
 
     reader = _PipeReader(rfd)
+    refused: str | None = None
     try:
         client = engine_client()
         resp = client.api.load_image(reader)
         for _ in resp or []:
             pass
     except docker.errors.APIError as e:
-        raise EngineError(f"the Docker Engine refused the image: {e.explanation or e}") from None
+        refused = str(e.explanation or e)
     finally:
         reader.close()
         t.join()
+    corrupt = [e for e in errors if isinstance(e, IntegrityError)]
+    if corrupt:
+        raise corrupt[0]  # what made the engine refuse (or would have)
+    if refused is not None:
+        raise EngineError(f"the Docker Engine refused the image: {refused}")
     if errors and not isinstance(errors[0], BrokenPipeError):
         raise errors[0]
     if not engine_has_image(config_digest):

@@ -1,19 +1,35 @@
-"""Filesystem edges: atomic writes and streaming hashes.
+"""Filesystem edges: atomic writes, locks a fork does not share, temp files tied
+to their writer, stat keys with git's racy-clean rule, streaming hashes.
 
 Nothing hermetic writes is ever half there: content goes to a temporary file in
 the destination's directory and is renamed into place (rename is atomic on
 POSIX within one filesystem), so an interrupted process leaves either the old
-state or the new one.
+state or the new one -- plus, if it was killed, its temporary file. Each such
+file is tied to its writer: the writer holds an flock on it for as long as it
+writes, the kernel drops that lock when the writer dies, so the next writer
+(``sweep_dead``) can tell a dead writer's leftover from a live writer's work
+without guessing by age.
+
+Locks (``file_lock``, and the locks on temp files) belong to the process that
+took them alone. flock locks belong to an open file, which a fork shares: a
+worker forked while a lock is held would keep it after the holder dies. So
+every lock descriptor is close-on-exec (a program we start never gets it), and
+a forked child lets go of its copies at once (``os.register_at_fork``): a
+SIGKILLed holder never leaves a stale lock behind, whatever it started.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import os
-import tempfile
+import shutil
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
 
 # Read once: os.umask can only be read by setting it, which is not thread-safe.
 _UMASK = os.umask(0o022)
@@ -36,23 +52,276 @@ def sha256_file(path: str | os.PathLike[str], *, chunk: int = READ_SIZE) -> str:
     return h.hexdigest()
 
 
+# ---------------------------------------------------------------- stat keys
+
+StatKey = tuple[int, int, int, int, int]
+_COARSE_CLOCK_NS = 50_000_000
+SAFE_AGE_NS = 2 * 1_000_000_000 + _COARSE_CLOCK_NS  # enough for any timestamp granularity up to 1 s
+
+
+def stat_key(st: os.stat_result) -> StatKey:
+    """(dev, ino, size, mtime_ns, ctime_ns): what says a file was not touched since."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def is_racy(mtime_ns: int, ctime_ns: int, recorded_ns: int) -> bool:
+    """Git's racy-clean rule (Documentation/technical/racy-git.txt).
+
+    A file changed in the same timestamp tick as the stat that recorded it
+    keeps the same mtime and ctime, so a record made at ``recorded_ns`` is
+    trusted only when the file's mtime and ctime are strictly older than it
+    minus a slack: twice the timestamp granularity (inferred from the
+    timestamp's trailing zeros: whole seconds on FAT/HFS+/ext3, nanoseconds on
+    ext4/xfs/btrfs) plus 50 ms for the kernel's coarse clock, which stamps
+    files up to one tick behind ``time.time_ns()``. True: do not trust it.
+    """
+    newest = mtime_ns if mtime_ns > ctime_ns else ctime_ns
+    if newest + SAFE_AGE_NS < recorded_ns:
+        return False  # the common case, decided without looking at granularity
+    granularity = 1
+    while granularity < 1_000_000_000 and newest % (granularity * 10) == 0:
+        granularity *= 10
+    return newest + 2 * granularity + _COARSE_CLOCK_NS >= recorded_ns
+
+
+# ---------------------------------------------------------------- locks a fork does not share
+
+_held: set[int] = set()  # descriptors through which this process holds flock locks
+_held_mu = threading.Lock()  # held from open() until the fd is in _held, and across fork()
+
+
+def _open_held(path: Path, flags: int, mode: int = 0o644) -> int:
+    """open() a descriptor that will carry a lock; no fork can copy it before it is known."""
+    with _held_mu:
+        fd = os.open(path, flags | os.O_CLOEXEC, mode)
+        _held.add(fd)
+    return fd
+
+
+def _close_held(fd: int) -> None:
+    _held.discard(fd)
+    os.close(fd)
+
+
+def _before_fork() -> None:
+    _held_mu.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _held_mu.release()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child lets go of the parent's locks: its copies of their descriptors now
+    point at /dev/null (dup2, not close: objects it inherited may still close those numbers)."""
+    global _held_mu
+    _held_mu = threading.Lock()
+    if _held:
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        for fd in _held:
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd, inheritable=False)
+        os.close(null)
+        _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
+
+
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *, fsync: bool = True) -> Iterator[IO]:
-    """Write to a temp file beside ``path``; rename over it only on success."""
+def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An exclusive advisory lock (flock) held for the block's duration.
+
+    The kernel drops it when the holder dies, and no other process ever
+    shares it (close-on-exec, and let go of in forked children: module doc),
+    so a SIGKILLed holder never leaves a stale lock behind, even while
+    workers it forked are still alive.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd = _open_held(path, os.O_RDWR | os.O_CREAT)
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should read like any new file
-        with os.fdopen(fd, mode) as f:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        _close_held(fd)  # closing the only descriptor of the open file releases the lock
+
+
+# ---------------------------------------------------------------- temp files tied to their writer
+
+
+class OwnedTemp:
+    """A new temporary file in ``directory`` that this process holds an flock on.
+
+    ``fd`` is open for reading and writing and carries the lock until
+    ``close()`` (after the file was renamed into place) or ``discard()`` (the
+    file is removed). If the writer dies first, the kernel drops the lock and
+    the file is a dead writer's leftover for ``sweep_dead`` to remove.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], prefix: str, suffix: str = "", *, mode: int = 0o600):
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        while True:
+            path = directory / f"{prefix}{os.urandom(6).hex()}{suffix}"
+            try:
+                fd = _open_held(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+            except FileExistsError:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX)  # at most a sweeper's instant (see sweep_dead)
+            if os.fstat(fd).st_nlink:
+                break
+            _close_held(fd)  # a sweeper took it between create and lock: it is gone, make another
+        self.fd = fd
+        self.path = path
+
+    def open(self, mode: str = "wb", **kwargs) -> IO:
+        """A file object on ``fd`` (closing it leaves the descriptor and the lock)."""
+        return os.fdopen(self.fd, mode, closefd=False, **kwargs)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            _close_held(self.fd)
+            self.fd = -1
+
+    def discard(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)  # while still locked: no sweeper sees it unowned first
+        self.close()
+
+    def __enter__(self) -> "OwnedTemp":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.discard()
+
+
+@contextlib.contextmanager
+def owned_temp_dir(directory: str | os.PathLike[str], prefix: str) -> Iterator[Path]:
+    """A new directory ``directory/PREFIXxxxx``, removed on exit, tied to this process by
+    ``PREFIXxxxx.lock`` beside it (an OwnedTemp): a dead owner's directory is swept with its
+    lock file."""
+    with OwnedTemp(directory, prefix, ".lock") as owner:
+        d = owner.path.with_suffix("")
+        d.mkdir(mode=0o700)
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@dataclass
+class Leftovers:
+    """Dead writers' temporary files found (and removed, unless only listed)."""
+
+    count: int = 0
+    bytes: int = 0
+    paths: list[str] = field(default_factory=list)
+
+    def add(self, other: "Leftovers") -> None:
+        self.count += other.count
+        self.bytes += other.bytes
+        self.paths += other.paths
+
+
+def _tree_bytes(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def _if_dead(path: str, remove: bool) -> int | None:
+    """Bytes of ``path`` (and of the directory it owns) if its writer is dead, else None.
+
+    Test-and-remove under the file's own lock: a live writer holds it, so the
+    non-blocking attempt fails; a writer that created the file but has not
+    locked it yet blocks on our lock, then finds the file unlinked and makes
+    another (OwnedTemp); a file renamed into place meanwhile is no longer at
+    ``path`` and is left alone.
+    """
+    try:
+        fd = _open_held(Path(path), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None  # gone, or not a file we may read
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return None  # its writer is alive
+            raise
+        st = os.fstat(fd)
+        try:
+            now = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if not st.st_nlink or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return None
+        size = st.st_size
+        owned_dir = path[:-len(".lock")] if path.endswith(".lock") else None
+        if owned_dir and os.path.isdir(owned_dir) and not os.path.islink(owned_dir):
+            size += _tree_bytes(owned_dir)
+            if remove:
+                shutil.rmtree(owned_dir, ignore_errors=True)
+        if remove:
+            os.unlink(path)
+        return size
+    finally:
+        _close_held(fd)
+
+
+def sweep_dead(directory: str | os.PathLike[str], match: Callable[[str], bool] | None = None, *,
+               remove: bool = True) -> Leftovers:
+    """Dead writers' temp files in ``directory`` (those ``match`` accepts, default all regular
+    files): removed, or with ``remove=False`` only counted. A live writer's file is never touched."""
+    found = Leftovers()
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    for entry in entries:
+        try:
+            if not entry.is_file(follow_symlinks=False) or (match is not None and not match(entry.name)):
+                continue
+        except OSError:
+            continue
+        size = _if_dead(entry.path, remove)
+        if size is not None:
+            found.count += 1
+            found.bytes += size
+            found.paths.append(entry.path)
+    return found
+
+
+def is_atomic_temp(name: str) -> bool:
+    """The name of an ``atomic_writer`` temp file (``.NAME.xxxxxxxxxxxx.tmp``)."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+# ---------------------------------------------------------------- atomic writes
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *, fsync: bool = True) -> Iterator[IO]:
+    """Write to a temp file beside ``path`` (held by this process); rename over it only on success."""
+    path = Path(path)
+    tmp = OwnedTemp(path.parent, f".{path.name}.", ".tmp")
+    try:
+        os.fchmod(tmp.fd, 0o666 & ~_UMASK)  # the result should read like any new file
+        with tmp.open(mode) as f:
             yield f
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp.path, path)
+        tmp.close()
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        tmp.discard()
         raise
 
 
@@ -63,23 +332,3 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, fsync: bool = True) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
-
-
-@contextlib.contextmanager
-def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """An exclusive advisory lock (flock) held for the block's duration.
-
-    The kernel drops it when the process dies, so a SIGKILLed holder never
-    leaves a stale lock behind.
-    """
-    import fcntl
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)

@@ -74,6 +74,22 @@ def test_index_file_with_other_hash_is_refused(tmp_path, cache_dir, index):
     assert tree_digest(cache_dir / "wheels" / "sha256") == {}
 
 
+def test_wheels_for_the_image_whose_hashes_are_not_locked_are_named(tmp_path, cache_dir, isolated_pip, monkeypatch):
+    """A lock made for another platform (its hashes: a macOS wheel and the sdist): the error names the
+    manylinux wheel that exists, says its hash is not in the lock and how to re-lock -- not "only an
+    sdist", not a list of macOS wheels as if nothing else existed."""
+    src = tmp_path / "src"
+    linux = make_wheel(src, "delta", "1.0", tag="cp311-cp311-manylinux_2_17_x86_64")
+    mac = make_wheel(src, "delta", "1.0", tag="cp311-cp311-macosx_11_0_arm64")
+    sdist = src / "delta-1.0.tar.gz"
+    sdist.write_bytes(b"an sdist")
+    monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index", [linux, mac, sdist]))
+    proj = project(tmp_path, requirements_lock([("delta", "1.0", [sha256_of(mac), sha256_of(sdist)])]))
+    proc = run_cli("fetch", "-C", str(proj))
+    assert_clean_error(proc, 3, "delta==1.0", linux.name, "hashes are not in the lock", "hermetic lock")
+    assert "sdist" not in proc.stderr and mac.name not in proc.stderr
+
+
 def test_tampered_download_is_refused_and_store_unchanged(tmp_path, cache_dir, isolated_pip, monkeypatch):
     """find-links gives no hash up front: the bytes are hashed on their way in."""
     good = make_wheel(tmp_path / "good", "alpha", "1.0")

@@ -177,3 +177,55 @@ def test_pip_tools_refuses_a_different_image_python(tmp_path):
     (proj / "requirements.in").write_text("alpha\n")
     proc = run_cli("lock", "-C", str(proj), "--resolver", "pip-tools")
     assert_clean_error(proc, 2, "pip-tools resolves for the running interpreter", "Python 3.9", "--resolver uv")
+
+
+def _lock_project(tmp_path, wheels) -> Path:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\n")
+    (proj / "requirements.in").write_text(f"--no-index\n--find-links {wheels}\nalpha\nbeta>=0.5\n")
+    return proj
+
+
+def test_hermetic_lock_is_a_function_of_its_inputs(tmp_path, isolated_pip):
+    """Same input, target and resolver: the same bytes, from whichever directory and whatever the
+    input file is called (its name and place are not inputs: the lock says `-r <input>`)."""
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "alpha", "1.0")
+    make_wheel(wheels, "beta", "0.5", tag="cp311-cp311-manylinux_2_17_x86_64")
+    make_wheel(wheels, "gamma", "1.0")
+    proj = _lock_project(tmp_path, wheels)
+    (proj / "requirements.in").write_text(f"--no-index\n--find-links {wheels}\nalpha\nbeta>=0.5\ngamma\n")
+    lock = proj / "requirements.lock"
+    assert run_cli("lock", "-C", str(proj)).returncode == 0
+    first = lock.read_bytes()
+    assert b"hermetic-lock." not in first and b"requirements.in" not in first
+    assert first.count(b"# via -r <input>") == 3  # the three direct requirements
+    lock.unlink()
+    assert run_cli("lock", "-C", str(proj)).returncode == 0
+    assert lock.read_bytes() == first  # twice: the same bytes
+    # The same requirements in a file with another name, in another directory, locked from elsewhere.
+    other = tmp_path / "elsewhere" / "deps"
+    other.mkdir(parents=True)
+    (other / "gpu-stack.txt").write_text((proj / "requirements.in").read_text())
+    lock.unlink()
+    proc = run_cli("lock", "-C", str(proj), str(other / "gpu-stack.txt"), cwd=tmp_path / "elsewhere")
+    assert proc.returncode == 0, proc.stderr
+    assert lock.read_bytes() == first
+    assert not [p for p in [*proj.iterdir(), *other.iterdir()] if "hermetic-lock" in p.name]
+
+
+def test_hermetic_lock_keeps_the_current_pins_unless_upgrade(tmp_path, isolated_pip):
+    """A re-lock of unchanged input gives the same lock even when the index has a newer release."""
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "alpha", "1.0")
+    make_wheel(wheels, "beta", "0.5", tag="cp311-cp311-manylinux_2_17_x86_64")
+    proj = _lock_project(tmp_path, wheels)
+    lock = proj / "requirements.lock"
+    assert run_cli("lock", "-C", str(proj)).returncode == 0
+    first = lock.read_bytes()
+    make_wheel(wheels, "alpha", "2.0")  # released since
+    assert run_cli("lock", "-C", str(proj)).returncode == 0
+    assert lock.read_bytes() == first
+    assert run_cli("lock", "-C", str(proj), "--upgrade").returncode == 0
+    assert [(w.name, w.version) for w in read_lock(lock, T311).wheels] == [("alpha", "2.0"), ("beta", "0.5")]

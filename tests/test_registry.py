@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_clean_error, run_cli
 from hermetic.canonical import sha256_digest
 from hermetic.errors import HermeticError, IntegrityError
 from hermetic.registry import (
@@ -278,8 +279,13 @@ def test_incomplete_image_is_refused_before_anything_is_sent(registry, store, la
 
 
 def test_unpinned_and_hostless_pulls_are_refused(store) -> None:
-    with pytest.raises(HermeticError, match="not pinned by digest"):
+    with pytest.raises(HermeticError, match="not pinned by digest") as refused:
         pull_image(store, "127.0.0.1:5000/some/img:latest")
+    # The hint spells what to pull with host, port and repository kept (it once said 127.0.0.1@sha256:…).
+    assert "hermetic pull 127.0.0.1:5000/some/img@sha256:…" in refused.value.hint
+    proc = run_cli("pull", "127.0.0.1:5611/t/ex:v1")
+    assert_clean_error(proc, 1, "127.0.0.1:5611/t/ex:v1 is not pinned by digest")
+    assert "hint: pull by digest: hermetic pull 127.0.0.1:5611/t/ex@sha256:…" in proc.stderr
     with pytest.raises(HermeticError, match="names no registry"):
         ensure_image(store, "some/img@sha256:" + "0" * 64)
 

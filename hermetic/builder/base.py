@@ -18,7 +18,6 @@ import json
 import posixpath
 import shutil
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +25,7 @@ from typing import Any, Callable
 from hermetic.builder.libc import glibc_from_rootfs
 from hermetic.builder.tarlayer import DirAttrs
 from hermetic.errors import EngineError, HermeticError, IntegrityError
-from hermetic.fsutil import atomic_write_bytes
+from hermetic.fsutil import atomic_write_bytes, owned_temp_dir
 from hermetic.reference import BaseReference, parse_base_reference
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 
@@ -111,7 +110,12 @@ def resolve_base(store: OciStore, ref_text: str, *, pull: PullImage | None = Non
     if pull is None:
         raise HermeticError(f"base {ref.raw} is not in the local store {store.root}, and this build does not "
                             "pull from registries", hint=f"hermetic pull {ref.raw}")
-    digest = pull(store, ref.raw)
+    try:
+        digest = pull(store, ref.raw)
+    except HermeticError as e:  # (the registry's error, kept with its exit code, says which base)
+        e.message = f"base {ref.raw}: cannot pull it: {e.message}"
+        e.args = (e.message,)
+        raise
     return load_base(store, ref, digest)
 
 
@@ -147,7 +151,7 @@ def import_oci(store: OciStore, path: Path, manifest_digest: str, *, archive: bo
     if archive:
         if not path.is_file():
             raise HermeticError(f"oci-archive {path}: no such file")
-        with tempfile.TemporaryDirectory(prefix="hermetic-oci.") as tmp:
+        with owned_temp_dir(store.tmp, "oci-archive.") as tmp:  # a killed import's files go with its lock
             with tarfile.open(path) as tf:
                 tf.extractall(tmp, filter="data")  # type: ignore[call-arg]
             import_oci(store, Path(tmp), manifest_digest, archive=False)
@@ -193,7 +197,7 @@ def import_from_engine(store: OciStore, image_id: str) -> str:
         raise HermeticError(f"base docker:{image_id}: the Docker Engine has no image with this ID") from None
     except docker.errors.APIError as e:
         raise EngineError(f"Docker Engine error: {e.explanation or e}") from None
-    with tempfile.TemporaryDirectory(prefix="hermetic-save.", dir=store.tmp if store.tmp.exists() else None) as tmp:
+    with owned_temp_dir(store.tmp, "docker-save.") as tmp:
         tarpath = Path(tmp) / "image.tar"
         with open(tarpath, "wb") as f:
             for chunk in image.save(chunk_size=1 << 20):

@@ -14,7 +14,6 @@ import hashlib
 import shutil
 import subprocess
 import tarfile
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from hermetic.builder.tarlayer import Entry, complete_parents, write_layer
 from hermetic.canonical import canonical_json
 from hermetic.config import format_key_path
 from hermetic.errors import ConfigError, HermeticError
+from hermetic.fsutil import owned_temp_dir
 from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 
 BOOTSTRAP_FORMAT = 1
@@ -135,7 +135,7 @@ def bootstrap(recipe_path: Path, store: OciStore, *, source_date_epoch: int = 0,
     if not exe:
         raise HermeticError("mmdebstrap is not installed", hint="apt-get install mmdebstrap (Debian package)")
     store.ensure()
-    with tempfile.TemporaryDirectory(prefix="bootstrap.", dir=store.tmp) as tmp:
+    with owned_temp_dir(store.tmp, "bootstrap.") as tmp:  # a killed bootstrap's rootfs goes with its lock
         rootfs_tar = Path(tmp) / "rootfs.tar"
         cmd = [exe, f"--variant={recipe.variant}", f"--components={','.join(recipe.components)}",
                "--mode=root" if _is_root() else "--mode=unshare", "--format=tar"]

@@ -3,10 +3,15 @@
 The build key is one sha256 over every input that decides the image (base
 manifest digest, the chosen wheel files, the image-relevant config, the
 runtime sources, hermetic's layer format). When the store already holds the
-image for a key, the build is a no-op: no layer is read, no tar written.
-Builds of the same key are serialized by a file lock; different keys run
-concurrently, and everything they share (blobs, layer cache entries,
-index.json) is written atomically.
+image for a key, the build is a no-op: no layer is read, no tar written,
+but every blob of the image is checked against its digest first
+(store/intact.py: a stat per blob when nothing changed since the last check),
+and a corrupt one is refused by name. Builds of the same key are serialized
+by a file lock that no worker inherits; different keys run concurrently, and
+everything they share (blobs, layer cache entries, index.json) is written
+atomically. A build that writes first removes dead writers' temp files.
+The base is resolved (found in the store, or pulled) before any wheel is
+fetched, so a missing base costs no download.
 """
 
 from __future__ import annotations
@@ -19,13 +24,12 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from hermetic import __version__
-from hermetic.builder.base import PullImage
+from hermetic.builder.base import BaseImage, PullImage
 from hermetic.builder.image import BASE_LAYERS_LABEL, PACKAGES_LABEL
 from hermetic.builder.image_record import ImageInfo, write_image_record
 from hermetic.builder.install import VenvLayout
 from hermetic.builder.layers import (
-    LAYER_FORMAT, MAX_LAYERS, BuiltLayer, LayerCache, build_layers, cleanup_tmp, hermetic_layer_files, plan_layers,
-    runtime_files,
+    LAYER_FORMAT, MAX_LAYERS, BuiltLayer, LayerCache, build_layers, hermetic_layer_files, plan_layers, runtime_files,
 )
 from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.config import LoadedConfig
@@ -35,6 +39,7 @@ from hermetic.fsutil import atomic_write_bytes, file_lock
 from hermetic.lock.model import Lock, ResolvedWheel, Target
 from hermetic.paths import CachePaths
 from hermetic.reference import parse_base_reference
+from hermetic.store.intact import check_image, seal_image
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
 
 
@@ -152,16 +157,24 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
     with file_lock(paths.builds / f".{key}.lock"):
         digest = lookup_build(paths, store, key)
         source = "local"
+        if digest is not None:
+            check_image(store, digest)  # trusted only if every blob still matches its digest
         if digest is None and cache is not None and not offline:
             digest = cache.pull(store, key, notes)
             source = "registry"
         if digest is None:
+            from hermetic.builder.base import resolve_base
+            from hermetic.builder.gc import dead_temp_files
+
+            dead_temp_files(paths, remove=True)  # a killed writer's leftovers go before we write
+            base = resolve_base(store, cfg.model.base, pull=None if offline else pull_base)  # before any fetch
             wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
-            digest, built, build_notes = _build(cfg, paths, store, lock, wheels, key, log=log, on_layer=on_layer,
-                                                pull_base=pull_base)
+            digest, built, build_notes = _build(cfg, paths, store, lock, wheels, key, base, log=log,
+                                                on_layer=on_layer)
             notes += build_notes
             source = "built"
         if source != "local":
+            seal_image(store, digest)  # what this build wrote or pulled: trusted from its stat from now on
             remember_build(paths, key, digest)
     info = ImageInfo.from_store(store, digest, key)
     from hermetic.builder.attest import ensure_attestations
@@ -216,20 +229,17 @@ def lookup_build(paths: CachePaths, store: OciStore, key: str) -> str | None:
         md = json.loads((paths.builds / f"{key}.json").read_text())["manifest_digest"]
     except (FileNotFoundError, ValueError, KeyError):
         return None
-    # Cheap presence check; blob contents are verified when layers are reused
-    # and by `hermetic cache verify`.
+    # Presence only; the caller checks the blobs' contents (check_image).
     return md if store.has_image(md) else None
 
 
 def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wheels: list[ResolvedWheel],
-           key: str, *, log, on_layer, pull_base: PullImage | None) -> tuple[str, list[BuiltLayer], list[str]]:
-    from hermetic.builder.base import resolve_base, scan_base
+           key: str, base: BaseImage, *, log, on_layer) -> tuple[str, list[BuiltLayer], list[str]]:
+    from hermetic.builder.base import scan_base
     from hermetic.builder.checks import run_build_checks
     from hermetic.builder.image import LayerRef, image_config, image_manifest
 
     m = cfg.model
-    cleanup_tmp(paths.tmp)
-    base = resolve_base(store, m.base, pull=pull_base)
     facts = scan_base(store, base, paths.root / "bases")
     if not facts.exists(m.python.path):
         raise HermeticError(f"base {m.base}: has no interpreter at python.path {m.python.path}")

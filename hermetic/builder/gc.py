@@ -2,14 +2,19 @@
 
 verify rehashes every OCI blob and every stored wheel; a blob whose content
 does not match its name is reported (and removed with --repair, along with
-the cache entries that point at it, so the next build recreates it).
+the cache entries that point at it, so the next build recreates it). It also
+lists the temporary files that dead writers left (a killed fetch's
+``wheels/tmp/wheel.*``, a killed build's ``oci/tmp/blob.*``, an interrupted
+atomic write's ``.NAME.*.tmp``): each temp file is locked by its writer while
+it writes (fsutil.OwnedTemp), so "dead" is known from the lock, not guessed
+from an age, and a live writer's file is never counted or removed.
 
 gc keeps what is named: every store ref except per-build-key refs
 (``NAME:bk-…``), of which the most recent ``keep_builds`` survive, plus
 everything reachable from those manifests, plus the attestations (OCI 1.1
-referrers, hermetic/store/referrers.py) of every image it keeps. Everything else — unreferenced
-blobs, layer-cache and build entries pointing at removed blobs, staging
-leftovers of killed builds — is deleted.
+referrers, hermetic/store/referrers.py) of every image it keeps. Everything
+else — unreferenced blobs, layer-cache and build entries pointing at removed
+blobs, dead writers' temp files — is deleted, and counted as it is.
 """
 
 from __future__ import annotations
@@ -21,9 +26,26 @@ from pathlib import Path
 from typing import Callable
 
 from hermetic.canonical import is_sha256_hex
+from hermetic.fsutil import Leftovers, is_atomic_temp, sweep_dead
 from hermetic.paths import CachePaths
+from hermetic.store import intact
 from hermetic.store.oci import INDEX_TYPES, OciStore
 from hermetic.store.wheels import WheelStore
+
+
+def dead_temp_files(paths: CachePaths, *, remove: bool) -> Leftovers:
+    """Dead writers' temp files anywhere in the cache (removed, or with ``remove=False`` only
+    counted): every file in the tmp/ directories, atomic writes' ``.NAME.*.tmp`` elsewhere."""
+    found = Leftovers()
+    tmp_dirs = [paths.oci / "tmp", paths.wheels / "tmp", paths.tmp]
+    for d in tmp_dirs:
+        found.add(sweep_dead(d, remove=remove))
+    others = [paths.root, paths.oci, intact.notes_dir(paths.oci)]
+    if paths.root.is_dir():
+        others += sorted(p for p in paths.root.iterdir() if p.is_dir() and p not in tmp_dirs and p != paths.oci)
+    for d in others:
+        found.add(sweep_dead(d, is_atomic_temp, remove=remove))
+    return found
 
 
 @dataclass(frozen=True)
@@ -45,6 +67,7 @@ class VerifyReport:
     wheels: int = 0
     wheel_problems: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    leftovers: Leftovers = field(default_factory=Leftovers)  # dead writers' temp files (gc removes them)
 
     @property
     def problems(self) -> list[str]:
@@ -80,6 +103,7 @@ def verify(paths: CachePaths, *, repair: bool = False, rehash: bool = True,
                 rep.removed.append(f"wheel {sha}")
     if repair and rep.removed:
         _drop_dangling_entries(paths, store)
+    rep.leftovers = dead_temp_files(paths, remove=False)
     return rep
 
 
@@ -97,14 +121,15 @@ def _verify_blobs(store: OciStore, rep: VerifyReport, *, repair: bool,
         digest = "sha256:" + entry.name
         try:
             size = entry.stat().st_size
-            intact = store.verify_blob(digest) if rep.rehashed else True
+            matches = store.verify_blob(digest) if rep.rehashed else True
         except OSError as e:  # a directory or an unreadable file where a blob should be
-            intact, path = False, f"{entry} ({e.__class__.__name__})"
+            matches, path = False, f"{entry} ({e.__class__.__name__})"
         rep.blob_bytes += size
-        if not intact:
+        if not matches:
             rep.bad_blobs.append(BadBlob(digest, path, "content does not match its digest"))
             if repair:
                 entry.unlink(missing_ok=True) if entry.is_file() else shutil.rmtree(entry, ignore_errors=True)
+                intact.forget(store.root, entry.name)
                 rep.removed.append(digest)
         if on_blob is not None:
             on_blob(size)
@@ -134,8 +159,10 @@ class GcReport:
     kept_refs: list[str]
     dropped_refs: list[str]
     removed_blobs: int
-    freed_bytes: int
+    freed_bytes: int  # of the blobs
     removed_entries: int
+    temp_files: int = 0  # dead writers' temp files
+    temp_bytes: int = 0
 
 
 def gc(paths: CachePaths, *, keep_builds: int = 10, dry_run: bool = False) -> GcReport:
@@ -166,16 +193,28 @@ def gc(paths: CachePaths, *, keep_builds: int = 10, dry_run: bool = False) -> Gc
         if digest in live:
             continue
         p = store.blob_path(digest)
-        freed += p.stat().st_size
+        try:
+            freed += p.stat().st_size
+        except FileNotFoundError:
+            continue
         removed += 1
         if not dry_run:
-            p.unlink(missing_ok=True)
+            store.remove_blob(digest)
     entries = 0
     if not dry_run:
         entries = _drop_dangling_entries(paths, store)
-        if paths.tmp.is_dir():
-            shutil.rmtree(paths.tmp, ignore_errors=True)
-        if store.tmp.is_dir():
-            for p in store.tmp.iterdir():
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-    return GcReport(sorted(kept), sorted(dropped), removed, freed, entries)
+        entries += _drop_orphan_notes(store)
+    temp = dead_temp_files(paths, remove=not dry_run)
+    return GcReport(sorted(kept), sorted(dropped), removed, freed, entries, temp.count, temp.bytes)
+
+
+def _drop_orphan_notes(store: OciStore) -> int:
+    """intact.py's notes of blobs that are gone."""
+    n = 0
+    d = intact.notes_dir(store.root)
+    if d.is_dir():
+        for note in d.iterdir():
+            if is_sha256_hex(note.name) and not store.has_blob("sha256:" + note.name):
+                note.unlink(missing_ok=True)
+                n += 1
+    return n

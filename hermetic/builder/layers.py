@@ -8,9 +8,14 @@ layer (venv skeleton + in-image runtime) goes last.
 A layer's cache key covers everything that decides its bytes (the wheels'
 sha256s, the install layout, the parent directories it inherits from the
 base, the layer format version), so a hit skips unpacking, tarring and
-hashing entirely. A cached blob is re-verified by digest on reuse unless its
-(inode, size, mtime, ctime) are unchanged since it was last verified (git's
-racy-clean rule: only when that mtime is older than the verification).
+hashing entirely. A cached blob is reused only if it still matches its
+digest, which the store answers from its stat where that is safe
+(store/intact.py: git's racy-clean rule; the same check a no-op build makes
+of every blob of its image); a blob that does not match is built again.
+
+Uncached layers are built in worker processes that die with the build
+(hermetic.workers), even when it is SIGKILLed; each finished layer enters the
+cache at once, so a build killed midway keeps the layers it finished.
 """
 
 from __future__ import annotations
@@ -153,30 +158,13 @@ class LayerCache:
     def get(self, key: str) -> Descriptor | None:
         try:
             entry = json.loads(self._path(key).read_text())
-        except (FileNotFoundError, ValueError):
+            desc = Descriptor.from_json(entry["descriptor"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
             return None
-        desc = Descriptor.from_json(entry["descriptor"])
-        blob = self.store.blob_path(desc.digest)
-        try:
-            st = blob.stat()
-        except FileNotFoundError:
-            return None
-        seen = entry.get("verified") or {}
-        fresh = (seen.get("ino") == st.st_ino and seen.get("size") == st.st_size == desc.size
-                 and seen.get("mtime_ns") == st.st_mtime_ns and seen.get("ctime_ns") == st.st_ctime_ns
-                 and st.st_mtime_ns < seen.get("at_ns", 0))
-        if fresh:
-            return desc
-        if st.st_size != desc.size or not self.store.verify_blob(desc.digest):
-            return None
-        self.put(key, desc, entry.get("meta", {}))
-        return desc
+        return desc if self.store.blob_intact(desc.digest, desc.size) else None
 
     def put(self, key: str, desc: Descriptor, meta: dict) -> None:
-        st = self.store.blob_path(desc.digest).stat()
-        entry = {"descriptor": desc.to_json(), "meta": meta,
-                 "verified": {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                              "ctime_ns": st.st_ctime_ns, "at_ns": time.time_ns()}}
+        entry = {"descriptor": desc.to_json(), "meta": meta}
         self.root.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self._path(key), json.dumps(entry, sort_keys=True).encode(), fsync=False)
 
@@ -284,43 +272,32 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
             results[i] = BuiltLayer(spec, desc, True, 0.0)
         else:
             todo.append(i)
+
+    def finished(i: int, desc: Descriptor, seconds: float) -> None:
+        results[i] = BuiltLayer(specs[i], desc, False, seconds)
+        cache.put(specs[i].key, desc, {"description": specs[i].description,
+                                       "wheels": [w.filename for w in specs[i].wheels]})
+
     workers = max(1, min(len(todo), jobs or os.cpu_count() or 1))
     if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {i: pool.submit(build_layer, specs[i], layout, parents, mtime, store) for i in todo}
-            for i, fut in futures.items():
-                results[i] = BuiltLayer(specs[i], fut.result(), False, time.monotonic() - t0)
+        from concurrent.futures import as_completed
+
+        from hermetic.workers import die_with_parent
+
+        with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+            futures = {pool.submit(build_layer, specs[i], layout, parents, mtime, store): i for i in todo}
+            for fut in as_completed(futures):
+                finished(futures[fut], fut.result(), time.monotonic() - t0)
     else:
         for i in todo:
             t1 = time.monotonic()
-            desc = build_layer(specs[i], layout, parents, mtime, store)
-            results[i] = BuiltLayer(specs[i], desc, False, time.monotonic() - t1)
+            finished(i, build_layer(specs[i], layout, parents, mtime, store), time.monotonic() - t1)
     out = []
-    for i, spec in enumerate(specs):
-        built = results[i]
-        if not built.cached:
-            cache.put(spec.key, built.descriptor, {"description": spec.description,
-                                                   "wheels": [w.filename for w in spec.wheels]})
+    for i in range(len(specs)):
         if on_layer:
-            on_layer(built)
-        out.append(built)
+            on_layer(results[i])
+        out.append(results[i])
     return out
-
-
-def cleanup_tmp(tmp_root: Path, older_than_s: float = 3600) -> int:
-    """Remove leftovers of killed builds in ``tmp_root`` (older than an hour)."""
-    n = 0
-    if not tmp_root.is_dir():
-        return 0
-    now = time.time()
-    for p in tmp_root.iterdir():
-        try:
-            if now - p.stat().st_mtime > older_than_s:
-                shutil.rmtree(p) if p.is_dir() else os.unlink(p)
-                n += 1
-        except FileNotFoundError:
-            pass
-    return n
 
 
 def gzip_layer(desc: Descriptor, store: OciStore, cache: LayerCache, level: int = 6) -> Descriptor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import emit_json, json_option
+from hermetic.cli.common import emit_json, human_bytes, json_option
 
 
 @click.group()
@@ -18,26 +18,36 @@ def cache() -> None:
 def verify_cmd(repair: bool, as_json: bool) -> None:
     """Rehash every blob and wheel; exit 3 if any does not match its digest.
 
+    Also lists the temporary files that dead writers left (a killed fetch's
+    download, a killed build's layer): `hermetic cache gc` removes them. A
+    temp file whose writer is still running is never counted.
+
     \b
     Example:
       hermetic cache verify --repair
     """
     from hermetic.builder.gc import verify
+    from hermetic.errors import IntegrityError
     from hermetic.paths import cache_paths
 
     paths = cache_paths()
     rep = verify(paths, repair=repair)
+    left = rep.leftovers
     if as_json:
         emit_json({"root": str(paths.root), "blobs": rep.blobs, "wheels": rep.wheels, "ok": rep.ok,
-                   "problems": rep.problems, "removed": rep.removed})
+                   "problems": rep.problems, "removed": rep.removed,
+                   "dead_temp_files": {"count": left.count, "bytes": left.bytes, "paths": left.paths}})
     else:
         for p in rep.problems:
             click.echo(f"corrupt: {p}")
         click.echo(f"{rep.blobs} blobs, {rep.wheels} wheels checked in {paths.root}: "
                    + ("all match their digests" if rep.ok else f"{len(rep.problems)} problem(s)")
                    + (f"; removed {len(rep.removed)}" if rep.removed else ""))
+        if left.count:
+            click.echo(f"{left.count} temp file(s) of dead writers, {human_bytes(left.bytes)}: "
+                       "`hermetic cache gc` removes them")
     if not rep.ok:
-        raise click.exceptions.Exit(3)
+        raise click.exceptions.Exit(IntegrityError.exit_code)
 
 
 @cache.command("gc")
@@ -46,10 +56,16 @@ def verify_cmd(repair: bool, as_json: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @json_option
 def gc_cmd(keep_builds: int, dry_run: bool, as_json: bool) -> None:
-    """Remove blobs no kept image needs, stale cache entries and staging leftovers.
+    """Remove blobs no kept image needs, stale cache entries and dead writers' temp files.
 
     Kept: every named image in the store (NAME:latest, bootstrapped and pulled
-    bases) and the --keep-builds most recent per-build-key refs.
+    bases) and the --keep-builds most recent per-build-key refs. A temp file
+    whose writer is still running is never removed.
+
+    \b
+    Example:
+      hermetic cache gc --dry-run
+      hermetic cache gc --keep-builds 3 --json
     """
     from hermetic.builder.gc import gc
     from hermetic.paths import cache_paths
@@ -57,8 +73,11 @@ def gc_cmd(keep_builds: int, dry_run: bool, as_json: bool) -> None:
     rep = gc(cache_paths(), keep_builds=keep_builds, dry_run=dry_run)
     if as_json:
         emit_json({"kept_refs": rep.kept_refs, "dropped_refs": rep.dropped_refs, "removed_blobs": rep.removed_blobs,
-                   "freed_bytes": rep.freed_bytes, "removed_entries": rep.removed_entries, "dry_run": dry_run})
+                   "freed_bytes": rep.freed_bytes, "removed_entries": rep.removed_entries,
+                   "temp_files": rep.temp_files, "temp_bytes": rep.temp_bytes, "dry_run": dry_run})
         return
     verb = "would remove" if dry_run else "removed"
-    click.echo(f"{verb} {rep.removed_blobs} blob(s), {rep.freed_bytes / 1e6:.1f} MB; "
-               f"{len(rep.dropped_refs)} old build ref(s); kept {len(rep.kept_refs)} ref(s)")
+    click.echo(f"{verb} {rep.removed_blobs} blob(s) ({human_bytes(rep.freed_bytes)}), "
+               f"{rep.temp_files} temp file(s) of dead writers ({human_bytes(rep.temp_bytes)})"
+               + ("" if dry_run else f", {rep.removed_entries} stale cache entr{'y' if rep.removed_entries == 1 else 'ies'}")
+               + f"; {len(rep.dropped_refs)} old build ref(s); kept {len(rep.kept_refs)} ref(s)")

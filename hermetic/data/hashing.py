@@ -430,13 +430,21 @@ def drain(paths: Sequence[str], queue: int, control: Control, slot: int, digests
 
 
 def fork_child(body: Callable[[], None], control: Control) -> int:
-    """Fork; the child runs ``body`` and exits (0 if it returned, 1 if it raised). Returns the pid."""
+    """Fork; the child runs ``body`` and exits (0 if it returned, 1 if it raised). Returns the pid.
+
+    The child dies with this process (hermetic.workers), even when this one is SIGKILLed.
+    """
+    parent = os.getpid()
     pid = os.fork()
     if pid:
         return pid
     code = 1
     try:
         import signal
+
+        from hermetic.workers import die_with_parent
+
+        die_with_parent(parent)
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it raises the stop flag
         body()
@@ -543,9 +551,12 @@ def read_all(fd: int, tick: Callable[[], None]) -> bytes:
 _worker_state: dict[str, Any] = {}
 
 
-def _init_worker(counter: Any, stop: Any) -> None:
+def _init_worker(counter: Any, stop: Any, owner: int) -> None:
     import signal
 
+    from hermetic.workers import die_with_parent
+
+    die_with_parent(owner)  # (the fork server is its parent; it exits with ``owner``)
     # Ctrl-C is handled by the parent, which raises the stop flag.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_state.update(counter=counter, stop=stop)
@@ -587,7 +598,7 @@ def _hash_pool(paths: Sequence[str], batches: list[tuple[int, int]], workers: in
     errors: _Errors = []
     files_done = 0
     ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(counter, stop))
+                             initargs=(counter, stop, os.getpid()))
     try:
         futures = {ex.submit(_hash_batch, list(paths[s:e])): (s, e) for s, e in batches}
         if while_hashing is not None:

@@ -12,7 +12,7 @@ the file's mtime and ctime are strictly older than ``recorded_ns`` minus a
 slack: twice the timestamp granularity (inferred from the timestamp's
 trailing zeros: whole seconds on FAT/HFS+/ext3, nanoseconds on ext4/xfs/btrfs)
 plus 50 ms for the kernel's coarse clock, which stamps files up to one tick
-behind ``time.time_ns()``. A racy entry is simply re-hashed and recorded again,
+behind ``time.time_ns()`` (``hermetic.fsutil.is_racy``). A racy entry is simply re-hashed and recorded again,
 after which it is trusted.
 
 What it cannot see (docs/data.md): a change that leaves all five fields equal
@@ -40,31 +40,16 @@ from itertools import chain
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from hermetic.fsutil import SAFE_AGE_NS, StatKey, is_racy, stat_key  # noqa: F401 (stat_key: re-exported)
+
 _MAGIC = b"hermetic-statcache\x00v2\n"
 # entry count, note length, newest mtime/ctime of any entry, oldest recorded time: the
 # last two decide "every entry trusted" without going through 100,000 entries.
 _HEADER = struct.Struct("<QQqq")
 _KEY_INTS = 5  # dev, ino, size, mtime_ns, ctime_ns
 _DIGEST = 32
-_COARSE_CLOCK_NS = 50_000_000
-_SAFE_AGE_NS = 2 * 1_000_000_000 + _COARSE_CLOCK_NS  # enough for any granularity up to 1 s
-
-StatKey = tuple[int, int, int, int, int]
-
-
-def stat_key(st: os.stat_result) -> StatKey:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def is_racy(mtime_ns: int, ctime_ns: int, recorded_ns: int) -> bool:
-    """True when an entry recorded at ``recorded_ns`` cannot be trusted (see module doc)."""
-    newest = mtime_ns if mtime_ns > ctime_ns else ctime_ns
-    if newest + _SAFE_AGE_NS < recorded_ns:
-        return False  # the common case, decided without looking at granularity
-    granularity = 1
-    while granularity < 1_000_000_000 and newest % (granularity * 10) == 0:
-        granularity *= 10
-    return newest + 2 * granularity + _COARSE_CLOCK_NS >= recorded_ns
+# The stat key and git's racy-clean rule live in fsutil: the OCI store's blob check uses them too.
+_SAFE_AGE_NS = SAFE_AGE_NS
 
 
 def _pack_keys(keys: Sequence[StatKey]) -> bytes:

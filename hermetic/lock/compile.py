@@ -10,11 +10,22 @@ Index lines in the input are kept in the lock (users elsewhere fetch from
 them). An index that does not answer here is left out of *this* resolution
 with a warning; the packages must then come from another source (pip's
 configured find-links or indexes), and their hashes make that safe.
+
+The lock is a function of the input's content, the target, and the
+resolver and hermetic versions, byte for byte: the pins of an existing lock
+are kept unless ``--upgrade`` (the resolver is given them as preferences),
+and neither the input file's name nor its location appears in the lock
+(the input's own requirements are annotated ``# via -r <input>``), so
+moving or renaming requirements.in, or locking it from another directory,
+changes nothing -- and neither does the image, whose identity includes the
+lock's sha256. The resolver runs in the input's directory, so relative
+paths in the input (``-c constraints.txt``, ``--find-links wheels/``) mean
+what pip would make of them.
 """
 
 from __future__ import annotations
 
-import os
+import re
 import shlex
 import subprocess
 import sys
@@ -23,10 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hermetic.errors import HermeticError, LockError
-from hermetic.fsutil import atomic_write_text
+from hermetic.fsutil import OwnedTemp, atomic_write_text, sweep_dead
 from hermetic.indexes import read_pip_sources, reachable
 from hermetic.lock.model import Target
 from hermetic.lock.read import lock_format, read_lock
+
+
+INPUT_LABEL = "<input>"  # how the lock names the requirements file it was made from
+_TMP_PREFIX = ".hermetic-lock."
 
 
 @dataclass
@@ -94,11 +109,14 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
     warnings: list[str] = []
     text = input_path.read_text(encoding="utf-8")
     pip = read_pip_sources()
-    find_links = list(pip.find_links)
+    # pip's configured find-links mean paths from here; the resolver runs in the input's directory.
+    find_links = [f if "://" in f or not Path(f).exists() else str(Path(f).resolve()) for f in pip.find_links]
+    for d in {input_path.parent, output_path.parent}:
+        sweep_dead(d, lambda name: name.startswith(_TMP_PREFIX))  # a killed lock's files
+    tmp_input: OwnedTemp | None = None
     if input_path.name == "pyproject.toml":
         index_lines: list[str] = []
         resolve_input = input_path
-        tmp_input = None
     else:
         index_lines, in_find_links, rest = _split_index_lines(text)
         find_links += in_find_links
@@ -110,16 +128,20 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
                                 f"(its packages must come from pip's configured sources; hashes still decide)")
                 continue
             keep.append(line)
-        fd, tmp = tempfile.mkstemp(prefix="hermetic-lock.", suffix=".in", dir=input_path.parent)
-        with os.fdopen(fd, "w") as f:
+        # Beside the input, so that its relative paths still hold.
+        tmp_input = OwnedTemp(input_path.parent, _TMP_PREFIX, ".in", mode=0o644)
+        with tmp_input.open("w", encoding="utf-8") as f:
             f.write("\n".join(keep + rest) + "\n")
-        resolve_input = Path(tmp)
-        tmp_input = Path(tmp)
-    fd, tmp_out = tempfile.mkstemp(prefix=".hermetic-lock.", suffix=".out", dir=output_path.parent)
-    os.close(fd)
+        resolve_input = tmp_input.path
+    out = OwnedTemp(output_path.parent, _TMP_PREFIX, ".out")
+    tmp_out = str(out.path)
+    if not upgrade and output_path.is_file():
+        # The current pins, as preferences: re-locking unchanged input gives the same lock.
+        with out.open("wb") as f:
+            f.write(output_path.read_bytes())
     try:
         if resolver == "uv":
-            cmd = [uv_binary(), "pip", "compile", str(resolve_input), "--generate-hashes", "--no-header",
+            cmd = [uv_binary(), "pip", "compile", resolve_input.name, "--generate-hashes", "--no-header",
                    "--python-platform", target.platform, "--python-version", target.python_version,
                    "--only-binary", ":all:", "--quiet", "-o", tmp_out]
             if fmt == "pylock.toml":
@@ -135,7 +157,7 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
                                 f"but the image runs Python {target.python_version}; use --resolver uv")
             if fmt != "requirements":
                 raise LockError("pip-tools writes requirements.txt-style locks only")
-            cmd = [sys.executable, "-m", "piptools", "compile", str(resolve_input), "--generate-hashes",
+            cmd = [sys.executable, "-m", "piptools", "compile", resolve_input.name, "--generate-hashes",
                    "--no-header", "--no-emit-find-links", "--no-emit-index-url", "--pip-args", "--only-binary :all:",
                    "--quiet", "-o", tmp_out]
             if upgrade:
@@ -145,7 +167,7 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
         else:
             raise LockError(f"unknown resolver {resolver!r} (uv or pip-tools)")
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=input_path.parent)
         except FileNotFoundError as e:
             raise HermeticError(f"cannot run the resolver: {e}") from None
         if proc.returncode != 0:
@@ -155,7 +177,8 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
             raise LockError(f"{input_path}: resolution failed: {detail}")
         body = Path(tmp_out).read_text(encoding="utf-8")
         if tmp_input is not None:
-            body = body.replace(str(tmp_input), input_path.name)
+            # However the resolver spells the temporary input's path, the lock says <input>.
+            body = re.sub(r"\S*" + re.escape(tmp_input.path.name), INPUT_LABEL, body)
         out_text = _with_header(body, fmt, input_path, output_path, target, resolver, index_lines)
         # Refuse to write a lock we could not read back (same file name: it selects the format).
         with tempfile.TemporaryDirectory(prefix="hermetic-lockcheck.") as check_dir:
@@ -165,12 +188,9 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
         atomic_write_text(output_path, out_text)
         return CompileResult(output_path, len(lock.wheels), resolver, warnings, cmd)
     finally:
-        for p in (tmp_out, tmp_input):
-            if p is not None:
-                try:
-                    os.unlink(p)
-                except FileNotFoundError:
-                    pass
+        out.discard()
+        if tmp_input is not None:
+            tmp_input.discard()
 
 
 def _first_error(stderr: str) -> str:
@@ -189,8 +209,10 @@ def _with_header(body: str, fmt: str, input_path: Path, output_path: Path, targe
                  resolver: str, index_lines: list[str]) -> str:
     from hermetic import __version__
 
-    note = (f"Generated by hermetic {__version__} (`hermetic lock`, resolver: {resolver}) from {input_path.name}\n"
-            f"for {target.platform} / CPython {target.python_version}. Do not edit: rerun hermetic lock.")
+    note = (f"Generated by hermetic {__version__} (`hermetic lock`, resolver: {resolver}) for {target.platform} / "
+            f"CPython {target.python_version}.\nDo not edit: rerun hermetic lock.")
+    if input_path.name != "pyproject.toml":
+        note += f" {INPUT_LABEL}: the input file (its name and place are not part of the lock)."
     if fmt == "pylock.toml":
         header = "".join(f"# {ln}\n" for ln in note.splitlines())
         return header + body

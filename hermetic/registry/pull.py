@@ -60,8 +60,14 @@ def parse_pull_ref(ref: str) -> ImageName:
         raise HermeticError(str(e), hint="write HOST[:PORT]/REPO@sha256:<digest>") from None
     if name.digest is None:
         raise HermeticError(f"{ref} is not pinned by digest",
-                            hint=f"pin it first: hermetic base pin {ref} (prints {ref.split(':')[0]}@sha256:…)")
+                            hint=f"pull by digest: hermetic pull {_repo(name)}@sha256:… "
+                                 f"(the repo digest `hermetic push {name}` printed)")
     return name
+
+
+def _repo(name: ImageName) -> str:
+    """HOST[:PORT]/REPO, as the user wrote it (no tag)."""
+    return (f"{name.host}/" if name.host else "") + name.repository
 
 
 def default_ref_name(name: ImageName) -> str:

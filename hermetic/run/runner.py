@@ -20,7 +20,6 @@ import dataclasses
 import os
 import posixpath
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -29,6 +28,7 @@ from hermetic.builder.image_record import ImageInfo
 from hermetic.config import LoadedConfig, size_bytes
 from hermetic.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT, inside
 from hermetic.errors import HermeticError
+from hermetic.fsutil import owned_temp_dir
 from hermetic.paths import CachePaths
 from hermetic.record import (
     begin_record, create_run_dir, env_section, finish_record, new_run_id, seed_section, write_record,
@@ -118,8 +118,11 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
     if req.image_manifest:
         from hermetic.engine import engine_has_image, load_image
 
+        from hermetic.store.intact import check_image
+
         if not store.has_image(req.image_manifest):
             raise HermeticError(f"image {req.image_manifest} is not in the local store", exit_code=3)
+        check_image(store, req.image_manifest)  # every blob still what its digest says, before it is trusted
         info = ImageInfo.from_store(store, req.image_manifest)
         if not engine_has_image(info.image_id):
             load_image(store, req.image_manifest)
@@ -161,13 +164,12 @@ def open_run(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInf
 
 @contextlib.contextmanager
 def _workspace(paths: CachePaths, run_id: str) -> Iterator[Path]:
-    """A scratch directory the snapshot is extracted into: the container's writable working directory."""
-    workspace = Path(tempfile.mkdtemp(prefix=f"workspace-{run_id}.", dir=paths.tmpdir()))
-    os.chmod(workspace, 0o755)  # the container's (non-root) user must reach /workspace
-    try:
+    """A scratch directory the snapshot is extracted into: the container's writable working directory.
+
+    Tied to this process (fsutil.owned_temp_dir): a killed run's workspace is removed by the next writer."""
+    with owned_temp_dir(paths.tmpdir(), f"workspace-{run_id}.") as workspace:
+        os.chmod(workspace, 0o755)  # the container's (non-root) user must reach /workspace
         yield workspace
-    finally:
-        shutil.rmtree(workspace, ignore_errors=True)
 
 
 def snapshot_code(cfg: LoadedConfig, req: RunRequest, run_dir: Path, workspace: Path,

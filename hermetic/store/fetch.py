@@ -239,37 +239,55 @@ def _is_sdist_of(c: Candidate, wheel: LockedWheel) -> bool:
 
 
 def choose(wheel: LockedWheel, sources: SourceSet, target: Target) -> tuple[Candidate | None, list[str]]:
-    """The best candidate file for a pin; notes explain what was seen."""
-    notes: list[str] = []
-    saw_sdist = False
-    saw_other_hash = False
-    saw_incompatible: list[str] = []
+    """The best candidate file for a pin; when there is none, notes say what was seen instead.
+
+    The notes say what is true of the files found: wheels for the image whose
+    hashes the lock does not allow come first (that is a lock made from other
+    files: re-lock), then wheels for other platforms or Pythons, then sdists.
+    """
+    unlocked: set[str] = set()  # for the image, but their hashes are not the lock's
+    incompatible: set[str] = set()
+    sdists: set[str] = set()
     for label, cands in sources.candidates(wheel):
         best: tuple[int, Candidate] | None = None
         for c in cands:
-            if _is_sdist_of(c, wheel) and (c.sha256 is None or c.sha256 in wheel.sha256s):
-                saw_sdist = True
+            if _is_sdist_of(c, wheel):
+                sdists.add(c.filename)
                 continue
             if not c.filename.endswith(".whl") or not _matches(c, wheel):
                 continue
             prio = wheel_priority(c.filename, target)
             if prio is None:
-                saw_incompatible.append(c.filename)
+                incompatible.add(c.filename)
                 continue
             if c.sha256 is not None and c.sha256 not in wheel.sha256s:
-                saw_other_hash = True
+                unlocked.add(c.filename)
                 continue
             if best is None or prio < best[0]:
                 best = (prio, c)
         if best is not None:
-            return best[1], notes
-    if saw_incompatible:
-        notes.append(f"wheels seen but none for {target.platform}/cp{target.py_nodot}: {', '.join(sorted(set(saw_incompatible))[:3])}")
-    if saw_sdist:
-        notes.append("only an sdist was found; sdists need a build, which is not hermetic")
-    if saw_other_hash:
-        notes.append("files with this name exist but their hashes are not in the lock")
-    return None, notes
+            return best[1], []
+    return None, _not_found_notes(wheel, target, unlocked, incompatible, sdists)
+
+
+def _some(names: set[str], n: int = 3) -> str:
+    listed = sorted(names)
+    return ", ".join(listed[:n]) + (f" (+{len(listed) - n} more)" if len(listed) > n else "")
+
+
+def _not_found_notes(wheel: LockedWheel, target: Target, unlocked: set[str], incompatible: set[str],
+                     sdists: set[str]) -> list[str]:
+    image = f"{target.platform} / CPython {target.python_version}"
+    if unlocked:
+        return [f"{len(unlocked)} wheel(s) for {image} exist ({_some(unlocked)}), but their hashes are not in the "
+                f"lock (its {len(wheel.sha256s)} hash(es) for this pin are of other files: it was locked for another "
+                f"platform, or the files changed); re-lock for the image with `hermetic lock`"]
+    if incompatible:
+        return [f"no wheel for {image}; only wheels for other platforms or Pythons: {_some(incompatible)}"
+                + (f", and an sdist ({_some(sdists, 1)}), which needs a build, which is not hermetic" if sdists else "")]
+    if sdists:
+        return [f"only an sdist ({_some(sdists, 1)}) was found; sdists need a build, which is not hermetic"]
+    return []
 
 
 def fetch(lock: Lock, store: WheelStore, sources: PipSources, *, jobs: int = 4,
@@ -292,12 +310,15 @@ def fetch(lock: Lock, store: WheelStore, sources: PipSources, *, jobs: int = 4,
         cand, notes = choose(w, srcs, lock.target)
         if cand is None:
             where = w.source or lock.path
+            if notes:
+                raise FetchError(f"{where}: {w.name}=={w.version}: {'; '.join(notes)}")
             tried = [*srcs.find_links, *srcs.indexes]
-            why = "; ".join(notes) if notes else f"not found in {', '.join(tried) or 'any source'}"
+            why = f"not found in {', '.join(tried) or 'any source'}"
             down = sorted(srcs.unreachable)
-            if down and not notes:
+            if down:
                 why += f" (unreachable: {', '.join(down)})"
-            raise FetchError(f"{where}: {w.name}=={w.version}: no wheel for {lock.target.platform} / CPython {lock.target.python_version}: {why}")
+            raise FetchError(f"{where}: {w.name}=={w.version}: no wheel for {lock.target.platform} / CPython "
+                             f"{lock.target.python_version}: {why}")
         what = f"{w.name}=={w.version}"
 
         def tick(n: int) -> None:

@@ -7,8 +7,11 @@ index.json whose entries carry ``org.opencontainers.image.ref.name``.
 Blobs enter only through ``BlobWriter``: bytes are hashed while written to a
 temp file in the store's own tmp/, checked against the expected digest, and
 renamed into place; a crash leaves at most a stray temp file, never a wrong
-blob. index.json is rewritten atomically under an flock, so concurrent
-builders and pullers cannot lose each other's refs.
+blob. The temp file is locked by its writer (fsutil.OwnedTemp), so the next
+writer removes a dead writer's file and never a live one's. The writer notes
+the blob's stat for intact.py, which answers "is this blob still right?"
+from a stat where that is safe. index.json is rewritten atomically under an
+flock, so concurrent builders and pullers cannot lose each other's refs.
 """
 
 from __future__ import annotations
@@ -16,14 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from hermetic.canonical import canonical_json, parse_digest
 from hermetic.errors import HermeticError, IntegrityError
-from hermetic.fsutil import atomic_write_bytes, file_lock, sha256_file
+from hermetic.fsutil import OwnedTemp, atomic_write_bytes, file_lock, sha256_file, sweep_dead
+from hermetic.store import intact
 
 OCI_LAYOUT = {"imageLayoutVersion": "1.0.0"}
 MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -65,6 +69,9 @@ class Descriptor:
         )
 
 
+_swept: set[str] = set()  # stores whose tmp/ this process has swept
+
+
 class BlobWriter:
     """Stream bytes into the store; the blob appears only once verified."""
 
@@ -72,9 +79,10 @@ class BlobWriter:
         self._store = store
         self._expected = expected_digest
         self._expected_size = expected_size
-        store.tmp.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(prefix="blob.", dir=store.tmp)
-        self._f: BinaryIO = os.fdopen(fd, "wb")
+        store.sweep_tmp_once()
+        self._owner = OwnedTemp(store.tmp, "blob.")
+        self._tmp = self._owner.path
+        self._f: BinaryIO = self._owner.open("wb")
         self._h = hashlib.sha256()
         self.size = 0
         self.digest: str | None = None
@@ -100,8 +108,13 @@ class BlobWriter:
                 raise IntegrityError(f"blob {digest}: expected {self._expected_size} bytes, got {self.size}")
             dest = self._store.blob_path(digest)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(self._tmp, 0o644)
+            os.fchmod(self._owner.fd, 0o644)
             os.replace(self._tmp, dest)
+            # The bytes just hashed are the blob's: note its stat (taken after the rename, which
+            # changes ctime) for intact.py.
+            noted_ns = time.time_ns()
+            intact.write_note(self._store.root, digest[len("sha256:"):], os.fstat(self._owner.fd), noted_ns)
+            self._owner.close()
         except BaseException:
             self.abort()
             raise
@@ -111,10 +124,7 @@ class BlobWriter:
     def abort(self) -> None:
         if not self._f.closed:
             self._f.close()
-        try:
-            os.unlink(self._tmp)
-        except FileNotFoundError:
-            pass
+        self._owner.discard()
 
     def __enter__(self) -> "BlobWriter":
         return self
@@ -138,6 +148,13 @@ class OciStore:
     @property
     def index_path(self) -> Path:
         return self.root / "index.json"
+
+    def sweep_tmp_once(self) -> None:
+        """Remove dead writers' temp files from tmp/, once per process (the first writer does)."""
+        key = str(self.root)
+        if key not in _swept:
+            _swept.add(key)
+            sweep_dead(self.tmp)
 
     def ensure(self) -> "OciStore":
         (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
@@ -187,7 +204,7 @@ class OciStore:
         if verify:
             actual = "sha256:" + hashlib.sha256(data).hexdigest()
             if actual != digest:
-                raise IntegrityError(f"store blob {digest} is corrupt (content hashes to {actual}); run: hermetic cache verify")
+                raise IntegrityError(f"store blob {digest} is corrupt (content hashes to {actual}); run `{intact.REPAIR}`")
         return data
 
     def read_json(self, digest: str) -> Any:
@@ -199,6 +216,14 @@ class OciStore:
             return "sha256:" + sha256_file(self.blob_path(digest)) == digest
         except FileNotFoundError:
             return False
+
+    def blob_intact(self, digest: str, size: int | None = None) -> bool:
+        """True when the blob matches its name (and size): from its stat when safe (intact.py)."""
+        return intact.blob_intact(self.root, self.blob_path(digest), parse_digest(digest), size)
+
+    def remove_blob(self, digest: str) -> None:
+        self.blob_path(digest).unlink(missing_ok=True)
+        intact.forget(self.root, parse_digest(digest))
 
     def iter_blobs(self) -> Iterator[str]:
         d = self.root / "blobs" / "sha256"

@@ -4,8 +4,10 @@ Layout: ``<root>/sha256/<hex>/<original filename>``. The file name is kept
 because installers read tags and the distribution name from it; the
 directory name is the identity. A file enters through a temp file in
 ``<root>/tmp`` and an atomic rename, after its sha256 has been computed from
-the bytes actually written, so an interrupted download leaves nothing behind
-and a wrong file never appears.
+the bytes actually written, so a wrong file never appears. The temp file is
+locked by its writer (fsutil.OwnedTemp): a download killed midway leaves it
+behind, and the next writer (or ``hermetic cache gc``) removes it, never a
+live download's.
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
 from hermetic.canonical import is_sha256_hex
 from hermetic.errors import IntegrityError
-from hermetic.fsutil import READ_SIZE, sha256_file
+from hermetic.fsutil import READ_SIZE, OwnedTemp, sha256_file, sweep_dead
+
+_swept: set[str] = set()  # wheel stores whose tmp/ this process has swept
 
 
 @dataclass(frozen=True)
@@ -71,11 +74,14 @@ class WheelStore:
         """Copy a stream into the store if its sha256 is one of ``allowed``."""
         if "/" in filename or not filename.endswith(".whl"):
             raise IntegrityError(f"{what or filename}: refusing to store {filename!r}: not a wheel file name")
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="wheel.", dir=self.tmp)
+        if str(self.root) not in _swept:  # the first writer of this process removes dead writers' files
+            _swept.add(str(self.root))
+            sweep_dead(self.tmp)
+        owner = OwnedTemp(self.tmp, "wheel.")
+        tmp = owner.path
         h = hashlib.sha256()
         try:
-            with os.fdopen(fd, "wb") as f:
+            with owner.open("wb") as f:
                 while True:
                     chunk = read(READ_SIZE)
                     if not chunk:
@@ -94,19 +100,17 @@ class WheelStore:
                 )
             existing = self.get(actual)
             if existing is not None:
-                os.unlink(tmp)
+                owner.discard()
                 return existing
             d = self._dir(actual)
             d.mkdir(parents=True, exist_ok=True)
-            os.chmod(tmp, 0o644)
+            os.fchmod(owner.fd, 0o644)
             dest = d / filename
             os.replace(tmp, dest)
+            owner.close()
             return StoredWheel(actual, dest)
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            owner.discard()
             raise
 
     def admit_file(self, src: Path, allowed: frozenset[str] | set[str], *, what: str = "",

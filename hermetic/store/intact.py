@@ -1,0 +1,166 @@
+"""Is a stored blob still what its name says? Answered from a stat where that is safe.
+
+The one implementation behind the layer cache's reuse of a layer, a no-op
+build, and a run of an image by digest (``check_image``). Each blob has a
+note, ``<store>/.verified/<hex>``: the blob's stat key (dev, ino, size,
+mtime_ns, ctime_ns) when its bytes were last hashed and found right, and when
+that note was made. A check trusts an unchanged stat key without reading the
+blob, under git's racy-clean rule (``hermetic.fsutil.is_racy``): a note made
+within a timestamp tick of the blob's last change is not trusted, and the
+blob is rehashed and noted again. Writers note what they wrote
+(``BlobWriter``, which hashed the bytes on their way in); ``seal`` re-dates
+the notes of blobs whose stat has not changed since (what writing git's index
+does), so that the blobs a build just wrote are trusted by the next no-op
+build without being read again.
+
+What a stat cannot see -- bit rot or a write that leaves size, mtime and
+ctime as they were -- is found by ``hermetic cache verify``, which rehashes
+everything. A note that does not parse is no note (the blob is rehashed): a
+note is never a reason to fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hermetic.errors import HermeticError, IntegrityError
+from hermetic.fsutil import READ_SIZE, StatKey, atomic_write_bytes, is_racy, stat_key
+
+if TYPE_CHECKING:
+    from hermetic.store.oci import OciStore
+
+NOTES_DIR = ".verified"
+REPAIR = "hermetic cache verify --repair"  # the fix every refusal names
+
+
+def notes_dir(store_root: Path) -> Path:
+    return store_root / NOTES_DIR
+
+
+def _note_path(store_root: Path, hexdigest: str) -> Path:
+    return store_root / NOTES_DIR / hexdigest
+
+
+def _read_note(path: Path) -> tuple[StatKey, int] | None:
+    try:
+        fields = path.read_bytes().split()
+        if len(fields) != 6:
+            return None
+        ints = [int(f) for f in fields]
+    except (OSError, ValueError):
+        return None
+    return (ints[0], ints[1], ints[2], ints[3], ints[4]), ints[5]
+
+
+def write_note(store_root: Path, hexdigest: str, st: os.stat_result, noted_ns: int) -> None:
+    """Note that the blob, with stat ``st`` taken after ``noted_ns``, hashed to its name."""
+    text = " ".join(str(v) for v in (*stat_key(st), noted_ns)) + "\n"
+    try:
+        # No fsync: a note lost in a crash costs one rehash, never a wrong answer.
+        atomic_write_bytes(_note_path(store_root, hexdigest), text.encode(), fsync=False)
+    except OSError:
+        pass
+
+
+def forget(store_root: Path, hexdigest: str) -> None:
+    try:
+        os.unlink(_note_path(store_root, hexdigest))
+    except FileNotFoundError:
+        pass
+
+
+def _trusted(note: tuple[StatKey, int] | None, st: os.stat_result) -> bool:
+    return note is not None and note[0] == stat_key(st) and not is_racy(st.st_mtime_ns, st.st_ctime_ns, note[1])
+
+
+def blob_intact(store_root: Path, blob: Path, hexdigest: str, size: int | None = None) -> bool:
+    """True when ``blob`` is there and its bytes hash to ``hexdigest`` (and are ``size`` long).
+
+    From the stat alone when the note allows (module doc); else rehashed, and
+    noted when right.
+    """
+    try:
+        st = os.stat(blob)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if size is not None and st.st_size != size:
+        return False
+    note_file = _note_path(store_root, hexdigest)
+    if _trusted(_read_note(note_file), st):
+        return True
+    noted_ns = time.time_ns()  # before the stat of the bytes hashed (a later change is newer than this)
+    h = hashlib.sha256()
+    try:
+        with open(blob, "rb", buffering=0) as f:
+            before = os.fstat(f.fileno())
+            buf = bytearray(READ_SIZE)
+            view = memoryview(buf)
+            while n := f.readinto(buf):
+                h.update(view[:n])
+            after = os.fstat(f.fileno())
+    except OSError:
+        return False
+    if h.hexdigest() != hexdigest or (size is not None and after.st_size != size):
+        forget(store_root, hexdigest)
+        return False
+    if stat_key(before) == stat_key(after):  # not written to while hashed
+        write_note(store_root, hexdigest, after, noted_ns)
+    return True
+
+
+def seal(store_root: Path, blobs: dict[str, Path]) -> None:
+    """Re-date the notes of these blobs (hex -> path) whose stat is unchanged since noted and
+    that are no longer racy now: from now on they are trusted from their stat."""
+    now = time.time_ns()
+    for hexdigest, blob in blobs.items():
+        note = _read_note(_note_path(store_root, hexdigest))
+        if note is None:
+            continue
+        try:
+            st = os.stat(blob)
+        except FileNotFoundError:
+            continue
+        if note[0] != stat_key(st) or not is_racy(st.st_mtime_ns, st.st_ctime_ns, note[1]):
+            continue  # changed (the next check rehashes it), or trusted already
+        if not is_racy(st.st_mtime_ns, st.st_ctime_ns, now):
+            write_note(store_root, hexdigest, st, now)
+
+
+def check_image(store: "OciStore", manifest_digest: str) -> None:
+    """Refuse (IntegrityError naming the blob, and the fix) unless every blob of the image --
+    manifest, config, layers -- is in the store and matches its digest. Costs a stat and a
+    small read per blob when nothing changed since the last check."""
+    from hermetic.canonical import parse_digest
+
+    blobs: list[tuple[str, str, int | None]] = [("manifest", manifest_digest, None)]
+    try:
+        config, *layers = store.image_blobs(manifest_digest)
+        blobs.append(("config", config.digest, config.size))
+        blobs += [(f"layer {i}", d.digest, d.size) for i, d in enumerate(layers, 1)]
+    except HermeticError:
+        pass  # the manifest itself is missing or corrupt: reported below as such
+    except (ValueError, KeyError) as e:
+        raise IntegrityError(f"image {manifest_digest}: unreadable manifest in the store ({e.__class__.__name__})",
+                             hint=f"run `{REPAIR}`, then build or pull again") from None
+    for role, digest, size in blobs:
+        hexdigest = parse_digest(digest)
+        blob = store.blob_path(digest)
+        if not blob_intact(store.root, blob, hexdigest, size):
+            state = "missing from" if not blob.exists() else "corrupt in"
+            raise IntegrityError(
+                f"image {manifest_digest}: {role} blob {digest} is {state} the store ({blob}); "
+                f"run `{REPAIR}`, then build or pull the image again",
+                hint=f"`{REPAIR}` removes what does not match its digest, and the cache entries that point at it",
+            )
+
+
+def seal_image(store: "OciStore", manifest_digest: str) -> None:
+    """``seal`` every blob of an image (after a build or a pull wrote it)."""
+    from hermetic.canonical import parse_digest
+
+    digests = [manifest_digest] + [d.digest for d in store.image_blobs(manifest_digest)]
+    seal(store.root, {parse_digest(d): store.blob_path(d) for d in digests})

@@ -1,0 +1,47 @@
+"""Worker processes that never outlive the command that started them.
+
+A process killed with SIGKILL runs no cleanup, so its workers must not rely
+on it: each worker asks the kernel for SIGKILL when its parent dies
+(``PR_SET_PDEATHSIG``, Linux), then checks that the parent it was started
+for is still there (it may have died before the request was made). Workers
+started from a fork server have the server as their parent, which exits when
+the command does; the check then looks at the command's own pid.
+
+Locks are the other half: fsutil's locks are never shared with a worker (see
+its module doc), so even a worker that lived on could not hold one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _prctl_pdeathsig(sig: int) -> bool:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux, or no prctl
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def die_with_parent(owner_pid: int) -> None:
+    """Call first thing in a worker: SIGKILL when the parent dies; exit now if ``owner_pid``
+    (the command that wanted this worker) is already gone."""
+    _prctl_pdeathsig(signal.SIGKILL)
+    if os.getppid() != owner_pid and not pid_alive(owner_pid):
+        os._exit(1)

@@ -1,0 +1,135 @@
+"""SIGKILL at several points of a cold torch-mlp build: the next command starts at once, no process of
+the killed one lives on, and the image comes out with the digests of an uninterrupted build (issue 14).
+
+Before: the layer workers of a killed `hermetic build` lived on with PPID 1, holding the build's
+flock (a fork shares it), and the next build waited for them without a word.
+
+The wheels are served slowly from 127.0.0.1 (so a download can be caught midway); a fresh
+`build.source_date_epoch` gives this run's image layers no engine or cache has, so that every
+stage (downloads, parallel layer writes, the load into the engine) really happens.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import docker.errors
+import pytest
+
+from buildsupport import share_base
+from conftest import REPO, run_cli
+from kill_support import children_of, sigkill, start_hermetic, survivors, wait_for
+from run_support import pin_base
+from slow_server import SlowWheels
+
+pytestmark = pytest.mark.docker
+
+
+def lock_is_free(builds: Path) -> bool:
+    """Every build lock can be taken at once (none is held by anything of the killed build)."""
+    for lock in builds.glob(".*.lock"):
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+    return True
+
+
+def open_blob_larger_than(pid: int, blobs: Path, size: int) -> bool:
+    """The process has a blob of the store open that is bigger than ``size`` (the load streaming it)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = Path(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+        if target.parent == blobs and target.exists() and target.stat().st_size > size:
+            return True
+    return False
+
+
+@pytest.fixture
+def torch_project(tmp_path, base_ref) -> Path:
+    proj = tmp_path / "torch-mlp"
+    shutil.copytree(REPO / "examples" / "torch-mlp", proj,
+                    ignore=shutil.ignore_patterns("runs", "data", "__pycache__", "hermetic.image.json"))
+    pin_base(proj, base_ref)
+    cfg = proj / "hermetic.yaml"
+    assert "\nbuild:" not in cfg.read_text()
+    cfg.write_text(cfg.read_text().replace("name: torch-mlp", f"name: kill-{os.getpid()}")
+                   + f"build:\n  source_date_epoch: {random.randrange(10 ** 8, 10 ** 9)}\n")
+    return proj
+
+
+def test_sigkill_at_each_stage_of_a_cold_torch_build(tmp_path, torch_project, session_cache, docker_client):
+    proj = torch_project
+    ref_cache, cold = tmp_path / "reference-cache", tmp_path / "cache"
+    share_base(session_cache, ref_cache)
+    share_base(session_cache, cold)
+    image_id = None
+    try:
+        # The uninterrupted build, from the machine's own package sources.
+        proc = run_cli("build", "-C", str(proj), "--json", "--no-load", env={"HERMETIC_CACHE": str(ref_cache)})
+        assert proc.returncode == 0, proc.stderr
+        reference = json.loads(proc.stdout)
+        image_id = reference["image_id"]
+        wheels = sorted((ref_cache / "wheels" / "sha256").glob("*/*.whl"))
+        assert any(w.name.startswith("torch-") for w in wheels), wheels
+
+        partial, stored = cold / "wheels" / "tmp", cold / "wheels" / "sha256"
+        builds, blobs, oci_tmp = cold / "builds", cold / "oci" / "blobs" / "sha256", cold / "oci" / "tmp"
+        with SlowWheels(wheels, bytes_per_s=40 << 20) as server:
+            env = {"HERMETIC_CACHE": str(cold), "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": server.url,
+                   "PIP_NO_INDEX": "1", "PIP_INDEX_URL": "", "PIP_EXTRA_INDEX_URL": ""}
+
+            def kill_at(what: str, moment, *args: str) -> None:
+                p = start_hermetic(*args, "-C", str(proj), env=env)
+                wait_for(p, lambda: moment(p), what)
+                sid = sigkill(p)
+                assert survivors(sid) == [], f"processes of the build killed at {what} live on"
+                assert lock_is_free(builds), f"a build lock is still held after the kill at {what}"
+
+            # 1. `hermetic fetch`, a download midway.
+            kill_at("a download midway", lambda p: any(f.stat().st_size > (8 << 20) for f in partial.glob("wheel.*")),
+                    "fetch")
+            assert json.loads(run_cli("cache", "verify", "--json", env=env).stdout)["dead_temp_files"]["count"] >= 1
+            # 2. `hermetic build`, right after its fetch: every pin is in the store.
+            kill_at("the end of the fetch", lambda p: len(list(stored.glob("*/*.whl"))) == len(wheels),
+                    "build", "--json")
+            # 3. `hermetic build`, its layers being written by parallel workers.
+            kill_at("layers being written in parallel",
+                    lambda p: len(children_of(p.pid)) >= 2 and any(oci_tmp.glob("blob.*")), "build", "--json")
+            # 4. `hermetic build`, the image streaming into the engine.
+            kill_at("the load into the engine", lambda p: open_blob_larger_than(p.pid, blobs, 100 << 20),
+                    "build", "--json")
+            with pytest.raises(docker.errors.ImageNotFound):
+                docker_client.images.get(image_id)  # the engine kept nothing of the cut stream
+
+            p = start_hermetic("build", "-C", str(proj), "--json", env=env)
+            out, err = p.communicate(timeout=600)
+            assert p.returncode == 0, err
+        final = json.loads(out)
+        assert (final["image_id"], final["manifest_digest"]) == (reference["image_id"], reference["manifest_digest"])
+        assert [x["digest"] for x in final["layers"]] == [x["digest"] for x in reference["layers"]]
+        assert final["loaded"] is True and docker_client.images.get(image_id).id == image_id
+        verify = json.loads(run_cli("cache", "verify", "--json", env={"HERMETIC_CACHE": str(cold)}).stdout)
+        assert verify["ok"] and verify["dead_temp_files"]["count"] == 0, verify
+    finally:
+        if image_id:
+            try:
+                docker_client.images.remove(image_id, force=True)
+            except docker.errors.APIError:
+                pass
+        for d in (ref_cache, cold):
+            shutil.rmtree(d, ignore_errors=True)
