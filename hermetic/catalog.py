@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermetic.errors import HermeticError
+from hermetic.errors import ConfigError, EXIT_SOFTWARE, HermeticError
 from hermetic.reference import parse_image_name
 
 KINDS = ("registry", "bootstrap")
@@ -54,17 +54,18 @@ def load_catalog(path: str | Path | None = None) -> list[CatalogEntry]:
     try:
         doc = yaml.safe_load(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise HermeticError(f"{p}: base catalog not found; the installation is incomplete") from None
+        raise HermeticError(f"{p}: base catalog not found; the installation is incomplete",
+                            exit_code=EXIT_SOFTWARE) from None
     except yaml.YAMLError as e:
-        raise HermeticError(f"{p}: not valid YAML ({' '.join(str(e).split())})") from None
+        raise ConfigError(f"{p}: not valid YAML ({' '.join(str(e).split())})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
-        raise HermeticError(f"{p}: expected a mapping with an 'entries' list")
+        raise ConfigError(f"{p}: expected a mapping with an 'entries' list")
     out: list[CatalogEntry] = []
     seen: set[str] = set()
     for i, raw in enumerate(doc["entries"]):
         entry = _entry(p, i, raw)
         if entry.name in seen:
-            raise HermeticError(f"{p}: entries[{i}]: duplicate name {entry.name!r}")
+            raise ConfigError(f"{p}: entries[{i}]: duplicate name {entry.name!r}")
         seen.add(entry.name)
         out.append(entry)
     return out
@@ -73,35 +74,35 @@ def load_catalog(path: str | Path | None = None) -> list[CatalogEntry]:
 def _entry(p: Path, i: int, raw: Any) -> CatalogEntry:
     where = f"{p}: entries[{i}]"
     if not isinstance(raw, dict):
-        raise HermeticError(f"{where}: expected a mapping")
+        raise ConfigError(f"{where}: expected a mapping")
     unknown = set(raw) - {"name", "ref", "kind", "provides", "gpu", "notes", "how"}
     if unknown:
-        raise HermeticError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     for key in ("name", "ref", "kind"):
         if not isinstance(raw.get(key), str) or not raw[key]:
-            raise HermeticError(f"{where}: '{key}' must be a non-empty string")
+            raise ConfigError(f"{where}: '{key}' must be a non-empty string")
     name, ref, kind = raw["name"], raw["ref"], raw["kind"]
     where = f"{p}: entry {name!r}"
     if kind not in KINDS:
-        raise HermeticError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        raise ConfigError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
     try:
         image = parse_image_name(ref)
     except ValueError as e:
-        raise HermeticError(f"{where}: {e}") from None
+        raise ConfigError(f"{where}: {e}") from None
     if image.digest:
-        raise HermeticError(f"{where}: ref {ref} carries a digest; the catalog lists tags, "
+        raise ConfigError(f"{where}: ref {ref} carries a digest; the catalog lists tags, "
                             f"`hermetic base pin` resolves them")
     if not image.tag:
-        raise HermeticError(f"{where}: ref {ref} has no tag")
+        raise ConfigError(f"{where}: ref {ref} has no tag")
     if kind == "registry" and not image.has_host:
-        raise HermeticError(f"{where}: registry ref {ref} must name its registry host (e.g. docker.io/...)")
+        raise ConfigError(f"{where}: registry ref {ref} must name its registry host (e.g. docker.io/...)")
     provides = raw.get("provides") or {}
     if not isinstance(provides, dict) or set(provides) - {"python", "glibc", "cuda"}:
-        raise HermeticError(f"{where}: 'provides' takes python, glibc and cuda")
+        raise ConfigError(f"{where}: 'provides' takes python, glibc and cuda")
     provides = {k: (None if v is None else str(v)) for k, v in provides.items()}
     glibc = provides.get("glibc")
     if glibc is not None and not _is_major_minor(glibc):
-        raise HermeticError(f"{where}: provides.glibc {glibc!r} is not MAJOR.MINOR")
+        raise ConfigError(f"{where}: provides.glibc {glibc!r} is not MAJOR.MINOR")
     return CatalogEntry(
         name=name, ref=ref, kind=kind, provides=provides, gpu=bool(raw.get("gpu", True)),
         notes=" ".join(str(raw.get("notes") or "").split()), how=str(raw.get("how") or ""),

@@ -1,22 +1,53 @@
-"""The one exception type the CLI turns into a one-line error and an exit code.
+"""hermetic's exit codes, and the exception types the CLI turns into a one-line error and one of them.
 
 Every failure a user can cause (bad config, bad lock, tampered file, missing
-daemon) is raised as a HermeticError with a message that names the culprit;
-anything else is a bug and keeps its traceback.
+daemon) is raised as a HermeticError subclass with a message that names the
+culprit; its class says which exit code it gets. Anything else is a bug: the
+CLI prints the traceback and exits EXIT_SOFTWARE.
+
+The codes are sysexits(3)'s 64-78 range, so they do not collide with what
+training scripts return (0, 1, 2 and small numbers; 128+N for a signal).
+`hermetic run` passes the script's own exit code through unchanged; the run
+record's ``record.status`` (succeeded / failed / refused / interrupted) says
+whether a nonzero code came from the script or from hermetic. The table is
+documented in README.md ("Exit codes") and docs/run-record.md; a test keeps
+the two in step with this module.
 """
 
 from __future__ import annotations
 
+# Verdicts, not errors: `hermetic diff`, `replay` and `verify` compared something and say what they found.
+EXIT_OK = 0
+EXIT_DIFFERENT = 1       # the runs (or groups, or rebuilt image) differ, like diff(1) and cmp(1)
+# hermetic's own failures (sysexits.h).
+EXIT_USAGE = 64          # EX_USAGE: the command line is wrong (unknown option, bad value, conflicting flags)
+EXIT_DATAERR = 65        # EX_DATAERR: an input is not what it claims or what was recorded: a digest mismatch,
+                         # a lock without hashes, a dataset that changed, a tampered record; the run was refused
+EXIT_NOINPUT = 66        # EX_NOINPUT: a named thing does not exist (run, image, base, file); nothing was compared
+EXIT_UNAVAILABLE = 69    # EX_UNAVAILABLE: a service or tool is missing or unreachable (Docker Engine, GPU runtime,
+                         # registry, MLflow, mmdebstrap, an optional extra), or the GPU cannot run the image
+EXIT_SOFTWARE = 70       # EX_SOFTWARE: a bug in hermetic, or an incomplete installation (traceback printed)
+EXIT_OSERR = 71          # EX_OSERR: a worker process died (out of memory?)
+EXIT_CANTCREAT = 73      # EX_CANTCREAT: an output cannot be created or kept: a file exists (--force), or hermetic
+                         # failed a run the script finished (limit broken, outputs not kept as written)
+EXIT_IOERR = 74          # EX_IOERR: a file could not be read
+EXIT_TEMPFAIL = 75       # EX_TEMPFAIL: waited and gave up (runs wait --timeout); try again later
+EXIT_PROTOCOL = 76       # EX_PROTOCOL: the registry answered outside the protocol
+EXIT_NOPERM = 77         # EX_NOPERM: the registry refused the credentials (or there were none)
+EXIT_CONFIG = 78         # EX_CONFIG: hermetic.yaml (or a recipe, catalog, CI template) is invalid
+# Signals, as a shell reports them.
+EXIT_INTERRUPTED = 130   # 128 + SIGINT: Ctrl-C
+EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE: the reader of our output went away (| head)
 
-# Verdicts that are not errors: `hermetic diff` / `replay` compare and say what they found.
-EXIT_DIFFERENT = 1  # the two runs (or groups) differ
-EXIT_NOTHING_COMPARED = 66  # neither run has an output file or a metric: nothing was compared (sysexits EX_NOINPUT)
-
+EXIT_NOTHING_COMPARED = EXIT_NOINPUT  # neither run has an output file or a metric: nothing was compared
 
 class HermeticError(Exception):
-    """A user-facing failure: one line, names the culprit, nonzero exit."""
+    """A user-facing failure: one line, names the culprit, nonzero exit.
 
-    exit_code: int = 1
+    Raise a subclass (its exit code says what kind of failure it is); the base
+    class's own code is EXIT_SOFTWARE, so an uncategorized error reads as the bug it is."""
+
+    exit_code: int = EXIT_SOFTWARE
 
     def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None,
                  details: list[str] | None = None):
@@ -31,35 +62,87 @@ class HermeticError(Exception):
         return self.message
 
 
+class UsageError(HermeticError):
+    """The command line is wrong: an unknown option, a bad value, flags that conflict."""
+
+    exit_code = EXIT_USAGE
+
+
 class ConfigError(HermeticError):
-    """hermetic.yaml is unreadable or invalid (exit 2, like a usage error)."""
+    """hermetic.yaml (or a base recipe, the base catalog, a CI template) is unreadable or invalid."""
 
-    exit_code = 2
+    exit_code = EXIT_CONFIG
 
 
-class LockError(HermeticError):
+class DataError(HermeticError):
+    """An input is not what it claims or what was recorded; nothing was built or run from it."""
+
+    exit_code = EXIT_DATAERR
+
+
+class LockError(DataError):
     """A lockfile cannot be trusted as written (missing hash, not pinned, sdist only...)."""
 
-    exit_code = 2
 
-
-class IntegrityError(HermeticError):
+class IntegrityError(DataError):
     """Bytes did not match their expected digest."""
 
-    exit_code = 3
+
+class NotFound(HermeticError):
+    """A named thing (run, image, base, file, metric) does not exist where it was looked for."""
+
+    exit_code = EXIT_NOINPUT
 
 
-class EngineError(HermeticError):
+class Unavailable(HermeticError):
+    """A service or tool hermetic needs is missing, unreachable or failed to run."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+class EngineError(Unavailable):
     """The Docker Engine is missing, unreachable or lacks a needed runtime."""
 
-    exit_code = 4
+
+class WorkerDied(HermeticError):
+    """A worker process stopped without answering (killed, out of memory)."""
+
+    exit_code = EXIT_OSERR
 
 
-class MissingExtra(HermeticError):
-    """An optional feature's package is not installed (exit 2, like a usage error):
-    the message names the extra that brings it, e.g. ``pip install 'hermetic[plots]'``."""
+class CannotCreate(HermeticError):
+    """An output cannot be created or kept (it exists, or the run broke a limit)."""
 
-    exit_code = 2
+    exit_code = EXIT_CANTCREAT
+
+
+class ReadError(HermeticError):
+    """A file could not be read (permissions, I/O error)."""
+
+    exit_code = EXIT_IOERR
+
+
+class TempFail(HermeticError):
+    """Waited and gave up; trying again later may succeed."""
+
+    exit_code = EXIT_TEMPFAIL
+
+
+class ProtocolError(HermeticError):
+    """A registry (or another server) answered outside its protocol."""
+
+    exit_code = EXIT_PROTOCOL
+
+
+class PermissionDenied(HermeticError):
+    """Credentials were refused, missing or unreadable."""
+
+    exit_code = EXIT_NOPERM
+
+
+class MissingExtra(Unavailable):
+    """An optional feature's package is not installed: the message names the extra that
+    brings it, e.g. ``pip install 'hermetic[plots]'``."""
 
     def __init__(self, feature: str, extra: str, module: str):
         super().__init__(f"{feature} needs {module}, which is not installed: pip install 'hermetic[{extra}]'")

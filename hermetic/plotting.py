@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from hermetic.errors import HermeticError, MissingExtra
+from hermetic.errors import MissingExtra, NotFound, UsageError
 
 # matplotlib's tab10, reordered so that the first two (the usual A and B) are blue and red.
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -83,10 +83,10 @@ def preload() -> None:
 
 
 def figure_format(path: str | os.PathLike[str]) -> str:
-    """``png`` or ``svg`` from the file name; a usage error (exit 2) for anything else."""
+    """``png`` or ``svg`` from the file name; a usage error (exit 64) for anything else."""
     fmt = FORMATS.get(Path(path).suffix.lower())
     if fmt is None:
-        raise HermeticError(f"{path}: write the figure as .png or .svg (the suffix picks the format)", exit_code=2)
+        raise UsageError(f"{path}: write the figure as .png or .svg (the suffix picks the format)")
     return fmt
 
 
@@ -100,7 +100,7 @@ def render(panels: Sequence[Panel], *, title: str, fmt: str = "png") -> bytes:
 
     panels = [p for p in panels if p.curves]
     if not panels:
-        raise HermeticError(f"{title}: no metric values to draw")
+        raise NotFound(f"{title}: no metric values to draw")
     ncols = 1 if len(panels) == 1 else 2
     nrows = math.ceil(len(panels) / ncols)
     with matplotlib.style.context("default"), matplotlib.rc_context({"svg.hashsalt": "hermetic", "font.size": 9}):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import hermetic
-from hermetic.errors import HermeticError
+from hermetic.errors import EXIT_SOFTWARE, HermeticError
 
 _PACKAGE_DIR = Path(hermetic.__file__).resolve().parent
 
@@ -34,7 +34,8 @@ def template_path(name: str) -> Path:
         if p.is_file():
             return p
     looked = ", ".join(str(d) for d in template_dirs())
-    raise HermeticError(f"template {name!r} not found (looked in {looked}); the installation is incomplete")
+    raise HermeticError(f"template {name!r} not found (looked in {looked}); the installation is incomplete",
+                        exit_code=EXIT_SOFTWARE)
 
 
 def read_template(name: str) -> str:

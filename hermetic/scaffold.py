@@ -21,7 +21,7 @@ from typing import Callable
 import yaml
 
 from hermetic.config import CONFIG_FILENAME, parse_config
-from hermetic.errors import ConfigError, HermeticError
+from hermetic.errors import CannotCreate, NotFound, UsageError
 from hermetic.fsutil import atomic_write_bytes, atomic_write_text
 
 DEFAULT_RECIPE = "debian-bookworm-python3"
@@ -69,7 +69,7 @@ def init_project(root: Path, *, data: list[str], base: str | None = None, python
     root = root.resolve()
     config = root / CONFIG_FILENAME
     if config.exists() and not force:
-        raise ConfigError(f"{config} already exists; pass --force to replace it (or edit it)")
+        raise CannotCreate(f"{config} already exists; pass --force to replace it (or edit it)")
     dirs = [_dataset_dir(root, d) for d in data]
     name = name or project_name(root)
     base_ref, base_source, base_python = _base(base, store, log)
@@ -104,7 +104,7 @@ def _base(given: str | None, store, log) -> tuple[str, str, str | None]:
         try:
             parse_base_reference(given)
         except ValueError as e:
-            raise ConfigError(f"--base: {e}") from None
+            raise UsageError(f"--base: {e}") from None
         return given, "given", None
     recipe_path = find_recipe(DEFAULT_RECIPE)
     recipe = load_recipe(recipe_path)
@@ -127,9 +127,8 @@ def _lock(root: Path, python: str, log) -> tuple[str, str]:
     source = next((root / n for n in ("requirements.in", "requirements.txt", "pyproject.toml") if (root / n).is_file()),
                   None)
     if source is None:
-        raise HermeticError(f"{root}: no requirements.in, requirements.txt, pyproject.toml, uv.lock or pylock.toml: "
-                            "list what the script imports (e.g. `numpy`) in requirements.in, then run init again",
-                            exit_code=2)
+        raise NotFound(f"{root}: no requirements.in, requirements.txt, pyproject.toml, uv.lock or pylock.toml: "
+                            "list what the script imports (e.g. `numpy`) in requirements.in, then run init again")
     from hermetic.lock.compile import compile_lock
     from hermetic.lock.model import Target
 
@@ -152,14 +151,14 @@ def _fully_hashed(path: Path) -> bool:
 def _dataset_dir(root: Path, given: str) -> Path:
     d = (root / given).resolve() if not Path(given).is_absolute() else Path(given).resolve()
     if not d.is_dir():
-        raise HermeticError(f"--data {given}: not a directory", exit_code=2)
+        raise UsageError(f"--data {given}: not a directory")
     try:
         d.relative_to(root)
     except ValueError:
-        raise HermeticError(f"--data {given}: outside the project {root}; give a directory inside it "
-                            "(or add the dataset to hermetic.yaml with a mount: by hand)", exit_code=2) from None
+        raise UsageError(f"--data {given}: outside the project {root}; give a directory inside it "
+                            "(or add the dataset to hermetic.yaml with a mount: by hand)") from None
     if d == root:
-        raise HermeticError(f"--data {given}: the whole project cannot be a dataset", exit_code=2)
+        raise UsageError(f"--data {given}: the whole project cannot be a dataset")
     return d
 
 
@@ -200,6 +199,6 @@ def write_ci(project_dir: Path, ci: str, *, force: bool = False) -> tuple[Path, 
     dest = project_dir / CI_TEMPLATES[ci][1]
     existed = dest.exists()
     if existed and not force:
-        raise HermeticError(f"{dest} already exists; pass --force to overwrite it")
+        raise CannotCreate(f"{dest} already exists; pass --force to overwrite it")
     atomic_write_text(dest, render_ci(ci))
     return dest, existed

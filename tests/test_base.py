@@ -83,11 +83,11 @@ def test_base_without_the_configured_interpreter(tmp_path, session_cache, base_r
     monkeypatch.setenv("HERMETIC_CACHE", str(session_cache))
     proj = make_project(tmp_path / "p", base_ref, wheels, extra="python:\n  path: /usr/bin/python3.99\n  version: '3.11'\n")
     proc = run_cli("build", "-C", str(proj), "--no-load")
-    assert_clean_error(proc, 1, "no interpreter at python.path /usr/bin/python3.99")
+    assert_clean_error(proc, 78, "no interpreter at python.path /usr/bin/python3.99")
 
 
 def test_store_only_base_missing_says_how_to_get_it(tmp_path, cache_dir, wheels):
     proj = make_project(tmp_path / "p", "hermetic/debian-bookworm-python3@sha256:" + "1" * 64, wheels)
     proc = run_cli("build", "-C", str(proj), "--no-load")
-    assert_clean_error(proc, 1, "is not in the local store")
+    assert_clean_error(proc, 66, "is not in the local store")
     assert "hermetic base bootstrap" in proc.stderr

@@ -142,7 +142,7 @@ def test_floating_tag_is_refused_with_pin_hint(tmp_path, cache_dir):
     proj.mkdir()
     (proj / "hermetic.yaml").write_text("name: demo\nbase: registry.example/team/python:3.11\n")
     proc = run_cli("build", "-C", str(proj))
-    assert_clean_error(proc, 2, "base", "tag without a digest", "hermetic base pin registry.example/team/python:3.11")
+    assert_clean_error(proc, 78, "base", "tag without a digest", "hermetic base pin registry.example/team/python:3.11")
     assert tree_digest(cache_dir) == {}
 
 
@@ -162,7 +162,7 @@ def test_base_blob_with_wrong_digest_is_refused(tmp_path, cache_dir, session_cac
     (layout / "blobs" / "sha256" / layer).write_bytes(bytes(data))
     proj = make_project(tmp_path / "p", f"oci:{layout}@{digest}", {"alpha": wheels["alpha"]})
     proc = run_cli("build", "-C", str(proj), "--no-load")
-    assert_clean_error(proc, 3, "digest mismatch", layer)
+    assert_clean_error(proc, 65, "digest mismatch", layer)
     assert not (cache_dir / "oci" / "blobs" / "sha256" / layer).exists()
 
 
@@ -170,7 +170,7 @@ def test_missing_wheel_offline_names_it(tmp_path, use_session_cache, base_ref, w
     fresh = make_wheel(tmp_path / "w", "neverfetched", "9.9")
     proj = make_project(tmp_path / "p", base_ref, {"neverfetched": fresh})
     proc = run_cli("build", "-C", str(proj), "--offline", "--no-load")
-    assert_clean_error(proc, 3, "neverfetched==9.9", "network is off")
+    assert_clean_error(proc, 69, "neverfetched==9.9", "network is off")
 
 
 def test_tampered_wheel_in_store_is_refused(tmp_path, cache_dir, session_cache, base_ref, wheels):
@@ -181,12 +181,12 @@ def test_tampered_wheel_in_store_is_refused(tmp_path, cache_dir, session_cache, 
     stored.write_bytes(stored.read_bytes() + b"tampered")
     before = tree_digest(cache_dir / "oci")
     proc = run_cli("build", "-C", str(proj), "--no-load")
-    assert_clean_error(proc, 3, "alpha==1.0", "corrupt", sha256_of(wheels["alpha"]))
+    assert_clean_error(proc, 65, "alpha==1.0", "corrupt", sha256_of(wheels["alpha"]))
     after = tree_digest(cache_dir / "oci")
     assert {k: v for k, v in after.items() if k.startswith("blobs")} == {k: v for k, v in before.items() if k.startswith("blobs")}
     verify = run_cli("cache", "verify")
-    assert verify.returncode == 3 and "alpha-1.0" in verify.stdout
-    assert run_cli("cache", "verify", "--repair").returncode == 3
+    assert verify.returncode == 65 and "alpha-1.0" in verify.stdout
+    assert run_cli("cache", "verify", "--repair").returncode == 65
     assert run_cli("cache", "verify").returncode == 0
     assert run_cli("build", "-C", str(proj), "--no-load").returncode == 0  # refetched, rebuilt
 

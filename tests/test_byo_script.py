@@ -74,7 +74,7 @@ def test_unknown_placeholder_is_refused_before_anything_runs(project):
     (project / "argseed.py").write_text(ARGPARSE_SEED)
     before = run_dirs(project)
     proc = run_cli("run", "argseed.py", "--seed", "{sed}", cwd=project)
-    assert_clean_error(proc, 2, "{sed}", "{seed}")
+    assert_clean_error(proc, 64, "{sed}", "{seed}")
     assert run_dirs(project) == before
 
 
@@ -83,10 +83,10 @@ def test_a_script_that_deletes_its_own_code_fails_with_a_record_that_says_so(pro
     (project / "notes.txt").write_text("part of the code\n")
     (project / "cleaner.py").write_text("import os\nos.remove('notes.txt')\nprint('cleaned')\n")
     proc = run_cli("run", "--json", "cleaner.py", cwd=project)
-    assert_clean_error(proc, 3, "deleted 1 file(s) of its own code snapshot: notes.txt")
+    assert_clean_error(proc, 73, "deleted 1 file(s) of its own code snapshot: notes.txt")
     rec = json.loads(proc.stdout)
     assert rec["record"]["status"] == "failed" and rec["record"]["exit_code"] == 0
-    assert "notes.txt" in rec["record"]["reason"]
+    assert "notes.txt" in rec["record"]["reason"] and rec["record"]["hermetic_exit_code"] == 73
     assert rec["outputs"]["workdir"]["deleted"] == ["notes.txt"]
     assert (project / "notes.txt").is_file()  # the project itself is never touched
 
@@ -99,9 +99,10 @@ def test_a_working_directory_that_outgrows_its_limit_is_stopped(project):
     (project / "hog.py").write_text("import time\nwith open('big.bin', 'wb') as f:\n"
                                     "    for _ in range(60):\n        f.write(b'x' * (1 << 20)); f.flush(); time.sleep(0.1)\n")
     proc = run_cli("run", "--json", "hog.py", cwd=project)
-    assert_clean_error(proc, 3, "run.workdir_size (2m)")
+    assert_clean_error(proc, 73, "run.workdir_size (2m)")
     rec = json.loads(proc.stdout)
     assert rec["record"]["status"] == "failed" and "past run.workdir_size" in rec["record"]["reason"]
+    assert rec["record"]["hermetic_exit_code"] == 73  # what hermetic returned; exit_code is the stopped container's
     assert rec["outputs"]["files"]["big.bin"]["size"] < 60 << 20  # stopped well before it wrote it all
 
 
@@ -119,13 +120,13 @@ def test_mounts_that_collide_are_refused_when_the_config_loads(tmp_path):
             base + "datasets:\n  - {name: a, path: data, manifest: a.sha256}\n"
                    f"  - {{name: b, path: /srv/b, manifest: b.sha256, {mount}}}\n")
         proc = run_cli("config", "show", "-C", str(tmp_path))
-        assert_clean_error(proc, 2, message, "hermetic.yaml:")
+        assert_clean_error(proc, 78, message, "hermetic.yaml:")
     (tmp_path / "hermetic.yaml").write_text(base + "datasets:\n  - {name: b, path: /srv/b, manifest: b.sha256}\n")
-    assert_clean_error(run_cli("config", "show", "-C", str(tmp_path)), 2,
+    assert_clean_error(run_cli("config", "show", "-C", str(tmp_path)), 78,
                        "datasets[0].mount: required, because path /srv/b is outside the project")
     (tmp_path / "hermetic.yaml").write_text(base + "datasets:\n  - {name: a, path: data, manifest: a.sha256}\n"
                                                    "run:\n  outputs:\n    include: ['data/**']\n")
-    assert_clean_error(run_cli("config", "show", "-C", str(tmp_path)), 2,
+    assert_clean_error(run_cli("config", "show", "-C", str(tmp_path)), 78,
                        "run.outputs.include[0]: 'data/**' reaches into dataset 'a'")
 
 
@@ -269,4 +270,4 @@ def test_init_takes_a_fresh_clone_to_its_first_recorded_run_in_two_commands(tmp_
     assert set(rec["outputs"]["files"]) == {"weights.npy"}
     assert rec["data"]["data"]["count"] == 1
     again = run_cli("init", cwd=clone)
-    assert_clean_error(again, 2, "hermetic.yaml already exists; pass --force")
+    assert_clean_error(again, 73, "hermetic.yaml already exists; pass --force")

@@ -94,12 +94,12 @@ def test_text_output_shows_hash(tmp_path):
 def test_bad_config_is_a_clear_error(tmp_path, text, needles):
     d = write(tmp_path, text)
     proc = run_cli("config", "show", "-C", str(d))
-    assert_clean_error(proc, 2, "hermetic.yaml", *needles)
+    assert_clean_error(proc, 78, "hermetic.yaml", *needles)
 
 
 def test_missing_config_file(tmp_path):
     proc = run_cli("config", "show", "-C", str(tmp_path))
-    assert_clean_error(proc, 2, "no such config file")
+    assert_clean_error(proc, 78, "no such config file")
 
 
 def test_run_sizes_default_and_normalize_and_stay_out_of_the_image(tmp_path):

@@ -114,7 +114,7 @@ def test_verify_exit_codes_and_json(tmp_path: Path) -> None:
     (root / "with space.txt").unlink()
     (root / "stray").write_bytes(b"?")
     bad = hermetic("data", "verify", str(root), str(m), "--full", "--json")
-    assert bad.returncode == 3
+    assert bad.returncode == 65
     doc = json.loads(bad.stdout)
     assert doc["ok"] is False and doc["mode"] == "full"
     assert doc["missing"] == ["with space.txt"] and doc["extra"] == ["stray"]
@@ -124,7 +124,7 @@ def test_verify_exit_codes_and_json(tmp_path: Path) -> None:
     assert "1 changed (plain.txt)" in bad.stderr
 
     human = hermetic("data", "verify", str(root), str(m))
-    assert human.returncode == 3
+    assert human.returncode == 65
     assert "changed  plain.txt" in human.stdout and "missing  with space.txt" in human.stdout
     assert "extra    stray" in human.stdout
 
@@ -135,7 +135,7 @@ def test_verify_refuses_malformed_manifest_with_file_and_line(tmp_path: Path) ->
     m = tmp_path / "m.sha256"
     m.write_text(f"{'a' * 64}  ok\n{'b' * 64}  /etc/passwd\n")
     r = hermetic("data", "verify", str(root), str(m))
-    assert r.returncode == 2
+    assert r.returncode == 65
     reason = "absolute path (paths are relative to the dataset root): '/etc/passwd'"
     assert r.stderr == f"hermetic: error: {m}:2: {reason}\n"
     assert "Traceback" not in r.stderr
@@ -147,13 +147,13 @@ def test_manifest_refuses_escaping_symlink_without_traceback(tmp_path: Path) -> 
     (tmp_path / "secret").write_bytes(b"s")
     os.symlink("../secret", root / "leak")
     r = hermetic("data", "manifest", str(root))
-    assert r.returncode == 2 and r.stdout == ""
+    assert r.returncode == 65 and r.stdout == ""
     assert r.stderr.startswith("hermetic: error: ") and "outside the dataset root" in r.stderr
 
 
 def test_verify_usage_errors(tmp_path: Path) -> None:
     r = hermetic("data", "verify", str(tmp_path))
-    assert r.returncode == 2 and "give both DIRECTORY and MANIFEST" in r.stderr
+    assert r.returncode == 64 and "give both DIRECTORY and MANIFEST" in r.stderr
 
 
 def test_verify_without_arguments_checks_every_configured_dataset(tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_verify_without_arguments_checks_every_configured_dataset(tmp_path: Path
 
     (project / "data" / "val" / "val.bin").write_bytes(b"VAL")
     r = hermetic("data", "verify", "-C", str(project), "--json")
-    assert r.returncode == 3
+    assert r.returncode == 65
     doc = json.loads(r.stdout)
     assert doc["ok"] is False and [d["name"] for d in doc["datasets"]] == ["train", "val"]
     assert [d["ok"] for d in doc["datasets"]] == [True, False]
@@ -185,7 +185,7 @@ def test_verify_without_arguments_checks_every_configured_dataset(tmp_path: Path
     r = hermetic("data", "verify", "-C", str(project), "-d", "train")
     assert r.returncode == 0 and "val" not in r.stdout
     r = hermetic("data", "verify", "-C", str(project), "-d", "test")
-    assert r.returncode == 2 and "no dataset named 'test' (declared: train, val)" in r.stderr
+    assert r.returncode == 64 and "no dataset named 'test' (declared: train, val)" in r.stderr
 
 
 def test_help_teaches_with_examples() -> None:

@@ -258,7 +258,7 @@ def test_the_python_loop_verifies_end_to_end_when_the_c_loop_is_switched_off(tmp
     assert subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout == "None\n"
     (root / "f123").write_bytes(b"changed")
     r = subprocess.run([*cli, "verify", str(root), str(manifest), "--full"], env=env, capture_output=True, text=True)
-    assert r.returncode == 3 and "1 changed (f123)" in r.stdout + r.stderr
+    assert r.returncode == 65 and "1 changed (f123)" in r.stdout + r.stderr
     # The manifest the Python loop wrote is the one sha256sum agrees with.
     (root / "f123").unlink()
     r = subprocess.run(["sha256sum", "-c", "--quiet", str(manifest)], cwd=root, capture_output=True, text=True)

@@ -211,17 +211,17 @@ def test_two_causes_most_likely_first():
     assert "; then seed (seed 0 -> 1)" in d.verdict.line
 
 
-def test_usage_errors_exit_2(tmp_path):
+def test_runs_that_are_not_there_exit_66(tmp_path):
     runs = tmp_path / "runs"
     write_synthetic_run(runs, synthetic_record(A))
     r = hermetic("diff", "--runs-dir", str(runs), A, "20991231")
-    assert r.returncode == 2
+    assert r.returncode == 66
     assert r.stderr.startswith("hermetic: error: 20991231: no run with this ID or prefix")
     r = hermetic("diff", str(runs / A), str(tmp_path / "nowhere"))
-    assert r.returncode == 2 and "no such run directory" in r.stderr
+    assert r.returncode == 66 and "no such run directory" in r.stderr
     (tmp_path / "empty").mkdir()
     r = hermetic("diff", str(runs / A), str(tmp_path / "empty"))
-    assert r.returncode == 2 and "no run.json here" in r.stderr
+    assert r.returncode == 66 and "no run.json here" in r.stderr
     assert "Traceback" not in r.stderr
 
 

@@ -132,7 +132,7 @@ def test_diff_groups_within_and_beyond_seed_noise(tmp_path):
     assert doc["kind"] == "groups" and doc["metrics"][0]["status"] == "within_noise"
     # a group and a run cannot be compared
     r = hermetic("diff", "--runs-dir", str(root), "20261129-210000-aaaaaa-a", "20261129-210000-000000")
-    assert r.returncode == 2 and "cannot compare a group" in r.stderr
+    assert r.returncode == 64 and "cannot compare a group" in r.stderr
 
 
 def test_group_digest_is_over_canonical_json(tmp_path):

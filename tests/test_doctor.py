@@ -85,13 +85,13 @@ def test_corrupted_blob_fails_naming_its_file(tmp_path):
     bad = store.blob_path(layer)
     bad.write_bytes(b"flipped" + bad.read_bytes()[7:])
     proc = doctor(cache, "--json")
-    assert proc.returncode == 1
+    assert proc.returncode == 69
     oci = by_name(proc)["oci store"]
     assert oci["status"] == "fail"
     assert oci["detail"] == f"1 of 3 blobs corrupt: {bad}"
     assert "hermetic build" in oci["hint"]
     text = doctor(cache)
-    assert text.returncode == 1
+    assert text.returncode == 69
     assert any(line.startswith("FAIL  oci store") for line in text.stdout.splitlines())
     # --quick lists without reading every byte, so it cannot see the flip
     quick = by_name(doctor(cache, "--json", "--quick"))["oci store"]
@@ -114,14 +114,14 @@ def test_corrupted_wheel_fails(tmp_path):
     wheel = add_wheel(cache, tmp_path)
     wheel.write_bytes(b"tampered")
     proc = doctor(cache, "--json")
-    assert proc.returncode == 1
+    assert proc.returncode == 69
     w = by_name(proc)["wheel store"]
     assert w["status"] == "fail" and str(wheel) in w["detail"] and "content hashes to" in w["detail"]
 
 
 def test_no_engine_fails_with_the_hint(tmp_path):
     proc = doctor(tmp_path / "cache", "--json", env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
-    assert proc.returncode == 1
+    assert proc.returncode == 69
     checks = by_name(proc)
     assert checks["docker engine"]["status"] == "fail"
     assert "scripts/ensure-docker" in checks["docker engine"]["hint"]

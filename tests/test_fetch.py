@@ -63,14 +63,14 @@ def test_fetch_then_refetch_downloads_nothing(tmp_path, cache_dir, index):
 def test_wheel_missing_with_network_off_names_it(tmp_path, cache_dir, index):
     proj = project(tmp_path, lock_for(index, ("alpha", "1.0")))
     proc = run_cli("fetch", "-C", str(proj), "--offline")
-    assert_clean_error(proc, 3, "alpha==1.0", "network is off")
+    assert_clean_error(proc, 69, "alpha==1.0", "network is off")
 
 
 def test_index_file_with_other_hash_is_refused(tmp_path, cache_dir, index):
     """The index offers alpha 1.0, but not with a hash the lock allows."""
     proj = project(tmp_path, requirements_lock([("alpha", "1.0", ["f" * 64])]))
     proc = run_cli("fetch", "-C", str(proj))
-    assert_clean_error(proc, 3, "alpha==1.0", "hashes are not in the lock")
+    assert_clean_error(proc, 65, "alpha==1.0", "hashes are not in the lock")
     assert tree_digest(cache_dir / "wheels" / "sha256") == {}
 
 
@@ -86,7 +86,7 @@ def test_wheels_for_the_image_whose_hashes_are_not_locked_are_named(tmp_path, ca
     monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index", [linux, mac, sdist]))
     proj = project(tmp_path, requirements_lock([("delta", "1.0", [sha256_of(mac), sha256_of(sdist)])]))
     proc = run_cli("fetch", "-C", str(proj))
-    assert_clean_error(proc, 3, "delta==1.0", linux.name, "hashes are not in the lock", "hermetic lock")
+    assert_clean_error(proc, 65, "delta==1.0", linux.name, "hashes are not in the lock", "hermetic lock")
     assert "sdist" not in proc.stderr and mac.name not in proc.stderr
 
 
@@ -99,7 +99,7 @@ def test_tampered_download_is_refused_and_store_unchanged(tmp_path, cache_dir, i
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     proj = project(tmp_path, requirements_lock([("alpha", "1.0", [sha256_of(good)])]))
     proc = run_cli("fetch", "-C", str(proj))
-    assert_clean_error(proc, 3, "alpha==1.0", "sha256 mismatch", sha256_of(good), sha256_of(bad), "not stored")
+    assert_clean_error(proc, 65, "alpha==1.0", "sha256 mismatch", sha256_of(good), sha256_of(bad), "not stored")
     assert not list((cache_dir / "wheels").rglob("*.whl"))
     assert not list((cache_dir / "wheels" / "tmp").iterdir())
 
@@ -112,7 +112,7 @@ def test_sdist_only_is_refused(tmp_path, cache_dir, isolated_pip, monkeypatch):
     monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index", [sdist]))
     proj = project(tmp_path, requirements_lock([("gamma", "1.0", [sha256_of(sdist)])]))
     proc = run_cli("fetch", "-C", str(proj))
-    assert_clean_error(proc, 3, "gamma==1.0", "only an sdist", "not hermetic")
+    assert_clean_error(proc, 65, "gamma==1.0", "only an sdist", "not hermetic")
 
 
 def test_no_wheel_for_the_target_platform(tmp_path, cache_dir, isolated_pip, monkeypatch):
@@ -121,7 +121,7 @@ def test_no_wheel_for_the_target_platform(tmp_path, cache_dir, isolated_pip, mon
     monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index", [w]))
     proj = project(tmp_path, requirements_lock([("delta", "1.0", [sha256_of(w)])]))
     proc = run_cli("fetch", "-C", str(proj))
-    assert_clean_error(proc, 3, "delta==1.0", "no wheel for x86_64-manylinux_2_28", "win_amd64")
+    assert_clean_error(proc, 65, "delta==1.0", "no wheel for x86_64-manylinux_2_28", "win_amd64")
 
 
 class _HalfServer(http.server.BaseHTTPRequestHandler):
@@ -156,7 +156,7 @@ def test_interrupted_download_leaves_nothing(tmp_path, cache_dir, isolated_pip, 
         monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{srv.server_address[1]}/simple")
         proj = project(tmp_path, requirements_lock([("alpha", "1.0", [sha256_of(good)])]))
         proc = run_cli("fetch", "-C", str(proj))
-        assert proc.returncode == 3, proc.stderr
+        assert proc.returncode == 69, proc.stderr
         assert "alpha==1.0" in proc.stderr and "Traceback" not in proc.stderr
         assert not list((cache_dir / "wheels").rglob("*.whl"))
         assert not list((cache_dir / "wheels" / "tmp").iterdir())

@@ -157,3 +157,29 @@ def test_gpu_count_differs():
     b["hardware"]["gpus"].append(dict(b["hardware"]["gpus"][0], index=1))
     d = gpu_diff(a, b)
     assert [c.note for c in d.material] == ["1 GPU(s) -> 2 GPU(s)"]
+
+
+def test_a_gpu_refusal_is_recorded_as_refused_with_the_reason_and_hermetics_code(tmp_path):
+    """The probe ran (so the run directory exists): the refusal is sealed in run.json, and runs wait agrees."""
+    from types import SimpleNamespace
+
+    from hermetic.cli.logs_cmd import exit_code_of
+    from hermetic.errors import EXIT_UNAVAILABLE, Unavailable
+    from hermetic.record import load_record
+    from hermetic.record.index import entry_from_dir
+    from hermetic.record.synthetic import synthetic_record, write_synthetic_run
+    from hermetic.run.runner import refuse_unfit_gpu
+
+    runs = tmp_path / "runs"
+    rec = synthetic_record("20261201-090000-abcdef")
+    write_synthetic_run(runs, rec)
+    run_dir = runs / "20261201-090000-abcdef"
+    image = SimpleNamespace(labels=labels("torch-2.11.0-cuda-toolkit"))
+    with pytest.raises(Unavailable) as e:
+        refuse_unfit_gpu(rec, run_dir, probe("a100-sxm4-40gb"), image)
+    assert e.value.exit_code == EXIT_UNAVAILABLE and "upgrade the host driver" in e.value.message
+    sealed = load_record(run_dir)  # seal verified
+    assert sealed["record"]["status"] == "refused" and sealed["record"]["exit_code"] is None
+    assert sealed["record"]["reason"] == e.value.message
+    assert sealed["record"]["hermetic_exit_code"] == EXIT_UNAVAILABLE
+    assert exit_code_of(run_dir, entry_from_dir(run_dir)) == EXIT_UNAVAILABLE

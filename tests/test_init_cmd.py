@@ -62,7 +62,7 @@ def test_init_writes_and_refuses_to_overwrite_without_force(tmp_path: Path, ci: 
 
     path.write_text("# my own pipeline\n")
     r = _init("--ci", ci, "--dir", str(tmp_path))
-    assert r.returncode == 1
+    assert r.returncode == 73
     assert r.stderr.strip() == f"hermetic: error: {path} already exists; pass --force to overwrite it"
     assert path.read_text() == "# my own pipeline\n"
 
@@ -74,7 +74,7 @@ def test_init_writes_and_refuses_to_overwrite_without_force(tmp_path: Path, ci: 
 
 def test_init_refuses_an_unknown_ci_and_a_project_without_requirements(tmp_path: Path) -> None:
     r = _init("--ci", "jenkins", "--dir", str(tmp_path))
-    assert r.returncode == 2 and "jenkins" in r.stderr
+    assert r.returncode == 64 and "jenkins" in r.stderr
     r = _init("--dir", str(tmp_path), "--base", "x@sha256:" + "0" * 64)
-    assert r.returncode == 2 and "no requirements.in" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 66 and "no requirements.in" in r.stderr and "Traceback" not in r.stderr
     assert list(tmp_path.iterdir()) == []  # nothing half-written

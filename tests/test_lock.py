@@ -68,7 +68,7 @@ def test_requirements_refusals_name_file_line_and_package(tmp_path, cache_dir, t
     (proj / "requirements.lock").write_text(text)
     before = tree_digest(cache_dir)
     proc = run_cli("fetch", "-C", str(proj))
-    assert_clean_error(proc, 2, "requirements.lock" + line, needle)
+    assert_clean_error(proc, 65, "requirements.lock" + line, needle)
     assert tree_digest(cache_dir) == before
 
 
@@ -146,7 +146,7 @@ def test_hermetic_lock_failure_names_input_and_writes_nothing(tmp_path, isolated
     (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\n")
     (proj / "requirements.in").write_text(f"--no-index\n--find-links {tmp_path}\nnot-there==1.0\n")
     proc = run_cli("lock", "-C", str(proj))
-    assert_clean_error(proc, 2, "requirements.in", "resolution failed")
+    assert_clean_error(proc, 65, "requirements.in", "resolution failed")
     assert not (proj / "requirements.lock").exists()
     assert not [p for p in proj.iterdir() if p.name.startswith(".hermetic-lock") or p.name.startswith("hermetic-lock")]
 
@@ -176,7 +176,7 @@ def test_pip_tools_refuses_a_different_image_python(tmp_path):
     (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\npython:\n  version: '3.9'\n")
     (proj / "requirements.in").write_text("alpha\n")
     proc = run_cli("lock", "-C", str(proj), "--resolver", "pip-tools")
-    assert_clean_error(proc, 2, "pip-tools resolves for the running interpreter", "Python 3.9", "--resolver uv")
+    assert_clean_error(proc, 64, "pip-tools resolves for the running interpreter", "Python 3.9", "--resolver uv")
 
 
 def _lock_project(tmp_path, wheels) -> Path:

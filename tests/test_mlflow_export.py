@@ -135,18 +135,18 @@ def test_clear_errors_without_a_server_or_the_extra(tmp_path, monkeypatch):
     make_run(root, RID)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     proc = run_cli("runs", "export", "--runs-dir", str(root), RID)
-    assert_clean_error(proc, 2, "--mlflow")
+    assert_clean_error(proc, 64, "--mlflow")
     proc = run_cli("runs", "export", "--mlflow", "--runs-dir", str(root), RID)
-    assert_clean_error(proc, 2, "MLFLOW_TRACKING_URI")
+    assert_clean_error(proc, 64, "MLFLOW_TRACKING_URI")
     # nothing listens on this port: a one-line error naming the server, no traceback
     dead = f"http://127.0.0.1:{free_port()}"
     proc = run_cli("runs", "export", "--mlflow", dead, "--runs-dir", str(root), RID, timeout=300)
-    assert_clean_error(proc, 1, f"MLflow at {dead}")
+    assert_clean_error(proc, 69, f"MLflow at {dead}")
     # mlflow not installed (sys.modules[name] = None is how Python blocks an import): the extra to install
     blocked = ("import sys; sys.modules['mlflow'] = None; from hermetic.cli import main; "
                f"main(['runs', 'export', '--mlflow', 'http://127.0.0.1:1', '--runs-dir', {str(root)!r}, {RID!r}])")
     proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120)
-    assert_clean_error(proc, 2, "pip install 'hermetic[mlflow]'")
+    assert_clean_error(proc, 69, "pip install 'hermetic[mlflow]'")
 
 
 def test_bare_mlflow_takes_no_script_or_run_id_as_its_uri():
@@ -224,9 +224,9 @@ def test_run_mlflow_checks_the_target_before_the_run(project, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     before = run_dirs(project)
     proc = run_cli("run", "--mlflow", "train.py", cwd=project)
-    assert_clean_error(proc, 2, "MLFLOW_TRACKING_URI")
+    assert_clean_error(proc, 64, "MLFLOW_TRACKING_URI")
     blocked = ("import sys; sys.modules['mlflow'] = None; from hermetic.cli import main; "
                "main(['run', '--mlflow', 'http://127.0.0.1:1', 'train.py'])")
     proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120, cwd=project)
-    assert_clean_error(proc, 2, "pip install 'hermetic[mlflow]'")
+    assert_clean_error(proc, 69, "pip install 'hermetic[mlflow]'")
     assert run_dirs(project) == before

@@ -124,16 +124,16 @@ def test_a_seed_group_is_its_mean_with_the_95_percent_band(tmp_path):
 
 def test_bad_output_unknown_metric_and_no_matplotlib(runs, tmp_path):
     proc = run_cli("runs", "--runs-dir", str(runs), "plot", A, "-o", str(tmp_path / "x.jpg"))
-    assert_clean_error(proc, 2, "x.jpg", ".png or .svg")
+    assert_clean_error(proc, 64, "x.jpg", ".png or .svg")
     proc = run_cli("diff", str(runs / A), str(runs / B), "--plot", str(tmp_path / "x.pdf"))
-    assert_clean_error(proc, 2, ".png or .svg")
+    assert_clean_error(proc, 64, ".png or .svg")
     proc = run_cli("runs", "--runs-dir", str(runs), "plot", A, "--metric", "nope", "-o", str(tmp_path / "x.png"))
-    assert_clean_error(proc, 2, "nope", "acc, epoch, loss, val.loss")
+    assert_clean_error(proc, 64, "nope", "acc, epoch, loss, val.loss")
     assert not (tmp_path / "x.png").exists()
     blocked = ("import sys; sys.modules['matplotlib'] = None; from hermetic.cli import main; "
                f"main(['diff', {str(runs / A)!r}, {str(runs / B)!r}, '--plot', {str(tmp_path / 'y.png')!r}])")
     proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120)
-    assert_clean_error(proc, 2, "pip install 'hermetic[plots]'")
+    assert_clean_error(proc, 69, "pip install 'hermetic[plots]'")
 
 
 def test_a_finished_runs_readme_shows_its_metrics_figure(runs, tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hermetic.canonical import sha256_digest
-from hermetic.errors import ConfigError, IntegrityError
+from hermetic.errors import DataError, IntegrityError
 from hermetic.provenance import MT_CYCLONEDX, MT_STATEMENT
 from hermetic.provenance.dsse import PAYLOAD_TYPE, pae, sign, verify
 from hermetic.provenance.sbom import SbomWheel, installed_deb_packages, make_sbom
@@ -113,7 +113,7 @@ def test_read_statement_refuses_what_it_cannot_trust(mutate, needle) -> None:
     mutate(doc)
     with pytest.raises(ProvenanceError, match=needle) as e:
         read_statement(json.dumps(doc).encode(), subject_digest=IMAGE)
-    assert e.value.exit_code == 3
+    assert e.value.exit_code == 65
 
 
 def test_a_provenance_about_another_digest_is_refused_naming_both() -> None:
@@ -198,12 +198,13 @@ def test_dsse_sign_verify_and_openssl_agrees(keys, tmp_path) -> None:
         verify(json.dumps(doc).encode(), keys["alice.pub"])
 
 
-def test_a_key_that_is_not_ed25519_is_a_config_error(tmp_path) -> None:
+def test_a_key_that_is_not_ed25519_is_refused_as_bad_input(tmp_path) -> None:
     rsa = tmp_path / "rsa.pem"
     subprocess.run(["openssl", "genpkey", "-algorithm", "rsa", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(rsa)],
                    check=True, capture_output=True)
-    with pytest.raises(ConfigError, match="not an ed25519 key"):
+    with pytest.raises(DataError, match="not an ed25519 key") as e:
         sign(b"{}", rsa)
+    assert e.value.exit_code == 65
 
 
 # -- referrers in the store, and gc -----------------------------------------------------------

@@ -55,7 +55,7 @@ def test_tampered_record_is_reported(tmp_path):
     (run_dir / "run.json").write_text(json.dumps(doc, indent=2))
     with pytest.raises(IntegrityError, match="record_sha256 does not match") as e:
         load_record(run_dir)
-    assert e.value.exit_code == 3
+    assert e.value.exit_code == 65
 
 
 def test_seal_and_verify():
@@ -106,7 +106,7 @@ def test_malformed_records_name_the_key(path, value, expected):
     rec = _mutate(path, value)(synthetic_record(RID))
     with pytest.raises(RecordError, match=expected) as e:
         validate_record(rec, sealed=False)
-    assert e.value.exit_code == 2
+    assert e.value.exit_code == 65
     assert "\n" not in str(e.value)
 
 

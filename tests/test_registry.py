@@ -284,7 +284,7 @@ def test_unpinned_and_hostless_pulls_are_refused(store) -> None:
     # The hint spells what to pull with host, port and repository kept (it once said 127.0.0.1@sha256:…).
     assert "hermetic pull 127.0.0.1:5000/some/img@sha256:…" in refused.value.hint
     proc = run_cli("pull", "127.0.0.1:5611/t/ex:v1")
-    assert_clean_error(proc, 1, "127.0.0.1:5611/t/ex:v1 is not pinned by digest")
+    assert_clean_error(proc, 64, "127.0.0.1:5611/t/ex:v1 is not pinned by digest")
     assert "hint: pull by digest: hermetic pull 127.0.0.1:5611/t/ex@sha256:…" in proc.stderr
     with pytest.raises(HermeticError, match="names no registry"):
         ensure_image(store, "some/img@sha256:" + "0" * 64)

@@ -61,7 +61,7 @@ def test_replay_after_the_data_changed_is_refused(project, docker_client):
     flip_byte(project / "data" / "test-x.f32")
     before, t0 = run_dirs(project), time.time()
     proc = replay(run_dir_of(project, original))
-    assert_clean_error(proc, 3, "logreg", "test-x.f32", "no container was started")
+    assert_clean_error(proc, 65, "logreg", "test-x.f32", "no container was started")
     assert "logreg: changed  test-x.f32" in proc.stderr  # the lines `hermetic data verify` prints
     assert run_dirs(project) == before
     assert containers_created_since(docker_client, t0, name) == []
@@ -74,7 +74,7 @@ def test_replay_without_the_image_is_refused(project, docker_client, tmp_path):
     # a store without the image (e.g. after `hermetic cache gc` or on another machine); never pushed
     proc = replay(run_dir_of(project, original), env={"HERMETIC_CACHE": str(tmp_path / "empty-cache")})
     image = original["image"]
-    assert_clean_error(proc, 3, image["manifest_digest"], image["id"], "never pushed")
+    assert_clean_error(proc, 65, image["manifest_digest"], image["id"], "never pushed")
     assert run_dirs(project) == before
     assert containers_created_since(docker_client, t0, name) == []
 

@@ -210,7 +210,7 @@ def test_changed_dataset_byte_is_refused_before_any_container(project, docker_cl
     data.write_bytes(bytes(raw))
     name, before, t0 = unique(), run_dirs(project), time.time()
     proc = run_cli("run", "--name", name, "train.py", cwd=project)
-    assert_clean_error(proc, 3, "logreg", "train-x.f32", "no container was started")
+    assert_clean_error(proc, 65, "logreg", "train-x.f32", "no container was started")
     assert "logreg: changed  train-x.f32" in proc.stderr  # the lines `hermetic data verify` prints
     assert run_dirs(project) == before  # no run directory
     assert labelled_containers(docker_client, name) == []
@@ -284,7 +284,7 @@ def test_gpus_without_nvidia_runtime_is_a_clean_refusal(logreg, docker_client):
         pytest.skip("this engine has the NVIDIA runtime; the refusal is for engines without it")
     name, before, t0 = unique(), run_dirs(logreg), time.time()
     proc = run_cli("run", "--name", name, "--gpus", "all", "train.py", cwd=logreg)
-    assert_clean_error(proc, 4, NO_GPU_RUNTIME)
+    assert_clean_error(proc, 69, NO_GPU_RUNTIME)
     assert run_dirs(logreg) == before
     assert labelled_containers(docker_client, name) == []
     assert containers_created_since(docker_client, t0, name) == []
@@ -362,6 +362,12 @@ def test_exit_code_is_the_containers(project):
     assert "giving up" in (run_dir_of(project, rec) / "logs" / "stderr.log").read_text()
     plain = run_cli("run", "fail.py", cwd=project)  # the summary form says the same
     assert plain.returncode == 7 and "failed  exit 7" in plain.stdout
+    # A script may return a code from hermetic's own range: it is passed through all the same, and the
+    # record says it was the script's (failed, no reason, no hermetic_exit_code), not a refusal.
+    (project / "fail.py").write_text("raise SystemExit(65)\n")
+    _, rec = hermetic_run(project, "fail.py", expect=65)
+    assert rec["record"]["status"] == "failed" and rec["record"]["exit_code"] == 65
+    assert "reason" not in rec["record"] and "hermetic_exit_code" not in rec["record"]
 
 
 @pytest.mark.docker
@@ -382,7 +388,7 @@ def test_runs_lists_and_shows(project):
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout) == rec
     missing = run_cli("runs", "show", "19990101-000000-000000", cwd=project)
-    assert_clean_error(missing, 2, "19990101-000000-000000")
+    assert_clean_error(missing, 66, "19990101-000000-000000")
 
 
 T_975_DF2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom

@@ -98,11 +98,11 @@ def test_detach_returns_at_once_then_logs_wait_and_stop_follow_the_run(project):
     stopped = run_cli("stop", run_id, cwd=project)
     assert stopped.returncode == 0 and stopped.stdout.strip() == f"{run_id}: interrupted", stopped.stderr
     waited = run_cli("runs", "wait", run_id, cwd=project)
-    assert waited.returncode == 130
+    assert waited.returncode == 143
     rec = json.loads((project / "runs" / run_id / "run.json").read_text())
     assert rec["record"]["status"] == "interrupted" and rec["record"]["finished_at"]
     assert (project / "runs" / run_id / "logs" / "stdout.log").read_text() == "started\n"
-    assert_clean_error(run_cli("stop", run_id, cwd=project), 2, "not running")
+    assert_clean_error(run_cli("stop", run_id, cwd=project), 66, "not running")
 
 
 @pytest.mark.docker
@@ -113,5 +113,5 @@ def test_a_detached_run_refused_before_it_starts_says_so_where_it_was_started(pr
     data.write_bytes(bytes(raw))
     before = run_dirs(project)
     proc = run_cli("run", "--detach", "train.py", cwd=project)
-    assert_clean_error(proc, 3, "train-x.f32", "no container was started")
+    assert_clean_error(proc, 65, "train-x.f32", "no container was started")
     assert run_dirs(project) == before

@@ -13,6 +13,7 @@ from hermetic.canonical import pretty_json
 from hermetic.record import list_entries, load_record, resolve_run, seal, write_group
 from hermetic.record.index import INDEX_NAME, read_index
 from hermetic.record.rundir import RunNotFound
+from hermetic.errors import UsageError
 from hermetic.record.synthetic import synthetic_record, write_synthetic_run
 
 IDS = ["20261129-214500-aaaaaa", "20261129-220000-bbbbbb", "20261130-080000-cccccc-named"]
@@ -84,7 +85,7 @@ def test_rewritten_record_latest_wins(runs):
 def test_resolve_run_by_prefix(runs):
     assert resolve_run("20261130", runs) == runs / IDS[2]
     assert resolve_run(str(runs / IDS[0]), runs) == runs / IDS[0]
-    with pytest.raises(RunNotFound, match="ambiguous run ID prefix: 2 runs match"):
+    with pytest.raises(UsageError, match="ambiguous run ID prefix: 2 runs match"):
         resolve_run("20261129", runs)
     with pytest.raises(RunNotFound, match="no run with this ID or prefix"):
         resolve_run("2030", runs)
@@ -105,14 +106,14 @@ def test_cli_list_and_show(runs):
     r = hermetic("runs", "show", "--runs-dir", str(runs), "--json", IDS[0])
     assert json.loads(r.stdout) == load_record(runs / IDS[0])
     r = hermetic("runs", "show", "--runs-dir", str(runs), "20261129")
-    assert r.returncode == 2 and "ambiguous" in r.stderr
+    assert r.returncode == 64 and "ambiguous" in r.stderr
 
 
 def test_cli_show_reports_a_tampered_record(runs):
     path = runs / IDS[0] / "run.json"
     path.write_text(path.read_text().replace('"loss": 0.5', '"loss": 0.4'))
     r = hermetic("runs", "--runs-dir", str(runs), "show", IDS[0])
-    assert r.returncode == 3
+    assert r.returncode == 65
     assert "record_sha256 does not match" in r.stderr
 
 

@@ -139,9 +139,9 @@ def test_a_noop_build_refuses_a_corrupt_blob_by_name(tmp_path, cache_dir, sessio
     blob = our_layer(cache_dir, first, "gamma")
     flip_byte(blob)
     proc = run_cli("build", "-C", str(proj), "--no-load")
-    assert_clean_error(proc, 3, f"sha256:{blob.name}", "corrupt", "hermetic cache verify --repair")
+    assert_clean_error(proc, 65, f"sha256:{blob.name}", "corrupt", "hermetic cache verify --repair")
     repair = run_cli("cache", "verify", "--repair")
-    assert repair.returncode == 3 and blob.name in repair.stdout
+    assert repair.returncode == 65 and blob.name in repair.stdout
     again = build_json(proj, "--no-load")
     assert (again["noop"], again["manifest_digest"]) == (False, first["manifest_digest"])  # the same bytes again
     assert build_json(proj, "--no-load")["noop"] is True
@@ -179,7 +179,7 @@ def test_a_run_refuses_an_image_with_a_corrupt_blob(tmp_path, cache_dir, session
     first = build_json(proj)
     flip_byte(our_layer(cache_dir, first, "gamma"))
     proc = run_cli("run", "train.py", cwd=proj)
-    assert_clean_error(proc, 3, "corrupt", "hermetic cache verify --repair")
+    assert_clean_error(proc, 65, "corrupt", "hermetic cache verify --repair")
     assert not (proj / "runs").exists() or not any((proj / "runs").iterdir())
 
 

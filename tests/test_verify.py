@@ -176,7 +176,7 @@ def test_a_changed_byte_in_a_wheel_is_refused_naming_the_wheel_and_its_layer(pus
     size = numpy_wheel.stat().st_size
     env = fresh_machine(tmp_path, find_links=one_wheel_dir(tmp_path, numpy_wheel, flip_at=size // 2))
     proc = hverify(tmp_path, pushed["ref"], env)
-    assert_clean_error(proc, 3, numpy_wheel.name, "layer 1: numpy==", "sha256 mismatch",
+    assert_clean_error(proc, 65, numpy_wheel.name, "layer 1: numpy==", "sha256 mismatch",
                        "refused before any layer was built")
 
 
@@ -184,7 +184,7 @@ def test_a_wheel_no_index_has_any_more_is_named(pushed, numpy_wheel, tmp_path):
     empty = tmp_path / "empty-find-links"
     empty.mkdir()
     proc = hverify(tmp_path, pushed["ref"], fresh_machine(tmp_path, find_links=empty))
-    assert_clean_error(proc, 3, numpy_wheel.name, "layer 1: numpy==", "no index has this wheel any more")
+    assert_clean_error(proc, 65, numpy_wheel.name, "layer 1: numpy==", "no index has this wheel any more")
 
 
 def _tampered_copy(src: OciStore, dst: OciStore, digest: str, layer_index: int, member: str) -> str:
@@ -268,7 +268,7 @@ def test_an_image_without_provenance_is_refused(registry, tmp_path):
     digest = _plain_image(store, "no-provenance")
     push_image(store, digest, f"{registry.host}/team/plain:v1")
     proc = hverify(tmp_path, f"{registry.host}/team/plain@{digest}", fresh_machine(tmp_path))
-    assert_clean_error(proc, 3, f"team/plain@{digest} has no provenance", f"sha256-{digest[7:]}")
+    assert_clean_error(proc, 65, f"team/plain@{digest} has no provenance", f"sha256-{digest[7:]}")
 
 
 def test_a_provenance_about_another_image_is_refused(pushed, registry, tmp_path):
@@ -279,7 +279,7 @@ def test_a_provenance_about_another_image_is_refused(pushed, registry, tmp_path)
     _attach_forged_provenance(store, digest, pushed["provenance"], claim_subject=False)
     push_image(store, digest, f"{registry.host}/team/borrowed:v1")
     proc = hverify(tmp_path, f"{registry.host}/team/borrowed@{digest}", fresh_machine(tmp_path))
-    assert_clean_error(proc, 3, f"its subject is {pushed['digest']}, not the image {digest}")
+    assert_clean_error(proc, 65, f"its subject is {pushed['digest']}, not the image {digest}")
 
 
 def test_pull_fetches_and_verifies_the_attestations(pushed, tmp_path):
@@ -305,11 +305,11 @@ def test_a_tampered_sbom_blob_fails_pull_and_verify_naming_it(pushed, registry, 
     try:
         env = fresh_machine(tmp_path, find_links=one_wheel_dir(tmp_path, numpy_wheel))
         pull = run_cli("pull", pushed["ref"], env=env)
-        assert_clean_error(pull, 3, "sbom.cdx.json (application/vnd.cyclonedx+json)", "nothing was stored")
+        assert_clean_error(pull, 65, "sbom.cdx.json (application/vnd.cyclonedx+json)", "nothing was stored")
         store = OciStore(Path(env["HERMETIC_CACHE"]) / "oci")
         assert not store.has_blob(pushed["digest"])  # all or nothing: the image did not land either
         proc = hverify(tmp_path, pushed["ref"], env)
-        assert_clean_error(proc, 3, "sbom.cdx.json (application/vnd.cyclonedx+json)", sbom["digest"]["sha256"])
+        assert_clean_error(proc, 65, "sbom.cdx.json (application/vnd.cyclonedx+json)", sbom["digest"]["sha256"])
     finally:
         data.write_bytes(original)
 
@@ -340,10 +340,10 @@ def test_signed_provenance_verifies_with_the_key_and_not_without_it(pushed, regi
     out = json.loads(ok.stdout)
     assert out["reproduced"] is True and out["signature"]["envelope"].startswith("sha256:")
     wrong = hverify(tmp_path, ref, env, "--key", str(tmp_path / "other.pub.pem"))
-    assert_clean_error(wrong, 3, "no signature verifies with the key")
+    assert_clean_error(wrong, 65, "no signature verifies with the key")
     # team/logreg was pushed from a store that never signed: --key there is a refusal, not a pass.
     unsigned = hverify(tmp_path, pushed["ref"], env, "--key", str(tmp_path / "release.pub.pem"))
-    assert_clean_error(unsigned, 3, "has no signed provenance")
+    assert_clean_error(unsigned, 65, "has no signed provenance")
 
 
 def test_verify_of_an_image_in_the_local_store(pushed, module_cache, tmp_path):
@@ -358,4 +358,4 @@ def test_verify_of_an_image_in_the_local_store(pushed, module_cache, tmp_path):
 
 def test_verify_refuses_a_reference_without_digest(tmp_path):
     proc = hverify(tmp_path, "127.0.0.1:5000/team/logreg:v1", fresh_machine(tmp_path))
-    assert_clean_error(proc, 2, "is not pinned by digest")
+    assert_clean_error(proc, 64, "is not pinned by digest")

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from hermetic.builder.libc import glibc_from_rootfs
 from hermetic.builder.tarlayer import DirAttrs
-from hermetic.errors import EngineError, HermeticError, IntegrityError
+from hermetic.errors import ConfigError, DataError, EngineError, HermeticError, IntegrityError, NotFound
 from hermetic.fsutil import atomic_write_bytes, owned_temp_dir
 from hermetic.reference import BaseReference, parse_base_reference
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
@@ -56,7 +56,7 @@ def _pick_platform(store: OciStore, index_digest: str) -> str:
         p = m.get("platform") or {}
         if p.get("os") == "linux" and p.get("architecture") == "amd64":
             return m["digest"]
-    raise HermeticError(f"image index {index_digest} has no linux/amd64 image")
+    raise NotFound(f"image index {index_digest} has no linux/amd64 image")
 
 
 def load_base(store: OciStore, ref: BaseReference, manifest_digest: str) -> BaseImage:
@@ -67,12 +67,12 @@ def load_base(store: OciStore, ref: BaseReference, manifest_digest: str) -> Base
         doc = store.read_json(manifest_digest)
         mt = doc.get("mediaType") or MT_MANIFEST
     if mt not in MANIFEST_TYPES and "layers" not in doc:
-        raise HermeticError(f"{ref.raw}: {manifest_digest} is not an image manifest ({mt})")
+        raise DataError(f"{ref.raw}: {manifest_digest} is not an image manifest ({mt})")
     cfg_digest = doc["config"]["digest"]
     config = store.read_json(cfg_digest)
     for layer in doc["layers"]:
         if not store.has_blob(layer["digest"]):
-            raise HermeticError(f"{ref.raw}: layer {layer['digest']} is missing from the store; pull the base again")
+            raise DataError(f"{ref.raw}: layer {layer['digest']} is missing from the store; pull the base again")
     return BaseImage(ref, manifest_digest, doc, cfg_digest, config)
 
 
@@ -89,7 +89,7 @@ def resolve_base(store: OciStore, ref_text: str, *, pull: PullImage | None = Non
     try:
         ref = parse_base_reference(ref_text)
     except ValueError as e:
-        raise HermeticError(f"base: {e}") from None
+        raise ConfigError(f"base: {e}") from None
     store.ensure()
     if ref.kind == "docker":
         digest = import_from_engine(store, ref.digest)
@@ -103,12 +103,12 @@ def resolve_base(store: OciStore, ref_text: str, *, pull: PullImage | None = Non
         return load_base(store, ref, ref.digest)
     assert ref.name is not None
     if not ref.name.has_host:
-        raise HermeticError(
+        raise NotFound(
             f"base {ref.raw} is not in the local store {store.root}",
             hint="create it with `hermetic base bootstrap` (and `--pin` to write its digest), or `hermetic pull` it",
         )
     if pull is None:
-        raise HermeticError(f"base {ref.raw} is not in the local store {store.root}, and this build does not "
+        raise NotFound(f"base {ref.raw} is not in the local store {store.root}, and this build does not "
                             "pull from registries", hint=f"hermetic pull {ref.raw}")
     try:
         digest = pull(store, ref.raw)
@@ -138,7 +138,7 @@ def _copy_blob(store: OciStore, src: Path, digest: str, size: int | None = None)
     if store.has_blob(digest):
         return
     if not src.is_file():
-        raise HermeticError(f"{src}: blob {digest} is missing from the layout")
+        raise DataError(f"{src}: blob {digest} is missing from the layout")
     try:
         with open(src, "rb") as f, store.writer(digest, size) as w:
             shutil.copyfileobj(f, w, 1 << 20)
@@ -150,14 +150,14 @@ def import_oci(store: OciStore, path: Path, manifest_digest: str, *, archive: bo
     """Copy one image (by manifest digest) from an OCI layout into the store, verified."""
     if archive:
         if not path.is_file():
-            raise HermeticError(f"oci-archive {path}: no such file")
+            raise NotFound(f"oci-archive {path}: no such file")
         with owned_temp_dir(store.tmp, "oci-archive.") as tmp:  # a killed import's files go with its lock
             with tarfile.open(path) as tf:
                 tf.extractall(tmp, filter="data")  # type: ignore[call-arg]
             import_oci(store, Path(tmp), manifest_digest, archive=False)
         return
     if not (path / "oci-layout").is_file():
-        raise HermeticError(f"{path}: not an OCI image layout (no oci-layout file)")
+        raise DataError(f"{path}: not an OCI image layout (no oci-layout file)")
 
     def blob(d: str) -> Path:
         algo, _, hexpart = d.partition(":")
@@ -181,7 +181,7 @@ def _pick_platform_from(index: dict[str, Any]) -> str:
         p = m.get("platform") or {}
         if p.get("os") == "linux" and p.get("architecture") == "amd64":
             return m["digest"]
-    raise HermeticError("image index has no linux/amd64 image")
+    raise NotFound("image index has no linux/amd64 image")
 
 
 def import_from_engine(store: OciStore, image_id: str) -> str:
@@ -194,7 +194,7 @@ def import_from_engine(store: OciStore, image_id: str) -> str:
     try:
         image = client.images.get(image_id)
     except docker.errors.ImageNotFound:
-        raise HermeticError(f"base docker:{image_id}: the Docker Engine has no image with this ID") from None
+        raise NotFound(f"base docker:{image_id}: the Docker Engine has no image with this ID") from None
     except docker.errors.APIError as e:
         raise EngineError(f"Docker Engine error: {e.explanation or e}") from None
     with owned_temp_dir(store.tmp, "docker-save.") as tmp:
@@ -301,7 +301,7 @@ def scan_base(store: OciStore, base: BaseImage, cache_dir: Path) -> BaseFacts:
         try:
             tf = _open_layer(store.blob_path(layer.digest))
         except tarfile.TarError as e:
-            raise HermeticError(f"base layer {layer.digest} is not a tar this build can read ({e})") from None
+            raise DataError(f"base layer {layer.digest} is not a tar this build can read ({e})") from None
         with tf:
             for m in tf:
                 name = posixpath.normpath(m.name.lstrip("./").lstrip("/")) if m.name not in (".", "./") else ""

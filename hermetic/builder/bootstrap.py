@@ -26,7 +26,7 @@ from hermetic.builder.image import rfc3339
 from hermetic.builder.tarlayer import Entry, complete_parents, write_layer
 from hermetic.canonical import canonical_json
 from hermetic.config import format_key_path
-from hermetic.errors import ConfigError, HermeticError
+from hermetic.errors import ConfigError, DataError, NotFound, Unavailable
 from hermetic.fsutil import owned_temp_dir
 from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 
@@ -69,7 +69,7 @@ def find_recipe(name_or_path: str) -> Path:
     if cand.is_file():
         return cand
     known = sorted(d.name for d in images_dir().iterdir() if (d / "recipe.yaml").is_file()) if images_dir().is_dir() else []
-    raise HermeticError(f"no base recipe {name_or_path!r} (known: {', '.join(known) or 'none'})")
+    raise NotFound(f"no base recipe {name_or_path!r} (known: {', '.join(known) or 'none'})")
 
 
 def load_recipe(path: Path) -> Recipe:
@@ -119,7 +119,7 @@ def rootfs_entries(tf: tarfile.TarFile) -> list[Entry]:
             if m.islnk():
                 src = by_name.get(m.linkname) or by_name.get("./" + m.linkname.lstrip("./")) or by_name.get(m.linkname.lstrip("./"))
                 if src is None or not src.isreg():
-                    raise HermeticError(f"rootfs hardlink {m.name} -> {m.linkname}: target missing")
+                    raise DataError(f"rootfs hardlink {m.name} -> {m.linkname}: target missing")
             entries.append(Entry(name, "file", mode, m.uid, m.gid, size=src.size,
                                  open=(lambda s=src: tf.extractfile(s))))  # type: ignore[arg-type,return-value]
         # character/block devices, FIFOs: dropped
@@ -130,10 +130,10 @@ def bootstrap(recipe_path: Path, store: OciStore, *, source_date_epoch: int = 0,
               log=None) -> BootstrapResult:
     recipe = load_recipe(recipe_path)
     if recipe.tool != "mmdebstrap":
-        raise HermeticError(f"{recipe_path}: tool {recipe.tool!r} is not supported (mmdebstrap)")
+        raise ConfigError(f"{recipe_path}: tool {recipe.tool!r} is not supported (mmdebstrap)")
     exe = shutil.which("mmdebstrap")
     if not exe:
-        raise HermeticError("mmdebstrap is not installed", hint="apt-get install mmdebstrap (Debian package)")
+        raise Unavailable("mmdebstrap is not installed", hint="apt-get install mmdebstrap (Debian package)")
     store.ensure()
     with owned_temp_dir(store.tmp, "bootstrap.") as tmp:  # a killed bootstrap's rootfs goes with its lock
         rootfs_tar = Path(tmp) / "rootfs.tar"
@@ -148,7 +148,7 @@ def bootstrap(recipe_path: Path, store: OciStore, *, source_date_epoch: int = 0,
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = [ln for ln in proc.stderr.splitlines() if ln.startswith("E:")] or proc.stderr.splitlines()[-3:]
-            raise HermeticError(f"mmdebstrap failed for {recipe_path}: {' | '.join(tail)}")
+            raise Unavailable(f"mmdebstrap failed for {recipe_path}: {' | '.join(tail)}")
         with tarfile.open(rootfs_tar) as tf:
             status_member = tf.getmember("./var/lib/dpkg/status")
             f = tf.extractfile(status_member)

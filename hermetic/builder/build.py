@@ -34,7 +34,7 @@ from hermetic.builder.layers import (
 from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.config import LoadedConfig
 from hermetic.determinism import identity_part
-from hermetic.errors import HermeticError
+from hermetic.errors import ConfigError
 from hermetic.fsutil import atomic_write_bytes, file_lock
 from hermetic.lock.model import Lock, ResolvedWheel, Target
 from hermetic.paths import CachePaths
@@ -242,7 +242,7 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     m = cfg.model
     facts = scan_base(store, base, paths.root / "bases")
     if not facts.exists(m.python.path):
-        raise HermeticError(f"base {m.base}: has no interpreter at python.path {m.python.path}")
+        raise ConfigError(f"base {m.base}: has no interpreter at python.path {m.python.path}")
     notes = run_build_checks(cfg, wheels, facts)
     layout = VenvLayout(m.build.prefix, m.python.version, m.python.path)
     specs = plan_layers(wheels, hermetic_layer_files(layout), max_layers=MAX_LAYERS - len(base.layers))

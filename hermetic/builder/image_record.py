@@ -18,7 +18,7 @@ from hermetic import __version__
 from hermetic.builder.image import BASE_LAYERS_LABEL, PACKAGES_LABEL
 from hermetic.builder.inspect import describe
 from hermetic.canonical import parse_digest, pretty_json
-from hermetic.errors import HermeticError
+from hermetic.errors import DataError, NotFound
 from hermetic.fsutil import atomic_write_text
 from hermetic.store.oci import OciStore
 
@@ -99,7 +99,7 @@ def recorded_manifest_digest(config_dir: Path, *, otherwise: str = "") -> str:
         digest = json.loads(record.read_text(encoding="utf-8"))["manifest_digest"]
         parse_digest(digest)
     except FileNotFoundError:
-        raise HermeticError(f"{record}: no build record; run `hermetic build` first{tail}") from None
+        raise NotFound(f"{record}: no build record; run `hermetic build` first{tail}") from None
     except (ValueError, KeyError, TypeError, OSError):
-        raise HermeticError(f"{record}: unreadable build record (want a JSON object with manifest_digest)") from None
+        raise DataError(f"{record}: unreadable build record (want a JSON object with manifest_digest)") from None
     return digest

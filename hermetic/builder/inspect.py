@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hermetic.errors import HermeticError
+from hermetic.errors import NotFound
 from hermetic.store.oci import OciStore
 
 
@@ -16,10 +16,10 @@ def find_image(store: OciStore, image: str) -> str:
         for d in store.manifests():
             if store.has_blob(d.digest) and store.read_json(d.digest).get("config", {}).get("digest") == image:
                 return d.digest
-        raise HermeticError(f"no image {image} in the store {store.root} (by manifest digest or image ID)")
+        raise NotFound(f"no image {image} in the store {store.root} (by manifest digest or image ID)")
     desc = store.resolve(image)
     if desc is None:
-        raise HermeticError(f"no image named {image!r} in the store (known: {', '.join(sorted(store.refs())[:8]) or 'none'})")
+        raise NotFound(f"no image named {image!r} in the store (known: {', '.join(sorted(store.refs())[:8]) or 'none'})")
     return desc.digest
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from hermetic.errors import HermeticError
+from hermetic.errors import DataError, HermeticError
 
 INSTALLER_NAME = b"hermetic\n"
 
@@ -91,9 +91,9 @@ def _collecting_destination(scheme_dict: dict[str, str], interpreter: str, zf: z
             root = posixpath.normpath(self.scheme_dict[scheme])
             target = posixpath.normpath(posixpath.join(root, path))
             if not target.startswith(root + "/"):
-                raise HermeticError(f"wheel file {path!r} would land outside {root}")
+                raise DataError(f"wheel file {path!r} would land outside {root}")
             if target in self.files:
-                raise HermeticError(f"two files of the wheel install to {target}")
+                raise DataError(f"two files of the wheel install to {target}")
             return target
 
         def write_to_fs(self, scheme, path, stream: BinaryIO, is_executable: bool):  # type: ignore[override]
@@ -127,7 +127,7 @@ def wheel_files(wheel_path: Path, layout: VenvLayout) -> tuple[zipfile.ZipFile, 
     try:
         zf = zipfile.ZipFile(wheel_path)
     except (OSError, zipfile.BadZipFile) as e:
-        raise HermeticError(f"{wheel_path.name}: not a readable wheel: {e}") from None
+        raise DataError(f"{wheel_path.name}: not a readable wheel: {e}") from None
     try:
         source = WheelFile(zf)
         dest = _collecting_destination(layout.scheme(source.distribution), layout.interpreter, zf)
@@ -138,10 +138,10 @@ def wheel_files(wheel_path: Path, layout: VenvLayout) -> tuple[zipfile.ZipFile, 
         install(source, dest, additional_metadata={"INSTALLER": INSTALLER_NAME})
     except HermeticError as e:
         zf.close()
-        raise HermeticError(f"{wheel_path.name}: {e.message}") from None
+        raise DataError(f"{wheel_path.name}: {e.message}") from None
     except Exception as e:  # installer raises plain exceptions on bad wheels
         zf.close()
-        raise HermeticError(f"{wheel_path.name}: cannot install wheel: {e}") from None
+        raise DataError(f"{wheel_path.name}: cannot install wheel: {e}") from None
     return zf, dest.files
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Literal
 
-from hermetic.errors import HermeticError
+from hermetic.errors import DataError
 
 COPY_BUFSIZE = 1 << 20
 DIR_MODE = 0o755
@@ -48,7 +48,7 @@ class Entry:
     def __post_init__(self) -> None:
         p = self.path
         if not p or p.startswith("/") or p.endswith("/") or any(part in ("", ".", "..") for part in p.split("/")):
-            raise HermeticError(f"invalid path in layer: {p!r}")
+            raise DataError(f"invalid path in layer: {p!r}")
 
 
 def normalized_mode(st_mode: int) -> int:
@@ -80,7 +80,7 @@ def entries_from_dir(root: Path, prefix: str = "") -> list[Entry]:
                 out.append(Entry(path, "file", normalized_mode(st.st_mode), size=st.st_size,
                                  open=(lambda f=full: open(f, "rb"))))
             else:
-                raise HermeticError(f"{full}: not a regular file, directory or symlink; refusing to put it in a layer")
+                raise DataError(f"{full}: not a regular file, directory or symlink; refusing to put it in a layer")
     return out
 
 
@@ -115,7 +115,7 @@ def complete_parents(entries: Iterable[Entry], parent_attrs: dict[str, DirAttrs]
             prev = by_path[e.path]
             if prev.kind == "dir" and e.kind == "dir":
                 continue
-            raise HermeticError(f"two entries for {e.path!r} in one layer")
+            raise DataError(f"two entries for {e.path!r} in one layer")
         by_path[e.path] = e
     for path in list(by_path):
         parts = path.split("/")
@@ -125,7 +125,7 @@ def complete_parents(entries: Iterable[Entry], parent_attrs: dict[str, DirAttrs]
                 a = parent_attrs.get(parent, DirAttrs())
                 by_path[parent] = Entry(parent, "dir", a.mode, a.uid, a.gid)
             elif by_path[parent].kind != "dir":
-                raise HermeticError(f"{path!r} is inside {parent!r}, which is not a directory")
+                raise DataError(f"{path!r} is inside {parent!r}, which is not a directory")
     return [by_path[p] for p in sorted(by_path, key=lambda s: s.encode("utf-8", "surrogateescape"))]
 
 
@@ -161,7 +161,7 @@ def write_layer(entries: list[Entry], sink, *, mtime: int) -> int:
             ti = _tarinfo(e, mtime)
             if e.kind == "file":
                 if e.open is None:
-                    raise HermeticError(f"{e.path}: no content source")
+                    raise DataError(f"{e.path}: no content source")
                 with e.open() as f:
                     tf.addfile(ti, f)
             else:

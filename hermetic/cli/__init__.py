@@ -78,28 +78,38 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from hermetic.errors import HermeticError
+    """The console entry point: every way out is one of hermetic.errors' exit codes (README: Exit codes)."""
+    from hermetic import errors
 
     try:
         rv: Any = cli.main(args=argv, prog_name="hermetic", standalone_mode=False)
-    except HermeticError as e:
+    except errors.HermeticError as e:
         for line in e.details:
             click.echo(f"  {line}", err=True)
         _print_error(e.message, e.hint)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
         click.echo("hermetic: aborted", err=True)
-        sys.exit(130)
+        sys.exit(errors.EXIT_INTERRUPTED)
     except KeyboardInterrupt:
         click.echo("hermetic: interrupted", err=True)
-        sys.exit(130)
+        sys.exit(errors.EXIT_INTERRUPTED)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:
+        # click's own usage errors exit 2, which a script also returns; ours say EX_USAGE.
         e.show()
-        sys.exit(e.exit_code)
+        sys.exit(errors.EXIT_USAGE if isinstance(e, click.UsageError) or e.exit_code == 2 else e.exit_code)
     except BrokenPipeError:
-        sys.exit(141)
+        sys.exit(errors.EXIT_BROKEN_PIPE)
+    except Exception:
+        # A bug: keep the traceback for the report, but exit with a code that says so (not Python's 1).
+        import traceback
+
+        traceback.print_exc()
+        click.echo(f"hermetic: internal error (a bug in hermetic {__version__}; please report it with the "
+                   "traceback above)", err=True)
+        sys.exit(errors.EXIT_SOFTWARE)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -81,14 +81,14 @@ def pin_cmd(ref: str, config_path: str | None, as_json: bool) -> None:
       hermetic base pin 127.0.0.1:5000/bases/python:3.11-slim
     """
     from hermetic.reference import parse_image_name
-    from hermetic.errors import HermeticError
+    from hermetic.errors import NotFound, UsageError
     from hermetic.paths import cache_paths
     from hermetic.store.oci import OciStore
 
     try:
         name = parse_image_name(ref)
     except ValueError as e:
-        raise HermeticError(f"{e}") from None
+        raise UsageError(f"{e}") from None
     if name.digest:
         pinned = ref
     else:
@@ -97,7 +97,7 @@ def pin_cmd(ref: str, config_path: str | None, as_json: bool) -> None:
         if local is not None:
             pinned = f"{name.repository}@{local.digest}"
         elif not name.has_host:
-            raise HermeticError(f"{ref}: not in the local store, and it names no registry host to resolve it on",
+            raise NotFound(f"{ref}: not in the local store, and it names no registry host to resolve it on",
                                 hint="hermetic base bootstrap, or give host/repo:tag")
         else:
             from hermetic.registry import resolve_tag

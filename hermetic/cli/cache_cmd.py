@@ -16,7 +16,7 @@ def cache() -> None:
 @click.option("--repair", is_flag=True, help="Delete corrupt entries so the next fetch/build recreates them.")
 @json_option
 def verify_cmd(repair: bool, as_json: bool) -> None:
-    """Rehash every blob and wheel; exit 3 if any does not match its digest.
+    """Rehash every blob and wheel; exit 65 if any does not match its digest.
 
     Also lists the temporary files that dead writers left (a killed fetch's
     download, a killed build's layer): `hermetic cache gc` removes them. A

@@ -85,8 +85,8 @@ def verify_cmd(directory: Path | None, manifest: Path | None, full: bool, config
     """Check DIRECTORY against MANIFEST; with neither, every dataset in hermetic.yaml.
 
     Reports missing, extra and changed files (changed with the expected and
-    actual sha256) and exits 3 if there is any; a malformed manifest is refused
-    with its file:line (exit 2).
+    actual sha256) and exits 65 if there is any; a malformed manifest is refused
+    with its file:line (exit 65).
 
     By default a file whose (device, inode, size, mtime, ctime) is unchanged
     since hermetic last hashed it is not read again (git's racy-clean rule

@@ -21,6 +21,7 @@ import click
 
 from hermetic.cli.common import emit_json, json_option
 from hermetic.cli.progress import with_byte_bar
+from hermetic.errors import EXIT_UNAVAILABLE
 
 GiB = 1 << 30
 DISK_WARN_BYTES = 10 * GiB
@@ -222,7 +223,7 @@ def doctor(quick: bool, as_json: bool) -> int:
     driver, free disk under the cache root, the dataset hashing loop (C, or
     the slower Python fallback), the OCI blob store and the wheel store
     (every file rehashed to its name). Each line is ok, warn or FAIL,
-    with what to do about it. Exit status 0 when nothing fails, 1 otherwise.
+    with what to do about it. Exit status 0 when nothing fails, 69 (unavailable) when a check fails.
 
     \b
     Examples:
@@ -239,4 +240,4 @@ def doctor(quick: bool, as_json: bool) -> int:
             click.echo(f"{_MARK[c.status]}  {c.name:<{width}}  {c.detail}")
             if c.hint and c.status != "ok":
                 click.echo(f"      {'':<{width}}  -> {c.hint}")
-    return 1 if failed else 0
+    return EXIT_UNAVAILABLE if failed else 0

@@ -16,7 +16,7 @@ FOLLOW_POLL_S = 0.2
 
 def _run_dir(run: str | None, runs_dir: str | None, config_path: str | None) -> Path:
     """RUN as given, else the newest run (what `hermetic run --detach` just started, usually)."""
-    from hermetic.errors import HermeticError
+    from hermetic.errors import NotFound
     from hermetic.record.index import list_entries
     from hermetic.record.locate import resolve_ref, runs_root
 
@@ -25,7 +25,7 @@ def _run_dir(run: str | None, runs_dir: str | None, config_path: str | None) -> 
     root = runs_root(runs_dir, config_path)
     newest = next((e for e in list_entries(root) if e["kind"] == "run"), None)
     if newest is None:
-        raise HermeticError(f"no runs in {root}", exit_code=2)
+        raise NotFound(f"no runs in {root}")
     return root / newest["id"]
 
 
@@ -93,12 +93,12 @@ def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None,
     Example:
       hermetic stop 20261201-0815
     """
-    from hermetic.errors import HermeticError
+    from hermetic.errors import NotFound
     from hermetic.record import liveness
 
     run_dir = _run_dir(run, runs_dir, config_path)
     if not liveness.stop(run_dir):
-        raise HermeticError(f"{run_dir.name}: not running (see `hermetic runs show {run_dir.name}`)", exit_code=2)
+        raise NotFound(f"{run_dir.name}: not running (see `hermetic runs show {run_dir.name}`)")
     if not no_wait:
         liveness.wait(run_dir)
     status = _status(run_dir)
@@ -133,13 +133,13 @@ def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str
     Example:
       id=$(hermetic run --detach train.py) && hermetic runs wait "$id"
     """
-    from hermetic.errors import HermeticError
+    from hermetic.errors import TempFail
     from hermetic.record import liveness
     from hermetic.record.index import entry_from_dir
 
     run_dir = _run_dir(run, runs_dir, config_path)
     if not liveness.wait(run_dir, timeout_s=timeout):
-        raise HermeticError(f"{run_dir.name}: still running after {timeout:g} s", exit_code=75)
+        raise TempFail(f"{run_dir.name}: still running after {timeout:g} s")
     entry = entry_from_dir(run_dir)
     code = exit_code_of(run_dir, entry)
     if as_json:
@@ -151,24 +151,32 @@ def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str
 
 
 def exit_code_of(run_dir: Path, entry: dict) -> int:
-    """What `hermetic run` returned for this run, from its record."""
+    """What `hermetic run` returned for this run (or seed group), from its record."""
     import json
 
-    from hermetic.run.runner import RunFailed
+    from hermetic.errors import EXIT_INTERRUPTED, EXIT_SOFTWARE
 
     status = entry["status"]
     if status == "succeeded":
         return 0
-    if status == "interrupted":
-        return 130
-    if status in ("refused",):
-        return RunFailed.exit_code
     if entry.get("kind") == "group":
-        return 1
+        # `hermetic run --seeds` returns the first failing member's code
+        try:
+            members = json.loads((run_dir / "group.json").read_text())["members"]
+        except (FileNotFoundError, ValueError, KeyError):
+            return EXIT_SOFTWARE  # it ended without a summary: see logs/hermetic.log
+        for m in members:
+            member_dir = run_dir.parent / m["run_id"]
+            code = exit_code_of(member_dir, {"status": m["status"]})
+            if code:
+                return code
+        return 0
     try:
         meta = json.loads((run_dir / "run.json").read_text())["record"]
     except (FileNotFoundError, ValueError, KeyError):
-        return RunFailed.exit_code  # it ended without a record: see logs/hermetic.log
-    if meta.get("reason"):
-        return meta["exit_code"] if meta.get("exit_code") not in (None, 0) else RunFailed.exit_code
-    return meta.get("exit_code") or 1
+        return EXIT_SOFTWARE  # it ended without a record: see logs/hermetic.log
+    if meta.get("hermetic_exit_code") is not None:
+        return int(meta["hermetic_exit_code"])
+    if status == "interrupted":
+        return EXIT_INTERRUPTED
+    return meta.get("exit_code") or EXIT_SOFTWARE

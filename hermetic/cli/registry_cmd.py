@@ -6,7 +6,7 @@ import click
 
 from hermetic.cli.common import config_option, emit_json, human_bytes, json_option
 from hermetic.cli.progress import transfer_progress
-from hermetic.errors import HermeticError
+from hermetic.errors import HermeticError, NotFound, UsageError
 
 
 def _store():
@@ -25,13 +25,13 @@ def image_to_push(store, image: str | None, config_path: str | None) -> str:
             try:
                 parse_digest(image)
             except ValueError:
-                raise HermeticError(f"--image {image}: not a sha256:<64 hex> digest") from None
+                raise UsageError(f"--image {image}: not a sha256:<64 hex> digest") from None
             if store.find_manifest(image) is None:
-                raise HermeticError(f"--image {image}: no such image in the store {store.root}")
+                raise NotFound(f"--image {image}: no such image in the store {store.root}")
             return image
         desc = store.resolve(image)
         if desc is None:
-            raise HermeticError(f"--image {image}: no such ref in the store {store.root}",
+            raise NotFound(f"--image {image}: no such ref in the store {store.root}",
                                 hint="pass the manifest digest (sha256:…) that hermetic build printed")
         return desc.digest
     from hermetic.builder.image_record import recorded_manifest_digest
@@ -40,7 +40,7 @@ def image_to_push(store, image: str | None, config_path: str | None) -> str:
     try:
         cfg = find_config(config_path)
     except HermeticError as e:
-        raise HermeticError(f"{e.message}; or name the image with --image sha256:…") from None
+        raise HermeticError(f"{e.message}; or name the image with --image sha256:…", exit_code=e.exit_code) from None
     return recorded_manifest_digest(cfg.parent, otherwise="or pass --image sha256:…")
 
 
@@ -131,7 +131,7 @@ def pull(ref: str, platform: str, as_json: bool) -> None:
 
     os_name, sep, arch = platform.partition("/")
     if not sep or not os_name or not arch:
-        raise HermeticError(f"--platform {platform}: write OS/ARCH, e.g. linux/amd64")
+        raise UsageError(f"--platform {platform}: write OS/ARCH, e.g. linux/amd64")
     store = _store()
     progress = transfer_progress()
     try:

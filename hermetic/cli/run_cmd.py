@@ -52,7 +52,9 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, m
     not root, no capabilities, no network. Files the script writes in its
     working directory and in /outputs are the run's outputs (runs/<id>/outputs/),
     hashed and compared by `hermetic diff`. Logs stream here and into
-    runs/<id>/logs/. The exit code is the script's (docs/your-script.md).
+    runs/<id>/logs/. The exit code is the script's, unchanged; hermetic's own
+    refusals and failures are 64-78 (README, "Exit codes"), and the record's
+    status says which it was.
 
     \b
     Examples:
@@ -70,7 +72,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, m
         return _start_detached(script, as_json)
     keep_running_without_a_terminal()
     from hermetic.config import load_config
-    from hermetic.errors import HermeticError
+    from hermetic.errors import UsageError
     from hermetic.paths import cache_paths
     from hermetic.run.plan import RunRequest
     from hermetic.run.runner import execute
@@ -81,7 +83,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, m
     for item in data:
         n, eq, p = item.partition("=")
         if not eq or not n or not p:
-            raise HermeticError(f"--data {item!r}: expected NAME=PATH", exit_code=2)
+            raise UsageError(f"--data {item!r}: expected NAME=PATH")
         data_paths[n] = p
     resume_dir = None
     if resume_from:
@@ -95,7 +97,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, m
     log, progress = run_log(not as_json)
     if seeds:
         if seed is not None:
-            raise HermeticError("--seed and --seeds together: pick one", exit_code=2)
+            raise UsageError("--seed and --seeds together: pick one")
         return _seed_group(cfg, paths, template, seeds, as_json, log, progress, mlflow)
     req = dataclasses.replace(template, seed=seed, seed_policy="cli" if seed is not None else "config")
     result = execute(cfg, paths, req, log=log, progress=progress)
@@ -201,7 +203,8 @@ def replay(run_ref: str, config_path: str | None, as_json: bool) -> int:
     working tree), the recorded config, seed, arguments and env, and the same
     data verified against the run's own manifest copies. Refuses, naming the
     input, when one can no longer be had. Exit 0 only when the replay is
-    bitwise identical to the original.
+    bitwise identical to the original; 1 when it differs, 66 when nothing
+    could be compared, 65 when an input is no longer as recorded.
 
     \b
     Example:

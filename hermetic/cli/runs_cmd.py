@@ -132,7 +132,7 @@ def show(ctx: click.Context, run_id: str, runs_dir: str | None, config_path: str
     """Print one run's record (or one group's summary), checked against its seal.
 
     ID is a run ID, a unique prefix of one, or a path to a run directory.
-    A record edited after hermetic wrote it is reported (exit 3).
+    A record edited after hermetic wrote it is reported (exit 65).
 
     \b
     Examples:

@@ -66,11 +66,11 @@ def export_cmd(ctx: click.Context, refs: tuple[str, ...], mlflow_uri: str | None
       MLFLOW_TRACKING_URI=http://mlflow:5000 hermetic runs export --mlflow
       hermetic runs export --mlflow=./mlruns --experiment mnist --json
     """
-    from hermetic.errors import HermeticError
+    from hermetic.errors import UsageError
     from hermetic.integrations.mlflow import MlflowExporter, tracking_uri
 
     if mlflow_uri is None:
-        raise HermeticError("say where to export: --mlflow [URI] (alone: $MLFLOW_TRACKING_URI)", exit_code=2)
+        raise UsageError("say where to export: --mlflow [URI] (alone: $MLFLOW_TRACKING_URI)")
     uri = tracking_uri(mlflow_uri or None)
     runs_dir, config_path = _where(ctx, runs_dir, config_path)
     paths = ([resolve_ref(r, runs_dir, config_path) for r in refs] if refs

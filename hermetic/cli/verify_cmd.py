@@ -32,7 +32,8 @@ def verify(ref: str, key: str | None, scratch: str | None, keep: bool, as_json: 
     not touched. Prints `reproduced: <digest>` (exit 0), or which layer
     differs, down to the files, and which config keys (exit 1). A refusal
     (no provenance, wrong subject, tampered attestation, bad signature, a
-    wheel no index has, another hermetic version) is one error line, exit 3.
+    wheel no index has, another hermetic version) is one error line: exit 65 for
+    what cannot be trusted, 66 for what is missing, 69 for what cannot be reached.
 
     \b
     Examples:

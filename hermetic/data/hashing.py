@@ -52,7 +52,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from hermetic.errors import HermeticError
+from hermetic.errors import ReadError, WorkerDied
 
 _native: Any
 try:  # the C loop, built with the package where a compiler and OpenSSL's headers were found (setup.py)
@@ -185,7 +185,7 @@ def hash_files(
     failed = [(i, msg) for i, msg in errors if msg is not None]
     if failed:
         i, msg = min(failed)
-        raise HermeticError(f"{paths[i]}: cannot read: {msg}")
+        raise ReadError(f"{paths[i]}: cannot read: {msg}")
     return Hashed(keys, digests, sorted(vanished))
 
 
@@ -462,7 +462,7 @@ def reap(pid: int) -> None:
     """Wait for a worker; HermeticError if it did not exit cleanly."""
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if code != 0:
-        raise HermeticError(f"a hashing worker process failed (exit status {code}); is the machine out of memory?")
+        raise WorkerDied(f"a hashing worker process failed (exit status {code}); is the machine out of memory?")
 
 
 def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: int, bar: Any,

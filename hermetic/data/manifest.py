@@ -26,7 +26,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from hermetic.errors import HermeticError
+from hermetic.errors import DataError
 
 HEX_LEN = 64
 _DIGEST_LEN = HEX_LEN // 2
@@ -45,10 +45,8 @@ _SUSPECT_CHARS = ("%", "\0", "\r")
 _SUSPECT_DOT = ("/./", "/../", "\n./", "\n../", "/.\n", "/..\n", "\n.\n", "\n..\n")
 
 
-class ManifestError(HermeticError):
-    """A manifest that cannot be trusted as written (exit 2, like a bad lockfile)."""
-
-    exit_code = 2
+class ManifestError(DataError):
+    """A manifest that cannot be trusted as written (like a bad lockfile)."""
 
 
 @dataclass(frozen=True)

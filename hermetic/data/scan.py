@@ -28,7 +28,7 @@ import posixpath
 import stat as statmod
 from dataclasses import dataclass, field
 
-from hermetic.errors import HermeticError
+from hermetic.errors import DataError
 
 # (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of the bytes a path reads.
 StatKey = tuple[int, int, int, int, int]
@@ -36,10 +36,8 @@ StatKey = tuple[int, int, int, int, int]
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 
 
-class TreeError(HermeticError):
+class TreeError(DataError):
     """The dataset directory holds something a manifest cannot describe safely."""
-
-    exit_code = 2
 
 
 @dataclass

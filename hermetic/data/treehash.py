@@ -29,7 +29,7 @@ from hermetic.data.hashing import (
     feed, fork_child, hash_files, output_views, read_all, reap,
 )
 from hermetic.data.scan import Tree, TreeError, scan_tree
-from hermetic.errors import HermeticError
+from hermetic.errors import ReadError, WorkerDied
 
 _READY, _REFUSED, _DONE = b"R", b"T", b"D"  # message kinds, worker -> caller
 _HEADER = struct.Struct("=cQ")  # kind, payload length
@@ -136,7 +136,7 @@ class _Pipeline:
             errors = drain(tree.paths, self.queue, control, 0, views[0], views[1], tick, self.root_fd) if views else []
             kind, data = _receive(self.messages, tick)
             if kind != _DONE:
-                raise HermeticError(f"{self.root}: the scanning worker process stopped unexpectedly")
+                raise WorkerDied(f"{self.root}: the scanning worker process stopped unexpectedly")
             reap(pid)
             pid = 0
             errors += marshal.loads(data)
@@ -156,7 +156,7 @@ class _Pipeline:
         failed = [(i, msg) for i, msg in errors if msg is not None]
         if failed:
             i, msg = min(failed)
-            raise HermeticError(f"{self.root}/{tree.paths[i]}: cannot read: {msg}")
+            raise ReadError(f"{self.root}/{tree.paths[i]}: cannot read: {msg}")
         return tree, Hashed(keys, digests, vanished)
 
     def _ready(self) -> tuple[int, int]:
@@ -165,7 +165,7 @@ class _Pipeline:
         if kind == _REFUSED:
             raise TreeError(data.decode("utf-8", "surrogateescape"))
         if kind != _READY:
-            raise HermeticError(f"{self.root}: the scanning worker process stopped unexpectedly")
+            raise WorkerDied(f"{self.root}: the scanning worker process stopped unexpectedly")
         return _COUNTS.unpack(data)
 
     # ------------------------------------------------------------ in the forked worker

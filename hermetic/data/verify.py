@@ -27,7 +27,7 @@ from hermetic.data.manifest import (
 from hermetic.data.scan import Tree, TreeError, resolve_root, scan_tree
 from hermetic.data.statcache import StatCache
 from hermetic.data.treehash import scan_and_hash
-from hermetic.errors import ConfigError, HermeticError
+from hermetic.errors import HermeticError, UsageError
 
 Mode = Literal["stat-cache", "full"]
 # Stat-cache note meaning "these digests matched the manifest with this sha256".
@@ -376,7 +376,7 @@ def verify_configured(
         unknown = [n for n in names if n not in declared]
         if unknown:
             have = ", ".join(declared) or "none"
-            raise ConfigError(f"{cfg.path}: no dataset named {unknown[0]!r} (declared: {have})")
+            raise UsageError(f"{cfg.path}: no dataset named {unknown[0]!r} (declared: {have})")
         chosen = [declared[n] for n in dict.fromkeys(names)]
     else:
         chosen = list(cfg.model.datasets)

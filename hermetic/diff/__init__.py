@@ -108,12 +108,12 @@ def diff_paths(dir_a: str | Path, dir_b: str | Path, *, rtol: float = DEFAULT_RT
                atol: float = DEFAULT_ATOL) -> RunDiff | GroupDiff:
     """Runs or groups, whichever the two directories hold (both must be the same kind)."""
     from hermetic.record.index import GROUP_JSON, RUN_JSON
-    from hermetic.record.rundir import RunNotFound
+    from hermetic.errors import UsageError
 
     da, db = Path(dir_a), Path(dir_b)
     kinds = ["group" if (d / GROUP_JSON).is_file() and not (d / RUN_JSON).is_file() else "run" for d in (da, db)]
     if kinds[0] != kinds[1]:
-        raise RunNotFound(f"cannot compare a {kinds[0]} ({da}) with a {kinds[1]} ({db}); compare two runs "
+        raise UsageError(f"cannot compare a {kinds[0]} ({da}) with a {kinds[1]} ({db}); compare two runs "
                           "or two groups")
     if kinds[0] == "group":
         return diff_groups(da, db)

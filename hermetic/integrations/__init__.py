@@ -3,5 +3,5 @@
 Each module imports its optional package (``hermetic[mlflow]``,
 ``hermetic[plots]``) on first use only, so no other command pays for it;
 when it is missing the error names the extra to install
-(hermetic.errors.MissingExtra, exit 2).
+(hermetic.errors.MissingExtra, exit 69).
 """

@@ -35,7 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hermetic.errors import HermeticError, MissingExtra
+from hermetic.errors import DataError, HermeticError, MissingExtra, Unavailable, UsageError
 
 RUN_ID_TAG = "hermetic.run_id"
 KIND_TAG = "hermetic.kind"
@@ -73,7 +73,7 @@ def tracking_uri(value: str | None) -> str:
     """``--mlflow URI``, else $MLFLOW_TRACKING_URI; a usage error when neither is set."""
     uri = value or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
-        raise HermeticError("no MLflow tracking server: pass --mlflow URI or set MLFLOW_TRACKING_URI", exit_code=2)
+        raise UsageError("no MLflow tracking server: pass --mlflow URI or set MLFLOW_TRACKING_URI")
     return uri
 
 
@@ -254,7 +254,7 @@ class MlflowExporter:
                 yield
         except MlflowException as e:
             first = str(e.message if hasattr(e, "message") else e).strip().splitlines()[0]
-            raise HermeticError(f"MLflow at {self.uri}: {first}") from None
+            raise Unavailable(f"MLflow at {self.uri}: {first}") from None
 
     # -- runs and groups
 
@@ -338,7 +338,7 @@ class MlflowExporter:
         have_params = {} if created else run.data.params
         for key, value in params.items():
             if key in have_params and have_params[key] != value:
-                raise HermeticError(f"MLflow run {rid} ({tags[RUN_ID_TAG]}): param {key} is {have_params[key]!r} "
+                raise DataError(f"MLflow run {rid} ({tags[RUN_ID_TAG]}): param {key} is {have_params[key]!r} "
                                     f"there but {value!r} in the record; MLflow never changes a param")
         new_params = [Param(k, v) for k, v in params.items() if k not in have_params]
         run_tags_ = [RunTag(k, v) for k, v in tags.items()]

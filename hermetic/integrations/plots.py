@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from hermetic.errors import HermeticError
+from hermetic.errors import NotFound, UsageError
 
 Series = dict[str, list[tuple[int, float]]]
 
@@ -126,14 +126,14 @@ def build_panels(entries: Sequence[Entry], metrics: Sequence[str] | None = None)
     if metrics:
         unknown = [m for m in metrics if m not in available]
         if unknown:
-            raise HermeticError(f"--metric {unknown[0]}: no such metric in these runs (they have: "
-                                f"{', '.join(available) or 'none'})", exit_code=2)
+            raise UsageError(f"--metric {unknown[0]}: no such metric in these runs (they have: "
+                                f"{', '.join(available) or 'none'})")
         names = list(metrics)
     else:
         names = [n for n in available if n not in COUNTERS] or available
     if not names:
-        raise HermeticError(f"{', '.join(e.id for e in entries)}: no metrics to plot (no outputs/metrics.jsonl, "
-                            "or no numeric values in it)", exit_code=2)
+        raise NotFound(f"{', '.join(e.id for e in entries)}: no metrics to plot (no outputs/metrics.jsonl, "
+                            "or no numeric values in it)")
     panels, shared, firsts = [], {}, {}
     for name in names:
         curves: list[tuple[tuple, list[str], list[str], int, Any]] = []  # (identity, IDs, labels, colour, data)

@@ -33,7 +33,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hermetic.errors import HermeticError, LockError
+from hermetic.errors import LockError, NotFound, Unavailable, UsageError
 from hermetic.fsutil import OwnedTemp, atomic_write_text, sweep_dead
 from hermetic.indexes import read_pip_sources, reachable
 from hermetic.lock.model import Target
@@ -57,7 +57,7 @@ def find_input(root: Path) -> Path:
     for name in ("requirements.in", "pyproject.toml"):
         if (root / name).is_file():
             return root / name
-    raise LockError(f"{root}: no requirements.in or pyproject.toml to lock (pass one: hermetic lock FILE)")
+    raise NotFound(f"{root}: no requirements.in or pyproject.toml to lock (pass one: hermetic lock FILE)")
 
 
 def _split_index_lines(text: str) -> tuple[list[str], list[str], list[str]]:
@@ -94,17 +94,17 @@ def uv_binary() -> str:
 
         found = shutil.which("uv")
         if not found:
-            raise HermeticError("uv is not installed; install hermetic's dependencies (make venv) or `pip install uv`") from None
+            raise Unavailable("uv is not installed; install hermetic's dependencies (make venv) or `pip install uv`") from None
         return found
 
 
 def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolver: str = "uv",
                  upgrade: bool = False, check_indexes: bool = True) -> CompileResult:
     if not input_path.is_file():
-        raise LockError(f"{input_path}: no such input file")
+        raise NotFound(f"{input_path}: no such input file")
     fmt = lock_format(output_path)
     if fmt == "uv.lock":
-        raise LockError(f"{output_path}: hermetic lock writes requirements.txt-style or pylock.toml locks; "
+        raise UsageError(f"{output_path}: hermetic lock writes requirements.txt-style or pylock.toml locks; "
                         "for uv.lock run `uv lock` in your project (hermetic reads uv.lock as it is)")
     warnings: list[str] = []
     text = input_path.read_text(encoding="utf-8")
@@ -153,10 +153,10 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
         elif resolver == "pip-tools":
             host = f"{sys.version_info.major}.{sys.version_info.minor}"
             if host != target.python_version:
-                raise LockError(f"pip-tools resolves for the running interpreter (Python {host}), "
+                raise UsageError(f"pip-tools resolves for the running interpreter (Python {host}), "
                                 f"but the image runs Python {target.python_version}; use --resolver uv")
             if fmt != "requirements":
-                raise LockError("pip-tools writes requirements.txt-style locks only")
+                raise UsageError("pip-tools writes requirements.txt-style locks only")
             cmd = [sys.executable, "-m", "piptools", "compile", resolve_input.name, "--generate-hashes",
                    "--no-header", "--no-emit-find-links", "--no-emit-index-url", "--pip-args", "--only-binary :all:",
                    "--quiet", "-o", tmp_out]
@@ -165,14 +165,14 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
             for fl in find_links:
                 cmd += ["--find-links", fl]
         else:
-            raise LockError(f"unknown resolver {resolver!r} (uv or pip-tools)")
+            raise UsageError(f"unknown resolver {resolver!r} (uv or pip-tools)")
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=input_path.parent)
         except FileNotFoundError as e:
-            raise HermeticError(f"cannot run the resolver: {e}") from None
+            raise Unavailable(f"cannot run the resolver: {e}") from None
         if proc.returncode != 0:
             if resolver == "pip-tools" and "No module named piptools" in proc.stderr:
-                raise HermeticError("pip-tools is not installed (pip install pip-tools), or use --resolver uv")
+                raise Unavailable("pip-tools is not installed (pip install pip-tools), or use --resolver uv")
             detail = _first_error(proc.stderr) or f"exit {proc.returncode}"
             raise LockError(f"{input_path}: resolution failed: {detail}")
         body = Path(tmp_out).read_text(encoding="utf-8")

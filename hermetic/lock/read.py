@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from hermetic.errors import LockError
+from hermetic.errors import LockError, NotFound, ReadError
 from hermetic.lock.model import Lock, Target
 
 
@@ -23,9 +23,9 @@ def read_lock(path: str | Path, target: Target) -> Lock:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise LockError(f"{path}: lock file not found; create it with: hermetic lock") from None
+        raise NotFound(f"{path}: lock file not found; create it with: hermetic lock") from None
     except OSError as e:
-        raise LockError(f"{path}: cannot read lock: {e}") from None
+        raise ReadError(f"{path}: cannot read lock: {e}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

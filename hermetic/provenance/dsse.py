@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.canonical import canonical_json
-from hermetic.errors import ConfigError, IntegrityError
+from hermetic.errors import DataError, IntegrityError, ReadError, Unavailable
 from hermetic.provenance import MT_STATEMENT
 
 PAYLOAD_TYPE = MT_STATEMENT
@@ -42,7 +42,7 @@ def _crypto():
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError:
-        raise ConfigError("signing needs the 'sign' extra (the cryptography package): "
+        raise Unavailable("signing needs the 'sign' extra (the cryptography package): "
                           "pip install 'hermetic[sign]'") from None
     return serialization, ed25519
 
@@ -51,7 +51,7 @@ def _read(path: Path, what: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as e:
-        raise ConfigError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
+        raise ReadError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
 
 
 def _raw_public(public_key: Any) -> bytes:
@@ -65,9 +65,9 @@ def load_private_key(path: Path):
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"--sign-key {path}: not an unencrypted PEM private key ({e})") from None
+        raise DataError(f"--sign-key {path}: not an unencrypted PEM private key ({e})") from None
     if not isinstance(key, ed25519.Ed25519PrivateKey):
-        raise ConfigError(f"--sign-key {path}: not an ed25519 key (make one: openssl genpkey -algorithm ed25519)")
+        raise DataError(f"--sign-key {path}: not an ed25519 key (make one: openssl genpkey -algorithm ed25519)")
     return key
 
 
@@ -80,9 +80,9 @@ def load_public_key(path: Path):
         try:  # a private key names its public key too
             key = serialization.load_pem_private_key(data, password=None).public_key()
         except (ValueError, TypeError) as e:
-            raise ConfigError(f"--key {path}: not a PEM public key ({e})") from None
+            raise DataError(f"--key {path}: not a PEM public key ({e})") from None
     if not isinstance(key, ed25519.Ed25519PublicKey):
-        raise ConfigError(f"--key {path}: not an ed25519 public key")
+        raise DataError(f"--key {path}: not an ed25519 public key")
     return key
 
 

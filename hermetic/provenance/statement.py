@@ -176,7 +176,7 @@ def statement_bytes(f: BuildFacts) -> bytes:
 # -- reading ------------------------------------------------------------------------
 
 class ProvenanceError(IntegrityError):
-    """A provenance document that cannot be trusted or used as written (exit 3)."""
+    """A provenance document that cannot be trusted or used as written (exit 65)."""
 
 
 def _get(d: Any, *keys: str, what: str) -> Any:

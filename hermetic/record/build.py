@@ -77,12 +77,13 @@ def seed_section(value: int, policy: str, applied: Mapping[str, Any] | None = No
 
 def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, exit_code: int | None,
                   finished_at: datetime | None = None, reason: str | None = None,
-                  workdir: dict[str, Any] | None = None) -> dict[str, Any]:
+                  hermetic_exit_code: int | None = None, workdir: dict[str, Any] | None = None) -> dict[str, Any]:
     """A copy of ``record`` with status, exit code, end time, output hashes and metrics filled in.
 
     Output files are hashed under ``run_dir/outputs``; metrics are summarized
     from ``run_dir/outputs/metrics.jsonl`` when it exists. ``reason`` says why
-    hermetic itself failed or refused the run; ``workdir`` is what was
+    hermetic itself failed or refused the run, ``hermetic_exit_code`` the code
+    it returned for it then (not the script's); ``workdir`` is what was
     collected from the script's working directory (hermetic.run.workdir).
     """
     rec = copy.deepcopy(record)
@@ -90,6 +91,8 @@ def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, e
     rec["record"].update(status=status, exit_code=exit_code, finished_at=iso_utc(finished_at))
     if reason is not None:
         rec["record"]["reason"] = reason
+    if hermetic_exit_code is not None:
+        rec["record"]["hermetic_exit_code"] = hermetic_exit_code
     rec["outputs"] = hash_outputs(run_dir / "outputs")
     if workdir is not None:
         rec["outputs"]["workdir"] = workdir

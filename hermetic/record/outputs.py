@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.canonical import sha256_hex
-from hermetic.errors import HermeticError
+from hermetic.errors import DataError
 from hermetic.fsutil import sha256_file
 
 # JSON has no NaN or infinities and canonical JSON refuses them, yet a diverged
@@ -60,7 +60,7 @@ def hash_outputs(outputs_dir: str | os.PathLike[str]) -> dict[str, Any]:
             elif path.is_file():
                 files[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
             else:
-                raise HermeticError(f"{path}: not a regular file or symlink; outputs must be files")
+                raise DataError(f"{path}: not a regular file or symlink; outputs must be files")
     return {"files": dict(sorted(files.items()))}
 
 
@@ -121,9 +121,9 @@ def metric_lines(path: Path):  # -> Iterator[(line count, step or None, [(name, 
         except json.JSONDecodeError as e:
             if lineno == len(lines) and not complete:
                 break  # the writer died mid-line
-            raise HermeticError(f"{path}:{lineno}: not a JSON object: {e.msg}") from None
+            raise DataError(f"{path}:{lineno}: not a JSON object: {e.msg}") from None
         if not isinstance(obj, dict):
-            raise HermeticError(f"{path}:{lineno}: not a JSON object")
+            raise DataError(f"{path}:{lineno}: not a JSON object")
         count += 1
         step = obj.get("step")
         step = step if isinstance(step, int) and not isinstance(step, bool) else None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.canonical import pretty_json
-from hermetic.errors import HermeticError, IntegrityError
+from hermetic.errors import CannotCreate, EXIT_SOFTWARE, HermeticError, IntegrityError, NotFound, UsageError
 from hermetic.fsutil import atomic_write_text
 from hermetic.record.index import GROUP_JSON, INDEX_NAME, RUN_JSON, append_entry, run_entry
 from hermetic.record.seal import seal, verify_seal
@@ -25,10 +25,8 @@ RUN_SUBDIRS = ("outputs", "logs", "code", "data")
 README_NAME = "README.md"
 
 
-class RunNotFound(HermeticError):
-    """A run reference (ID, prefix or path) names no run (a usage error: exit 2)."""
-
-    exit_code = 2
+class RunNotFound(NotFound):
+    """A run reference (ID, prefix or path) names no run."""
 
 
 def create_run_dir(runs_root: str | os.PathLike[str], run_id: str) -> Path:
@@ -40,14 +38,14 @@ def create_run_dir(runs_root: str | os.PathLike[str], run_id: str) -> Path:
     from hermetic.record.ids import is_run_id
 
     if not is_run_id(run_id):
-        raise HermeticError(f"{run_id!r} is not a run ID (use hermetic.record.new_run_id)")
+        raise HermeticError(f"{run_id!r} is not a run ID (use hermetic.record.new_run_id)", exit_code=EXIT_SOFTWARE)
     root = Path(runs_root)
     root.mkdir(parents=True, exist_ok=True)
     run_dir = root / run_id
     try:
         os.mkdir(run_dir)
     except FileExistsError:
-        raise HermeticError(f"{run_dir}: already exists; a run directory is never reused") from None
+        raise CannotCreate(f"{run_dir}: already exists; a run directory is never reused") from None
     for sub in RUN_SUBDIRS:
         os.mkdir(run_dir / sub)
     return run_dir
@@ -154,8 +152,8 @@ def load_json_doc(path: Path, what: str) -> Any:
 def load_record(run_dir_or_run_json: str | os.PathLike[str]) -> dict[str, Any]:
     """Read, validate and check the seal of a run.json (a run dir or the file itself).
 
-    RunNotFound (exit 2) when there is none, RecordError (exit 2) when it is
-    malformed, IntegrityError (exit 3) when it was edited after writing.
+    RunNotFound (exit 66) when there is none, RecordError (exit 65) when it is
+    malformed, IntegrityError (exit 65) when it was edited after writing.
     """
     from hermetic.record.schema import validate_record
 
@@ -172,7 +170,7 @@ def resolve_run(ref: str, runs_root: str | os.PathLike[str] | None) -> Path:
     """A run or group directory from a path, an ID, or a unique ID prefix.
 
     ``runs/20261129-214500-1a2b3c``, ``20261129-214500-1a2b3c`` and ``20261129-2145``
-    (when only one run starts so) all work. RunNotFound (exit 2) otherwise.
+    (when only one run starts so) all work. RunNotFound (exit 66) otherwise.
     """
     p = Path(ref)
     if "/" in ref or ref in (".", "..") or p.is_file():
@@ -198,4 +196,4 @@ def resolve_run(ref: str, runs_root: str | os.PathLike[str] | None) -> Path:
     if not matches:
         raise RunNotFound(f"{ref}: no run with this ID or prefix in {root} (see `hermetic runs`)")
     shown = ", ".join(matches[:4]) + (f" and {len(matches) - 4} more" if len(matches) > 4 else "")
-    raise RunNotFound(f"{ref}: ambiguous run ID prefix: {len(matches)} runs match ({shown})")
+    raise UsageError(f"{ref}: ambiguous run ID prefix: {len(matches)} runs match ({shown})")

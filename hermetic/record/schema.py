@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, StrictFloat, ValidationError
 
 from hermetic.canonical import is_sha256_hex
-from hermetic.errors import HermeticError
+from hermetic.errors import DataError
 from hermetic.record.ids import RUN_ID_RE
 from hermetic.record.secrets_policy import is_secret_name
 
@@ -26,10 +26,8 @@ _ISO_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|\
 _DATASET_FILE = re.compile(r"^data/([a-z0-9][a-z0-9._-]{0,127})\.sha256$")
 
 
-class RecordError(HermeticError):
+class RecordError(DataError):
     """run.json (or group.json) does not have the documented shape."""
-
-    exit_code = 2
 
 
 def _hex64(v: str) -> str:
@@ -98,6 +96,9 @@ class RecordMeta(_Strict):
     record_sha256: Union[Hex64, Literal[""]]
     # Why hermetic refused or failed the run itself (the script's own failure needs none): one line.
     reason: Optional[str] = None
+    # What `hermetic run` returned when that was not the script's exit_code: hermetic's own (64-78) when it
+    # refused or failed the run, 128+N when a signal interrupted it; absent when it passed the script's through.
+    hermetic_exit_code: Optional[int] = None
 
 
 class Invocation(_Strict):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from hermetic.errors import HermeticError
+from hermetic.errors import PermissionDenied
 
 ENV_USER = "HERMETIC_REGISTRY_USER"
 ENV_PASSWORD = "HERMETIC_REGISTRY_PASSWORD"
@@ -35,10 +35,8 @@ DOCKER_HUB_CONFIG_KEY = "https://index.docker.io/v1/"
 HELPER_TIMEOUT_S = 30
 
 
-class AuthError(HermeticError):
+class AuthError(PermissionDenied):
     """Credentials were missing, refused, or could not be read."""
-
-    exit_code = 5
 
 
 @dataclass(frozen=True)

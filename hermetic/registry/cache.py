@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hermetic.canonical import is_sha256_hex, sha256_digest
-from hermetic.errors import HermeticError
+from hermetic.errors import HermeticError, UsageError
 from hermetic.reference import ImageName, parse_image_name
 from hermetic.registry.client import RegistryClient, TransferStats
 from hermetic.registry.locations import record_image_location
@@ -42,9 +42,9 @@ def parse_cache_repo(registry_repo: str) -> ImageName:
     try:
         name = parse_image_name(registry_repo)
     except ValueError as e:
-        raise HermeticError(f"--cache {registry_repo}: {e}") from None
+        raise UsageError(f"--cache {registry_repo}: {e}") from None
     if name.host is None or name.tag or name.digest:
-        raise HermeticError(f"--cache {registry_repo}: must be HOST[:PORT]/REPO without tag or digest, "
+        raise UsageError(f"--cache {registry_repo}: must be HOST[:PORT]/REPO without tag or digest, "
                             "e.g. ghcr.io/acme/hermetic-cache")
     return name
 

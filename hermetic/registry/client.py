@@ -26,7 +26,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from hermetic import __version__
-from hermetic.errors import HermeticError
+from hermetic.errors import EXIT_NOINPUT, EXIT_UNAVAILABLE, ProtocolError
 from hermetic.registry.auth import AuthError, Challenge, Credentials, find_credentials, parse_challenge, scope_for
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES
 
@@ -39,10 +39,9 @@ USER_AGENT = f"hermetic/{__version__}"
 ProgressFn = Callable[[int], None]
 
 
-class RegistryError(HermeticError):
-    """The registry answered something we cannot use (one line, names host and request)."""
-
-    exit_code = 5
+class RegistryError(ProtocolError):
+    """The registry answered something we cannot use (one line, names host and request);
+    one that cannot be reached at all is EXIT_UNAVAILABLE."""
     code: str = ""  # the Distribution error code (e.g. DIGEST_INVALID), when the registry sent one
 
 
@@ -250,7 +249,8 @@ class RegistryClient:
             return self.session.request(method, url, headers=headers, data=body, stream=stream,
                                         timeout=TIMEOUT, allow_redirects=allow_redirects)
         except requests.RequestException as e:
-            raise RegistryError(f"registry {self.host}: {method} {_path(url)} failed: {_short_reason(e)}") from None
+            raise RegistryError(f"registry {self.host}: {method} {_path(url)} failed: {_short_reason(e)}",
+                                exit_code=EXIT_UNAVAILABLE) from None
 
     def request(
         self,
@@ -310,7 +310,9 @@ class RegistryClient:
             raise AuthError(f"registry {self.host}: access to {repository} denied (403 {why})")
         detail = f" {code}" if code else ""
         detail += f": {message}" if message else ""
-        err = RegistryError(f"registry {self.host}: {what} answered {resp.status_code}{detail}")
+        # 404 is the registry saying "no such manifest/blob/repository": a thing not found, not a protocol fault.
+        err = RegistryError(f"registry {self.host}: {what} answered {resp.status_code}{detail}",
+                            exit_code=EXIT_NOINPUT if resp.status_code == 404 else None)
         err.code = code
         raise err
 
@@ -421,7 +423,7 @@ class RegistryClient:
                 yield data
         except requests.RequestException as e:
             raise RegistryError(f"registry {self.host}: download of {digest} from {repository} broke off: "
-                                f"{_short_reason(e)}") from None
+                                f"{_short_reason(e)}", exit_code=EXIT_UNAVAILABLE) from None
         finally:
             resp.close()
 

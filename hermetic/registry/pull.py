@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from hermetic.canonical import sha256_digest
-from hermetic.errors import HermeticError, IntegrityError
+from hermetic.errors import DataError, HermeticError, IntegrityError, NotFound, ProtocolError, UsageError
 from hermetic.reference import ImageName, parse_image_name
 from hermetic.registry.client import RegistryClient, RegistryError, TransferStats
 from hermetic.registry.locations import record_blob_locations, record_image_location
@@ -57,9 +57,9 @@ def parse_pull_ref(ref: str) -> ImageName:
     try:
         name = parse_image_name(ref)
     except ValueError as e:
-        raise HermeticError(str(e), hint="write HOST[:PORT]/REPO@sha256:<digest>") from None
+        raise UsageError(str(e), hint="write HOST[:PORT]/REPO@sha256:<digest>") from None
     if name.digest is None:
-        raise HermeticError(f"{ref} is not pinned by digest",
+        raise UsageError(f"{ref} is not pinned by digest",
                             hint=f"pull by digest: hermetic pull {_repo(name)}@sha256:… "
                                  f"(the repo digest `hermetic push {name}` printed)")
     return name
@@ -111,7 +111,7 @@ def pull_image(
         return PullResult(desc.digest, requested, desc.media_type, ref_name, repo_digest, True,
                           client.stats if client else TransferStats())
     if name.host is None:
-        raise HermeticError(f"image {name} is not in the store {store.root} and names no registry to pull from",
+        raise NotFound(f"image {name} is not in the store {store.root} and names no registry to pull from",
                             hint="write HOST[:PORT]/REPO@sha256:… to pull it")
 
     host, repository = name.registry_host(), name.registry_repository()
@@ -125,7 +125,7 @@ def pull_image(
         image_digest = child.digest
         manifests.insert(0, (image_digest, image_body))
     if image_type not in MANIFEST_TYPES:
-        raise HermeticError(f"{name}: {image_digest} is a {image_type!r}, not an image manifest")
+        raise DataError(f"{name}: {image_digest} is a {image_type!r}, not an image manifest")
 
     blobs = _image_blobs(json.loads(image_body), image_digest)
     missing = [b for b in blobs if not store.has_blob(b.digest)]
@@ -162,17 +162,17 @@ def resolve_tag(ref: str, *, client: RegistryClient | None = None) -> str:
     try:
         name = parse_image_name(ref)
     except ValueError as e:
-        raise HermeticError(str(e)) from None
+        raise UsageError(str(e)) from None
     if name.digest is not None:
         return name.digest
     if name.host is None:
-        raise HermeticError(f"{ref} names no registry host; write HOST[:PORT]/REPO[:TAG]")
+        raise UsageError(f"{ref} names no registry host; write HOST[:PORT]/REPO[:TAG]")
     repository = name.registry_repository()
     client = client or RegistryClient(name.registry_host())
     tag = name.tag or "latest"
     head = client.head_manifest(repository, tag)
     if head is None:
-        raise HermeticError(f"{name.registry_host()}/{repository}:{tag} not found in the registry")
+        raise NotFound(f"{name.registry_host()}/{repository}:{tag} not found in the registry")
     digest, _ = head
     if digest and digest.startswith("sha256:"):
         return digest
@@ -190,7 +190,7 @@ def select_platform(index: dict, platform: tuple[str, str], what: str) -> Descri
         is_image = m.get("mediaType", MANIFEST_TYPES[0]) in MANIFEST_TYPES
         if p.get("os") == os_name and p.get("architecture") == arch and is_image:
             return Descriptor.from_json(m)
-    raise HermeticError(f"{what} has no {os_name}/{arch} image (it lists: {', '.join(seen) or 'nothing'})")
+    raise NotFound(f"{what} has no {os_name}/{arch} image (it lists: {', '.join(seen) or 'nothing'})")
 
 
 def _local_image(store: OciStore, digest: str, platform: tuple[str, str]) -> Descriptor | None:
@@ -227,7 +227,7 @@ def _fetch_manifest(client: RegistryClient, repository: str, digest: str) -> tup
     if not isinstance(doc, dict):
         raise IntegrityError(f"registry {client.host}: manifest {digest} of {repository} is not a JSON object")
     if doc.get("schemaVersion") == 1:
-        raise HermeticError(f"{client.host}/{repository}@{digest} is a Docker schema 1 manifest, which has no "
+        raise ProtocolError(f"{client.host}/{repository}@{digest} is a Docker schema 1 manifest, which has no "
                             "content-addressed config; re-push it with a current client")
     media_type = doc.get("mediaType") or resp.media_type
     if not media_type:  # OCI manifests may omit mediaType; tell them apart by shape

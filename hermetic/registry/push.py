@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from hermetic.errors import HermeticError, IntegrityError
+from hermetic.errors import DataError, IntegrityError, NotFound, UsageError
 from hermetic.reference import ImageName, parse_image_name
 from hermetic.registry.client import RegistryClient, RegistryError, TransferStats
 from hermetic.registry.locations import blob_locations, record_blob_locations, record_image_location
@@ -66,7 +66,7 @@ def parse_push_ref(ref: str) -> ImageName:
     try:
         name = parse_image_name(ref)
     except ValueError as e:
-        raise HermeticError(f"{e}", hint="write HOST[:PORT]/REPO[:TAG], e.g. ghcr.io/acme/train:v1") from None
+        raise UsageError(f"{e}", hint="write HOST[:PORT]/REPO[:TAG], e.g. ghcr.io/acme/train:v1") from None
     return name
 
 
@@ -88,7 +88,7 @@ def push_image(
     """
     name = parse_push_ref(ref) if isinstance(ref, str) else ref
     if name.digest is not None and name.digest != manifest_digest:
-        raise HermeticError(f"{name} names digest {name.digest}, but the image to push is {manifest_digest}")
+        raise UsageError(f"{name} names digest {name.digest}, but the image to push is {manifest_digest}")
     host = name.registry_host()
     repository = name.registry_repository()
     client = client or RegistryClient(host)
@@ -119,7 +119,7 @@ class _Pusher:
     def push_manifest(self, digest: str, tag: str | None) -> str:
         desc = self.store.find_manifest(digest)
         if desc is None:
-            raise HermeticError(f"image {digest} is not in the store {self.store.root}")
+            raise NotFound(f"image {digest} is not in the store {self.store.root}")
         body = self.store.read_blob(digest)  # verified: we never push a corrupt manifest
         try:
             doc = json.loads(body)
@@ -132,7 +132,7 @@ class _Pusher:
         elif media_type in MANIFEST_TYPES:
             self.push_blobs(self.image_blobs(digest, doc))
         else:
-            raise HermeticError(f"image {digest}: cannot push a manifest of media type {media_type!r}")
+            raise DataError(f"image {digest}: cannot push a manifest of media type {media_type!r}")
         returned = self._put_manifest(tag or digest, body, media_type)
         if returned is not None and returned != digest:
             raise IntegrityError(
@@ -161,7 +161,7 @@ class _Pusher:
         unique = list({b.digest: b for b in blobs}.values())
         for b in unique:
             if not self.store.has_blob(b.digest):
-                raise HermeticError(f"image {digest} is incomplete in the store: blob {b.digest} is missing",
+                raise DataError(f"image {digest} is incomplete in the store: blob {b.digest} is missing",
                                     hint="rebuild it, or pull it again by digest")
         return unique
 

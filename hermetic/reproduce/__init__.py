@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from hermetic.errors import EXIT_DIFFERENT
 from hermetic.reference import ImageName
 from hermetic.paths import CachePaths
 from hermetic.store.oci import OciStore
 
-NOT_REPRODUCED = 1  # like `hermetic diff`: a verdict, not an error
+NOT_REPRODUCED = EXIT_DIFFERENT  # like `hermetic diff`: a verdict, not an error
 
 
 @dataclass

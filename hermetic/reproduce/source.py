@@ -17,7 +17,7 @@ from typing import Any
 
 from hermetic.reference import ImageName, parse_image_name
 from hermetic.canonical import sha256_digest
-from hermetic.errors import ConfigError, IntegrityError
+from hermetic.errors import DataError, IntegrityError, UsageError
 from hermetic.provenance import ATTESTATION_TYPES, MT_CYCLONEDX, MT_DSSE, MT_STATEMENT
 from hermetic.provenance.statement import PREDICATE_ANNOTATION, PREDICATE_TYPE, BuildFacts, ProvenanceError, read_statement
 from hermetic.store.oci import MANIFEST_TYPES, OciStore
@@ -65,9 +65,9 @@ def parse_verify_ref(ref: str) -> ImageName:
     try:
         name = parse_image_name(ref)
     except ValueError as e:
-        raise ConfigError(str(e), hint="write HOST[:PORT]/REPO@sha256:<manifest digest>") from None
+        raise UsageError(str(e), hint="write HOST[:PORT]/REPO@sha256:<manifest digest>") from None
     if name.digest is None:
-        raise ConfigError(f"{ref} is not pinned by digest; verify checks one image, by its manifest digest",
+        raise UsageError(f"{ref} is not pinned by digest; verify checks one image, by its manifest digest",
                           hint=f"{ref}@sha256:…")
     return name
 
@@ -129,7 +129,7 @@ def _manifest(body: bytes, what: str) -> dict[str, Any]:
         raise IntegrityError(f"{what}: the manifest is not JSON") from None
     media_type = doc.get("mediaType") or ("" if "manifests" in doc else MANIFEST_TYPES[0])
     if media_type not in MANIFEST_TYPES or "layers" not in doc:
-        raise ConfigError(f"{what} is a {media_type or 'index'}, not an image manifest; "
+        raise DataError(f"{what} is a {media_type or 'index'}, not an image manifest; "
                           "verify the platform image's manifest digest")
     return doc
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Protocol
 
-from hermetic.errors import EngineError, HermeticError
+from hermetic.errors import EngineError, UsageError
 
 RUN_LABEL = "org.hermetic.run-id"
 NO_GPU_RUNTIME = "this Docker Engine has no NVIDIA runtime: install nvidia-container-toolkit"
@@ -60,7 +60,7 @@ def device_requests(gpus: str | None) -> list[Any]:
         ids = [x for x in g[len("device="):].split(",") if x]
         if ids:
             return [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
-    raise HermeticError(f"--gpus {gpus!r}: expected all, a count, or device=ID[,ID...]", exit_code=2)
+    raise UsageError(f"--gpus {gpus!r}: expected all, a count, or device=ID[,ID...]")
 
 
 def check_gpu_runtime(client) -> None:

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hermetic.data.verify import VerifyReport, problem_lines, verify_dataset
-from hermetic.errors import HermeticError
+from hermetic.errors import DataError
 from hermetic.run.plan import DatasetPlan
 
 
-class DataRefused(HermeticError):
-    exit_code = 3
+class DataRefused(DataError):
+    """A dataset does not match its manifest (or is missing): no container is started."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermetic.errors import HermeticError
+from hermetic.errors import EXIT_SOFTWARE, HermeticError
 
 ANNOUNCE_ENV = "HERMETIC_ANNOUNCE_FD"
 HERMETIC_LOG = "hermetic.log"  # in runs/<id>/logs/: what the detached process itself said
@@ -80,5 +80,5 @@ def start_detached(argv: list[str]) -> Announced:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     said = [ln.removeprefix("hermetic: error: ") for ln in lines if ln.startswith("hermetic: error: ")]
     raise DetachedRunFailed(said[-1] if said else (lines[-1] if lines else f"the run exited {code} before it started"),
-                            exit_code=code or 1, details=[ln.removeprefix("  ") for ln in lines
+                            exit_code=code or EXIT_SOFTWARE, details=[ln.removeprefix("  ") for ln in lines
                                                           if not ln.startswith("hermetic: ")])

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hermetic.config import LoadedConfig
-from hermetic.errors import HermeticError
+from hermetic.errors import EXIT_USAGE, HermeticError
 from hermetic.paths import CachePaths
 from hermetic.record import new_group_id, write_group
 from hermetic.run.plan import RunRequest
@@ -31,7 +31,7 @@ def parse_seeds(text: str, first: int) -> list[int]:
     ``0,1,2``, ``0-4`` (inclusive) and mixes like ``0-2,10`` are the seeds themselves."""
     def bad(why: str) -> HermeticError:
         return HermeticError(f"--seeds {text!r}: {why} (a count such as 5, or seeds such as 0,1,2 or 0-4)",
-                             exit_code=2)
+                             exit_code=EXIT_USAGE)
 
     text = text.strip()
     if text.isdigit():

@@ -17,7 +17,7 @@ from typing import Any
 
 from hermetic.config import LoadedConfig, is_env_name
 from hermetic.containerpaths import RUNTIME_MOUNT
-from hermetic.errors import HermeticError
+from hermetic.errors import NotFound, UsageError
 
 RUNTIME_REPORT = f"{RUNTIME_MOUNT}/runtime.json"
 # Placeholders in the script's arguments, replaced per run: `hermetic run --seeds 0,1,2 main.py --seed {seed}`.
@@ -66,11 +66,11 @@ def resolve_script(cfg: LoadedConfig, script: str) -> str:
         try:
             return full.relative_to(cfg.root).as_posix()
         except ValueError:
-            raise HermeticError(f"{script}: not inside the project ({cfg.root}); only the project's code is "
-                                "snapshotted and mounted at /workspace", exit_code=2) from None
+            raise UsageError(f"{script}: not inside the project ({cfg.root}); only the project's code is "
+                                "snapshotted and mounted at /workspace") from None
     if (cfg.root / p).exists():
         return posixpath.normpath(p.as_posix())
-    raise HermeticError(f"{script}: no such file in the project {cfg.root}", exit_code=2)
+    raise NotFound(f"{script}: no such file in the project {cfg.root}")
 
 
 def plan_datasets(cfg: LoadedConfig, overrides: dict[str, str],
@@ -78,8 +78,8 @@ def plan_datasets(cfg: LoadedConfig, overrides: dict[str, str],
     known = {d.name for d in cfg.model.datasets}
     for n in overrides:
         if n not in known:
-            raise HermeticError(f"--data {n}=...: hermetic.yaml declares no dataset {n!r} "
-                                f"(declared: {', '.join(sorted(known)) or 'none'})", exit_code=2)
+            raise UsageError(f"--data {n}=...: hermetic.yaml declares no dataset {n!r} "
+                                f"(declared: {', '.join(sorted(known)) or 'none'})")
     out = []
     workdir = cfg.model.build.workdir
     for d in cfg.model.datasets:
@@ -103,8 +103,8 @@ def script_args(template: list[str], seed: int) -> list[str]:
                 return "{" + m.group(1) + "}"
             if m.group(2) == "seed":
                 return str(seed)
-            raise HermeticError(f"script argument {arg!r}: unknown placeholder {m.group(0)} (the one hermetic "
-                                f"fills in is {{seed}}; write {{{m.group(0)}}} for the text itself)", exit_code=2)
+            raise UsageError(f"script argument {arg!r}: unknown placeholder {m.group(0)} (the one hermetic "
+                                f"fills in is {{seed}}; write {{{m.group(0)}}} for the text itself)")
         return PLACEHOLDER.sub(sub, arg)
 
     return [one(a) for a in template]
@@ -132,13 +132,13 @@ def passed_env(items: list[str]) -> dict[str, str]:
     for item in items:
         k, eq, v = item.partition("=")
         if not is_env_name(k):
-            raise HermeticError(f"--env {item!r}: not NAME or NAME=VALUE", exit_code=2)
+            raise UsageError(f"--env {item!r}: not NAME or NAME=VALUE")
         if eq:
             out[k] = v
         elif k in os.environ:
             out[k] = os.environ[k]
         else:
-            raise HermeticError(f"--env {k}: not set in this environment (pass NAME=VALUE to set it)", exit_code=2)
+            raise UsageError(f"--env {k}: not set in this environment (pass NAME=VALUE to set it)")
     return out
 
 

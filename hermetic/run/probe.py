@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.canonical import canonical_sha256
-from hermetic.errors import HermeticError
+from hermetic.errors import Unavailable
 from hermetic.fsutil import atomic_write_bytes
 from hermetic.containerpaths import PROBE_MOUNT
 from hermetic.probe import PROBE_DIR, PROBE_PATH, probe_digest
@@ -68,11 +68,11 @@ def run_probe(client, *, image_id: str, python: str, user: str, gpus: str | None
     code, out, err = run_capture(client, spec)
     if code != 0:
         tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(no output)"]
-        raise HermeticError(f"the hardware probe failed in image {image_id[:19]} (exit {code}): {tail[0]}")
+        raise Unavailable(f"the hardware probe failed in image {image_id[:19]} (exit {code}): {tail[0]}")
     try:
         doc = json.loads(out.decode("utf-8").strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise HermeticError("the hardware probe printed no JSON") from None
+        raise Unavailable("the hardware probe printed no JSON") from None
     cache_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(cached, json.dumps(doc, sort_keys=True).encode(), fsync=False)
     return doc, False

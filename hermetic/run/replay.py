@@ -15,14 +15,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hermetic.config import HermeticConfig, LoadedConfig
-from hermetic.errors import HermeticError, IntegrityError
+from hermetic.errors import DataError, HermeticError, IntegrityError
 from hermetic.fsutil import sha256_file
 from hermetic.paths import CachePaths
 from hermetic.run.plan import RunRequest
 
 
-class ReplayRefused(HermeticError):
-    exit_code = 3
+class ReplayRefused(DataError):
+    """What the run recorded is no longer here as it was (image, snapshot, data, secrets): no replay."""
 
 
 def _project_root(run_dir: Path, runs_dir: str) -> Path:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 from hermetic.builder.image_record import ImageInfo
 from hermetic.config import LoadedConfig, size_bytes
 from hermetic.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT, inside
-from hermetic.errors import HermeticError
+from hermetic.errors import CannotCreate, NotFound, Unavailable
 from hermetic.fsutil import owned_temp_dir
 from hermetic.paths import CachePaths
 from hermetic.record import (
@@ -62,10 +62,9 @@ class RunResult:
     reason: str | None = None
 
 
-class RunFailed(HermeticError):
-    """hermetic failed a run the script finished: the exit code when the script itself exited 0."""
-
-    exit_code = 3
+class RunFailed(CannotCreate):
+    """hermetic failed a run the script finished (a limit broken, outputs not kept as written):
+    the exit code when the script itself exited 0; record.reason says why."""
 
 
 def _quiet(_msg: str) -> None:
@@ -121,7 +120,7 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
         from hermetic.store.intact import check_image
 
         if not store.has_image(req.image_manifest):
-            raise HermeticError(f"image {req.image_manifest} is not in the local store", exit_code=3)
+            raise NotFound(f"image {req.image_manifest} is not in the local store")
         check_image(store, req.image_manifest)  # every blob still what its digest says, before it is trusted
         info = ImageInfo.from_store(store, req.image_manifest)
         if not engine_has_image(info.image_id):
@@ -190,7 +189,7 @@ def snapshot_code(cfg: LoadedConfig, req: RunRequest, run_dir: Path, workspace: 
         extract_snapshot(snap.tar_path, workspace)
         code = snap.section()
     if not (workspace / script).is_file():
-        raise HermeticError(f"{script}: not in the source snapshot (untracked and ignored by git?)", exit_code=2)
+        raise NotFound(f"{script}: not in the source snapshot (untracked and ignored by git?)")
     return code
 
 
@@ -214,8 +213,10 @@ def refuse_unfit_gpu(rec: dict[str, Any], run_dir: Path, probe: dict[str, Any], 
 
     fails = failures(run_checks(probe, info.labels, strict=True))
     if fails:
-        write_record(run_dir, finish_record(rec, run_dir, status="refused", exit_code=None))
-        raise HermeticError(fails[0].message, exit_code=3)
+        refusal = Unavailable(fails[0].message)
+        write_record(run_dir, finish_record(rec, run_dir, status="refused", exit_code=None, reason=refusal.message,
+                                            hermetic_exit_code=refusal.exit_code))
+        raise refusal
 
 
 def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunRequest, info: ImageInfo,
@@ -284,7 +285,8 @@ def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], o
         status, code = "failed", code if code != 0 and not outcome.stopped_because else RunFailed.exit_code
     shutil.rmtree(meta, ignore_errors=True)
     rec = finish_record(rec, run_dir, status=status, exit_code=None if outcome.interrupted else outcome.exit_code,
-                        reason=reason, workdir=kept.section())
+                        reason=reason, workdir=kept.section(),
+                        hermetic_exit_code=None if code == outcome.exit_code else code)
     sealed = write_record(run_dir, rec)
     log(f"run {run_id} {status} (exit {code}); record: {run_dir / 'run.json'}")
     return RunResult(run_id, run_dir, status, code, sealed, reason)
@@ -302,7 +304,7 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
 def _seed_outputs(previous_run: Path, outputs: Path) -> None:
     src = previous_run / "outputs"
     if not src.is_dir():
-        raise HermeticError(f"--resume-from {previous_run}: no outputs/ there", exit_code=2)
+        raise NotFound(f"--resume-from {previous_run}: no outputs/ there")
     for p in src.rglob("*"):
         rel = p.relative_to(src)
         if p.is_dir():

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.builder.tarlayer import Entry, complete_parents, normalized_mode, write_layer
-from hermetic.errors import HermeticError
+from hermetic.errors import DataError
 from hermetic.fsutil import sha256_file
 
 SNAPSHOT_FILE = "code/source.tar"
@@ -169,4 +169,4 @@ def extract_snapshot(tar_path: Path, dest: Path) -> None:
         with tarfile.open(tar_path) as tf:
             tf.extractall(dest, filter="data")  # type: ignore[call-arg]
     except (tarfile.TarError, OSError) as e:
-        raise HermeticError(f"{tar_path}: cannot extract the source snapshot: {e}") from None
+        raise DataError(f"{tar_path}: cannot extract the source snapshot: {e}") from None

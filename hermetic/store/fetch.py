@@ -22,7 +22,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from packaging.utils import canonicalize_name, canonicalize_version
 
-from hermetic.errors import HermeticError, IntegrityError
+from hermetic.errors import EXIT_DATAERR, EXIT_NOINPUT, EXIT_UNAVAILABLE, HermeticError, IntegrityError, Unavailable
 from hermetic.indexes import PipSources
 from hermetic.lock.model import Lock, LockedWheel, ResolvedWheel, Target
 from hermetic.lock.tags import parse_wheel_name_version, wheel_priority
@@ -32,8 +32,8 @@ _SDIST_SUFFIXES = (".tar.gz", ".zip", ".tar.bz2", ".tgz")
 _JSON_ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
 
 
-class FetchError(HermeticError):
-    exit_code = 3
+class FetchError(Unavailable):
+    """A locked wheel could not be fetched (the index or the network is unavailable, or it has no such wheel)."""
 
 
 @dataclass(frozen=True)
@@ -311,14 +311,14 @@ def fetch(lock: Lock, store: WheelStore, sources: PipSources, *, jobs: int = 4,
         if cand is None:
             where = w.source or lock.path
             if notes:
-                raise FetchError(f"{where}: {w.name}=={w.version}: {'; '.join(notes)}")
+                raise FetchError(f"{where}: {w.name}=={w.version}: {'; '.join(notes)}", exit_code=EXIT_DATAERR)
             tried = [*srcs.find_links, *srcs.indexes]
             why = f"not found in {', '.join(tried) or 'any source'}"
             down = sorted(srcs.unreachable)
             if down:
                 why += f" (unreachable: {', '.join(down)})"
             raise FetchError(f"{where}: {w.name}=={w.version}: no wheel for {lock.target.platform} / CPython "
-                             f"{lock.target.python_version}: {why}")
+                             f"{lock.target.python_version}: {why}", exit_code=EXIT_UNAVAILABLE if down else EXIT_NOINPUT)
         what = f"{w.name}=={w.version}"
 
         def tick(n: int) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from hermetic.canonical import canonical_json, parse_digest
-from hermetic.errors import HermeticError, IntegrityError
+from hermetic.errors import HermeticError, IntegrityError, NotFound
 from hermetic.fsutil import OwnedTemp, atomic_write_bytes, file_lock, sha256_file, sweep_dead
 from hermetic.store import intact
 
@@ -200,7 +200,7 @@ class OciStore:
         try:
             data = self.blob_path(digest).read_bytes()
         except FileNotFoundError:
-            raise HermeticError(f"blob {digest} is not in the store {self.root}") from None
+            raise NotFound(f"blob {digest} is not in the store {self.root}") from None
         if verify:
             actual = "sha256:" + hashlib.sha256(data).hexdigest()
             if actual != digest:
