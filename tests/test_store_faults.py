@@ -204,11 +204,11 @@ def test_the_engine_load_names_a_corrupt_layer(tmp_path, cache_dir, session_cach
 # --- 8. the base is checked before any fetch -----------------------------------------------------
 
 
-@pytest.mark.parametrize("base", ["hermetic/not-bootstrapped@sha256:" + "1" * 64,
-                                  "127.0.0.1:9/team/base@sha256:" + "2" * 64])
-def test_a_missing_base_is_found_before_any_wheel_is_fetched(tmp_path, cache_dir, small_wheels, base):
+@pytest.mark.parametrize("base, code", [("hermetic/not-bootstrapped@sha256:" + "1" * 64, 66),  # not found
+                                        ("127.0.0.1:9/team/base@sha256:" + "2" * 64, 69)])  # unreachable
+def test_a_missing_base_is_found_before_any_wheel_is_fetched(tmp_path, cache_dir, small_wheels, base, code):
     proj = make_project(tmp_path / "p", base, {"alpha": small_wheels["alpha"], "beta": small_wheels["beta"]})
     proc = run_cli("build", "-C", str(proj), "--no-load")
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.returncode == code and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
     assert base.split("@")[0] in proc.stderr, proc.stderr
     assert tree_digest(cache_dir / "wheels") == {}
