@@ -332,3 +332,17 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, fsync: bool = True) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
+
+
+def write_if_changed(path: str | os.PathLike[str], data: bytes) -> bool:
+    """Atomically write ``data`` unless the file already holds exactly it; True when it wrote.
+
+    For committed files hermetic regenerates (hermetic.image.json, hermetic.provenance.json):
+    an unchanged build leaves their mtime alone, so make and git see nothing to do."""
+    try:
+        if Path(path).read_bytes() == data:
+            return False
+    except FileNotFoundError:
+        pass
+    atomic_write_bytes(path, data)
+    return True

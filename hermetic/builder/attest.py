@@ -21,7 +21,7 @@ from pathlib import Path
 from hermetic.builder.image_record import ImageInfo
 from hermetic.config import LoadedConfig
 from hermetic.errors import HermeticError, IntegrityError
-from hermetic.fsutil import atomic_write_bytes
+from hermetic.fsutil import write_if_changed
 from hermetic.lock.model import Lock
 from hermetic.paths import CachePaths
 from hermetic.provenance import MT_CYCLONEDX, MT_DSSE, MT_STATEMENT, PROVENANCE_FILE
@@ -61,13 +61,7 @@ def ensure_attestations(cfg: LoadedConfig, paths: CachePaths, store: OciStore, l
             return [f"no provenance for {digest[:19]}: {why}"]
         provenance, sbom_note = store_attestations(store, facts, paths, cfg.model.build.source_date_epoch)
         notes += [sbom_note] if sbom_note else []
-    path = cfg.root / PROVENANCE_FILE
-    try:
-        if path.read_bytes() == provenance:
-            return notes
-    except FileNotFoundError:
-        pass
-    atomic_write_bytes(path, provenance)
+    write_if_changed(cfg.root / PROVENANCE_FILE, provenance)
     return notes
 
 

@@ -19,7 +19,7 @@ from hermetic.builder.image import BASE_LAYERS_LABEL, PACKAGES_LABEL
 from hermetic.builder.inspect import describe
 from hermetic.canonical import parse_digest, pretty_json
 from hermetic.errors import DataError, NotFound
-from hermetic.fsutil import atomic_write_text
+from hermetic.fsutil import write_if_changed
 from hermetic.store.oci import OciStore
 
 BUILD_RECORD = "hermetic.image.json"
@@ -78,13 +78,7 @@ def write_image_record(config_dir: Path, lock_path_as_written: str, info: ImageI
         "base": info.base, "lock": {"path": lock_path_as_written, **info.lock}, "config_sha256": info.config_sha256,
         "packages": info.packages, "labels": info.labels, "env": info.env, "layers": info.layers,
     }
-    text = pretty_json(record)
-    try:
-        if path.read_text() == text:
-            return path
-    except FileNotFoundError:
-        pass
-    atomic_write_text(path, text)
+    write_if_changed(path, pretty_json(record).encode("utf-8"))
     return path
 
 
