@@ -64,6 +64,7 @@ def cli() -> None:
     """Repeatable ML training runs.
 
     \b
+    hermetic init        an existing project -> hermetic.yaml, pinned base, lock, manifests (start here)
     hermetic lock        requirements.in -> lock with sha256 hashes for the image platform
     hermetic fetch       locked wheels -> verified, content-addressed wheel store
     hermetic build       lock + hermetic.yaml -> byte-reproducible image, by digest
@@ -74,6 +75,11 @@ def cli() -> None:
 
     Configuration is read from ./hermetic.yaml (or -C PATH). Caches live under
     $HERMETIC_CACHE (default ~/.cache/hermetic).
+
+    Exit status: 0 success; 1 a verdict that two things differ (diff, replay,
+    verify); 64-78 hermetic's own errors (64 usage, 65 bad or changed input,
+    66 not found, 69 unavailable, 78 config; README "Exit codes"). `hermetic
+    run` returns the training script's own code.
     """
 
 
