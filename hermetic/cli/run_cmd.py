@@ -28,10 +28,14 @@ from hermetic.cli.common import config_option, emit_json
 @click.option("--name", help="A name for the run (appended to its ID).")
 @click.option("--resume-from", "resume_from", metavar="RUN",
               help="Start with a copy of RUN's outputs/ (e.g. to resume from its checkpoint).")
+@click.option("--nproc-per-node", "nproc_per_node", type=click.IntRange(1), metavar="N",
+              help="Run N processes with torchrun in the container (gloo on CPU, NCCL with --gpus); "
+                   "each rank gets its own seed from the runtime (docs/scale-out.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the sealed run record (JSON) instead of a summary.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, as_json, script, args) -> int:
+def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, nproc_per_node, as_json, script,
+        args) -> int:
     """Run SCRIPT [ARGS...] inside the pinned image and record everything.
 
     In order: build the image if needed (a no-op when up to date); verify every
@@ -54,6 +58,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
       hermetic run --gpus all train.py --epochs 3
       hermetic run --seeds 5 train.py --seed {seed}   # 5 seeds; {seed} reaches argparse too
       hermetic run --data synth=/mnt/big/synth -- train.py --lr 0.1
+      hermetic run --nproc-per-node 2 train.py         # DDP: 2 ranks, gloo, per-rank logs kept
     """
     from hermetic.config import load_config
     from hermetic.errors import HermeticError
@@ -74,8 +79,14 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, a
 
         resume_dir = resolve_run(resume_from, cfg.runs_path)
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "run", script, *args]
+    distributed = None
+    if nproc_per_node is not None:
+        from hermetic.run.distributed import plan_distributed
+
+        distributed = plan_distributed(nproc_per_node, gpus=gpus)
     template = RunRequest(script=script, args=list(args), argv=argv, gpus=gpus, data_paths=data_paths,
-                          network=network, env=list(env), name=name, echo=not as_json, resume_from=resume_dir)
+                          network=network, env=list(env), name=name, echo=not as_json, resume_from=resume_dir,
+                          distributed=distributed)
     paths = cache_paths()
     log, progress = run_log(not as_json)
     if seeds:
