@@ -67,12 +67,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, n
     from hermetic.run.runner import execute
 
     cfg = load_config(config_path)
-    data_paths = {}
-    for item in data:
-        n, eq, p = item.partition("=")
-        if not eq or not n or not p:
-            raise HermeticError(f"--data {item!r}: expected NAME=PATH", exit_code=2)
-        data_paths[n] = p
+    data_paths = parse_data(data)
     resume_dir = None
     if resume_from:
         from hermetic.record import resolve_run
@@ -101,6 +96,19 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, n
     else:
         _summary(result)
     return result.exit_code
+
+
+def parse_data(items) -> dict[str, str]:
+    """``--data NAME=PATH`` items -> {NAME: PATH}."""
+    from hermetic.errors import ConfigError
+
+    out = {}
+    for item in items:
+        n, eq, p = item.partition("=")
+        if not eq or not n or not p:
+            raise ConfigError(f"--data {item!r}: expected NAME=PATH")
+        out[n] = p
+    return out
 
 
 def run_log(show: bool):

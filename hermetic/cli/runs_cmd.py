@@ -56,6 +56,10 @@ def runs(ctx: click.Context, runs_dir: str | None, config_path: str | None, as_j
     entries = list_entries(root, reindex=reindex)
     if limit is not None:
         entries = entries[:limit]
+    if any(e.get("slurm") for e in entries):  # submitted, no record yet: pending or running, as Slurm says now
+        from hermetic.slurm.state import refresh_entries
+
+        refresh_entries(entries)
     if as_json:
         emit_json_list(entries)
         return
@@ -91,6 +95,9 @@ def format_row(e: dict[str, Any]) -> list[str]:
     status = e["status"] or "-"
     if e["kind"] == "group":
         status = f"group×{len(e.get('seeds') or [])} {status}"
+    if e.get("slurm") and e["slurm"].get("job_id") is not None:  # a submitted run without a record yet
+        task = e["slurm"].get("array_task_id")
+        status += f" (slurm {e['slurm']['job_id']}" + (f"_{task}" if task is not None else "") + ")"
     image = (e.get("image") or "-").removeprefix("sha256:")[:12]
     data = ",".join(f"{n}:{h[:8]}" for n, h in (e.get("data") or {}).items()) or "-"
     final = e.get("final") or {}

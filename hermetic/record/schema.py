@@ -220,6 +220,7 @@ class SlurmJob(_Strict):
     cluster: Optional[str]
     container: Literal["docker", "pyxis"]
     submitted_from: str  # the submission directory (holding slurm/submit.json), relative to the runs dir
+    image_pulled_from: Optional[str] = None  # the repo digest this node pulled the image by (its store lacked it)
 
 
 class RankPlacement(_Strict):

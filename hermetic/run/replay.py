@@ -36,18 +36,18 @@ def _project_root(run_dir: Path, runs_dir: str) -> Path:
 
 
 def ensure_recorded_image(store: OciStore, manifest_digest: str, repo_digests: list[str], *,
-                          image_id: str | None = None) -> bool:
-    """The image in the local store: already there (False), or pulled by one of its repo digests and
-    verified (True); else ReplayRefused naming where it was looked for. Also what a Slurm task does
-    on a node whose store lacks the submitted image (hermetic.slurm.task)."""
+                          image_id: str | None = None) -> str | None:
+    """The image in the local store: already there (None), or pulled by one of its repo digests and
+    verified (that repo digest); else ReplayRefused naming where it was looked for. Also what a Slurm
+    task does on a node whose store lacks the submitted image (hermetic.slurm.task)."""
     if store.has_image(manifest_digest):
-        return False
+        return None
     from hermetic.registry import ensure_image
 
     for rd in repo_digests:
         try:
             ensure_image(store, rd)
-            return True
+            return rd
         except HermeticError:
             continue
     where = ", ".join(repo_digests) or "no registry (never pushed)"
