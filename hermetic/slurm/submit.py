@@ -143,7 +143,7 @@ def check_env(items: list[str]) -> None:
     passed_env(items)  # a bare NAME must be set now, NAME=VALUE well formed
 
 
-def pushed_location(store, manifest_digest: str, log: Log) -> tuple[list[str], str]:
+def pushed_location(store, manifest_digest: str, image_id: str) -> tuple[list[str], str]:
     """(repo digests, the first one a registry still answers for), or ImageNotPushed."""
     from hermetic.reference import parse_image_name
     from hermetic.registry import repo_digests
@@ -151,8 +151,9 @@ def pushed_location(store, manifest_digest: str, log: Log) -> tuple[list[str], s
 
     pushed = repo_digests(store, manifest_digest)
     if not pushed:
-        raise ImageNotPushed(f"image {manifest_digest} was never pushed, so the nodes could not get it; push it "
-                             "first: hermetic push REGISTRY/REPOSITORY (the tasks pull it by digest)")
+        raise ImageNotPushed(f"image {image_id} (manifest {manifest_digest}) was never pushed, so the nodes could "
+                             "not get it; push it first: hermetic push REGISTRY/REPOSITORY (the tasks pull it "
+                             "by digest)")
     why = []
     for rd in pushed:
         name = parse_image_name(rd)
@@ -164,8 +165,8 @@ def pushed_location(store, manifest_digest: str, log: Log) -> tuple[list[str], s
         if found is not None:
             return pushed, rd
         why.append(f"{rd}: not in the registry")
-    raise ImageNotPushed(f"image {manifest_digest} cannot be pulled from where it was pushed ({'; '.join(why)}); "
-                         "push it again: hermetic push REGISTRY/REPOSITORY")
+    raise ImageNotPushed(f"image {image_id} (manifest {manifest_digest}) cannot be pulled from where it was "
+                         f"pushed ({'; '.join(why)}); push it again: hermetic push REGISTRY/REPOSITORY")
 
 
 def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: list[int] | None,
@@ -209,7 +210,7 @@ def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: li
     verified = verify_datasets(plans, progress=progress, log=log)
     store = OciStore(paths.oci)
     info = prepare_image(cfg, paths, store, dataclasses.replace(template, image_manifest=None), log)
-    pushed, pull_from = pushed_location(store, info.manifest_digest, log)
+    pushed, pull_from = pushed_location(store, info.manifest_digest, info.image_id)
 
     # 2. the submission: directories, snapshot, manifests, scripts (removed again if anything fails)
     made: list[Path] = []
@@ -218,7 +219,7 @@ def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: li
                        pushed, made, log)
         job_script = _write_scripts(sub, opts, pull_from, script, cfg)
         held = "--hold" in opts.sbatch_args or "-H" in opts.sbatch_args
-        job_id = ctl.sbatch(job_script, *(() if held else ("--hold",)))
+        job_id = ctl.sbatch(job_script, "--hold")  # released below, once every file names the job
         summary_id = None
         try:
             if sub.kind == "group":
