@@ -25,11 +25,21 @@ pytestmark = [pytest.mark.slurm, pytest.mark.docker, pytest.mark.registry]
 
 
 @pytest.fixture(scope="module")
-def pushed(logreg, registry) -> dict:
-    """The numpy example's image pushed to the test registry (what the nodes pull it from)."""
+def pushed(logreg, registry, module_cache) -> dict:
+    """The numpy example's image pushed to the test registry (what the nodes pull it from).
+
+    The push is recorded in the session's store (pushed.json); that record is put back as it was
+    afterwards: the registry is gone with this module, and other modules' runs of the same image
+    expect it never pushed."""
+    record = module_cache / "oci" / "pushed.json"
+    saved = record.read_bytes() if record.exists() else None
     proc = run_cli("push", f"{registry.host}/hermetic/logreg", "-C", str(logreg), "--json")
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    yield json.loads(proc.stdout)
+    if saved is None:
+        record.unlink(missing_ok=True)
+    else:
+        record.write_bytes(saved)
 
 
 def submit(project: Path, *args: str, expect: int | None = 0, env: dict | None = None,
@@ -241,3 +251,33 @@ def test_pyxis_export_runs_the_image_by_digest_with_read_only_data(project, push
     run = lines.index(run_line)
     assert probe < begin < run < end  # probe, record steps around the container
     assert subprocess.run(["bash", "-n", doc["script"]], capture_output=True).returncode == 0
+
+
+def test_pyxis_record_steps_run_for_real_on_a_node(project, pushed, slurm_cluster, tmp_path):
+    """hermetic's own steps of the pyxis script (``--phase begin`` / ``--phase end``) in a real Slurm job.
+    The two ``srun --container-image`` steps (probe, run) are what cannot run here (no enroot): where the
+    container would run, the job writes one file into the working directory, as a script would."""
+    import sys
+
+    proc = submit(project, "--container", "pyxis", "--sbatch-arg=--hold", "--json", "train.py", "--epochs", "2")
+    doc = json.loads(proc.stdout)
+    subprocess.run(["scancel", str(doc["job_id"])], capture_output=True)
+    run_dir = Path(doc["dir"])
+    submission = run_dir / "slurm" / "submit.json"
+    steps = (f"#!/bin/bash\nset -euo pipefail\n"
+             f"{sys.executable} -m hermetic slurm-task --phase begin {submission}\n"
+             f"test -f {run_dir}/.workspace/train.py  # the submitted snapshot, where the container would see it\n"
+             f"echo written-in-the-working-directory > {run_dir}/.workspace/result.txt\n"
+             f"exec {sys.executable} -m hermetic slurm-task --phase end --exit-code 0 {submission}\n")
+    job = slurm_cluster.sbatch("-o", str(tmp_path / "steps.out"), script=steps)
+    (task,) = slurm_cluster.wait(job, timeout=120)
+    assert (task.state, task.exit_code) == ("COMPLETED", 0), (tmp_path / "steps.out").read_text()
+    rec = json.loads((run_dir / "run.json").read_text())
+    assert rec["record"]["status"] == "succeeded" and rec["slurm"]["container"] == "pyxis"
+    assert rec["slurm"]["job_id"] == job and rec["slurm"]["node"] in slurm_cluster.nodes
+    assert rec["image"]["manifest_digest"] == pushed["manifest_digest"]
+    assert pushed["repo_digest"] in rec["image"]["repo_digests"]
+    assert rec["code"]["snapshot"]["files"]["train.py"] == sha256_file(project / "train.py")
+    assert rec["data"]["logreg"]["verify_mode"] in ("stat-cache", "full")
+    assert set(rec["outputs"]["files"]) == {"result.txt"} and rec["outputs"]["workdir"]["collected"] == ["result.txt"]
+    assert not (run_dir / ".workspace").exists() and not (run_dir / ".runtime").exists()

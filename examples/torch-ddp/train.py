@@ -25,6 +25,7 @@ depend on the world size.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -119,6 +120,10 @@ def main(argv: list[str]) -> int:
     if rank == 0:
         print(f"weights: {hr.save_weights(model.state_dict())}", file=sys.stderr)
     if info:
+        # DDP's reducer goes before the process group it talks through: left for the end of main(),
+        # it was torn down after destroy_process_group and, now and then, never finished (gloo, 2 nodes)
+        del ddp, optimizer, loss
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
     return 0

@@ -50,6 +50,7 @@ class DistributedPlan:
     node_rank: int = 0  # this container's node (SLURM_NODEID under Slurm)
     master_addr: str = "127.0.0.1"
     master_port: int = RDZV_PORT
+    rdzv_id: str | None = None  # the same on every node (the run's ID); None: this run's ID
 
     @property
     def world_size(self) -> int:
@@ -61,12 +62,13 @@ class DistributedPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {"nproc_per_node": self.nproc_per_node, "backend": self.backend, "nnodes": self.nnodes,
-                "node_rank": self.node_rank, "master_addr": self.master_addr, "master_port": self.master_port}
+                "node_rank": self.node_rank, "master_addr": self.master_addr, "master_port": self.master_port,
+                "rdzv_id": self.rdzv_id}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "DistributedPlan":
         return cls(int(doc["nproc_per_node"]), str(doc["backend"]), int(doc["nnodes"]), int(doc["node_rank"]),
-                   str(doc["master_addr"]), int(doc["master_port"]))
+                   str(doc["master_addr"]), int(doc["master_port"]), doc.get("rdzv_id"))
 
 
 def gpu_count(gpus: str | None) -> int | None:
@@ -96,18 +98,21 @@ def plan_distributed(nproc_per_node: int, *, gpus: str | None, nnodes: int = 1, 
 
 
 def launch_command(plan: DistributedPlan, python: str, script: str, args: list[str], run_id: str) -> list[str]:
-    """``python -m torch.distributed.run ... SCRIPT ARGS``: every rank's output teed into per-rank logs."""
+    """``python -m torch.distributed.run ... SCRIPT ARGS``: every rank's output teed into per-rank logs.
+
+    The rendezvous ID prefixes the keys of the rendezvous store: every node must give the same one."""
+    rdzv_id = plan.rdzv_id or run_id
     cmd = [python, "-m", "torch.distributed.run", "--nnodes", str(plan.nnodes),
            "--nproc-per-node", str(plan.nproc_per_node), "--max-restarts", "0",
            "--log-dir", posixpath.join(RUNTIME_MOUNT, TORCHRUN_LOG_DIR), "--tee", "3"]
     if plan.nnodes == 1:
         # --local-addr: the rendezvous' store would bind the container's host name, which does not
         # resolve in a container without a network
-        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{plan.master_port}", "--rdzv-id", run_id,
+        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{plan.master_port}", "--rdzv-id", rdzv_id,
                 "--local-addr", "127.0.0.1"]
     else:
         cmd += ["--rdzv-backend", "static", "--node-rank", str(plan.node_rank), "--master-addr", plan.master_addr,
-                "--master-port", str(plan.master_port), "--rdzv-id", run_id]
+                "--master-port", str(plan.master_port), "--rdzv-id", rdzv_id]
     if not script.endswith(".py"):
         cmd += ["--no-python", f"./{script}"]
     else:

@@ -57,8 +57,9 @@ def member_of(sub: Submission, env: Mapping[str, str]) -> Member:
     return sub.member(_int(env, "SLURM_ARRAY_TASK_ID") or 0 if sub.kind == "group" else 0)
 
 
-def node_distributed(sub: Submission, slurm: dict[str, Any]) -> DistributedPlan | None:
-    """This node's share of the run: its node rank, the first node's address and the job's port."""
+def node_distributed(sub: Submission, member: Member, slurm: dict[str, Any]) -> DistributedPlan | None:
+    """This node's share of the run: its node rank, the first node's address, the job's port and the
+    run's ID as the rendezvous ID on every node."""
     from hermetic.slurm import ctl
 
     doc = sub.request.get("distributed")
@@ -69,7 +70,7 @@ def node_distributed(sub: Submission, slurm: dict[str, Any]) -> DistributedPlan 
         return plan
     first = ctl.hostnames(slurm["nodelist"])[0]
     return dataclasses.replace(plan, node_rank=slurm["node_rank"], master_addr=ctl.node_addr(first),
-                               master_port=RDZV_PORT + slurm["job_id"] % PORT_SPAN)
+                               master_port=RDZV_PORT + slurm["job_id"] % PORT_SPAN, rdzv_id=member.run_id)
 
 
 def node_gpus(requested: str | None, env: Mapping[str, str]) -> str | None:
@@ -112,7 +113,7 @@ def run_task(submission_path: Path, *, log: Log, env: Mapping[str, str] | None =
             log(f"image {sub.image['manifest_digest']} was not in this node's store: pulled by digest from {pulled}")
         slurm["image_pulled_from"] = pulled
         cfg = sub.loaded_config()
-        req = sub.run_request(member, slurm=slurm, distributed=node_distributed(sub, slurm))
+        req = sub.run_request(member, slurm=slurm, distributed=node_distributed(sub, member, slurm))
         req = dataclasses.replace(req, gpus=node_gpus(req.gpus, env))
         if not primary:
             req = dataclasses.replace(req, run_dir=_node_run_dir(run_dir, slurm["node_rank"]))
