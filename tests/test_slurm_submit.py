@@ -51,6 +51,10 @@ def submit(project: Path, *args: str, expect: int | None = 0, env: dict | None =
     return proc
 
 
+def lines_with(text: str, needle: str) -> str:
+    return "\n".join(ln for ln in text.splitlines() if needle in ln)
+
+
 def jobs_named(name: str) -> list[str]:
     out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, check=True)
     return out.stdout.split()
@@ -241,7 +245,10 @@ def test_pyxis_export_runs_the_image_by_digest_with_read_only_data(project, push
                  "--container-workdir=/workspace"):
         assert flag in run_line, flag
     assert "/opt/venv/bin/python train.py" in run_line
-    assert "#SBATCH --export=NONE" in script and "export LR_SCHEDULE=cosine" in script
+    # only the run's variables reach the container (srun --export), over the image's (--container-env)
+    assert "--export=PATH,HERMETIC_SEED,HERMETIC_RUN_ID,HERMETIC_OUTPUTS,HERMETIC_RUNTIME_REPORT,LR_SCHEDULE" \
+        in run_line
+    assert "export LR_SCHEDULE=cosine" in script and "--export=PATH " in lines_with(script, "probe.py")
     assert "ARGS_0=(--epochs 2 --seed 0)" in script and "ARGS_1=(--epochs 2 --seed 1)" in script
     assert "SEEDS=(0 1)" in script
     lines = script.splitlines()

@@ -40,7 +40,6 @@ class SbatchOptions:
     time: str | None = None
     gpus_per_node: str | None = None
     extra: tuple[str, ...] = ()  # --sbatch-arg, verbatim
-    export: str | None = None  # --export= (pyxis: NONE, or the secrets passed by name); None: sbatch's ALL
 
     def lines(self) -> list[str]:
         opts = [f"--job-name={self.job_name}", f"--output={self.output}"]
@@ -55,8 +54,6 @@ class SbatchOptions:
             opts.append(f"--time={self.time}")
         if self.gpus_per_node:
             opts.append(f"--gpus-per-node={self.gpus_per_node}")
-        if self.export is not None:
-            opts.append(f"--export={self.export}")
         opts += list(self.extra)
         for o in opts:
             if "\n" in o or "\r" in o:
@@ -119,11 +116,15 @@ def pyxis_task_script(options: SbatchOptions, step: PyxisStep, *, python: str, s
     """Probe and training containers by pyxis, hermetic's record steps around them (not run here: no enroot)."""
     hermetic = f"{q(python)} -m hermetic slurm-task"
     mounts = _mount_spec(step.mounts)
-    pyxis = [f"--container-image={step.image}", f'--container-mounts="{mounts}"',
+    # srun --export: the container step gets exactly the run's variables, PATH (for enroot; the image's own
+    # PATH wins inside) and SLURM_*, never the login shell's PYTHONPATH & co.; --container-env makes the
+    # run's variables win over the image's own values.
+    pyxis = [f"--export={','.join(['PATH', *step.env_names])}", f"--container-image={step.image}",
+             f'--container-mounts="{mounts}"',
              f"--container-workdir={step.workdir}", "--no-container-mount-home", "--no-container-remap-root",
              "--container-writable", "--no-container-entrypoint",
              f"--container-env={','.join(step.env_names)}"]
-    probe_mount = f'--container-mounts="$PROBE_SRC:/run/hermetic-probe:ro"'
+    probe_mount = '--container-mounts="$PROBE_SRC:/run/hermetic-probe:ro"'
     body = [
         "set -uo pipefail",
         "TASK=${SLURM_ARRAY_TASK_ID:-0}",
@@ -133,11 +134,10 @@ def pyxis_task_script(options: SbatchOptions, step: PyxisStep, *, python: str, s
         'RUN_DIR=${RUN_DIRS[$TASK]}',
         'ARGS_NAME="ARGS_${TASK}[@]"',
         'WORK="$RUN_DIR/.workspace"',
-        "export PATH=/usr/local/bin:/usr/bin:/bin",
         *( [f"export HERMETIC_CACHE={q(cache)}"] if cache else []),
         f"PROBE_SRC=$({q(python)} -c 'import hermetic.probe as p; print(p.PROBE_DIR)')",
         "# 1. the probe, in the same image with the same devices (hermetic folds it into the record)",
-        f"srun --ntasks=1 --container-image={step.image} {probe_mount} --no-container-mount-home "
+        f"srun --ntasks=1 --export=PATH --container-image={step.image} {probe_mount} --no-container-mount-home "
         "--no-container-remap-root --no-container-entrypoint "
         f"{q(step.command[0])} /run/hermetic-probe/probe.py > \"$RUN_DIR/.probe.json\" || exit $?",
         "# 2. on this node: the data verified, the run directory opened, the snapshot extracted into $WORK, "

@@ -66,7 +66,11 @@ def refresh_entries(entries: list[dict[str, Any]]) -> None:
         if label is None:
             continue
         job = str(e["slurm"]["job_id"])
-        state = queued.get(label) or (queued.get(job) if e["kind"] == "group" or "_" not in label else None)
+        if e["kind"] == "group":  # the array as a whole: running while any task runs
+            mine = {v for k, v in queued.items() if k == job or k.startswith(f"{job}_")}
+            state = "RUNNING" if "RUNNING" in mine else next(iter(sorted(mine)), None)
+        else:
+            state = queued.get(label)
         if state is None and e["slurm"].get("array_task_id") is not None:
             # An array's pending rest is one squeue line: "123_[1-2] PENDING".
             state = next((v for k, v in queued.items() if k.startswith(f"{job}_[")), None)

@@ -316,9 +316,7 @@ def _write_scripts(sub: Submission, opts: SlurmOptions, pull_from: str, script: 
         array=f"0-{len(sub.members) - 1}" if sub.kind == "group" else None, nodes=opts.nodes,
         cpus_per_task=opts.cpus_per_task, time=opts.time,
         gpus_per_node=_gpus_per_node(gpus), extra=tuple(a for a in opts.sbatch_args if a not in ("--hold", "-H")),
-        # pyxis: the job's environment reaches the container, so only what the script exports (and the
-        # secrets passed by name) may come along
-        export=_pyxis_export(sub.request["env"]) if opts.container == "pyxis" else None,
+
     )
     comment = [f"{'group' if sub.kind == 'group' else 'run'} {sub.submission_id}: "
                + ", ".join(f"task {m.index} seed {m.seed} -> {m.run_id}" for m in sub.members[:8])
@@ -338,11 +336,6 @@ def _write_scripts(sub: Submission, opts: SlurmOptions, pull_from: str, script: 
             sopts, python=sub.python, submission=submission,
             comment=[f"after array job (afterany): the summary of group {sub.submission_id} -> group.json"]))
     return path
-
-
-def _pyxis_export(env: list[str]) -> str:
-    secrets = sorted({item for item in env if "=" not in item and is_secret_name(item)})
-    return ",".join(secrets) if secrets else "NONE"
 
 
 def _gpus_per_node(gpus: str | None) -> str | None:
