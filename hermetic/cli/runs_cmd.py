@@ -206,6 +206,18 @@ def format_record(r: dict[str, Any], run_dir: Path) -> str:
     if env["secrets"]:
         env_text += f"  secrets (names only): {', '.join(env['secrets'])}"
     lines.append(_line("env", env_text))
+    if r.get("distributed"):
+        d = r["distributed"]
+        seeds = ", ".join(f"{x['rank']}:{x['seed']}@{x['device']}" for x in d["ranks"][:4])
+        lines.append(_line("ranks", f"world size {d['world_size']} ({d['nnodes']} node(s) x {d['nproc_per_node']}), "
+                           f"{d['backend']} {d['backend_version'] or ''}".rstrip() + f"; rank:seed@device {seeds}"
+                           + (" ..." if len(d["ranks"]) > 4 else "")))
+    if r.get("slurm"):
+        sl = r["slurm"]
+        array = f" (array {sl['array_job_id']}_{sl['array_task_id']})" if sl["array_job_id"] is not None else ""
+        pulled = f"; image pulled from {sl['image_pulled_from']}" if sl.get("image_pulled_from") else ""
+        lines.append(_line("slurm", f"job {sl['job_id']}{array} on {sl['node']}, partition {sl['partition']}, "
+                           f"{sl['container']}{pulled}"))
     lines.append(_line("software", _software_text(r["software"])))
     lines.append(_line("hardware", _hardware_text(r["hardware"])))
     files = r["outputs"]["files"]

@@ -171,8 +171,9 @@ def pushed_location(store, manifest_digest: str, image_id: str) -> tuple[list[st
 
 def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: list[int] | None,
            opts: SlurmOptions, *, log: Log, progress: bool = False) -> SubmitResult:
+    from hermetic.builder.build import build
+    from hermetic.registry import ensure_image
     from hermetic.run.data import verify_datasets
-    from hermetic.run.runner import prepare_image
     from hermetic.store.oci import OciStore
 
     # 1. everything that can be refused, before anything is written or submitted
@@ -209,7 +210,11 @@ def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: li
         check_visible("--resume-from", template.resume_from, roots, "resume from a run in the shared runs directory")
     verified = verify_datasets(plans, progress=progress, log=log)
     store = OciStore(paths.oci)
-    info = prepare_image(cfg, paths, store, dataclasses.replace(template, image_manifest=None), log)
+    # built (a no-op when up to date) but not loaded: the login node needs no Docker Engine; the nodes load it
+    built = build(cfg, paths, log=log, pull_base=ensure_image, load=False)
+    if not built.noop:
+        log(f"built image {built.image_id}")
+    info = built.info
     pushed, pull_from = pushed_location(store, info.manifest_digest, info.image_id)
 
     # 2. the submission: directories, snapshot, manifests, scripts (removed again if anything fails)
