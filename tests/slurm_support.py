@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import time
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from hermetic.slurm.ctl import parse_record  # `Key=Value ...` lines (scontrol -o, jobcomp): submit's parser
 
 ENSURE_SLURM = REPO / "scripts" / "ensure-slurm"
 PARTITION = "debug"  # what scripts/ensure-slurm configures (the default partition)
@@ -34,18 +34,6 @@ TERMINAL_STATES = frozenset({
     "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "TIMEOUT",
 })
 
-# A key starts every field: "Key=" after a blank (values may hold '=' and, rarely, blanks).
-_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
-
-
-def parse_record(line: str) -> dict[str, str]:
-    """One `Key=Value Key=Value ...` line (scontrol -o, jobcomp/filetxt) -> {Key: Value}."""
-    marks = list(_FIELD.finditer(line))
-    out: dict[str, str] = {}
-    for m, nxt in zip(marks, marks[1:] + [None]):
-        end = nxt.start() if nxt is not None else len(line)
-        out[m.group(1)] = line[m.end():end].strip()
-    return out
 
 
 def parse_records(text: str) -> list[dict[str, str]]:

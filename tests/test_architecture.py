@@ -101,8 +101,8 @@ FORBIDDEN = {
     "builder": {"registry", "run", "diff", "record"},  # the builder is given a base puller and an image cache
     "registry": {"builder", "run", "diff", "record"},
     "store": {"builder", "registry", "run", "engine", "record"},
-    "record": {"run", "builder", "registry"},
-    "diff": {"run", "builder", "registry"},
+    "record": {"run", "builder", "registry", "slurm"},
+    "diff": {"run", "builder", "registry", "slurm"},
     "config": {"builder", "registry", "run", "store", "record"},
     "lock": {"builder", "registry", "run", "store", "config"},
     "data": {"builder", "registry", "run", "store", "config", "record"},
@@ -111,6 +111,7 @@ FORBIDDEN = {
     "containerpaths": {"builder", "registry", "run", "config", "record"},
     "provenance": {"builder", "registry", "run", "store", "reproduce", "record", "diff"},  # pure documents
     "reproduce": {"run", "diff", "record"},  # rebuilds with the builder; knows nothing of runs
+    "run": {"slurm"},  # slurm drives run (a task is runner.execute); run knows nothing of Slurm
 }
 
 

@@ -16,7 +16,7 @@ from hermetic.data.manifest import ManifestError, format_manifest, read_manifest
 from hermetic.data.scan import TreeError, scan_tree
 from hermetic.data.statcache import StatCache, stat_key
 from hermetic.data.verify import build_manifest, verify_configured, verify_dataset
-from hermetic.errors import ConfigError, HermeticError
+from hermetic.errors import HermeticError, UsageError
 
 LARGE = 48 << 20  # big enough to be hashed by the worker processes, in several 1 MiB reads
 
@@ -358,7 +358,7 @@ def test_configured_datasets_resolve_against_the_config_directory(tmp_path: Path
     [res] = verify_configured(cfg)
     assert res.name == "train" and res.mount == "/data/train" and res.report.ok
     assert res.report.manifest_sha256 == m.sha256
-    with pytest.raises(ConfigError, match="no dataset named 'val'"):
+    with pytest.raises(UsageError, match="no dataset named 'val'"):
         verify_configured(cfg, ["val"])
 
 

@@ -35,7 +35,7 @@ def read_manifest(path: Path) -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize("example", ["numpy-logreg", "torch-mlp"])
+@pytest.mark.parametrize("example", ["numpy-logreg", "torch-mlp", "torch-ddp"])
 def test_make_data_reproduces_the_committed_manifest(example, tmp_path):
     manifest = read_manifest(EXAMPLES / example / "data.sha256")
     assert list(manifest) == sorted(manifest), "manifest lines must be sorted by path"

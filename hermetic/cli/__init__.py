@@ -32,6 +32,9 @@ COMMANDS: dict[str, str] = {
     "replay": "hermetic.cli.run_cmd:replay",
     "logs": "hermetic.cli.logs_cmd:logs",
     "stop": "hermetic.cli.logs_cmd:stop",
+    "submit": "hermetic.cli.submit_cmd:submit",
+    "slurm-task": "hermetic.cli.submit_cmd:slurm_task",  # hidden: what submit's job scripts run on the nodes
+    "slurm-summary": "hermetic.cli.submit_cmd:slurm_summary",  # hidden
     "push": "hermetic.cli.registry_cmd:push",
     "pull": "hermetic.cli.registry_cmd:pull",
     "verify": "hermetic.cli.verify_cmd:verify",
@@ -71,6 +74,7 @@ def cli() -> None:
     hermetic run         train inside that image with verified data; write runs/<id>/
     hermetic diff        why two runs differ (or "bitwise identical")
     hermetic replay      re-execute a recorded run exactly, then diff
+    hermetic submit      the same run on Slurm (--seeds: a job array; --container pyxis)
     hermetic verify      rebuild a pushed image from its provenance: "reproduced" or why not
 
     Configuration is read from ./hermetic.yaml (or -C PATH). Caches live under

@@ -29,6 +29,9 @@ from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_opti
 @click.option("--name", help="A name for the run (appended to its ID).")
 @click.option("--resume-from", "resume_from", metavar="RUN",
               help="Start with a copy of RUN's outputs/ (e.g. to resume from its checkpoint).")
+@click.option("--nproc-per-node", "nproc_per_node", type=click.IntRange(1), metavar="N",
+              help="Run N processes with torchrun in the container (gloo on CPU, NCCL with --gpus); "
+                   "each rank gets its own seed from the runtime (docs/scale-out.md).")
 @mlflow_option
 @click.option("--detach", is_flag=True,
               help="Print the run's ID once it has started and return; the run goes on in the background "
@@ -36,8 +39,8 @@ from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_opti
 @click.option("--json", "as_json", is_flag=True, help="Print the sealed run record (JSON) instead of a summary.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, mlflow_uri, detach, as_json, script,
-        args) -> int:
+def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, nproc_per_node, mlflow_uri, detach,
+        as_json, script, args) -> int:
     """Run SCRIPT [ARGS...] inside the pinned image and record everything.
 
     In order: build the image if needed (a no-op when up to date); verify every
@@ -64,6 +67,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, m
       hermetic run --data synth=/mnt/big/synth -- train.py --lr 0.1
       hermetic run --mlflow http://127.0.0.1:5000 train.py  # then export the run to MLflow
       hermetic run --detach train.py && hermetic logs -f   # the newest run's log, followed
+      hermetic run --nproc-per-node 2 train.py         # DDP: 2 ranks, gloo, per-rank logs kept
 
     A closed terminal or pipe does not stop a run (`hermetic run ... | head`):
     its output keeps going to runs/<id>/logs/ and the record is completed.
@@ -79,20 +83,21 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, m
 
     cfg = load_config(config_path)
     mlflow = mlflow_target(mlflow_uri)  # checked before the run: a URI, and hermetic[mlflow] installed
-    data_paths = {}
-    for item in data:
-        n, eq, p = item.partition("=")
-        if not eq or not n or not p:
-            raise UsageError(f"--data {item!r}: expected NAME=PATH")
-        data_paths[n] = p
+    data_paths = parse_data(data)
     resume_dir = None
     if resume_from:
         from hermetic.record import resolve_run
 
         resume_dir = resolve_run(resume_from, cfg.runs_path)
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "run", script, *args]
+    distributed = None
+    if nproc_per_node is not None:
+        from hermetic.run.distributed import plan_distributed
+
+        distributed = plan_distributed(nproc_per_node, gpus=gpus)
     template = RunRequest(script=script, args=list(args), argv=argv, gpus=gpus, data_paths=data_paths,
-                          network=network, env=list(env), name=name, echo=not as_json, resume_from=resume_dir)
+                          network=network, env=list(env), name=name, echo=not as_json, resume_from=resume_dir,
+                          distributed=distributed)
     paths = cache_paths()
     log, progress = run_log(not as_json)
     if seeds:
@@ -107,6 +112,19 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, m
     else:
         _summary(result)
     return export_after_run(mlflow, [result.run_dir], result.exit_code)
+
+
+def parse_data(items) -> dict[str, str]:
+    """``--data NAME=PATH`` items -> {NAME: PATH}."""
+    from hermetic.errors import UsageError
+
+    out = {}
+    for item in items:
+        n, eq, p = item.partition("=")
+        if not eq or not n or not p:
+            raise UsageError(f"--data {item!r}: expected NAME=PATH")
+        out[n] = p
+    return out
 
 
 def run_log(show: bool):

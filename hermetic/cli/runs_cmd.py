@@ -56,6 +56,10 @@ def runs(ctx: click.Context, runs_dir: str | None, config_path: str | None, as_j
     entries = list_entries(root, reindex=reindex)
     if limit is not None:
         entries = entries[:limit]
+    if any(e.get("slurm") for e in entries):  # submitted, no record yet: pending or running, as Slurm says now
+        from hermetic.slurm.state import refresh_entries
+
+        refresh_entries(entries)
     if as_json:
         emit_json_list(entries)
         return
@@ -91,6 +95,9 @@ def format_row(e: dict[str, Any]) -> list[str]:
     status = e["status"] or "-"
     if e["kind"] == "group":
         status = f"group×{len(e.get('seeds') or [])} {status}"
+    if e.get("slurm") and e["slurm"].get("job_id") is not None:  # a submitted run without a record yet
+        task = e["slurm"].get("array_task_id")
+        status += f" (slurm {e['slurm']['job_id']}" + (f"_{task}" if task is not None else "") + ")"
     image = (e.get("image") or "-").removeprefix("sha256:")[:12]
     data = ",".join(f"{n}:{h[:8]}" for n, h in (e.get("data") or {}).items()) or "-"
     final = e.get("final") or {}
@@ -199,6 +206,18 @@ def format_record(r: dict[str, Any], run_dir: Path) -> str:
     if env["secrets"]:
         env_text += f"  secrets (names only): {', '.join(env['secrets'])}"
     lines.append(_line("env", env_text))
+    if r.get("distributed"):
+        d = r["distributed"]
+        seeds = ", ".join(f"{x['rank']}:{x['seed']}@{x['device']}" for x in d["ranks"][:4])
+        lines.append(_line("ranks", f"world size {d['world_size']} ({d['nnodes']} node(s) x {d['nproc_per_node']}), "
+                           f"{d['backend']} {d['backend_version'] or ''}".rstrip() + f"; rank:seed@device {seeds}"
+                           + (" ..." if len(d["ranks"]) > 4 else "")))
+    if r.get("slurm"):
+        sl = r["slurm"]
+        array = f" (array {sl['array_job_id']}_{sl['array_task_id']})" if sl["array_job_id"] is not None else ""
+        pulled = f"; image pulled from {sl['image_pulled_from']}" if sl.get("image_pulled_from") else ""
+        lines.append(_line("slurm", f"job {sl['job_id']}{array} on {sl['node']}, partition {sl['partition']}, "
+                           f"{sl['container']}{pulled}"))
     lines.append(_line("software", _software_text(r["software"], r["seed"]["applied"])))
     lines.append(_line("hardware", _hardware_text(r["hardware"])))
     files = r["outputs"]["files"]

@@ -19,6 +19,7 @@ import shlex
 from typing import Any, Callable
 
 from hermetic.determinism import SEED_KEY
+from hermetic.diff.distributed import compare_distributed
 from hermetic.diff.manifests import compare_manifests
 from hermetic.diff.model import Change, FileComparison, MetricComparison, OutputsDiff, SectionDiff
 
@@ -429,6 +430,7 @@ def compare_sections(a: Json, b: Json, manifests_a: Manifests, manifests_b: Mani
         compare_image(a["image"], b["image"]),
         compare_code(a["code"], b["code"], _restated_files(a, b)),
         compare_config(a["invocation"], b["invocation"]),
+        compare_distributed(a, b),  # issue 16: world size, backend, rank map (hermetic.diff.distributed)
         compare_data(a["data"], b["data"], manifests_a, manifests_b),
         compare_seed(a["seed"], b["seed"]),
         compare_env(a["env"], b["env"]),

@@ -36,8 +36,9 @@ def group_digest(group: dict[str, Any]) -> str:
 
 
 def build_group(group_id: str, members: list[dict[str, Any]], *, now: datetime | None = None,
-                name: str | None = None) -> dict[str, Any]:
-    """The group document (sealed) from the members' loaded records, in seed order given."""
+                name: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The group document (sealed) from the members' loaded records, in seed order given; ``extra``:
+    optional sections sealed with it (``slurm``: the array behind a submitted group)."""
     from hermetic.record.schema import RecordError
     from hermetic.stats import summarize
 
@@ -77,6 +78,7 @@ def build_group(group_id: str, members: list[dict[str, Any]], *, now: datetime |
         "metrics": metrics,
         "method": INTERVAL_METHOD,
         "flags": group_flags(ok),
+        **(extra or {}),
     }
     group["group"]["group_sha256"] = group_digest(group)
     return group
@@ -117,7 +119,7 @@ def _mixed_inputs(members: list[dict[str, Any]]) -> list[str]:
 
 
 def write_group(runs_root: str | os.PathLike[str], group_id: str, member_run_ids: list[str], *,
-                now: datetime | None = None, name: str | None = None) -> Path:
+                now: datetime | None = None, name: str | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Summarize the member runs into ``runs_root/group_id/group.json``; return that directory.
 
     Each member must be a sealed run under ``runs_root`` whose
@@ -136,7 +138,7 @@ def write_group(runs_root: str | os.PathLike[str], group_id: str, member_run_ids
             raise RecordError(f"{root / rid / RUN_JSON}: invocation.group: is {rec['invocation']['group']!r}, "
                               f"not {group_id!r}")
         members.append(rec)
-    group = build_group(group_id, members, now=now, name=name)
+    group = build_group(group_id, members, now=now, name=name, extra=extra)
     gdir = root / group_id
     gdir.mkdir(parents=True, exist_ok=True)
     if (gdir / RUN_JSON).exists():

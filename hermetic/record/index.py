@@ -26,6 +26,7 @@ LOCK_NAME = ".index.lock"
 INDEX_VERSION = 1
 RUN_JSON = "run.json"
 GROUP_JSON = "group.json"
+SLURM_JSON = "slurm.json"  # beside a run or group `hermetic submit` prepared (hermetic.slurm.state)
 
 
 def index_path(runs_root: str | os.PathLike[str]) -> Path:
@@ -125,7 +126,23 @@ def entry_from_dir(run_dir: Path) -> dict[str, Any]:
             return make(doc, run_dir.name)
         except (KeyError, TypeError, AttributeError):
             return _placeholder(run_dir.name, "unreadable")
-    return _placeholder(run_dir.name, "incomplete")
+    return _submitted_placeholder(run_dir) or _placeholder(run_dir.name, "incomplete")
+
+
+def _submitted_placeholder(run_dir: Path) -> dict[str, Any] | None:
+    """A run or group submitted to Slurm that has no record yet: its state as hermetic last wrote it
+    (``hermetic runs`` asks Slurm for the live one); never stored in the index."""
+    try:
+        doc = json.loads((run_dir / SLURM_JSON).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    entry = _placeholder(run_dir.name, str(doc.get("state") or "submitted"))
+    entry.update(kind="group" if doc.get("kind") == "group" else "run", name=doc.get("name"),
+                 group=doc.get("group"), seed=doc.get("seed"), seeds=doc.get("seeds"),
+                 slurm={k: doc.get(k) for k in ("job_id", "array_task_id", "node", "reason")})
+    return entry
 
 
 def _placeholder(name: str, status: str) -> dict[str, Any]:

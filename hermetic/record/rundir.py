@@ -51,6 +51,25 @@ def create_run_dir(runs_root: str | os.PathLike[str], run_id: str) -> Path:
     return run_dir
 
 
+def adopt_run_dir(run_dir: str | os.PathLike[str]) -> Path:
+    """A run directory prepared ahead of the run (``hermetic submit`` makes one per task): it must
+    exist, be named by a run ID and hold no record yet; its missing subfolders are made.
+
+    The record is written once per run directory all the same: a second task
+    given the same directory (a requeued job) is refused.
+    """
+    from hermetic.record.ids import is_run_id
+
+    path = Path(run_dir)
+    if not is_run_id(path.name) or not path.is_dir():
+        raise NotFound(f"{path}: not a prepared run directory")
+    if (path / RUN_JSON).exists():
+        raise CannotCreate(f"{path}: already holds a run record; a run directory is never reused")
+    for sub in RUN_SUBDIRS:
+        (path / sub).mkdir(exist_ok=True)
+    return path
+
+
 def redact_secrets(record: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``record`` in which no secret-named variable keeps its value.
 

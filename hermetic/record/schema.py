@@ -207,6 +207,56 @@ class Metrics(_Strict):
     file: Optional[Literal["outputs/metrics.jsonl"]]
 
 
+class SlurmJob(_Strict):
+    """Where Slurm ran the task (`hermetic submit`), from the task's SLURM_* variables."""
+
+    job_id: NonNegInt  # this task's own job ID (SLURM_JOB_ID)
+    array_job_id: Optional[NonNegInt]  # SLURM_ARRAY_JOB_ID; None outside an array
+    array_task_id: Optional[NonNegInt]  # SLURM_ARRAY_TASK_ID
+    node: str  # SLURMD_NODENAME: the node this record's container ran on
+    partition: str
+    nodelist: str  # SLURM_JOB_NODELIST
+    nnodes: Annotated[int, Field(ge=1)]
+    node_rank: NonNegInt  # SLURM_NODEID
+    cluster: Optional[str]
+    container: Literal["docker", "pyxis"]
+    submitted_from: str  # the submission directory (holding slurm/submit.json), relative to the runs dir
+    image_pulled_from: Optional[str] = None  # the repo digest this node pulled the image by (its store lacked it)
+
+
+class RankPlacement(_Strict):
+    rank: NonNegInt
+    local_rank: NonNegInt
+    node_rank: NonNegInt
+    seed: NonNegInt  # the runtime's rule (distributed.seed_rule)
+    device: str  # "cpu" or "cuda:N"
+    gpu: Optional[dict[str, Any]]  # name, uuid, pci_bus_id of the GPU the device is, when known
+    reported: Optional[dict[str, Any]]  # what the runtime reported this rank applied
+
+
+class Rendezvous(_Strict):
+    backend: Literal["c10d", "static"]
+    endpoint: str
+
+
+class Distributed(_Strict):
+    """A multi-process run (torchrun): `hermetic run --nproc-per-node N`, `hermetic submit --nodes M`."""
+
+    launcher: Literal["torchrun"]
+    world_size: Annotated[int, Field(ge=1)]
+    nnodes: Annotated[int, Field(ge=1)]
+    nproc_per_node: Annotated[int, Field(ge=1)]
+    node_rank: NonNegInt  # the node this record's container was
+    backend: Literal["gloo", "nccl"]
+    backend_version: Optional[str]
+    rendezvous: Rendezvous
+    seed_rule: str
+    ranks: list[RankPlacement]
+    env: dict[str, str]  # every NCCL_*/GLOO_*/TORCH_NCCL_*/TORCH_DISTRIBUTED_* variable the container had
+    outputs_from: NonNegInt  # the rank whose outputs are the run's outputs
+    logs: dict[str, dict[str, str]]  # rank -> {"stdout": path, "stderr": path} in the run dir
+
+
 class Record(_Strict):
     record: RecordMeta
     invocation: Invocation
@@ -219,6 +269,9 @@ class Record(_Strict):
     hardware: dict[str, Any]
     outputs: Outputs
     metrics: Metrics
+    # Optional sections (absent in records of runs that had neither): issue 16.
+    slurm: Optional[SlurmJob] = None
+    distributed: Optional[Distributed] = None
 
 
 def validate_record(record: Any, *, source: str = "run.json", sealed: bool = True) -> dict[str, Any]:
@@ -355,6 +408,27 @@ class MetricStats(_Strict):
     nonfinite: NonNegInt
 
 
+class SlurmTask(_Strict):
+    index: NonNegInt  # array task ID
+    seed: NonNegInt
+    run_id: RunId  # the run directory prepared for it
+    state: str  # Slurm's final state (COMPLETED, FAILED, CANCELLED, ...) or hermetic's note
+    exit_code: Optional[int]
+    node: Optional[str]
+    reason: Optional[str]  # why it has no record or failed, when known
+
+
+class GroupSlurm(_Strict):
+    """The array behind a submitted group, as the dependent summary job saw it."""
+
+    array_job_id: NonNegInt
+    partition: str
+    total: NonNegInt
+    succeeded: NonNegInt
+    summary: str  # "2 of 3 tasks succeeded; ..."
+    tasks: list[SlurmTask]
+
+
 class Group(_Strict):
     group: GroupMeta
     members: list[GroupMember]
@@ -362,6 +436,7 @@ class Group(_Strict):
     metrics: dict[str, MetricStats]
     method: str
     flags: list[str] = []  # what makes the summary suspect (e.g. every member's outputs identical)
+    slurm: Optional[GroupSlurm] = None  # issue 16: a group submitted as a Slurm array
 
 
 def validate_group(doc: Any, *, source: str = "group.json") -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 from hermetic.config import LoadedConfig, is_env_name
 from hermetic.containerpaths import RUNTIME_MOUNT
 from hermetic.errors import NotFound, UsageError
+from hermetic.run.distributed import DistributedPlan
 
 RUNTIME_REPORT = f"{RUNTIME_MOUNT}/runtime.json"
 # Placeholders in the script's arguments, replaced per run: `hermetic run --seeds 0,1,2 main.py --seed {seed}`.
@@ -45,6 +46,11 @@ class RunRequest:
     replay_git: dict[str, Any] | None = None  # the original run's git facts, kept for reference
     manifest_paths: dict[str, Path] = field(default_factory=dict)  # NAME -> manifest (replay: the run's copy)
     resume_from: Path | None = None  # a previous run dir whose outputs/ seed this one's
+    # scale-out (issue 16): torchrun in the container; a run directory `hermetic submit` prepared;
+    # the record's `slurm` section (job, array task, node, partition) when a Slurm task runs it
+    distributed: DistributedPlan | None = None
+    run_dir: Path | None = None
+    slurm: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

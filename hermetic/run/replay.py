@@ -19,6 +19,7 @@ from hermetic.errors import DataError, HermeticError, IntegrityError
 from hermetic.fsutil import sha256_file
 from hermetic.paths import CachePaths
 from hermetic.run.plan import RunRequest
+from hermetic.store.oci import OciStore
 
 
 class ReplayRefused(DataError):
@@ -34,10 +35,42 @@ def _project_root(run_dir: Path, runs_dir: str) -> Path:
     return root
 
 
+def ensure_recorded_image(store: OciStore, manifest_digest: str, repo_digests: list[str], *,
+                          image_id: str | None = None) -> str | None:
+    """The image in the local store: already there (None), or pulled by one of its repo digests and
+    verified (that repo digest); else ReplayRefused naming where it was looked for. Also what a Slurm
+    task does on a node whose store lacks the submitted image (hermetic.slurm.task)."""
+    if store.has_image(manifest_digest):
+        return None
+    from hermetic.registry import ensure_image
+
+    for rd in repo_digests:
+        try:
+            ensure_image(store, rd)
+            return rd
+        except HermeticError:
+            continue
+    where = ", ".join(repo_digests) or "no registry (never pushed)"
+    what = f"image {manifest_digest}" + (f" (id {image_id})" if image_id else "")
+    raise ReplayRefused(f"{what} is gone from the local store and could not be pulled from {where}")
+
+
+def replay_distributed(record: dict[str, Any]):  # -> DistributedPlan | None
+    """The recorded process layout (one node), to run again; a multi-node run is refused here."""
+    from hermetic.run.distributed import DistributedPlan
+
+    d = record.get("distributed")
+    if not d:
+        return None
+    if d["nnodes"] > 1:
+        raise ReplayRefused(f"run {record['record']['run_id']} ran on {d['nnodes']} nodes; replay runs on one "
+                            "machine (submit it again with hermetic submit --nodes)")
+    return DistributedPlan(int(d["nproc_per_node"]), d["backend"])
+
+
 def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, echo: bool,
                    argv: list[str]) -> tuple[LoadedConfig, RunRequest]:
     from hermetic.record import secrets_policy
-    from hermetic.store.oci import OciStore
 
     inv = record["invocation"]
     try:
@@ -50,21 +83,7 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
     # the image
     image = record["image"]
     store = OciStore(paths.oci)
-    if not store.has_image(image["manifest_digest"]):
-        pulled = False
-        for rd in image.get("repo_digests") or []:
-            try:
-                from hermetic.registry import ensure_image
-
-                ensure_image(store, rd)
-                pulled = True
-                break
-            except HermeticError:
-                continue
-        if not pulled:
-            where = ", ".join(image.get("repo_digests") or []) or "no registry (never pushed)"
-            raise ReplayRefused(f"image {image['manifest_digest']} (id {image['id']}) is gone from the local store "
-                                f"and could not be pulled from {where}")
+    ensure_recorded_image(store, image["manifest_digest"], image.get("repo_digests") or [], image_id=image["id"])
 
     # the code
     snap = record["code"]["snapshot"]
@@ -112,6 +131,6 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
         seed_policy=record["seed"].get("policy", "config"), network=inv.get("network") or "none", env=env,
         name=inv.get("name"), echo=echo, replay_of=record["record"]["run_id"], group=None,
         image_manifest=image["manifest_digest"], source_tar=tar, replay_git=record["code"].get("git"),
-        resume_from=resume_dir,
+        resume_from=resume_dir, distributed=replay_distributed(record),
     )
     return cfg, req

@@ -31,12 +31,14 @@ from hermetic.errors import CannotCreate, NotFound, Unavailable
 from hermetic.fsutil import owned_temp_dir
 from hermetic.paths import CachePaths
 from hermetic.record import (
-    begin_record, create_run_dir, env_section, finish_record, new_run_id, seed_section, write_record,
+    adopt_run_dir, begin_record, create_run_dir, env_section, finish_record, new_run_id, seed_section, write_record,
 )
 from hermetic.run.container import RUN_LABEL, ContainerSpec, Mount, RunOutcome, check_gpu_runtime, run_streaming
 from hermetic.record import liveness
 from hermetic.run.data import VerifiedDataset, verify_datasets
 from hermetic.run.detach import announce
+from hermetic.run.distributed import container_env as dist_container_env
+from hermetic.run.distributed import finish_section, launch_command, plan_section
 from hermetic.run.plan import (
     ContainerUser, RunRequest, container_user, has_placeholder, passed_env, plan_datasets, redact_argv,
     resolve_script, script_args, snapshot_excludes,
@@ -103,11 +105,15 @@ def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, i
         rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log)  # 4. the code
         probe = probe_image(client, info, python, user, req.gpus, paths, env)  # 5. the probe: same image, devices, env
         rec["software"], rec["hardware"] = probe.get("software", {}), probe.get("hardware", {})
+        if req.distributed is not None:  # world size, backend, each rank's seed and device
+            rec["distributed"] = plan_section(req.distributed, rec, env)
         write_record(run_dir, rec)  # early: a hard kill still leaves a record
         if req.gpus:
             refuse_unfit_gpu(rec, run_dir, probe, info)
         outcome = run_container(client, cfg, rec, req, info, datasets, env, run_dir, workspace,  # 6. the run
                                 script, python, user, log)
+        if req.distributed is not None:  # per-rank logs kept, what each rank reported
+            rec["distributed"] = finish_section(rec["distributed"], run_dir / RUNTIME_DIR, run_dir, req.distributed)
         kept = collect_workdir(cfg, rec, datasets, workspace, run_dir)  # what the script wrote where it stood
     return seal_run(req, run_id, run_dir, rec, outcome, kept, log)  # 7. the record
 
@@ -142,8 +148,11 @@ def open_run(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInf
     from hermetic.registry import repo_digests
 
     m = cfg.model
-    run_id = new_run_id(name=req.name)
-    run_dir = create_run_dir(cfg.runs_path, run_id)
+    if req.run_dir is not None:  # prepared by `hermetic submit`
+        run_id, run_dir = req.run_dir.name, adopt_run_dir(req.run_dir)
+    else:
+        run_id = new_run_id(name=req.name)
+        run_dir = create_run_dir(cfg.runs_path, run_id)
     seed = req.seed if req.seed is not None else m.determinism.seed
     argv = redact_argv(req.argv)
     rec = begin_record(run_id, argv=argv, script=script, args=script_args(req.args, seed), config=cfg.resolved(),
@@ -157,6 +166,8 @@ def open_run(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInf
     env = run_environment(info, run_id, seed, passed)
     rec["seed"] = seed_section(seed, req.seed_policy)
     rec["env"] = env_section(env.determinism, env.passed)
+    if req.slurm is not None:
+        rec["slurm"] = dict(req.slurm)
     write_run_files(run_dir, cfg, argv)
     return run_id, run_dir, rec, env
 
@@ -233,11 +244,15 @@ def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunReques
         _seed_outputs(req.resume_from, outputs)
     for tree in (workspace, outputs, meta):
         _chown_tree(tree, user.uid, user.gid)
-    command = ([python, script] if script.endswith(".py") else [f"./{script}"]) + rec["invocation"]["args"]
+    if req.distributed is not None:
+        command = launch_command(req.distributed, python, script, rec["invocation"]["args"], run_id)
+    else:
+        command = ([python, script] if script.endswith(".py") else [f"./{script}"]) + rec["invocation"]["args"]
     mounts = [Mount(workspace, m.build.workdir, False), Mount(outputs, OUTPUTS_MOUNT, False),
               Mount(meta, RUNTIME_MOUNT, False)]
     mounts += [Mount(d.plan.host_path, where, True) for d in datasets for where in d.plan.container_paths]
-    spec = ContainerSpec(image_id=info.image_id, command=command, mounts=mounts, env=env.container,
+    container_env = {**(dist_container_env(req.distributed) if req.distributed else {}), **env.container}
+    spec = ContainerSpec(image_id=info.image_id, command=command, mounts=mounts, env=container_env,
                          user=user.spec, workdir=m.build.workdir, network=req.network, gpus=req.gpus,
                          labels={RUN_LABEL: run_id}, shm_size=m.run.shm_size, tmpfs_size=m.run.tmp_size)
     watch = SizeWatch(workspace, size_bytes(m.run.workdir_size), m.run.workdir_size)

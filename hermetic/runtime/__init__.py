@@ -36,6 +36,7 @@ from .data import (
     worker_seed,
 )
 from .determinism import DeterminismResult, enable_determinism
+from .distributed import DistributedInfo, init_distributed, rank_outputs_dir, rank_seed, shared_seed
 from .metrics import log_metrics, metrics_path, outputs_dir, trim_metrics
 from .report import RUNTIME_VERSION, record
 from .rng import rng_state, set_rng_state
@@ -52,18 +53,22 @@ __all__ = [
     "SEED_ENV",
     "Checkpoint",
     "DeterminismResult",
+    "DistributedInfo",
     "SeedResult",
     "WorkerSeeder",
     "dataloader_generator",
     "dataloader_kwargs",
     "derive_seed",
     "enable_determinism",
+    "init_distributed",
     "load_checkpoint",
     "loader_seed",
     "log_metrics",
     "make_worker_init_fn",
     "metrics_path",
     "outputs_dir",
+    "rank_outputs_dir",
+    "rank_seed",
     "read_weights",
     "record",
     "rng_state",
@@ -72,6 +77,7 @@ __all__ = [
     "seed_epoch",
     "seed_everything",
     "set_rng_state",
+    "shared_seed",
     "trim_metrics",
     "worker_seed",
 ]

@@ -24,7 +24,9 @@ METRICS_FILENAME = "metrics.jsonl"
 
 def outputs_dir() -> Path:
     """$HERMETIC_OUTPUTS, else /outputs (created if missing)."""
-    path = Path(outputs_dir_path())
+    from .distributed import rank_outputs_dir
+
+    path = Path(rank_outputs_dir() or outputs_dir_path())  # ranks > 0 of a multi-process run: their own
     path.mkdir(parents=True, exist_ok=True)
     return path
 

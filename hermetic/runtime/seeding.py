@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
 from . import _optional
-from ._env import resolve_seed
+from ._env import resolve_rank, resolve_seed
 from .report import record
 
 
@@ -64,15 +64,24 @@ def current_seed(seed: Optional[int] = None) -> int:
     return resolve_seed(seed)[0]
 
 
-def seed_everything(seed: Optional[int] = None) -> SeedResult:
+def seed_everything(seed: Optional[int] = None, *, per_rank: bool = True) -> SeedResult:
     """Seed Python's ``random``, numpy (legacy global state and a returned
     Generator), torch (CPU and every CUDA device) and make a JAX key.
 
     With no argument the seed is $HERMETIC_SEED (which `hermetic run` sets
-    from hermetic.yaml), else 0. Records what it did in the runtime report.
+    from hermetic.yaml), else 0. In a multi-process run (WORLD_SIZE > 1) each
+    rank gets its own seed derived from (seed, rank) unless ``per_rank=False``
+    (hermetic_runtime.distributed.rank_seed). Records what it did in the
+    runtime report.
     """
     global _current_seed
     value, source = resolve_seed(seed)
+    shared = value
+    if per_rank:
+        from .distributed import rank_seed, world_size
+
+        if world_size() > 1:
+            value = rank_seed(value, resolve_rank(None))
     _current_seed = value
     seeded: List[str] = []
 
@@ -101,5 +110,8 @@ def seed_everything(seed: Optional[int] = None) -> SeedResult:
         seeded.append("jax")
 
     result = SeedResult(seed=value, source=source, seeded=tuple(seeded), numpy_generator=np_gen, jax_key=jax_key)
-    record(seed={"value": value, "source": source, "seeded": list(seeded)})
+    seed_doc: dict = {"value": value, "source": source, "seeded": list(seeded)}
+    if value != shared:
+        seed_doc["shared"] = shared  # the run's seed this rank's was derived from
+    record(seed=seed_doc)
     return result

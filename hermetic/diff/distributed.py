@@ -1,0 +1,75 @@
+"""How two runs were spread over processes: world size, backend and its version, the rank map (pure).
+
+A record without a ``distributed`` section ran as one plain process: world
+size 1, no backend, rank 0 on the run's device. Material: the world size (and
+how it splits into nodes x processes), the backend and its version, and the
+rank map (which node, local rank and device each rank had: rank-to-GPU order
+changes results, nccl#23), and the NCCL_*/GLOO_* variables. Not material:
+the rendezvous endpoint, where logs went, the GPUs' identities (UUID, PCI bus;
+the GPU section judges the cards) and the per-rank seeds, which follow from
+the seed and the world size by the runtime's rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hermetic.diff.model import Change, SectionDiff
+
+TITLE = "processes and ranks"
+ONE_PROCESS = {"world_size": 1, "nnodes": 1, "nproc_per_node": 1, "backend": None, "backend_version": None,
+               "env": {}, "ranks": [{"rank": 0, "node_rank": 0, "local_rank": 0, "device": None}]}
+
+
+def _view(rec: dict[str, Any]) -> dict[str, Any]:
+    return rec.get("distributed") or ONE_PROCESS
+
+
+def _describe(d: dict[str, Any]) -> str:
+    if d is ONE_PROCESS or d.get("launcher") is None:
+        return "one process"
+    shape = f"{d['nnodes']} nodes x {d['nproc_per_node']}" if d["nnodes"] > 1 else f"{d['nproc_per_node']} processes"
+    return f"world size {d['world_size']} ({shape}, {d['backend']})"
+
+
+def rank_map(d: dict[str, Any]) -> dict[int, tuple[Any, Any, Any]]:
+    return {int(r["rank"]): (r.get("node_rank"), r.get("local_rank"), r.get("device")) for r in d["ranks"]}
+
+
+def compare_distributed(a_rec: dict[str, Any], b_rec: dict[str, Any]) -> SectionDiff:
+    a, b = _view(a_rec), _view(b_rec)
+    s = SectionDiff("distributed", TITLE, "input", same_as=_describe(a))
+    if a["world_size"] != b["world_size"]:
+        s.changes.append(Change("distributed", "world_size", "changed", a["world_size"], b["world_size"],
+                                f"world size {a['world_size']} -> {b['world_size']}"))
+    for key, label in (("nnodes", "nodes"), ("nproc_per_node", "processes per node")):
+        if a[key] != b[key]:
+            s.changes.append(Change("distributed", key, "changed", a[key], b[key], f"{label} {a[key]} -> {b[key]}",
+                                    headline=a["world_size"] == b["world_size"]))
+    for key, label in (("backend", "backend"), ("backend_version", "backend version")):
+        if a.get(key) != b.get(key):
+            s.changes.append(Change("distributed", key, "changed", a.get(key), b.get(key),
+                                    f"{label} {a.get(key) or 'none'} -> {b.get(key) or 'none'}"))
+    if a["world_size"] == b["world_size"]:
+        ma, mb = rank_map(a), rank_map(b)
+        moved = [r for r in sorted(ma) if ma[r] != mb.get(r)]
+        if moved:
+            def place(p: tuple[Any, Any, Any]) -> str:
+                return f"node {p[0]} local {p[1]} {p[2] or 'default device'}"
+
+            s.changes.append(Change("distributed", "ranks", "changed", [ma[r] for r in moved], [mb[r] for r in moved],
+                                    "rank map: " + "; ".join(f"rank {r} {place(ma[r])} -> {place(mb[r])}"
+                                                             for r in moved[:3])
+                                    + (f"; +{len(moved) - 3} more" if len(moved) > 3 else "")))
+    ea, eb = a.get("env") or {}, b.get("env") or {}
+    for k in sorted(ea.keys() | eb.keys()):
+        if ea.get(k) != eb.get(k):
+            # The env section judges these variables too; named here so the cause reads as the collectives'.
+            s.changes.append(Change("distributed", f"env.{k}", "changed", ea.get(k), eb.get(k),
+                                    f"{k} {ea.get(k) or 'unset'} -> {eb.get(k) or 'unset'}", material=False))
+    ra, rb = a.get("rendezvous"), b.get("rendezvous")
+    if ra != rb and ra is not None and rb is not None:
+        s.changes.append(Change("distributed", "rendezvous", "changed", ra, rb,
+                                f"rendezvous {ra['backend']} {ra['endpoint']} -> {rb['backend']} {rb['endpoint']}",
+                                material=False))
+    return s

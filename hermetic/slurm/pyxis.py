@@ -1,0 +1,107 @@
+"""The record steps around a pyxis container (``--container pyxis``): ``begin`` before it, ``end`` after.
+
+On a pyxis cluster the nodes have no Docker Engine: the job script starts
+the containers itself (``srun --container-image=REGISTRY#REPO@sha256:…``,
+enroot pulling and checking the image by digest). hermetic's steps on the
+node are the runner's own (hermetic.run.runner), split where the container
+goes: ``begin`` verifies the data on the node, opens the prepared run
+directory, extracts the submitted snapshot into ``<run>/.workspace`` (the
+container's working directory), folds in the probe the script ran in the
+same image, and writes the record early (status ``interrupted`` until
+``end``); ``end`` collects what the script wrote, hashes the outputs and
+seals the record with the container's exit code. The image section is the
+submitted image's own description (labels, packages, env), by the digest
+enroot ran.
+
+Not run on this project's machines: enroot and pyxis are not installable
+here; the tests check the generated script (docs/scale-out.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from hermetic.run.plan import DatasetPlan, passed_env, plan_datasets
+from hermetic.slurm.state import write_state
+from hermetic.slurm.submission import Submission, load_submission
+from hermetic.slurm.task import member_of, slurm_section
+
+Log = Callable[[str], None]
+WORKSPACE = ".workspace"  # the job script mounts $RUN_DIR/.workspace as the working directory
+PROBE_FILE = ".probe.json"  # what the script's probe step printed
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A dataset as collect_workdir needs it (its container paths); verified in ``begin``."""
+
+    plan: DatasetPlan
+
+
+def _context(submission_path: Path) -> tuple[Submission, dict[str, Any], Path]:
+    sub = load_submission(submission_path)
+    slurm = slurm_section(os.environ, sub)
+    member = member_of(sub, os.environ)
+    return sub, slurm, sub.run_dir(member)
+
+
+def _probe(run_dir: Path) -> dict[str, Any]:
+    try:
+        lines = (run_dir / PROBE_FILE).read_text().strip().splitlines()
+        doc = json.loads(lines[-1])
+    except (OSError, ValueError, IndexError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def begin(submission_path: Path, *, log: Log) -> Path:
+    from hermetic.record import write_record
+    from hermetic.run.data import verify_datasets
+    from hermetic.run.runner import RUNTIME_DIR, open_run, snapshot_code
+    from hermetic.store.oci import OciStore
+    from hermetic.paths import cache_paths
+
+    sub, slurm, run_dir = _context(submission_path)
+    member = member_of(sub, os.environ)
+    write_state(run_dir, state="running", node=slurm["node"], job_id=slurm["array_job_id"] or slurm["job_id"])
+    cfg = sub.loaded_config()
+    req = sub.run_request(member, slurm=slurm, distributed=None)
+    datasets = verify_datasets(plan_datasets(cfg, req.data_paths, req.manifest_paths), progress=False, log=log)
+    info = sub.image_info()
+    _, run_dir, rec, _env = open_run(cfg, OciStore(cache_paths().oci), req, info, datasets, req.script,
+                                     passed_env(req.env))
+    rec["image"]["repo_digests"] = list(sub.repo_digests)
+    workspace = run_dir / WORKSPACE
+    workspace.mkdir()
+    rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, req.script, log)
+    probe = _probe(run_dir)
+    rec["software"], rec["hardware"] = probe.get("software", {}), probe.get("hardware", {})
+    (run_dir / RUNTIME_DIR).mkdir(exist_ok=True)
+    write_record(run_dir, rec)
+    return run_dir
+
+
+def end(submission_path: Path, exit_code: int, *, log: Log) -> int:
+    from hermetic.record.rundir import load_record
+    from hermetic.run.container import RunOutcome
+    from hermetic.run.runner import collect_workdir, seal_run
+
+    sub, _slurm, run_dir = _context(submission_path)
+    member = member_of(sub, os.environ)
+    cfg = sub.loaded_config()
+    req = sub.run_request(member, slurm=None, distributed=None)
+    rec = load_record(run_dir)
+    rec["record"]["record_sha256"] = ""
+    datasets = [_Planned(p) for p in plan_datasets(cfg, req.data_paths, req.manifest_paths)]
+    workspace = run_dir / WORKSPACE
+    kept = collect_workdir(cfg, rec, datasets, workspace, run_dir)  # type: ignore[arg-type]
+    shutil.rmtree(workspace, ignore_errors=True)
+    (run_dir / PROBE_FILE).unlink(missing_ok=True)
+    result = seal_run(req, run_dir.name, run_dir, rec, RunOutcome(exit_code, False), kept, log)
+    write_state(run_dir, state="finished", status=result.status, exit_code=result.exit_code, reason=result.reason)
+    return result.exit_code

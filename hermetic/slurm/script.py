@@ -1,0 +1,155 @@
+"""The sbatch scripts `hermetic submit` writes (pure: text from typed options).
+
+Three scripts, all written into the run's (or group's) ``slurm/`` directory
+before anything is submitted, so what Slurm ran is there to read:
+
+- ``job.sbatch`` (Docker on the nodes): each task runs ``hermetic
+  slurm-task`` on its node, which takes the same steps as `hermetic run` for
+  the member the array task ID selects. Across nodes, ``srun`` starts one
+  such task per node (each starts one container, torchrun inside).
+- ``summary.sbatch``: the dependent job (``afterany`` on the array) that
+  writes the group summary.
+- ``job.sbatch`` for ``--container pyxis``: the training container started by
+  ``srun --container-image=REGISTRY#REPO@sha256:…`` (pyxis/enroot, which pulls
+  and checks the image by digest), between hermetic's record steps on the
+  node (``slurm-task --phase begin`` / ``--phase end``).
+
+Every value is quoted for the shell (shlex.quote); a value with a newline
+cannot become a script line (SbatchOptions refuses it).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from hermetic.errors import UsageError
+
+MARK = "# Written by hermetic submit; what Slurm runs for this submission. Do not edit: submit again."
+
+
+@dataclass(frozen=True)
+class SbatchOptions:
+    job_name: str
+    partition: str | None
+    output: str  # %A, %a, %j as sbatch(1) expands them
+    array: str | None = None  # "0-2"
+    nodes: int = 1
+    cpus_per_task: int | None = None
+    time: str | None = None
+    gpus_per_node: str | None = None
+    extra: tuple[str, ...] = ()  # --sbatch-arg, verbatim
+
+    def lines(self) -> list[str]:
+        opts = [f"--job-name={self.job_name}", f"--output={self.output}"]
+        if self.partition:
+            opts.append(f"--partition={self.partition}")
+        if self.array:
+            opts.append(f"--array={self.array}")
+        opts += [f"--nodes={self.nodes}", "--ntasks-per-node=1"]
+        if self.cpus_per_task:
+            opts.append(f"--cpus-per-task={self.cpus_per_task}")
+        if self.time:
+            opts.append(f"--time={self.time}")
+        if self.gpus_per_node:
+            opts.append(f"--gpus-per-node={self.gpus_per_node}")
+        opts += list(self.extra)
+        for o in opts:
+            if "\n" in o or "\r" in o:
+                raise UsageError(f"sbatch option {o!r}: holds a line break")
+        return [f"#SBATCH {o}" for o in opts]
+
+
+def q(value: str) -> str:
+    return shlex.quote(value)
+
+
+def _header(options: SbatchOptions, comment: Sequence[str]) -> list[str]:
+    return ["#!/bin/bash", *options.lines(), MARK, *(f"# {c}" for c in comment)]
+
+
+def docker_task_script(options: SbatchOptions, *, python: str, submission: str, comment: Sequence[str]) -> str:
+    """Each task: ``hermetic slurm-task SUBMISSION`` on its node (one per node, by srun, across nodes)."""
+    task = f"{q(python)} -m hermetic slurm-task {q(submission)}"
+    body = [
+        "set -euo pipefail",
+        # One task per node: each starts one container; node 0's is the run's record (the others' nest in it).
+        f"exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {task}" if options.nodes > 1 else f"exec {task}",
+    ]
+    return "\n".join(_header(options, comment) + body) + "\n"
+
+
+def summary_script(options: SbatchOptions, *, python: str, submission: str, comment: Sequence[str]) -> str:
+    body = ["set -euo pipefail", f"exec {q(python)} -m hermetic slurm-summary {q(submission)}"]
+    return "\n".join(_header(options, comment) + body) + "\n"
+
+
+@dataclass(frozen=True)
+class PyxisStep:
+    """What ``srun --container-image`` needs for one submission (the per-task parts are bash arrays)."""
+
+    image: str  # REGISTRY#REPO@sha256:… (enroot's form; digests need enroot >= 4.0)
+    mounts: list[tuple[str, str, bool]]  # (host path, container path, read-only); host may use $RUN_DIR/$WORK
+    workdir: str
+    env_names: list[str]  # every variable the container must get from the job, over the image's own
+    command: list[str]  # interpreter and script; the arguments are ARGS (per task)
+    run_dirs: list[str]  # per task
+    seeds: list[int]  # per task
+    args: list[list[str]]  # per task, {seed} already filled in
+    exports: dict[str, str] = field(default_factory=dict)  # the same for every task (passed --env values)
+
+
+def _mount_spec(mounts: list[tuple[str, str, bool]]) -> str:
+    parts = []
+    for src, dst, ro in mounts:
+        for p in (src, dst):
+            if "," in p or ":" in p.replace("$RUN_DIR", "").replace("$WORK", ""):
+                raise UsageError(f"{p}: pyxis cannot mount a path holding ',' or ':' (--container-mounts splits "
+                                  "on them); move it or give the dataset another path with --data")
+        parts.append(f"{src}:{dst}" + (":ro" if ro else ""))
+    return ",".join(parts)
+
+
+def pyxis_task_script(options: SbatchOptions, step: PyxisStep, *, python: str, submission: str,
+                      cache: str | None, comment: Sequence[str]) -> str:
+    """Probe and training containers by pyxis, hermetic's record steps around them (not run here: no enroot)."""
+    hermetic = f"{q(python)} -m hermetic slurm-task"
+    mounts = _mount_spec(step.mounts)
+    # srun --export: the container step gets exactly the run's variables, PATH (for enroot; the image's own
+    # PATH wins inside) and SLURM_*, never the login shell's PYTHONPATH & co.; --container-env makes the
+    # run's variables win over the image's own values.
+    pyxis = [f"--export={','.join(['PATH', *step.env_names])}", f"--container-image={step.image}",
+             f'--container-mounts="{mounts}"',
+             f"--container-workdir={step.workdir}", "--no-container-mount-home", "--no-container-remap-root",
+             "--container-writable", "--no-container-entrypoint",
+             f"--container-env={','.join(step.env_names)}"]
+    probe_mount = '--container-mounts="$PROBE_SRC:/run/hermetic-probe:ro"'
+    body = [
+        "set -uo pipefail",
+        "TASK=${SLURM_ARRAY_TASK_ID:-0}",
+        "RUN_DIRS=(" + " ".join(q(d) for d in step.run_dirs) + ")",
+        "SEEDS=(" + " ".join(str(s) for s in step.seeds) + ")",
+        *(f"ARGS_{i}=(" + " ".join(q(a) for a in args) + ")" for i, args in enumerate(step.args)),
+        'RUN_DIR=${RUN_DIRS[$TASK]}',
+        'ARGS_NAME="ARGS_${TASK}[@]"',
+        'WORK="$RUN_DIR/.workspace"',
+        *( [f"export HERMETIC_CACHE={q(cache)}"] if cache else []),
+        f"PROBE_SRC=$({q(python)} -c 'import hermetic.probe as p; print(p.PROBE_DIR)')",
+        "# 1. the probe, in the same image with the same devices (hermetic folds it into the record)",
+        f"srun --ntasks=1 --export=PATH --container-image={step.image} {probe_mount} --no-container-mount-home "
+        "--no-container-remap-root --no-container-entrypoint "
+        f"{q(step.command[0])} /run/hermetic-probe/probe.py > \"$RUN_DIR/.probe.json\" || exit $?",
+        "# 2. on this node: the data verified, the run directory opened, the snapshot extracted into $WORK, "
+        "the record written early",
+        f"{hermetic} --phase begin {q(submission)} || exit $?",
+        "# 3. the run: the image by digest, the determinism env from the image, the run's own variables over it",
+        'export HERMETIC_SEED=${SEEDS[$TASK]} HERMETIC_RUN_ID=$(basename "$RUN_DIR")',
+        "export HERMETIC_OUTPUTS=/outputs HERMETIC_RUNTIME_REPORT=/run/hermetic/runtime.json",
+        *(f"export {k}={q(v)}" for k, v in sorted(step.exports.items())),
+        "srun --ntasks=1 " + " ".join(pyxis) + " " + " ".join(q(c) for c in step.command) + ' "${!ARGS_NAME}"',
+        "rc=$?",
+        "# 4. on this node: outputs hashed and the record sealed, with the container's exit code",
+        f'exec {hermetic} --phase end --exit-code "$rc" {q(submission)}',
+    ]
+    return "\n".join(_header(options, comment) + body) + "\n"
