@@ -254,12 +254,21 @@ class LoadedConfig:
 
 
 def find_config(path: str | Path | None) -> Path:
-    """``-C`` may name the file or its directory; default is ./hermetic.yaml."""
-    p = Path(path) if path else Path.cwd()
+    """``-C`` may name the file or its directory; without it, ./hermetic.yaml or the nearest one in a
+    parent directory (so that commands work from anywhere in the project, as git's do)."""
+    if not path:
+        from hermetic.paths import find_upward
+
+        found = find_upward(Path.cwd(), CONFIG_FILENAME)
+        if found is None:
+            raise ConfigError(f"{Path.cwd() / CONFIG_FILENAME}: no such config file, here or in a parent "
+                              "directory (make one: hermetic init; or pass -C PATH)")
+        return found
+    p = Path(path)
     if p.is_dir():
         p = p / CONFIG_FILENAME
     if not p.is_file():
-        raise ConfigError(f"{p}: no such config file (create one, or pass -C PATH)")
+        raise ConfigError(f"{p}: no such config file (make one: hermetic init; or pass -C PATH)")
     return p.resolve()
 
 

@@ -20,6 +20,15 @@ def norm_relpath(path: str) -> str:
     return posixpath.normpath(path.replace("\\", "/"))
 
 
+def find_upward(start: Path, name: str) -> Path | None:
+    """``start/name``, else the same name in the nearest parent directory (as git finds .git); None if none."""
+    start = start.resolve()
+    for d in (start, *start.parents):
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
 def cache_root() -> Path:
     env = os.environ.get("HERMETIC_CACHE")
     if env:

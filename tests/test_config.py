@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -99,7 +100,28 @@ def test_bad_config_is_a_clear_error(tmp_path, text, needles):
 
 def test_missing_config_file(tmp_path):
     proc = run_cli("config", "show", "-C", str(tmp_path))
-    assert_clean_error(proc, 78, "no such config file")
+    assert_clean_error(proc, 78, "no such config file", "hermetic init")
+    nowhere = tmp_path / "a" / "b"
+    nowhere.mkdir(parents=True)
+    proc = run_cli("config", "show", cwd=nowhere)
+    assert_clean_error(proc, 78, "no such config file, here or in a parent directory", "hermetic init")
+
+
+def test_commands_find_the_project_from_a_subdirectory_as_git_does(tmp_path):
+    project = write(tmp_path, "name: up\nbase: docker:sha256:" + "0" * 64 + "\nruns_dir: my-runs\n")
+    sub = project / "src" / "deep"
+    sub.mkdir(parents=True)
+    shown = run_cli("config", "show", "--json", cwd=sub)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["config"]["name"] == "up"
+    from hermetic.record.locate import runs_root
+
+    old = os.getcwd()
+    try:
+        os.chdir(sub)
+        assert runs_root(None, None) == (project / "my-runs").resolve()
+    finally:
+        os.chdir(old)
 
 
 def test_run_sizes_default_and_normalize_and_stay_out_of_the_image(tmp_path):

@@ -113,6 +113,29 @@ def test_click_usage_errors_exit_64_not_2(args, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("args, says", [
+    (["run", "--seeed", "3", "main.py"], "No such option '--seeed'. (Did you mean one of: '--seed', '--seeds'?)"),
+    (["run", "--detatch", "main.py"], "'--detach'"),
+    (["run", "-x", "main.py"], "No such option '-x'"),
+    (["submit", "--wiat", "main.py"], "'--wait'"),
+    (["run", "--seeds", "3", "--seeds=4", "main.py"], "--seeds given twice (3 and 4): give it once"),
+    (["run", "--json", "--json", "main.py"], "--json given twice"),
+])
+def test_a_mistyped_or_repeated_option_before_the_script_is_a_usage_error(args, says, tmp_path):
+    """Options after the script are the script's (`run train.py --lr 0.1`); before it they are hermetic's,
+    and one it does not know is not taken for the script's name (it once gave exit 66, no such file)."""
+    proc = _hermetic(*args, cwd=tmp_path)
+    assert proc.returncode == errors.EXIT_USAGE and says in proc.stderr, (proc.returncode, proc.stderr)
+
+
+def test_options_after_the_script_reach_the_script_untouched(tmp_path):
+    from hermetic.cli.common import own_options
+    from hermetic.cli.run_cmd import run
+
+    args = ["--seed", "3", "-C", ".", "train.py", "--seed", "9", "--seeds", "1", "--bogus"]
+    assert [(i, o.name, v) for i, o, v in own_options(args, run)] == [(0, "seed", "3"), (2, "config_path", ".")]
+
+
 def test_help_and_version_exit_0():
     assert _hermetic("--help").returncode == 0
     assert _hermetic("run", "--help").returncode == 0

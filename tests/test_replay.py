@@ -63,6 +63,7 @@ def test_replay_after_the_data_changed_is_refused(project, docker_client):
     proc = replay(run_dir_of(project, original))
     assert_clean_error(proc, 65, "logreg", "test-x.f32", "no container was started")
     assert "logreg: changed  test-x.f32" in proc.stderr  # the lines `hermetic data verify` prints
+    assert "hint:" not in proc.stderr  # a replay cannot accept a change: the data must be as recorded
     assert run_dirs(project) == before
     assert containers_created_since(docker_client, t0, name) == []
 

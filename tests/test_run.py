@@ -212,6 +212,9 @@ def test_changed_dataset_byte_is_refused_before_any_container(project, docker_cl
     proc = run_cli("run", "--name", name, "train.py", cwd=project)
     assert_clean_error(proc, 65, "logreg", "train-x.f32", "no container was started")
     assert "logreg: changed  train-x.f32" in proc.stderr  # the lines `hermetic data verify` prints
+    # how to accept the change, if it was meant, with the paths as this project names them
+    assert "hint: if the change is intended, write the manifest again and commit it: hermetic data manifest data " \
+           "-o " in proc.stderr, proc.stderr
     assert run_dirs(project) == before  # no run directory
     assert labelled_containers(docker_client, name) == []
     assert containers_created_since(docker_client, t0, name) == []  # none made and removed either

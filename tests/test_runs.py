@@ -181,3 +181,15 @@ def test_concurrent_writers_keep_every_index_line(tmp_path):
     index, lines = read_index(root)
     assert len(index) == 80 and lines == 81  # every append whole, on its own line
     assert len(list_entries(root)) == 80
+
+
+def test_runs_show_says_what_the_seed_reached_not_the_report_keys():
+    from hermetic.cli.runs_cmd import _seeded_text
+
+    applied = {"startup": {"seed": 5, "seeded": ["random", "torch"]}, "final": {}, "versions": {}, "env": {},
+               "schema": 1, "runtime_version": "1"}
+    assert _seeded_text(applied) == "seeded at start-up: random, torch"
+    applied["seed"] = {"value": 5, "source": "env", "seeded": ["random", "numpy", "torch"]}
+    assert _seeded_text(applied).endswith("; by seed_everything: random, numpy, torch")
+    assert _seeded_text({"startup": {"seed": 5, "seeded": []}}).startswith("nothing was seeded from it")
+    assert _seeded_text({}) == "nothing reported"

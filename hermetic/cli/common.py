@@ -44,3 +44,53 @@ def stderr_console():  # -> rich.console.Console, imported lazily
 
 def progress_enabled() -> bool:
     return sys.stderr.isatty()
+
+
+def own_options(args: list[str], command: click.Command) -> list[tuple[int, click.Option, str]]:
+    """The command's own options in ``args`` as (index, option, value), up to its first argument (the script).
+
+    Commands that run a script (``run``, ``submit``) take options only before it; everything from the
+    script on, and after ``--``, belongs to the script and is never looked at here."""
+    by_opt = {o: p for p in command.params if isinstance(p, click.Option) for o in p.opts + p.secondary_opts}
+    found: list[tuple[int, click.Option, str]] = []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--" or not word.startswith("-") or word == "-":
+            break
+        name, eq, inline = word.partition("=")
+        opt = by_opt.get(name)
+        if opt is None:
+            break  # an unknown option: parse_args says so
+        if opt.is_flag or eq:
+            found.append((i, opt, inline))
+        else:
+            found.append((i, opt, args[i + 1] if i + 1 < len(args) else ""))
+            i += 1
+        i += 1
+    return found
+
+
+class ScriptCommand(click.Command):
+    """A command that runs SCRIPT [ARGS...]: unknown options are passed on to the script only after it.
+
+    click's ``ignore_unknown_options`` (needed so that ``train.py --lr 0.1`` reaches the script) would
+    take a mistyped option before the script (``--seeed 3``) as the script's name; here that is a usage
+    error with click's "Did you mean", and an option given twice (``--seeds 3 --seeds 4``, of which
+    click keeps the last) is refused rather than half-ignored."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        seen: dict[str, str] = {}
+        for _, opt, value in own_options(args, self):
+            if opt.multiple or opt.count:
+                continue
+            if opt.name in seen:
+                raise click.UsageError(f"{opt.opts[-1]} given twice ({seen[opt.name] or 'on'} and {value or 'on'}): "
+                                       "give it once", ctx=ctx)
+            seen[opt.name] = value
+        rest = super().parse_args(ctx, args)
+        script = ctx.params.get("script")
+        if isinstance(script, str) and script.startswith("-") and script != "-":
+            possible = [o for p in self.params if isinstance(p, click.Option) for o in p.opts + p.secondary_opts]
+            raise click.NoSuchOption(script.partition("=")[0], possibilities=possible, ctx=ctx)
+        return rest

@@ -44,8 +44,9 @@ def diff(run_a: str, run_b: str, rtol: float, atol: float, plot_file: str | None
     difference of means within seed noise?
 
     Exit status: 0 bitwise identical (groups: every metric within seed
-    noise), 1 different, 2 usage error (e.g. no such run), 3 a record was
-    edited after it was written.
+    noise), 1 different (or, for groups, cannot judge), 66 nothing was
+    compared or no such run, 65 a record was edited after it was written,
+    64 a run compared with a group (README, "Exit codes").
 
     \b
     Examples:

@@ -127,7 +127,9 @@ def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str
     """Block until a run (or a seed group) ends, then exit as `hermetic run` would have.
 
     The exit status is the script's (0 when it succeeded), hermetic's own
-    when hermetic failed or refused the run, 130 when it was interrupted.
+    (64-78) when hermetic failed or refused the run, 128+N when signal N
+    ended it (130 Ctrl-C, 143 `hermetic stop`); a group's is its first
+    failing member's. 75 when --timeout passed first.
 
     \b
     Example:

@@ -15,6 +15,8 @@ from typing import Any, Callable, TypeVar
 
 import click
 
+from hermetic.cli.common import ScriptCommand
+
 F = TypeVar("F", bound=Callable[..., Any])
 OPTION = "--mlflow"
 URI_PREFIXES = ("file:", "databricks", "uc:", "sqlite:", "postgresql", "mysql", "mssql")
@@ -59,7 +61,7 @@ def bare_mlflow_flags(args: list[str], command: click.Command, interspersed: boo
     return out
 
 
-class MlflowCommand(click.Command):
+class MlflowCommand(ScriptCommand):
     """A command whose ``--mlflow`` takes a URI only when one follows (see the module doc)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:

@@ -199,8 +199,7 @@ def format_record(r: dict[str, Any], run_dir: Path) -> str:
     for name, ds in sorted(r["data"].items()):
         lines.append(_line("data", f"{name} {ds['manifest_sha256'][:16]}  {ds['count']} files, {ds['bytes']} bytes, "
                            f"{ds['path']} -> {', '.join(ds.get('mounts') or [ds['mount']])} ({ds['verify_mode']})"))
-    applied = ", ".join(sorted(r["seed"]["applied"])) or "nothing reported"
-    lines.append(_line("seed", f"{r['seed']['value']} (from {r['seed']['policy']}); applied to: {applied}"))
+    lines.append(_line("seed", f"{r['seed']['value']} (from {r['seed']['policy']}); {_seeded_text(r['seed']['applied'])}"))
     env = r["env"]
     env_text = " ".join(f"{k}={v}" for k, v in sorted({**env["determinism"], **env["passed"]}.items())) or "-"
     if env["secrets"]:
@@ -302,3 +301,18 @@ def format_group(g: dict[str, Any], gdir: Path) -> str:
 
 from hermetic.cli import runs_tools_cmd  # noqa: E402,F401 - adds `runs export` and `runs plot` to the group above
 from hermetic.cli import logs_cmd  # noqa: E402,F401 - adds `runs wait` to the group above
+
+
+def _seeded_text(applied: dict) -> str:
+    """What the seed reached: the generators seeded at start-up and by hermetic_runtime's seed_everything."""
+    startup = (applied.get("startup") or {}).get("seeded") or []
+    runtime = (applied.get("seed") or {}).get("seeded") or []
+    parts = []
+    if startup:
+        parts.append(f"seeded at start-up: {', '.join(startup)}")
+    if runtime:
+        parts.append(f"by seed_everything: {', '.join(runtime)}")
+    if not parts:
+        return ("nothing was seeded from it (the script imported no generator hermetic seeds, or the run "
+                "ended before the runtime reported)" if applied else "nothing reported")
+    return "; ".join(parts)

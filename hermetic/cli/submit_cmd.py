@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from hermetic.cli.common import config_option, emit_json
+from hermetic.cli.common import ScriptCommand, config_option, emit_json
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(cls=ScriptCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @config_option
 @click.option("--gpus", metavar="N", help="GPUs per node: Slurm allocates N, the container gets those.")
 @click.option("--data", "data", multiple=True, metavar="NAME=PATH",

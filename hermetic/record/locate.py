@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hermetic.paths import norm_relpath
+from hermetic.paths import find_upward, norm_relpath
 from hermetic.record.rundir import resolve_run
 
 CONFIG_FILENAME = "hermetic.yaml"  # = hermetic.config.CONFIG_FILENAME (not imported: it pulls in pydantic)
@@ -22,9 +22,12 @@ def config_runs_dir(config_path: str | None) -> Path:
     """hermetic.yaml's runs_dir (``config_path``: the file, its directory, or None for ./hermetic.yaml)."""
     import yaml
 
-    p = Path(config_path) if config_path else Path.cwd()
-    if p.is_dir():
-        p = p / CONFIG_FILENAME
+    if config_path:
+        p = Path(config_path)
+        if p.is_dir():
+            p = p / CONFIG_FILENAME
+    else:
+        p = find_upward(Path.cwd(), CONFIG_FILENAME) or Path.cwd() / CONFIG_FILENAME
     try:
         data = yaml.load(p.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         rel = data.get("runs_dir", "runs") if isinstance(data, dict) else None
@@ -39,10 +42,10 @@ def config_runs_dir(config_path: str | None) -> Path:
 
 
 def runs_root(runs_dir: str | None, config_path: str | None) -> Path:
-    """--runs-dir, else the config's runs_dir (-C or ./hermetic.yaml), else ./runs."""
+    """--runs-dir, else the config's runs_dir (-C, or the nearest hermetic.yaml upwards), else ./runs."""
     if runs_dir:
         return Path(runs_dir)
-    if config_path or Path(CONFIG_FILENAME).is_file():
+    if config_path or find_upward(Path.cwd(), CONFIG_FILENAME) is not None:
         return config_runs_dir(config_path)
     return Path("runs")
 

@@ -8,6 +8,7 @@ file, which could have changed in between.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from hermetic.data.verify import VerifyReport, problem_lines, verify_dataset
@@ -34,9 +35,12 @@ class VerifiedDataset:
         return f"data/{self.plan.name}.sha256"
 
 
-def verify_datasets(plans: list[DatasetPlan], *, progress: bool,
-                    log: Callable[[str], None] | None = None) -> list[VerifiedDataset]:
-    """All of them verified, or DataRefused naming each failing dataset (its problems as details)."""
+def verify_datasets(plans: list[DatasetPlan], *, progress: bool, log: Callable[[str], None] | None = None,
+                    say_how_to_accept: bool = True) -> list[VerifiedDataset]:
+    """All of them verified, or DataRefused naming each failing dataset (its problems as details).
+
+    ``say_how_to_accept``: the refusal's hint says how to write the manifest again (not for a replay,
+    whose manifests are the run's own copies: there a change cannot be accepted)."""
     verified, failed = [], []
     for d in plans:
         if not d.host_path.is_dir():
@@ -50,6 +54,18 @@ def verify_datasets(plans: list[DatasetPlan], *, progress: bool,
             failed.append((d.name, rep))
     if failed:
         details = [line for name, rep in failed for line in problem_lines(rep, f"{name}: ")]
+        # hermetic cannot know whether a change was meant: say how to accept one, never do it
+        first = next(d for d in plans if d.name == failed[0][0])
+        hint = (f"if the change is intended, write the manifest again and commit it: hermetic data manifest "
+                f"{_shown(first.host_path)} -o {_shown(first.manifest_path)}") if say_how_to_accept else None
         raise DataRefused("; ".join(f"dataset {n}: {r.summary()}" for n, r in failed) + " — no container was started",
-                          details=details)
+                          details=details, hint=hint)
     return verified
+
+
+def _shown(path: Path) -> str:
+    """A path as the user would type it here: relative to the working directory when below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

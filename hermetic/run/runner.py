@@ -88,7 +88,7 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
 
     info = prepare_image(cfg, paths, store, req, log)  # 1. the image
     datasets = verify_datasets(plan_datasets(cfg, req.data_paths, req.manifest_paths),  # 2. the data
-                               progress=progress, log=log)
+                               progress=progress, log=log, say_how_to_accept=not req.manifest_paths)
     run_id, run_dir, rec, env = open_run(cfg, store, req, info, datasets, script, passed)  # 3. the run directory
     with liveness.hold(run_dir):  # `hermetic stop`, `logs -f`, `runs wait` find the run's process by this
         if announce("run", run_id, run_dir, run_dir / "logs"):  # --detach: the terminal is gone from here on
