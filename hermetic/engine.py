@@ -143,14 +143,15 @@ class _PipeReader(io.RawIOBase):
 
 
 def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: ignore[assignment]
-                      prefer: str | None = None) -> int:
+                      prefer: str | None = None, like: dict[str, str] | None = None) -> int:
     """How many leading layers of this image the engine already holds.
 
     Docker reuses a layer only with the same chain below it, so what counts is
     the longest common prefix with an image the engine has: ``candidates``,
-    ``prefer`` (the tag this image replaces: the likeliest to share most), then
-    earlier hermetic images (by label), newest first; the search stops at the
-    first image that shares all of ``diff_ids``.
+    ``prefer`` (the tag this image replaces), then earlier hermetic images (by
+    label), those most ``like`` this one first (same title, same base, most
+    wheels in common, read from their labels); the search stops at the first
+    image that shares all of ``diff_ids``, and inspects at most 20.
     """
     import docker.errors
 
@@ -175,14 +176,31 @@ def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: 
         if best == len(diff_ids):
             return best
     try:
-        labelled = [img["Id"] for img in client.api.images(filters={"label": "org.hermetic.version"})[:20]]
+        labelled = client.api.images(filters={"label": "org.hermetic.version"})
     except docker.errors.APIError:
         return best
-    for image_id in labelled:
-        best = max(best, match(image_id))
+    labelled.sort(key=lambda img: -_likeness(img.get("Labels") or {}, like or {}))
+    for img in labelled[:20]:
+        best = max(best, match(img["Id"]))
         if best == len(diff_ids):
             break
     return best
+
+
+def _likeness(labels: dict[str, str], like: dict[str, str]) -> int:
+    """How much an image's labels say it shares with another's (title, base, wheels)."""
+    score = 0
+    for key in ("org.opencontainers.image.title", "org.hermetic.base.digest"):
+        if like.get(key) and labels.get(key) == like.get(key):
+            score += 1000
+    packages = "org.hermetic.packages"
+    if like.get(packages) and labels.get(packages):
+        try:
+            mine = {tuple(p) for p in json.loads(like[packages])}
+            score += len(mine & {tuple(p) for p in json.loads(labels[packages])})
+        except (ValueError, TypeError):
+            pass
+    return score
 
 
 def load_image(store: "OciStore", manifest_digest: str, repo_tag: str | None = None,
@@ -198,7 +216,8 @@ def load_image(store: "OciStore", manifest_digest: str, repo_tag: str | None = N
     manifest = store.read_json(manifest_digest)
     config_bytes = store.read_blob(manifest["config"]["digest"])
     config = json.loads(config_bytes)
-    skip = layers_engine_has(list(config.get("rootfs", {}).get("diff_ids", [])), list(candidates), prefer=repo_tag)
+    skip = layers_engine_has(list(config.get("rootfs", {}).get("diff_ids", [])), list(candidates), prefer=repo_tag,
+                             like=(config.get("config") or {}).get("Labels"))
     layers = [(layer["digest"], int(layer["size"])) for layer in manifest["layers"]]
     try:
         return load_layers(store, config_bytes, layers, repo_tag, skip, trusted)

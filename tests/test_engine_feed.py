@@ -50,6 +50,7 @@ def test_a_ready_prefix_is_loaded_while_later_layers_are_still_building(session_
     ours = [_layer(store, f"l{i}") for i in range(3)]
     everything = base.diff_ids + [d.digest for d in ours]
     feed = EngineFeed(store, base.config, base.layers, len(base.layers) + 3, repo_tag=None)
+    feed.start()
     final = None
     try:
         feed.layer_ready(0, ours[0], True)

@@ -27,7 +27,7 @@ from hermetic.builder.image import BASE_LAYERS_LABEL, PACKAGES_LABEL
 from hermetic.builder.image_record import ImageInfo, write_image_record
 from hermetic.builder.result import BuildResult, layer_rows
 from hermetic.builder.install import VenvLayout
-from hermetic.builder.inputs import LAYER_FORMAT, runtime_sha256
+from hermetic.builder.inputs import COMPILER_FORMAT, LAYER_FORMAT, runtime_sha256
 from hermetic.builder.layers import MAX_LAYERS, BuiltLayer, LayerCache, build_layers, hermetic_layer_files, plan_layers
 from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.config import LoadedConfig
@@ -67,7 +67,8 @@ def build_key(cfg: LoadedConfig, lock: Lock) -> str:
     before fetching anything.
     """
     return canonical_sha256({
-        "hermetic": __version__, "layer_format": LAYER_FORMAT, "base": parse_base_reference(cfg.model.base).digest,
+        "hermetic": __version__, "layer_format": LAYER_FORMAT, "compiler_format": COMPILER_FORMAT,
+        "base": parse_base_reference(cfg.model.base).digest,
         "lock_sha256": lock.sha256, "pins": lock.normalized(),
         "target": [lock.target.platform, lock.target.python_version],
         "config": image_config_part(cfg), "runtime": runtime_sha256(),
@@ -199,7 +200,9 @@ def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool, feed
     candidates: list[str] = []
     trusted: frozenset[str] = frozenset()
     if feed is not None:
-        feed.close()
+        feed.close()  # waits for the image's own load (EngineFeed.finish), started when its config was made
+        if feed.final_loaded is not None:
+            return feed.final_loaded
         candidates, trusted = feed.partial_images, frozenset(feed.trusted)
     if engine_has_image(info.image_id):
         return False
@@ -243,15 +246,17 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
         interp = base_interpreter(store, base, facts, m.python.path, m.python.version, paths.root / "bases",
                                   paths.tmpdir())
         bytecode = BytecodeSpec(interp, m.build.bytecode)
-    on_ready = None
+    labels = image_labels(cfg, lock, base.manifest_digest, wheels)
+    on_ready = on_planned = None
     if feeds is not None:
         from hermetic.builder.engine_feed import EngineFeed
 
-        feeds.append(EngineFeed(store, base.config, base.layers, len(base.layers) + len(specs), engine_tag(m.name)))
-        on_ready = feeds[0].layer_ready
+        feeds.append(EngineFeed(store, base.config, base.layers, len(base.layers) + len(specs), engine_tag(m.name),
+                                dict(labels)))
+        on_ready, on_planned = feeds[0].layer_ready, feeds[0].start
     built = build_layers(specs, layout, facts.dirs, m.build.source_date_epoch, store,
-                         LayerCache(paths.layers, store), on_layer=on_layer, bytecode=bytecode, on_ready=on_ready)
-    labels = image_labels(cfg, lock, base.manifest_digest, wheels)
+                         LayerCache(paths.layers, store), on_layer=on_layer, bytecode=bytecode, on_ready=on_ready,
+                         on_planned=on_planned)
     if bytecode is not None:
         v = ".".join(map(str, bytecode.interpreter.version))
         labels["org.hermetic.bytecode"] = f"{bytecode.mode} {bytecode.interpreter.cache_tag} (Python {v})"
@@ -266,7 +271,9 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     refs = [LayerRef(b.descriptor, b.descriptor.digest, f"hermetic: {b.spec.description}") for b in built]
     config = image_config(base_config=base.config, cfg=m, layers=refs, base_layer_count=len(base.layers),
                           labels=labels, venv_bin=layout.bin, venv_prefix=layout.prefix)
-    config_digest, config_size, _ = store.put_json(config)
+    config_digest, config_size, config_bytes = store.put_json(config)
+    if feeds:
+        feeds[0].finish(config_digest, config_bytes)  # the engine load goes on while we write the rest
     ours = [b.descriptor for b in built]
     if m.build.compression == "gzip":
         from hermetic.builder.layers import gzip_layer

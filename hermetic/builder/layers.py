@@ -1,9 +1,10 @@
 """Which wheels go in which layer, and the layer cache.
 
 One layer per wheel of 64 MB or more (torch, each nvidia-* CUDA wheel,
-triton), the small ones grouped, biggest and most stable first: Docker reuses
-a layer only when every layer below it is the same (ChainID). The hermetic
-layer (venv skeleton + in-image runtime) goes last.
+triton), the small ones grouped, biggest and most stable first (the groups
+too, by their wheels' total size): Docker reuses a layer only when every
+layer below it is the same (ChainID). The hermetic layer (venv skeleton +
+in-image runtime) goes last.
 
 A layer's cache key covers everything that decides its bytes (the wheels'
 sha256s, the install layout, the parent directories it inherits from the
@@ -89,7 +90,11 @@ def plan_layers(wheels: list[ResolvedWheel], hermetic_files: dict[str, bytes | s
         small = sorted(small + big[room:], key=lambda w: w.locked.name)
         big = big[:room]
     specs = [LayerSpec("wheel", [w], f"{w.locked.name}=={w.locked.version}") for w in big]
-    for group in _group_small(small, max(1, max_layers - 1 - len(big))):
+    groups = _group_small(small, max(1, max_layers - 1 - len(big)))
+    # Biggest group first here too: a package added or upgraded lands in a small group, high in the
+    # image, so the engine applies again only the few small layers above it (its chain changed).
+    groups.sort(key=lambda g: (-sum(w.size or 0 for w in g), g[0].locked.name))
+    for group in groups:
         if len(group) == 1:
             desc = f"{group[0].locked.name}=={group[0].locked.version}"
         else:
@@ -263,12 +268,14 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
                  store: OciStore, cache: LayerCache,
                  on_layer: Callable[[BuiltLayer], None] | None = None,
                  jobs: int | None = None, bytecode: BytecodeSpec | None = None,
-                 on_ready: Callable[[int, Descriptor, bool], None] | None = None) -> list[BuiltLayer]:
+                 on_ready: Callable[[int, Descriptor, bool], None] | None = None,
+                 on_planned: Callable[[], None] | None = None) -> list[BuiltLayer]:
     """Reuse cached layers; build the others, in parallel processes (installing is CPU-bound Python).
 
     ``on_ready(i, descriptor, built_now)`` is called as soon as layer ``i``'s
     blob is in the store (cached ones first), so a caller can start loading it
-    while the others are still being built. Layer ``i``'s worker runs at nice
+    while the others are still being built (``on_planned()`` once the cached
+    ones are all reported). Layer ``i``'s worker runs at nice
     ``min(i, 19)``: the engine applies layers bottom-up, so the lower a layer,
     the sooner it is wanted.
     """
@@ -287,6 +294,8 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
                 on_ready(i, desc, False)
         else:
             todo.append(i)
+    if on_planned:
+        on_planned()
 
     def finished(i: int, desc: Descriptor, seconds: float) -> None:
         results[i] = BuiltLayer(specs[i], desc, False, seconds)

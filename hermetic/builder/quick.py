@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hermetic import __version__
-from hermetic.builder.inputs import LAYER_FORMAT, runtime_sha256
+from hermetic.builder.inputs import COMPILER_FORMAT, LAYER_FORMAT, runtime_sha256
 from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.fsutil import atomic_write_bytes
 from hermetic.paths import CachePaths
@@ -50,7 +50,8 @@ def _config_file(config_path: str | None) -> Path | None:
 
 
 def _note_path(paths: CachePaths, config_file: Path, config_bytes: bytes) -> Path:
-    key = canonical_sha256({"hermetic": __version__, "layer_format": LAYER_FORMAT, "config_file": str(config_file),
+    key = canonical_sha256({"hermetic": __version__, "layer_format": LAYER_FORMAT, "compiler_format": COMPILER_FORMAT,
+                            "config_file": str(config_file),
                             "config_sha256": hashlib.sha256(config_bytes).hexdigest()})
     return paths.builds / "inputs" / f"{key}.json"
 
