@@ -16,8 +16,8 @@ CUDA 13 build from PyPI with numpy (30 wheels, 2.7 GB; locked here with ``hermet
   ``pip install --no-index --find-links /wheels --require-hashes -r lock``
   (pip's defaults otherwise: it compiles .pyc files).
 
-Cases: (1) cold, twice each (docker: ``--no-cache``), also showing that the two
-docker builds give two image IDs and hermetic's give one; the same cold build
+Cases: (1) cold, three times each, interleaved (docker: ``--no-cache``), also showing
+that the docker builds give as many image IDs and hermetic's give one; the same cold build
 with ``build.bytecode: none`` (what the .pyc cost at build time); and into the
 OCI store only (``--no-load``); (2) the lock with one small package added
 (``--add``, locked with ``hermetic lock``), caches warm; (3) no-op rebuild of the
@@ -354,17 +354,21 @@ def bench(args: argparse.Namespace, workdir: Path, made_tags: list[str]) -> dict
                  "wheel_bytes": sum(w.stat().st_size for w in locked_wheel_files(proj_a, seed))}
     # (1) cold, interleaved: hermetic, docker, hermetic, docker.
     h_cold, d_cold = [], []
-    for i in (1, 2):
+    for i in range(1, args.cold_runs + 1):
         print(f"[cold {i}] hermetic build ...", file=sys.stderr)
         untag(hermetic_tag)  # the engine must not hold the image, so the load is counted each time
-        h_cold.append(hermetic_build(proj_a, fresh_cache(seed, workdir / f"cache-{i}", base_digest, all_wheels)))
+        if h_cold:
+            subprocess.run(["docker", "rmi", h_cold[-1].image_id], capture_output=True)
+        h_cold.append(hermetic_build(proj_a, fresh_cache(seed, workdir / "cache-1", base_digest, all_wheels)))
         tag = f"{DOCKER_REPO}:cold{i}"
         made_tags.append(tag)
+        if i > 1:
+            untag(f"{DOCKER_REPO}:cold{i - 1}")  # disk: only the last cold image is kept (measured below)
         print(f"[cold {i}] docker build --no-cache ...", file=sys.stderr)
         d_cold.append(docker_build(ctx_a, tag, no_cache=True))
-        if i == 1:
-            shutil.rmtree(workdir / "cache-1")  # cache-2 stays as the warm cache
-    untag(f"{DOCKER_REPO}:cold1")  # disk: the second cold image is the one measured below
+        if i < args.cold_runs:
+            shutil.rmtree(workdir / "cache-1")  # the last one stays as the warm cache
+    (workdir / "cache-1").rename(workdir / "cache-2")
     # Keep image A in the engine under our own tag while the name's tag moves on.
     keep_a = f"{HERMETIC_KEEP_TAG}:a"
     made_tags.append(keep_a)
@@ -509,7 +513,8 @@ def main() -> int:
     ap.add_argument("--seed-cache", type=Path, help="a HERMETIC_CACHE already holding the base (skip bootstrap)")
     ap.add_argument("--pip-wheel", type=Path,
                     help=f"pip wheel for the Dockerfile (default: download pip=={PIP_VERSION})")
-    ap.add_argument("--import-runs", type=int, default=3, help="container `import torch` runs per image (default 3)")
+    ap.add_argument("--import-runs", type=int, default=5, help="container `import torch` runs per image (default 5)")
+    ap.add_argument("--cold-runs", type=int, default=3, help="interleaved cold builds of each (default 3)")
     ap.add_argument("--keep", action="store_true", help="keep the workdir and the Docker tags")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args()

@@ -184,7 +184,8 @@ def finish(cfg: LoadedConfig, store: OciStore, info: ImageInfo, *, noop: bool, l
     loaded = _ensure_loaded(store, info, cfg.model.name, load, feed)
     record = write_image_record(cfg.root, cfg.model.lock, info)
     # The result (not the record) also says which layers this build made or reused.
-    return BuildResult(info, layer_rows(info, built), noop, loaded, time.monotonic() - t0, record, notes or [])
+    loads = [{**e, "from": round(e["from"] - t0, 3), "to": round(e["to"] - t0, 3)} for e in (feed.timeline if feed else [])]
+    return BuildResult(info, layer_rows(info, built), noop, loaded, time.monotonic() - t0, record, notes or [], loads)
 
 
 def engine_tag(name: str) -> str:

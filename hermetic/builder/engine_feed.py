@@ -21,6 +21,7 @@ as without the feed. Loads run one at a time, in layer order.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from hermetic.canonical import canonical_json
@@ -49,6 +50,8 @@ class EngineFeed:
         self._cond = threading.Condition()
         self.error: BaseException | None = None
         self.loads: list[tuple[int, int]] = []  # (first layer sent, layers in the prefix), for tests and notes
+        self.created_at = time.monotonic()
+        self.timeline: list[dict[str, Any]] = []  # each load: layers sent, from/to (time.monotonic())
         self._final: tuple[str, bytes] | None = None  # the image's ID and config, once it has them
         self.final_loaded: bool | None = None  # None: not loaded by the feed (not asked, or it failed)
         self.final_error: BaseException | None = None
@@ -123,8 +126,10 @@ class EngineFeed:
                 "config": {"Labels": {PARTIAL_LABEL: "1"}},
                 "rootfs": {"type": "layers", "diff_ids": diff_ids},
             })
+            t = time.monotonic()
             image_id = load_layers(self._store, config, [(d.digest, d.size) for d in layers], None,
                                    self._engine_has, frozenset(self.trusted))
+            self._note("prefix", layers[self._engine_has:], t)
             self.loads.append((self._engine_has, n))
             self._partials.append(image_id)
             self._engine_has = n
@@ -146,9 +151,15 @@ class EngineFeed:
         if self.error is not None or self._worth_asking(layers):
             skip = layers_engine_has([d.digest for d in layers], self._partials, prefer=self._repo_tag,
                                      like=self._labels)
+        t = time.monotonic()
         load_layers(self._store, config_bytes, [(d.digest, d.size) for d in layers], self._repo_tag, skip,
                     frozenset(self.trusted))
+        self._note("image", layers[skip:], t)
         return True
+
+    def _note(self, kind: str, sent: list[Descriptor], started: float) -> None:
+        self.timeline.append({"load": kind, "layers": len(sent), "bytes": sum(d.size for d in sent),
+                              "from": started, "to": time.monotonic()})
 
     def close(self) -> None:
         """Stop feeding (waits for a load in flight, and for the image's own load once asked for)."""

@@ -21,6 +21,7 @@ class BuildResult:
     seconds: float
     record_path: Path
     notes: list[str] = field(default_factory=list)
+    engine_loads: list[dict[str, Any]] = field(default_factory=list)  # each load into the engine: what, from/to (s)
 
     @property
     def image_id(self) -> str:
@@ -37,7 +38,8 @@ class BuildResult:
     def to_json(self) -> dict[str, Any]:
         return {"image_id": self.image_id, "manifest_digest": self.manifest_digest, "build_key": self.build_key,
                 "layers": self.layers, "noop": self.noop, "loaded": self.loaded,
-                "seconds": round(self.seconds, 3), "record": str(self.record_path), "notes": self.notes}
+                "seconds": round(self.seconds, 3), "record": str(self.record_path), "notes": self.notes,
+                "engine_loads": self.engine_loads}
 
 
 def layer_rows(info: ImageInfo, built: "list[BuiltLayer] | None" = None) -> list[dict[str, Any]]:
