@@ -253,7 +253,8 @@ def hermetic_build(project: Path, cache: Path, *, load: bool = True) -> Build:
                "seconds": layer["seconds"]} for layer in doc["layers"] if not layer["contents"].startswith("base")]
     return Build(dt, doc["image_id"], {"internal_seconds": doc["seconds"], "noop": doc["noop"],
                                        "loaded": doc["loaded"], "layers": layers,
-                                       "manifest_digest": doc["manifest_digest"]})
+                                       "manifest_digest": doc["manifest_digest"],
+                                       "engine_loads": doc.get("engine_loads", [])})
 
 
 def docker_build(context: Path, tag: str, *, no_cache: bool) -> Build:
@@ -477,8 +478,10 @@ def report(res: dict) -> str:
         for d in r["hermetic_detail"]:
             built = ", ".join(f"{layer['contents']} {layer['seconds']:.1f}s"
                               for layer in d["layers"] if not layer["cached"])
+            loads = "; ".join(f"{x['load']} {x['layers']} layers {x['bytes'] / 1e6:.0f} MB {x['from']:.1f}-{x['to']:.1f}s"
+                              for x in d.get("engine_loads", []))
             lines.append(f"  hermetic {name}: internal {d['internal_seconds']:.2f}s, loaded={d['loaded']}, "
-                         f"noop={d['noop']}; built: {built or 'nothing'}")
+                         f"noop={d['noop']}; built: {built or 'nothing'}" + (f"; engine: {loads}" if loads else ""))
     return "\n".join(lines)
 
 

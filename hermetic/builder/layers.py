@@ -276,7 +276,7 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
     blob is in the store (cached ones first), so a caller can start loading it
     while the others are still being built (``on_planned()`` once the cached
     ones are all reported). Layer ``i``'s worker runs at nice
-    ``min(i, 19)``: the engine applies layers bottom-up, so the lower a layer,
+    ``min(3 i, 19)``: the engine applies layers bottom-up, so the lower a layer,
     the sooner it is wanted.
     """
     from concurrent.futures import ProcessPoolExecutor
@@ -331,8 +331,8 @@ def _build_layer_at(i: int, *args) -> Descriptor:
     """build_layer in a pool worker, at a CPU priority that follows the layer's place (see build_layers)."""
     try:
         current = os.nice(0)
-        if current < min(i, 19):
-            os.nice(min(i, 19) - current)
+        if current < min(3 * i, 19):
+            os.nice(min(3 * i, 19) - current)
     except OSError:
         pass
     return build_layer(*args)
