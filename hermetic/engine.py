@@ -227,6 +227,18 @@ def load_image(store: "OciStore", manifest_digest: str, repo_tag: str | None = N
         return load_layers(store, config_bytes, layers, repo_tag, 0, trusted)
 
 
+_CHUNK = 1 << 20
+
+
+def _chunks(reader: "_PipeReader"):
+    """The stream as ~1 MiB pieces (requests sends a generator as chunked transfer, one chunk each)."""
+    while True:
+        data = reader.read(_CHUNK)
+        if not data:
+            return
+        yield data
+
+
 class _HashingReader:
     """A file's bytes as tarfile reads them, hashed on the way."""
 
@@ -259,6 +271,12 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
     layers = [d for d, _ in layer_blobs]
     sizes = [n for _, n in layer_blobs]
     rfd, wfd = os.pipe()
+    try:  # a 1 MiB pipe: the stream goes to the engine in 1 MiB chunks, not http.client's 8 KiB
+        import fcntl
+
+        fcntl.fcntl(wfd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _CHUNK)
+    except OSError:
+        pass
     errors: list[BaseException] = []
 
     def writer() -> None:
@@ -306,7 +324,7 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
     refused: str | None = None
     try:
         client = engine_client()
-        resp = client.api.load_image(reader)
+        resp = client.api.load_image(_chunks(reader))
         for _ in resp or []:
             pass
     except docker.errors.APIError as e:
