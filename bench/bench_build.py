@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Image build: ``hermetic build`` vs a conventional Dockerfile through ``docker build``.
 
-One invocation, same machine, same lock, same base image, same wheel files:
+One invocation per image, same machine, same lock, same base image, same wheel files. Images:
+the CPU torch example (examples/torch-mlp, the default) or, with ``--cuda``, torch 2.13.0's
+CUDA 13 build from PyPI with numpy (30 wheels, 2.7 GB; locked here with ``hermetic lock
+--no-pip-find-links``; about 25 GB of disk while it runs, all removed at the end; not for CI).
 
 * hermetic: ``hermetic build -C <project> --json`` (a subprocess, so CLI start
   and the load into the Docker Engine are counted), each cold build in a fresh
@@ -13,13 +16,20 @@ One invocation, same machine, same lock, same base image, same wheel files:
   ``pip install --no-index --find-links /wheels --require-hashes -r lock``
   (pip's defaults otherwise: it compiles .pyc files).
 
-Cases: (1) cold, twice each (docker: ``--no-cache``), also showing that the two
-docker builds give two image IDs and hermetic's give one; (2) the lock with one
-small package added (``--add``, locked with ``hermetic lock``), caches warm;
-(3) no-op rebuild of the same inputs; then ``import torch`` in a container of
-each image (hermetic ships no bytecode by default; pip compiles it).
+Cases: (1) cold, three times each, interleaved (docker: ``--no-cache``), also showing
+that the docker builds give as many image IDs and hermetic's give one; the same cold build
+with ``build.bytecode: none`` (what the .pyc cost at build time); and into the
+OCI store only (``--no-load``); (2) the lock with one small package added
+(``--add``, locked with ``hermetic lock``), caches warm; (3) no-op rebuild of the
+same inputs; then (4) container start + ``import torch``: ``docker run --rm
+--read-only --network none IMAGE python -c "import torch"`` of each image,
+interleaved (both images ship bytecode: pip's timestamp .pyc, hermetic's PEP 552
+unchecked-hash .pyc).
 
-Usage: bench/bench_build.py [--example examples/torch-mlp] [--add six==1.17.0]
+hermetic's own bytecode is compiled first (as pip leaves an installed package),
+and the measured processes may use it (PYTHONDONTWRITEBYTECODE is not passed on).
+
+Usage: bench/bench_build.py [--example examples/torch-mlp | --cuda] [--add six==1.17.0]
        [--workdir /work/scratch/bench-build] [--seed-cache DIR] [--keep] [--json]
 
 The base is made once per invocation with ``hermetic base bootstrap`` into a
@@ -58,11 +68,13 @@ from hermetic.store.wheels import WheelStore  # noqa: E402
 
 HERMETIC = [sys.executable, "-m", "hermetic"]
 BENCH_NAME = "bench-torch-mlp"  # image name in the copied hermetic.yaml: engine tag hermetic/bench-torch-mlp:latest
+CUDA_REQUIREMENTS = "torch==2.13.0\nnumpy==2.4.6\n"  # PyPI's torch 2.13.0 is the CUDA 13 build
 BASE_TAG = "hermetic-bench-base:1"
 DOCKER_REPO = "hermetic-bench/docker"
 HERMETIC_KEEP_TAG = "hermetic-bench/hermetic"
 PIP_VERSION = "26.3"
 IMPORT_TORCH = "import time;t=time.perf_counter();import torch;print(time.perf_counter()-t)"
+LOCK_FLAGS: list[str] = []  # --cuda: ["--no-pip-find-links"]
 
 DOCKERFILE = """\
 FROM {base}
@@ -93,7 +105,27 @@ def run(cmd: list[str], *, env: dict[str, str] | None = None) -> tuple[str, str,
 
 
 def hermetic_env(cache: Path) -> dict[str, str]:
-    return {**os.environ, "HERMETIC_CACHE": str(cache)}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # hermetic's .pyc are used
+    return {**env, "HERMETIC_CACHE": str(cache)}
+
+
+def compile_hermetic() -> None:
+    """hermetic's own bytecode, as pip leaves an installed package."""
+    run([sys.executable, "-m", "compileall", "-q", str(REPO_ROOT / "hermetic")])
+
+
+def cuda_source(workdir: Path, example: Path, seed: Path) -> Path:
+    """A project for PyPI's torch 2.13.0 (CUDA 13) + numpy, on the example's base, locked ignoring pip's find-links."""
+    import yaml
+
+    src = workdir / "cuda-src"
+    src.mkdir(parents=True, exist_ok=True)
+    cfg = yaml.safe_load((example / "hermetic.yaml").read_text())
+    doc = {"name": "bench-cuda", "base": cfg["base"], "python": cfg["python"], "lock": "requirements.lock"}
+    (src / "hermetic.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (src / "requirements.in").write_text(CUDA_REQUIREMENTS)
+    run(HERMETIC + ["lock", "-C", str(src), "--no-pip-find-links"], env=hermetic_env(seed))
+    return src
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
@@ -133,7 +165,8 @@ def fresh_cache(seed: Path, dest: Path, base_digest: str, wheels: list[Path]) ->
     return dest
 
 
-def copy_project(example: Path, dest: Path, extra_requirement: str | None, seed: Path, epoch: int) -> Path:
+def copy_project(example: Path, dest: Path, extra_requirement: str | None, seed: Path, epoch: int,
+                 bytecode: str | None = None) -> Path:
     """The example under our own image name, with this invocation's SOURCE_DATE_EPOCH.
 
     The epoch makes every layer's bytes unique to this invocation, so no image
@@ -146,6 +179,8 @@ def copy_project(example: Path, dest: Path, extra_requirement: str | None, seed:
     cfg = yaml.safe_load((example / "hermetic.yaml").read_text())
     cfg["name"] = BENCH_NAME
     cfg.setdefault("build", {})["source_date_epoch"] = epoch
+    if bytecode:
+        cfg["build"]["bytecode"] = bytecode
     (dest / "hermetic.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     shutil.copy(example / "requirements.in", dest / "requirements.in")
     shutil.copy(example / "requirements.lock", dest / "requirements.lock")
@@ -153,7 +188,7 @@ def copy_project(example: Path, dest: Path, extra_requirement: str | None, seed:
     if extra_requirement:
         with open(dest / "requirements.in", "a") as f:
             f.write(f"{extra_requirement}\n")
-        run(HERMETIC + ["lock", "-C", str(dest)], env=env)
+        run(HERMETIC + ["lock", "-C", str(dest), *LOCK_FLAGS], env=env)
     run(HERMETIC + ["fetch", "-C", str(dest)], env=env)
     return dest
 
@@ -218,7 +253,8 @@ def hermetic_build(project: Path, cache: Path, *, load: bool = True) -> Build:
                "seconds": layer["seconds"]} for layer in doc["layers"] if not layer["contents"].startswith("base")]
     return Build(dt, doc["image_id"], {"internal_seconds": doc["seconds"], "noop": doc["noop"],
                                        "loaded": doc["loaded"], "layers": layers,
-                                       "manifest_digest": doc["manifest_digest"]})
+                                       "manifest_digest": doc["manifest_digest"],
+                                       "engine_loads": doc.get("engine_loads", [])})
 
 
 def docker_build(context: Path, tag: str, *, no_cache: bool) -> Build:
@@ -246,11 +282,18 @@ def untag(tag: str) -> None:
 
 
 def import_torch_seconds(image: str) -> tuple[float, float]:
-    """(import torch inside the container, whole `docker run`) in seconds."""
+    """(import torch inside the container, the whole `docker run`: container start + import) in seconds."""
     t = time.perf_counter()
-    out, _, _ = run(["docker", "run", "--rm", "--network", "none", image, "python", "-c", IMPORT_TORCH])
+    out, _, _ = run(["docker", "run", "--rm", "--read-only", "--network", "none", image,
+                     "/opt/venv/bin/python", "-c", IMPORT_TORCH])
     wall = time.perf_counter() - t
     return float(out.strip().splitlines()[-1]), wall
+
+
+def pyc_count(image: str) -> int:
+    out, _, _ = run(["docker", "run", "--rm", "--read-only", "--network", "none", "--entrypoint", "sh", image,
+                     "-c", "find /opt/venv -name '*.pyc' | wc -l"])
+    return int(out.strip())
 
 
 def machine(workdir: Path) -> dict[str, str]:
@@ -283,11 +326,17 @@ def bench(args: argparse.Namespace, workdir: Path, made_tags: list[str]) -> dict
     if not base_ref:
         raise BenchError(f"{example / 'hermetic.yaml'}: no base: line")
     base_digest = parse_base_reference(base_ref.group(1)).digest
+    compile_hermetic()
     seed = seed_cache(workdir, args.seed_cache, base_digest)
+    if args.cuda:
+        LOCK_FLAGS.append("--no-pip-find-links")
+        print("[prep] locking torch==2.13.0 (CUDA 13) + numpy from PyPI ...", file=sys.stderr)
+        example = cuda_source(workdir, example, seed)
     print("[prep] projects, lock with the added package, wheel store, docker contexts ...", file=sys.stderr)
     epoch = int(time.time())
     proj_a = copy_project(example, workdir / "proj-a", None, seed, epoch)
     proj_b = copy_project(example, workdir / "proj-b", args.add, seed, epoch)
+    proj_n = copy_project(example, workdir / "proj-n", None, seed, epoch, bytecode="none")
     pip_whl = pip_wheel(workdir, args.pip_wheel)
     ctx_a = docker_context(proj_a, seed, pip_whl, workdir / "ctx-a")
     ctx_b = docker_context(proj_b, seed, pip_whl, workdir / "ctx-b")
@@ -300,28 +349,43 @@ def bench(args: argparse.Namespace, workdir: Path, made_tags: list[str]) -> dict
     untag(hermetic_tag)
 
     res: dict = {"machine": machine(workdir), "load_average_start": os.getloadavg(),
-                 "example": str(example), "added": args.add,
-                 "wheels": {"a": len(locked_wheel_files(proj_a, seed)), "b": len(locked_wheel_files(proj_b, seed))}}
+                 "example": "torch 2.13.0 CUDA 13 + numpy (PyPI)" if args.cuda else str(example),
+                 "added": args.add,
+                 "wheels": {"a": len(locked_wheel_files(proj_a, seed)), "b": len(locked_wheel_files(proj_b, seed))},
+                 "wheel_bytes": sum(w.stat().st_size for w in locked_wheel_files(proj_a, seed))}
     # (1) cold, interleaved: hermetic, docker, hermetic, docker.
     h_cold, d_cold = [], []
-    for i in (1, 2):
+    for i in range(1, args.cold_runs + 1):
         print(f"[cold {i}] hermetic build ...", file=sys.stderr)
         untag(hermetic_tag)  # the engine must not hold the image, so the load is counted each time
-        h_cold.append(hermetic_build(proj_a, fresh_cache(seed, workdir / f"cache-{i}", base_digest, all_wheels)))
+        if h_cold:
+            subprocess.run(["docker", "rmi", h_cold[-1].image_id], capture_output=True)
+        h_cold.append(hermetic_build(proj_a, fresh_cache(seed, workdir / "cache-1", base_digest, all_wheels)))
         tag = f"{DOCKER_REPO}:cold{i}"
         made_tags.append(tag)
+        if i > 1:
+            untag(f"{DOCKER_REPO}:cold{i - 1}")  # disk: only the last cold image is kept (measured below)
         print(f"[cold {i}] docker build --no-cache ...", file=sys.stderr)
         d_cold.append(docker_build(ctx_a, tag, no_cache=True))
-        if i == 1:
-            shutil.rmtree(workdir / "cache-1")  # ~1 GB; cache-2 stays as the warm cache
+        if i < args.cold_runs:
+            shutil.rmtree(workdir / "cache-1")  # the last one stays as the warm cache
+    (workdir / "cache-1").rename(workdir / "cache-2")
+    # Keep image A in the engine under our own tag while the name's tag moves on.
+    keep_a = f"{HERMETIC_KEEP_TAG}:a"
+    made_tags.append(keep_a)
+    docker("tag", h_cold[-1].image_id, keep_a)
     # Cold into the OCI store only (no engine load: what a CI job that pushes needs).
     print("[cold] hermetic build --no-load ...", file=sys.stderr)
     h_store = hermetic_build(proj_a, fresh_cache(seed, workdir / "cache-3", base_digest, all_wheels), load=False)
     shutil.rmtree(workdir / "cache-3")
-    # Keep image A in the engine under our own tag while the name's tag moves to image B.
-    keep_a = f"{HERMETIC_KEEP_TAG}:a"
-    made_tags.append(keep_a)
-    docker("tag", h_cold[-1].image_id, keep_a)
+    # Cold without bytecode: what compiling the .pyc costs the build.
+    h_nobc = None
+    if not args.skip_no_bytecode:
+        print("[cold] hermetic build, build.bytecode: none ...", file=sys.stderr)
+        h_nobc = hermetic_build(proj_n, fresh_cache(seed, workdir / "cache-3", base_digest, all_wheels))
+        shutil.rmtree(workdir / "cache-3")
+        untag(hermetic_tag)
+        subprocess.run(["docker", "rmi", h_nobc.image_id], capture_output=True)
     warm = workdir / "cache-2"
     # (2) one package added, caches warm.
     print(f"[change] + {args.add} ...", file=sys.stderr)
@@ -329,17 +393,21 @@ def bench(args: argparse.Namespace, workdir: Path, made_tags: list[str]) -> dict
     made_tags.append(f"{DOCKER_REPO}:b")
     d_change = docker_build(ctx_b, f"{DOCKER_REPO}:b", no_cache=False)
     # (3) no-op: the same inputs again.
-    print("[no-op] x3 each ...", file=sys.stderr)
-    h_noop = [hermetic_build(proj_b, warm) for _ in range(3)]
-    d_noop = [docker_build(ctx_b, f"{DOCKER_REPO}:b", no_cache=False) for _ in range(3)]
-    # (4) import torch in a container of each image (A), interleaved.
+    print("[no-op] x5 each ...", file=sys.stderr)
+    h_noop = [hermetic_build(proj_b, warm) for _ in range(5)]
+    d_noop = [docker_build(ctx_b, f"{DOCKER_REPO}:b", no_cache=False) for _ in range(5)]
+    untag(f"{DOCKER_REPO}:b")
+    # (4) container start + import torch in a container of each image (A), interleaved; one warm-up each.
     print(f"[import torch] x{args.import_runs} each ...", file=sys.stderr)
     imp: dict[str, list[tuple[float, float]]] = {"hermetic": [], "docker": []}
-    for _ in range(args.import_runs):
-        imp["hermetic"].append(import_torch_seconds(h_cold[-1].image_id))
-        imp["docker"].append(import_torch_seconds(d_cold[-1].image_id))
+    for i in range(args.import_runs + 1):
+        h, d = import_torch_seconds(h_cold[-1].image_id), import_torch_seconds(d_cold[-1].image_id)
+        if i:
+            imp["hermetic"].append(h)
+            imp["docker"].append(d)
     sizes = {"hermetic": int(docker("image", "inspect", "-f", "{{.Size}}", h_cold[-1].image_id)),
              "docker": int(docker("image", "inspect", "-f", "{{.Size}}", d_cold[-1].image_id))}
+    pycs = {"hermetic": pyc_count(h_cold[-1].image_id), "docker": pyc_count(d_cold[-1].image_id)}
 
     def pair(h: list[Build], d: list[Build]) -> dict:
         hs, ds = [b.seconds for b in h], [b.seconds for b in d]
@@ -348,12 +416,124 @@ def bench(args: argparse.Namespace, workdir: Path, made_tags: list[str]) -> dict
 
     res["cases"] = {"cold": pair(h_cold, d_cold), "cold_no_load": pair([h_store], d_cold),
                     "change": pair([h_change], [d_change]), "noop": pair(h_noop, d_noop)}
+    if h_nobc is not None:
+        res["cases"]["cold_no_bytecode"] = pair([h_nobc], d_cold)
     res["reproducible"] = {"hermetic_image_ids": [b.image_id for b in h_cold],
                            "docker_image_ids": [b.image_id for b in d_cold],
                            "hermetic_manifest_digests": [b.detail["manifest_digest"] for b in h_cold]}
     res["import_torch"] = {k: {"import_s": [a for a, _ in v], "docker_run_s": [b for _, b in v]}
                            for k, v in imp.items()}
     res["image_size_bytes"] = sizes
+    res["pyc_files"] = pycs
+    res["layers"] = len(h_cold[-1].detail["layers"])
+    res["docker_builder"] = d_cold[0].detail["builder"]
+    res["load_average_end"] = os.getloadavg()
+    return res
+
+
+def need_free(path: Path, gb: float) -> None:
+    """Stop (cleanly: the caller removes what was made) before a step that could fill a shared disk."""
+    free = shutil.disk_usage(path).free / 1e9
+    if free < gb:
+        raise BenchError(f"only {free:.1f} GB free on the disk of {path}; the next step needs about {gb:.0f} GB")
+
+
+def bench_lean(args: argparse.Namespace, workdir: Path, made_tags: list[str]) -> dict:
+    """--cuda: the same rows with at most one big image of each tool on disk at a time (~21 GB at the peak).
+
+    docker's legacy builder holds the 2.7 GB context, the wheels' COPY layer, the RUN container's 5.5 GB and
+    the 5.5 GB layer committed from it at once, so the builds are not interleaved: hermetic's cases first,
+    then docker's, each image removed when the next needs the room (docker's one-package build then starts
+    without its cold image: it reruns pip over every wheel either way, since the wheels' COPY changed).
+    """
+    example = args.example.resolve()
+    base_digest = parse_base_reference(re.search(r"(?m)^base:\s*(\S+)", (example / "hermetic.yaml").read_text())
+                                       .group(1)).digest  # type: ignore[union-attr]
+    compile_hermetic()
+    seed = seed_cache(workdir, args.seed_cache, base_digest)
+    LOCK_FLAGS.append("--no-pip-find-links")
+    print("[prep] locking torch==2.13.0 (CUDA 13) + numpy from PyPI ...", file=sys.stderr)
+    src = cuda_source(workdir, example, seed)
+    epoch = int(time.time())
+    proj_a = copy_project(src, workdir / "proj-a", None, seed, epoch)
+    proj_b = copy_project(src, workdir / "proj-b", args.add, seed, epoch)
+    pip_whl = pip_wheel(workdir, args.pip_wheel)
+    made_tags.append(BASE_TAG)
+    load_base(seed, base_digest)
+    all_wheels = locked_wheel_files(proj_b, seed)
+    warm_page_cache(all_wheels + [pip_whl])
+    hermetic_tag = f"hermetic/{BENCH_NAME}:latest"
+    made_tags.append(hermetic_tag)
+    untag(hermetic_tag)
+    res: dict = {"machine": machine(workdir), "load_average_start": os.getloadavg(),
+                 "example": "torch 2.13.0 CUDA 13 + numpy (PyPI)", "added": args.add, "lean": True,
+                 "wheels": {"a": len(locked_wheel_files(proj_a, seed)), "b": len(all_wheels)},
+                 "wheel_bytes": sum(w.stat().st_size for w in locked_wheel_files(proj_a, seed))}
+    h_cold: list[Build] = []
+    for i in range(1, args.cold_runs + 1):
+        need_free(workdir, 16)
+        print(f"[cold {i}] hermetic build ...", file=sys.stderr)
+        untag(hermetic_tag)
+        if h_cold:
+            subprocess.run(["docker", "rmi", h_cold[-1].image_id], capture_output=True)
+        h_cold.append(hermetic_build(proj_a, fresh_cache(seed, workdir / "cache-1", base_digest, all_wheels)))
+        if i < args.cold_runs:
+            shutil.rmtree(workdir / "cache-1")
+    keep_a = f"{HERMETIC_KEEP_TAG}:a"
+    made_tags.append(keep_a)
+    docker("tag", h_cold[-1].image_id, keep_a)
+    warm = workdir / "cache-1"
+    print(f"[change] hermetic + {args.add} ...", file=sys.stderr)
+    h_change = hermetic_build(proj_b, warm)
+    print("[no-op] hermetic x5 ...", file=sys.stderr)
+    h_noop = [hermetic_build(proj_b, warm) for _ in range(5)]
+    untag(hermetic_tag)
+    subprocess.run(["docker", "rmi", h_change.image_id], capture_output=True)
+    shutil.rmtree(warm)  # disk: the engine keeps image A for the import test
+    ctx_a = docker_context(proj_a, seed, pip_whl, workdir / "ctx-a")
+    d_cold: list[Build] = []
+    imp: dict[str, list[tuple[float, float]]] = {"hermetic": [], "docker": []}
+    for i in range(1, args.cold_runs + 1):
+        need_free(workdir, 20)
+        tag = f"{DOCKER_REPO}:cold{i}"
+        made_tags.append(tag)
+        print(f"[cold {i}] docker build --no-cache ...", file=sys.stderr)
+        d_cold.append(docker_build(ctx_a, tag, no_cache=True))
+        if i == 1:
+            print(f"[import torch] x{args.import_runs} each ...", file=sys.stderr)
+            for k in range(args.import_runs + 1):
+                h, d = import_torch_seconds(h_cold[-1].image_id), import_torch_seconds(d_cold[-1].image_id)
+                if k:
+                    imp["hermetic"].append(h)
+                    imp["docker"].append(d)
+            res["image_size_bytes"] = {"hermetic": int(docker("image", "inspect", "-f", "{{.Size}}", h_cold[-1].image_id)),
+                                       "docker": int(docker("image", "inspect", "-f", "{{.Size}}", d_cold[-1].image_id))}
+            res["pyc_files"] = {"hermetic": pyc_count(h_cold[-1].image_id), "docker": pyc_count(d_cold[-1].image_id)}
+            untag(keep_a)
+            subprocess.run(["docker", "rmi", h_cold[-1].image_id], capture_output=True)
+        untag(tag)  # disk: one docker image at a time
+    shutil.rmtree(ctx_a)
+    ctx_b = docker_context(proj_b, seed, pip_whl, workdir / "ctx-b")
+    need_free(workdir, 20)
+    made_tags.append(f"{DOCKER_REPO}:b")
+    print(f"[change] docker + {args.add} ...", file=sys.stderr)
+    d_change = docker_build(ctx_b, f"{DOCKER_REPO}:b", no_cache=False)
+    print("[no-op] docker x5 ...", file=sys.stderr)
+    d_noop = [docker_build(ctx_b, f"{DOCKER_REPO}:b", no_cache=False) for _ in range(5)]
+    untag(f"{DOCKER_REPO}:b")
+
+    def pair(h: list[Build], d: list[Build]) -> dict:
+        hs, ds = [b.seconds for b in h], [b.seconds for b in d]
+        return {"hermetic_s": hs, "docker_s": ds, "ratio": median(ds) / median(hs),
+                "hermetic_detail": [b.detail for b in h], "docker_detail": [b.detail for b in d]}
+
+    res["cases"] = {"cold": pair(h_cold, d_cold), "change": pair([h_change], [d_change]), "noop": pair(h_noop, d_noop)}
+    res["reproducible"] = {"hermetic_image_ids": [b.image_id for b in h_cold],
+                           "docker_image_ids": [b.image_id for b in d_cold],
+                           "hermetic_manifest_digests": [b.detail["manifest_digest"] for b in h_cold]}
+    res["import_torch"] = {k: {"import_s": [a for a, _ in v], "docker_run_s": [b for _, b in v]}
+                           for k, v in imp.items()}
+    res["layers"] = len(h_cold[-1].detail["layers"])
     res["docker_builder"] = d_cold[0].detail["builder"]
     res["load_average_end"] = os.getloadavg()
     return res
@@ -363,45 +543,58 @@ def report(res: dict) -> str:
     c = res["cases"]
     rows = [
         ("cold (base present)", c["cold"]),
-        ("cold, hermetic --no-load (OCI store only)", c["cold_no_load"]),
+        ("cold, hermetic `build.bytecode: none`", c.get("cold_no_bytecode")),
+        ("cold, hermetic --no-load (OCI store only)", c.get("cold_no_load")),
         (f"+ {res['added']} (caches warm)", c["change"]),
         ("no-op (same inputs)", c["noop"]),
     ]
     m = res["machine"]
     load = f"load average {res['load_average_start'][0]:.1f} at start, {res['load_average_end'][0]:.1f} at end"
-    lines = [f"machine: {m['cpu']}; {m['memory']}; kernel {m['kernel']}; {m['disk']}; {load}",
+    lines = [f"image: {res['example']}: {res['wheels']['a']} wheels, {res['wheel_bytes'] / 1e9:.2f} GB; "
+             f"{res['layers']} layers",
+             f"machine: {m['cpu']}; {m['memory']}; kernel {m['kernel']}; {m['disk']}; {load}",
              f"docker: {m['docker']} ({res['docker_builder']} builder, build context "
              f"{c['cold']['docker_detail'][0]['context']})",
              "",
              "| case | hermetic build | docker build | ratio (docker / hermetic) |",
              "| --- | --- | --- | --- |"]
     for name, r in rows:
+        if r is None:
+            continue
+
         def cell(xs: list[float]) -> str:
             return f"{median(xs):.2f} s" + (f" ({', '.join(f'{x:.2f}' for x in xs)})" if len(xs) > 1 else "")
         lines.append(f"| {name} | {cell(r['hermetic_s'])} | {cell(r['docker_s'])} | {r['ratio']:.1f}x |")
+    it = res["import_torch"]
+    hw, dw = median(it["hermetic"]["docker_run_s"]), median(it["docker"]["docker_run_s"])
+    hi, di = median(it["hermetic"]["import_s"]), median(it["docker"]["import_s"])
+    n = len(it["hermetic"]["import_s"])
+    lines.append(f"| container start + `import torch` (`docker run`, median of {n}) | {hw:.2f} s "
+                 f"(import {hi:.2f} s) | {dw:.2f} s (import {di:.2f} s) | hermetic / pip image {hw / dw:.2f}x |")
     rep = res["reproducible"]
     lines += ["",
               f"image IDs, two cold builds: hermetic {' '.join(i[7:19] for i in rep['hermetic_image_ids'])} "
               f"({'identical' if len(set(rep['hermetic_image_ids'])) == 1 else 'DIFFERENT'}); "
               f"docker {' '.join(i[7:19] for i in rep['docker_image_ids'])} "
               f"({'identical' if len(set(rep['docker_image_ids'])) == 1 else 'different'})"]
-    it = res["import_torch"]
-    lines.append("import torch in a container (median of "
-                 f"{len(it['hermetic']['import_s'])}): hermetic (no .pyc) {median(it['hermetic']['import_s']):.2f} s "
-                 f"[docker run {median(it['hermetic']['docker_run_s']):.2f} s]; docker/pip (.pyc) "
-                 f"{median(it['docker']['import_s']):.2f} s [docker run {median(it['docker']['docker_run_s']):.2f} s]")
-    sz = res["image_size_bytes"]
-    lines.append(f"image size: hermetic {sz['hermetic'] / 1e6:.0f} MB, docker {sz['docker'] / 1e6:.0f} MB")
+    sz, pc = res["image_size_bytes"], res["pyc_files"]
+    lines.append(f"image size: hermetic {sz['hermetic'] / 1e6:.0f} MB, docker {sz['docker'] / 1e6:.0f} MB; "
+                 f".pyc under /opt/venv: hermetic {pc['hermetic']}, docker {pc['docker']}")
     for name, r in rows:
+        if r is None:
+            continue
         for d in r["hermetic_detail"]:
             built = ", ".join(f"{layer['contents']} {layer['seconds']:.1f}s"
                               for layer in d["layers"] if not layer["cached"])
+            loads = "; ".join(f"{x['load']} {x['layers']} layers {x['bytes'] / 1e6:.0f} MB {x['from']:.1f}-{x['to']:.1f}s"
+                              for x in d.get("engine_loads", []))
             lines.append(f"  hermetic {name}: internal {d['internal_seconds']:.2f}s, loaded={d['loaded']}, "
-                         f"noop={d['noop']}; built: {built or 'nothing'}")
+                         f"noop={d['noop']}; built: {built or 'nothing'}" + (f"; engine: {loads}" if loads else ""))
     return "\n".join(lines)
 
 
-MADE_IN_WORKDIR = ("seed", "proj-a", "proj-b", "pip", "ctx-a", "ctx-b", "cache-1", "cache-2", "cache-3")
+MADE_IN_WORKDIR = ("seed", "proj-a", "proj-b", "proj-n", "pip", "ctx-a", "ctx-b", "cache-1", "cache-2", "cache-3",
+                   "cuda-src")
 
 
 def clean_up(workdir: Path, existed: bool, made_tags: list[str], keep: Path | None) -> None:
@@ -422,13 +615,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--example", type=Path, default=REPO_ROOT / "examples" / "torch-mlp",
                     help="project with hermetic.yaml, requirements.in and requirements.lock")
+    ap.add_argument("--cuda", action="store_true",
+                    help="PyPI's torch 2.13.0 (CUDA 13) + numpy instead of the example (2.7 GB of wheels, ~25 GB of disk)")
     ap.add_argument("--add", default="six==1.17.0", help="the one small package added to requirements.in")
+    ap.add_argument("--skip-no-bytecode", action="store_true", help="skip the cold build with build.bytecode: none")
     ap.add_argument("--workdir", type=Path, default=Path("/work/scratch/bench-build"),
                     help="scratch directory (made and removed by the bench; default /work/scratch/bench-build)")
     ap.add_argument("--seed-cache", type=Path, help="a HERMETIC_CACHE already holding the base (skip bootstrap)")
     ap.add_argument("--pip-wheel", type=Path,
                     help=f"pip wheel for the Dockerfile (default: download pip=={PIP_VERSION})")
-    ap.add_argument("--import-runs", type=int, default=3, help="container `import torch` runs per image (default 3)")
+    ap.add_argument("--import-runs", type=int, default=5, help="container `import torch` runs per image (default 5)")
+    ap.add_argument("--cold-runs", type=int, default=3, help="interleaved cold builds of each (default 3)")
     ap.add_argument("--keep", action="store_true", help="keep the workdir and the Docker tags")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args()
@@ -443,7 +640,7 @@ def main() -> int:
     made_tags: list[str] = []
     t0 = time.perf_counter()
     try:
-        res = bench(args, workdir, made_tags)
+        res = bench_lean(args, workdir, made_tags) if args.cuda else bench(args, workdir, made_tags)
     except BenchError as e:
         print(f"bench_build: {e}", file=sys.stderr)
         return 1

@@ -233,7 +233,9 @@ def main() -> int:
         sys.exit("bench_run: the docker CLI is needed for the comparison")
     args.workdir.mkdir(parents=True, exist_ok=True)
     cache = args.cache or args.workdir / "cache"
-    env = {**os.environ, "HERMETIC_CACHE": str(cache)}
+    # hermetic's own bytecode, as pip leaves an installed package, and used by the measured processes
+    sh([sys.executable, "-m", "compileall", "-q", str(REPO / "hermetic")])
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "HERMETIC_CACHE": str(cache)}
     info = machine()
     base_ref = base_reference(env)
     try:

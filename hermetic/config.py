@@ -147,6 +147,9 @@ class BuildConfig(_Strict):
     # gzip is a recorded, machine-dependent transform (zlib versions differ):
     # the diff_ids stay the uncompressed digests, the manifest names the gzip blobs.
     compression: Literal["none", "gzip"] = "none"
+    # PEP 552 .pyc beside every installed module, compiled by the base's own interpreter
+    # (docs/images.md, "Bytecode"); "none" ships sources only and compiles at every start.
+    bytecode: Literal["unchecked-hash", "checked-hash", "none"] = "unchecked-hash"
     user: str = "1000:1000"
     workdir: ImagePath = "/workspace"
 

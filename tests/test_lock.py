@@ -229,3 +229,48 @@ def test_hermetic_lock_keeps_the_current_pins_unless_upgrade(tmp_path, isolated_
     assert lock.read_bytes() == first
     assert run_cli("lock", "-C", str(proj), "--upgrade").returncode == 0
     assert [(w.name, w.version) for w in read_lock(lock, T311).wheels] == [("alpha", "2.0"), ("beta", "0.5")]
+
+
+def _torch_project(tmp_path: Path) -> Path:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\n")
+    (proj / "requirements.in").write_text("torch==2.13.0\n")
+    return proj
+
+
+def test_no_pip_find_links_lets_the_index_build_win_over_a_local_cpu_wheel(tmp_path, isolated_pip, monkeypatch):
+    """A machine whose pip config points find-links at a local torch+cpu wheel: `2.13.0+cpu` satisfies
+    `torch==2.13.0` and sorts above it, so it wins unless the lock ignores pip's find-links."""
+    from wheelfactory import make_index
+
+    tag = "cp311-cp311-manylinux_2_28_x86_64"
+    local = tmp_path / "local-wheels"
+    make_wheel(local, "torch", "2.13.0+cpu", tag=tag)
+    index = make_index(tmp_path / "index", [make_wheel(tmp_path / "published", "torch", "2.13.0", tag=tag)])
+    monkeypatch.setenv("PIP_FIND_LINKS", str(local))
+    monkeypatch.setenv("UV_DEFAULT_INDEX", index)  # this test's stand-in for PyPI
+    proj = _torch_project(tmp_path)
+    proc = run_cli("lock", "-C", str(proj))
+    assert proc.returncode == 0, proc.stderr
+    assert [(w.name, w.version) for w in read_lock(proj / "requirements.lock", T311).wheels] == [("torch", "2.13.0+cpu")]
+    proc = run_cli("lock", "-C", str(proj), "--no-pip-find-links")
+    assert proc.returncode == 0, proc.stderr
+    assert [(w.name, w.version) for w in read_lock(proj / "requirements.lock", T311).wheels] == [("torch", "2.13.0")]
+
+
+def test_torch_cuda_13_build_resolves_from_pypi(tmp_path, isolated_pip, monkeypatch):
+    """The documented way to the CUDA build (docs/gpu.md): resolves only (PyPI's metadata), downloads no wheel."""
+    local = tmp_path / "local-wheels"
+    make_wheel(local, "torch", "2.13.0+cpu", tag="cp311-cp311-manylinux_2_28_x86_64")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(local))  # as on a machine whose pip prefers a local +cpu wheel
+    proj = _torch_project(tmp_path)
+    proc = run_cli("lock", "-C", str(proj), "--no-pip-find-links", "--json")
+    assert proc.returncode == 0, proc.stderr
+    pins = {w.name: w.version for w in read_lock(proj / "requirements.lock", T311).wheels}
+    assert pins["torch"] == "2.13.0"
+    assert {"cuda-toolkit", "nvidia-cudnn-cu13", "nvidia-nccl-cu13", "nvidia-cublas", "triton"} <= set(pins)
+    from hermetic.gpu.cuda import cuda_info
+
+    info = cuda_info(read_lock(proj / "requirements.lock", T311).wheels)
+    assert (info.runtime or "").startswith("13.") and info.cudnn

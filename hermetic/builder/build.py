@@ -16,21 +16,18 @@ fetched, so a missing base costs no download.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from hermetic import __version__
 from hermetic.builder.base import BaseImage, PullImage
 from hermetic.builder.image import BASE_LAYERS_LABEL, PACKAGES_LABEL
 from hermetic.builder.image_record import ImageInfo, write_image_record
+from hermetic.builder.result import BuildResult, layer_rows
 from hermetic.builder.install import VenvLayout
-from hermetic.builder.layers import (
-    LAYER_FORMAT, MAX_LAYERS, BuiltLayer, LayerCache, build_layers, hermetic_layer_files, plan_layers, runtime_files,
-)
+from hermetic.builder.inputs import COMPILER_FORMAT, LAYER_FORMAT, runtime_sha256
+from hermetic.builder.layers import MAX_LAYERS, BuiltLayer, LayerCache, build_layers, hermetic_layer_files, plan_layers
 from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.config import LoadedConfig
 from hermetic.determinism import identity_part
@@ -41,6 +38,9 @@ from hermetic.paths import CachePaths
 from hermetic.reference import parse_base_reference
 from hermetic.store.intact import check_image, seal_image
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
+
+if TYPE_CHECKING:
+    from hermetic.builder.engine_feed import EngineFeed
 
 
 def image_config_part(cfg: LoadedConfig) -> dict[str, Any]:
@@ -57,13 +57,6 @@ def image_config_sha256(cfg: LoadedConfig) -> str:
     return canonical_sha256(image_config_part(cfg))
 
 
-def runtime_sha256() -> str:
-    h = hashlib.sha256()
-    for rel, data in runtime_files().items():
-        h.update(rel.encode() + b"\0" + data + b"\0")
-    return h.hexdigest()
-
-
 def build_key(cfg: LoadedConfig, lock: Lock) -> str:
     """One sha256 over every input that decides the image.
 
@@ -73,7 +66,8 @@ def build_key(cfg: LoadedConfig, lock: Lock) -> str:
     before fetching anything.
     """
     return canonical_sha256({
-        "hermetic": __version__, "layer_format": LAYER_FORMAT, "base": parse_base_reference(cfg.model.base).digest,
+        "hermetic": __version__, "layer_format": LAYER_FORMAT, "compiler_format": COMPILER_FORMAT,
+        "base": parse_base_reference(cfg.model.base).digest,
         "lock_sha256": lock.sha256, "pins": lock.normalized(),
         "target": [lock.target.platform, lock.target.python_version],
         "config": image_config_part(cfg), "runtime": runtime_sha256(),
@@ -92,34 +86,6 @@ class ImageCache(Protocol):
 
     def publish(self, store: OciStore, key: str, manifest_digest: str, notes: list[str]) -> None:
         """Make ``manifest_digest`` the image for ``key``."""
-
-
-@dataclass
-class BuildResult:
-    info: ImageInfo
-    layers: list[dict[str, Any]]
-    noop: bool
-    loaded: bool
-    seconds: float
-    record_path: Path
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def image_id(self) -> str:
-        return self.info.image_id
-
-    @property
-    def manifest_digest(self) -> str:
-        return self.info.manifest_digest
-
-    @property
-    def build_key(self) -> str:
-        return self.info.build_key
-
-    def to_json(self) -> dict[str, Any]:
-        return {"image_id": self.image_id, "manifest_digest": self.manifest_digest, "build_key": self.build_key,
-                "layers": self.layers, "noop": self.noop, "loaded": self.loaded,
-                "seconds": round(self.seconds, 3), "record": str(self.record_path), "notes": self.notes}
 
 
 def _resolve_wheels(lock: Lock, paths: CachePaths, *, offline: bool, log) -> list[ResolvedWheel]:
@@ -154,6 +120,23 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
     store = OciStore(paths.oci).ensure()
     built: list[BuiltLayer] = []
     notes: list[str] = []
+    feeds: list[EngineFeed] = []  # the load into the engine that runs while the layers build
+    try:
+        result = _build_locked(cfg, paths, store, lock, key, offline=offline, load=load, log=log, on_layer=on_layer,
+                               cache=cache, pull_base=pull_base, t0=t0, built=built, notes=notes, feeds=feeds)
+        from hermetic.builder.quick import remember_inputs
+
+        remember_inputs(cfg, lock, paths, key, result.manifest_digest)  # for the next no-op's quick check
+        return result
+    finally:
+        for feed in feeds:
+            feed.close()
+            feed.remove_partials()
+
+
+def _build_locked(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, key: str, *, offline: bool,
+                  load: bool, log, on_layer, cache: ImageCache | None, pull_base: PullImage | None, t0: float,
+                  built: list[BuiltLayer], notes: list[str], feeds: list["EngineFeed"]) -> BuildResult:
     with file_lock(paths.builds / f".{key}.lock"):
         digest = lookup_build(paths, store, key)
         source = "local"
@@ -169,8 +152,9 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
             dead_temp_files(paths, remove=True)  # a killed writer's leftovers go before we write
             base = resolve_base(store, cfg.model.base, pull=None if offline else pull_base)  # before any fetch
             wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
-            digest, built, build_notes = _build(cfg, paths, store, lock, wheels, key, base, log=log,
-                                                on_layer=on_layer)
+            digest, layers_built, build_notes = _build(cfg, paths, store, lock, wheels, key, base, log=log,
+                                                       on_layer=on_layer, feeds=feeds if load else None)
+            built += layers_built
             notes += build_notes
             source = "built"
         if source != "local":
@@ -183,7 +167,8 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
     notes += ensure_attestations(cfg, paths, store, lock, info)
     if cache is not None and source != "registry" and not offline:
         cache.publish(store, key, digest, notes)
-    return finish(cfg, store, info, noop=source == "local", load=load, t0=t0, notes=notes, built=built)
+    return finish(cfg, store, info, noop=source == "local", load=load, t0=t0, notes=notes, built=built,
+                  feed=feeds[0] if feeds else None)
 
 
 def read_config_lock(cfg: LoadedConfig) -> Lock:
@@ -193,29 +178,35 @@ def read_config_lock(cfg: LoadedConfig) -> Lock:
 
 
 def finish(cfg: LoadedConfig, store: OciStore, info: ImageInfo, *, noop: bool, load: bool, t0: float,
-           notes: list[str] | None = None, built: list[BuiltLayer] | None = None) -> BuildResult:
-    loaded = _ensure_loaded(store, info, cfg.model.name, load)
+           notes: list[str] | None = None, built: list[BuiltLayer] | None = None,
+           feed: "EngineFeed | None" = None) -> BuildResult:
+    loaded = _ensure_loaded(store, info, cfg.model.name, load, feed)
     record = write_image_record(cfg.root, cfg.model.lock, info)
     # The result (not the record) also says which layers this build made or reused.
-    built = built or []
-    first_built = len(info.layers) - len(built)
-    layers = []
-    for i, layer in enumerate(info.layers):
-        b = built[i - first_built] if built and i >= first_built else None
-        layers.append({**layer, "cached": b.cached if b else True, "seconds": round(b.seconds, 3) if b else 0.0,
-                       "packages": [f"{w.locked.name}=={w.locked.version}" for w in b.spec.wheels] if b else []})
-    return BuildResult(info, layers, noop, loaded, time.monotonic() - t0, record, notes or [])
+    loads = [{**e, "from": round(e["from"] - t0, 3), "to": round(e["to"] - t0, 3)} for e in (feed.timeline if feed else [])]
+    return BuildResult(info, layer_rows(info, built), noop, loaded, time.monotonic() - t0, record, notes or [], loads)
 
 
-def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool) -> bool:
-    """Load into the engine only when it lacks the image (by ID)."""
+def engine_tag(name: str) -> str:
+    return f"hermetic/{name}:latest" if "/" not in name else f"{name}:latest"
+
+
+def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool, feed: "EngineFeed | None" = None) -> bool:
+    """Load into the engine only when it lacks the image (by ID); after a feed, only what it still lacks."""
     if not load:
         return False
     from hermetic.engine import engine_has_image, load_image
 
+    candidates: list[str] = []
+    trusted: frozenset[str] = frozenset()
+    if feed is not None:
+        feed.close()  # waits for the image's own load (EngineFeed.finish), started when its config was made
+        if feed.final_loaded is not None:
+            return feed.final_loaded
+        candidates, trusted = feed.partial_images, frozenset(feed.trusted)
     if engine_has_image(info.image_id):
         return False
-    load_image(store, info.manifest_digest, repo_tag=f"hermetic/{name}:latest" if "/" not in name else f"{name}:latest")
+    load_image(store, info.manifest_digest, repo_tag=engine_tag(name), candidates=candidates, trusted=trusted)
     return True
 
 
@@ -234,7 +225,8 @@ def lookup_build(paths: CachePaths, store: OciStore, key: str) -> str | None:
 
 
 def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wheels: list[ResolvedWheel],
-           key: str, base: BaseImage, *, log, on_layer) -> tuple[str, list[BuiltLayer], list[str]]:
+           key: str, base: BaseImage, *, log, on_layer,
+           feeds: list["EngineFeed"] | None = None) -> tuple[str, list[BuiltLayer], list[str]]:
     from hermetic.builder.base import scan_base
     from hermetic.builder.checks import run_build_checks
     from hermetic.builder.image import LayerRef, image_config, image_manifest
@@ -246,9 +238,28 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     notes = run_build_checks(cfg, wheels, facts)
     layout = VenvLayout(m.build.prefix, m.python.version, m.python.path)
     specs = plan_layers(wheels, hermetic_layer_files(layout), max_layers=MAX_LAYERS - len(base.layers))
-    built = build_layers(specs, layout, facts.dirs, m.build.source_date_epoch, store,
-                         LayerCache(paths.layers, store), on_layer=on_layer)
+    bytecode = None
+    if m.build.bytecode != "none":
+        from hermetic.builder.bytecode import BytecodeSpec
+        from hermetic.builder.interpreter import base_interpreter
+
+        interp = base_interpreter(store, base, facts, m.python.path, m.python.version, paths.root / "bases",
+                                  paths.tmpdir())
+        bytecode = BytecodeSpec(interp, m.build.bytecode)
     labels = image_labels(cfg, lock, base.manifest_digest, wheels)
+    on_ready = on_planned = None
+    if feeds is not None:
+        from hermetic.builder.engine_feed import EngineFeed
+
+        feeds.append(EngineFeed(store, base.config, base.layers, len(base.layers) + len(specs), engine_tag(m.name),
+                                dict(labels)))
+        on_ready, on_planned = feeds[0].layer_ready, feeds[0].start
+    built = build_layers(specs, layout, facts.dirs, m.build.source_date_epoch, store,
+                         LayerCache(paths.layers, store), on_layer=on_layer, bytecode=bytecode, on_ready=on_ready,
+                         on_planned=on_planned)
+    if bytecode is not None:
+        v = ".".join(map(str, bytecode.interpreter.version))
+        labels["org.hermetic.bytecode"] = f"{bytecode.mode} {bytecode.interpreter.cache_tag} (Python {v})"
     labels[BASE_LAYERS_LABEL] = str(len(base.layers))
     from hermetic.builder.base import os_pretty_name
 
@@ -260,7 +271,9 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     refs = [LayerRef(b.descriptor, b.descriptor.digest, f"hermetic: {b.spec.description}") for b in built]
     config = image_config(base_config=base.config, cfg=m, layers=refs, base_layer_count=len(base.layers),
                           labels=labels, venv_bin=layout.bin, venv_prefix=layout.prefix)
-    config_digest, config_size, _ = store.put_json(config)
+    config_digest, config_size, config_bytes = store.put_json(config)
+    if feeds:
+        feeds[0].finish(config_digest, config_bytes)  # the engine load goes on while we write the rest
     ours = [b.descriptor for b in built]
     if m.build.compression == "gzip":
         from hermetic.builder.layers import gzip_layer

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hermetic.config import HermeticConfig
 from hermetic.determinism import knob_env
 from hermetic.store.oci import MT_CONFIG, MT_MANIFEST, Descriptor
+
+if TYPE_CHECKING:  # annotations only: reading an image back (image_record) must not import pydantic
+    from hermetic.config import HermeticConfig
 
 # Labels the image describes itself with (read back by hermetic.builder.image_record).
 PACKAGES_LABEL = "org.hermetic.packages"  # [[name, version, filename, sha256], ...] of the installed wheels

@@ -1,9 +1,10 @@
 """Which wheels go in which layer, and the layer cache.
 
 One layer per wheel of 64 MB or more (torch, each nvidia-* CUDA wheel,
-triton), the small ones grouped, biggest and most stable first: Docker reuses
-a layer only when every layer below it is the same (ChainID). The hermetic
-layer (venv skeleton + in-image runtime) goes last.
+triton), the small ones grouped, biggest and most stable first (the groups
+too, by their wheels' total size): Docker reuses a layer only when every
+layer below it is the same (ChainID). The hermetic layer (venv skeleton +
+in-image runtime) goes last.
 
 A layer's cache key covers everything that decides its bytes (the wheels'
 sha256s, the install layout, the parent directories it inherits from the
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Callable
 
 from hermetic import __version__
+from hermetic.builder.bytecode import BytecodeSpec, ZipMembers, add_bytecode
+from hermetic.builder.inputs import LAYER_FORMAT, RUNTIME_DIR, STARTUP_MODULE, runtime_files  # noqa: F401 (re-exported)
 from hermetic.builder.install import VenvLayout, venv_files, wheel_files
 from hermetic.builder.tarlayer import DirAttrs, Entry, complete_parents, write_layer
 from hermetic.canonical import canonical_sha256
@@ -37,21 +40,8 @@ from hermetic.fsutil import atomic_write_bytes
 from hermetic.lock.model import ResolvedWheel
 from hermetic.store.oci import MT_LAYER, MT_LAYER_GZIP, Descriptor, OciStore
 
-# Bump on any change to what a layer holds or how layers are planned: it is part
-# of every layer key and of the build key, so old cached builds are not reused.
-LAYER_FORMAT = 2
 BIG_WHEEL_BYTES = 64 * 1024 * 1024
 MAX_LAYERS = 100
-RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"  # shipped as hermetic_runtime
-STARTUP_MODULE = "_startup.py"  # shipped as _hermetic_startup, run at interpreter start (hermetic-runtime.pth)
-
-
-def runtime_files() -> dict[str, bytes]:
-    """The runtime's files (relative path -> bytes): the package's modules and the start-up .pth."""
-    if not RUNTIME_DIR.is_dir():
-        return {}
-    paths = sorted(p for p in RUNTIME_DIR.rglob("*") if p.suffix in (".py", ".pth") and p.is_file())
-    return {p.relative_to(RUNTIME_DIR).as_posix(): p.read_bytes() for p in paths}
 
 
 @dataclass
@@ -100,7 +90,11 @@ def plan_layers(wheels: list[ResolvedWheel], hermetic_files: dict[str, bytes | s
         small = sorted(small + big[room:], key=lambda w: w.locked.name)
         big = big[:room]
     specs = [LayerSpec("wheel", [w], f"{w.locked.name}=={w.locked.version}") for w in big]
-    for group in _group_small(small, max(1, max_layers - 1 - len(big))):
+    groups = _group_small(small, max(1, max_layers - 1 - len(big)))
+    # Biggest group first here too: a package added or upgraded lands in a small group, high in the
+    # image, so the engine applies again only the few small layers above it (its chain changed).
+    groups.sort(key=lambda g: (-sum(w.size or 0 for w in g), g[0].locked.name))
+    for group in groups:
         if len(group) == 1:
             desc = f"{group[0].locked.name}=={group[0].locked.version}"
         else:
@@ -111,7 +105,8 @@ def plan_layers(wheels: list[ResolvedWheel], hermetic_files: dict[str, bytes | s
     return specs
 
 
-def layer_key(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs], mtime: int) -> str:
+def layer_key(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs], mtime: int,
+              bytecode: BytecodeSpec | None = None) -> str:
     def digest_file(v: bytes | str) -> str:
         return ("link:" + v) if isinstance(v, str) else hashlib.sha256(v).hexdigest()
 
@@ -124,6 +119,7 @@ def layer_key(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs],
         "parents": {k: [v.mode, v.uid, v.gid] for k, v in sorted(parents.items())},
         "mtime": mtime,
         "installer": _installer_version(),
+        "bytecode": bytecode.key_part() if bytecode else None,
     })
 
 
@@ -187,10 +183,13 @@ def verify_wheel(w: ResolvedWheel) -> None:
 
 
 def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs], mtime: int,
-                store: OciStore) -> Descriptor:
-    """Install (as entries, straight from the zips), normalize, tar and hash one layer into the store."""
+                store: OciStore, bytecode: BytecodeSpec | None = None) -> Descriptor:
+    """Install (as entries, straight from the zips), compile, normalize, tar and hash one layer into the store."""
     entries: list[Entry] = []
     zips = []
+    sources: dict[str, Callable[[], bytes]] = {}  # each file's bytes, readable from the compiler's feeder thread
+    members: list[ZipMembers] = []
+    compiler = None
     try:
         if spec.kind in ("wheel", "wheels"):
             for w in spec.wheels:
@@ -198,13 +197,17 @@ def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs
                 verify_wheel(w)
                 zf, files = wheel_files(Path(w.url), layout)
                 zips.append(zf)
+                members.append(ZipMembers(Path(w.url)))
                 for path, f in files.items():
                     mode = 0o755 if f.executable else 0o644
+                    rel = path.lstrip("/")
                     if f.member is not None:
                         opener = (lambda zf=zf, m=f.member: zf.open(m))
+                        sources[rel] = members[-1].reader(f.member)
                     else:
                         opener = (lambda d=f.data: _BytesOpen(d or b""))
-                    entries.append(Entry(path.lstrip("/"), "file", mode, size=f.size, open=opener))
+                        sources[rel] = (lambda d=f.data: d or b"")
+                    entries.append(Entry(rel, "file", mode, size=f.size, open=opener))
         else:
             for path, value in spec.files.items():
                 rel = path.strip("/")
@@ -213,11 +216,18 @@ def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs
                 else:
                     data = value
                     entries.append(Entry(rel, "file", 0o644, size=len(data), open=(lambda d=data: _BytesOpen(d))))
+                    sources[rel] = (lambda d=data: d)
+        if bytecode is not None:
+            entries, compiler = add_bytecode(entries, layout.site_packages, bytecode, sources)
         entries = complete_parents(entries, parents)
         with store.writer() as w:
             size = write_layer(entries, w, mtime=mtime)
             digest = w.commit()
     finally:
+        if compiler is not None:
+            compiler.close()
+        for zm in members:
+            zm.close()
         for zf in zips:
             zf.close()
     return Descriptor(MT_LAYER, digest, size)
@@ -257,8 +267,18 @@ def hermetic_layer_files(layout: VenvLayout) -> dict[str, bytes | str]:
 def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str, DirAttrs], mtime: int,
                  store: OciStore, cache: LayerCache,
                  on_layer: Callable[[BuiltLayer], None] | None = None,
-                 jobs: int | None = None) -> list[BuiltLayer]:
-    """Reuse cached layers; build the others, in parallel processes (installing is CPU-bound Python)."""
+                 jobs: int | None = None, bytecode: BytecodeSpec | None = None,
+                 on_ready: Callable[[int, Descriptor, bool], None] | None = None,
+                 on_planned: Callable[[], None] | None = None) -> list[BuiltLayer]:
+    """Reuse cached layers; build the others, in parallel processes (installing is CPU-bound Python).
+
+    ``on_ready(i, descriptor, built_now)`` is called as soon as layer ``i``'s
+    blob is in the store (cached ones first), so a caller can start loading it
+    while the others are still being built (``on_planned()`` once the cached
+    ones are all reported). Layer ``i``'s worker runs at nice
+    ``min(3 i, 19)``: the engine applies layers bottom-up, so the lower a layer,
+    the sooner it is wanted.
+    """
     from concurrent.futures import ProcessPoolExecutor
 
     parents = relevant_parents(layout.prefix, base_dirs)
@@ -266,17 +286,23 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
     results: dict[int, BuiltLayer] = {}
     todo: list[int] = []
     for i, spec in enumerate(specs):
-        spec.key = layer_key(spec, layout, parents, mtime)
+        spec.key = layer_key(spec, layout, parents, mtime, bytecode)
         desc = cache.get(spec.key)
         if desc is not None:
             results[i] = BuiltLayer(spec, desc, True, 0.0)
+            if on_ready:
+                on_ready(i, desc, False)
         else:
             todo.append(i)
+    if on_planned:
+        on_planned()
 
     def finished(i: int, desc: Descriptor, seconds: float) -> None:
         results[i] = BuiltLayer(specs[i], desc, False, seconds)
         cache.put(specs[i].key, desc, {"description": specs[i].description,
                                        "wheels": [w.filename for w in specs[i].wheels]})
+        if on_ready:
+            on_ready(i, desc, True)
 
     workers = max(1, min(len(todo), jobs or os.cpu_count() or 1))
     if workers > 1:
@@ -285,19 +311,31 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
         from hermetic.workers import die_with_parent
 
         with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-            futures = {pool.submit(build_layer, specs[i], layout, parents, mtime, store): i for i in todo}
+            futures = {pool.submit(_build_layer_at, i, specs[i], layout, parents, mtime, store, bytecode): i
+                       for i in todo}
             for fut in as_completed(futures):
                 finished(futures[fut], fut.result(), time.monotonic() - t0)
     else:
         for i in todo:
             t1 = time.monotonic()
-            finished(i, build_layer(specs[i], layout, parents, mtime, store), time.monotonic() - t1)
+            finished(i, build_layer(specs[i], layout, parents, mtime, store, bytecode), time.monotonic() - t1)
     out = []
     for i in range(len(specs)):
         if on_layer:
             on_layer(results[i])
         out.append(results[i])
     return out
+
+
+def _build_layer_at(i: int, *args) -> Descriptor:
+    """build_layer in a pool worker, at a CPU priority that follows the layer's place (see build_layers)."""
+    try:
+        current = os.nice(0)
+        if current < min(3 * i, 19):
+            os.nice(min(3 * i, 19) - current)
+    except OSError:
+        pass
+    return build_layer(*args)
 
 
 def gzip_layer(desc: Descriptor, store: OciStore, cache: LayerCache, level: int = 6) -> Descriptor:

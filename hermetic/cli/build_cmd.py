@@ -31,12 +31,20 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
       hermetic build --json | jq .image_id
       hermetic build --cache 127.0.0.1:5000/team/train   # CI: reuse across runners
     """
-    from hermetic.config import load_config
     from hermetic.paths import cache_paths
 
-    cfg = load_config(config_path)
     paths = cache_paths()
     show = not as_json
+    if cache_repo is None:  # the quick no-op (builder/quick.py): same checks, no schema import
+        from hermetic.builder.quick import quick_noop
+
+        quick = quick_noop(config_path, paths, load=not no_load)
+        if quick is not None:
+            _report(quick, as_json)
+            return
+    from hermetic.config import load_config
+
+    cfg = load_config(config_path)
     log = (lambda s: click.echo(s, err=True)) if show else None
 
     def on_layer(b) -> None:
@@ -45,11 +53,25 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
             click.echo(f"  layer {b.descriptor.digest[7:19]}  {human_bytes(b.descriptor.size):>9}  {state:<16} {b.spec.description}", err=True)
 
     from hermetic.builder.build import build as do_build
-    from hermetic.registry import RegistryCache, ensure_image
 
-    cache = RegistryCache(cache_repo) if cache_repo else None
+    cache = None
+    if cache_repo:
+        from hermetic.registry import RegistryCache
+
+        cache = RegistryCache(cache_repo)
     result = do_build(cfg, paths, offline=offline, load=not no_load, log=log, on_layer=on_layer,
-                      cache=cache, pull_base=ensure_image)
+                      cache=cache, pull_base=_pull_base)
+    _report(result, as_json)
+
+
+def _pull_base(store, ref: str) -> str:
+    """A base the store lacks, pulled from its registry (the registry client is imported only then)."""
+    from hermetic.registry import ensure_image
+
+    return ensure_image(store, ref)
+
+
+def _report(result, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_json())
         return

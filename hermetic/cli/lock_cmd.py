@@ -18,9 +18,12 @@ from hermetic.cli.common import config_option, emit_json, json_option
               help="pip-tools only works when the host Python is the image's Python version.")
 @click.option("--upgrade", is_flag=True, help="Allow newer versions than the current lock pins.")
 @click.option("--no-index-check", is_flag=True, help="Do not probe index URLs before resolving.")
+@click.option("--no-pip-find-links", is_flag=True,
+              help="Ignore the find-links directories of pip's configuration (e.g. a local torch+cpu wheel that "
+                   "would win over PyPI's CUDA build); find-links in the input still count.")
 @json_option
 def lock(input_file: Path | None, config_path: str | None, output: Path | None, resolver: str,
-         upgrade: bool, no_index_check: bool, as_json: bool) -> None:
+         upgrade: bool, no_index_check: bool, no_pip_find_links: bool, as_json: bool) -> None:
     """Resolve requirements into a lock with sha256 hashes for the image's platform.
 
     Resolution targets the image (linux x86_64, manylinux_2_28, the Python
@@ -31,6 +34,7 @@ def lock(input_file: Path | None, config_path: str | None, output: Path | None, 
     Example:
       hermetic lock                      # requirements.in -> requirements.lock
       hermetic lock pyproject.toml -o pylock.toml
+      hermetic lock --no-pip-find-links  # torch's CUDA build from PyPI, not a local +cpu wheel
     """
     from hermetic.config import load_config
     from hermetic.lock.compile import compile_lock, find_input
@@ -41,7 +45,7 @@ def lock(input_file: Path | None, config_path: str | None, output: Path | None, 
     src = input_file or find_input(cfg.root)
     out = output or cfg.lock_path
     res = compile_lock(src.resolve(), out.resolve(), target, resolver=resolver, upgrade=upgrade,
-                       check_indexes=not no_index_check)
+                       check_indexes=not no_index_check, pip_find_links=not no_pip_find_links)
     for w in res.warnings:
         click.echo(f"hermetic: warning: {w}", err=True)
     if as_json:

@@ -99,7 +99,10 @@ def uv_binary() -> str:
 
 
 def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolver: str = "uv",
-                 upgrade: bool = False, check_indexes: bool = True) -> CompileResult:
+                 upgrade: bool = False, check_indexes: bool = True, pip_find_links: bool = True) -> CompileResult:
+    """``pip_find_links=False`` resolves without the find-links directories of pip's configuration
+    (a machine whose local wheel directory holds ``torch-X+cpu`` would otherwise always win over
+    PyPI's CUDA build of the same version: a local version sorts above the plain one)."""
     if not input_path.is_file():
         raise NotFound(f"{input_path}: no such input file")
     fmt = lock_format(output_path)
@@ -110,7 +113,8 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
     text = input_path.read_text(encoding="utf-8")
     pip = read_pip_sources()
     # pip's configured find-links mean paths from here; the resolver runs in the input's directory.
-    find_links = [f if "://" in f or not Path(f).exists() else str(Path(f).resolve()) for f in pip.find_links]
+    find_links = [f if "://" in f or not Path(f).exists() else str(Path(f).resolve())
+                  for f in (pip.find_links if pip_find_links else ())]
     for d in {input_path.parent, output_path.parent}:
         sweep_dead(d, lambda name: name.startswith(_TMP_PREFIX))  # a killed lock's files
     tmp_input: OwnedTemp | None = None

@@ -1,0 +1,101 @@
+"""Loading into the engine while the build goes on (hermetic/builder/engine_feed.py), on the real engine."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+import time
+
+import pytest
+
+from buildsupport import build_json, make_project
+from wheelfactory import make_index, make_wheel
+
+pytestmark = pytest.mark.docker
+
+
+def _layer(store, name: str):
+    from hermetic.store.oci import MT_LAYER, Descriptor
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        data = os.urandom(4096)  # new to the engine
+        ti = tarfile.TarInfo(f"feed/{name}.bin")
+        ti.size = len(data)
+        tf.addfile(ti, io.BytesIO(data))
+    blob = buf.getvalue()
+    return Descriptor(MT_LAYER, store.put_bytes(blob), len(blob))
+
+
+def _wait(cond, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_ready_prefix_is_loaded_while_later_layers_are_still_building(session_cache, base_ref, docker_client):
+    import docker.errors
+
+    from hermetic.builder.base import resolve_base
+    from hermetic.builder.engine_feed import PARTIAL_LABEL, EngineFeed
+    from hermetic.canonical import canonical_json
+    from hermetic.engine import layers_engine_has, load_layers, remove_image
+    from hermetic.store.oci import OciStore
+
+    store = OciStore(session_cache / "oci")
+    base = resolve_base(store, base_ref)
+    ours = [_layer(store, f"l{i}") for i in range(3)]
+    everything = base.diff_ids + [d.digest for d in ours]
+    feed = EngineFeed(store, base.config, base.layers, len(base.layers) + 3, repo_tag=None)
+    feed.start()
+    final = None
+    try:
+        feed.layer_ready(0, ours[0], True)
+        _wait(lambda: len(feed.loads) == 1 or feed.error is not None)
+        assert feed.error is None
+        [partial] = feed.partial_images
+        shown = docker_client.api.inspect_image(partial)
+        assert shown["RootFS"]["Layers"] == everything[:len(base.layers) + 1]
+        assert shown["Config"]["Labels"][PARTIAL_LABEL] == "1"
+        feed.layer_ready(2, ours[2], True)  # out of order: layer 1 is missing, so no longer prefix yet
+        time.sleep(1.0)
+        assert len(feed.loads) == 1
+        feed.layer_ready(1, ours[1], True)  # all there: the image's own load sends the rest
+        feed.close()
+        assert len(feed.loads) == 1 and feed.error is None
+        have = layers_engine_has(everything, candidates=feed.partial_images)
+        assert have == len(base.layers) + 1
+        config = canonical_json({"architecture": "amd64", "os": "linux", "config": {},
+                                 "rootfs": {"type": "layers", "diff_ids": everything}})
+        final = load_layers(store, config, [(d.digest, d.size) for d in base.layers + ours], None, have)
+        assert docker_client.api.inspect_image(final)["RootFS"]["Layers"] == everything
+    finally:
+        feed.close()
+        feed.remove_partials()
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(partial)
+    assert docker_client.api.inspect_image(final)["RootFS"]["Layers"] == everything  # the layers stayed
+    remove_image(final)
+
+
+def test_a_build_that_loads_leaves_no_partial_image(tmp_path, use_session_cache, base_ref, isolated_pip, monkeypatch,
+                                                    docker_client):
+    src = tmp_path / "wheels"
+    files = {"big": make_wheel(src, "bigfeed", "1.0", payload_bytes=70 * 1024 * 1024),
+             "small": make_wheel(src, "smallfeed", "1.0"), "other": make_wheel(src, "otherfeed", "1.0")}
+    monkeypatch.setenv("PIP_INDEX_URL", make_index(src / "index", list(files.values())))
+    proj = make_project(tmp_path / "p", base_ref, files,
+                        extra=f"build:\n  source_date_epoch: {int(time.time())}\n")  # layers new to the engine
+    def partial_images() -> set[str]:
+        return set(subprocess.run(["docker", "images", "-q", "--filter", "label=org.hermetic.partial"],
+                                  capture_output=True, text=True, check=True).stdout.split())
+
+    before = partial_images()  # the engine is shared: another build's (or a killed one's) are not ours
+    out = build_json(proj)
+    assert out["loaded"] is True
+    image = docker_client.api.inspect_image(out["image_id"])
+    assert len(image["RootFS"]["Layers"]) == len(out["layers"])
+    assert partial_images() <= before
