@@ -222,12 +222,17 @@ def test_the_run_readme_reproduce_by_hand_command_runs_and_matches(project, tmp_
     readme = (rd / "README.md").read_text()
     block = re.search(r"\n( {7}docker run .*?)\n\n", readme, re.S).group(1)
     command = "\n".join(line[7:] for line in block.splitlines())
+    # the user hermetic ran the script as (1000:1000 here when the tests run as root), never `id -u`'s
+    user = rec["invocation"]["user"]
+    assert f"--user {user} " in command and "id -u" not in command
+    prepare = re.search(r"\n {7}(mkdir -p outputs && chown .*)\n", readme).group(1)
     here = tmp_path / "by-hand"
     code_dir = here / f"code-{rec['record']['run_id']}"
     code_dir.mkdir(parents=True)
     with tarfile.open(rd / "code" / "source.tar") as tf:
         tf.extractall(code_dir, filter="data")
-    (here / "outputs").mkdir()
+    prep = subprocess.run(["bash", "-c", prepare], cwd=here, capture_output=True, text=True, timeout=60)
+    assert prep.returncode == 0, (prepare, prep.stderr)
     proc = subprocess.run(["bash", "-c", command], cwd=here, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (command, proc.stderr)
     import hashlib

@@ -95,6 +95,7 @@ def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None,
     """
     from hermetic.errors import NotFound
     from hermetic.record import liveness
+    from hermetic.record.index import entry_from_dir, ran_note
 
     run_dir = _run_dir(run, runs_dir, config_path)
     if not liveness.stop(run_dir):
@@ -105,7 +106,7 @@ def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None,
     if as_json:
         emit_json({"id": run_dir.name, "stopped": True, "status": status})
     else:
-        click.echo(f"{run_dir.name}: {status}")
+        click.echo(f"{run_dir.name}: {status}{ran_note(entry_from_dir(run_dir))}")
     return 0
 
 
@@ -137,7 +138,7 @@ def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str
     """
     from hermetic.errors import TempFail
     from hermetic.record import liveness
-    from hermetic.record.index import entry_from_dir
+    from hermetic.record.index import entry_from_dir, ran_note
 
     run_dir = _run_dir(run, runs_dir, config_path)
     if not liveness.wait(run_dir, timeout_s=timeout):
@@ -147,7 +148,7 @@ def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str
     if as_json:
         emit_json({**entry, "exit": code})
     else:
-        click.echo(f"{run_dir.name}  {entry['status']}" + (f"  exit {entry['exit_code']}"
+        click.echo(f"{run_dir.name}  {entry['status']}{ran_note(entry)}" + (f"  exit {entry['exit_code']}"
                                                           if entry.get("exit_code") is not None else ""))
     return code
 
@@ -172,7 +173,7 @@ def exit_code_of(run_dir: Path, entry: dict) -> int:
             code = exit_code_of(member_dir, {"status": m["status"]})
             if code:
                 return code
-        return 0
+        return EXIT_INTERRUPTED if status == "interrupted" else 0  # stopped between two members
     try:
         meta = json.loads((run_dir / "run.json").read_text())["record"]
     except (FileNotFoundError, ValueError, KeyError):

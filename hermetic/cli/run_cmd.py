@@ -191,8 +191,7 @@ def _seed_group(cfg, paths, template, seeds: str, as_json: bool, log, progress, 
     if as_json:
         emit_json(result.group)
         return export_after_run(mlflow, [result.group_json.parent], result.exit_code)
-    ok = sum(1 for m in result.members if m.status == "succeeded")
-    click.echo(f"group {result.group_id}: {ok} of {len(result.members)} runs succeeded -> {result.group_json}")
+    click.echo(f"group {result.group_id}: {result.outcome} -> {result.group_json}")
     metrics = result.group.get("metrics") or {}
     for metric, st in metrics.items():
         if st.get("mean") is None:

@@ -91,10 +91,12 @@ def _num(v: Any) -> str:
 
 
 def format_row(e: dict[str, Any]) -> list[str]:
+    from hermetic.record.index import group_size
+
     started = (e.get("started_at") or "")[:16].replace("T", " ")
     status = e["status"] or "-"
     if e["kind"] == "group":
-        status = f"group×{len(e.get('seeds') or [])} {status}"
+        status = f"group×{group_size(e)} {status}"
     if e.get("slurm") and e["slurm"].get("job_id") is not None:  # a submitted run without a record yet
         task = e["slurm"].get("array_task_id")
         status += f" (slurm {e['slurm']['job_id']}" + (f"_{task}" if task is not None else "") + ")"
@@ -277,9 +279,11 @@ def _hardware_text(hw: dict[str, Any]) -> str:
 
 
 def format_group(g: dict[str, Any], gdir: Path) -> str:
+    from hermetic.record.group import seeds_ran
+
     meta = g["group"]
     lines = [click.style(f"group {meta['group_id']}", bold=True) + f"  {meta['status']}  "
-             f"({len(g['members'])} seeds: {', '.join(str(m['seed']) for m in g['members'])})"]
+             f"({seeds_ran(g)})"]
     for m in g["members"]:
         lines.append(_line("member", f"{m['run_id']}  seed {m['seed']}  {m['status']}"))
     lines.append(_line("inputs", f"image {g['inputs']['image'][:19]}  config {g['inputs']['config_sha256'][:12]}  "

@@ -47,6 +47,10 @@ class Tree:
     root: str  # absolute, symlinks resolved
     paths: list[str] = field(default_factory=list)
     keys: list[StatKey] = field(default_factory=list)  # empty when scanned with stat=False
+    # What not everyone may read, from the same stats (stat=True only): (path, st_mode, st_uid, st_gid) of
+    # each file (a symlink's target) without o+r and each directory ("" the root, "a/b/") without o+rx.
+    # Usually empty; hermetic.data.access decides whether a given user can read them all the same.
+    restricted: list[tuple[str, int, int, int]] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -83,7 +87,7 @@ def scan_tree(root: str | os.PathLike[str], *, exclude: frozenset[str] | set[str
     """
     real_root = resolve_root(root)
     tree = Tree(real_root)
-    paths, keys = tree.paths, tree.keys
+    paths, keys, restricted = tree.paths, tree.keys, tree.restricted
     try:
         root_fd = os.open(real_root, _DIR_FLAGS)
     except OSError as e:
@@ -97,6 +101,10 @@ def scan_tree(root: str | os.PathLike[str], *, exclude: frozenset[str] | set[str
             except OSError as e:
                 raise TreeError(f"{real_root}/{rel}: cannot open directory: {e.strerror}") from None
             try:
+                if stat:
+                    d = os.fstat(fd)
+                    if d.st_mode & 0o005 != 0o005:
+                        restricted.append((rel, d.st_mode, d.st_uid, d.st_gid))
                 with os.scandir(fd) as it:
                     entries = list(it)
                 # Regular files (the common case) by comprehension: a 100,000-file walk
@@ -107,6 +115,9 @@ def scan_tree(root: str | os.PathLike[str], *, exclude: frozenset[str] | set[str
                 if stat:
                     stats = [e.stat(follow_symlinks=False) for e in files]
                     keys += [(s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns) for s in stats]
+                    if not all([s.st_mode & 0o004 for s in stats]):  # the usual dataset: everyone may read it
+                        restricted += [(rel + n, s.st_mode, s.st_uid, s.st_gid) for n, s in zip(names, stats)
+                                       if not s.st_mode & 0o004]
                 if len(files) != len(entries):
                     for entry in entries:
                         name = entry.name
@@ -119,6 +130,8 @@ def scan_tree(root: str | os.PathLike[str], *, exclude: frozenset[str] | set[str
                             paths.append(rel + name)
                             if stat:
                                 keys.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+                                if not st.st_mode & 0o004:
+                                    restricted.append((rel + name, st.st_mode, st.st_uid, st.st_gid))
                         else:
                             kind = _kind(entry.stat(follow_symlinks=False).st_mode)
                             raise TreeError(f"{real_root}/{rel}{name}: {kind}; a dataset holds regular files only")
@@ -133,6 +146,7 @@ def scan_tree(root: str | os.PathLike[str], *, exclude: frozenset[str] | set[str
         if len(keep) != len(paths):
             tree.paths = [paths[i] for i in keep]
             tree.keys = [keys[i] for i in keep] if stat else []
+            tree.restricted = [r for r in restricted if r[0] not in exclude]
             paths = tree.paths
     if not "".join(paths).isascii():  # one C-speed pass for the usual all-ASCII tree
         _check_names(real_root, [p for p in paths if not p.isascii()])

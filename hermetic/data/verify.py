@@ -58,6 +58,9 @@ class VerifyReport:
     seconds: float = 0.0
     # The manifest's bytes exactly as verified: what a run keeps as its copy (never re-read from disk).
     manifest_bytes: bytes = field(default=b"", repr=False, compare=False)
+    # What not everyone may read, from the scan's own stats (scan.Tree.restricted; hermetic.data.access);
+    # None when the scan took no stats (full mode).
+    restricted: tuple[tuple[str, int, int, int], ...] | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -117,14 +120,17 @@ def verify_dataset(
         exclude = _inside(real_root, manifest_path)
         cache = stat_cache if stat_cache is not None else StatCache.for_tree(real_root)
         label = _label(real_root) if progress else None
+        restricted = None
         if full:  # the scan happens in a worker process, while this one parses the manifest
             report = _Job(real_root, manifest_path, manifest_bytes, None, cache, recorded_ns, workers,
                           label).full(exclude)
         else:
             tree = scan_tree(real_root, exclude=exclude, stat=True)
+            restricted = tuple(tree.restricted)
             report = _Job(real_root, manifest_path, manifest_bytes, tree, cache, recorded_ns, workers,
                           label).with_stat_cache()
-    return dataclasses.replace(report, seconds=time.perf_counter() - started, manifest_bytes=manifest_bytes)
+    return dataclasses.replace(report, seconds=time.perf_counter() - started, manifest_bytes=manifest_bytes,
+                               restricted=restricted)
 
 
 class _Job:

@@ -22,6 +22,7 @@ from hermetic.determinism import SEED_KEY
 from hermetic.diff.distributed import compare_distributed
 from hermetic.diff.manifests import compare_manifests
 from hermetic.diff.model import Change, FileComparison, MetricComparison, OutputsDiff, SectionDiff
+from hermetic.seedargs import differ_only_by_seed
 
 INPUT_SECTIONS = ("image", "code", "config", "data", "seed", "env")
 ENVIRONMENT_SECTIONS = ("software", "gpu", "cpu")
@@ -223,11 +224,13 @@ def _restated_files(a: Json, b: Json) -> frozenset[str]:
     return frozenset(names)
 
 
-def compare_config(a_inv: Json, b_inv: Json) -> SectionDiff:
+def compare_config(a_inv: Json, b_inv: Json, seed_a: Any = None, seed_b: Any = None) -> SectionDiff:
+    """``seed_a``/``seed_b``: the runs' seeds. Arguments that are one template (``--seed {seed}``) filled in
+    with each run's own seed are compared by the template: the seed section says how they differ."""
     s = SectionDiff("config", TITLES["config"], "input", same_as=f"config {short(a_inv['config_sha256'])}")
     s.changes += diff_flat("config", a_inv["config"], b_inv["config"],
                            material=lambda k: not _CONFIG_RESTATED.match(k))
-    if a_inv["args"] != b_inv["args"]:
+    if a_inv["args"] != b_inv["args"] and not differ_only_by_seed(a_inv, seed_a, b_inv, seed_b):
         s.changes.append(Change("config", "args", "changed", a_inv["args"], b_inv["args"],
                                 f"arguments '{shlex.join(a_inv['args'])}' -> '{shlex.join(b_inv['args'])}'"))
     for key in ("script", "network", "resume_from"):
@@ -429,7 +432,7 @@ def compare_sections(a: Json, b: Json, manifests_a: Manifests, manifests_b: Mani
     return [
         compare_image(a["image"], b["image"]),
         compare_code(a["code"], b["code"], _restated_files(a, b)),
-        compare_config(a["invocation"], b["invocation"]),
+        compare_config(a["invocation"], b["invocation"], a["seed"]["value"], b["seed"]["value"]),
         compare_distributed(a, b),  # issue 16: world size, backend, rank map (hermetic.diff.distributed)
         compare_data(a["data"], b["data"], manifests_a, manifests_b),
         compare_seed(a["seed"], b["seed"]),

@@ -13,7 +13,9 @@
   the machine (GPU, driver, CPU, BLAS, software build) differs.
 - ``inputs differ: ...``: the first cause is the most likely one, in causal
   order (image, code, config, data, seed, environment variables), then the
-  rest; machine differences follow.
+  rest; machine differences follow. When the seed is the only input that
+  differs and the outputs are bitwise identical all the same, a note says the
+  seed had no effect (a script that seeds itself with a constant).
 
 Exit code: 0 for identical, EXIT_NOTHING_COMPARED when nothing was compared,
 1 (EXIT_DIFFERENT) for anything else.
@@ -27,6 +29,7 @@ from hermetic.determinism import env_knobs_not_set
 from hermetic.diff.compare import short
 from hermetic.errors import EXIT_DIFFERENT, EXIT_NOTHING_COMPARED
 from hermetic.diff.model import OutputsDiff, SectionDiff, Verdict
+from hermetic.seedargs import has_placeholder
 
 
 def knobs_not_set(record: dict[str, Any]) -> list[str]:
@@ -108,9 +111,26 @@ def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any],
     line = "inputs differ: " + "; then ".join([head, *rest])
     if outputs.identical and outputs.compared:
         line += "; outputs bitwise identical all the same"
+        if [s.name for s in inputs] == ["seed"]:
+            notes.insert(0, seed_had_no_effect(a, b))
     elif not outputs.compared:
         line += "; and nothing to compare (no output files, no metrics)"
     return Verdict("inputs", line, causes, knobs, notes, EXIT_DIFFERENT)
+
+
+def seed_had_no_effect(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """The note for two runs that differ in the seed alone and came out bitwise identical: the verdict is
+    still "inputs differ" (exit 1, as diff(1): they do), but a seed that changes nothing never reached
+    what the script draws -- the usual reason being a script that seeds itself with a constant."""
+    template = next((r["invocation"].get("args_template") for r in (a, b)
+                     if has_placeholder(r["invocation"].get("args_template") or [])), None)
+    if template is not None:
+        return (f"the seed did not change the outputs, although it reached the script's arguments "
+                f"({' '.join(template)}): the script ignores that argument or seeds itself with a fixed value "
+                "(docs/your-script.md, \"Seeds\")")
+    return ("the seed did not change the outputs: the script probably seeds itself with a fixed value (such as "
+            "torch.manual_seed(args.seed) with a default); give it the run's seed with `--seed {seed}` in its "
+            "arguments, or have it read $HERMETIC_SEED (docs/your-script.md, \"Seeds\")")
 
 
 def _union(a: list[str], b: list[str]) -> list[str]:

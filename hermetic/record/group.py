@@ -24,6 +24,7 @@ from hermetic.record.ids import is_run_id, iso_utc
 from hermetic.record.index import GROUP_JSON, RUN_JSON, group_entry
 from hermetic.record.outputs import decode_number
 from hermetic.record.rundir import load_json_doc, load_record, update_index
+from hermetic.seedargs import args_as_input
 
 GROUP_SCHEMA_VERSION = 1
 INTERVAL_METHOD = "mean ± t(0.975, n-1)·sd/√n, Student t; members with status succeeded only"
@@ -36,9 +37,11 @@ def group_digest(group: dict[str, Any]) -> str:
 
 
 def build_group(group_id: str, members: list[dict[str, Any]], *, now: datetime | None = None,
-                name: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                name: str | None = None, extra: dict[str, Any] | None = None,
+                planned: list[int] | None = None) -> dict[str, Any]:
     """The group document (sealed) from the members' loaded records, in seed order given; ``extra``:
-    optional sections sealed with it (``slurm``: the array behind a submitted group)."""
+    optional sections sealed with it (``slurm``: the array behind a submitted group); ``planned``: every
+    seed the group was asked to run (``group.seeds``), of which ``members`` are those that ran so far."""
     from hermetic.record.schema import RecordError
     from hermetic.stats import summarize
 
@@ -63,8 +66,9 @@ def build_group(group_id: str, members: list[dict[str, Any]], *, now: datetime |
             "name": name if name is not None else first["invocation"]["name"],
             "started_at": min(m["record"]["started_at"] for m in members),
             "written_at": iso_utc(now),
-            "status": "succeeded" if len(ok) == len(members) else "failed",
+            "status": group_status(members, planned),
             "group_sha256": "",
+            **({"seeds": list(planned)} if planned is not None else {}),
         },
         "members": [{"run_id": m["record"]["run_id"], "seed": m["seed"]["value"], "status": m["record"]["status"],
                      "record_sha256": m["record"]["record_sha256"]} for m in members],
@@ -82,6 +86,38 @@ def build_group(group_id: str, members: list[dict[str, Any]], *, now: datetime |
     }
     group["group"]["group_sha256"] = group_digest(group)
     return group
+
+
+def group_status(members: list[dict[str, Any]], planned: list[int] | None) -> str:
+    """``interrupted`` while (or because) the sweep stopped before its last seed: a member was interrupted
+    (Ctrl-C, `hermetic stop`), or fewer seeds ran than were asked for (the group.json written after
+    each member says so until the last one, as a run's early record does); else ``succeeded`` when
+    every member did, ``failed`` when one did not."""
+    if any(m["record"]["status"] == "interrupted" for m in members) or (
+            planned is not None and len(members) < len(planned)):
+        return "interrupted"
+    return "succeeded" if all(m["record"]["status"] == "succeeded" for m in members) else "failed"
+
+
+def seeds_ran(group: dict[str, Any]) -> str:
+    """``3 seeds: 0, 1, 2``, or ``1 of 3 seeds ran: 0`` for a sweep that stopped short (group.seeds)."""
+    ran = [m["seed"] for m in group["members"]]
+    planned = group["group"].get("seeds") or ran
+    listed = ", ".join(map(str, ran))
+    if len(ran) < len(planned):
+        return f"{len(ran)} of {len(planned)} seeds ran: {listed}"
+    return f"{len(ran)} seeds: {listed}"
+
+
+def group_outcome(group: dict[str, Any]) -> str:
+    """One phrase for a finished sweep: ``3 of 3 runs succeeded``, or ``interrupted: 1 of 3 seeds ran,
+    0 succeeded``."""
+    members, meta = group["members"], group["group"]
+    ok = sum(1 for m in members if m["status"] == "succeeded")
+    planned = len(meta.get("seeds") or members)
+    if meta["status"] == "interrupted":
+        return f"interrupted: {len(members)} of {planned} seeds ran, {ok} succeeded"
+    return f"{ok} of {planned} runs succeeded"
 
 
 def group_flags(succeeded: list[dict[str, Any]]) -> list[str]:
@@ -113,13 +149,15 @@ def _mixed_inputs(members: list[dict[str, Any]]) -> list[str]:
         "config": lambda r: without_seed(r["invocation"]["config"]),
         "data": lambda r: sorted((k, v["manifest_sha256"]) for k, v in r["data"].items()),
         "env": lambda r: sorted(r["env"]["determinism"].items()) + sorted(r["env"]["passed"].items()),
-        "args": lambda r: [r["invocation"]["script"], *r["invocation"]["args"]],
+        # `--seed {seed}`: one template, each member's own seed filled in, is one input (hermetic.seedargs)
+        "args": lambda r: [r["invocation"]["script"], args_as_input(r["invocation"], r["seed"]["value"])],
     }
     return [k for k, f in probes.items() if any(f(m) != f(members[0]) for m in members[1:])]
 
 
 def write_group(runs_root: str | os.PathLike[str], group_id: str, member_run_ids: list[str], *,
-                now: datetime | None = None, name: str | None = None, extra: dict[str, Any] | None = None) -> Path:
+                now: datetime | None = None, name: str | None = None, extra: dict[str, Any] | None = None,
+                planned: list[int] | None = None) -> Path:
     """Summarize the member runs into ``runs_root/group_id/group.json``; return that directory.
 
     Each member must be a sealed run under ``runs_root`` whose
@@ -138,7 +176,7 @@ def write_group(runs_root: str | os.PathLike[str], group_id: str, member_run_ids
             raise RecordError(f"{root / rid / RUN_JSON}: invocation.group: is {rec['invocation']['group']!r}, "
                               f"not {group_id!r}")
         members.append(rec)
-    group = build_group(group_id, members, now=now, name=name, extra=extra)
+    group = build_group(group_id, members, now=now, name=name, extra=extra, planned=planned)
     gdir = root / group_id
     gdir.mkdir(parents=True, exist_ok=True)
     if (gdir / RUN_JSON).exists():

@@ -69,6 +69,7 @@ def group_entry(group: dict[str, Any], dir_name: str | None = None) -> dict[str,
         "image": group["inputs"]["image"],
         "data": group["inputs"]["data"],
         "seeds": [m["seed"] for m in group["members"]],
+        "planned": len(meta.get("seeds") or group["members"]),  # seeds asked for (seeds: those that ran)
         "final": {k: v["mean"] for k, v in group["metrics"].items()},
         "sd": {k: v["sd"] for k, v in group["metrics"].items()},
         "name": meta["name"],
@@ -76,6 +77,20 @@ def group_entry(group: dict[str, Any], dir_name: str | None = None) -> dict[str,
         "replay_of": None,
         "record_sha256": meta["group_sha256"],
     }
+
+
+def group_size(entry: dict[str, Any]) -> str:
+    """A group's size for a listing: ``3``, or ``1/3`` when 1 of its 3 seeds ran."""
+    ran = len(entry.get("seeds") or [])
+    planned = entry.get("planned") or ran
+    return f"{ran}/{planned}" if ran < planned else str(ran)
+
+
+def ran_note(entry: dict[str, Any]) -> str:
+    """`` (1 of 3 seeds ran)`` for a group that stopped short, else nothing."""
+    ran = len(entry.get("seeds") or [])
+    planned = entry.get("planned") or ran
+    return f" ({ran} of {planned} seeds ran)" if entry.get("kind") == "group" and ran < planned else ""
 
 
 def append_entry(runs_root: str | os.PathLike[str], entry: dict[str, Any]) -> None:
@@ -186,8 +201,10 @@ def list_entries(runs_root: str | os.PathLike[str], *, reindex: bool = False) ->
         pass
     out = list(live.values()) + fresh
     for e in out:
-        # A record still saying what its early write said, with its driver alive: the run is running.
-        if e["status"] in ("interrupted", "incomplete") and not e.get("finished_at") and is_running(root / e["id"]):
+        # A record still saying what its early write said, with its driver alive: the run is running. A group's
+        # summary is rewritten after each member (``interrupted`` until the last one), with its time each time.
+        if e["status"] in ("interrupted", "incomplete") and (not e.get("finished_at") or e["kind"] == "group") \
+                and is_running(root / e["id"]):
             e["status"] = "running"
     out.sort(key=lambda e: (e.get("started_at") or "", e["id"]), reverse=True)
     return out

@@ -40,6 +40,7 @@ def render_readme(record: dict[str, Any], *, run_dir: str | None = None, figure:
                         "group": "a --seeds group"}.get(record["seed"]["policy"], record["seed"]["policy"]),
         "env_text": _env_text(record["env"]),
         "docker_run": _indent(docker_run_command(record), 7),
+        "prepare_text": _prepare_text(record),
         "output_count": len(record["outputs"]["files"]),
     }
     return Template(read_template(TEMPLATE_NAME)).substitute(values)
@@ -98,6 +99,22 @@ def _env_text(env: dict[str, Any]) -> str:
     return "\n".join(lines) if lines else "   (nothing)"
 
 
+def _prepare_text(record: dict[str, Any]) -> str:
+    """Step 5's first lines: who the script ran as, and ./outputs and the code made writable for that user."""
+    run_id, user = record["record"]["run_id"], record["invocation"].get("user")
+    if not user:  # an older record: it does not say; run as yourself
+        return ("With the code extracted to `./code-" + run_id + "` (the script's working\n"
+                "   directory: it may write there) and an empty `./outputs`, made writable for\n"
+                "   you (`mkdir -p outputs`), this `docker run` is equivalent to the container\n"
+                "   hermetic started:")
+    return (f"hermetic ran the script as user `{user}` (`invocation.user`). With the code\n"
+            f"   extracted to `./code-{run_id}` (the script's working directory: it may write\n"
+            f"   there) and an empty `./outputs`, both writable by that user:\n\n"
+            f"       mkdir -p outputs && chown -R {user} outputs code-{run_id}\n\n"
+            f"   (that is as root; as user {user} itself, `mkdir -p outputs` is enough),\n"
+            f"   this `docker run` is equivalent to the container hermetic started:")
+
+
 def docker_run_command(record: dict[str, Any]) -> str:
     """A ``docker run`` line equivalent to the run's container (for a person to read and paste).
 
@@ -106,8 +123,9 @@ def docker_run_command(record: dict[str, Any]) -> str:
     venv's interpreter, the seed and every recorded variable (secrets by
     name, so docker takes the value from the caller's environment), the
     code as the writable working directory, each dataset read-only wherever
-    the run saw it, outputs at /outputs. It runs as the caller (``id -u``),
-    so the files it writes in ./outputs are theirs.
+    the run saw it, outputs at /outputs. It runs as the user the run did
+    (``invocation.user``: the image's user when hermetic ran as root); an
+    older record, which does not say, runs as the caller (``id -u``).
     """
     inv = record["invocation"]
     cfg = inv.get("config") or {}
@@ -122,7 +140,7 @@ def docker_run_command(record: dict[str, Any]) -> str:
                                 "--security-opt", "no-new-privileges", "--init"]]
     if inv["gpus"]:
         groups.append(["--gpus", inv["gpus"]])
-    groups.append(["--user", "$(id -u):$(id -g)", "--workdir", workdir, "-e", "HOME=/tmp"])
+    groups.append(["--user", inv.get("user") or "$(id -u):$(id -g)", "--workdir", workdir, "-e", "HOME=/tmp"])
     run_env = {"HERMETIC_SEED": str(record["seed"]["value"]), "HERMETIC_OUTPUTS": "/outputs"}
     groups += [["-e", f"{k}={v}"] for k, v in sorted({**run_env, **env["determinism"], **env["passed"]}.items())]
     groups += [["-e", k] for k in env["secrets"]]

@@ -114,6 +114,7 @@ class Invocation(_Strict):
     gpus: Optional[str]
     network: Literal["none", "host"]
     resume_from: Optional[RunId] = None  # the run whose outputs/ this run started from
+    user: Optional[str] = None  # "UID:GID" the container ran the script as (absent in older records)
 
 
 class Package(_Strict):
@@ -379,8 +380,10 @@ class GroupMeta(_Strict):
     name: Optional[str]
     started_at: IsoTime
     written_at: IsoTime
-    status: Literal["succeeded", "failed"]
+    # interrupted: the sweep stopped before its last seed (older group.json files say failed for that)
+    status: Literal["succeeded", "failed", "interrupted"]
     group_sha256: Hex64
+    seeds: Optional[list[NonNegInt]] = None  # every seed asked for; members are those that ran (absent before)
 
 
 class GroupMember(_Strict):

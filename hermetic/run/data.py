@@ -7,13 +7,18 @@ file, which could have changed in between.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from hermetic.data.access import unreadable
 from hermetic.data.verify import VerifyReport, problem_lines, verify_dataset
 from hermetic.errors import DataError
-from hermetic.run.plan import DatasetPlan
+from hermetic.run.plan import ContainerUser, DatasetPlan
+
+# How many unreadable paths the refusal names on its line (all of them go to its details, up to this many more).
+_NAMED, _DETAILED = 3, 20
 
 
 class DataRefused(DataError):
@@ -36,8 +41,9 @@ class VerifiedDataset:
 
 
 def verify_datasets(plans: list[DatasetPlan], *, progress: bool, log: Callable[[str], None] | None = None,
-                    say_how_to_accept: bool = True) -> list[VerifiedDataset]:
-    """All of them verified, or DataRefused naming each failing dataset (its problems as details).
+                    say_how_to_accept: bool = True, reader: ContainerUser | None = None) -> list[VerifiedDataset]:
+    """All of them verified, or DataRefused naming each failing dataset (its problems as details);
+    with ``reader`` (the container's user), refused too when that user cannot read a file of one.
 
     ``say_how_to_accept``: the refusal's hint says how to write the manifest again (not for a replay,
     whose manifests are the run's own copies: there a change cannot be accepted)."""
@@ -46,6 +52,8 @@ def verify_datasets(plans: list[DatasetPlan], *, progress: bool, log: Callable[[
         if not d.host_path.is_dir():
             raise DataRefused(f"dataset {d.name}: {d.host_path} is not a directory")
         rep = verify_dataset(d.host_path, d.manifest_path, progress=progress)
+        if rep.ok and reader is not None:
+            refuse_unreadable(d, rep, reader)
         if rep.ok:
             verified.append(VerifiedDataset(d, rep))
             if log:
@@ -69,3 +77,23 @@ def _shown(path: Path) -> str:
         return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+def refuse_unreadable(plan: DatasetPlan, report: VerifyReport, reader: ContainerUser) -> None:
+    """DataRefused when the container's user cannot read a file or directory of the dataset: the script
+    would fail on it with PermissionError, after the container started (hermetic.data.access)."""
+    restricted = report.restricted
+    if restricted is None:  # a verification that took no stats: take them (run verifies with the stat cache)
+        from hermetic.data.scan import scan_tree
+
+        restricted = tuple(scan_tree(plan.host_path, stat=True).restricted)
+    bad = unreadable(restricted, reader.uid, reader.gid)
+    if not bad:
+        return
+    named = ", ".join(bad[:_NAMED]) + (f" (+{len(bad) - _NAMED} more)" if len(bad) > _NAMED else "")
+    details = [f"{plan.name}: unreadable {p}" for p in bad[:_DETAILED]]
+    if len(bad) > _DETAILED:
+        details.append(f"{plan.name}: ... and {len(bad) - _DETAILED} more")
+    raise DataRefused(f"dataset {plan.name}: the script runs as {reader.spec}, which cannot read {len(bad)} of its "
+                      f"files or directories in {plan.host_path}: {named} — no container was started", details=details,
+                      hint=f"let everyone read it: chmod -R a+rX {shlex.quote(str(plan.host_path))}")

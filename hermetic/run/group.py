@@ -17,6 +17,7 @@ from hermetic.config import LoadedConfig
 from hermetic.errors import EXIT_USAGE, HermeticError
 from hermetic.paths import CachePaths
 from hermetic.record import new_group_id, write_group
+from hermetic.record.group import group_outcome
 from hermetic.run.plan import RunRequest
 from hermetic.record import liveness
 from hermetic.run.detach import announce
@@ -66,6 +67,11 @@ class GroupResult:
     members: list[RunResult]
     exit_code: int  # the first failing member's, else 0
 
+    @property
+    def outcome(self) -> str:
+        """``3 of 3 runs succeeded``, ``interrupted: 1 of 3 seeds ran, 0 succeeded`` (record.group)."""
+        return group_outcome(self.group) if self.group else f"{len(self.members)} run(s), no summary written"
+
 
 def run_seed_group(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: list[int], *,
                    log: Log | None = None, progress: bool = False,
@@ -92,7 +98,8 @@ def _run_members(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, see
             first_failure = result.exit_code
         if on_member is not None:
             on_member(result)
-        group_json = write_group(cfg.runs_path, gid, [m.run_id for m in members], name=template.name) / "group.json"
+        group_json = write_group(cfg.runs_path, gid, [m.run_id for m in members], name=template.name,
+                                 planned=seeds) / "group.json"
         if result.status == "interrupted":
             break
     group = json.loads(group_json.read_text()) if group_json.is_file() else {}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,10 @@ from hermetic.config import LoadedConfig, is_env_name
 from hermetic.containerpaths import RUNTIME_MOUNT
 from hermetic.errors import NotFound, UsageError
 from hermetic.run.distributed import DistributedPlan
+# `hermetic run --seeds 0,1,2 main.py --seed {seed}`: the placeholders, filled in per run (hermetic.seedargs)
+from hermetic.seedargs import PLACEHOLDER, has_placeholder, script_args  # noqa: F401 (run.plan's API)
 
 RUNTIME_REPORT = f"{RUNTIME_MOUNT}/runtime.json"
-# Placeholders in the script's arguments, replaced per run: `hermetic run --seeds 0,1,2 main.py --seed {seed}`.
-PLACEHOLDER = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|\{([A-Za-z_]\w*)\}")
 
 
 @dataclass
@@ -97,34 +96,14 @@ def plan_datasets(cfg: LoadedConfig, overrides: dict[str, str],
     return out
 
 
-def script_args(template: list[str], seed: int) -> list[str]:
-    """The script's arguments with ``{seed}`` replaced; ``{{seed}}`` stays a literal ``{seed}``.
-
-    Only ``{identifier}`` is a placeholder, so JSON arguments (``'{"lr": 0.1}'``)
-    pass through untouched; an unknown one (``{sed}``) is refused as a typo.
-    """
-    def one(arg: str) -> str:
-        def sub(m: re.Match[str]) -> str:
-            if m.group(1) is not None:
-                return "{" + m.group(1) + "}"
-            if m.group(2) == "seed":
-                return str(seed)
-            raise UsageError(f"script argument {arg!r}: unknown placeholder {m.group(0)} (the one hermetic "
-                                f"fills in is {{seed}}; write {{{m.group(0)}}} for the text itself)")
-        return PLACEHOLDER.sub(sub, arg)
-
-    return [one(a) for a in template]
-
-
-def has_placeholder(args: list[str]) -> bool:
-    return any(m.group(2) is not None for a in args for m in PLACEHOLDER.finditer(a))
-
-
 def snapshot_excludes(cfg: LoadedConfig, datasets: list[DatasetPlan]) -> list[str]:
     # The datasets and their manifests are the data section's (a copy of each manifest is
     # kept in the run's data/): in the code snapshot too, a data update would read as a code change.
+    # A dataset's project path is left out even when --data takes it from elsewhere: the container sees
+    # the dataset there, never the project's copy, and the copy is not code.
     ex = {".git", ".hermetic"}
-    for p in [cfg.runs_path] + [d.host_path for d in datasets] + [d.manifest_path for d in datasets]:
+    for p in ([cfg.runs_path] + [d.host_path for d in datasets] + [cfg.resolve(d.config_path) for d in datasets]
+              + [d.manifest_path for d in datasets]):
         try:
             ex.add(Path(p).resolve().relative_to(cfg.root).as_posix())
         except ValueError:

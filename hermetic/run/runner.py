@@ -88,7 +88,8 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
 
     info = prepare_image(cfg, paths, store, req, log)  # 1. the image
     datasets = verify_datasets(plan_datasets(cfg, req.data_paths, req.manifest_paths),  # 2. the data
-                               progress=progress, log=log, say_how_to_accept=not req.manifest_paths)
+                               progress=progress, log=log, say_how_to_accept=not req.manifest_paths,
+                               reader=container_user(cfg))
     run_id, run_dir, rec, env = open_run(cfg, store, req, info, datasets, script, passed)  # 3. the run directory
     with liveness.hold(run_dir):  # `hermetic stop`, `logs -f`, `runs wait` find the run's process by this
         if announce("run", run_id, run_dir, run_dir / "logs"):  # --detach: the terminal is gone from here on
@@ -100,6 +101,7 @@ def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, i
                 datasets: list[VerifiedDataset], script: str, run_id: str, run_dir: Path, rec: dict[str, Any],
                 env: RunEnvironment, log: Log) -> RunResult:
     user = container_user(cfg)
+    rec["invocation"]["user"] = user.spec  # who the script ran as: the run README's by-hand command says it
     python = f"{cfg.model.build.prefix}/bin/python"
     with _workspace(paths, run_id) as workspace:
         rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log)  # 4. the code
