@@ -344,6 +344,18 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
     return config_digest
 
 
+def images_labelled(label: str) -> dict[str, str]:
+    """Image ID -> the value of ``label``, for every image in the engine that has it."""
+    import docker.errors
+
+    try:
+        api = engine_client().api
+        ids = api.images(filters={"label": label}, quiet=True)
+        return {i: ((api.inspect_image(i).get("Config") or {}).get("Labels") or {}).get(label, "") for i in ids}
+    except docker.errors.APIError:
+        return {}
+
+
 def remove_image(image_id: str) -> None:
     """Remove an image by ID if nothing uses it (its layers stay while another image holds them)."""
     import docker.errors

@@ -133,7 +133,9 @@ def _lock(root: Path, python: str, log) -> tuple[str, str]:
     from hermetic.lock.model import Target
 
     log(f"locking {source.name} for linux x86_64 / CPython {python} -> {LOCK_FILE} ...")
-    compile_lock(source, root / LOCK_FILE, Target(python_version=python))
+    res = compile_lock(source, root / LOCK_FILE, Target(python_version=python))
+    if res.torch is not None:
+        log(res.torch.sentence())
     return LOCK_FILE, f"locked from {source.name}"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import subprocess
 import tarfile
 import time
@@ -59,7 +60,7 @@ def test_a_ready_prefix_is_loaded_while_later_layers_are_still_building(session_
         [partial] = feed.partial_images
         shown = docker_client.api.inspect_image(partial)
         assert shown["RootFS"]["Layers"] == everything[:len(base.layers) + 1]
-        assert shown["Config"]["Labels"][PARTIAL_LABEL] == "1"
+        assert shown["Config"]["Labels"][PARTIAL_LABEL] == f"{socket.gethostname()}:{os.getpid()}"  # its build
         feed.layer_ready(2, ours[2], True)  # out of order: layer 1 is missing, so no longer prefix yet
         time.sleep(1.0)
         assert len(feed.loads) == 1
@@ -99,3 +100,36 @@ def test_a_build_that_loads_leaves_no_partial_image(tmp_path, use_session_cache,
     image = docker_client.api.inspect_image(out["image_id"])
     assert len(image["RootFS"]["Layers"]) == len(out["layers"])
     assert partial_images() <= before
+
+
+def test_a_killed_builds_prefix_images_are_removed_by_the_next_feed_and_a_live_ones_kept(session_cache, base_ref,
+                                                                                           docker_client):
+    import docker.errors
+
+    from hermetic.builder.base import resolve_base
+    from hermetic.builder.engine_feed import PARTIAL_LABEL, sweep_stale_partials
+    from hermetic.canonical import canonical_json
+    from hermetic.engine import load_layers, remove_image
+    from hermetic.store.oci import OciStore
+
+    store = OciStore(session_cache / "oci")
+    base = resolve_base(store, base_ref)
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a PID that has just ended: a build that was SIGKILLed
+    loaded = {}
+    for who, owner in (("dead", f"{socket.gethostname()}:{dead.pid}"), ("alive", f"{socket.gethostname()}:{os.getpid()}"),
+                       ("elsewhere", f"another-host.invalid:{dead.pid}")):
+        layer = _layer(store, who)
+        config = canonical_json({"architecture": "amd64", "os": "linux", "config": {"Labels": {PARTIAL_LABEL: owner}},
+                                 "rootfs": {"type": "layers", "diff_ids": base.diff_ids + [layer.digest]}})
+        loaded[who] = load_layers(store, config, [(d.digest, d.size) for d in base.layers + [layer]], None, 0)
+    try:
+        removed = sweep_stale_partials()
+        assert loaded["dead"] in removed and loaded["alive"] not in removed and loaded["elsewhere"] not in removed
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker_client.images.get(loaded["dead"])
+        docker_client.images.get(loaded["alive"])
+        docker_client.images.get(loaded["elsewhere"])
+    finally:
+        for image_id in loaded.values():
+            remove_image(image_id)

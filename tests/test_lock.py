@@ -274,3 +274,66 @@ def test_torch_cuda_13_build_resolves_from_pypi(tmp_path, isolated_pip, monkeypa
 
     info = cuda_info(read_lock(proj / "requirements.lock", T311).wheels)
     assert (info.runtime or "").startswith("13.") and info.cudnn
+
+
+# --- which torch build a lock holds (hermetic.lock.torchbuild) ----------------------------------
+
+def _lock_of(*pins: tuple[str, str]):
+    from hermetic.lock.model import Lock, LockedWheel
+
+    return Lock("requirements.lock", "requirements", Target(),
+                tuple(LockedWheel(n, v, frozenset({"0" * 64})) for n, v in pins))
+
+
+def test_the_examples_cpu_torch_lock_is_said_to_be_the_cpu_build():
+    from hermetic.lock.model import Target
+    from hermetic.lock.read import read_lock
+    from hermetic.lock.torchbuild import torch_build
+
+    tb = torch_build(read_lock(Path(__file__).parent.parent / "examples/torch-mlp/requirements.lock", Target()))
+    assert (tb.kind, tb.version, tb.nvidia_wheels) == ("cpu", "2.13.0+cpu", 0)
+    assert tb.sentence() == "torch 2.13.0+cpu: the CPU build (no CUDA wheels)"
+
+
+def test_pypis_torch_with_nvidia_wheels_is_said_to_be_the_cuda_build_and_how_to_get_the_cpu_one():
+    from hermetic.lock.model import Target
+    from hermetic.lock.read import read_lock
+    from hermetic.lock.torchbuild import torch_build
+
+    # Real locks of PyPI's torch (uv, no find-links): what a new user gets from `torch` in requirements.in.
+    locks = Path(__file__).parent / "fixtures/locks"
+    tb = torch_build(read_lock(locks / "torch-2.11.0-cuda-toolkit.txt", Target()))
+    assert (tb.kind, tb.cuda_major, tb.version, tb.nvidia_wheels) == ("cuda", 13, "2.11.0", 15)
+    assert "the CUDA 13 build, with 15 nvidia-* wheels" in tb.sentence()
+    assert "torch==2.11.0+cpu" in tb.sentence()
+    tb = torch_build(read_lock(locks / "torch-2.9.1-cu12.txt", Target()))
+    assert (tb.kind, tb.cuda_major) == ("cuda", 12)
+
+
+def test_torch_builds_from_local_versions_and_cuda_12_suffixes():
+    from hermetic.lock.torchbuild import torch_build
+
+    assert torch_build(_lock_of(("numpy", "2.0.0"))) is None
+    assert torch_build(_lock_of(("torch", "2.6.0+cu124"))).cuda_major == 12
+    tb = torch_build(_lock_of(("torch", "2.5.1"), ("nvidia-cuda-runtime-cu12", "12.4.127"), ("nvidia-cublas-cu12", "1")))
+    assert (tb.kind, tb.cuda_major, tb.nvidia_wheels) == ("cuda", 12, 2)
+    assert torch_build(_lock_of(("torch", "2.5.1+rocm6.2"))).kind == "rocm"
+    assert torch_build(_lock_of(("torch", "2.5.1"))).kind == "cpu"
+
+
+def test_hermetic_lock_says_which_torch_build_it_locked(tmp_path, isolated_pip):
+    # A fake torch and an nvidia-* wheel beside it: what PyPI's Linux torch looks like to the lock.
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "torch", "2.13.0")
+    make_wheel(wheels, "nvidia-cuda-runtime", "13.0.96")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\n")
+    (proj / "requirements.in").write_text(f"--no-index\n--find-links {wheels}\ntorch\nnvidia-cuda-runtime\n")
+    proc = run_cli("lock", "-C", str(proj))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith("torch 2.13.0: the CUDA 13 build, with 1 nvidia-* wheel "), proc.stdout
+    assert "torch==2.13.0+cpu" in proc.stdout
+    proc = run_cli("lock", "-C", str(proj), "--json")
+    assert json.loads(proc.stdout)["torch"] == {"version": "2.13.0", "kind": "cuda", "cuda_major": 13,
+                                                "nvidia_wheels": 1}

@@ -20,6 +20,8 @@ as without the feed. Loads run one at a time, in layer order.
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from typing import Any
@@ -27,7 +29,41 @@ from typing import Any
 from hermetic.canonical import canonical_json
 from hermetic.store.oci import Descriptor, OciStore
 
-PARTIAL_LABEL = "org.hermetic.partial"
+PARTIAL_LABEL = "org.hermetic.partial"  # its value: "HOST:PID" of the build that loaded it
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _is_stale(owner: str) -> bool:
+    """Whether a prefix image's build is gone: one of this host whose process has ended, or one that does
+    not say (loaded before prefix images named their build). Another host's are left alone."""
+    host, _, pid = owner.rpartition(":")
+    if not host or not pid.isdigit():
+        return True
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
+
+
+def sweep_stale_partials() -> list[str]:
+    """Remove the prefix images of builds that were killed before they could (their layers stay while a
+    real image holds them; otherwise the engine frees them). Returns the IDs removed."""
+    from hermetic.engine import images_labelled, remove_image
+
+    removed = []
+    for image_id, owner in images_labelled(PARTIAL_LABEL).items():
+        if _is_stale(owner):
+            remove_image(image_id)
+            removed.append(image_id)
+    return removed
 
 
 class EngineFeed:
@@ -85,6 +121,10 @@ class EngineFeed:
 
     def _run(self) -> None:
         try:
+            sweep_stale_partials()  # a killed build's prefix images (GBs of layers) go with the next build
+        except Exception:  # never a reason for this build to fail
+            pass
+        try:
             self._prefixes()
         except BaseException as e:  # the final load sends what the engine still lacks
             self.error = e
@@ -123,7 +163,7 @@ class EngineFeed:
                     continue
             config = canonical_json({
                 "architecture": self._arch, "os": self._os,
-                "config": {"Labels": {PARTIAL_LABEL: "1"}},
+                "config": {"Labels": {PARTIAL_LABEL: _owner()}},
                 "rootfs": {"type": "layers", "diff_ids": diff_ids},
             })
             t = time.monotonic()

@@ -28,7 +28,10 @@ def lock(input_file: Path | None, config_path: str | None, output: Path | None, 
 
     Resolution targets the image (linux x86_64, manylinux_2_28, the Python
     version in hermetic.yaml), not the machine you run this on, and admits
-    wheels only: an sdist would need a build, which is not hermetic.
+    wheels only: an sdist would need a build, which is not hermetic. When the
+    lock holds torch, the last line says which build: the CPU wheel
+    (`+cpu`), or PyPI's CUDA build with its nvidia-* wheels (several GB, of
+    use only with a GPU; pin `torch==X+cpu` for a machine without one).
 
     \b
     Example:
@@ -51,6 +54,8 @@ def lock(input_file: Path | None, config_path: str | None, output: Path | None, 
     if as_json:
         emit_json({"lock": str(res.output), "packages": res.packages, "resolver": res.resolver,
                    "target": {"platform": target.platform, "python": target.python_version},
-                   "warnings": res.warnings})
+                   "torch": res.torch.to_json() if res.torch else None, "warnings": res.warnings})
     else:
         click.echo(f"locked {res.packages} packages for {target.platform} / CPython {target.python_version} -> {res.output}")
+        if res.torch is not None:
+            click.echo(res.torch.sentence())

@@ -38,6 +38,7 @@ from hermetic.fsutil import OwnedTemp, atomic_write_text, sweep_dead
 from hermetic.indexes import read_pip_sources, reachable
 from hermetic.lock.model import Target
 from hermetic.lock.read import lock_format, read_lock
+from hermetic.lock.torchbuild import TorchBuild, torch_build
 
 
 INPUT_LABEL = "<input>"  # how the lock names the requirements file it was made from
@@ -51,6 +52,7 @@ class CompileResult:
     resolver: str
     warnings: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
+    torch: TorchBuild | None = None  # which torch build the lock holds (hermetic.lock.torchbuild)
 
 
 def find_input(root: Path) -> Path:
@@ -190,7 +192,7 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
             check.write_text(out_text, encoding="utf-8")
             lock = read_lock(check, target)
         atomic_write_text(output_path, out_text)
-        return CompileResult(output_path, len(lock.wheels), resolver, warnings, cmd)
+        return CompileResult(output_path, len(lock.wheels), resolver, warnings, cmd, torch_build(lock))
     finally:
         out.discard()
         if tmp_input is not None:
