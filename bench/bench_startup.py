@@ -9,8 +9,11 @@ does. One container per case, N interpreter starts timed inside it, so
 container start-up does not drown the milliseconds. Cases, in one invocation:
 
 - ``python -c pass`` with the hook active (HERMETIC_SEED set) vs masked;
-- ``python -c "import random, numpy"`` likewise: the hook's real work
-  (wrapping the loaders, seeding after import) on the numpy example's image.
+- ``python -c "import random, numpy"`` likewise: the hook's wrapping of the
+  loaders on the numpy example's image (numpy 2 imports numpy.random lazily,
+  and the hook seeds it only when it is imported);
+- ``python -c "import random, numpy; numpy.random.rand()"``: the seeding
+  itself, when the script draws from numpy's global generator.
 
 Printed: median per case, the difference (ms) and the ratio; --json for
 the numbers.
@@ -69,7 +72,8 @@ def main() -> None:
     EMPTY = str(empty)
     site = "/opt/venv/lib/python3.11/site-packages"
     rows = []
-    for label, code in (("python -c pass", "pass"), ("python -c 'import random, numpy'", "import random, numpy")):
+    for label, code in (("python -c pass", "pass"), ("python -c 'import random, numpy'", "import random, numpy"),
+                        ("... numpy.random.rand()", "import random, numpy; numpy.random.rand()")):
         with_hook = inside(built["image_id"], args.n, code, hook=True, site=site)
         without = inside(built["image_id"], args.n, code, hook=False, site=site)
         rows.append({"case": label, "with_hook_ms": with_hook, "without_ms": without,

@@ -147,6 +147,17 @@ def _seeded_at_startup(rec: dict) -> list:
 
 
 @pytest.mark.docker
+def test_numpy_is_seeded_when_its_global_generator_is_imported_not_at_import_numpy(project):
+    # numpy 2 imports numpy.random on first use; seeding it at `import numpy` cost every script ~10 ms
+    (project / "nodraw.py").write_text("import numpy\nopen('v.txt', 'w').write(numpy.__version__)\n")
+    (project / "draws.py").write_text("import numpy\nopen('v.txt', 'w').write(repr(numpy.random.rand()))\n")
+    _, quiet = hermetic_run(project, "nodraw.py")
+    _, drew = hermetic_run(project, "draws.py")
+    assert "numpy" not in _seeded_at_startup(quiet)
+    assert "numpy" in _seeded_at_startup(drew)
+
+
+@pytest.mark.docker
 def test_a_script_that_never_seeds_is_seeded_at_interpreter_start(project):
     (project / "never.py").write_text(NEVER_SEEDS)
     _, a = hermetic_run(project, "never.py")

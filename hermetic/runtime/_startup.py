@@ -9,7 +9,11 @@ $HERMETIC_STARTUP_SEEDING is ``0``.
 Nothing is imported eagerly: an import hook seeds Python's ``random``
 (``random.seed``), numpy's global RNG (``numpy.random.seed``) and torch's
 default generators (``torch.manual_seed``) right after their own first
-import, so a script that never imports numpy pays nothing for it, and a
+import, so a script that never imports numpy pays nothing for it. For numpy
+that is ``numpy.random``'s import: numpy 2 imports it lazily, on the first
+``np.random`` attribute, and seeding at ``import numpy`` would import it for
+every script that never draws (~10 ms), while nothing can draw from the
+global RNG before its module exists (numpy 1.x imports it with numpy). And a
 script's own seeding, which comes later, still wins. At exit the main
 process writes into the runtime report what was seeded (``startup``) and,
 when torch was imported, the determinism state it ended with (``final``),
@@ -23,7 +27,8 @@ import sys
 
 SEED_ENV = "HERMETIC_SEED"
 SWITCH_ENV = "HERMETIC_STARTUP_SEEDING"
-TARGETS = ("random", "numpy", "torch")
+TARGETS = ("random", "numpy.random", "torch")  # modules watched
+LABELS = {"numpy.random": "numpy"}  # what the record calls them
 SEED_MAX = 2**32 - 1
 
 
@@ -42,8 +47,8 @@ def seed_module(name, module, seed):
     """Seed one freshly imported module's global generator."""
     if name == "random":
         module.seed(seed)
-    elif name == "numpy":
-        module.random.seed(seed)
+    elif name == "numpy.random":
+        module.seed(seed)
     elif name == "torch":
         module.manual_seed(seed)  # the CPU generator and, lazily, every CUDA device's
 
@@ -94,9 +99,9 @@ class SeedOnImport:
     def after_import(self, name, module):
         try:
             seed_module(name, module, self.seed)
-            self.seeded.append(name)
+            self.seeded.append(LABELS.get(name, name))
         except Exception as e:  # a module without the call we expect: say so at exit, never break the import
-            self.seeded.append("%s failed: %s" % (name, type(e).__name__))
+            self.seeded.append("%s failed: %s" % (LABELS.get(name, name), type(e).__name__))
         if not self.pending and self in sys.meta_path:
             # Nothing left to watch: later imports no longer pass through here. (Not done inside
             # find_spec: the import system is iterating sys.meta_path there.)
