@@ -47,6 +47,7 @@ EXAMPLE = REPO / "examples" / "torch-mlp"
 PROBE = REPO / "hermetic" / "probe" / "probe.py"
 SOURCES = ("pynvml", "nvml", "nvidia-smi", "cuda")
 REPEATS = 5
+DEVICE = "cuda"  # --rehearse-on-cpu: "cpu", to try every section here before the GPU machine's few minutes
 # The image's strict-mode environment (hermetic.determinism.knob_env("strict", 1, 0, {})), as a
 # `hermetic run` container would have it; the runtime reads these as the process sees them.
 STRICT_ENV = {
@@ -137,14 +138,15 @@ def nondeterministic_ops() -> dict:
 
     def once(op: str, strict: bool) -> str:
         torch.use_deterministic_algorithms(strict)
-        g = torch.Generator(device="cuda").manual_seed(0)
-        src = torch.randn(1 << 22, device="cuda", generator=g)
-        index = torch.randint(0, 1 << 10, (1 << 22,), device="cuda", generator=g)
+        g = torch.Generator(device=DEVICE).manual_seed(0)
+        src = torch.randn(1 << 22, device=DEVICE, generator=g)
+        index = torch.randint(0, 1 << 10, (1 << 22,), device=DEVICE, generator=g)
         if op == "index_add_":
-            out = torch.zeros(1 << 10, device="cuda").index_add_(0, index, src)
+            out = torch.zeros(1 << 10, device=DEVICE).index_add_(0, index, src)
         else:
-            out = torch.zeros(1 << 10, device="cuda").scatter_add_(0, index, src)
-        torch.cuda.synchronize()
+            out = torch.zeros(1 << 10, device=DEVICE).scatter_add_(0, index, src)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
         return hashlib.sha256(out.cpu().numpy().tobytes()).hexdigest()
 
     out: dict = {}
@@ -169,7 +171,7 @@ def train_loops(tmp: Path) -> dict:
             env = {**{k: v for k, v in os.environ.items() if k not in STRICT_ENV}, **knobs,
                    "PYTHONPATH": str(_runtime_dir()), "HERMETIC_OUTPUTS": str(outputs), "HERMETIC_SEED": "1234"}
             t = time.monotonic()
-            p = subprocess.run([sys.executable, str(EXAMPLE / "train.py"), "--data", str(data), "--device", "cuda"],
+            p = subprocess.run([sys.executable, str(EXAMPLE / "train.py"), "--data", str(data), "--device", DEVICE],
                                env=env, capture_output=True, text=True, timeout=240)
             seconds = time.monotonic() - t
             files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
@@ -192,23 +194,35 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu-check-out"), help="folder for everything measured")
     ap.add_argument("--budget", type=float, default=330, help="seconds for the whole check (default 330)")
+    ap.add_argument("--rehearse-on-cpu", action="store_true",
+                    help="run every section on the CPU (in the torch example's image, say): proves the script "
+                         "works before it spends GPU time; its figures say nothing about a GPU")
     args = ap.parse_args()
+    global DEVICE
+    if args.rehearse_on_cpu:
+        DEVICE = "cpu"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget)
-    import torch
+    try:
+        import torch
+    except ImportError:
+        print("gpu_check: torch is not importable by this Python (the GPU machine's python3 has it; here, "
+              "rehearse inside the torch example's image)", file=sys.stderr)
+        return 69
 
     cuda = torch.cuda.is_available()
     report: dict = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "python": sys.version.split()[0], "torch": torch.__version__, "torch_cuda": torch.version.cuda,
                     "cudnn": torch.backends.cudnn.version(), "cuda_available": cuda,
-                    "gpu": torch.cuda.get_device_name(0) if cuda else None}
+                    "gpu": torch.cuda.get_device_name(0) if cuda else None,
+                    "device": DEVICE, "rehearsal": args.rehearse_on_cpu}
     if cuda:
         props = torch.cuda.get_device_properties(0)
         report["gpu_properties"] = {"sm_count": props.multi_processor_count, "memory_bytes": props.total_memory,
                                     "compute_capability": f"{props.major}.{props.minor}"}
     section(report, "probe", budget, 30, lambda: run_probes(out, report["gpu"]))
-    if cuda:
+    if cuda or args.rehearse_on_cpu:
         section(report, "nondeterministic_ops", budget, 20, nondeterministic_ops)
         with tempfile.TemporaryDirectory() as tmp:
             section(report, "torch_mlp_cuda", budget, 120, lambda: train_loops(Path(tmp)))
@@ -222,7 +236,8 @@ def main() -> int:
 
 
 def summary(report: dict) -> str:
-    lines = [f"torch {report['torch']} (CUDA {report['torch_cuda']}, cuDNN {report['cudnn']}) on {report['gpu']}"]
+    lines = [f"torch {report['torch']} (CUDA {report['torch_cuda']}, cuDNN {report['cudnn']}) on {report['gpu']}"
+             + (" -- a CPU rehearsal: no figure here is about a GPU" if report.get("rehearsal") else "")]
     probe = (report.get("probe") or {}).get("result") or {}
     for source, r in probe.items():
         gpus = ", ".join(f"{g['name']} sm={g['sm_count']} cc={g['compute_capability']} driver={g['driver_version']} "
@@ -235,7 +250,7 @@ def summary(report: dict) -> str:
     for mode in ("strict", "off"):
         if mode in train:
             t = train[mode]
-            lines.append(f"torch-mlp on CUDA, {mode}: weights bitwise equal: {t['weights_bitwise_equal']} "
+            lines.append(f"torch-mlp on {report.get('device', 'cuda')}, {mode}: weights bitwise equal: {t['weights_bitwise_equal']} "
                          f"(exit 0: {t['all_exit_0']}), {t['seconds']} s")
     if train.get("strict_over_off_time") is not None:
         lines.append(f"strict / off wall time: {train['strict_over_off_time']}x")

@@ -11,6 +11,7 @@ manifests on any host (no engine needed for that).
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -184,3 +185,30 @@ def test_torch_image_runs_under_plain_docker_by_the_printed_id(torch_mlp, docker
     assert proc.returncode == 0, proc.stderr
     (numpy_pin,) = re.findall(r"(?m)^numpy==(\S+)", (proj / "requirements.lock").read_text())
     assert proc.stdout.split() == ["2.13.0+cpu", numpy_pin]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_prepared_gpu_check_runs_every_section_as_a_cpu_rehearsal(torch_mlp, docker_client, tmp_path):
+    # bench/gpu_check.py gets a few minutes on a lent GPU machine (issue 17): every section must work
+    # before then. In the torch image, on the CPU, it runs them all and writes what it measured.
+    _, built = torch_mlp
+    repo = Path(__file__).resolve().parent.parent
+    out = tmp_path / "gpu-check"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    proc = subprocess.run(["docker", "run", "--rm", "--network", "none", "-v", f"{repo}:/src:ro", "-v", f"{out}:/out",
+                           "--tmpfs", "/tmp", "-w", "/src", "-e", "HOME=/tmp", "--user", "1000:1000", built["image_id"],
+                           "/opt/venv/bin/python", "bench/gpu_check.py", "--rehearse-on-cpu", "--out", "/out",
+                           "--budget", "240"], capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["rehearsal"] is True and report["device"] == "cpu"
+    for name in ("probe", "nondeterministic_ops", "torch_mlp_cuda", "strict_knobs"):
+        assert "result" in report[name], (name, report[name])
+    train = report["torch_mlp_cuda"]["result"]["summary"]
+    assert train["strict"]["all_exit_0"] and train["strict"]["weights_bitwise_equal"]
+    knobs = report["strict_knobs"]["result"]
+    assert knobs["fill_uninitialized_memory"] is True and knobs["env"]["NCCL_NVLS_ENABLE"] == "0"
+    assert (out / "probe.json").is_file()
+    assert "a CPU rehearsal" in proc.stdout
