@@ -162,12 +162,20 @@ class BuildConfig(_Strict):
         return v
 
 
+# Files that differ every run by design: kept and hashed, never compared (TensorBoard names its event
+# files by time, host and PID, and writes wall times into them).
+DEFAULT_VOLATILE = ("**/events.out.tfevents.*",)
+
+
 class OutputsConfig(_Strict):
     """Which files the script writes in its working directory become outputs (globs, '/'-separated,
-    relative to the working directory; ``**`` spans directories). Exclude wins over include."""
+    relative to the working directory; ``**`` spans directories). Exclude wins over include.
+    ``volatile``: outputs (anywhere, /outputs too) kept and hashed but never compared by diff,
+    replay or a group summary: logs that carry a time, a host name or a PID."""
 
     include: list[Glob] = Field(default_factory=lambda: ["**"])
     exclude: list[Glob] = Field(default_factory=list)
+    volatile: list[Glob] = Field(default_factory=lambda: list(DEFAULT_VOLATILE))
 
 
 class RunConfig(_Strict):

@@ -153,7 +153,10 @@ def _fully_hashed(path: Path) -> bool:
 def _dataset_dir(root: Path, given: str) -> Path:
     d = (root / given).resolve() if not Path(given).is_absolute() else Path(given).resolve()
     if not d.is_dir():
-        raise UsageError(f"--data {given}: not a directory")
+        raise UsageError(f"--data {given}: not a directory; a dataset is a directory with a checksum manifest",
+                         hint=(f"move {given} into a directory of its own (e.g. data/) and give that, or leave it "
+                               "where it is: a file git tracks is part of the code snapshot, hashed with it")
+                         if d.is_file() else None)
     try:
         d.relative_to(root)
     except ValueError:

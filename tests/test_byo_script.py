@@ -287,3 +287,53 @@ def test_init_takes_a_fresh_clone_to_its_first_recorded_run_in_two_commands(tmp_
     assert rec["data"]["data"]["count"] == 1
     again = run_cli("init", cwd=clone)
     assert_clean_error(again, 73, "hermetic.yaml already exists; pass --force")
+
+
+# What TensorBoard's SummaryWriter does (makemore): an event file named by time, host and PID, with wall
+# times inside; beside it a model that seeds itself with a constant.
+TENSORBOARD_LIKE = """import os, random, socket, time
+random.seed(3407)
+os.makedirs("out", exist_ok=True)
+name = f"out/events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.0"
+open(name, "w").write(f"wall_time {time.time()!r}\\n")
+open("out/model.pt", "w").write(repr([random.random() for _ in range(4)]))
+"""
+
+
+@pytest.mark.docker
+def test_a_log_named_by_time_and_host_is_kept_but_not_compared(project):
+    (project / "tb.py").write_text(TENSORBOARD_LIKE)
+    _, a = hermetic_run(project, "tb.py")
+    _, b = hermetic_run(project, "tb.py")
+    [event] = a["outputs"]["volatile"]
+    assert event.startswith("out/events.out.tfevents.") and event in a["outputs"]["files"]
+    assert (run_dir_of(project, a) / "outputs" / event).is_file()  # kept, with the run
+    code, d = diff_json(run_dir_of(project, a), run_dir_of(project, b))
+    assert code == 0 and d["verdict"]["kind"] == "identical", d["verdict"]
+    assert d["verdict"]["line"] == ("bitwise identical (1 file and 0 metrics compared: out/model.pt; "
+                                    "2 files kept but not compared (run.outputs.volatile))")
+    # A sweep whose seed never reached the model is still caught, though each member's log differs.
+    proc = run_cli("run", "--json", "--seeds", "2", "tb.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert any("outputs are bitwise identical" in f for f in json.loads(proc.stdout)["flags"])
+
+
+RESUMES_FROM_ITS_WORKDIR = """import os, sys
+os.makedirs("out", exist_ok=True)
+if "--resume" in sys.argv:  # makemore's way: reload the model from where it saved it
+    before = open("out/model.pt").read()
+    open("out/model.pt", "w").write(before + " +1")
+else:
+    open("out/model.pt", "w").write("step 500")
+"""
+
+
+@pytest.mark.docker
+def test_resume_from_puts_a_workdir_output_back_where_the_script_wrote_it(project):
+    (project / "resumes.py").write_text(RESUMES_FROM_ITS_WORKDIR)
+    _, first = hermetic_run(project, "resumes.py")
+    assert first["outputs"]["workdir"]["collected"] == ["out/model.pt"]
+    _, resumed = hermetic_run(project, "--resume-from", first["record"]["run_id"], "resumes.py", "--resume")
+    assert resumed["record"]["status"] == "succeeded", resumed["record"]
+    assert (run_dir_of(project, resumed) / "outputs" / "out" / "model.pt").read_text() == "step 500 +1"
+    assert resumed["outputs"]["workdir"]["collected"] == ["out/model.pt"]

@@ -233,3 +233,55 @@ def test_json_output_has_every_change(tmp_path):
     image = next(s for s in doc["sections"] if s["name"] == "image")
     assert image["differs"] and {"key": "packages.numpy", "kind": "changed"}.items() <= image["changes"][0].items()
     assert doc["verdict"]["causes"] == ["image", "software"]
+
+
+# --- files written under another name each run (makemore's TensorBoard event files) ---------------
+
+def _logged(seed_host: str, volatile: bool, metrics: bool = False) -> dict:
+    rec = synthetic_record()
+    event = f"out/events.out.tfevents.1796123715.{seed_host}.8.0"
+    rec["outputs"]["files"] = {"out/model.pt": {"sha256": h("model"), "size": 5},
+                               event: {"sha256": h(event), "size": 40}}
+    if volatile:
+        rec["outputs"]["volatile"] = [event]
+    if not metrics:
+        rec["metrics"] = {"final": {}, "steps": None, "file": None}
+    return rec
+
+
+def test_a_volatile_file_is_kept_listed_and_never_compared():
+    d = diff_records(_logged("a09514e7ee3d", True), _logged("093c9afaa36d", True))
+    assert d.verdict.kind == "identical" and d.verdict.exit_code == 0
+    assert d.verdict.line == ("bitwise identical (1 file and 0 metrics compared: out/model.pt; "
+                              "2 files kept but not compared (run.outputs.volatile))")
+    assert sorted(f.status for f in d.outputs.files) == ["equal", "not_compared", "not_compared"]
+
+
+def test_only_volatile_files_is_nothing_compared_and_says_what_was_kept():
+    a, b = _logged("a", True), _logged("b", True)
+    for r in (a, b):
+        del r["outputs"]["files"]["out/model.pt"]
+    d = diff_records(a, b)
+    assert d.verdict.kind == "nothing_compared"
+    assert "kept but not compared" in d.outputs.summary()
+
+
+def test_files_in_one_run_only_are_not_blamed_on_a_determinism_knob():
+    # Records from before run.outputs.volatile (or a log it does not know): each run wrote one file the
+    # other did not, and the file both wrote matched. That is a name, not the computation.
+    d = diff_records(_logged("a09514e7ee3d", False), _logged("093c9afaa36d", False))
+    assert d.verdict.kind == "nondeterminism" and d.verdict.exit_code == 1
+    line = d.verdict.line
+    assert line.startswith("same inputs, outputs differ: 2 files are in one run only "
+                           "(out/events.out.tfevents.1796123715.093c9afaa36d.8.0 in B, "
+                           "out/events.out.tfevents.1796123715.a09514e7ee3d.8.0 in A)"), line
+    assert line.endswith("; the 1 file both runs wrote is identical (out/model.pt)"), line
+    assert "knobs not set" not in line
+    assert "run.outputs.volatile" in d.verdict.notes[0]
+
+
+def test_a_changed_file_beside_an_unpaired_one_is_still_nondeterminism_with_the_knobs():
+    a, b = _logged("a", False), _logged("b", False)
+    b["outputs"]["files"]["out/model.pt"]["sha256"] = h("other model")
+    d = diff_records(a, b)
+    assert d.verdict.line.startswith("same inputs, outputs differ: nondeterminism (")

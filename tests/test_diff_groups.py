@@ -142,3 +142,23 @@ def test_group_digest_is_over_canonical_json(tmp_path):
     g = load_group(root / gid)
     blank = {**g, "group": {**g["group"], "group_sha256": ""}}
     assert g["group"]["group_sha256"] == canonical_sha256(blank)
+
+
+def test_two_groups_without_metrics_cannot_be_judged_and_the_verdict_says_why(tmp_path):
+    # makemore's sweeps: two seeds each, TensorBoard logs but no metrics.jsonl
+    root = tmp_path / "runs"
+    for gid in ("20261129-210000-aaaaaa-a", "20261129-220000-bbbbbb-b"):
+        ids = []
+        for seed in range(2):
+            rid = f"{gid[:13]}{seed:02d}-{seed:06x}"
+            rec = synthetic_record(rid, seed=seed)
+            rec["invocation"]["group"], rec["seed"]["policy"] = gid, "group"
+            rec["metrics"] = {"final": {}, "steps": None, "file": None}
+            write_synthetic_run(root, rec)
+            ids.append(rid)
+        write_group(root, gid, ids)
+    d = diff_paths(root / "20261129-210000-aaaaaa-a", root / "20261129-220000-bbbbbb-b")
+    assert d.verdict.kind == "undetermined" and d.verdict.exit_code == 1
+    assert d.verdict.line.startswith("cannot judge seed noise: neither group has a metric (seed groups are compared "
+                                     "by their metrics, from /outputs/metrics.jsonl")
+    assert "fewer than 2 seeds" not in d.verdict.line

@@ -78,3 +78,15 @@ def test_init_refuses_an_unknown_ci_and_a_project_without_requirements(tmp_path:
     r = _init("--dir", str(tmp_path), "--base", "x@sha256:" + "0" * 64)
     assert r.returncode == 66 and "no requirements.in" in r.stderr and "Traceback" not in r.stderr
     assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_init_with_a_single_file_as_data_says_what_a_dataset_is_and_what_to_do(tmp_path: Path) -> None:
+    # makemore reads names.txt beside its script: a new user tries `--data names.txt`.
+    (tmp_path / "names.txt").write_text("emma\nolivia\n")
+    (tmp_path / "requirements.in").write_text("numpy\n")
+    r = _init("--dir", str(tmp_path), "--data", "names.txt")
+    assert r.returncode == 64 and "Traceback" not in r.stderr
+    assert "hermetic: error: --data names.txt: not a directory; a dataset is a directory" in r.stderr
+    assert "hermetic: hint: move names.txt into a directory of its own" in r.stderr
+    assert "part of the code snapshot" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["names.txt", "requirements.in"]  # nothing written

@@ -354,7 +354,8 @@ def test_run_section_sizes_shm_and_tmp_and_the_record_keeps_them(project):
     seen = json.loads((run_dir_of(project, rec) / "logs" / "stdout.log").read_text())
     assert seen == {"/dev/shm": 96 << 20, "/tmp": 80 << 20}
     assert rec["invocation"]["config"]["run"] == {"shm_size": "96m", "tmp_size": "80m", "workdir_size": "4g",
-                                                  "outputs": {"include": ["**"], "exclude": []}}
+                                                  "outputs": {"include": ["**"], "exclude": [],
+                                                              "volatile": ["**/events.out.tfevents.*"]}}
 
 
 @pytest.mark.docker

@@ -28,7 +28,8 @@ from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_opti
                    "are passed but never recorded. Repeatable.")
 @click.option("--name", help="A name for the run (appended to its ID).")
 @click.option("--resume-from", "resume_from", metavar="RUN",
-              help="Start with a copy of RUN's outputs/ (e.g. to resume from its checkpoint).")
+              help="Start with a copy of RUN's outputs, each where RUN's script wrote it: in /outputs, or at "
+                   "its path in the working directory (out/model.pt); e.g. to resume from its checkpoint.")
 @click.option("--nproc-per-node", "nproc_per_node", type=click.IntRange(1), metavar="N",
               help="Run N processes with torchrun in the container (gloo on CPU, NCCL with --gpus); "
                    "each rank gets its own seed from the runtime (docs/scale-out.md).")

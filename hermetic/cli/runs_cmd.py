@@ -222,7 +222,12 @@ def format_record(r: dict[str, Any], run_dir: Path) -> str:
     lines.append(_line("software", _software_text(r["software"], r["seed"]["applied"])))
     lines.append(_line("hardware", _hardware_text(r["hardware"])))
     files = r["outputs"]["files"]
-    lines.append(_line("outputs", f"{len(files)} files, {sum(f['size'] for f in files.values())} bytes"))
+    volatile = set(r["outputs"].get("volatile") or [])
+    names = sorted(files, key=lambda p: (p in volatile, p))
+    shown = ", ".join(p + (" (volatile)" if p in volatile else "") for p in names[:4])
+    shown += f", +{len(names) - 4} more" if len(names) > 4 else ""
+    lines.append(_line("outputs", f"{len(files)} files, {sum(f['size'] for f in files.values())} bytes"
+                       + (f": {shown}" if names else "")))
     m = r["metrics"]
     metric_text = ", ".join(f"{k}={_num(v)}" for k, v in m["final"].items()) or "none"
     lines.append(_line("metrics", metric_text + (f"  (steps {m['steps']})" if m["steps"] is not None else "")))

@@ -392,10 +392,14 @@ def compare_cpu(a_hw: Json, b_hw: Json, a_sw: Json, b_sw: Json) -> SectionDiff:
 
 def compare_outputs(a: Json, b: Json, *, rtol: float, atol: float) -> OutputsDiff:
     fa, fb = a["outputs"]["files"], b["outputs"]["files"]
+    # Volatile in either run (run.outputs.volatile: a TensorBoard event file, say): listed, never compared.
+    volatile = set(a["outputs"].get("volatile") or []) | set(b["outputs"].get("volatile") or [])
     files = []
     for path in sorted(fa.keys() | fb.keys()):
         x, y = fa.get(path), fb.get(path)
-        if x and y:
+        if path in volatile:
+            status = "not_compared"
+        elif x and y:
             status = "equal" if x["sha256"] == y["sha256"] else "changed"
         else:
             status = "only_a" if x else "only_b"

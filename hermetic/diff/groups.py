@@ -92,8 +92,13 @@ def decide_groups(metrics: list[MetricSeedComparison], inputs: list[SectionDiff]
         # A metric one group has and the other lacks says nothing about seed noise.
         what = ", ".join(f"{m.name} only in {'A' if m.status == 'only_a' else 'B'}" for m in one_sided[:4])
         return Verdict("undetermined", f"cannot judge: {what}{cause}", causes, [], [], EXIT_DIFFERENT)
-    if unknown or not metrics:
-        what = ", ".join(m.name for m in unknown) or "no metrics to compare"
+    if not metrics:
+        # Seed noise is judged on metrics; output files differ from seed to seed by design.
+        return Verdict("undetermined", "cannot judge seed noise: neither group has a metric (seed groups are "
+                       "compared by their metrics, from /outputs/metrics.jsonl; output files are not compared "
+                       f"across seeds){cause}", causes, [], [], EXIT_DIFFERENT)
+    if unknown:
+        what = ", ".join(m.name for m in unknown)
         return Verdict("undetermined", f"cannot judge seed noise (fewer than 2 seeds with values): {what}{cause}",
                        causes, [], [], EXIT_DIFFERENT)
     names = ", ".join(m.name for m in metrics[:6]) + (", ..." if len(metrics) > 6 else "")

@@ -58,7 +58,7 @@ class SectionDiff:
 @dataclass(frozen=True)
 class FileComparison:
     path: str
-    status: Literal["equal", "changed", "only_a", "only_b"]
+    status: Literal["equal", "changed", "only_a", "only_b", "not_compared"]  # not_compared: volatile in a run
     a: str | None  # sha256
     b: str | None
 
@@ -81,29 +81,55 @@ class OutputsDiff:
     steps: tuple[Any, Any]
 
     @property
+    def compared_files(self) -> list[FileComparison]:
+        """Every file but the volatile ones (run.outputs.volatile: kept, never compared)."""
+        return [f for f in self.files if f.status != "not_compared"]
+
+    @property
+    def not_compared(self) -> list[FileComparison]:
+        return [f for f in self.files if f.status == "not_compared"]
+
+    @property
     def identical(self) -> bool:
-        return (all(f.status == "equal" for f in self.files) and all(m.status == "equal" for m in self.metrics)
+        return (all(f.status == "equal" for f in self.compared_files) and all(m.status == "equal" for m in self.metrics)
                 and self.status[0] == self.status[1] and self.steps[0] == self.steps[1])
 
     @property
     def compared(self) -> int:
         """How many output files and metrics the two runs had to compare (0: nothing was compared)."""
-        return len(self.files) + len(self.metrics)
+        return len(self.compared_files) + len(self.metrics)
+
+    @property
+    def only_unpaired_files_differ(self) -> bool:
+        """Whether every difference is a file that one run wrote and the other did not (names that carry a
+        time, a host or a PID), every file both wrote being identical and every metric equal."""
+        files = self.compared_files
+        return (any(f.status in ("only_a", "only_b") for f in files) and all(f.status != "changed" for f in files)
+                and all(m.status == "equal" for m in self.metrics)
+                and self.status[0] == self.status[1] and self.steps[0] == self.steps[1])
+
+    def not_compared_note(self) -> str:
+        """``; 1 file kept but not compared (run.outputs.volatile)``, or nothing."""
+        n = len({f.path for f in self.not_compared})
+        return f"; {n} file{'s' if n != 1 else ''} kept but not compared (run.outputs.volatile)" if n else ""
 
     def compared_names(self, limit: int = 4) -> str:
         """e.g. ``2 files and 1 metric compared: model.pt, out/ckpt.pt, loss``."""
-        names = [f.path for f in self.files] + [m.name for m in self.metrics]
+        files = self.compared_files
+        names = [f.path for f in files] + [m.name for m in self.metrics]
         shown = ", ".join(names[:limit]) + (f", +{len(names) - limit} more" if len(names) > limit else "")
-        nf, nm = len(self.files), len(self.metrics)
-        return (f"{nf} file{'s' if nf != 1 else ''} and {nm} metric{'s' if nm != 1 else ''} compared: {shown}")
+        nf, nm = len(files), len(self.metrics)
+        return (f"{nf} file{'s' if nf != 1 else ''} and {nm} metric{'s' if nm != 1 else ''} compared: {shown}"
+                + self.not_compared_note())
 
     def summary(self) -> str:
-        changed = [f.path for f in self.files if f.status != "equal"]
+        files = self.compared_files
+        changed = [f.path for f in files if f.status != "equal"]
         parts = []
         if self.status[0] != self.status[1]:
             parts.append(f"status {_status(self.status[0])} -> {_status(self.status[1])}")
         if changed:
-            parts.append(f"{len(changed)} of {len(self.files)} output files differ ({', '.join(changed[:3])}"
+            parts.append(f"{len(changed)} of {len(files)} output files differ ({', '.join(changed[:3])}"
                          + (", ..." if len(changed) > 3 else "") + ")")
         diff = [m.name for m in self.metrics if m.status in ("different", "only_a", "only_b")]
         close = [m.name for m in self.metrics if m.status == "close"]
@@ -114,8 +140,9 @@ class OutputsDiff:
         if self.steps[0] != self.steps[1]:
             parts.append(f"steps {self.steps[0]} -> {self.steps[1]}")
         if not parts and not self.compared:
-            return "nothing to compare: no output files, no metrics"
-        return "; ".join(parts) if parts else f"all {len(self.files)} files and {len(self.metrics)} metrics identical"
+            return "nothing to compare: no output files, no metrics" + self.not_compared_note()
+        return ("; ".join(parts) if parts else f"all {len(files)} files and {len(self.metrics)} metrics identical") \
+            + self.not_compared_note()
 
 
 def _status(s: tuple[str, Any]) -> str:

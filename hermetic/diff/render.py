@@ -71,10 +71,12 @@ def _outputs_lines(d: RunDiff, width: int) -> list[str]:
     if o.identical:
         return [f"  {title}  {click.style('same   ', fg='green')}  {o.summary()}"]
     out = [f"  {title}  {click.style('differ ', fg='red', bold=True)}  {o.summary()}"]
-    files = [f for f in o.files if f.status != "equal"]
+    files = [f for f in o.compared_files if f.status != "equal"]
     for f in files[:DETAIL_LIMIT]:
-        mark = {"changed": "~", "only_a": "-", "only_b": "+"}[f.status]
-        out.append(f"      {mark} {f.path}  {short(f.a, 8)} -> {short(f.b, 8)}")
+        if f.status == "changed":
+            out.append(f"      ~ {f.path}  {short(f.a, 8)} -> {short(f.b, 8)}")
+        else:
+            out.append(f"      {'-' if f.status == 'only_a' else '+'} {f.path}  only in {'A' if f.status == 'only_a' else 'B'}")
     if len(files) > DETAIL_LIMIT:
         out.append(f"      ... {len(files) - DETAIL_LIMIT} more files (--json lists all)")
     for m in o.metrics:

@@ -96,6 +96,13 @@ def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any],
         return Verdict("identical", f"bitwise identical ({outputs.compared_names()})", causes, knobs, notes, 0)
     if not inputs:
         knob_text = f"knobs not set: {', '.join(knobs)}" if knobs else "all known determinism knobs were set"
+        if not machine and outputs.only_unpaired_files_differ:
+            # Not the computation: a file name that carries a time, a host or a PID. No knob would help.
+            line = f"same inputs, outputs differ: {unpaired_text(outputs)}"
+            notes.insert(0, "a file written under another name each run is usually a log named by time, host or "
+                            "PID; keep such files without comparing them: run.outputs.volatile in hermetic.yaml "
+                            "(docs/your-script.md, \"Where hermetic finds what the script produced\")")
+            return Verdict("nondeterminism", line, causes, knobs, notes, EXIT_DIFFERENT)
         if not machine:
             line = f"same inputs, outputs differ: nondeterminism ({knob_text})"
             return Verdict("nondeterminism", line, causes, knobs, notes, EXIT_DIFFERENT)
@@ -116,6 +123,24 @@ def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any],
     elif not outputs.compared:
         line += "; and nothing to compare (no output files, no metrics)"
     return Verdict("inputs", line, causes, knobs, notes, EXIT_DIFFERENT)
+
+
+def unpaired_text(outputs: OutputsDiff) -> str:
+    """``2 files are in one run only (x in A, y in B); the 1 file both runs wrote is identical (model.pt)``."""
+    files = outputs.compared_files
+    unpaired = [f for f in files if f.status in ("only_a", "only_b")]
+    both = [f.path for f in files if f.status == "equal"]
+    named = ", ".join(f"{f.path} in {'A' if f.status == 'only_a' else 'B'}" for f in unpaired[:2])
+    named += f", +{len(unpaired) - 2} more" if len(unpaired) > 2 else ""
+    n = len(unpaired)
+    text = f"{n} file{'s are' if n != 1 else ' is'} in one run only ({named})"
+    if both:
+        shown = ", ".join(both[:3]) + (f", +{len(both) - 3} more" if len(both) > 3 else "")
+        text += (f"; the {len(both)} file{'s' if len(both) != 1 else ''} both runs wrote "
+                 f"{'are' if len(both) != 1 else 'is'} identical ({shown})")
+    if outputs.metrics:
+        text += f"; all {len(outputs.metrics)} metrics equal"
+    return text + outputs.not_compared_note()
 
 
 def seed_had_no_effect(a: dict[str, Any], b: dict[str, Any]) -> str:

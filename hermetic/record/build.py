@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from hermetic import __version__
 from hermetic.record.ids import iso_utc
-from hermetic.record.outputs import hash_outputs, metrics_summary
+from hermetic.record.outputs import hash_outputs, metrics_summary, volatile_globs, volatile_paths
 from hermetic.record.secrets_policy import is_secret_name
 
 METRICS_FILE = "outputs/metrics.jsonl"
@@ -96,6 +96,9 @@ def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, e
     rec["outputs"] = hash_outputs(run_dir / "outputs")
     if workdir is not None:
         rec["outputs"]["workdir"] = workdir
+    volatile = volatile_paths(rec["outputs"]["files"], volatile_globs(rec))
+    if volatile:  # kept and hashed, not compared (run.outputs.volatile)
+        rec["outputs"]["volatile"] = volatile
     metrics_path = run_dir / METRICS_FILE
     summary = metrics_summary(metrics_path)
     rec["metrics"] = {**summary, "file": METRICS_FILE if metrics_path.is_file() else None}

@@ -22,7 +22,7 @@ from hermetic.errors import IntegrityError
 from hermetic.fsutil import atomic_write_text
 from hermetic.record.ids import is_run_id, iso_utc
 from hermetic.record.index import GROUP_JSON, RUN_JSON, group_entry
-from hermetic.record.outputs import decode_number
+from hermetic.record.outputs import compared_files, decode_number
 from hermetic.record.rundir import load_json_doc, load_record, update_index
 from hermetic.seedargs import args_as_input
 
@@ -128,7 +128,11 @@ def group_flags(succeeded: list[dict[str, Any]]) -> list[str]:
     if not any(_used_seed(m) for m in succeeded):
         flags.append("the script used no seed: nothing seeded from $HERMETIC_SEED (no hermetic_runtime call, no "
                      "random/numpy/torch import seeded at start-up) and no {seed} in its arguments")
-    outputs = [(m["outputs"]["files"], m["metrics"]["final"]) for m in succeeded]
+    # The files every member wrote, volatile ones aside (run.outputs.volatile): a log named by time or host
+    # differs in every member and says nothing about whether the seed reached the training.
+    files = [compared_files(m) for m in succeeded]
+    common = set(files[0]).intersection(*files[1:])
+    outputs = [({p: f[p] for p in common}, m["metrics"]["final"]) for f, m in zip(files, succeeded)]
     if (outputs[0][0] or outputs[0][1]) and all(o == outputs[0] for o in outputs[1:]):
         flags.append(f"all {len(succeeded)} members' outputs are bitwise identical: the seed did not reach the "
                      "script (it may set its own; pass --seed {seed}, or read $HERMETIC_SEED)")

@@ -6,7 +6,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from hermetic.canonical import sha256_hex
 from hermetic.errors import DataError
@@ -32,6 +32,25 @@ def decode_number(value: Any) -> float | int:
     if isinstance(value, str):
         return NONFINITE[value]
     return value
+
+
+def volatile_globs(record: dict[str, Any]) -> list[str]:
+    """``run.outputs.volatile`` as the run had it (hermetic.config.OutputsConfig); none for older records."""
+    run = ((record.get("invocation") or {}).get("config") or {}).get("run") or {}
+    return list((run.get("outputs") or {}).get("volatile") or [])
+
+
+def volatile_paths(paths: Iterable[str], globs: list[str]) -> list[str]:
+    """The output paths that match a volatile glob, sorted."""
+    from hermetic.containerpaths import glob_match
+
+    return sorted(p for p in paths if any(glob_match(g, p) for g in globs))
+
+
+def compared_files(record: dict[str, Any]) -> dict[str, str]:
+    """Output path -> sha256 of the files diff compares: every output but the volatile ones."""
+    skip = set(record["outputs"].get("volatile") or [])
+    return {p: f["sha256"] for p, f in record["outputs"]["files"].items() if p not in skip}
 
 
 def hash_outputs(outputs_dir: str | os.PathLike[str]) -> dict[str, Any]:

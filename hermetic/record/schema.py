@@ -200,6 +200,7 @@ class WorkdirOutputs(_Strict):
 class Outputs(_Strict):
     files: dict[RelPath, OutputFile]
     workdir: Optional[WorkdirOutputs] = None
+    volatile: Optional[list[RelPath]] = None  # files kept but never compared (run.outputs.volatile)
 
 
 class Metrics(_Strict):

@@ -16,6 +16,7 @@ container's output is streamed by hermetic.run.container when asked.
 from __future__ import annotations
 
 import contextlib
+import json
 import dataclasses
 import os
 import posixpath
@@ -243,7 +244,7 @@ def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunReques
     meta = run_dir / RUNTIME_DIR
     meta.mkdir()
     if req.resume_from is not None:
-        _seed_outputs(req.resume_from, outputs)
+        _seed_outputs(req.resume_from, outputs, workspace)
     for tree in (workspace, outputs, meta):
         _chown_tree(tree, user.uid, user.gid)
     if req.distributed is not None:
@@ -318,14 +319,23 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
             os.lchown(os.path.join(dirpath, n), uid, gid)
 
 
-def _seed_outputs(previous_run: Path, outputs: Path) -> None:
+def _seed_outputs(previous_run: Path, outputs: Path, workspace: Path) -> None:
+    """A resumed run starts with the earlier run's outputs where that run's script wrote them: what it
+    wrote to /outputs in /outputs, what was collected from its working directory (``out/model.pt``) at
+    that path in the working directory again (collected from there at the end, changed or not)."""
     src = previous_run / "outputs"
     if not src.is_dir():
         raise NotFound(f"--resume-from {previous_run}: no outputs/ there")
-    for p in src.rglob("*"):
+    try:
+        record = json.loads((previous_run / "run.json").read_text())
+        from_workdir = set(((record.get("outputs") or {}).get("workdir") or {}).get("collected") or [])
+    except (OSError, ValueError):
+        from_workdir = set()
+    for p in sorted(src.rglob("*")):
         rel = p.relative_to(src)
+        dest = (workspace if rel.as_posix() in from_workdir else outputs) / rel
         if p.is_dir():
-            (outputs / rel).mkdir(parents=True, exist_ok=True)
+            dest.mkdir(parents=True, exist_ok=True)
         elif p.is_file():
-            (outputs / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(p, outputs / rel)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(p, dest)
