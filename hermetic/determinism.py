@@ -80,11 +80,14 @@ def without_seed(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def env_knobs_not_set(env: Mapping[str, str]) -> list[str]:
     """The environment knobs a run lacked: a repeatable cuBLAS workspace, a numeric
-    PYTHONHASHSEED (set before the interpreter starts), the thread counts."""
+    PYTHONHASHSEED (set before the interpreter starts), the thread counts, and a fixed
+    SOURCE_DATE_EPOCH (matplotlib stamps a PDF's CreationDate with now otherwise)."""
     missing = []
     if env.get("CUBLAS_WORKSPACE_CONFIG") not in CUBLAS_OK:
         missing.append("CUBLAS_WORKSPACE_CONFIG")
     if not str(env.get(HASHSEED, "")).isdigit():
         missing.append(HASHSEED)
     missing += [v for v in THREAD_KNOBS if not env.get(v)]
+    if not str(env.get(SOURCE_DATE_EPOCH, "")).isdigit():
+        missing.append(SOURCE_DATE_EPOCH)
     return missing

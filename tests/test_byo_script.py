@@ -337,3 +337,32 @@ def test_resume_from_puts_a_workdir_output_back_where_the_script_wrote_it(projec
     assert resumed["record"]["status"] == "succeeded", resumed["record"]
     assert (run_dir_of(project, resumed) / "outputs" / "out" / "model.pt").read_text() == "step 500 +1"
     assert resumed["outputs"]["workdir"]["collected"] == ["out/model.pt"]
+
+
+@pytest.mark.docker
+def test_a_resumed_from_output_that_changed_since_its_record_is_refused_and_named(project):
+    # pytorch/examples' time_sequence_prediction: one run makes traindata.pt, the next resumes from it to train.
+    (project / "resumes.py").write_text(RESUMES_FROM_ITS_WORKDIR)
+    _, first = hermetic_run(project, "resumes.py")
+    source = run_dir_of(project, first)
+    _, resumed = hermetic_run(project, "--resume-from", first["record"]["run_id"], "resumes.py", "--resume")
+    model = source / "outputs" / "out" / "model.pt"
+    good = model.read_bytes()
+    model.write_bytes(b"X" + good[1:])  # one byte of a sealed run's output
+    try:
+        before = run_dirs(project)
+        proc = run_cli("run", "--resume-from", first["record"]["run_id"], "resumes.py", "--resume", cwd=project)
+        assert_clean_error(proc, 65, f"--resume-from {first['record']['run_id']}: outputs/out/model.pt changed "
+                           "since its record was sealed", "no container was started")
+        assert run_dirs(project) == before  # refused before a run directory exists
+        proc = run_cli("replay", str(run_dir_of(project, resumed)), cwd=project)
+        assert_clean_error(proc, 65, "outputs/out/model.pt changed since its record was sealed")
+    finally:
+        model.write_bytes(good)
+    (source / "outputs" / "out" / "stray.txt").write_text("added later")
+    proc = run_cli("run", "--resume-from", first["record"]["run_id"], "resumes.py", "--resume", cwd=project)
+    assert_clean_error(proc, 65, "outputs/out/stray.txt is not in its record (added since)")
+    (source / "outputs" / "out" / "stray.txt").unlink()
+    source.rename(source.with_name(source.name + "-moved"))  # the resumed-from run is gone: not found, 66
+    proc = run_cli("replay", str(run_dir_of(project, resumed)), cwd=project)
+    assert_clean_error(proc, 66, "which are gone")

@@ -201,6 +201,8 @@ def format_record(r: dict[str, Any], run_dir: Path) -> str:
     for name, ds in sorted(r["data"].items()):
         lines.append(_line("data", f"{name} {ds['manifest_sha256'][:16]}  {ds['count']} files, {ds['bytes']} bytes, "
                            f"{ds['path']} -> {', '.join(ds.get('mounts') or [ds['mount']])} ({ds['verify_mode']})"))
+    if inv.get("resume_from"):
+        lines.append(_line("resumed", f"from run {inv['resume_from']}'s outputs (checked against its record)"))
     lines.append(_line("seed", f"{r['seed']['value']} (from {r['seed']['policy']}); {_seeded_text(r['seed']['applied'])}"))
     env = r["env"]
     env_text = " ".join(f"{k}={v}" for k, v in sorted({**env["determinism"], **env["passed"]}.items())) or "-"
@@ -231,7 +233,8 @@ def format_record(r: dict[str, Any], run_dir: Path) -> str:
     m = r["metrics"]
     metric_text = ", ".join(f"{k}={_num(v)}" for k, v in m["final"].items()) or "none"
     lines.append(_line("metrics", metric_text + (f"  (steps {m['steps']})" if m["steps"] is not None else "")))
-    lines.append(_line("record", f"{run_dir}/run.json  sha256 {meta['record_sha256'][:16]}  (seal verified)"))
+    lines.append(_line("record", f"{run_dir}/run.json  sha256 {meta['record_sha256'][:16]}  (seal verified; "
+                       "output files not rehashed)"))
     return "\n".join(lines)
 
 

@@ -71,8 +71,12 @@ class Tree:
 def resolve_root(root: str | os.PathLike[str]) -> str:
     real = os.path.realpath(root)
     if not os.path.isdir(real):
-        what = "no such directory" if not os.path.exists(real) else "not a directory"
-        raise TreeError(f"{root}: {what}")
+        if not os.path.exists(real):
+            raise TreeError(f"{root}: no such directory")
+        raise TreeError(f"{root}: not a directory; a dataset is a directory", hint=(
+            "move the file into a directory of its own and give that; or commit it with the code (a tracked file "
+            "is part of the code snapshot), or pass it from one run to the next with --resume-from "
+            "(docs/your-script.md)"))
     return real
 
 

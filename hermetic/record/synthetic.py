@@ -42,7 +42,7 @@ PACKAGES = [("numpy", "2.1.3"), ("torch", "2.9.1"), ("nvidia-cublas-cu12", "12.8
 DETERMINISM_ENV = {
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1", "MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE", "NVIDIA_TF32_OVERRIDE": "0",
-    "NCCL_ALGO": "Ring", "TZ": "UTC", "LC_ALL": "C.UTF-8",
+    "NCCL_ALGO": "Ring", "TZ": "UTC", "LC_ALL": "C.UTF-8", "SOURCE_DATE_EPOCH": "0",
 }
 DATA_MANIFEST = "".join(f"{h(f'img{i}')}  train/{i:04d}.png\n" for i in range(8))
 

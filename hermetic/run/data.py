@@ -50,7 +50,9 @@ def verify_datasets(plans: list[DatasetPlan], *, progress: bool, log: Callable[[
     verified, failed = [], []
     for d in plans:
         if not d.host_path.is_dir():
-            raise DataRefused(f"dataset {d.name}: {d.host_path} is not a directory")
+            raise DataRefused(f"dataset {d.name}: {d.host_path} is not a directory", hint=(
+                "a dataset is a directory with a checksum manifest; a single file can move into a directory of its "
+                "own, or be committed with the code (docs/your-script.md)") if d.host_path.is_file() else None)
         rep = verify_dataset(d.host_path, d.manifest_path, progress=progress)
         if rep.ok and reader is not None:
             refuse_unreadable(d, rep, reader)

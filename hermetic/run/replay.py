@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hermetic.config import HermeticConfig, LoadedConfig
-from hermetic.errors import DataError, HermeticError, IntegrityError
+from hermetic.errors import DataError, HermeticError, IntegrityError, NotFound
 from hermetic.fsutil import sha256_file
 from hermetic.paths import CachePaths
 from hermetic.run.plan import RunRequest
@@ -122,9 +122,9 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
     resume_dir = None
     if inv.get("resume_from"):
         resume_dir = run_dir.parent / inv["resume_from"]
-        if not (resume_dir / "outputs").is_dir():
-            raise ReplayRefused(f"the original run started from the outputs of run {inv['resume_from']}, "
-                                f"which are gone ({resume_dir})")
+        if not (resume_dir / "outputs").is_dir():  # gone: not found (66); changed: refused by run.resume (65)
+            raise NotFound(f"the original run started from the outputs of run {inv['resume_from']}, "
+                           f"which are gone ({resume_dir})")
     req = RunRequest(
         script=inv["script"], args=list(inv["args"]), argv=argv, gpus=inv.get("gpus"),
         data_paths=data_paths, manifest_paths=manifests, seed=int(record["seed"]["value"]),

@@ -16,7 +16,6 @@ container's output is streamed by hermetic.run.container when asked.
 from __future__ import annotations
 
 import contextlib
-import json
 import dataclasses
 import os
 import posixpath
@@ -37,6 +36,7 @@ from hermetic.record import (
 from hermetic.run.container import RUN_LABEL, ContainerSpec, Mount, RunOutcome, check_gpu_runtime, run_streaming
 from hermetic.record import liveness
 from hermetic.run.data import VerifiedDataset, verify_datasets
+from hermetic.run.resume import check_resume_source, seed_outputs
 from hermetic.run.detach import announce
 from hermetic.run.distributed import container_env as dist_container_env
 from hermetic.run.distributed import finish_section, launch_command, plan_section
@@ -91,6 +91,8 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     datasets = verify_datasets(plan_datasets(cfg, req.data_paths, req.manifest_paths),  # 2. the data
                                progress=progress, log=log, say_how_to_accept=not req.manifest_paths,
                                reader=container_user(cfg))
+    if req.resume_from is not None:  # 2b. the earlier run's outputs, as its record says: an input too
+        check_resume_source(req.resume_from)
     run_id, run_dir, rec, env = open_run(cfg, store, req, info, datasets, script, passed)  # 3. the run directory
     with liveness.hold(run_dir):  # `hermetic stop`, `logs -f`, `runs wait` find the run's process by this
         if announce("run", run_id, run_dir, run_dir / "logs"):  # --detach: the terminal is gone from here on
@@ -244,7 +246,7 @@ def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunReques
     meta = run_dir / RUNTIME_DIR
     meta.mkdir()
     if req.resume_from is not None:
-        _seed_outputs(req.resume_from, outputs, workspace)
+        seed_outputs(check_resume_source(req.resume_from), outputs, workspace)
     for tree in (workspace, outputs, meta):
         _chown_tree(tree, user.uid, user.gid)
     if req.distributed is not None:
@@ -319,23 +321,3 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
             os.lchown(os.path.join(dirpath, n), uid, gid)
 
 
-def _seed_outputs(previous_run: Path, outputs: Path, workspace: Path) -> None:
-    """A resumed run starts with the earlier run's outputs where that run's script wrote them: what it
-    wrote to /outputs in /outputs, what was collected from its working directory (``out/model.pt``) at
-    that path in the working directory again (collected from there at the end, changed or not)."""
-    src = previous_run / "outputs"
-    if not src.is_dir():
-        raise NotFound(f"--resume-from {previous_run}: no outputs/ there")
-    try:
-        record = json.loads((previous_run / "run.json").read_text())
-        from_workdir = set(((record.get("outputs") or {}).get("workdir") or {}).get("collected") or [])
-    except (OSError, ValueError):
-        from_workdir = set()
-    for p in sorted(src.rglob("*")):
-        rel = p.relative_to(src)
-        dest = (workspace if rel.as_posix() in from_workdir else outputs) / rel
-        if p.is_dir():
-            dest.mkdir(parents=True, exist_ok=True)
-        elif p.is_file():
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(p, dest)
