@@ -163,13 +163,17 @@ def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = Tr
 
                 threading.Thread(target=watch.run_until, args=(done, on_exceeded), daemon=True,
                                  name="hermetic-watch").start()
+            streamed = [0, 0]  # bytes of stdout, stderr read from the attach stream
             for out, err in stream:
                 if out:
+                    streamed[0] += len(out)
                     _tee(out, out_f, all_f, sys.stdout.buffer if echo else None)
                 if err:
+                    streamed[1] += len(err)
                     _tee(err, err_f, all_f, sys.stderr.buffer if echo else None)
             result = container.wait()
             done.set()
+            _complete_logs(container, files, streamed, echo)
             outcome = RunOutcome(int(result.get("StatusCode", 1)), False, None, stopped[0] if stopped else None)
         except (_Interrupted, KeyboardInterrupt) as e:
             signum = e.signum if isinstance(e, _Interrupted) else signal.SIGINT
@@ -188,6 +192,30 @@ def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = Tr
         elif spec.labels:  # interrupted inside create(): the engine may have made it anyway
             _remove_labelled(client, spec.labels)
     return outcome
+
+
+def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: bool) -> None:
+    """The attach stream can end before the engine delivered all of a container's output when it exits
+    quickly under load (moby#29285: attach and the log are two paths); its json-file log has it all. When
+    the log holds more than was streamed, the files are rewritten from it and the rest is echoed."""
+    try:
+        sizes = [sum(len(c) for c in container.logs(stdout=out, stderr=not out, stream=True)) for out in (True, False)]
+    except Exception:  # the engine lost it: keep what was streamed
+        return
+    if sizes[0] <= streamed[0] and sizes[1] <= streamed[1]:
+        return
+    try:
+        parts = [container.logs(stdout=True, stderr=False), container.logs(stdout=False, stderr=True)]
+    except Exception:
+        return
+    _rewrite_logs(container, files)
+    if echo:
+        for data, n, term in zip(parts, streamed, (sys.stdout.buffer, sys.stderr.buffer)):
+            try:
+                term.write(data[n:])
+                term.flush()
+            except (OSError, ValueError):
+                pass
 
 
 def _rewrite_logs(container, files: list[BinaryIO]) -> None:
