@@ -136,6 +136,8 @@ def _lock(root: Path, python: str, log) -> tuple[str, str]:
     res = compile_lock(source, root / LOCK_FILE, Target(python_version=python))
     if res.torch is not None:
         log(res.torch.sentence())
+    for w in res.warnings:
+        log(f"warning: {w}")
     return LOCK_FILE, f"locked from {source.name}"
 
 

@@ -337,3 +337,40 @@ def test_hermetic_lock_says_which_torch_build_it_locked(tmp_path, isolated_pip):
     proc = run_cli("lock", "-C", str(proj), "--json")
     assert json.loads(proc.stdout)["torch"] == {"version": "2.13.0", "kind": "cuda", "cuda_major": 13,
                                                 "nvidia_wheels": 1}
+
+
+def test_a_failed_resolution_says_why_and_which_index_was_left_out(tmp_path, isolated_pip):
+    # dcgan with torchvision==0.28.0+cpu: the +cpu wheel lives only on an index this machine cannot reach.
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "alpha", "1.0")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\n")
+    (proj / "requirements.in").write_text(
+        f"--extra-index-url http://127.0.0.1:9/simple\n--no-index\n--find-links {wheels}\nalpha==1.0+cpu\n")
+    proc = run_cli("lock", "-C", str(proj))
+    assert_clean_error(proc, 65, "requirements.in: resolution failed", "alpha")
+    [error] = [ln for ln in proc.stderr.splitlines() if ln.startswith("hermetic: error: ")]
+    assert "because" in error.lower(), error  # uv's own reason, not only "No solution found"
+    assert "  index http://127.0.0.1:9/simple does not answer from this machine" in proc.stderr
+
+
+def test_a_cuda_torchvision_beside_the_cpu_torch_is_warned_about(tmp_path, isolated_pip):
+    # dcgan: torch==2.13.0+cpu and an unpinned torchvision; PyPI's torchvision is a CUDA build that then
+    # fails at import with "operator torchvision::nms does not exist".
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "torch", "2.13.0+cpu")
+    make_wheel(wheels, "torchvision", "0.28.0")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hermetic.yaml").write_text(f"name: p\nbase: {BASE}\n")
+    (proj / "requirements.in").write_text(f"--no-index\n--find-links {wheels}\ntorch==2.13.0+cpu\ntorchvision\n")
+    proc = run_cli("lock", "-C", str(proj))
+    assert proc.returncode == 0, proc.stderr
+    assert ("hermetic: warning: torchvision 0.28.0 is a CUDA build (PyPI's Linux wheels are), but torch 2.13.0+cpu "
+            "is the CPU build: it will not import; pin torchvision==0.28.0+cpu") in proc.stderr
+    make_wheel(wheels, "torchvision", "0.28.0+cpu")
+    (proj / "requirements.in").write_text(f"--no-index\n--find-links {wheels}\ntorch==2.13.0+cpu\n"
+                                          "torchvision==0.28.0+cpu\n")
+    proc = run_cli("lock", "-C", str(proj))
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr

@@ -38,7 +38,7 @@ from hermetic.fsutil import OwnedTemp, atomic_write_text, sweep_dead
 from hermetic.indexes import read_pip_sources, reachable
 from hermetic.lock.model import Target
 from hermetic.lock.read import lock_format, read_lock
-from hermetic.lock.torchbuild import TorchBuild, torch_build
+from hermetic.lock.torchbuild import TorchBuild, mismatched_companions, torch_build
 
 
 INPUT_LABEL = "<input>"  # how the lock names the requirements file it was made from
@@ -180,7 +180,8 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
             if resolver == "pip-tools" and "No module named piptools" in proc.stderr:
                 raise Unavailable("pip-tools is not installed (pip install pip-tools), or use --resolver uv")
             detail = _first_error(proc.stderr) or f"exit {proc.returncode}"
-            raise LockError(f"{input_path}: resolution failed: {detail}")
+            # The indexes left out are often why (a +cpu wheel only download.pytorch.org has): say so.
+            raise LockError(f"{input_path}: resolution failed: {detail}", details=warnings)
         body = Path(tmp_out).read_text(encoding="utf-8")
         if tmp_input is not None:
             # However the resolver spells the temporary input's path, the lock says <input>.
@@ -192,7 +193,9 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
             check.write_text(out_text, encoding="utf-8")
             lock = read_lock(check, target)
         atomic_write_text(output_path, out_text)
-        return CompileResult(output_path, len(lock.wheels), resolver, warnings, cmd, torch_build(lock))
+        torch = torch_build(lock)
+        warnings += mismatched_companions(lock, torch)
+        return CompileResult(output_path, len(lock.wheels), resolver, warnings, cmd, torch)
     finally:
         out.discard()
         if tmp_input is not None:
@@ -203,10 +206,10 @@ def _first_error(stderr: str) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     for ln in lines:
         if ln.startswith(("error:", "×", "ERROR")):
-            rest = [x for x in lines[lines.index(ln) + 1:] if x.startswith(("╰─▶", "Because", "hint"))]
+            rest = [x for x in lines[lines.index(ln) + 1:] if x.startswith(("╰─▶", "Because", "hint", "cause:"))]
             msg = ln.removeprefix("error:").removeprefix("×").strip()
-            if rest:
-                msg += " " + rest[0].removeprefix("╰─▶").strip()
+            if rest:  # uv's reason: `╰─▶ Because ...` (pip-style) or `cause: Because ...` (newer uv)
+                msg += ": " + rest[0].removeprefix("╰─▶").removeprefix("cause:").strip()
             return msg
     return lines[-1] if lines else ""
 

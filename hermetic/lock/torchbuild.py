@@ -56,6 +56,32 @@ def _public(version: str) -> str:
         return version.split("+")[0]
 
 
+COMPANIONS = ("torchvision", "torchaudio")  # built against one torch build each, with native extensions
+
+
+def mismatched_companions(lock: Lock, torch: TorchBuild | None) -> list[str]:
+    """Warnings for torchvision/torchaudio built for another torch than the one locked: PyPI's Linux
+    torchvision is a CUDA build (its _C.so needs libtorch_cuda), so beside torch+cpu it does not import
+    (``operator torchvision::nms does not exist``); a ``+cpu`` one beside the CUDA torch lacks its ops."""
+    if torch is None or torch.kind not in ("cpu", "cuda"):
+        return []
+    out = []
+    for name in COMPANIONS:
+        w = lock.by_name().get(name)
+        if w is None:
+            continue
+        local = w.version.partition("+")[2].lower()
+        cpu = local == "cpu" or local.startswith("cpu.")
+        if torch.kind == "cpu" and not cpu:
+            out.append(f"{name} {w.version} is a CUDA build (PyPI's Linux wheels are), but torch {torch.version} is the "
+                       f"CPU build: it will not import; pin {name}=={_public(w.version)}+cpu from the index torch's "
+                       "+cpu wheel comes from (--extra-index-url https://download.pytorch.org/whl/cpu)")
+        elif torch.kind == "cuda" and cpu:
+            out.append(f"{name} {w.version} is a CPU build, but torch {torch.version} is the CUDA build: pin the "
+                       f"matching {name} without +cpu")
+    return out
+
+
 def torch_build(lock: Lock) -> TorchBuild | None:
     """The torch build the lock holds, or None when it holds no torch."""
     wheels = lock.by_name()
