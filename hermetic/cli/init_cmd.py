@@ -81,7 +81,7 @@ def init(data: tuple[str, ...], base: str | None, python: str | None, name: str 
         click.echo(f"{'replaced' if ci_written[1] else 'wrote'} {ci_written[0]}", err=True)
         click.echo("edit the `hermetic run` line to your entry point, then commit it", err=True)
     if result is not None:
-        click.echo("then: `hermetic build` (it writes hermetic.image.json and hermetic.provenance.json), and commit "
-                   "those with what init wrote before the first run: a run from a clean checkout is recorded by "
-                   "its commit, not as dirty (docs/your-script.md)", err=True)
+        click.echo("before the first run: `hermetic build` (it writes hermetic.image.json and "
+                   "hermetic.provenance.json) and commit those with what init wrote, so the run is recorded by its "
+                   "commit, not as dirty; or run now and commit after (docs/your-script.md)", err=True)
         click.echo(f"next: {result.next_command}")

@@ -89,8 +89,9 @@ def _outputs_lines(d: RunDiff, width: int) -> list[str]:
         colour = "yellow" if m.status == "close" else "red"
         out.append(f"      {m.name} {short(m.a)} -> {short(m.b)}  "
                    + click.style(label, fg=colour) + f"{delta}{rel}")
-    tol = d.tolerance
-    out.append(click.style(f"      (tolerance: rtol {tol['rtol']:g}, atol {tol['atol']:g})", dim=True))
+    if o.metrics:  # the tolerance is for metrics; files are equal or not
+        tol = d.tolerance
+        out.append(click.style(f"      (metric tolerance: rtol {tol['rtol']:g}, atol {tol['atol']:g})", dim=True))
     return out
 
 

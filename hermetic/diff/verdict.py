@@ -93,6 +93,9 @@ def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any],
                 "in what the script writes in its working directory, and in /outputs/metrics.jsonl)")
         return Verdict("nothing_compared", line, causes, knobs, notes, EXIT_NOTHING_COMPARED)
     if not inputs and outputs.identical:
+        if knobs:  # dcgan sets cudnn.benchmark = True itself: equal here, on this machine, but not promised
+            notes.append(f"identical although knobs were not set ({', '.join(knobs)}): on another machine, "
+                         "or a GPU, the same inputs may not give the same bits")
         return Verdict("identical", f"bitwise identical ({outputs.compared_names()})", causes, knobs, notes, 0)
     if not inputs:
         knob_text = f"knobs not set: {', '.join(knobs)}" if knobs else "all known determinism knobs were set"

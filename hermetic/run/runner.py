@@ -134,8 +134,15 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
             raise NotFound(f"image {req.image_manifest} is not in the local store")
         check_image(store, req.image_manifest)  # every blob still what its digest says, before it is trusted
         info = ImageInfo.from_store(store, req.image_manifest)
-        if not engine_has_image(info.image_id):
+        if not engine_has_image(info.image_id):  # removed from the engine since (docker rmi, prune)
+            import time
+
+            size = sum(int(layer.get("size") or 0) for layer in info.layers)
+            log(f"image {info.image_id[:19]}: not in the Docker Engine; loading it from the store"
+                + (f" ({size / 1e9:.1f} GB of layers)" if size else "") + " ...")
+            t = time.monotonic()
             load_image(store, req.image_manifest)
+            log(f"image {info.image_id[:19]}: loaded in {time.monotonic() - t:.1f} s")
         return info
     from hermetic.builder.build import build
     from hermetic.registry import ensure_image
