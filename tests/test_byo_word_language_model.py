@@ -67,7 +67,8 @@ def test_arguments_that_differ_by_the_filled_in_seed_alone_are_no_cause():
     c = _templated("20261129-223000-cccccc", 1, ["--seed", "{seed}", "--lr", "0.2"])
     d = diff_records(a, c)
     assert d.verdict.causes[:2] == ["config", "seed"]
-    assert "arguments '--seed 0' -> '--seed 1 --lr 0.2'" in d.verdict.line
+    # shown as typed, the template (the filled-in seed is the seed section's)
+    assert "arguments '--seed {seed}' -> '--seed {seed} --lr 0.2'" in d.verdict.line
     # ...no template and other arguments...
     plain_a, plain_b = synthetic_record("20261129-214500-aaaaaa", seed=0), synthetic_record("20261129-220000-bbbbbb")
     plain_b["invocation"]["args"] = ["--epochs", "4"]

@@ -22,7 +22,7 @@ from hermetic.determinism import SEED_KEY
 from hermetic.diff.distributed import compare_distributed
 from hermetic.diff.manifests import compare_manifests
 from hermetic.diff.model import Change, FileComparison, MetricComparison, OutputsDiff, SectionDiff
-from hermetic.seedargs import differ_only_by_seed
+from hermetic.seedargs import differ_only_by_seed, filled_template, has_placeholder
 
 INPUT_SECTIONS = ("image", "code", "config", "data", "seed", "env")
 ENVIRONMENT_SECTIONS = ("software", "gpu", "cpu")
@@ -231,8 +231,14 @@ def compare_config(a_inv: Json, b_inv: Json, seed_a: Any = None, seed_b: Any = N
     s.changes += diff_flat("config", a_inv["config"], b_inv["config"],
                            material=lambda k: not _CONFIG_RESTATED.match(k))
     if a_inv["args"] != b_inv["args"] and not differ_only_by_seed(a_inv, seed_a, b_inv, seed_b):
+        def typed(inv: Json, seed: Any) -> str:  # as the user typed them: `--seed {seed}`, not `--seed 0`
+            template = filled_template(inv, seed)
+            if template is not None and has_placeholder(template):
+                return " ".join(a if "{" in a else shlex.quote(a) for a in template)
+            return shlex.join(inv["args"])
+
         s.changes.append(Change("config", "args", "changed", a_inv["args"], b_inv["args"],
-                                f"arguments '{shlex.join(a_inv['args'])}' -> '{shlex.join(b_inv['args'])}'"))
+                                f"arguments '{typed(a_inv, seed_a)}' -> '{typed(b_inv, seed_b)}'"))
     for key in ("script", "network", "resume_from"):
         if a_inv.get(key) != b_inv.get(key):
             s.changes.append(Change("config", key, "changed", a_inv.get(key), b_inv.get(key),
