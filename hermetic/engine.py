@@ -344,6 +344,57 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
     return config_digest
 
 
+def ensure_tag(image_id: str, repo_tag: str) -> bool:
+    """Point ``repo_tag`` at ``image_id`` when it names another image (or none); True when it changed."""
+    import docker.errors
+
+    repo, _, tag = repo_tag.rpartition(":")
+    try:
+        api = engine_client().api
+        try:
+            if api.inspect_image(repo_tag)["Id"] == image_id:
+                return False
+        except docker.errors.ImageNotFound:
+            pass
+        api.tag(image_id, repo, tag)
+        return True
+    except docker.errors.APIError as e:
+        raise EngineError(f"Docker Engine error: {e.explanation or e}") from None
+
+
+def engine_tag_is(image_id: str, repo_tag: str) -> bool | None:
+    """Whether ``repo_tag`` names ``image_id`` in the engine, asked on its socket (as _socket_status);
+    None when it cannot be asked so (the caller then takes the full path)."""
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not host.startswith("unix://"):
+        return None
+    import socket
+    from urllib.parse import quote
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(30)
+            sock.connect(host[len("unix://"):])
+            sock.sendall(f"GET /images/{quote(repo_tag, safe='/:')}/json HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+    except OSError:
+        return None
+    head, _, body = data.partition(b"\r\n\r\n")
+    parts = head.split(b"\r\n", 1)[0].split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        return None
+    if int(parts[1]) == 404:
+        return False
+    if int(parts[1]) != 200:
+        return None
+    try:
+        return json.loads(body).get("Id") == image_id
+    except ValueError:
+        return None
+
+
 def images_labelled(label: str) -> dict[str, str]:
     """Image ID -> the value of ``label``, for every image in the engine that has it."""
     import docker.errors

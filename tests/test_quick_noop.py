@@ -90,3 +90,24 @@ def test_the_quick_answer_is_the_full_answer(proj, cache_dir):
             doc = build_json(proj, "--no-load")
         answers[way] = (text.stdout.split("\n", 1)[1], {k: v for k, v in doc.items() if k != "seconds"})
     assert answers["quick"] == answers["full"]
+
+
+def test_a_noop_points_the_name_back_at_its_image_in_the_store_and_the_engine(proj, cache_dir, tmp_path, base_ref,
+                                                                             docker_client):
+    # Two projects of one name in one cache (the tests' "demo", or two clones): building the other one
+    # moves NAME:latest; a no-op of the first must point it back, in the store and in the engine.
+    from hermetic.store.oci import OciStore
+
+    first = build_json(proj)
+    other = make_project(tmp_path / "other", base_ref, {"alpha": next((tmp_path / "wheels").glob("alpha-*.whl"))})
+    second = build_json(other)
+    assert second["manifest_digest"] != first["manifest_digest"]
+    name = "demo"  # buildsupport.make_project's
+    store = OciStore(cache_dir / "oci")
+    assert store.resolve(f"{name}:latest").digest == second["manifest_digest"]
+    again = build_json(proj)
+    assert again["noop"] is True
+    assert store.resolve(f"{name}:latest").digest == first["manifest_digest"]
+    assert docker_client.images.get(f"hermetic/{name}:latest").id == first["image_id"]
+    quick = build_json(proj)  # and the quick path, now that the name is right again, answers
+    assert quick["noop"] is True and store.resolve(f"{name}:latest").digest == first["manifest_digest"]

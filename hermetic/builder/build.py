@@ -26,7 +26,7 @@ from hermetic.builder.image import BASE_LAYERS_LABEL, PACKAGES_LABEL
 from hermetic.builder.image_record import ImageInfo, write_image_record
 from hermetic.builder.result import BuildResult, layer_rows
 from hermetic.builder.install import VenvLayout
-from hermetic.builder.inputs import COMPILER_FORMAT, LAYER_FORMAT, runtime_sha256
+from hermetic.builder.inputs import COMPILER_FORMAT, LAYER_FORMAT, engine_tag, runtime_sha256
 from hermetic.builder.layers import MAX_LAYERS, BuiltLayer, LayerCache, build_layers, hermetic_layer_files, plan_layers
 from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.config import LoadedConfig
@@ -181,14 +181,25 @@ def finish(cfg: LoadedConfig, store: OciStore, info: ImageInfo, *, noop: bool, l
            notes: list[str] | None = None, built: list[BuiltLayer] | None = None,
            feed: "EngineFeed | None" = None) -> BuildResult:
     loaded = _ensure_loaded(store, info, cfg.model.name, load, feed)
+    _point_latest(store, info, cfg.model.name, load)
     record = write_image_record(cfg.root, cfg.model.lock, info)
     # The result (not the record) also says which layers this build made or reused.
     loads = [{**e, "from": round(e["from"] - t0, 3), "to": round(e["to"] - t0, 3)} for e in (feed.timeline if feed else [])]
     return BuildResult(info, layer_rows(info, built), noop, loaded, time.monotonic() - t0, record, notes or [], loads)
 
 
-def engine_tag(name: str) -> str:
-    return f"hermetic/{name}:latest" if "/" not in name else f"{name}:latest"
+def _point_latest(store: OciStore, info: ImageInfo, name: str, load: bool) -> None:
+    """``NAME:latest`` in the store (and ``hermetic/NAME:latest`` in the engine, when loading) names this
+    image after every build, a no-op too: two projects of one name in one cache, or an older build of
+    this one, may have moved it since."""
+    ref = f"{name}:latest"
+    current = store.resolve(ref)
+    if current is None or current.digest != info.manifest_digest:
+        store.set_ref(ref, Descriptor(MT_MANIFEST, info.manifest_digest, store.blob_size(info.manifest_digest)))
+    if load:
+        from hermetic.engine import ensure_tag
+
+        ensure_tag(info.image_id, engine_tag(name))
 
 
 def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool, feed: "EngineFeed | None" = None) -> bool:

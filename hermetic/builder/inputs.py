@@ -33,3 +33,8 @@ def runtime_sha256() -> str:
     for rel, data in runtime_files().items():
         h.update(rel.encode() + b"\0" + data + b"\0")
     return h.hexdigest()
+
+
+def engine_tag(name: str) -> str:
+    """The engine's tag for a config's image (here, not in build.py: the quick no-op checks it too)."""
+    return f"hermetic/{name}:latest" if "/" not in name else f"{name}:latest"

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hermetic import __version__
-from hermetic.builder.inputs import COMPILER_FORMAT, LAYER_FORMAT, runtime_sha256
+from hermetic.builder.inputs import COMPILER_FORMAT, LAYER_FORMAT, engine_tag, runtime_sha256
 from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.fsutil import atomic_write_bytes
 from hermetic.paths import CachePaths
@@ -71,7 +71,8 @@ def remember_inputs(cfg: "LoadedConfig", lock: "Lock", paths: CachePaths, build_
     if (image_config_part(again) != image_config_part(cfg) or again.lock_path != cfg.lock_path
             or hashlib.sha256(lock_bytes).hexdigest() != lock.sha256):
         return  # an input changed while we built: no note
-    note = {"lock_file": str(cfg.lock_path), "lock_sha256": lock.sha256, "lock_as_written": cfg.model.lock,
+    note = {"name": cfg.model.name, "lock_file": str(cfg.lock_path), "lock_sha256": lock.sha256,
+            "lock_as_written": cfg.model.lock,
             "runtime_sha256": runtime_sha256(), "build_key": build_key, "manifest_digest": manifest_digest}
     path = _note_path(paths, cfg.path, data)
     try:
@@ -113,11 +114,15 @@ def quick_noop(config_path: str | None, paths: CachePaths, *, load: bool) -> "Bu
     info = ImageInfo.from_store(store, digest, key)
     if not _provenance_in_place(store, digest, config_file.parent):
         return None
+    name = note.get("name")
+    latest = store.resolve(f"{name}:latest") if name else None
+    if latest is None or latest.digest != digest:
+        return None  # NAME:latest names another image now: the full path points it back
     if load:
-        from hermetic.engine import engine_has_image
+        from hermetic.engine import engine_has_image, engine_tag_is
 
-        if not engine_has_image(info.image_id):
-            return None  # the full path loads it
+        if not engine_has_image(info.image_id) or not engine_tag_is(info.image_id, engine_tag(name)):
+            return None  # the full path loads or tags it
     record = write_image_record(config_file.parent, note["lock_as_written"], info)
     from hermetic.builder.result import BuildResult, layer_rows
 
