@@ -80,10 +80,11 @@ def gpu_runtime(client: "docker.DockerClient") -> GpuRuntime:
     return GpuRuntime(bool(hook), hook or "", runtimes, default)
 
 
-def _socket_status(path: str) -> int | None:
-    """HTTP status of ``GET path`` asked straight on the engine's unix socket; None if it cannot be asked so.
+def _socket_get(path: str, *, body: bool = False) -> tuple[int, bytes] | None:
+    """``GET path`` asked straight on the engine's unix socket: (status, body if asked); None if it cannot
+    be asked so.
 
-    For the one question on a no-op's path (is this image there?): docker-py
+    For the questions on a no-op's path (is this image there? does this tag name it?): docker-py
     and requests take ~0.1 s to import and http.client ~25 ms, the question
     itself ~2 ms. Anything unusual (another DOCKER_HOST, no socket, an
     unexpected answer) leaves the question to docker-py.
@@ -98,18 +99,24 @@ def _socket_status(path: str) -> int | None:
             sock.settimeout(30)
             sock.connect(host[len("unix://"):])
             sock.sendall(f"GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
-            head = b""
-            while b"\r\n" not in head and len(head) < 4096:
-                chunk = sock.recv(4096)
+            data = b""
+            while (body or b"\r\n" not in data) and len(data) < (1 << 24):
+                chunk = sock.recv(65536)
                 if not chunk:
                     break
-                head += chunk
+                data += chunk
     except OSError:
         return None
+    head, _, rest = data.partition(b"\r\n\r\n")
     parts = head.split(b"\r\n", 1)[0].split()
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
         return None
-    return int(parts[1])
+    return int(parts[1]), rest
+
+
+def _socket_status(path: str) -> int | None:
+    got = _socket_get(path)
+    return got[0] if got else None
 
 
 def engine_has_image(image_id: str) -> bool:
@@ -363,34 +370,17 @@ def ensure_tag(image_id: str, repo_tag: str) -> bool:
 
 
 def engine_tag_is(image_id: str, repo_tag: str) -> bool | None:
-    """Whether ``repo_tag`` names ``image_id`` in the engine, asked on its socket (as _socket_status);
-    None when it cannot be asked so (the caller then takes the full path)."""
-    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if not host.startswith("unix://"):
-        return None
-    import socket
+    """Whether ``repo_tag`` names ``image_id`` in the engine, asked on its socket (_socket_get); None when
+    it cannot be asked so (the caller then takes the full path)."""
     from urllib.parse import quote
 
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(30)
-            sock.connect(host[len("unix://"):])
-            sock.sendall(f"GET /images/{quote(repo_tag, safe='/:')}/json HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
-    except OSError:
+    got = _socket_get(f"/images/{quote(repo_tag, safe='/:')}/json", body=True)
+    if got is None or got[0] not in (200, 404):
         return None
-    head, _, body = data.partition(b"\r\n\r\n")
-    parts = head.split(b"\r\n", 1)[0].split()
-    if len(parts) < 2 or not parts[1].isdigit():
-        return None
-    if int(parts[1]) == 404:
+    if got[0] == 404:
         return False
-    if int(parts[1]) != 200:
-        return None
     try:
-        return json.loads(body).get("Id") == image_id
+        return json.loads(got[1]).get("Id") == image_id
     except ValueError:
         return None
 
