@@ -353,6 +353,8 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
 
 def ensure_tag(image_id: str, repo_tag: str) -> bool:
     """Point ``repo_tag`` at ``image_id`` when it names another image (or none); True when it changed."""
+    if engine_tag_is(image_id, repo_tag):  # the usual answer, from one request on the socket
+        return False
     import docker.errors
 
     repo, _, tag = repo_tag.rpartition(":")
