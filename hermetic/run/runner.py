@@ -36,7 +36,7 @@ from hermetic.record import (
 from hermetic.run.container import RUN_LABEL, ContainerSpec, Mount, RunOutcome, check_gpu_runtime, run_streaming
 from hermetic.record import liveness
 from hermetic.run.data import VerifiedDataset, verify_datasets
-from hermetic.run.resume import check_resume_source, seed_outputs
+from hermetic.run.resume import ResumeSource, check_resume_source, seed_outputs
 from hermetic.run.detach import announce
 from hermetic.run.distributed import container_env as dist_container_env
 from hermetic.run.distributed import finish_section, launch_command, plan_section
@@ -91,18 +91,18 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     datasets = verify_datasets(plan_datasets(cfg, req.data_paths, req.manifest_paths),  # 2. the data
                                progress=progress, log=log, say_how_to_accept=not req.manifest_paths,
                                reader=container_user(cfg))
-    if req.resume_from is not None:  # 2b. the earlier run's outputs, as its record says: an input too
-        check_resume_source(req.resume_from)
+    # 2b. the earlier run's outputs, as its record says: an input too
+    resume = check_resume_source(req.resume_from) if req.resume_from is not None else None
     run_id, run_dir, rec, env = open_run(cfg, store, req, info, datasets, script, passed)  # 3. the run directory
     with liveness.hold(run_dir):  # `hermetic stop`, `logs -f`, `runs wait` find the run's process by this
         if announce("run", run_id, run_dir, run_dir / "logs"):  # --detach: the terminal is gone from here on
             req = dataclasses.replace(req, echo=False)
-        return _run_in_dir(client, cfg, paths, req, info, datasets, script, run_id, run_dir, rec, env, log)
+        return _run_in_dir(client, cfg, paths, req, info, datasets, resume, script, run_id, run_dir, rec, env, log)
 
 
 def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, info: ImageInfo,
-                datasets: list[VerifiedDataset], script: str, run_id: str, run_dir: Path, rec: dict[str, Any],
-                env: RunEnvironment, log: Log) -> RunResult:
+                datasets: list[VerifiedDataset], resume: ResumeSource | None, script: str, run_id: str,
+                run_dir: Path, rec: dict[str, Any], env: RunEnvironment, log: Log) -> RunResult:
     user = container_user(cfg)
     rec["invocation"]["user"] = user.spec  # who the script ran as: the run README's by-hand command says it
     python = f"{cfg.model.build.prefix}/bin/python"
@@ -115,7 +115,7 @@ def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, i
         write_record(run_dir, rec)  # early: a hard kill still leaves a record
         if req.gpus:
             refuse_unfit_gpu(rec, run_dir, probe, info)
-        outcome = run_container(client, cfg, rec, req, info, datasets, env, run_dir, workspace,  # 6. the run
+        outcome = run_container(client, cfg, rec, req, info, datasets, resume, env, run_dir, workspace,  # 6. the run
                                 script, python, user, log)
         if req.distributed is not None:  # per-rank logs kept, what each rank reported
             rec["distributed"] = finish_section(rec["distributed"], run_dir / RUNTIME_DIR, run_dir, req.distributed)
@@ -243,8 +243,8 @@ def refuse_unfit_gpu(rec: dict[str, Any], run_dir: Path, probe: dict[str, Any], 
 
 
 def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunRequest, info: ImageInfo,
-                  datasets: list[VerifiedDataset], env: RunEnvironment, run_dir: Path, workspace: Path, script: str,
-                  python: str, user: ContainerUser, log: Log) -> RunOutcome:
+                  datasets: list[VerifiedDataset], resume: ResumeSource | None, env: RunEnvironment, run_dir: Path,
+                  workspace: Path, script: str, python: str, user: ContainerUser, log: Log) -> RunOutcome:
     """The locked-down training container: a writable copy of the code as the working directory, the
     datasets read-only (at their project paths in it and their mounts), outputs/ and the runtime's report."""
     m = cfg.model
@@ -252,8 +252,8 @@ def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunReques
     outputs = run_dir / "outputs"
     meta = run_dir / RUNTIME_DIR
     meta.mkdir()
-    if req.resume_from is not None:
-        seed_outputs(check_resume_source(req.resume_from), outputs, workspace)
+    if resume is not None:
+        seed_outputs(resume, outputs, workspace)
     for tree in (workspace, outputs, meta):
         _chown_tree(tree, user.uid, user.gid)
     if req.distributed is not None:
