@@ -353,18 +353,20 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
 
 def ensure_tag(image_id: str, repo_tag: str) -> bool:
     """Point ``repo_tag`` at ``image_id`` when it names another image (or none); True when it changed."""
-    if engine_tag_is(image_id, repo_tag):  # the usual answer, from one request on the socket
+    tagged = engine_tag_is(image_id, repo_tag)  # the usual answer, from one request on the socket
+    if tagged:
         return False
     import docker.errors
 
     repo, _, tag = repo_tag.rpartition(":")
     try:
         api = engine_client().api
-        try:
-            if api.inspect_image(repo_tag)["Id"] == image_id:
-                return False
-        except docker.errors.ImageNotFound:
-            pass
+        if tagged is None:  # the socket could not be asked: docker-py asks
+            try:
+                if api.inspect_image(repo_tag)["Id"] == image_id:
+                    return False
+            except docker.errors.ImageNotFound:
+                pass
         api.tag(image_id, repo, tag)
         return True
     except docker.errors.APIError as e:

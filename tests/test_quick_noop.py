@@ -42,6 +42,14 @@ def test_a_noop_build_answers_without_importing_the_schema_or_docker(proj, cache
     assert [layer["digest"] for layer in out["layers"]] == [layer["digest"] for layer in first["layers"]]
     imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
     assert not {"pydantic", "docker", "requests", "hermetic.config"} & imported
+    # from a subdirectory of the project, as `hermetic build` finds hermetic.yaml there: the same quick answer
+    (proj / "src").mkdir()
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "hermetic", "build", "--no-load", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=proj / "src")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["manifest_digest"] == first["manifest_digest"]
+    imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert not {"pydantic", "docker", "requests", "hermetic.config"} & imported
 
 
 def test_any_changed_input_goes_the_full_way(proj, cache_dir, docker_client):

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from hermetic.canonical import canonical_json
+from hermetic.workers import pid_alive
 from hermetic.store.oci import Descriptor, OciStore
 
 PARTIAL_LABEL = "org.hermetic.partial"  # its value: "HOST:PID" of the build that loaded it
@@ -42,15 +43,7 @@ def _is_stale(owner: str) -> bool:
     host, _, pid = owner.rpartition(":")
     if not host or not pid.isdigit():
         return True
-    if host != socket.gethostname():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # alive, another user's
-        return False
-    return False
+    return host == socket.gethostname() and not pid_alive(int(pid))
 
 
 def sweep_stale_partials() -> list[str]:
@@ -86,11 +79,9 @@ class EngineFeed:
         self._cond = threading.Condition()
         self.error: BaseException | None = None
         self.loads: list[tuple[int, int]] = []  # (first layer sent, layers in the prefix), for tests and notes
-        self.created_at = time.monotonic()
         self.timeline: list[dict[str, Any]] = []  # each load: layers sent, from/to (time.monotonic())
         self._final: tuple[str, bytes] | None = None  # the image's ID and config, once it has them
         self.final_loaded: bool | None = None  # None: not loaded by the feed (not asked, or it failed)
-        self.final_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine-feed", daemon=True)
 
     def start(self) -> None:
@@ -135,8 +126,8 @@ class EngineFeed:
         if final is not None:
             try:
                 self.final_loaded = self._load_final(*final)
-            except BaseException as e:
-                self.final_error = e
+            except BaseException:  # left to the caller's own load (final_loaded stays None)
+                pass
 
     def _prefixes(self) -> None:
         from hermetic.engine import layers_engine_has, load_layers

@@ -128,8 +128,11 @@ def _verify_blobs(store: OciStore, rep: VerifyReport, *, repair: bool,
         if not matches:
             rep.bad_blobs.append(BadBlob(digest, path, "content does not match its digest"))
             if repair:
-                entry.unlink(missing_ok=True) if entry.is_file() else shutil.rmtree(entry, ignore_errors=True)
-                intact.forget(store.root, entry.name)
+                if entry.is_file() or entry.is_symlink():
+                    store.remove_blob(digest)  # the file and what intact knew of it
+                else:  # a directory where a blob should be
+                    shutil.rmtree(entry, ignore_errors=True)
+                    intact.forget(store.root, entry.name)
                 rep.removed.append(digest)
         if on_blob is not None:
             on_blob(size)

@@ -7,6 +7,7 @@ check (builder/quick.py) can hash them without importing the builder.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -28,6 +29,7 @@ def runtime_files() -> dict[str, bytes]:
     return {p.relative_to(RUNTIME_DIR).as_posix(): p.read_bytes() for p in paths}
 
 
+@functools.cache  # the runtime ships with this installation: one hash per process (no-op, key, note)
 def runtime_sha256() -> str:
     h = hashlib.sha256()
     for rel, data in runtime_files().items():

@@ -29,7 +29,6 @@ import json
 import os
 import posixpath
 import struct
-import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -432,9 +431,3 @@ def check_maps(maps: list[str], root: Path) -> None:
             raise BytecodeError(f"the base's interpreter loaded {path} from this host, not from the image; "
                                 "refusing to compile with it", hint=NO_BYTECODE_HINT)
 
-
-def run_interpreter(interp: BaseInterpreter, *args: str, input: bytes = b"", timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run the copied interpreter with ``args`` (used by tests and checks)."""
-    cwd = interp.root / _LIBDIR
-    return subprocess.run(interp.argv(*args), input=input, capture_output=True, env=interp.env(), cwd=cwd,
-                          timeout=timeout)

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 from hermetic import __version__
 from hermetic.builder.inputs import COMPILER_FORMAT, LAYER_FORMAT, engine_tag, runtime_sha256
 from hermetic.canonical import canonical_json, canonical_sha256
-from hermetic.fsutil import atomic_write_bytes
-from hermetic.paths import CachePaths
+from hermetic.fsutil import write_if_changed
+from hermetic.paths import CachePaths, find_upward
 
 if TYPE_CHECKING:
     from hermetic.builder.result import BuildResult
@@ -43,7 +43,10 @@ CONFIG_FILENAME = "hermetic.yaml"  # = hermetic.config.CONFIG_FILENAME (not impo
 
 
 def _config_file(config_path: str | None) -> Path | None:
-    p = Path(config_path) if config_path else Path.cwd()
+    """hermetic.config.find_config's answer (without its import), or None where it would refuse."""
+    if not config_path:
+        return find_upward(Path.cwd(), CONFIG_FILENAME)
+    p = Path(config_path)
     if p.is_dir():
         p = p / CONFIG_FILENAME
     return p.resolve() if p.is_file() else None
@@ -75,13 +78,8 @@ def remember_inputs(cfg: "LoadedConfig", lock: "Lock", paths: CachePaths, build_
             "lock_as_written": cfg.model.lock,
             "runtime_sha256": runtime_sha256(), "build_key": build_key, "manifest_digest": manifest_digest}
     path = _note_path(paths, cfg.path, data)
-    try:
-        if json.loads(path.read_bytes()) == note:
-            return
-    except (OSError, ValueError):
-        pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, canonical_json(note), fsync=False)
+    write_if_changed(path, canonical_json(note))  # canonical bytes: equal bytes are an equal note
 
 
 def quick_noop(config_path: str | None, paths: CachePaths, *, load: bool) -> "BuildResult | None":
@@ -119,9 +117,9 @@ def quick_noop(config_path: str | None, paths: CachePaths, *, load: bool) -> "Bu
     if latest is None or latest.digest != digest:
         return None  # NAME:latest names another image now: the full path points it back
     if load:
-        from hermetic.engine import engine_has_image, engine_tag_is
+        from hermetic.engine import engine_tag_is
 
-        if not engine_has_image(info.image_id) or not engine_tag_is(info.image_id, engine_tag(name)):
+        if engine_tag_is(info.image_id, engine_tag(name)) is not True:  # True: the engine holds it, so tagged
             return None  # the full path loads or tags it
     record = write_image_record(config_file.parent, note["lock_as_written"], info)
     from hermetic.builder.result import BuildResult, layer_rows
