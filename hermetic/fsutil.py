@@ -149,6 +149,21 @@ def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
         _close_held(fd)  # closing the only descriptor of the open file releases the lock
 
 
+def is_locked(path: str | os.PathLike[str]) -> bool:
+    """Whether some process holds ``path``'s file_lock now (False when there is no such file)."""
+    try:
+        fd = _open_held(Path(path), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        _close_held(fd)
+    return False
+
+
 # ---------------------------------------------------------------- temp files tied to their writer
 
 

@@ -11,7 +11,6 @@ stage (downloads, parallel layer writes, the load into the engine) really happen
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import random
@@ -23,6 +22,7 @@ import pytest
 
 from buildsupport import share_base
 from conftest import REPO, run_cli
+from hermetic.fsutil import is_locked
 from kill_support import children_of, sigkill, start_hermetic, survivors, wait_for
 from run_support import pin_base
 from slow_server import SlowWheels
@@ -32,15 +32,7 @@ pytestmark = pytest.mark.docker
 
 def lock_is_free(builds: Path) -> bool:
     """Every build lock can be taken at once (none is held by anything of the killed build)."""
-    for lock in builds.glob(".*.lock"):
-        fd = os.open(lock, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)
-    return True
+    return not any(is_locked(lock) for lock in builds.glob(".*.lock"))
 
 
 def open_blob_larger_than(pid: int, blobs: Path, size: int) -> bool:

@@ -13,12 +13,13 @@ dies, so "running" is known, never guessed from a record that says
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
 import time
 from pathlib import Path
 from typing import Iterator
+
+from hermetic.fsutil import file_lock, is_locked
 
 LOCK_NAME = ".running.lock"
 PID_NAME = ".running.pid"
@@ -26,32 +27,23 @@ PID_NAME = ".running.pid"
 
 @contextlib.contextmanager
 def hold(run_dir: Path) -> Iterator[None]:
-    """Mark ``run_dir`` as driven by this process until the block ends (or the process dies)."""
-    fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        (run_dir / PID_NAME).write_text(f"{os.getpid()}\n")
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            (run_dir / PID_NAME).unlink()
-        with contextlib.suppress(FileNotFoundError):
-            (run_dir / LOCK_NAME).unlink()
-        os.close(fd)
+    """Mark ``run_dir`` as driven by this process until the block ends (or the process dies).
+
+    Through fsutil.file_lock, so the workers a run forks (data hashing, layer builds) never carry the
+    lock: a SIGKILLed driver's run stops being "running" at once, not when its last worker exits."""
+    with file_lock(run_dir / LOCK_NAME):
+        try:
+            (run_dir / PID_NAME).write_text(f"{os.getpid()}\n")
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                (run_dir / PID_NAME).unlink()
+            with contextlib.suppress(FileNotFoundError):
+                (run_dir / LOCK_NAME).unlink()  # still held: no reader sees it free before it is gone
 
 
 def is_running(run_dir: Path) -> bool:
-    try:
-        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return is_locked(run_dir / LOCK_NAME)
 
 
 def driver_pid(run_dir: Path) -> int | None:
