@@ -19,10 +19,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from hermetic.canonical import canonical_json, sha256_hex
 from hermetic.errors import ConfigError
-from hermetic.paths import norm_relpath
+from hermetic.paths import CONFIG_FILENAME, norm_relpath
 from hermetic.reference import parse_base_reference
-
-CONFIG_FILENAME = "hermetic.yaml"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")

@@ -20,6 +20,9 @@ def norm_relpath(path: str) -> str:
     return posixpath.normpath(path.replace("\\", "/"))
 
 
+CONFIG_FILENAME = "hermetic.yaml"  # here, not in hermetic.config: the fast paths (listing, no-op) need it without pydantic
+
+
 def find_upward(start: Path, name: str) -> Path | None:
     """``start/name``, else the same name in the nearest parent directory (as git finds .git); None if none."""
     start = start.resolve()

@@ -18,11 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
-from hermetic.config import CONFIG_FILENAME, parse_config
 from hermetic.errors import CannotCreate, NotFound, UsageError
 from hermetic.fsutil import atomic_write_bytes, atomic_write_text
+from hermetic.paths import CONFIG_FILENAME
 
 DEFAULT_RECIPE = "debian-bookworm-python3"
 LOCK_FILE = "requirements.lock"
@@ -77,6 +75,8 @@ def init_project(root: Path, *, data: list[str], base: str | None = None, python
     lock, lock_source = _lock(root, python, log)
     datasets = [_dataset(root, d, log) for d in dirs]
     text = render_config(name, base_ref, python, lock, datasets)
+    from hermetic.config import parse_config  # pydantic: not for `init --ci` or `init --help`
+
     parse_config(text, config)  # what we write must load: the same validation `hermetic run` does
     added = _gitignore(root)
     atomic_write_text(config, text)
@@ -93,6 +93,8 @@ def render_config(name: str, base: str, python: str, lock: str, datasets: list[d
     header = ("# Written by `hermetic init`. The base is pinned by digest (`hermetic base pin` changes it);\n"
               "# each dataset is verified against its manifest before every run, and the script finds it at\n"
               "# the same path it has here. docs/your-script.md says what a script sees.\n")
+    import yaml
+
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
 
 

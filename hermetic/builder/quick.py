@@ -32,14 +32,13 @@ from hermetic import __version__
 from hermetic.builder.inputs import COMPILER_FORMAT, LAYER_FORMAT, engine_tag, runtime_sha256
 from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.fsutil import write_if_changed
-from hermetic.paths import CachePaths, find_upward
+from hermetic.paths import CONFIG_FILENAME, CachePaths, find_upward
 
 if TYPE_CHECKING:
     from hermetic.builder.result import BuildResult
     from hermetic.config import LoadedConfig
     from hermetic.lock.model import Lock
 
-CONFIG_FILENAME = "hermetic.yaml"  # = hermetic.config.CONFIG_FILENAME (not imported: it pulls in pydantic)
 
 
 def _config_file(config_path: str | None) -> Path | None:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hermetic.paths import find_upward, norm_relpath
+from hermetic.paths import CONFIG_FILENAME, find_upward, norm_relpath
 from hermetic.record.rundir import resolve_run
 
-CONFIG_FILENAME = "hermetic.yaml"  # = hermetic.config.CONFIG_FILENAME (not imported: it pulls in pydantic)
 
 
 def config_runs_dir(config_path: str | None) -> Path:
