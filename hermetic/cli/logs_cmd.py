@@ -102,19 +102,13 @@ def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None,
         raise NotFound(f"{run_dir.name}: not running (see `hermetic runs show {run_dir.name}`)")
     if not no_wait:
         liveness.wait(run_dir)
-    status = _status(run_dir)
+    entry = entry_from_dir(run_dir)
+    status = "running" if liveness.is_running(run_dir) else entry["status"]  # --no-wait: it may still be
     if as_json:
         emit_json({"id": run_dir.name, "stopped": True, "status": status})
     else:
-        click.echo(f"{run_dir.name}: {status}{ran_note(entry_from_dir(run_dir))}")
+        click.echo(f"{run_dir.name}: {status}{ran_note(entry)}")
     return 0
-
-
-def _status(run_dir: Path) -> str:
-    from hermetic.record.index import entry_from_dir
-    from hermetic.record.liveness import is_running
-
-    return "running" if is_running(run_dir) else entry_from_dir(run_dir)["status"]
 
 
 @runs.command("wait")

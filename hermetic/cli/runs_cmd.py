@@ -150,9 +150,9 @@ def show(ctx: click.Context, run_id: str, runs_dir: str | None, config_path: str
     """
     parent = ctx.obj or {}
     ref_dir = resolve_ref(run_id, runs_dir or parent.get("runs_dir"), config_path or parent.get("config_path"))
-    from hermetic.record.index import GROUP_JSON, RUN_JSON
+    from hermetic.record.index import is_group_dir
 
-    if (ref_dir / GROUP_JSON).is_file() and not (ref_dir / RUN_JSON).is_file():
+    if is_group_dir(ref_dir):
         from hermetic.record.group import load_group
 
         group = load_group(ref_dir)

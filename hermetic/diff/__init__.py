@@ -107,11 +107,11 @@ def _first_member(group_dir: Path, group: dict[str, Any], notes: list[str]) -> d
 def diff_paths(dir_a: str | Path, dir_b: str | Path, *, rtol: float = DEFAULT_RTOL,
                atol: float = DEFAULT_ATOL) -> RunDiff | GroupDiff:
     """Runs or groups, whichever the two directories hold (both must be the same kind)."""
-    from hermetic.record.index import GROUP_JSON, RUN_JSON
+    from hermetic.record.index import is_group_dir
     from hermetic.errors import UsageError
 
     da, db = Path(dir_a), Path(dir_b)
-    kinds = ["group" if (d / GROUP_JSON).is_file() and not (d / RUN_JSON).is_file() else "run" for d in (da, db)]
+    kinds = ["group" if is_group_dir(d) else "run" for d in (da, db)]
     if kinds[0] != kinds[1]:
         raise UsageError(f"cannot compare a {kinds[0]} ({da}) with a {kinds[1]} ({db}); compare two runs "
                           "or two groups")

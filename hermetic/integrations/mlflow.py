@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.errors import DataError, HermeticError, MissingExtra, Unavailable, UsageError
+from hermetic.record.outputs import nan_key
 
 RUN_ID_TAG = "hermetic.run_id"
 KIND_TAG = "hermetic.kind"
@@ -212,10 +213,6 @@ def millis(iso: str | None) -> int | None:
     return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def _nan_key(v: float) -> Any:
-    return "nan" if v != v else v
-
-
 # -- the exporter (talks to the tracking server) -------------------------------------------------
 
 class MlflowExporter:
@@ -236,11 +233,11 @@ class MlflowExporter:
 
     def export(self, path: str | os.PathLike[str], *, experiment: str | None = None) -> Exported:
         """A run directory or a group directory (its members become child runs)."""
-        from hermetic.record.index import GROUP_JSON, RUN_JSON
+        from hermetic.record.index import is_group_dir
 
         p = Path(path)
         with self._mlflow_errors():
-            if (p / GROUP_JSON).is_file() and not (p / RUN_JSON).is_file():
+            if is_group_dir(p):
                 return self._export_group(p, experiment)
             return self._export_run(p, experiment)
 
@@ -347,10 +344,10 @@ class MlflowExporter:
             key = safe_key(name)
             seen = set()
             if not created and key in run.data.metrics:
-                seen = {(m.step, _nan_key(m.value)) for m in self.client.get_metric_history(rid, key)}
+                seen = {(m.step, nan_key(m.value)) for m in self.client.get_metric_history(rid, key)}
             for step, value in points:
-                if (step, _nan_key(value)) not in seen:
-                    seen.add((step, _nan_key(value)))
+                if (step, nan_key(value)) not in seen:
+                    seen.add((step, nan_key(value)))
                     metrics.append(Metric(key, value, timestamp, step))
         for i in range(0, max(len(new_params), len(run_tags_)), PARAMS_PER_BATCH):
             self.client.log_batch(rid, params=new_params[i:i + PARAMS_PER_BATCH],

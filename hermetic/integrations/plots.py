@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hermetic.errors import NotFound, UsageError
+from hermetic.record.outputs import nan_key
 
 Series = dict[str, list[tuple[int, float]]]
 
@@ -55,12 +56,12 @@ class PlotResult:
 def load_entry(path: str | os.PathLike[str]) -> Entry:
     """A run directory (its seal checked) or a group directory (group.json and its succeeded members)."""
     from hermetic.record.group import load_group
-    from hermetic.record.index import GROUP_JSON, RUN_JSON
+    from hermetic.record.index import is_group_dir
     from hermetic.record.outputs import metrics_series
     from hermetic.record.rundir import load_record
 
     p = Path(path)
-    if (p / GROUP_JSON).is_file() and not (p / RUN_JSON).is_file():
+    if is_group_dir(p):
         group = load_group(p)
         members = []
         for m in group["members"]:
@@ -94,7 +95,7 @@ def first_difference(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> 
 
 def group_curve(members: list[Series], name: str) -> tuple[list[int], list[float], list[float], list[float]]:
     """Steps, mean, and the 95% interval of the mean (low, high) over the members that logged ``name``."""
-    from hermetic.stats import t975
+    from hermetic.stats import summarize  # the group summary's own statistics, per step
 
     per_step: dict[int, list[float]] = {}
     for m in members:
@@ -103,17 +104,12 @@ def group_curve(members: list[Series], name: str) -> tuple[list[int], list[float
                 per_step.setdefault(step, []).append(value)
     steps, means, lows, highs = [], [], [], []
     for step in sorted(per_step):
-        vals = per_step[step]
-        n = len(vals)
-        mean = math.fsum(vals) / n
-        half = 0.0
-        if n >= 2:
-            sd = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (n - 1))
-            half = t975(n - 1) * sd / math.sqrt(n)
+        st = summarize(per_step[step])
+        low, high = st["ci95"] or (st["mean"], st["mean"])  # one member: no band
         steps.append(step)
-        means.append(mean)
-        lows.append(mean - half)
-        highs.append(mean + half)
+        means.append(st["mean"])
+        lows.append(low)
+        highs.append(high)
     return steps, means, lows, highs
 
 
@@ -148,7 +144,7 @@ def build_panels(entries: Sequence[Entry], metrics: Sequence[str] | None = None)
                 if not steps:
                     continue
                 data = (steps, mean, (lo, hi))
-            ident = (tuple(data[0]), tuple(map(_nan_key, data[1])), None if data[2] is None else
+            ident = (tuple(data[0]), tuple(map(nan_key, data[1])), None if data[2] is None else
                      (tuple(data[2][0]), tuple(data[2][1])))
             same = next((c for c in curves if c[0] == ident), None)
             label = e.id if e.kind == "run" else f"{e.id}: mean of {len(e.members)} seeds, 95% CI"
@@ -171,10 +167,6 @@ def build_panels(entries: Sequence[Entry], metrics: Sequence[str] | None = None)
         shared[name] = [ids for _, ids, _, _, _ in curves]
         panels.append(Panel(name, panel_curves, marks))
     return panels, names, shared, firsts
-
-
-def _nan_key(v: float) -> Any:
-    return "nan" if math.isnan(v) else v
 
 
 def plot(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,

@@ -26,6 +26,11 @@ LOCK_NAME = ".index.lock"
 INDEX_VERSION = 1
 RUN_JSON = "run.json"
 GROUP_JSON = "group.json"
+
+
+def is_group_dir(path: Path) -> bool:
+    """A seed group's directory: its group.json, and no run.json (a member's own directory has one)."""
+    return (path / GROUP_JSON).is_file() and not (path / RUN_JSON).is_file()
 SLURM_JSON = "slurm.json"  # beside a run or group `hermetic submit` prepared (hermetic.slurm.state)
 
 

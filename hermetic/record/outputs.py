@@ -34,6 +34,11 @@ def decode_number(value: Any) -> float | int:
     return value
 
 
+def nan_key(v: float) -> Any:
+    """A metric value as a set member or dict key: NaN (never equal to itself) as the string ``nan``."""
+    return "nan" if v != v else v
+
+
 def volatile_globs(record: dict[str, Any]) -> list[str]:
     """``run.outputs.volatile`` as the run had it (hermetic.config.OutputsConfig); none for older records."""
     run = ((record.get("invocation") or {}).get("config") or {}).get("run") or {}
