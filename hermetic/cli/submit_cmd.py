@@ -24,7 +24,9 @@ from hermetic.cli.common import ScriptCommand, config_option, emit_json
 @click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
               help="Pass a variable into the container; secrets by NAME only (the job's environment carries them).")
 @click.option("--name", help="A name for the run or group (appended to its ID, and the job's name).")
-@click.option("--resume-from", "resume_from", metavar="RUN", help="Start with a copy of RUN's outputs/.")
+@click.option("--resume-from", "resume_from", metavar="RUN",
+              help="Start with a copy of RUN's outputs, each where RUN's script wrote it: in /outputs, or at "
+                   "its path in the working directory (as `hermetic run --resume-from`).")
 @click.option("--nproc-per-node", "nproc_per_node", type=click.IntRange(1), metavar="N",
               help="N processes per node with torchrun in each node's container.")
 @click.option("-p", "--partition", help="Slurm partition (default: the cluster's default partition).")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import posixpath
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -61,9 +61,7 @@ class DistributedPlan:
         return "c10d" if self.nnodes == 1 else "static"
 
     def to_json(self) -> dict[str, Any]:
-        return {"nproc_per_node": self.nproc_per_node, "backend": self.backend, "nnodes": self.nnodes,
-                "node_rank": self.node_rank, "master_addr": self.master_addr, "master_port": self.master_port,
-                "rdzv_id": self.rdzv_id}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "DistributedPlan":

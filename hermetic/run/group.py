@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hermetic.config import LoadedConfig
-from hermetic.errors import EXIT_USAGE, HermeticError
+from hermetic.errors import UsageError
 from hermetic.paths import CachePaths
 from hermetic.record import new_group_id, write_group
 from hermetic.record.group import group_outcome
@@ -30,9 +30,8 @@ SEED_MAX = 2**32 - 1
 def parse_seeds(text: str, first: int) -> list[int]:
     """The seeds of ``--seeds``: ``N`` (one integer) is N seeds from ``first`` (hermetic.yaml's seed) on;
     ``0,1,2``, ``0-4`` (inclusive) and mixes like ``0-2,10`` are the seeds themselves."""
-    def bad(why: str) -> HermeticError:
-        return HermeticError(f"--seeds {text!r}: {why} (a count such as 5, or seeds such as 0,1,2 or 0-4)",
-                             exit_code=EXIT_USAGE)
+    def bad(why: str) -> UsageError:
+        return UsageError(f"--seeds {text!r}: {why} (a count such as 5, or seeds such as 0,1,2 or 0-4)")
 
     text = text.strip()
     if text.isdigit():
