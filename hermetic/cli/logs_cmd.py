@@ -31,8 +31,11 @@ def _run_dir(run: str | None, runs_dir: str | None, config_path: str | None) -> 
 
 def _log_file(run_dir: Path) -> Path:
     """The run's combined output; a group's own log (it has no container of its own)."""
-    if (run_dir / "group.json").is_file() or not (run_dir / "logs" / "combined.log").exists():
-        own = run_dir / "logs" / "hermetic.log"
+    from hermetic.record.index import is_group_dir
+    from hermetic.run.detach import HERMETIC_LOG
+
+    if is_group_dir(run_dir) or not (run_dir / "logs" / "combined.log").exists():
+        own = run_dir / "logs" / HERMETIC_LOG
         if own.exists():
             return own
     return run_dir / "logs" / "combined.log"

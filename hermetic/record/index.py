@@ -84,17 +84,21 @@ def group_entry(group: dict[str, Any], dir_name: str | None = None) -> dict[str,
     }
 
 
+def _ran_planned(entry: dict[str, Any]) -> tuple[int, int]:
+    """(seeds that ran, seeds asked for) of a group's index entry."""
+    ran = len(entry.get("seeds") or [])
+    return ran, entry.get("planned") or ran
+
+
 def group_size(entry: dict[str, Any]) -> str:
     """A group's size for a listing: ``3``, or ``1/3`` when 1 of its 3 seeds ran."""
-    ran = len(entry.get("seeds") or [])
-    planned = entry.get("planned") or ran
+    ran, planned = _ran_planned(entry)
     return f"{ran}/{planned}" if ran < planned else str(ran)
 
 
 def ran_note(entry: dict[str, Any]) -> str:
     """`` (1 of 3 seeds ran)`` for a group that stopped short, else nothing."""
-    ran = len(entry.get("seeds") or [])
-    planned = entry.get("planned") or ran
+    ran, planned = _ran_planned(entry)
     return f" ({ran} of {planned} seeds ran)" if entry.get("kind") == "group" and ran < planned else ""
 
 
