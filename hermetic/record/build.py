@@ -19,13 +19,14 @@ Typical use::
 from __future__ import annotations
 
 import copy
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hermetic import __version__
 from hermetic.record.ids import iso_utc
-from hermetic.record.outputs import hash_outputs, metrics_summary, volatile_globs, volatile_paths
+from hermetic.record.outputs import hash_outputs, volatile_globs, volatile_paths
 from hermetic.record.secrets_policy import is_secret_name
 
 METRICS_FILE = "outputs/metrics.jsonl"
@@ -77,11 +78,17 @@ def seed_section(value: int, policy: str, applied: Mapping[str, Any] | None = No
 
 def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, exit_code: int | None,
                   finished_at: datetime | None = None, reason: str | None = None,
-                  hermetic_exit_code: int | None = None, workdir: dict[str, Any] | None = None) -> dict[str, Any]:
+                  hermetic_exit_code: int | None = None, workdir: dict[str, Any] | None = None,
+                  outputs: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None,
+                  notes: Sequence[str] = ()) -> dict[str, Any]:
     """A copy of ``record`` with status, exit code, end time, output hashes and metrics filled in.
 
-    Output files are hashed under ``run_dir/outputs``; metrics are summarized
-    from ``run_dir/outputs/metrics.jsonl`` when it exists. ``reason`` says why
+    ``outputs`` and ``metrics`` are what hermetic.run.collect found (as the
+    container's user); without them, output files are hashed under
+    ``run_dir/outputs`` and metrics summarized from
+    ``run_dir/outputs/metrics.jsonl`` (a regular file, never a link) here.
+    ``notes`` are what the collection noticed (a FIFO kept by kind, a metrics
+    file that is a link), kept in ``outputs.notes``. ``reason`` says why
     hermetic itself failed or refused the run, ``hermetic_exit_code`` the code
     it returned for it then (not the script's); ``workdir`` is what was
     collected from the script's working directory (hermetic.run.workdir).
@@ -93,13 +100,48 @@ def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, e
         rec["record"]["reason"] = reason
     if hermetic_exit_code is not None:
         rec["record"]["hermetic_exit_code"] = hermetic_exit_code
-    rec["outputs"] = hash_outputs(run_dir / "outputs")
+    rec["outputs"] = copy.deepcopy(outputs) if outputs is not None else hash_outputs(run_dir / "outputs")
     if workdir is not None:
         rec["outputs"]["workdir"] = workdir
     volatile = volatile_paths(rec["outputs"]["files"], volatile_globs(rec))
     if volatile:  # kept and hashed, not compared (run.outputs.volatile)
         rec["outputs"]["volatile"] = volatile
-    metrics_path = run_dir / METRICS_FILE
-    summary = metrics_summary(metrics_path)
-    rec["metrics"] = {**summary, "file": METRICS_FILE if metrics_path.is_file() else None}
+    if notes:
+        rec["outputs"]["notes"] = list(notes)
+    rec["metrics"] = dict(metrics) if metrics is not None else summarize_metrics(run_dir)[0]
     return rec
+
+
+def summarize_metrics(run_dir: str | Path) -> tuple[dict[str, Any], list[str]]:
+    """The ``metrics`` section from ``run_dir/outputs/metrics.jsonl``, and notes: the file is the script's,
+    so a link there is not read and a malformed line leaves the metrics empty, never the record unsealed."""
+    from hermetic import safetree
+
+    try:
+        fd = safetree.open_root(Path(run_dir) / "outputs")
+    except OSError:
+        return {"final": {}, "steps": None, "file": None}, []
+    try:
+        return summarize_metrics_at(fd)
+    finally:
+        os.close(fd)
+
+
+def summarize_metrics_at(outputs_fd: int) -> tuple[dict[str, Any], list[str]]:
+    """summarize_metrics for the outputs directory ``outputs_fd``."""
+    from hermetic import safetree
+    from hermetic.errors import DataError
+    from hermetic.record.outputs import metrics_summary_at
+
+    empty = {"final": {}, "steps": None, "file": None}
+    name = METRICS_FILE.split("/", 1)[1]
+    try:
+        st = os.stat(name, dir_fd=outputs_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return empty, []
+    if safetree.kind_of(st.st_mode) != "file":
+        return empty, [f"{METRICS_FILE} is a {safetree.kind_of(st.st_mode)}, not a regular file: not read"]
+    try:
+        return {**metrics_summary_at(outputs_fd, name, METRICS_FILE), "file": METRICS_FILE}, []
+    except (DataError, OSError) as e:
+        return empty, [f"metrics not summarized: {getattr(e, 'message', None) or e}"]

@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Any, Iterable
 
+from hermetic import safetree
 from hermetic.canonical import sha256_hex
 from hermetic.errors import DataError
-from hermetic.fsutil import sha256_file
 
 # JSON has no NaN or infinities and canonical JSON refuses them, yet a diverged
 # loss is NaN: such values are recorded as these strings.
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+MAX_METRICS_LINE = 1 << 20  # characters in one metrics.jsonl line
 # Keys of a metrics line that say *when*, not *what*: never summarized as metrics
 # (a wall-clock time would make every pair of runs differ).
 NON_METRIC_KEYS = frozenset({"step", "time", "timestamp", "wall_time", "_time", "_timestamp"})
@@ -58,34 +60,61 @@ def compared_files(record: dict[str, Any]) -> dict[str, str]:
     return {p: f["sha256"] for p, f in record["outputs"]["files"].items() if p not in skip}
 
 
-def hash_outputs(outputs_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """``{"files": {relpath: {"sha256", "size"}}}`` for everything under ``outputs_dir``.
+def hash_outputs(outputs_dir: str | os.PathLike[str], notes: list[str] | None = None) -> dict[str, Any]:
+    """``{"files": {relpath: {"sha256", "size", ...}}}`` for everything under ``outputs_dir``.
 
-    Paths are relative and '/'-separated. Symbolic links are not followed (an
-    output must not pull in bytes from outside the run): a link is recorded
-    with the sha256 and size of its target *text* and ``"symlink": target``.
-    Other non-regular files (fifos, sockets) are refused.
+    A script wrote this tree, so it is walked through hermetic.safetree: no
+    link is followed and only regular files are opened. Paths are relative,
+    '/'-separated record names (safetree.record_name: a name that is not UTF-8
+    is escaped, reversibly). A regular file is recorded by the sha256 and size
+    of its bytes; a symbolic link by those of its target *text*, with
+    ``"symlink": target``; a FIFO, socket or device node by its kind
+    (``"type"``), with the sha256 of ``"<kind>:"`` and size 0 — never opened.
+    Directories nested deeper than safetree.MAX_DEPTH are not entered;
+    ``notes`` (when given) is told of them.
     """
-    root = Path(outputs_dir)
+    try:
+        rootfd = safetree.open_root(outputs_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return {"files": {}}
+    try:
+        return hash_outputs_at(rootfd, notes)
+    finally:
+        os.close(rootfd)
+
+
+def hash_outputs_at(rootfd: int, notes: list[str] | None = None) -> dict[str, Any]:
+    """hash_outputs of the directory ``rootfd`` (opened by the caller, perhaps before a privilege drop)."""
     files: dict[str, dict[str, Any]] = {}
-    if not root.is_dir():
-        return {"files": files}
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames.sort()
-        base = Path(dirpath)
-        names = sorted(filenames) + sorted(d for d in dirnames if (base / d).is_symlink())
-        for name in names:
-            path = base / name
-            rel = path.relative_to(root).as_posix()
-            if path.is_symlink():
-                target = os.readlink(path)
-                data = target.encode("utf-8", "surrogateescape")
-                files[rel] = {"sha256": sha256_hex(data), "size": len(data), "symlink": target}
-            elif path.is_file():
-                files[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
-            else:
-                raise DataError(f"{path}: not a regular file or symlink; outputs must be files")
+
+    def too_deep(rel: str) -> None:
+        if notes is not None:
+            notes.append(f"outputs/{safetree.record_name(rel)}: nested deeper than {safetree.MAX_DEPTH} "
+                         "directories; not recorded")
+
+    for dirfd, name, e in safetree.walk_at(rootfd, on_too_deep=too_deep):
+        rel = safetree.record_name(e.rel)
+        if e.kind == "dir":
+            continue
+        if e.kind == "symlink":
+            data = os.fsencode(e.target or "")
+            files[rel] = {"sha256": sha256_hex(data), "size": len(data),
+                          "symlink": safetree.record_name(e.target or "")}
+        elif e.kind == "file":
+            fd = safetree.open_regular_at(dirfd, name, e.st, rel=e.rel)
+            try:
+                digest, size = safetree.hash_fd(fd)
+            finally:
+                os.close(fd)
+            files[rel] = {"sha256": digest, "size": size}
+        else:
+            files[rel] = special_entry(e.kind)
     return {"files": dict(sorted(files.items()))}
+
+
+def special_entry(kind: str) -> dict[str, Any]:
+    """How an output that is neither a file nor a link is recorded (hash_outputs)."""
+    return {"sha256": sha256_hex(f"{kind}:".encode()), "size": 0, "type": kind}
 
 
 def metrics_summary(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -100,12 +129,16 @@ def metrics_summary(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, Any
     Returns ``{"final": {}, "steps": None}`` when the file does not exist.
     """
     path = Path(metrics_jsonl_path)
+    if not is_regular_file(path):
+        return {"final": {}, "steps": None}
+    return _summarize(metric_lines(path))
+
+
+def _summarize(lines) -> dict[str, Any]:
     final: dict[str, Any] = {}
-    if not path.is_file():
-        return {"final": final, "steps": None}
     max_step: int | None = None
     count = 0
-    for _, step, values in metric_lines(path):
+    for _, step, values in lines:
         count += 1
         if step is not None:
             max_step = step if max_step is None else max(max_step, step)
@@ -123,7 +156,7 @@ def metrics_series(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, list
     """
     path = Path(metrics_jsonl_path)
     series: dict[str, list[tuple[int, float]]] = {}
-    if not path.is_file():
+    if not is_regular_file(path):
         return series
     for count, step, values in metric_lines(path):
         for name, value in values:
@@ -131,20 +164,48 @@ def metrics_series(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, list
     return dict(sorted(series.items()))
 
 
+def metrics_summary_at(dirfd: int, name: str, label: str) -> dict[str, Any]:
+    """metrics_summary of the regular file ``name`` in the directory ``dirfd`` (UnsafePath when it is a link
+    or special file); ``label`` names it in errors."""
+    fd = safetree.open_regular(dirfd, name)
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace", newline="\n") as f:
+        return _summarize(_parse_metric_lines(Path(label), f))
+
+
 def metric_lines(path: Path):  # -> Iterator[(line count, step or None, [(name, number)])]
-    """The parsed lines of a metrics.jsonl (see metrics_summary for the rules)."""
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
-    complete = text.endswith("\n")
+    """The parsed lines of a metrics.jsonl (see metrics_summary for the rules).
+
+    The script wrote the file: it is opened without following a link (a link is
+    not a metrics file: ``{}``), streamed line by line, never read whole."""
+    try:
+        fd = safetree.open_regular_path(path)
+    except (OSError, safetree.UnsafePath):
+        return
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace", newline="\n") as f:
+        yield from _parse_metric_lines(path, f)
+
+
+def _lines(f):
+    while True:
+        line = f.readline(MAX_METRICS_LINE + 1)
+        if not line:
+            return
+        yield line
+
+
+def _parse_metric_lines(path: Path, f):
     count = 0
-    for lineno, line in enumerate(lines, 1):
+    for lineno, line in enumerate(_lines(f), 1):
+        complete = line.endswith("\n")
+        if not complete and len(line) > MAX_METRICS_LINE:
+            raise DataError(f"{path}:{lineno}: a line longer than {MAX_METRICS_LINE} characters")
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            if lineno == len(lines) and not complete:
-                break  # the writer died mid-line
+            if not complete:
+                break  # the writer died mid-line (only the last line can lack its newline)
             raise DataError(f"{path}:{lineno}: not a JSON object: {e.msg}") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{lineno}: not a JSON object")
@@ -152,6 +213,14 @@ def metric_lines(path: Path):  # -> Iterator[(line count, step or None, [(name, 
         step = obj.get("step")
         step = step if isinstance(step, int) and not isinstance(step, bool) else None
         yield count, step, list(_flatten_numbers(obj))
+
+
+def is_regular_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a regular file itself (a link to one is not: the script may have made it)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _flatten_numbers(obj: dict[str, Any], prefix: str = ""):

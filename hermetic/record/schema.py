@@ -190,6 +190,7 @@ class OutputFile(_Strict):
     sha256: Hex64
     size: NonNegInt
     symlink: Optional[str] = None  # only for symbolic links: the link's target, as written
+    type: Optional[Literal["fifo", "socket", "chardev", "blockdev", "unknown"]] = None  # not a file: never opened
 
 
 class WorkdirOutputs(_Strict):
@@ -201,6 +202,7 @@ class Outputs(_Strict):
     files: dict[RelPath, OutputFile]
     workdir: Optional[WorkdirOutputs] = None
     volatile: Optional[list[RelPath]] = None  # files kept but never compared (run.outputs.volatile)
+    notes: Optional[list[str]] = None  # what collecting them noticed (a FIFO kept by kind, a link not read)
 
 
 class Metrics(_Strict):

@@ -8,8 +8,9 @@ torchrun with the static rendezvous at the first node, its node rank being
 SLURM_NODEID, so rank r always lands on the same node and local rank (c10d
 would order nodes by host name and pid, a different rank map each time).
 
-Everything here is pure but ``collect_rank_files`` (which moves torchrun's
-per-rank logs and the other ranks' outputs out of the runtime directory).
+Everything here is pure but ``collect_rank_files_at`` (which moves torchrun's
+per-rank logs and the other ranks' outputs out of the runtime directory,
+as hermetic.run.collect does the rest: as the container's user, no link followed).
 Each rank's seed is the runtime's rule (hermetic.runtime.distributed:
 rank 0 keeps the run's seed, rank r derives its own); its device is
 ``cuda:LOCAL_RANK`` with NCCL (the GPU the container sees at that index),
@@ -18,8 +19,8 @@ rank 0 keeps the run's seed, rank r derives its own); its device is
 
 from __future__ import annotations
 
+import os
 import posixpath
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -186,28 +187,54 @@ def with_reports(section: dict[str, Any], report: Mapping[str, Any]) -> dict[str
     return out
 
 
-def collect_rank_files(runtime_dir: Path, run_dir: Path, plan: DistributedPlan) -> dict[str, dict[str, str]]:
+def collect_rank_files_at(rtfd: int, runfd: int, plan: DistributedPlan) -> dict[str, dict[str, str]]:
     """torchrun's per-rank logs -> ``logs/rank<R>/{stdout,stderr}.log``; the other ranks' outputs ->
-    ``ranks/<R>/outputs/``. Returns ``{rank: {"stdout": path, "stderr": path}}`` (paths relative to run_dir)."""
+    ``ranks/<R>/outputs/``, for the directories ``rtfd`` (the runtime's) and ``runfd`` (the run's). Returns
+    ``{rank: {"stdout": path, "stderr": path}}`` (paths relative to the run directory).
+
+    The container wrote the runtime's directory: only regular files and real
+    directories are moved, through hermetic.safetree (no link followed)."""
+    from hermetic import safetree
+
     logs: dict[str, dict[str, str]] = {}
-    base = runtime_dir / TORCHRUN_LOG_DIR
     # <log-dir>/<rdzv id>_<random>/attempt_<n>/<local rank>/{stdout,stderr}.log; restarts are off: attempt_0.
-    for rank_dir in sorted(base.glob("*/attempt_*/*")):
-        if not (rank_dir.is_dir() and rank_dir.name.isdigit()):
-            continue
-        rank = plan.node_rank * plan.nproc_per_node + int(rank_dir.name)
-        dest = run_dir / "logs" / f"rank{rank}"
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in ("stdout.log", "stderr.log", "error.json"):
-            if (rank_dir / name).is_file():
-                shutil.move(str(rank_dir / name), dest / name)
+    found = []
+    try:
+        tfd = safetree.open_dir(rtfd, TORCHRUN_LOG_DIR)
+    except (FileNotFoundError, safetree.UnsafePath):
+        tfd = None
+    if tfd is not None:
+        try:
+            for e in safetree.walk(tfd, prune=lambda rel: rel.count("/") >= 3):
+                parts = e.rel.split("/")
+                if (e.kind == "file" and len(parts) == 4 and parts[1].startswith("attempt_")
+                        and parts[2].isdigit() and parts[3] in ("stdout.log", "stderr.log", "error.json")):
+                    found.append((plan.node_rank * plan.nproc_per_node + int(parts[2]), e.rel, parts[3]))
+            for rank, rel, name in sorted(found):
+                try:
+                    safetree.move(tfd, rel, runfd, f"logs/rank{rank}/{name}")
+                except (safetree.UnsafePath, FileExistsError):
+                    continue
                 logs.setdefault(str(rank), {})[name.split(".")[0]] = f"logs/rank{rank}/{name}"
-    outputs = runtime_dir / RANK_OUTPUTS_DIR
-    for rank_out in sorted(outputs.glob("*")):
-        if rank_out.is_dir() and rank_out.name.isdigit():
-            dest = run_dir / "ranks" / rank_out.name / "outputs"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(rank_out), dest)
+        finally:
+            os.close(tfd)
+    try:
+        ofd = safetree.open_dir(rtfd, RANK_OUTPUTS_DIR)
+    except (FileNotFoundError, safetree.UnsafePath):
+        ofd = None
+    if ofd is not None:
+        try:
+            for name in sorted(os.listdir(ofd)):
+                st = os.stat(name, dir_fd=ofd, follow_symlinks=False)
+                if not (name.isdigit() and safetree.kind_of(st.st_mode) == "dir"):
+                    continue
+                dest = safetree.open_dir(runfd, f"ranks/{name}", create=True)
+                try:
+                    os.rename(name, "outputs", src_dir_fd=ofd, dst_dir_fd=dest)  # the directory itself
+                finally:
+                    os.close(dest)
+        finally:
+            os.close(ofd)
     return dict(sorted(logs.items(), key=lambda kv: int(kv[0])))
 
 
@@ -219,10 +246,7 @@ def plan_section(plan: DistributedPlan, rec: Mapping[str, Any], env: Any) -> dic
                                hardware=rec["hardware"])
 
 
-def finish_section(section: dict[str, Any], runtime_dir: Path, run_dir: Path,
-                   plan: DistributedPlan) -> dict[str, Any]:
-    """The runner's hook after the container: per-rank logs and outputs moved, each rank's report added."""
-    from hermetic.run.recording import read_runtime_report
-
-    logs = collect_rank_files(runtime_dir, run_dir, plan)
-    return {**with_reports(section, read_runtime_report(runtime_dir / "runtime.json")), "logs": logs}
+def finish_section(section: dict[str, Any], report: Mapping[str, Any],
+                   logs: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """The runner's hook after the container: each rank's report and its logs (collect_rank_files) added."""
+    return {**with_reports(section, report), "logs": logs}

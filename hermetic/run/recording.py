@@ -7,7 +7,6 @@ format itself lives in hermetic.record.
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 from dataclasses import dataclass
@@ -82,15 +81,6 @@ def write_run_files(run_dir: Path, cfg: LoadedConfig, argv: list[str]) -> None:
         pass
     atomic_write_text(run_dir / "config.resolved.yaml", yaml.safe_dump(redact_tree(cfg.resolved()), sort_keys=True))
     atomic_write_text(run_dir / "argv.txt", "\n".join(argv) + "\n")
-
-
-def read_runtime_report(path: Path) -> dict[str, Any]:
-    """What the in-image runtime wrote (seeds applied, determinism set); {} when it wrote nothing."""
-    try:
-        doc = json.loads(path.read_text())
-        return doc if isinstance(doc, dict) else {}
-    except (FileNotFoundError, ValueError):
-        return {}
 
 
 def outcome_status(outcome: RunOutcome) -> tuple[str, int]:

@@ -13,16 +13,16 @@ in the working directory, where the script will look for it.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from hermetic import safetree
 from hermetic.errors import DataError, NotFound
-from hermetic.fsutil import READ_SIZE
+from hermetic.privdrop import call_as
 from hermetic.record import load_record
-from hermetic.record.outputs import hash_outputs
+from hermetic.record.outputs import hash_outputs_at
 
 
 class ResumeRefused(DataError):
@@ -40,16 +40,16 @@ class ResumeSource:
         return self.run_dir.name
 
 
-def check_resume_source(run_dir: Path) -> ResumeSource:
+def check_resume_source(run_dir: Path, *, uid: int, gid: int) -> ResumeSource:
     """The earlier run, its record's seal verified (load_record) and its outputs hashed as that record
-    hashed them (hash_outputs) and compared: ResumeRefused naming the first few that differ; NotFound
-    when it has no outputs/."""
+    hashed them (hash_outputs, as ``uid``: a script wrote them) and compared: ResumeRefused naming the
+    first few that differ; NotFound when it has no outputs/."""
     outputs = run_dir / "outputs"
-    if not outputs.is_dir():
+    if not outputs.is_dir() or outputs.is_symlink():
         raise NotFound(f"--resume-from {run_dir.name}: no outputs/ in {run_dir}")
     recorded = load_record(run_dir)["outputs"]
     files = recorded["files"]
-    actual = hash_outputs(outputs)["files"]
+    actual = call_as(uid, gid, _hash, str(outputs), open_dirs=[str(outputs)], read_any=True)["files"]
     problems = []
     for rel in sorted(files.keys() | actual.keys()):
         want, have = files.get(rel), actual.get(rel)
@@ -68,21 +68,59 @@ def check_resume_source(run_dir: Path) -> ResumeSource:
     return ResumeSource(run_dir, files, frozenset((recorded.get("workdir") or {}).get("collected") or []))
 
 
-def seed_outputs(source: ResumeSource, outputs: Path, workspace: Path) -> None:
+def _hash(fds: dict[str, int], outputs: str) -> dict[str, Any]:
+    return hash_outputs_at(fds[outputs])
+
+
+def seed_outputs(source: ResumeSource, outputs: Path, workspace: Path, *, uid: int, gid: int) -> None:
     """Copy the checked outputs: /outputs' into ``outputs``, working-directory ones into ``workspace``;
-    each file hashed again as it is copied (ResumeRefused if it changed since the check)."""
-    src = source.run_dir / "outputs"
-    for rel, want in sorted(source.files.items()):
-        dest = (workspace if rel in source.from_workdir else outputs) / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if want.get("symlink") is not None:
-            os.symlink(want["symlink"], dest)
-            continue
-        h = hashlib.sha256()
-        with open(src / rel, "rb") as fin, open(dest, "wb") as fout:
-            while chunk := fin.read(READ_SIZE):
-                h.update(chunk)
-                fout.write(chunk)
-        if h.hexdigest() != want["sha256"]:
-            raise ResumeRefused(f"--resume-from {source.run_id}: outputs/{rel} changed while it was copied")
-        shutil.copymode(src / rel, dest)
+    each file hashed again as it is copied (ResumeRefused if it changed since the check).
+
+    As ``uid`` (who may read anything, write only as itself) and through
+    hermetic.safetree: the earlier script made these files, and their record
+    can be rewritten and resealed by anyone, so a recorded link is recreated
+    as a link and never written through (``victimdir`` -> /etc, then
+    ``victimdir/x``: refused), and nothing is overwritten."""
+    src = str(source.run_dir / "outputs")
+    call_as(uid, gid, _seed, src, source.run_id, source.files, sorted(source.from_workdir), str(outputs),
+            str(workspace), open_dirs=[src, str(outputs), str(workspace)], read_any=True)
+
+
+def _clear_regular(rootfd: int, rel: str) -> None:
+    """Remove ``rel`` when it is a regular file (never a link, never through one)."""
+    try:
+        st = safetree.lstat_beneath(rootfd, rel)
+    except safetree.UnsafePath:
+        return  # the copy below refuses it, naming it
+    if st is not None and safetree.kind_of(st.st_mode) == "file":
+        head, tail = safetree.split(rel)
+        d = safetree.open_dir(rootfd, head)
+        try:
+            os.unlink(tail, dir_fd=d)
+        finally:
+            os.close(d)
+
+
+def _seed(fds: dict[str, int], src: str, run_id: str, files: dict[str, dict], from_workdir: list[str],
+          outputs: str, workspace: str) -> None:
+    workdir_set = set(from_workdir)
+    roots = {"src": fds[src], "outputs": fds[outputs], "workspace": fds[workspace]}
+    for rel, want in sorted(files.items()):
+        fs_rel = safetree.fs_name(rel)
+        dest = roots["workspace" if rel in workdir_set else "outputs"]
+        try:
+            _clear_regular(dest, fs_rel)  # the snapshot's own copy of a file the earlier run rewrote
+            if want.get("symlink") is not None:
+                safetree.symlink(safetree.fs_name(want["symlink"]), dest, fs_rel)
+            elif want.get("type") == "fifo":
+                safetree.mkfifo(dest, fs_rel)
+            elif want.get("type"):
+                continue  # a socket or device node: recorded by kind, nothing to copy
+            else:
+                safetree.copy(roots["src"], fs_rel, dest, fs_rel, expect_sha256=want["sha256"])
+        except safetree.UnsafePath as e:
+            raise ResumeRefused(f"--resume-from {run_id}: outputs/{rel}: {e.message}; nothing of it is "
+                                "written through a link") from None
+        except FileExistsError:
+            raise ResumeRefused(f"--resume-from {run_id}: outputs/{rel}: its place is already taken "
+                                "(the code snapshot, or another output)") from None

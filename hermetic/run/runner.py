@@ -22,7 +22,7 @@ import posixpath
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from hermetic.builder.image_record import ImageInfo
 from hermetic.config import LoadedConfig, size_bytes
@@ -44,10 +44,10 @@ from hermetic.run.plan import (
     ContainerUser, RunRequest, container_user, has_placeholder, passed_env, plan_datasets, redact_argv,
     resolve_script, script_args, snapshot_excludes,
 )
-from hermetic.run.workdir import SizeWatch, WorkdirResult, collect
+from hermetic.run.collect import Collected
+from hermetic.run.workdir import SizeWatch, WorkdirResult
 from hermetic.run.recording import (
-    RunEnvironment, data_section, image_section, outcome_status, read_runtime_report, run_environment,
-    write_run_files,
+    RunEnvironment, data_section, image_section, outcome_status, run_environment, write_run_files,
 )
 from hermetic.store.oci import OciStore
 
@@ -92,7 +92,9 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
                                progress=progress, log=log, say_how_to_accept=not req.manifest_paths,
                                reader=container_user(cfg))
     # 2b. the earlier run's outputs, as its record says: an input too
-    resume = check_resume_source(req.resume_from) if req.resume_from is not None else None
+    reader = container_user(cfg)
+    resume = (check_resume_source(req.resume_from, uid=reader.uid, gid=reader.gid)
+              if req.resume_from is not None else None)
     run_id, run_dir, rec, env = open_run(cfg, store, req, info, datasets, script, passed)  # 3. the run directory
     with liveness.hold(run_dir):  # `hermetic stop`, `logs -f`, `runs wait` find the run's process by this
         if announce("run", run_id, run_dir, run_dir / "logs"):  # --detach: the terminal is gone from here on
@@ -117,10 +119,11 @@ def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, i
             refuse_unfit_gpu(rec, run_dir, probe, info)
         outcome = run_container(client, cfg, rec, req, info, datasets, resume, env, run_dir, workspace,  # 6. the run
                                 script, python, user, log)
+        # 7. what the script left (outputs, working directory, the runtime's report), as its user, no link followed
+        collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, user, req.distributed)
         if req.distributed is not None:  # per-rank logs kept, what each rank reported
-            rec["distributed"] = finish_section(rec["distributed"], run_dir / RUNTIME_DIR, run_dir, req.distributed)
-        kept = collect_workdir(cfg, rec, datasets, workspace, run_dir)  # what the script wrote where it stood
-    return seal_run(req, run_id, run_dir, rec, outcome, kept, log)  # 7. the record
+            rec["distributed"] = finish_section(rec["distributed"], collected.runtime_report, collected.rank_logs or {})
+    return seal_run(req, run_id, run_dir, rec, outcome, collected, log)  # 8. the record
 
 
 def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: RunRequest, log: Log) -> ImageInfo:
@@ -252,10 +255,10 @@ def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunReques
     outputs = run_dir / "outputs"
     meta = run_dir / RUNTIME_DIR
     meta.mkdir()
-    if resume is not None:
-        seed_outputs(resume, outputs, workspace)
     for tree in (workspace, outputs, meta):
         _chown_tree(tree, user.uid, user.gid)
+    if resume is not None:  # as the container's user, into trees that are now its own
+        seed_outputs(resume, outputs, workspace, uid=user.uid, gid=user.gid)
     if req.distributed is not None:
         command = launch_command(req.distributed, python, script, rec["invocation"]["args"], run_id)
     else:
@@ -269,30 +272,65 @@ def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunReques
                          labels={RUN_LABEL: run_id}, shm_size=m.run.shm_size, tmpfs_size=m.run.tmp_size)
     watch = SizeWatch(workspace, size_bytes(m.run.workdir_size), m.run.workdir_size)
     log(f"run {run_id}: {' '.join(command)}")
-    outcome = run_streaming(client, spec, run_dir / "logs", echo=req.echo, watch=watch)
-    _chown_tree(run_dir, os.getuid(), os.getgid())
-    return outcome
+    return run_streaming(client, spec, run_dir / "logs", echo=req.echo, watch=watch)
 
 
-def collect_workdir(cfg: LoadedConfig, rec: dict[str, Any], datasets: list[VerifiedDataset], workspace: Path,
-                    run_dir: Path) -> WorkdirResult:
-    """Files the script created or changed in its working directory, moved into outputs/."""
+def collect_outputs(cfg: LoadedConfig, rec: dict[str, Any], datasets: Sequence[Any], workspace: Path | None,
+                    run_dir: Path, user: ContainerUser, distributed: Any = None) -> Collected:
+    """What the script left (hermetic.run.collect: as ``user``, no link followed), then the run directory
+    given back to hermetic's own user. ``datasets``: anything with a ``plan`` (a DatasetPlan).
+
+    A collection that fails (no space left, a bug) still leaves a record to
+    seal: its outputs empty and a note saying why."""
+    from hermetic import privdrop, safetree
+    from hermetic.errors import HermeticError
+    from hermetic.run.collect import CollectPlan, Collected, collect_run
+
     workdir = cfg.model.build.workdir
     skip = [posixpath.relpath(p, workdir) for d in datasets for p in d.plan.container_paths if inside(p, workdir)]
     out = cfg.model.run.outputs
-    result = collect(workspace, rec["code"]["snapshot"]["files"], run_dir / "outputs", include=out.include,
-                     exclude=out.exclude, skip=skip)
-    _chown_tree(run_dir / "outputs", os.getuid(), os.getgid())
-    return result
+    meta = run_dir / RUNTIME_DIR
+    ranks = None
+    if distributed is not None:
+        ranks = {"node_rank": distributed.node_rank, "nproc_per_node": distributed.nproc_per_node}
+        (run_dir / "ranks").mkdir(exist_ok=True)
+    plan = CollectPlan(run_dir=str(run_dir), runtime_dir=str(meta) if meta.is_dir() else None,
+                       workspace=str(workspace) if workspace is not None else None,
+                       snapshot_files=rec["code"]["snapshot"]["files"], include=list(out.include),
+                       exclude=list(out.exclude), skip=skip, ranks=ranks)
+    if privdrop.will_drop(user.uid):  # where the collecting user must be able to write: its own trees, and
+        for d in ("logs", "ranks"):   # (only the directories themselves) the rank logs' and outputs' places
+            if (run_dir / d).is_dir() and not (run_dir / d).is_symlink():
+                os.chown(run_dir / d, user.uid, user.gid)
+    try:
+        collected = collect_run(plan, uid=user.uid, gid=user.gid)
+    except (HermeticError, OSError) as e:
+        from hermetic.run.workdir import WorkdirResult
+
+        why = getattr(e, "message", None) or f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}".lstrip(": ")
+        collected = Collected(WorkdirResult(errors=[f"collecting the outputs failed: {why}"]), {"files": {}},
+                              {"final": {}, "steps": None, "file": None}, {}, None,
+                              [f"outputs not recorded: {why}"])
+    finally:
+        if os.getuid() == 0:
+            fd = safetree.open_root(run_dir)
+            try:
+                safetree.lchown_tree(fd, os.getuid(), os.getgid())
+            finally:
+                os.close(fd)
+    return collected
 
 
 def failure_reason(outcome: RunOutcome, kept: WorkdirResult) -> str | None:
     """Why hermetic fails a run the script may have finished, or None."""
     if outcome.stopped_because:
         return outcome.stopped_because
+    if kept.errors:
+        more = f" (+{len(kept.errors) - 2} more)" if len(kept.errors) > 2 else ""
+        return f"outputs were not all kept: {'; '.join(kept.errors[:2])}{more}"
     if kept.conflicts:
-        return (f"the script wrote {', '.join(kept.conflicts[:3])} both to /outputs and to its working directory, "
-                "with different contents; the /outputs copies were kept")
+        return (f"the script wrote {', '.join(kept.conflicts[:3])} in its working directory where /outputs already "
+                "holds other bytes or a link; the /outputs entries were kept")
     if kept.deleted:
         more = f" (+{len(kept.deleted) - 3} more)" if len(kept.deleted) > 3 else ""
         return (f"the script deleted {len(kept.deleted)} file(s) of its own code snapshot: "
@@ -301,10 +339,11 @@ def failure_reason(outcome: RunOutcome, kept: WorkdirResult) -> str | None:
 
 
 def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], outcome: RunOutcome,
-             kept: WorkdirResult, log: Log) -> RunResult:
+             collected: Collected, log: Log) -> RunResult:
     """What the runtime applied, the outcome, output hashes and metrics: the final, sealed record."""
     meta = run_dir / RUNTIME_DIR
-    rec["seed"] = seed_section(rec["seed"]["value"], req.seed_policy, read_runtime_report(meta / "runtime.json"))
+    kept = collected.workdir
+    rec["seed"] = seed_section(rec["seed"]["value"], req.seed_policy, collected.runtime_report)
     status, code = outcome_status(outcome)
     reason = None if outcome.interrupted else failure_reason(outcome, kept)
     if reason is not None:
@@ -312,8 +351,10 @@ def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], o
         status, code = "failed", code if code != 0 and not outcome.stopped_because else RunFailed.exit_code
     shutil.rmtree(meta, ignore_errors=True)
     rec = finish_record(rec, run_dir, status=status, exit_code=None if outcome.interrupted else outcome.exit_code,
-                        reason=reason, workdir=kept.section(),
-                        hermetic_exit_code=None if code == outcome.exit_code else code)
+                        reason=reason, workdir=kept.section(), outputs=collected.outputs, metrics=collected.metrics,
+                        notes=collected.notes, hermetic_exit_code=None if code == outcome.exit_code else code)
+    for note in collected.notes:
+        log(f"note: {note}")
     sealed = write_record(run_dir, rec)
     log(f"run {run_id} {status} (exit {code}); record: {run_dir / 'run.json'}")
     return RunResult(run_id, run_dir, status, code, sealed, reason)
@@ -322,9 +363,12 @@ def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], o
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
     if os.getuid() != 0:
         return
-    for dirpath, dirnames, filenames in os.walk(root):
-        os.lchown(dirpath, uid, gid)
-        for n in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, n), uid, gid)
+    from hermetic import safetree
+
+    fd = safetree.open_root(root)
+    try:
+        safetree.lchown_tree(fd, uid, gid)
+    finally:
+        os.close(fd)
 
 

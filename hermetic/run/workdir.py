@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from hermetic import safetree
 from hermetic.containerpaths import glob_match
-from hermetic.fsutil import sha256_file
 
 CACHE_DIRS = ("__pycache__",)
 CACHE_SUFFIXES = (".pyc",)
@@ -31,29 +30,33 @@ WATCH_INTERVAL_S = 1.0
 
 @dataclass
 class WorkdirResult:
-    collected: list[str] = field(default_factory=list)  # moved into outputs/, relative paths
+    collected: list[str] = field(default_factory=list)  # moved into outputs/, relative paths (record names)
     deleted: list[str] = field(default_factory=list)  # snapshot files the script removed
-    conflicts: list[str] = field(default_factory=list)  # written both here and to /outputs, with other bytes
+    conflicts: list[str] = field(default_factory=list)  # not kept as written: other bytes in /outputs, a link in the way
+    errors: list[str] = field(default_factory=list)  # could not be moved (no space left…): "PATH: why"
 
     def section(self) -> dict:
         return {"collected": self.collected, "deleted": self.deleted}
 
+    def to_json(self) -> dict:
+        return {"collected": self.collected, "deleted": self.deleted, "conflicts": self.conflicts,
+                "errors": self.errors}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "WorkdirResult":
+        return cls(list(doc["collected"]), list(doc["deleted"]), list(doc["conflicts"]), list(doc["errors"]))
+
 
 def tree_bytes(root: Path) -> int:
-    """Bytes of the regular files under ``root`` (symlinks not followed)."""
-    total = 0
-    stack = [str(root)]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as it:
-                for e in it:
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
-                    elif e.is_file(follow_symlinks=False):
-                        total += e.stat(follow_symlinks=False).st_size
-        except OSError:  # a directory the script removed while we looked
-            continue
-    return total
+    """Bytes of the regular files under ``root`` (no link followed, at any depth: hermetic.safetree)."""
+    try:
+        fd = safetree.open_root(root)
+    except OSError:
+        return 0
+    try:
+        return safetree.tree_bytes(fd)
+    finally:
+        os.close(fd)
 
 
 class SizeWatch:
@@ -90,11 +93,36 @@ def _wanted(rel: str, include: list[str], exclude: list[str]) -> bool:
     return any(glob_match(g, rel) for g in include) and not any(glob_match(g, rel) for g in exclude)
 
 
-def _file_digest(path: Path) -> str:
-    if path.is_symlink():
-        # as the snapshot identifies a symlink: by its target text
-        return hashlib.sha256(b"symlink:" + os.readlink(path).encode("utf-8", "surrogateescape")).hexdigest()
-    return sha256_file(path)
+def entry_digest(dirfd: int, name: str, entry: safetree.Entry) -> str | None:
+    """As the snapshot identifies a file: a regular file by its bytes, a symlink by its target text;
+    None for anything else (never opened)."""
+    if entry.kind == "symlink":
+        return hashlib.sha256(b"symlink:" + os.fsencode(entry.target or "")).hexdigest()
+    if entry.kind != "file":
+        return None
+    fd = safetree.open_regular_at(dirfd, name, entry.st, rel=entry.rel)
+    try:
+        return safetree.hash_fd(fd)[0]
+    finally:
+        os.close(fd)
+
+
+def _dest_digest(outfd: int, rel: str) -> str | None | bool:
+    """What is at ``rel`` in outputs: its digest (a regular file), None (nothing there), or False (something
+    that cannot be compared: a link, a FIFO, a directory, or a link on the way)."""
+    try:
+        st = safetree.lstat_beneath(outfd, rel)
+    except safetree.UnsafePath:
+        return False
+    if st is None:
+        return None
+    if safetree.kind_of(st.st_mode) != "file":
+        return False
+    fd = safetree.open_regular(outfd, rel)
+    try:
+        return safetree.hash_fd(fd)[0]
+    finally:
+        os.close(fd)
 
 
 def collect(workspace: Path, snapshot_files: dict[str, str], outputs: Path, *, include: list[str],
@@ -103,40 +131,62 @@ def collect(workspace: Path, snapshot_files: dict[str, str], outputs: Path, *, i
 
     ``snapshot_files`` maps the snapshot's paths to their sha256 (the code
     section); ``skip`` are directories inside the workspace that are not the
-    script's (the datasets' mount points).
+    script's (the datasets' mount points). Both trees were written by the
+    script: every step goes through hermetic.safetree (no link followed, no
+    FIFO or device opened); a file whose destination is taken by other bytes,
+    or lies behind a link the script made in /outputs, is a conflict and stays
+    where it was. Paths in the result are record names (safetree.record_name).
     """
+    wsfd = safetree.open_root(workspace)
+    try:
+        outfd = safetree.open_root(outputs)
+        try:
+            return collect_at(wsfd, snapshot_files, outfd, include=include, exclude=exclude, skip=skip)
+        finally:
+            os.close(outfd)
+    finally:
+        os.close(wsfd)
+
+
+def collect_at(wsfd: int, snapshot_files: dict[str, str], outfd: int, *, include: list[str],
+               exclude: list[str], skip: list[str]) -> WorkdirResult:
+    """collect, for the directories ``wsfd`` (the working directory) and ``outfd`` (outputs)."""
     result = WorkdirResult()
     seen: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(workspace):
-        rel_dir = os.path.relpath(dirpath, workspace)
-        rel_dir = "" if rel_dir == "." else rel_dir
-        kept = []
-        for d in sorted(dirnames):
-            rel = f"{rel_dir}/{d}" if rel_dir else d
-            if os.path.islink(os.path.join(dirpath, d)):
-                filenames.append(d)  # a symlink to a directory is a file-like entry
-            elif rel not in skip and d not in CACHE_DIRS:
-                kept.append(d)
-        dirnames[:] = kept
-        for name in sorted(filenames):
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            path = Path(dirpath) / name
-            seen.add(rel)
-            if _is_cache(rel) or not (path.is_file() or path.is_symlink()):
-                continue
-            if rel in snapshot_files and _file_digest(path) == snapshot_files[rel]:
-                continue  # unchanged code
-            if not _wanted(rel, include, exclude):
-                continue
-            dest = outputs / rel
-            if dest.exists() or dest.is_symlink():
-                if not dest.is_symlink() and not path.is_symlink() and _file_digest(dest) == _file_digest(path):
-                    continue  # the same bytes written to both places
-                result.conflicts.append(rel)
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(path), str(dest))
-            result.collected.append(rel)
+    skip_set = set(skip)
+
+    def prune(rel: str) -> bool:
+        return rel in skip_set or rel.rsplit("/", 1)[-1] in CACHE_DIRS
+
+    moves = []
+    for dirfd, name, e in safetree.walk_at(wsfd, prune=prune):
+        if e.kind == "dir":
+            continue
+        rel = safetree.record_name(e.rel)
+        seen.add(e.rel)  # the snapshot's keys are file system names
+        if _is_cache(rel) or e.kind not in ("file", "symlink", "fifo", "socket"):
+            continue
+        if e.rel in snapshot_files and entry_digest(dirfd, name, e) == snapshot_files[e.rel]:
+            continue  # unchanged code
+        if not _wanted(rel, include, exclude):
+            continue
+        have = _dest_digest(outfd, e.rel)
+        if have is not None:
+            if have is not False and e.kind == "file" and entry_digest(dirfd, name, e) == have:
+                continue  # the same bytes written to both places
+            result.conflicts.append(rel)
+            continue
+        moves.append((e.rel, rel))
+    for fs_rel, rel in moves:  # after the walk: moving while walking would change what it lists
+        try:
+            safetree.move(wsfd, fs_rel, outfd, fs_rel)
+        except (safetree.UnsafePath, FileExistsError):
+            result.conflicts.append(rel)
+            continue
+        except OSError as e:  # ENOSPC/EDQUOT copying across file systems, EIO: the rest is still kept
+            result.errors.append(f"{rel}: {e.strerror or e}")
+            continue
+        result.collected.append(rel)
     result.deleted = sorted(p for p in snapshot_files
                             if p not in seen and not _is_cache(p) and not any(p.startswith(s + "/") for s in skip))
     return result

@@ -38,7 +38,7 @@ PROBE_FILE = ".probe.json"  # what the script's probe step printed
 
 @dataclass(frozen=True)
 class _Planned:
-    """A dataset as collect_workdir needs it (its container paths); verified in ``begin``."""
+    """A dataset as collect_outputs needs it (its container paths); verified in ``begin``."""
 
     plan: DatasetPlan
 
@@ -89,7 +89,8 @@ def begin(submission_path: Path, *, log: Log) -> Path:
 def end(submission_path: Path, exit_code: int, *, log: Log) -> int:
     from hermetic.record.rundir import load_record
     from hermetic.run.container import RunOutcome
-    from hermetic.run.runner import collect_workdir, seal_run
+    from hermetic.run.plan import container_user
+    from hermetic.run.runner import collect_outputs, seal_run
 
     sub, _slurm, run_dir = _context(submission_path)
     member = member_of(sub, os.environ)
@@ -99,9 +100,9 @@ def end(submission_path: Path, exit_code: int, *, log: Log) -> int:
     rec["record"]["record_sha256"] = ""
     datasets = [_Planned(p) for p in plan_datasets(cfg, req.data_paths, req.manifest_paths)]
     workspace = run_dir / WORKSPACE
-    kept = collect_workdir(cfg, rec, datasets, workspace, run_dir)  # type: ignore[arg-type]
+    collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, container_user(cfg))
     shutil.rmtree(workspace, ignore_errors=True)
     (run_dir / PROBE_FILE).unlink(missing_ok=True)
-    result = seal_run(req, run_dir.name, run_dir, rec, RunOutcome(exit_code, False), kept, log)
+    result = seal_run(req, run_dir.name, run_dir, rec, RunOutcome(exit_code, False), collected, log)
     write_state(run_dir, state="finished", status=result.status, exit_code=result.exit_code, reason=result.reason)
     return result.exit_code

@@ -1,0 +1,518 @@
+"""Trees an untrusted process wrote, handled from the host without ever following a link.
+
+After a training container exits, hermetic (often root) walks, hashes, reads,
+moves and copies what the script left in /outputs, its working directory and
+the runtime's report directory. Any name there may be a symbolic link to a host
+path (``victimdir -> /etc``, ``escdir -> ../../..``), a FIFO that blocks its
+reader forever, a socket, or a name that is not UTF-8. So every operation here
+starts from a directory descriptor and resolves a relative path one component
+at a time, each opened ``O_NOFOLLOW`` (``O_DIRECTORY`` for directories), or in
+one call with openat2(2)'s ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+RESOLVE_NO_MAGICLINKS`` where the kernel has it (Linux >= 5.6): a link anywhere
+in a path is an error (``ELOOP``), never a detour. Only regular files are
+opened for reading, ``O_NONBLOCK`` and checked with fstat before a byte is
+read. Links are kept and recorded as links (their target text); FIFOs, sockets
+and device nodes are recorded by kind and never opened.
+
+Names are bytes on Linux; Python hands them out as ``str`` with undecodable
+bytes as lone surrogates (PEP 383), which JSON cannot carry. ``record_name``
+is the one escaping a record uses: UTF-8 text as is, except that ``%``, ``\\``,
+control characters (C0, DEL, C1) and every byte that is not part of valid UTF-8
+are written ``%XX`` (upper-case hex of the byte). ``fs_name`` reverses it
+exactly (``urllib.parse.unquote_to_bytes``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from typing import Callable, Iterator
+from urllib.parse import unquote_to_bytes
+
+from hermetic.errors import DataError
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_DEPTH = 256  # directories nested deeper are not walked (each level holds a descriptor)
+READ_SIZE = 1 << 20
+
+KINDS = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink", stat.S_IFIFO: "fifo",
+         stat.S_IFSOCK: "socket", stat.S_IFCHR: "chardev", stat.S_IFBLK: "blockdev"}
+SPECIAL_KINDS = ("fifo", "socket", "chardev", "blockdev")
+
+
+class UnsafePath(DataError):
+    """A path in an untrusted tree runs through a link, or ends at something that is not what was asked."""
+
+
+def kind_of(mode: int) -> str:
+    return KINDS.get(stat.S_IFMT(mode), "unknown")
+
+
+# ---------------------------------------------------------------- names
+
+
+def record_name(name: str) -> str:
+    """A file system name (str, surrogate-escaped as os.listdir gives it) as a record writes it (module doc)."""
+    out = []
+    for ch in name:
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:  # an undecodable byte (PEP 383)
+            out.append(f"%{o - 0xDC00:02X}")
+        elif ch in "%\\" or o < 0x20 or 0x7F <= o < 0xA0:
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def fs_name(recorded: str) -> str:
+    """The file system name (surrogate-escaped str) that ``record_name`` wrote as ``recorded``."""
+    return os.fsdecode(unquote_to_bytes(recorded)) if "%" in recorded else recorded
+
+
+def display(name: str) -> str:
+    """A name that is safe to print on one line (no control characters, no lone surrogates)."""
+    return record_name(name)
+
+
+# ---------------------------------------------------------------- openat2, and the fallback
+
+_SYS_OPENAT2 = 437  # the same number on every Linux architecture (it was added after the unified table)
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = None
+_openat2_state: bool | None = None  # None: not tried yet
+
+
+def use_openat2(enabled: bool | None) -> None:
+    """Force the component-by-component fallback (False), openat2 (True), or detect again (None). For tests."""
+    global _openat2_state
+    _openat2_state = enabled
+
+
+def openat2_available() -> bool:
+    global _openat2_state, _libc
+    if _openat2_state is None:
+        if os.environ.get("HERMETIC_NO_OPENAT2") or not hasattr(os, "O_PATH"):
+            _openat2_state = False
+        else:
+            try:
+                _libc = ctypes.CDLL(None, use_errno=True)
+                _libc.syscall.restype = ctypes.c_long
+                fd = _openat2_raw(os.open(".", DIR_FLAGS), b".", DIR_FLAGS, 0, close_dirfd=True)
+                os.close(fd)
+                _openat2_state = True
+            except (OSError, AttributeError):  # ENOSYS (kernel < 5.6), EPERM (a seccomp filter)
+                _openat2_state = False
+    return _openat2_state
+
+
+def _openat2_raw(dirfd: int, path: bytes, flags: int, mode: int, *, close_dirfd: bool = False) -> int:
+    how = _OpenHow(flags, mode, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    try:
+        fd = _libc.syscall(_SYS_OPENAT2, ctypes.c_int(dirfd), ctypes.c_char_p(path), ctypes.byref(how),
+                           ctypes.c_size_t(ctypes.sizeof(how)))
+    finally:
+        if close_dirfd:
+            os.close(dirfd)
+    if fd < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), os.fsdecode(path))
+    return int(fd)
+
+
+def _parts(rel: str) -> list[str]:
+    parts = rel.split("/")
+    if not rel or any(p in ("", ".", "..") for p in parts):
+        raise UnsafePath(f"{display(rel)!r}: not a plain relative path")
+    return parts
+
+
+def open_beneath(dirfd: int, rel: str, flags: int, mode: int = 0o644) -> int:
+    """``rel`` opened relative to ``dirfd``; no component may be a link (OSError ELOOP/ENOTDIR otherwise)."""
+    parts = _parts(rel)
+    if openat2_available():
+        return _openat2_raw(dirfd, os.fsencode(rel), flags | os.O_NOFOLLOW, mode)
+    cur = dirfd
+    try:
+        for p in parts[:-1]:
+            nxt = os.open(p, DIR_FLAGS, dir_fd=cur)
+            if cur != dirfd:
+                os.close(cur)
+            cur = nxt
+        return os.open(parts[-1], flags | os.O_NOFOLLOW, mode, dir_fd=cur)
+    finally:
+        if cur != dirfd:
+            os.close(cur)
+
+
+def open_root(path: str | os.PathLike[str]) -> int:
+    """A directory hermetic made itself (runs/<id>/outputs, a workspace), opened without following its last
+    component: the start of every walk."""
+    return os.open(path, DIR_FLAGS)
+
+
+def open_dir(dirfd: int, rel: str, *, create: bool = False) -> int:
+    """The directory ``rel`` beneath ``dirfd`` (made, one component at a time, when ``create``).
+
+    UnsafePath when a component is a link or not a directory."""
+    if not rel:
+        return os.dup(dirfd)
+    if not create and openat2_available():
+        _parts(rel)
+        try:
+            return _openat2_raw(dirfd, os.fsencode(rel), DIR_FLAGS, 0)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
+                raise UnsafePath(f"{display(rel)}: runs through a link or a file") from None
+            raise
+    cur = dirfd
+    try:
+        for p in _parts(rel):
+            try:
+                nxt = os.open(p, DIR_FLAGS, dir_fd=cur)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(p, 0o755, dir_fd=cur)
+                except FileExistsError:
+                    pass
+                nxt = os.open(p, DIR_FLAGS, dir_fd=cur)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafePath(f"{display(rel)}: {display(p)} is a link or not a directory") from None
+                raise
+            if cur != dirfd:
+                os.close(cur)
+            cur = nxt
+        return cur if cur != dirfd else os.dup(dirfd)
+    except BaseException:
+        if cur != dirfd:
+            os.close(cur)
+        raise
+
+
+def split(rel: str) -> tuple[str, str]:
+    head, _, tail = rel.rpartition("/")
+    return head, tail
+
+
+# ---------------------------------------------------------------- entries
+
+
+@dataclass(frozen=True)
+class Entry:
+    rel: str  # relative to the walk's root, '/'-separated, as the file system spells it (surrogate-escaped)
+    kind: str  # file | dir | symlink | fifo | socket | chardev | blockdev | unknown
+    st: os.stat_result  # lstat
+    target: str | None = None  # a symlink's target text
+
+
+def lstat_beneath(dirfd: int, rel: str) -> os.stat_result | None:
+    """lstat of ``rel`` beneath ``dirfd``; None when it (or a directory on the way) does not exist.
+    UnsafePath when a directory on the way is a link."""
+    head, tail = split(rel)
+    try:
+        d = open_dir(dirfd, head)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.stat(tail, dir_fd=d, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(d)
+
+
+def walk(rootfd: int, *, prune: Callable[[str], bool] | None = None,
+         on_too_deep: Callable[[str], None] | None = None) -> Iterator[Entry]:
+    """Every entry under ``rootfd``, depth first, names sorted by their bytes; never through a link.
+
+    ``prune(rel)`` True skips a directory's contents (the directory itself is
+    still yielded). Directories nested deeper than MAX_DEPTH are yielded but
+    not entered (``on_too_deep`` is told)."""
+    for _dirfd, _name, entry in walk_at(rootfd, prune=prune, on_too_deep=on_too_deep):
+        yield entry
+
+
+def walk_at(rootfd: int, *, prune: Callable[[str], bool] | None = None,
+            on_too_deep: Callable[[str], None] | None = None) -> Iterator[tuple[int, str, Entry]]:
+    """As ``walk``, with each entry's parent directory descriptor and name (valid until the next item):
+    what opening, hashing or chown-ing the entry needs without resolving its path again."""
+    stack: list[tuple[int, str, Iterator[str]]] = []
+
+    def push(fd: int, prefix: str) -> None:
+        names = sorted(os.listdir(fd), key=os.fsencode)
+        stack.append((fd, prefix, iter(names)))
+
+    push(os.dup(rootfd), "")
+    try:
+        while stack:
+            fd, prefix, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(fd)
+                stack.pop()
+                continue
+            rel = prefix + name
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            kind = kind_of(st.st_mode)
+            if kind == "symlink":
+                yield fd, name, Entry(rel, kind, st, os.readlink(name, dir_fd=fd))
+            elif kind == "dir":
+                yield fd, name, Entry(rel, kind, st)
+                if prune is not None and prune(rel):
+                    continue
+                if len(stack) >= MAX_DEPTH:
+                    if on_too_deep is not None:
+                        on_too_deep(rel)
+                    continue
+                try:
+                    sub = _open_subdir(fd, name)
+                except FileNotFoundError:
+                    continue
+                try:
+                    push(sub, rel + "/")
+                except BaseException:
+                    os.close(sub)
+                    raise
+            else:
+                yield fd, name, Entry(rel, kind, st)
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _open_subdir(fd: int, name: str) -> int:
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=fd)
+    except PermissionError:
+        # A directory its owner made unreadable (chmod 000): as that owner (hermetic.privdrop) we may give
+        # ourselves access again; the result of the lstat above says it is a directory, not a link.
+        os.chmod(name, 0o700, dir_fd=fd)
+        return os.open(name, DIR_FLAGS, dir_fd=fd)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def open_regular(dirfd: int, rel: str) -> int:
+    """A descriptor for reading the regular file ``rel``; UnsafePath when it is anything else (a link, a
+    FIFO, a device: none is ever opened for reading)."""
+    head, tail = split(rel)
+    d = open_dir(dirfd, head)
+    try:
+        return open_regular_at(d, tail, rel=rel)
+    finally:
+        os.close(d)
+
+
+def open_regular_at(dirfd: int, name: str, st: os.stat_result | None = None, *, rel: str | None = None) -> int:
+    """``name`` in the directory ``dirfd`` opened for reading if it is a regular file (``st``: its lstat,
+    when the caller has it); UnsafePath otherwise."""
+    rel = rel or name
+    if st is None:
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePath(f"{display(rel)}: a {kind_of(st.st_mode)}, not a regular file")
+    try:
+        fd = os.open(name, READ_FLAGS, dir_fd=dirfd)
+    except PermissionError:
+        os.chmod(name, (st.st_mode & 0o7777) | 0o400, dir_fd=dirfd)  # its owner's own file (see _open_subdir)
+        fd = os.open(name, READ_FLAGS, dir_fd=dirfd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafePath(f"{display(rel)}: became a link") from None
+        raise
+    now = os.fstat(fd)
+    if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise UnsafePath(f"{display(rel)}: changed while it was opened")
+    return fd
+
+
+def open_regular_path(path: str | os.PathLike[str]) -> int:
+    """A descriptor for reading ``path``, a regular file whose last component is not followed if it is a
+    link (for files in a sealed run directory, whose parents hermetic made)."""
+    fd = os.open(path, READ_FLAGS)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnsafePath(f"{path}: a {kind_of(st.st_mode)}, not a regular file")
+    return fd
+
+
+def hash_fd(fd: int) -> tuple[str, int]:
+    """(sha256 hex, size) of what ``fd`` reads, from its current offset."""
+    h = hashlib.sha256()
+    buf = bytearray(READ_SIZE)
+    view = memoryview(buf)
+    size = 0
+    while True:
+        n = os.readv(fd, [buf])
+        if not n:
+            break
+        h.update(view[:n])
+        size += n
+    return h.hexdigest(), size
+
+
+def read_limited(dirfd: int, rel: str, limit: int) -> bytes:
+    """The bytes of the regular file ``rel``; UnsafePath when it is not one or is larger than ``limit``."""
+    fd = open_regular(dirfd, rel)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise UnsafePath(f"{display(rel)}: {size} bytes, more than the {limit} allowed")
+        chunks = []
+        total = 0
+        while chunk := os.read(fd, READ_SIZE):
+            total += len(chunk)
+            if total > limit:
+                raise UnsafePath(f"{display(rel)}: more than the {limit} bytes allowed")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def move(src_dirfd: int, src_rel: str, dst_dirfd: int, dst_rel: str) -> None:
+    """Move ``src_rel`` (a file, link or FIFO) to ``dst_rel``, making the destination's directories; never
+    through a link on either side, never over an existing entry (FileExistsError).
+
+    rename(2) when both sides are on one file system; otherwise a copy
+    (regular files, links, FIFOs) and the source removed."""
+    s_head, s_tail = split(src_rel)
+    d_head, d_tail = split(dst_rel)
+    sd = open_dir(src_dirfd, s_head)
+    try:
+        dd = open_dir(dst_dirfd, d_head, create=True)
+        try:
+            try:
+                os.stat(d_tail, dir_fd=dd, follow_symlinks=False)
+                raise FileExistsError(errno.EEXIST, "exists", dst_rel)
+            except FileNotFoundError:
+                pass
+            try:
+                os.rename(s_tail, d_tail, src_dir_fd=sd, dst_dir_fd=dd)
+                return
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    raise
+            _copy_entry(sd, s_tail, dd, d_tail)
+            os.unlink(s_tail, dir_fd=sd)
+        finally:
+            os.close(dd)
+    finally:
+        os.close(sd)
+
+
+def _copy_entry(sd: int, s_name: str, dd: int, d_name: str, *, expect_sha256: str | None = None) -> str | None:
+    st = os.stat(s_name, dir_fd=sd, follow_symlinks=False)
+    kind = kind_of(st.st_mode)
+    if kind == "symlink":
+        os.symlink(os.readlink(s_name, dir_fd=sd), d_name, dir_fd=dd)
+        return None
+    if kind == "fifo":
+        os.mkfifo(d_name, 0o644, dir_fd=dd)
+        return None
+    if kind != "file":
+        raise UnsafePath(f"{display(s_name)}: a {kind}; only files, links and FIFOs are copied")
+    fin = open_regular(sd, s_name)
+    try:
+        fout = os.open(d_name, CREATE_FLAGS, (st.st_mode & 0o777) | 0o600, dir_fd=dd)
+        try:
+            h = hashlib.sha256()
+            while chunk := os.read(fin, READ_SIZE):
+                h.update(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fout, view):]
+            digest = h.hexdigest()
+        except BaseException:
+            os.close(fout)
+            fout = -1
+            os.unlink(d_name, dir_fd=dd)
+            raise
+        finally:
+            if fout >= 0:
+                os.close(fout)
+    finally:
+        os.close(fin)
+    if expect_sha256 is not None and digest != expect_sha256:
+        os.unlink(d_name, dir_fd=dd)
+        raise UnsafePath(f"{display(s_name)}: changed while it was copied")
+    return digest
+
+
+def copy(src_dirfd: int, src_rel: str, dst_dirfd: int, dst_rel: str, *, expect_sha256: str | None = None) -> None:
+    """Copy a file, link or FIFO beneath one root to a new name beneath another (no link followed, nothing
+    overwritten); a regular file's bytes are hashed as they are copied and must match ``expect_sha256``."""
+    s_head, s_tail = split(src_rel)
+    d_head, d_tail = split(dst_rel)
+    sd = open_dir(src_dirfd, s_head)
+    try:
+        dd = open_dir(dst_dirfd, d_head, create=True)
+        try:
+            _copy_entry(sd, s_tail, dd, d_tail, expect_sha256=expect_sha256)
+        finally:
+            os.close(dd)
+    finally:
+        os.close(sd)
+
+
+def symlink(target: str, dst_dirfd: int, dst_rel: str) -> None:
+    head, tail = split(dst_rel)
+    dd = open_dir(dst_dirfd, head, create=True)
+    try:
+        os.symlink(target, tail, dir_fd=dd)
+    finally:
+        os.close(dd)
+
+
+def mkfifo(dst_dirfd: int, dst_rel: str) -> None:
+    head, tail = split(dst_rel)
+    dd = open_dir(dst_dirfd, head, create=True)
+    try:
+        os.mkfifo(tail, 0o644, dir_fd=dd)
+    finally:
+        os.close(dd)
+
+
+def lchown_tree(rootfd: int, uid: int, gid: int) -> None:
+    """chown the root and everything beneath it, links themselves (never their targets)."""
+    os.chown(rootfd, uid, gid)
+    for dirfd, name, _e in walk_at(rootfd):
+        os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+
+
+def tree_bytes(rootfd: int) -> int:
+    """Bytes of the regular files beneath ``rootfd`` (links not followed); 0 for parts that vanish."""
+    total = 0
+    try:
+        for e in walk(rootfd):
+            if e.kind == "file":
+                total += e.st.st_size
+    except OSError:  # the writer removed or replaced a directory while we looked
+        pass
+    return total
