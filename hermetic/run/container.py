@@ -10,6 +10,7 @@ record, with status ``interrupted``.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -184,7 +185,8 @@ def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = Tr
     finally:
         done.set()
         for f in files:
-            f.close()
+            with contextlib.suppress(OSError):  # a full disk: what could not be flushed is lost, not the run
+                f.close()
         for sig, h in previous.items():
             signal.signal(sig, h)
         if container is not None:
@@ -226,16 +228,23 @@ def _rewrite_logs(container, files: list[BinaryIO]) -> None:
     except Exception:  # the engine lost it: keep what was streamed
         return
     for f, data in zip(files, parts):
-        f.seek(0)
-        f.truncate()
-        f.write(data)
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(data)
+            f.flush()
+        except OSError:  # a full disk: keep what fits
+            pass
 
 
 def _tee(data: bytes, f: BinaryIO, all_f: BinaryIO, term: BinaryIO | None) -> None:
-    f.write(data)
-    all_f.write(data)
-    f.flush()  # `hermetic logs -f` reads these files while the run goes on
-    all_f.flush()
+    try:
+        f.write(data)
+        all_f.write(data)
+        f.flush()  # `hermetic logs -f` reads these files while the run goes on
+        all_f.flush()
+    except OSError:  # a full disk: the run goes on; the engine's own log completes the files at the end
+        pass
     if term is not None:
         try:
             term.write(data)

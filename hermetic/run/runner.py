@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 from hermetic.builder.image_record import ImageInfo
 from hermetic.config import LoadedConfig, size_bytes
 from hermetic.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT, inside
-from hermetic.errors import CannotCreate, NotFound, Unavailable
+from hermetic.errors import EXIT_SOFTWARE, CannotCreate, NotFound, Unavailable
 from hermetic.fsutil import owned_temp_dir
 from hermetic.paths import CachePaths
 from hermetic.record import (
@@ -97,9 +97,16 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
               if req.resume_from is not None else None)
     run_id, run_dir, rec, env = open_run(cfg, store, req, info, datasets, script, passed)  # 3. the run directory
     with liveness.hold(run_dir):  # `hermetic stop`, `logs -f`, `runs wait` find the run's process by this
-        if announce("run", run_id, run_dir, run_dir / "logs"):  # --detach: the terminal is gone from here on
-            req = dataclasses.replace(req, echo=False)
-        return _run_in_dir(client, cfg, paths, req, info, datasets, resume, script, run_id, run_dir, rec, env, log)
+        try:
+            if announce("run", run_id, run_dir, run_dir / "logs"):  # --detach: the terminal is gone from here on
+                req = dataclasses.replace(req, echo=False)
+            return _run_in_dir(client, cfg, paths, req, info, datasets, resume, script, run_id, run_dir, rec, env,
+                               log)
+        except BaseException as e:
+            raised = after_failure(cfg, req, run_dir, rec, e, log)
+            if raised is None:
+                raise
+            raise raised from None
 
 
 def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, info: ImageInfo,
@@ -159,15 +166,29 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
 def open_run(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInfo,
              datasets: list[VerifiedDataset], script: str,
              passed: dict[str, str]) -> tuple[str, Path, dict[str, Any], RunEnvironment]:
-    """A new run directory with the record's input sections filled and the files that define the run."""
-    from hermetic.registry import repo_digests
-
-    m = cfg.model
+    """A new run directory with the record's input sections filled and the files that define the run
+    (a failure on the way leaves no run directory: after_failure)."""
     if req.run_dir is not None:  # prepared by `hermetic submit`
         run_id, run_dir = req.run_dir.name, adopt_run_dir(req.run_dir)
     else:
         run_id = new_run_id(name=req.name)
         run_dir = create_run_dir(cfg.runs_path, run_id)
+    try:
+        reserve_space(run_dir)  # the final record is written even when the script filled the disk
+        return (run_id, run_dir, *_open_record(cfg, store, req, info, datasets, script, passed, run_id, run_dir))
+    except BaseException as e:
+        raised = after_failure(cfg, req, run_dir, None, e, _quiet)
+        if raised is None:
+            raise
+        raise raised from None
+
+
+def _open_record(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInfo,
+                 datasets: list[VerifiedDataset], script: str, passed: dict[str, str], run_id: str,
+                 run_dir: Path) -> tuple[dict[str, Any], RunEnvironment]:
+    from hermetic.registry import repo_digests
+
+    m = cfg.model
     seed = req.seed if req.seed is not None else m.determinism.seed
     argv = redact_argv(req.argv)
     rec = begin_record(run_id, argv=argv, script=script, args=script_args(req.args, seed), config=cfg.resolved(),
@@ -184,7 +205,7 @@ def open_run(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInf
     if req.slurm is not None:
         rec["slurm"] = dict(req.slurm)
     write_run_files(run_dir, cfg, argv)
-    return run_id, run_dir, rec, env
+    return rec, env
 
 
 @contextlib.contextmanager
@@ -355,9 +376,80 @@ def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], o
                         notes=collected.notes, hermetic_exit_code=None if code == outcome.exit_code else code)
     for note in collected.notes:
         log(f"note: {note}")
+    release_space(run_dir)
     sealed = write_record(run_dir, rec)
     log(f"run {run_id} {status} (exit {code}); record: {run_dir / 'run.json'}")
     return RunResult(run_id, run_dir, status, code, sealed, reason)
+
+
+def after_failure(cfg: LoadedConfig, req: RunRequest, run_dir: Path, rec: dict[str, Any] | None,
+                  exc: BaseException, log: Log) -> BaseException | None:
+    """Nothing half-written after a failure: a run directory without a record yet is removed (unless
+    `hermetic submit` prepared it); an early record is sealed ``failed`` (``interrupted`` for Ctrl-C or
+    SIGTERM) with the reason. Returns the exception to raise instead of ``exc`` (a full disk as one
+    line, exit 73), or None to re-raise ``exc``."""
+    from hermetic.errors import HermeticError
+    from hermetic.record.index import RUN_JSON
+
+    error = no_space_error(exc) or (exc if isinstance(exc, HermeticError) else None)
+    if not (run_dir / RUN_JSON).exists() or rec is None:
+        if req.run_dir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return error if error is not exc else None
+    try:
+        if rec["record"]["finished_at"] is not None:
+            return error if error is not exc else None
+    except (KeyError, TypeError):
+        return error if error is not exc else None
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    reason = error.message if error is not None else f"hermetic failed: {type(exc).__name__}: {exc}"
+    code = error.exit_code if error is not None else EXIT_SOFTWARE
+    try:
+        collected = collect_outputs(cfg, rec, [], None, run_dir, container_user(cfg))
+        release_space(run_dir)
+        sealed = finish_record(rec, run_dir, status="interrupted" if interrupted else "failed", exit_code=None,
+                               reason=None if interrupted else reason, outputs=collected.outputs,
+                               metrics=collected.metrics, notes=collected.notes,
+                               hermetic_exit_code=None if interrupted else code)
+        write_record(run_dir, sealed)
+        log(f"run {run_dir.name} {'interrupted' if interrupted else 'failed'}; record: {run_dir / RUN_JSON}")
+    except Exception:  # sealing failed too (the disk is still full): the early record says interrupted
+        pass
+    return error if error is not exc else None
+
+
+def no_space_error(exc: BaseException) -> CannotCreate | None:
+    """A full disk or quota (ENOSPC, EDQUOT) as one line naming the path; None for anything else."""
+    import errno
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = exc.filename or "a file"
+        return CannotCreate(f"{where}: {'no space left on device' if exc.errno == errno.ENOSPC else 'disk quota exceeded'}",
+                            hint="free space (`hermetic cache gc`, old runs/) and run again")
+    return None
+
+
+RESERVE_NAME = ".space-reserve"
+RESERVE_BYTES = 4 << 20  # the final record, README and index of a run with many outputs fit in it
+
+
+def reserve_space(run_dir: Path) -> None:
+    """Set aside room for the final record before the script can fill the disk (released just before it
+    is written). A disk too full for it refuses the run now, before anything started."""
+    fd = os.open(run_dir / RESERVE_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, RESERVE_BYTES)
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(run_dir)
+        raise
+    finally:
+        os.close(fd)
+
+
+def release_space(run_dir: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(run_dir / RESERVE_NAME)
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
