@@ -221,3 +221,49 @@ def test_bounds_are_documented():
     assert "1000" in text["docs/your-script.md"] and "--gpus" in text["docs/your-script.md"]
     assert "64 KiB" in text["docs/data.md"]
     assert "16 MiB" in text["docs/build.md"] and "1 MiB" in text["docs/build.md"]
+
+
+# ---------------------------------------------------------------- group.json after a kill -9 of the sweep
+
+SLEEP_AFTER_FIRST = """import os, time
+print("seed", os.environ["HERMETIC_SEED"], flush=True)
+if os.environ["HERMETIC_SEED"] != "0":
+    time.sleep(600)
+"""
+
+
+@pytest.mark.docker
+def test_a_killed_sweep_leaves_a_sealed_group_of_the_members_that_ran(logreg, tmp_path, docker_client):
+    """The first member's summary is always written (the write throttle only skips rewrites that would cost
+    more than GROUP_WRITE_SHARE of the sweep), so SIGKILL of the driver mid-sweep leaves a valid group.json."""
+    from kill_support import sigkill, start_hermetic, wait_for
+    from run_support import RUN_LABEL, copy_project
+
+    from hermetic.record import load_group
+
+    project = copy_project(logreg, tmp_path / "numpy-logreg")
+    (project / "sleeper.py").write_text(SLEEP_AFTER_FIRST)
+    p = start_hermetic("run", "--seeds", "0,1,2", "--name", "killed", "sleeper.py", cwd=project)
+
+    def groups() -> list[Path]:
+        runs = project / "runs"
+        return [d for d in runs.glob("*-killed") if (d / "group.json").is_file()] if runs.is_dir() else []
+
+    def second_member_running() -> bool:
+        logs = [d / "logs" / "stdout.log" for d in (project / "runs").glob("*-killed")]
+        return any(log.is_file() and "seed 1" in log.read_text() for log in logs)
+
+    try:
+        wait_for(p, lambda: bool(groups()), "group.json after the first member", timeout=600)
+        wait_for(p, second_member_running, "the second member's container", timeout=300)
+        sigkill(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for c in docker_client.containers.list(all=True, filters={"label": RUN_LABEL}):
+            if "killed" in (c.labels.get(RUN_LABEL) or ""):  # the killed driver's container: ours to remove
+                c.remove(force=True)
+    (gdir,) = groups()
+    group = load_group(gdir)  # sealed and valid
+    assert group["group"]["status"] == "interrupted" and group["group"]["seeds"] == [0, 1, 2]
+    assert [(m["seed"], m["status"]) for m in group["members"]] == [(0, "succeeded")]

@@ -9,6 +9,7 @@ import click
 
 from hermetic.cli.common import config_option, emit_json
 from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_option, mlflow_target
+from hermetic.seedargs import MAX_GROUP_SEEDS
 
 
 @click.command(cls=MlflowCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -21,7 +22,8 @@ from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_opti
 @click.option("--seeds", metavar="N|0,1,2|0-4", callback=lambda c, p, v: check_seeds(v),
               help="One run per seed, plus a group record with mean, SD and 95% CI. N alone: N seeds from "
                    "hermetic.yaml's seed on. The script gets each seed as $HERMETIC_SEED, and in place of "
-                   "{seed} in its arguments. At most 1000 seeds in one group.")
+                   "{seed} in its arguments. "
+                   f"At most {MAX_GROUP_SEEDS} seeds in one group.")
 @click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True,
               help="Container network. Runs have none unless asked.")
 @click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",

@@ -10,6 +10,7 @@ import click
 
 from hermetic.cli.common import ScriptCommand, config_option, emit_json
 from hermetic.cli.run_cmd import check_gpus, check_seeds
+from hermetic.seedargs import MAX_GROUP_SEEDS
 
 
 @click.command(cls=ScriptCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -21,7 +22,7 @@ from hermetic.cli.run_cmd import check_gpus, check_seeds
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), help="Seed for this run (default: determinism.seed).")
 @click.option("--seeds", metavar="N|0,1,2|0-4", callback=lambda c, p, v: check_seeds(v),
               help="A job array, one task (one run) per seed, and a dependent job that writes the group summary. "
-                   "At most 1000 seeds in one group.")
+                   f"At most {MAX_GROUP_SEEDS} seeds in one group.")
 @click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True,
               help="Container network (--nodes > 1 needs host, and gets it).")
 @click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
