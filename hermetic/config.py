@@ -281,12 +281,10 @@ def find_config(path: str | Path | None) -> Path:
     return p.resolve()
 
 
-# CONFIG_MAX_BYTES (hermetic.paths, 1 MiB) bounds what is read before any of it is trusted (issue 24):
-# hermetic.yaml is a page of settings (the examples' are under 1 kB); a file a thousand times that is not
-# one, and parsing a 100 MB one would take minutes.
-
-
 def load_config(path: str | Path | None = None) -> LoadedConfig:
+    """The config at ``path`` (see find_config), read only up to CONFIG_MAX_BYTES (hermetic.paths, 1 MiB):
+    hermetic.yaml is a page of settings (the examples' are under 1 kB), and parsing a 100 MB file would
+    take minutes, so a larger one is refused unread."""
     cfg_path = find_config(path)
     try:
         with open(cfg_path, "rb") as f:
@@ -341,12 +339,12 @@ def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
 
 
 # libyaml when PyYAML has it: ten times faster on a large file, and it bounds the nesting depth itself.
-_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader) if yaml.__with_libyaml__ else yaml.SafeLoader
+_YamlLoader = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
 
 
 def _load_yaml(text: str, cfg_path: Path) -> tuple[yaml.Node | None, Any]:
-    """(the composed node, for error lines; the data), parsed once. Anchors and aliases are refused: a
-    config has no use for them, and aliases nested in aliases expand exponentially ("billion laughs")."""
+    """(the composed node, for error lines; the data), parsed once. Aliases are refused: a config has no
+    use for them, and aliases of anchors that hold aliases expand exponentially ("billion laughs")."""
     loader = _YamlLoader(text)
     try:
         node = loader.get_single_node()

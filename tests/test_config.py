@@ -230,3 +230,22 @@ def test_the_config_refuses_secrets_by_the_rule_the_record_uses():
     from hermetic.secretnames import is_secret_name
 
     assert record_rule is is_secret_name
+
+
+def test_without_libyaml_the_same_refusals(tmp_path, monkeypatch):
+    """PyYAML's pure-Python loader (where libyaml is missing) composes aliases the same way; its deep
+    nesting ends in Python's recursion limit, refused as invalid YAML too."""
+    from pathlib import Path
+
+    import yaml
+
+    import hermetic.config as config
+    from hermetic.errors import ConfigError
+
+    monkeypatch.setattr(config, "_YamlLoader", yaml.SafeLoader)
+    cfg = Path(tmp_path / "hermetic.yaml")
+    assert config.parse_config(BLOCK_STYLE, cfg).model.name == "demo"
+    with pytest.raises(ConfigError, match=r"hermetic\.yaml:18: invalid YAML: \*l0: hermetic\.yaml takes no aliases"):
+        config.parse_config(BLOCK_STYLE + BILLION_LAUGHS, cfg)
+    with pytest.raises(ConfigError, match="invalid YAML: nested too deeply"):
+        config.parse_config(BLOCK_STYLE + "x: " + "[" * 5000 + "]" * 5000 + "\n", cfg)
