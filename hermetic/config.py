@@ -19,7 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from hermetic.canonical import canonical_json, sha256_hex
 from hermetic.errors import ConfigError
-from hermetic.paths import CONFIG_FILENAME, norm_relpath
+from hermetic.paths import CONFIG_FILENAME, CONFIG_MAX_BYTES, norm_relpath
 from hermetic.reference import parse_base_reference
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -282,23 +282,38 @@ def find_config(path: str | Path | None) -> Path:
 
 
 def load_config(path: str | Path | None = None) -> LoadedConfig:
+    """The config at ``path`` (see find_config), read only up to CONFIG_MAX_BYTES (hermetic.paths, 1 MiB):
+    hermetic.yaml is a page of settings (the examples' are under 1 kB), and parsing a 100 MB file would
+    take minutes, so a larger one is refused unread."""
     cfg_path = find_config(path)
     try:
-        text = cfg_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        with open(cfg_path, "rb") as f:
+            raw = f.read(CONFIG_MAX_BYTES + 1)  # never more than the bound, whatever the file is
+    except OSError as e:
+        raise ConfigError(f"{cfg_path}: cannot read: {e}") from None
+    if len(raw) > CONFIG_MAX_BYTES:
+        raise _too_big(cfg_path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
         raise ConfigError(f"{cfg_path}: cannot read: {e}") from None
     return parse_config(text, cfg_path)
 
 
+def _too_big(cfg_path: Path, size: int | None = None) -> ConfigError:
+    if size is None:
+        try:
+            size = cfg_path.stat().st_size
+        except OSError:
+            size = CONFIG_MAX_BYTES + 1
+    return ConfigError(f"{cfg_path}: {size} bytes; a hermetic.yaml may hold at most {CONFIG_MAX_BYTES} bytes "
+                       "(1 MiB): not read")
+
+
 def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{cfg_path}:{mark.line + 1}" if mark else str(cfg_path)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    if len(text) > CONFIG_MAX_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > CONFIG_MAX_BYTES:
+        raise _too_big(cfg_path, len(text.encode("utf-8", "surrogatepass")))
+    node, data = _load_yaml(text, cfg_path)
     if not isinstance(data, dict):
         raise ConfigError(f"{cfg_path}: top level must be a mapping of keys (name, base, lock, ...)")
     try:
@@ -319,7 +334,71 @@ def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
         if key:
             raise ConfigError(f"{where}: {key}: {msg}{more}") from None
         raise ConfigError(f"{where}: {msg}{more}") from None
+    _refuse_secrets(model, node, cfg_path)
     return LoadedConfig(model=model, path=cfg_path.resolve())
+
+
+# libyaml when PyYAML has it: ten times faster on a large file, and it bounds the nesting depth itself.
+_YamlLoader = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
+
+
+def _load_yaml(text: str, cfg_path: Path) -> tuple[yaml.Node | None, Any]:
+    """(the composed node, for error lines; the data), parsed once. Aliases are refused: a config has no
+    use for them, and aliases of anchors that hold aliases expand exponentially ("billion laughs")."""
+    loader = _YamlLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            _refuse_aliases(node, text, cfg_path)
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{cfg_path}:{mark.line + 1}" if mark else str(cfg_path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{cfg_path}: invalid YAML: nested too deeply") from None
+    finally:
+        loader.dispose()
+    return node, data
+
+
+def _refuse_aliases(root: yaml.Node, text: str, cfg_path: Path) -> None:
+    """An alias (``*name``) is the anchored node itself again in the composed graph: seen twice here. Only
+    then is the text read again, as events, for the alias's own line and name."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            alias = next((e for e in yaml.parse(text, Loader=_YamlLoader) if isinstance(e, yaml.AliasEvent)), None)
+            line, name = (alias.start_mark.line + 1, f"*{alias.anchor}") if alias else (node.start_mark.line + 1,
+                                                                                         "an alias")
+            raise ConfigError(f"{cfg_path}:{line}: invalid YAML: {name}: hermetic.yaml takes no aliases of "
+                              "anchors (*name, &name): write the value out")
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                stack += (k, v)
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+
+
+def _refuse_secrets(model: "HermeticConfig", node: yaml.Node | None, cfg_path: Path) -> None:
+    """A secret-looking name under ``env:`` would be baked into the image, and so into hermetic.image.json
+    and the provenance (files made to be committed and pushed): it is given at run time instead."""
+    from hermetic.secretnames import is_secret_name
+
+    for loc, env in ((("env",), model.env), (("determinism", "env"), model.determinism.env)):
+        name = next((k for k in env if is_secret_name(k)), None)
+        if name is None:
+            continue
+        line = _line_of(node, (*loc, name))
+        where = f"{cfg_path}:{line}" if line else str(cfg_path)
+        raise ConfigError(f"{where}: {format_key_path((*loc, name))}: looks like a secret (TOKEN, SECRET, KEY, "
+                          "PASSWORD or CREDENTIAL in its name), and env: is baked into the image and its records; "
+                          f"leave it out of hermetic.yaml and pass it at run time: hermetic run --env {name} "
+                          "(NAME alone takes the value from this shell's environment)")
 
 
 _KEY_PREFIX = re.compile(r"^([a-z_]+(?:\[\d+\]|\.[a-z_]+)*): (.*)$", re.S)

@@ -21,6 +21,7 @@ def norm_relpath(path: str) -> str:
 
 
 CONFIG_FILENAME = "hermetic.yaml"  # here, not in hermetic.config: the fast paths (listing, no-op) need it without pydantic
+CONFIG_MAX_BYTES = 1 << 20  # 1 MiB: a larger hermetic.yaml is refused unread (hermetic.config; the fast paths too)
 
 
 def find_upward(start: Path, name: str) -> Path | None:

@@ -7,6 +7,12 @@ as typed). Two runs with the same template whose arguments are that template
 with their own seed filled in differ in the seed only, which the seed section
 already says: the arguments are then compared by their template
 (``args_as_input``), in a group summary and in ``hermetic diff`` alike.
+
+``--seeds`` itself (``parse_seeds``): a count or a list of seeds and ranges,
+checked by arithmetic before any list is made, so ``--seeds 0-4294967295`` is
+a one-line refusal, not a 4-billion-element list. A group holds at most
+``MAX_GROUP_SEEDS`` members (one array job on Slurm: its default MaxArraySize
+is 1001).
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ import re
 from typing import Any, Mapping
 
 from hermetic.errors import UsageError
+
+SEED_MAX = 2**32 - 1  # numpy's legacy seed() takes 32 bits; hermetic.yaml and --seed have the same bound
+MAX_GROUP_SEEDS = 1000  # members of one --seeds group (docs/your-script.md); a larger sweep is several groups
+_SHOWN = 40  # characters of a refused --seeds value quoted back in the message
 
 # Placeholders in the script's arguments; ``{{name}}`` is the literal text ``{name}``.
 PLACEHOLDER = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|\{([A-Za-z_]\w*)\}")
@@ -66,3 +76,60 @@ def differ_only_by_seed(inv_a: Mapping[str, Any], seed_a: Any, inv_b: Mapping[st
     """Whether two runs' arguments are one template, each filled in with its own seed."""
     ta, tb = filled_template(inv_a, seed_a), filled_template(inv_b, seed_b)
     return ta is not None and ta == tb
+
+
+def seed_ranges(text: str, first: int) -> list[tuple[int, int]]:
+    """The seeds of ``--seeds`` as inclusive ranges, checked without listing them: ``N`` (one integer) is N
+    seeds from ``first`` (hermetic.yaml's seed) on; ``0,1,2``, ``0-4`` (inclusive) and mixes like ``0-2,10``
+    are the seeds themselves. UsageError when it is not that, a seed repeats, a seed is past SEED_MAX, or
+    the group would hold fewer than 2 or more than MAX_GROUP_SEEDS seeds."""
+    shown = text if len(text) <= _SHOWN else text[:_SHOWN - 3] + "..."
+
+    def bad(why: str) -> UsageError:
+        return UsageError(f"--seeds {shown!r}: {why} (a count such as 5, or seeds such as 0,1,2 or 0-4)")
+
+    def too_many(count: int | None) -> UsageError:
+        many = f"{count} seeds" if count is not None else "far more seeds"
+        return UsageError(f"--seeds {shown!r}: {many}; a group holds at most {MAX_GROUP_SEEDS} "
+                          "(run a larger sweep as several groups)")
+
+    def number(digits: str) -> int | None:
+        """The integer, or None when it has more digits than any seed (int() of a huge string is slow)."""
+        return int(digits) if len(digits) <= 20 else None
+
+    text = text.strip()
+    if text.isascii() and text.isdigit():
+        count = number(text)
+        if count is None or count > MAX_GROUP_SEEDS:
+            raise too_many(count)
+        if count < 2:
+            raise bad("a group needs at least two seeds")
+        if first + count - 1 > SEED_MAX:
+            raise bad(f"{count} seeds from determinism.seed {first} on go past {SEED_MAX}")
+        return [(first, first + count - 1)]
+    ranges: list[tuple[int, int]] = []
+    total = 0
+    for part in (p.strip() for p in text.split(",")):
+        lo, dash, hi = part.partition("-")
+        if not (lo.isascii() and lo.isdigit()) or (dash and not (hi.isascii() and hi.isdigit())):
+            raise bad(f"{part[:_SHOWN]!r} is not a seed or a range A-B")
+        a, b = number(lo), number(hi) if dash else number(lo)
+        if a is None or b is None or max(a, b) > SEED_MAX:
+            raise bad(f"seeds go up to {SEED_MAX}")
+        if b < a:
+            raise bad(f"range {part} runs backwards")
+        total += b - a + 1
+        ranges.append((a, b))
+    if total > MAX_GROUP_SEEDS:
+        raise too_many(total)
+    if total < 2:
+        raise bad("a group needs at least two seeds")
+    ordered = sorted(ranges)
+    if any(nxt[0] <= prev[1] for prev, nxt in zip(ordered, ordered[1:])):
+        raise bad("a seed is given twice")
+    return ranges
+
+
+def parse_seeds(text: str, first: int) -> list[int]:
+    """The seeds of ``--seeds``, in the order given (see seed_ranges: at most MAX_GROUP_SEEDS of them)."""
+    return [seed for a, b in seed_ranges(text, first) for seed in range(a, b + 1)]

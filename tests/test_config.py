@@ -151,3 +151,101 @@ def test_pin_writes_the_base_line_and_adds_it_when_there_is_none(tmp_path):
     other = ref.replace("1" * 64, "2" * 64)
     cfg.write_text(f"name: x\nbase: {ref}   # pinned\n")
     assert pin_base(cfg, other) == (ref, True) and cfg.read_text() == f"name: x\nbase: {other}   # pinned\n"
+
+
+# ---------------------------------------------------------------- bounds and secrets (issue 24, items 8 and 9)
+
+def test_a_config_over_the_size_bound_is_refused_unread(tmp_path):
+    from hermetic.paths import CONFIG_MAX_BYTES
+
+    d = write(tmp_path, BLOCK_STYLE + "# " + "x" * CONFIG_MAX_BYTES + "\n")
+    size = (d / "hermetic.yaml").stat().st_size
+    proc = run_cli("config", "show", "-C", str(d), timeout=60)
+    assert_clean_error(proc, 78, f"{d / 'hermetic.yaml'}: {size} bytes", "at most 1048576 bytes (1 MiB)")
+    for fast in (["runs", "-C", str(d)], ["runs", "show", "nothing", "-C", str(d)]):  # the fast path too
+        proc = run_cli(*fast, timeout=60)
+        assert_clean_error(proc, 78, f"{size} bytes")
+
+
+def test_a_config_just_under_the_bound_loads(tmp_path):
+    from pathlib import Path
+
+    from hermetic.config import parse_config
+    from hermetic.paths import CONFIG_MAX_BYTES
+
+    comment = "# " + "x" * (CONFIG_MAX_BYTES - len(BLOCK_STYLE) - 4) + "\n"
+    text = BLOCK_STYLE + comment
+    assert len(text.encode()) <= CONFIG_MAX_BYTES
+    assert parse_config(text, Path(tmp_path / "hermetic.yaml")).model.name == "demo"
+
+
+BILLION_LAUGHS = "".join(
+    [f"l0: &l0 {['lol'] * 9}\n"]
+    + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10)])
+
+
+@pytest.mark.parametrize("text, line, alias", [
+    (BLOCK_STYLE + BILLION_LAUGHS, 18, "*l0"),  # 9^10 strings once expanded: refused at the first alias
+    (BLOCK_STYLE.replace("name: demo", "name: &n demo") + "runs_dir: *n\n", 17, "*n"),
+    (BLOCK_STYLE.replace("env:\n  FOO: bar", "env: &e\n  FOO: bar") + "run:\n  <<: *e\n", 18, "*e"),
+])
+def test_yaml_aliases_are_refused(tmp_path, text, line, alias):
+    d = write(tmp_path, text)
+    proc = run_cli("config", "show", "-C", str(d), timeout=60)
+    assert_clean_error(proc, 78, f"hermetic.yaml:{line}: invalid YAML: {alias}: hermetic.yaml takes no aliases")
+
+
+def test_an_anchor_without_an_alias_and_deep_nesting(tmp_path):
+    from pathlib import Path
+
+    from hermetic.config import parse_config
+    from hermetic.errors import ConfigError
+
+    cfg = Path(tmp_path / "hermetic.yaml")
+    assert parse_config(BLOCK_STYLE.replace("name: demo", "name: &n demo"), cfg).model.name == "demo"
+    for depth in (5_000, 200_000):
+        with pytest.raises(ConfigError, match="invalid YAML"):
+            parse_config(BLOCK_STYLE + "x: " + "[" * depth + "]" * depth + "\n", cfg)
+
+
+@pytest.mark.parametrize("text, line, key, value", [
+    (BLOCK_STYLE.replace("  FOO: bar", "  FOO: bar\n  HF_TOKEN: hf_live_value_1"), 12, "env.HF_TOKEN", "hf_live_value_1"),
+    (BLOCK_STYLE.replace("  FOO: bar", "  wandb_api_key: wandb_value_2"), 11, "env.wandb_api_key", "wandb_value_2"),
+    (BLOCK_STYLE.replace("  threads: 2", "  threads: 2\n  env:\n    DB_PASSWORD: pw_value_3"), 11,
+     "determinism.env.DB_PASSWORD", "pw_value_3"),
+    (FLOW_STYLE.replace('env: {"FOO": "bar"}', 'env: {"FOO": "bar", "AWS_SECRET_ACCESS_KEY": "aws_value_4"}'), 3,
+     "env.AWS_SECRET_ACCESS_KEY", "aws_value_4"),
+])
+def test_a_secret_under_env_is_refused_with_the_run_time_way(tmp_path, text, line, key, value):
+    d = write(tmp_path, text)
+    proc = run_cli("config", "show", "-C", str(d), timeout=60)
+    name = key.rsplit(".", 1)[1]
+    assert_clean_error(proc, 78, f"hermetic.yaml:{line}: {key}: looks like a secret",
+                       f"pass it at run time: hermetic run --env {name} (NAME alone takes the value")
+    assert value not in proc.stdout + proc.stderr
+
+
+def test_the_config_refuses_secrets_by_the_rule_the_record_uses():
+    from hermetic.record.secrets_policy import is_secret_name as record_rule
+    from hermetic.secretnames import is_secret_name
+
+    assert record_rule is is_secret_name
+
+
+def test_without_libyaml_the_same_refusals(tmp_path, monkeypatch):
+    """PyYAML's pure-Python loader (where libyaml is missing) composes aliases the same way; its deep
+    nesting ends in Python's recursion limit, refused as invalid YAML too."""
+    from pathlib import Path
+
+    import yaml
+
+    import hermetic.config as config
+    from hermetic.errors import ConfigError
+
+    monkeypatch.setattr(config, "_YamlLoader", yaml.SafeLoader)
+    cfg = Path(tmp_path / "hermetic.yaml")
+    assert config.parse_config(BLOCK_STYLE, cfg).model.name == "demo"
+    with pytest.raises(ConfigError, match=r"hermetic\.yaml:18: invalid YAML: \*l0: hermetic\.yaml takes no aliases"):
+        config.parse_config(BLOCK_STYLE + BILLION_LAUGHS, cfg)
+    with pytest.raises(ConfigError, match="invalid YAML: nested too deeply"):
+        config.parse_config(BLOCK_STYLE + "x: " + "[" * 5000 + "]" * 5000 + "\n", cfg)

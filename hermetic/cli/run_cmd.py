@@ -9,18 +9,21 @@ import click
 
 from hermetic.cli.common import config_option, emit_json
 from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_option, mlflow_target
+from hermetic.seedargs import MAX_GROUP_SEEDS
 
 
 @click.command(cls=MlflowCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @config_option
-@click.option("--gpus", metavar="all|N|device=ID,...", help="GPUs for the container, as `docker run --gpus`.")
+@click.option("--gpus", metavar="all|N|device=ID,...", callback=lambda c, p, v: check_gpus(v),
+              help="GPUs for the container, as `docker run --gpus`: all, a count, or device=ID[,ID...].")
 @click.option("--data", "data", multiple=True, metavar="NAME=PATH",
               help="Use PATH for dataset NAME (still verified against its manifest). Repeatable.")
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), help="Seed for this run (default: determinism.seed).")
-@click.option("--seeds", metavar="N|0,1,2|0-4",
+@click.option("--seeds", metavar="N|0,1,2|0-4", callback=lambda c, p, v: check_seeds(v),
               help="One run per seed, plus a group record with mean, SD and 95% CI. N alone: N seeds from "
                    "hermetic.yaml's seed on. The script gets each seed as $HERMETIC_SEED, and in place of "
-                   "{seed} in its arguments.")
+                   "{seed} in its arguments. "
+                   f"At most {MAX_GROUP_SEEDS} seeds in one group.")
 @click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True,
               help="Container network. Runs have none unless asked.")
 @click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
@@ -81,8 +84,12 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, n
     from hermetic.paths import cache_paths
     from hermetic.run.plan import RunRequest
     from hermetic.run.runner import execute
+    from hermetic.seedargs import parse_seeds
 
     cfg = load_config(config_path)
+    if seeds and seed is not None:
+        raise UsageError("--seed and --seeds together: pick one")
+    seeds_list = parse_seeds(seeds, cfg.model.determinism.seed) if seeds else None  # before anything is built
     mlflow = mlflow_target(mlflow_uri)  # checked before the run: a URI, and hermetic[mlflow] installed
     data_paths = parse_data(data)
     resume_dir = None
@@ -101,10 +108,8 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, n
                           distributed=distributed)
     paths = cache_paths()
     log, progress = run_log(not as_json)
-    if seeds:
-        if seed is not None:
-            raise UsageError("--seed and --seeds together: pick one")
-        return _seed_group(cfg, paths, template, seeds, as_json, log, progress, mlflow)
+    if seeds_list is not None:
+        return _seed_group(cfg, paths, template, seeds_list, as_json, log, progress, mlflow)
     req = dataclasses.replace(template, seed=seed, seed_policy="cli" if seed is not None else "config")
     result = execute(cfg, paths, req, log=log, progress=progress)
     if as_json:
@@ -113,6 +118,24 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, n
     else:
         _summary(result)
     return export_after_run(mlflow, [result.run_dir], result.exit_code)
+
+
+def check_gpus(value: str | None) -> str | None:
+    """``--gpus`` checked as it is parsed, before the config, the engine or anything else (hermetic.gpus)."""
+    from hermetic.gpus import parse_gpus
+
+    parse_gpus(value)
+    return value
+
+
+def check_seeds(value: str | None) -> str | None:
+    """``--seeds`` checked as it is parsed: its form and its size (hermetic.seedargs.MAX_GROUP_SEEDS), by
+    arithmetic. A count's end (determinism.seed + N - 1) is checked once the config is read."""
+    if value:
+        from hermetic.seedargs import seed_ranges
+
+        seed_ranges(value, 0)
+    return value
 
 
 def parse_data(items) -> dict[str, str]:
@@ -183,11 +206,10 @@ def _say_reason(result) -> None:
                    f"{result.run_dir / 'run.json'})", err=True)
 
 
-def _seed_group(cfg, paths, template, seeds: str, as_json: bool, log, progress, mlflow=None) -> int:
-    from hermetic.run.group import parse_seeds, run_seed_group
+def _seed_group(cfg, paths, template, seeds: list[int], as_json: bool, log, progress, mlflow=None) -> int:
+    from hermetic.run.group import run_seed_group
 
-    seeds_list = parse_seeds(seeds, cfg.model.determinism.seed)
-    result = run_seed_group(cfg, paths, template, seeds_list, log=log, progress=progress,
+    result = run_seed_group(cfg, paths, template, seeds, log=log, progress=progress,
                             on_member=None if as_json else _summary)
     if as_json:
         emit_json(result.group)

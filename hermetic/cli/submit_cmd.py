@@ -9,16 +9,20 @@ from pathlib import Path
 import click
 
 from hermetic.cli.common import ScriptCommand, config_option, emit_json
+from hermetic.cli.run_cmd import check_gpus, check_seeds
+from hermetic.seedargs import MAX_GROUP_SEEDS
 
 
 @click.command(cls=ScriptCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @config_option
-@click.option("--gpus", metavar="N", help="GPUs per node: Slurm allocates N, the container gets those.")
+@click.option("--gpus", metavar="N", callback=lambda c, p, v: check_gpus(v),
+              help="GPUs per node: Slurm allocates N, the container gets those.")
 @click.option("--data", "data", multiple=True, metavar="NAME=PATH",
               help="Use PATH for dataset NAME (a path the nodes see; verified here and on the node).")
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), help="Seed for this run (default: determinism.seed).")
-@click.option("--seeds", metavar="N|0,1,2|0-4",
-              help="A job array, one task (one run) per seed, and a dependent job that writes the group summary.")
+@click.option("--seeds", metavar="N|0,1,2|0-4", callback=lambda c, p, v: check_seeds(v),
+              help="A job array, one task (one run) per seed, and a dependent job that writes the group summary. "
+                   f"At most {MAX_GROUP_SEEDS} seeds in one group.")
 @click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True,
               help="Container network (--nodes > 1 needs host, and gets it).")
 @click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
@@ -81,6 +85,13 @@ def submit(config_path, gpus, data, seed, seeds, network, env, name, resume_from
     from hermetic.slurm.submit import SlurmOptions, submit as do_submit
 
     cfg = load_config(config_path)
+    if seeds and seed is not None:
+        raise UsageError("--seed and --seeds together: pick one")
+    seed_list = None
+    if seeds:
+        from hermetic.seedargs import parse_seeds
+
+        seed_list = parse_seeds(seeds, cfg.model.determinism.seed)  # before anything is asked or built
     resume_dir = None
     if resume_from:
         from hermetic.record import resolve_run
@@ -92,13 +103,6 @@ def submit(config_path, gpus, data, seed, seeds, network, env, name, resume_from
 
         distributed = plan_distributed(nproc_per_node, gpus=gpus, nnodes=nodes)
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "submit", script, *args]
-    if seeds and seed is not None:
-        raise UsageError("--seed and --seeds together: pick one")
-    seed_list = None
-    if seeds:
-        from hermetic.run.group import parse_seeds
-
-        seed_list = parse_seeds(seeds, cfg.model.determinism.seed)
     template = RunRequest(script=script, args=list(args), argv=argv, gpus=gpus, data_paths=parse_data(data),
                           seed=seed, seed_policy="cli" if seed is not None else "config", network=network,
                           env=list(env), name=name, resume_from=resume_dir, distributed=distributed)

@@ -11,6 +11,7 @@ absolute paths, duplicates, names equal under Unicode normalization, hashes
 that are not 64 hex digits) and tolerant of what ``sha256sum -c`` itself reads
 (one blank then an optional `` `` or ``*`` mode marker, a leading ``./``,
 CRLF line ends, GNU ``\\``-escaped lines). Every refusal names ``file:line``.
+A line longer than ``MANIFEST_LINE_MAX`` bytes is refused before it is parsed.
 
 Pure: bytes in, values out. Nothing here touches the filesystem except
 ``read_manifest``, which only reads the one file.
@@ -29,6 +30,10 @@ from typing import Iterable, Mapping
 from hermetic.errors import DataError
 
 HEX_LEN = 64
+# A line is a hash, a separator and a path; paths are at most PATH_MAX (4096) bytes, percent-encoding
+# triples at worst: 64 KiB is ample for a real line, and bounds what one line costs the parser.
+MANIFEST_LINE_MAX = 64 << 10
+_LONG_CHARS = MANIFEST_LINE_MAX // 4  # a line of fewer characters cannot hold more bytes than the bound
 _DIGEST_LEN = HEX_LEN // 2
 _HEX_PREFIX = re.compile(r"[0-9a-fA-F]*")
 # RFC 8493: only CR, LF and % are encoded; anything else after a % is malformed.
@@ -176,6 +181,8 @@ def _columns_in_pieces(data: bytes, piece: int = 1 << 20) -> tuple[list[str], li
         except UnicodeDecodeError:
             return None
         start = end
+        if max(map(len, lines)) > _LONG_CHARS:
+            return None  # maybe a line too long: the careful parser says which
         fast = _columns_fast(lines)
         if fast is None:
             return None
@@ -198,7 +205,18 @@ def _lines(data: bytes | str, source: str) -> tuple[str, list[str]]:
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()  # the final line's terminator
+    if lines and max(map(len, lines)) > _LONG_CHARS:
+        _refuse_long_lines(lines, source)
     return digest, lines
+
+
+def _refuse_long_lines(lines: list[str], source: str) -> None:
+    for i, line in enumerate(lines):
+        if len(line) > _LONG_CHARS:
+            size = len(line.encode("utf-8", "surrogateescape"))
+            if size > MANIFEST_LINE_MAX:
+                raise ManifestError(f"{source}:{i + 1}: a line of {size} bytes; a manifest line holds at most "
+                                    f"{MANIFEST_LINE_MAX} (a hash and a path of at most 4096 bytes): not parsed")
 
 
 def _parse_fast(lines: list[str]) -> dict[str, str] | None:

@@ -8,6 +8,11 @@ from pathlib import Path
 from hermetic.errors import LockError, NotFound, ReadError
 from hermetic.lock.model import Lock, Target
 
+# A lock larger than this is refused unread. The largest real ones are a few hundred kB (a torch CUDA
+# requirements lock: 27 kB; a workspace's uv.lock: 60 kB in tests/fixtures/locks); 16 MiB leaves room for
+# monorepos a hundred times that, not for a file that would take minutes to parse.
+LOCK_MAX_BYTES = 16 << 20
+
 
 def lock_format(path: Path) -> str:
     name = path.name
@@ -21,11 +26,18 @@ def lock_format(path: Path) -> str:
 def read_lock(path: str | Path, target: Target) -> Lock:
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read(LOCK_MAX_BYTES + 1)  # never more than the bound, whatever the file is
     except FileNotFoundError:
         raise NotFound(f"{path}: lock file not found; create it with: hermetic lock") from None
     except OSError as e:
         raise ReadError(f"{path}: cannot read lock: {e}") from None
+    if len(raw) > LOCK_MAX_BYTES:
+        try:
+            size = f"{path.stat().st_size} bytes"
+        except OSError:
+            size = f"over {LOCK_MAX_BYTES} bytes"
+        raise LockError(f"{path}: {size}; a lock file may hold at most {LOCK_MAX_BYTES} bytes (16 MiB): not read")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -168,18 +168,26 @@ def write_group(runs_root: str | os.PathLike[str], group_id: str, member_run_ids
     ``invocation.group`` is ``group_id``. May be called again (e.g. after
     each member finishes); the file is replaced atomically each time.
     """
+    root = Path(runs_root)
+    members = [load_record(root / rid) for rid in member_run_ids]
+    return write_group_records(root, group_id, members, now=now, name=name, extra=extra, planned=planned)
+
+
+def write_group_records(runs_root: str | os.PathLike[str], group_id: str, members: list[dict[str, Any]], *,
+                        now: datetime | None = None, name: str | None = None, extra: dict[str, Any] | None = None,
+                        planned: list[int] | None = None) -> Path:
+    """``write_group`` from the members' records as ``load_record`` returned them: a sweep that keeps
+    them loads each member once, not once per rewrite of its group.json."""
     from hermetic.record.schema import RecordError
 
     root = Path(runs_root)
     if not is_run_id(group_id):
         raise RecordError(f"{group_id!r} is not a group ID (use hermetic.record.new_group_id)")
-    members = []
-    for rid in member_run_ids:
-        rec = load_record(root / rid)
+    for rec in members:
         if rec["invocation"]["group"] != group_id:
+            rid = rec["record"]["run_id"]
             raise RecordError(f"{root / rid / RUN_JSON}: invocation.group: is {rec['invocation']['group']!r}, "
                               f"not {group_id!r}")
-        members.append(rec)
     group = build_group(group_id, members, now=now, name=name, extra=extra, planned=planned)
     gdir = root / group_id
     gdir.mkdir(parents=True, exist_ok=True)

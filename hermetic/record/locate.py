@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hermetic.paths import CONFIG_FILENAME, find_upward, norm_relpath
+from hermetic.paths import CONFIG_FILENAME, CONFIG_MAX_BYTES, find_upward, norm_relpath
 from hermetic.record.rundir import resolve_run
 
 
@@ -27,9 +27,13 @@ def config_runs_dir(config_path: str | None) -> Path:
             p = p / CONFIG_FILENAME
     else:
         p = find_upward(Path.cwd(), CONFIG_FILENAME) or Path.cwd() / CONFIG_FILENAME
+    rel = None
     try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-        rel = data.get("runs_dir", "runs") if isinstance(data, dict) else None
+        with open(p, "rb") as f:
+            raw = f.read(CONFIG_MAX_BYTES + 1)
+        if len(raw) <= CONFIG_MAX_BYTES:  # a larger one is load_config's to refuse, unparsed
+            data = yaml.load(raw.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            rel = data.get("runs_dir", "runs") if isinstance(data, dict) else None
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         rel = None
     if not isinstance(rel, str) or not rel:

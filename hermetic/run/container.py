@@ -47,21 +47,17 @@ class ContainerSpec:
 
 
 def device_requests(gpus: str | None) -> list[Any]:
-    """docker-like --gpus: all | N | device=0,1 | "device=GPU-uuid"."""
-    if not gpus:
+    """docker-like --gpus: all | N | device=0,1 | "device=GPU-uuid" (the grammar: hermetic.gpus)."""
+    from hermetic.gpus import parse_gpus
+
+    request = parse_gpus(gpus)
+    if request is None:
         return []
     from docker.types import DeviceRequest
 
-    g = gpus.strip().strip('"')
-    if g == "all":
-        return [DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    if g.isdigit():
-        return [DeviceRequest(count=int(g), capabilities=[["gpu"]])]
-    if g.startswith("device="):
-        ids = [x for x in g[len("device="):].split(",") if x]
-        if ids:
-            return [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
-    raise UsageError(f"--gpus {gpus!r}: expected all, a count, or device=ID[,ID...]")
+    if request.device_ids:
+        return [DeviceRequest(device_ids=list(request.device_ids), capabilities=[["gpu"]])]
+    return [DeviceRequest(count=-1 if request.all else request.count, capabilities=[["gpu"]])]
 
 
 def check_gpu_runtime(client) -> None:

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 from hermetic.containerpaths import RUNTIME_MOUNT
 from hermetic.errors import UsageError
+from hermetic.gpus import gpu_count
 from hermetic.runtime.distributed import BACKEND_ENV, RANK_OUTPUTS_ENV, RANK_SEED_RULE, rank_seed
 
 # torchrun's per-rank logs and the other ranks' outputs: inside the runtime directory,
@@ -68,18 +69,6 @@ class DistributedPlan:
     def from_json(cls, doc: Mapping[str, Any]) -> "DistributedPlan":
         return cls(int(doc["nproc_per_node"]), str(doc["backend"]), int(doc["nnodes"]), int(doc["node_rank"]),
                    str(doc["master_addr"]), int(doc["master_port"]), doc.get("rdzv_id"))
-
-
-def gpu_count(gpus: str | None) -> int | None:
-    """How many GPUs ``--gpus`` gives, when it says (None for ``all``, 0 for none)."""
-    if not gpus:
-        return 0
-    g = gpus.strip().strip('"')
-    if g.isdigit():
-        return int(g)
-    if g.startswith("device="):
-        return len([x for x in g[len("device="):].split(",") if x])
-    return None
 
 
 def plan_distributed(nproc_per_node: int, *, gpus: str | None, nnodes: int = 1, node_rank: int = 0,

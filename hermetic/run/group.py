@@ -1,61 +1,43 @@
 """``hermetic run --seeds``: the same run once per seed, summarized into a group record.
 
 Members run one after another with the seed as their only difference; the
-group's group.json (hermetic.record.group) is rewritten after each member,
-so an interrupted sweep still leaves a summary of the members that ran.
+group's group.json (hermetic.record.group) is rewritten after each member
+(as long as that costs little next to the members' runs: GROUP_WRITE_SHARE)
+and always at the end, so an interrupted sweep still leaves a summary of the
+members that ran. Each member's record is loaded once, so a group of n
+members costs O(n) record loads, not O(n^2).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from hermetic.config import LoadedConfig
-from hermetic.errors import UsageError
 from hermetic.paths import CachePaths
-from hermetic.record import new_group_id, write_group
-from hermetic.record.group import group_outcome
+from hermetic.record import load_record, new_group_id
+from hermetic.record.group import group_outcome, write_group_records
 from hermetic.run.plan import RunRequest
 from hermetic.record import liveness
 from hermetic.run.detach import announce
 from hermetic.run.runner import Log, RunResult, execute
 
 
-SEED_MAX = 2**32 - 1
+# How much of a sweep's time its group.json may take: rewritten after every member while that costs at
+# most this share of the time the members took (always, for members that run a container), less often
+# when the summary of a large group costs more than that (issue 24: no O(n^2) sweep).
+GROUP_WRITE_SHARE = 0.05
 
 
-def parse_seeds(text: str, first: int) -> list[int]:
-    """The seeds of ``--seeds``: ``N`` (one integer) is N seeds from ``first`` (hermetic.yaml's seed) on;
-    ``0,1,2``, ``0-4`` (inclusive) and mixes like ``0-2,10`` are the seeds themselves."""
-    def bad(why: str) -> UsageError:
-        return UsageError(f"--seeds {text!r}: {why} (a count such as 5, or seeds such as 0,1,2 or 0-4)")
-
-    text = text.strip()
-    if text.isdigit():
-        count = int(text)
-        if count < 2:
-            raise bad("a group needs at least two seeds")
-        values = list(range(first, first + count))
-    else:
-        values = []
-        for part in (p.strip() for p in text.split(",")):
-            lo, dash, hi = part.partition("-")
-            if not lo.isdigit() or (dash and not hi.isdigit()):
-                raise bad(f"{part!r} is not a seed or a range A-B")
-            a, b = int(lo), int(hi) if dash else int(lo)
-            if b < a:
-                raise bad(f"range {part} runs backwards")
-            values += range(a, b + 1)
-        if len(values) < 2:
-            raise bad("a group needs at least two seeds")
-        if len(set(values)) != len(values):
-            raise bad("a seed is given twice")
-    if max(values) > SEED_MAX:
-        raise bad(f"seeds go up to {SEED_MAX}")
-    return values
+def group_write_due(spent_writing_s: float, elapsed_s: float) -> bool:
+    """Whether to rewrite group.json after a member: when the writes so far took at most
+    GROUP_WRITE_SHARE of the sweep's time (the first write is always due)."""
+    return spent_writing_s <= GROUP_WRITE_SHARE * elapsed_s
 
 
 @dataclass
@@ -87,19 +69,40 @@ def run_seed_group(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, s
 def _run_members(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: list[int], gid: str, *,
                  log: Log | None, progress: bool, on_member: Callable[[RunResult], None] | None) -> GroupResult:
     members: list[RunResult] = []
+    records: list[dict[str, Any]] = []  # each member's record, loaded once (not once per rewrite)
     first_failure = 0
     group_json = cfg.runs_path / gid / "group.json"
-    for seed in seeds:
-        req = dataclasses.replace(template, seed=seed, seed_policy="group", group=gid)
-        result = execute(cfg, paths, req, log=log, progress=progress)
-        members.append(result)
-        if result.exit_code != 0 and not first_failure:
-            first_failure = result.exit_code
-        if on_member is not None:
-            on_member(result)
-        group_json = write_group(cfg.runs_path, gid, [m.run_id for m in members], name=template.name,
-                                 planned=seeds) / "group.json"
-        if result.status == "interrupted":
-            break
+    started = time.monotonic()
+    spent_writing = 0.0
+    written = 0  # members in group.json as last written
+
+    def write() -> None:
+        nonlocal spent_writing, written
+        t0 = time.monotonic()
+        write_group_records(cfg.runs_path, gid, records, name=template.name, planned=seeds)
+        spent_writing += time.monotonic() - t0
+        written = len(records)
+
+    try:
+        for seed in seeds:
+            req = dataclasses.replace(template, seed=seed, seed_policy="group", group=gid)
+            result = execute(cfg, paths, req, log=log, progress=progress)
+            members.append(result)
+            records.append(load_record(result.run_dir))
+            if result.exit_code != 0 and not first_failure:
+                first_failure = result.exit_code
+            if on_member is not None:
+                on_member(result)
+            if result.status == "interrupted":
+                break
+            if group_write_due(spent_writing, time.monotonic() - started):
+                write()
+    except BaseException:  # a member's error (or Ctrl-C between members): still summarize those that ran
+        if len(records) > written:
+            with contextlib.suppress(Exception):
+                write()
+        raise
+    if len(records) > written:  # the end: the whole group, however often it was written on the way
+        write()
     group = json.loads(group_json.read_text()) if group_json.is_file() else {}
     return GroupResult(gid, group_json, group, members, first_failure)

@@ -343,7 +343,7 @@ def _write_scripts(sub: Submission, opts: SlurmOptions, pull_from: str, script: 
 
 
 def _gpus_per_node(gpus: str | None) -> str | None:
-    from hermetic.run.distributed import gpu_count
+    from hermetic.gpus import gpu_count
 
     if not gpus:
         return None
