@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Protocol
 
-from hermetic.errors import EngineError, UsageError
+from hermetic.errors import EngineError
 
 RUN_LABEL = "org.hermetic.run-id"
 NO_GPU_RUNTIME = "this Docker Engine has no NVIDIA runtime: install nvidia-container-toolkit"
