@@ -19,6 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
+import docker.errors
 import pytest
 import yaml
 
@@ -231,9 +232,12 @@ def test_interrupt_stops_the_container_and_records_it(project, docker_client, si
         deadline = time.monotonic() + 120
         running = []
         while time.monotonic() < deadline and p.poll() is None:
-            running = [c for c in labelled_containers(docker_client, name) if c.status == "running"]
-            if running and b"started" in running[0].logs():
-                break
+            try:
+                running = [c for c in labelled_containers(docker_client, name) if c.status == "running"]
+                if running and b"started" in running[0].logs():
+                    break
+            except docker.errors.NotFound:  # listed, then gone before we looked (a probe): look again
+                running = []
             time.sleep(0.1)
         assert running, f"the run's container never started (hermetic exit {p.poll()})"
         p.send_signal(sig)
