@@ -9,6 +9,7 @@ that never ran out of space.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -159,6 +160,37 @@ def test_a_data_manifest_on_a_full_disk_names_its_output(tmp_path, small_disk, c
     again = run_cli("data", "manifest", str(data), "-o", str(out))
     assert again.returncode == 0, again.stderr
     assert len(out.read_text().splitlines()) == 2000
+
+
+def fill(disk: Disk) -> Path:
+    """A file that takes every byte the disk has left."""
+    filler = disk.path / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * PAGE)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    return filler
+
+
+def test_a_lock_on_a_full_disk_names_its_output(tmp_path, small_disk, isolated_pip, cache_dir):
+    """The resolver writes the lock's temp file beside it: a full disk there is exit 73, not a bad lock (65)."""
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "alpha", "1.0")
+    disk = small_disk(64 << 10)
+    proj = tmp_path / "p"
+    proj.mkdir()
+    (proj / "hermetic.yaml").write_text(f"name: demo\nbase: {NO_BASE}\nlock: {disk.path / 'requirements.lock'}\n")
+    (proj / "requirements.in").write_text(f"--find-links {wheels}\nalpha==1.0\n")
+    filler = fill(disk)
+    proc = run_cli("lock", "--no-index-check", cwd=proj)
+    assert_disk_full(proc, disk.path, "while writing requirements.lock")
+    assert list(disk.path.iterdir()) == [filler]  # the resolver's temp file and ours are gone
+    filler.unlink()
+    again = run_cli("lock", "--no-index-check", cwd=proj)
+    assert again.returncode == 0, again.stderr
+    assert "alpha==1.0" in (disk.path / "requirements.lock").read_text()
 
 
 # --- build ----------------------------------------------------------------------------------------

@@ -296,7 +296,7 @@ def _gc(paths: CachePaths, store: OciStore, *, keep_builds: int, dry_run: bool) 
     live: set[str] = set()
     for n in kept:
         live |= store.live_blobs_from(refs[n].digest)
-    for digest in claimed_images(store):  # images running processes use (a run's), named by a ref or not
+    for digest in claimed_images(store, sweep=not dry_run):  # images running processes use (a run's), named by a ref or not
         live |= store.live_blobs_from(digest)
     # Attestations (OCI 1.1 referrers) live exactly as long as the image they are about (not reported as refs).
     attached, orphaned = referrers_to_keep(store, refs, live)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from hermetic.canonical import is_sha256_hex, parse_digest
-from hermetic.fsutil import OwnedTemp, exclusive_file_lock, is_locked, lock_holders, shared_file_lock
+from hermetic.fsutil import OwnedTemp, exclusive_file_lock, is_locked, lock_holders, shared_file_lock, sweep_dead
 
 if TYPE_CHECKING:
     from hermetic.store.oci import OciStore
@@ -105,11 +105,12 @@ def release_claims() -> None:
 atexit.register(release_claims)
 
 
-def claimed_images(store: "OciStore") -> set[str]:
+def claimed_images(store: "OciStore", *, sweep: bool = True) -> set[str]:
     """The manifest digests that live processes claim (call with ``collecting`` held); dead
-    claims are removed."""
+    claims are removed (unless ``sweep=False``: a dry run)."""
     claims_dir = store.root / CLAIMS_DIR
-    _sweep_dead_claims(claims_dir)
+    if sweep:
+        _sweep_dead_claims(claims_dir)
     out: set[str] = set()
     try:
         names = os.listdir(claims_dir)
@@ -123,6 +124,4 @@ def claimed_images(store: "OciStore") -> set[str]:
 
 
 def _sweep_dead_claims(claims_dir: Path) -> None:
-    from hermetic.fsutil import sweep_dead
-
-    sweep_dead(claims_dir)
+    sweep_dead(claims_dir)  # a claim's flock is gone with its holder
