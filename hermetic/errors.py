@@ -16,6 +16,8 @@ the two in step with this module.
 
 from __future__ import annotations
 
+import errno as _errno
+
 # Verdicts, not errors: `hermetic diff`, `replay` and `verify` compared something and say what they found.
 EXIT_OK = 0
 EXIT_DIFFERENT = 1       # the runs (or groups, or rebuilt image) differ, like diff(1) and cmp(1)
@@ -28,8 +30,9 @@ EXIT_UNAVAILABLE = 69    # EX_UNAVAILABLE: a service or tool is missing or unrea
                          # registry, MLflow, mmdebstrap, an optional extra), or the GPU cannot run the image
 EXIT_SOFTWARE = 70       # EX_SOFTWARE: a bug in hermetic, or an incomplete installation (traceback printed)
 EXIT_OSERR = 71          # EX_OSERR: a worker process died (out of memory?)
-EXIT_CANTCREAT = 73      # EX_CANTCREAT: an output cannot be created or kept: a file exists (--force), or hermetic
-                         # failed a run the script finished (limit broken, outputs not kept as written)
+EXIT_CANTCREAT = 73      # EX_CANTCREAT: an output cannot be created or kept: a file exists (--force), the disk
+                         # (or the quota) is full, or hermetic failed a run the script finished (limit broken,
+                         # outputs not kept as written)
 EXIT_IOERR = 74          # EX_IOERR: a file could not be read
 EXIT_TEMPFAIL = 75       # EX_TEMPFAIL: waited and gave up (runs wait --timeout); try again later
 EXIT_PROTOCOL = 76       # EX_PROTOCOL: the registry answered outside the protocol
@@ -114,6 +117,71 @@ class CannotCreate(HermeticError):
     """An output cannot be created or kept (it exists, or the run broke a limit)."""
 
     exit_code = EXIT_CANTCREAT
+
+
+class DiskFull(CannotCreate, OSError):
+    """The filesystem, or the user's quota on it, is full (ENOSPC, EDQUOT): an output could not be written.
+
+    Also an OSError with the original errno, so that code which already treats
+    a failed write as "not kept" (``except OSError``: a cache note, a stat
+    cache) goes on doing so; everywhere else it reaches the CLI as one line
+    naming the path. Raised by ``disk_full`` (and fsutil.naming_full_disk)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, errno: int = _errno.ENOSPC,
+                 filename: str | None = None, details: list[str] | None = None):
+        super().__init__(message, hint=hint, details=details)
+        self.errno = errno
+        self.filename = filename
+
+    def __reduce__(self):  # across a process pool: OSError's own pickling would drop errno and filename
+        return (_rebuild_disk_full, (self.message, self.hint, self.errno, self.filename, self.details))
+
+
+def _rebuild_disk_full(message: str, hint: str | None, errno: int, filename: str | None,
+                       details: list[str]) -> DiskFull:
+    return DiskFull(message, hint=hint, errno=errno, filename=filename, details=details)
+
+
+DISK_FULL_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT})
+DISK_FULL_HINT = ("free space on that filesystem (`hermetic cache gc` removes what no kept image needs), "
+                  "then run the command again: nothing half-written was kept")
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` is a write that failed because the disk or the quota is full."""
+    return isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def disk_full(e: OSError, path: object = None, *, what: str | None = None, written: int | None = None,
+              needed: int | None = None, at_least: bool = False, hint: str | None = None) -> DiskFull:
+    """The one-line error for a write that failed with ENOSPC or EDQUOT (``is_disk_full(e)``).
+
+    It names ``path`` (the file or the store being written; the OSError's own
+    filename when it has one and no path is given), what was being written,
+    and how much was written and needed when known (``at_least``: ``needed``
+    is a lower bound). A DiskFull comes back as it is. The caller removes
+    what it half wrote before raising it.
+    """
+    if isinstance(e, DiskFull):
+        return e
+    where = str(path) if path is not None else (str(e.filename) if e.filename is not None else None)
+    reason = "disk quota exceeded" if e.errno == _errno.EDQUOT else "no space left on device"
+    message = f"{where}: {reason}" if where else reason
+    if what:
+        message += f" while writing {what}"
+    sizes = [f"{_size(written)} written" if written else "",
+             f"{'at least ' if at_least else ''}{_size(needed)} needed" if needed else ""]
+    if any(sizes):
+        message += " (" + ", ".join(s for s in sizes if s) + ")"
+    return DiskFull(message, hint=hint or DISK_FULL_HINT, errno=e.errno or _errno.ENOSPC,
+                    filename=where)
 
 
 class ReadError(HermeticError):

@@ -335,8 +335,10 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *, fsync: bool
                 os.fsync(f.fileno())
         os.replace(tmp.path, path)
         tmp.close()
-    except BaseException:
+    except BaseException as e:
         tmp.discard()
+        if isinstance(e, OSError) and is_disk_full(e):
+            raise disk_full(e, path) from None  # the file it was writing, not a nameless write()
         raise
 
 
@@ -361,3 +363,85 @@ def write_if_changed(path: str | os.PathLike[str], data: bytes) -> bool:
         pass
     atomic_write_bytes(path, data)
     return True
+
+
+# ================================================================ full disks, and the shared lock
+# (issue 24: a full disk ends in one line naming the path; `cache gc` waits for the store's writers)
+
+from hermetic.errors import DiskFull, disk_full, is_disk_full  # noqa: E402 (re-exported: one place to import from)
+
+
+@contextlib.contextmanager
+def naming_full_disk(path: str | os.PathLike[str], what: str | None = None, *,
+                     needed: int | None = None) -> Iterator[None]:
+    """Turn ENOSPC or EDQUOT raised in the block into ``errors.DiskFull`` naming ``path``.
+
+    For the writers (and, wrapped around a whole command, as the last resort):
+    an OSError that names its own file keeps that name (it is the more precise
+    one), a DiskFull raised deeper passes unchanged, any other error is left
+    alone. The block's own cleanup (temp files, ``finally``) has run by then.
+    """
+    try:
+        yield
+    except DiskFull:
+        raise
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        raise disk_full(e, e.filename if e.filename is not None else path, what=what, needed=needed) from None
+
+
+def _flock_fd(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _open_held(path, os.O_RDWR | os.O_CREAT)
+
+
+@contextlib.contextmanager
+def shared_file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """A shared flock on ``path`` for the block: any number of holders together, none while
+    ``exclusive_file_lock`` is held. Not shared with a fork, gone when the holder dies (file_lock)."""
+    fd = _flock_fd(Path(path))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        _close_held(fd)
+
+
+@contextlib.contextmanager
+def exclusive_file_lock(path: str | os.PathLike[str],
+                        on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """``file_lock``, calling ``on_wait()`` once first when the lock is held by someone else (to say
+    what it waits for) before it blocks."""
+    fd = _flock_fd(Path(path))
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        _close_held(fd)
+
+
+def lock_holders(path: str | os.PathLike[str]) -> list[int]:
+    """The pids that hold (or wait for) an flock on ``path``, from /proc/locks; [] where it cannot be read."""
+    try:
+        st = os.stat(path)
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return []
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    for line in text.splitlines():
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  READ  1234 08:01:5678 0 EOF" (a waiter's line starts "1: -> FLOCK ...")
+        if "->" in fields:
+            fields.remove("->")
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
+            pid = int(fields[4])
+            if pid != os.getpid() and pid not in pids:
+                pids.append(pid)
+    return sorted(pids)

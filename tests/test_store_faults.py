@@ -4,6 +4,7 @@ found before anything is fetched."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -212,3 +213,154 @@ def test_a_missing_base_is_found_before_any_wheel_is_fetched(tmp_path, cache_dir
     assert proc.returncode == code and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
     assert base.split("@")[0] in proc.stderr, proc.stderr
     assert tree_digest(cache_dir / "wheels") == {}
+
+
+# --- 9. gc never removes what a running build or run needs; verify finds an incomplete image (issue 24) --
+
+
+def test_gc_during_a_build_waits_for_it_and_removes_nothing_it_needs(tmp_path, cache_dir, session_cache, base_ref,
+                                                                      isolated_pip, monkeypatch):
+    """The build is frozen (SIGSTOP, with its layer workers) once its first layer is in the store and
+    before any ref names it: gc says it waits, and does, until the build has finished; then both
+    succeed and the image is complete. Before, gc removed the new layer blobs at once and the build
+    died on a missing blob (exit 70), or left an image that `cache verify` called fine."""
+    import signal
+
+    from hermetic.store.oci import OciStore
+
+    share_base(session_cache, cache_dir)
+    src = tmp_path / "w"
+    files = {"alpha": make_wheel(src, "alpha", "1.0"), "beta": make_wheel(src, "beta", "2.0"),
+             "noise": make_wheel(src, "noise", "1.0", files={"noise/noise.bin": os.urandom(32 << 20)})}
+    monkeypatch.setenv("PIP_INDEX_URL", make_index(src / "index", list(files.values())))
+    # gzip: after the layers, seconds of compressing them, from the blobs just written
+    proj = make_project(tmp_path / "p", base_ref, files, extra="build:\n  compression: gzip\n")
+    assert run_cli("fetch", "-C", str(proj)).returncode == 0  # the build goes straight to its layers
+    store = OciStore(cache_dir / "oci")
+    build = start_hermetic("build", "-C", str(proj), "--no-load", "--json")
+    gc = None
+    try:
+        wait_for(build, lambda: any((cache_dir / "layers").glob("*.json")), "the build's first layer in the store")
+        os.killpg(build.pid, signal.SIGSTOP)
+        assert not [n for n in store.refs() if n.startswith("demo:")], "stopped too late: the build had finished"
+        gc = start_hermetic("cache", "gc", "--keep-builds", "0", "--json")
+        waiting = gc.stderr.readline()
+        assert "waiting for the build(s) writing to the store" in waiting and str(build.pid) in waiting, waiting
+        assert gc.poll() is None  # blocked on the lock while the build is stopped
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(build.pid, signal.SIGCONT)
+    out, err = build.communicate(timeout=300)
+    assert build.returncode == 0, err
+    gc_out, gc_err = gc.communicate(timeout=300)
+    assert gc.returncode == 0, gc_err
+    collected = json.loads(gc_out)  # it ran after the build: it saw the build's refs
+    assert "demo:latest" in collected["kept_refs"] and collected["dropped_refs"][0].startswith("demo:bk-"), collected
+    built = json.loads(out)
+    assert store.has_image(built["manifest_digest"])
+    verify = run_cli("cache", "verify", "--json")
+    assert verify.returncode == 0 and json.loads(verify.stdout)["ok"], verify.stdout
+    again = build_json(proj, "--no-load")
+    assert (again["noop"], again["manifest_digest"]) == (True, built["manifest_digest"])
+
+
+def _drop_refs(store, prefix: str) -> None:
+    for name in [n for n in store.refs() if n.startswith(prefix)]:
+        store.remove_ref(name)
+
+
+def test_gc_keeps_the_image_a_live_process_checked(tmp_path, cache_dir, session_cache, base_ref, small_wheels):
+    """What `hermetic run` does with the image it is about to run (run/runner.py: check_image) claims
+    it: gc keeps all of it, named by a ref or not, while that process lives, and not after."""
+    from hermetic.store.oci import OciStore
+
+    share_base(session_cache, cache_dir)
+    proj = make_project(tmp_path / "p", base_ref, {"gamma": small_wheels["gamma"]})
+    digest = build_json(proj, "--no-load")["manifest_digest"]
+    store = OciStore(cache_dir / "oci")
+    user = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from hermetic.store.intact import check_image\n"
+        "from hermetic.store.oci import OciStore\n"
+        "check_image(OciStore(sys.argv[1]), sys.argv[2])\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(300)\n"), str(cache_dir / "oci"), digest], stdout=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        assert user.stdout.readline().strip() == "ready"
+        _drop_refs(store, "demo:")  # nothing names the image now
+        proc = run_cli("cache", "gc")
+        assert proc.returncode == 0, proc.stderr
+        assert store.has_image(digest)
+        blobs = store.live_blobs_from(digest)
+        assert len(blobs) >= 3 and all(store.verify_blob(b) for b in blobs)
+    finally:
+        assert not survivors(sigkill(user))  # killed: its claim dies with it
+    assert run_cli("cache", "gc").returncode == 0
+    assert not store.has_blob(digest)
+    assert not list((cache_dir / "oci" / "in-use").iterdir())  # the dead claim swept
+
+
+@pytest.mark.docker
+def test_gc_keeps_the_image_of_a_running_run(tmp_path, cache_dir, session_cache, base_ref, small_wheels):
+    """A real `hermetic run` (detached, its script sleeping in the container): the refs that named
+    its image are gone and gc runs, the image stays whole; once the run is stopped, gc removes it."""
+    from hermetic.store.oci import OciStore
+
+    share_base(session_cache, cache_dir)
+    proj = make_project(tmp_path / "p", base_ref, {"gamma": small_wheels["gamma"]})
+    (proj / "train.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(300)\n")
+    digest = build_json(proj)["manifest_digest"]
+    started = run_cli("run", "--detach", "train.py", cwd=proj)
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+    try:
+        log = proj / "runs" / run_id / "logs" / "stdout.log"
+        deadline = time.monotonic() + 300
+        while not (log.is_file() and "started" in log.read_text()):
+            assert time.monotonic() < deadline, "the run's script never started"
+            time.sleep(0.1)
+        store = OciStore(cache_dir / "oci")
+        _drop_refs(store, "demo:")
+        proc = run_cli("cache", "gc")
+        assert proc.returncode == 0, proc.stderr
+        assert store.has_image(digest)
+        assert run_cli("cache", "verify").returncode == 0
+    finally:
+        stopped = run_cli("stop", run_id, cwd=proj)
+    assert stopped.returncode == 0, stopped.stderr
+    from hermetic.store.inuse import claimed_images
+
+    deadline = time.monotonic() + 120
+    while claimed_images(store):  # until the run's process has exited (its claim goes with it)
+        assert time.monotonic() < deadline, "the stopped run's process lives on"
+        time.sleep(0.1)
+    assert run_cli("cache", "gc").returncode == 0
+    assert not store.has_blob(digest)
+
+
+@pytest.mark.parametrize("role", ["config", "layer"])
+def test_cache_verify_names_a_missing_blob_with_its_image(tmp_path, cache_dir, session_cache, base_ref,
+                                                          small_wheels, role):
+    share_base(session_cache, cache_dir)
+    proj = make_project(tmp_path / "p", base_ref, {"alpha": small_wheels["alpha"], "gamma": small_wheels["gamma"]})
+    first = build_json(proj, "--no-load")
+    blob = (our_layer(cache_dir, first, "gamma") if role == "layer"
+            else cache_dir / "oci" / "blobs" / "sha256" / first["image_id"].split(":")[1])
+    blob.unlink()
+    proc = run_cli("cache", "verify")
+    assert proc.returncode == 65, (proc.stdout, proc.stderr)
+    missing = [ln for ln in proc.stdout.splitlines() if ln.startswith("incomplete: ")]
+    assert missing and all(f"blob sha256:{blob.name} is missing from the store" in ln for ln in missing), proc.stdout
+    assert any(ln.startswith("incomplete: image demo:latest (" + first["manifest_digest"] + "): " + role)
+               for ln in missing), proc.stdout
+    assert "`hermetic cache verify --repair` drops their refs" in proc.stdout
+    as_json = json.loads(run_cli("cache", "verify", "--json").stdout)
+    assert {(m["ref"], m["digest"]) for m in as_json["missing"]} >= {("demo:latest", f"sha256:{blob.name}")}
+    repair = run_cli("cache", "verify", "--repair")
+    assert repair.returncode == 65 and "removed: ref demo:latest (incomplete: build it again" in repair.stdout, \
+        repair.stdout
+    assert run_cli("cache", "verify").returncode == 0  # what is left is complete
+    again = build_json(proj, "--no-load")
+    assert (again["noop"], again["manifest_digest"]) == (False, first["manifest_digest"])
+    assert run_cli("cache", "verify").returncode == 0

@@ -10,7 +10,9 @@ result enters the OCI store as a one-layer image with a digest.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import shutil
 import subprocess
 import tarfile
@@ -26,8 +28,9 @@ from hermetic.builder.image import rfc3339
 from hermetic.builder.tarlayer import Entry, complete_parents, write_layer
 from hermetic.canonical import canonical_json
 from hermetic.config import format_key_path
-from hermetic.errors import ConfigError, DataError, NotFound, Unavailable
-from hermetic.fsutil import owned_temp_dir
+from hermetic.errors import ConfigError, DataError, NotFound, Unavailable, disk_full
+from hermetic.fsutil import atomic_write_bytes, naming_full_disk, owned_temp_dir
+from hermetic.store.inuse import writing
 from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 
 BOOTSTRAP_FORMAT = 1
@@ -128,6 +131,12 @@ def rootfs_entries(tf: tarfile.TarFile) -> list[Entry]:
 
 def bootstrap(recipe_path: Path, store: OciStore, *, source_date_epoch: int = 0,
               log=None) -> BootstrapResult:
+    # gc waits for it (its blobs are named by no ref until the end); a full disk ends in one line.
+    with naming_full_disk(store.root, f"the base of {recipe_path}"), writing(store):
+        return _bootstrap(recipe_path, store, source_date_epoch=source_date_epoch, log=log)
+
+
+def _bootstrap(recipe_path: Path, store: OciStore, *, source_date_epoch: int, log) -> BootstrapResult:
     recipe = load_recipe(recipe_path)
     if recipe.tool != "mmdebstrap":
         raise ConfigError(f"{recipe_path}: tool {recipe.tool!r} is not supported (mmdebstrap)")
@@ -148,6 +157,11 @@ def bootstrap(recipe_path: Path, store: OciStore, *, source_date_epoch: int = 0,
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = [ln for ln in proc.stderr.splitlines() if ln.startswith("E:")] or proc.stderr.splitlines()[-3:]
+            full = [e for e, text in ((errno.ENOSPC, "No space left on device"), (errno.EDQUOT, "Disk quota exceeded"))
+                    if text in proc.stderr]
+            if full:  # its own words name the file; the same one line and exit code as ours
+                raise disk_full(OSError(full[0], os.strerror(full[0])),
+                                what=f"the root filesystem of {recipe.name} (mmdebstrap: {' | '.join(tail)})")
             raise Unavailable(f"mmdebstrap failed for {recipe_path}: {' | '.join(tail)}")
         with tarfile.open(rootfs_tar) as tf:
             status_member = tf.getmember("./var/lib/dpkg/status")
@@ -177,7 +191,7 @@ def bootstrap(recipe_path: Path, store: OciStore, *, source_date_epoch: int = 0,
     manifest_digest, manifest_size, _ = store.put_json(manifest)
     store.set_ref(f"{recipe.name}:{recipe.tag}", Descriptor(MT_MANIFEST, manifest_digest, manifest_size))
     (store.root / "bootstrap").mkdir(exist_ok=True)
-    (store.root / "bootstrap" / f"{manifest_digest.split(':')[1]}.packages.json").write_bytes(canonical_json(packages))
+    atomic_write_bytes(store.root / "bootstrap" / f"{manifest_digest.split(':')[1]}.packages.json", canonical_json(packages))
     return BootstrapResult(f"{recipe.name}@{manifest_digest}", manifest_digest, config_digest, layer_digest, size, packages)
 
 

@@ -10,6 +10,11 @@ and a corrupt one is refused by name. Builds of the same key are serialized
 by a file lock that no worker inherits; different keys run concurrently, and
 everything they share (blobs, layer cache entries, index.json) is written
 atomically. A build that writes first removes dead writers' temp files.
+A build holds the store's gc lock shared from start to end (store/inuse.py),
+so ``cache gc`` waits for it, and claims the image it returns, so gc keeps
+that image while the process (a run) uses it. A full disk ends the build in
+one line naming the path (errors.DiskFull, exit 73), with the temp files it
+made removed and the store as it was: complete blobs and valid index.json.
 The base is resolved (found in the store, or pulled) before any wheel is
 fetched, so a missing base costs no download.
 """
@@ -32,11 +37,12 @@ from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.config import LoadedConfig
 from hermetic.determinism import identity_part
 from hermetic.errors import ConfigError
-from hermetic.fsutil import atomic_write_bytes, file_lock
+from hermetic.fsutil import atomic_write_bytes, file_lock, naming_full_disk
 from hermetic.lock.model import Lock, ResolvedWheel, Target
 from hermetic.paths import CachePaths
 from hermetic.reference import parse_base_reference
 from hermetic.store.intact import check_image, seal_image
+from hermetic.store.inuse import claim_image, writing
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
 
 if TYPE_CHECKING:
@@ -117,21 +123,27 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
     t0 = time.monotonic()
     lock = read_config_lock(cfg)
     key = build_key(cfg, lock)
-    store = OciStore(paths.oci).ensure()
     built: list[BuiltLayer] = []
     notes: list[str] = []
     feeds: list[EngineFeed] = []  # the load into the engine that runs while the layers build
-    try:
-        result = _build_locked(cfg, paths, store, lock, key, offline=offline, load=load, log=log, on_layer=on_layer,
-                               cache=cache, pull_base=pull_base, t0=t0, built=built, notes=notes, feeds=feeds)
-        from hermetic.builder.quick import remember_inputs
+    # A full disk anywhere below ends in one line: the writers name their file or store; what
+    # reaches here unnamed is named by the cache it happened in.
+    with naming_full_disk(paths.root, f"the image {cfg.model.name}"):
+        store = OciStore(paths.oci).ensure()
+        with writing(store):  # `cache gc` waits for this build: its blobs are named by no ref until the end
+            try:
+                result = _build_locked(cfg, paths, store, lock, key, offline=offline, load=load, log=log,
+                                       on_layer=on_layer, cache=cache, pull_base=pull_base, t0=t0, built=built,
+                                       notes=notes, feeds=feeds)
+                claim_image(store, result.manifest_digest)  # what the caller (a run) uses after the lock is gone
+                from hermetic.builder.quick import remember_inputs
 
-        remember_inputs(cfg, lock, paths, key, result.manifest_digest)  # for the next no-op's quick check
-        return result
-    finally:
-        for feed in feeds:
-            feed.close()
-            feed.remove_partials()
+                remember_inputs(cfg, lock, paths, key, result.manifest_digest)  # for the next no-op's quick check
+                return result
+            finally:
+                for feed in feeds:
+                    feed.close()
+                    feed.remove_partials()
 
 
 def _build_locked(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, key: str, *, offline: bool,
@@ -243,7 +255,8 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     from hermetic.builder.image import LayerRef, image_config, image_manifest
 
     m = cfg.model
-    facts = scan_base(store, base, paths.root / "bases")
+    with naming_full_disk(paths.root / "bases", "the base's file list"):
+        facts = scan_base(store, base, paths.root / "bases")
     if not facts.exists(m.python.path):
         raise ConfigError(f"base {m.base}: has no interpreter at python.path {m.python.path}")
     notes = run_build_checks(cfg, wheels, facts)
@@ -254,8 +267,9 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
         from hermetic.builder.bytecode import BytecodeSpec
         from hermetic.builder.interpreter import base_interpreter
 
-        interp = base_interpreter(store, base, facts, m.python.path, m.python.version, paths.root / "bases",
-                                  paths.tmpdir())
+        with naming_full_disk(paths.root / "bases", "a copy of the base's interpreter (to compile bytecode with)"):
+            interp = base_interpreter(store, base, facts, m.python.path, m.python.version, paths.root / "bases",
+                                      paths.tmpdir())
         bytecode = BytecodeSpec(interp, m.build.bytecode)
     labels = image_labels(cfg, lock, base.manifest_digest, wheels)
     on_ready = on_planned = None

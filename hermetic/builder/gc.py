@@ -9,12 +9,21 @@ atomic write's ``.NAME.*.tmp``): each temp file is locked by its writer while
 it writes (fsutil.OwnedTemp), so "dead" is known from the lock, not guessed
 from an age, and a live writer's file is never counted or removed.
 
+verify also checks that every kept image is complete: each blob that a
+ref's manifest names (config, layers), and for an index the manifests it
+lists that the store keeps (a referrers index: all it lists), is present;
+a missing one is named with its image, and --repair drops that image's ref
+(the next build makes it again; a pulled image is pulled again).
+
 gc keeps what is named: every store ref except per-build-key refs
 (``NAME:bk-…``), of which the most recent ``keep_builds`` survive, plus
-everything reachable from those manifests, plus the attestations (OCI 1.1
-referrers, hermetic/store/referrers.py) of every image it keeps. Everything
-else — unreferenced blobs, layer-cache and build entries pointing at removed
-blobs, dead writers' temp files — is deleted, and counted as it is.
+everything reachable from those manifests, plus the images that running
+processes claim (a run's image, store/inuse.py), plus the attestations (OCI
+1.1 referrers, hermetic/store/referrers.py) of every image it keeps.
+Everything else — unreferenced blobs, layer-cache and build entries pointing
+at removed blobs, dead writers' temp files — is deleted, and counted as it
+is. gc (and verify --repair) hold the store's gc lock exclusively: they wait
+for running builds, which hold it shared until their refs are set.
 """
 
 from __future__ import annotations
@@ -29,7 +38,8 @@ from hermetic.canonical import is_sha256_hex
 from hermetic.fsutil import Leftovers, is_atomic_temp, sweep_dead
 from hermetic.paths import CachePaths
 from hermetic.store import intact
-from hermetic.store.oci import INDEX_TYPES, OciStore
+from hermetic.store.inuse import claimed_images, collecting
+from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, OciStore
 from hermetic.store.wheels import WheelStore
 
 
@@ -55,6 +65,19 @@ class BadBlob:
     reason: str
 
 
+@dataclass(frozen=True)
+class MissingBlob:
+    """A blob a kept image needs that the store lacks."""
+
+    ref: str  # the store ref that names the image
+    image: str  # the manifest (or index) digest the ref names
+    role: str  # "config", "layer 2", "manifest sha256:…", ...
+    digest: str
+
+    def __str__(self) -> str:
+        return f"image {self.ref} ({self.image}): {self.role} blob {self.digest} is missing from the store"
+
+
 @dataclass
 class VerifyReport:
     """Both stores checked: what ``cache verify`` and ``doctor`` report."""
@@ -63,35 +86,60 @@ class VerifyReport:
     blobs: int = 0
     blob_bytes: int = 0
     bad_blobs: list[BadBlob] = field(default_factory=list)
-    incomplete_refs: list[str] = field(default_factory=list)  # refs whose image lacks a blob
+    missing: list[MissingBlob] = field(default_factory=list)  # blobs kept images need, not in the store
     wheels: int = 0
     wheel_problems: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     leftovers: Leftovers = field(default_factory=Leftovers)  # dead writers' temp files (gc removes them)
 
     @property
+    def incomplete_refs(self) -> list[str]:
+        """Refs whose image lacks a blob."""
+        return sorted({m.ref for m in self.missing})
+
+    @property
     def problems(self) -> list[str]:
-        return [f"blob {b.name}: {b.reason}" for b in self.bad_blobs] + [f"wheel {p}" for p in self.wheel_problems]
+        return ([f"blob {b.name}: {b.reason}" for b in self.bad_blobs] + [str(m) for m in self.missing]
+                + [f"wheel {p}" for p in self.wheel_problems])
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
+REBUILD_HINT = ("build it again (`hermetic build` in its project), pull it again (`hermetic pull REF@DIGEST`), "
+                "or bootstrap the base again (`hermetic base bootstrap`)")
+
+
 def verify(paths: CachePaths, *, repair: bool = False, rehash: bool = True,
-           on_blob: Callable[[int], None] | None = None) -> VerifyReport:
-    """Rehash every OCI blob and stored wheel (``rehash=False``: only list them).
+           on_blob: Callable[[int], None] | None = None,
+           on_wait: Callable[[list[int]], None] | None = None) -> VerifyReport:
+    """Rehash every OCI blob and stored wheel (``rehash=False``: only list them), and check that
+    every kept image is complete.
 
     ``on_blob(size)`` after each blob, for progress. With ``repair`` a corrupt
     entry is deleted, and the cache entries that point at it, so the next
-    build or fetch recreates it.
+    build or fetch recreates it; so is the ref of an incomplete image. A
+    repair holds the gc lock (``on_wait(pids)`` when it waits for builds).
     """
-    rep = VerifyReport(rehashed=rehash)
     store = OciStore(paths.oci)
+    if repair and store.root.is_dir():
+        with collecting(store, on_wait):
+            return _verify(paths, store, repair=True, rehash=rehash, on_blob=on_blob)
+    return _verify(paths, store, repair=False, rehash=rehash, on_blob=on_blob)
+
+
+def _verify(paths: CachePaths, store: OciStore, *, repair: bool, rehash: bool,
+            on_blob: Callable[[int], None] | None) -> VerifyReport:
+    rep = VerifyReport(rehashed=rehash)
     _verify_blobs(store, rep, repair=repair, on_blob=on_blob)
     if store.index_path.exists():
-        rep.incomplete_refs = [ref for ref, desc in sorted(store.refs().items())
-                               if desc.media_type not in INDEX_TYPES and not store.has_image(desc.digest)]
+        for ref, desc in sorted(store.refs().items()):
+            rep.missing += missing_blobs(store, ref, desc.digest)
+        if repair:
+            for ref in rep.incomplete_refs:
+                store.remove_ref(ref)
+                rep.removed.append(f"ref {ref} (incomplete: {REBUILD_HINT})")
     wheels = WheelStore(paths.wheels)
     rep.wheels = sum(1 for _ in wheels.entries())
     if rehash:
@@ -105,6 +153,51 @@ def verify(paths: CachePaths, *, repair: bool = False, rehash: bool = True,
         _drop_dangling_entries(paths, store)
     rep.leftovers = dead_temp_files(paths, remove=False)
     return rep
+
+
+def missing_blobs(store: OciStore, ref: str, digest: str) -> list[MissingBlob]:
+    """What the image ``ref`` names (``digest``: its manifest or index) and the store lacks: the
+    manifest itself, its config and layers; an index's manifests that the store keeps (every one a
+    referrers index lists: the store writes them all), and theirs. A blob that is present but does
+    not parse is a corrupt blob, reported as such by the rehash, not here."""
+    from hermetic.store.referrers import subject_of_tag
+
+    out: list[MissingBlob] = []
+    every_child = subject_of_tag(ref) is not None
+    todo: list[tuple[str, str]] = [("manifest", digest)]
+    seen: set[str] = set()
+    while todo:
+        role, dg = todo.pop(0)
+        if dg in seen:
+            continue
+        seen.add(dg)
+        if not store.has_blob(dg):
+            out.append(MissingBlob(ref, digest, role, dg))
+            continue
+        try:
+            doc = store.read_json(dg)
+        except Exception:  # corrupt: the rehash names it
+            continue
+        if not isinstance(doc, dict):
+            continue
+        prefix = "" if dg == digest else f"{role} "
+        media_type = doc.get("mediaType") or ""
+        if isinstance(doc.get("manifests"), list) or media_type in INDEX_TYPES:
+            for i, m in enumerate(doc.get("manifests") or [], 1):
+                child = (m or {}).get("digest", "") if isinstance(m, dict) else ""
+                if child and (every_child or store.has_blob(child)):
+                    todo.append((f"{prefix}manifest {i} ({child[:19]})", child))
+        elif "layers" in doc or media_type in MANIFEST_TYPES:
+            try:
+                config = doc["config"]["digest"]
+                layers = [layer["digest"] for layer in doc.get("layers") or []]
+            except (KeyError, TypeError):
+                continue
+            for r, d in [("config", config)] + [(f"layer {i}", x) for i, x in enumerate(layers, 1)]:
+                if d not in seen and not store.has_blob(d):
+                    seen.add(d)
+                    out.append(MissingBlob(ref, digest, prefix + r, d))
+    return out
 
 
 def _verify_blobs(store: OciStore, rep: VerifyReport, *, repair: bool,
@@ -150,8 +243,12 @@ def _drop_dangling_entries(paths: CachePaths, store: OciStore) -> int:
                 f.unlink(missing_ok=True)
                 n += 1
                 continue
-            digests = [entry[key]["digest"]] if key else [entry.get("manifest_digest", ""), entry.get("image_id", "")]
-            if not all(store.has_blob(dg) for dg in digests if dg):
+            if key:
+                complete = store.has_blob(entry[key]["digest"])
+            else:  # a build entry: its whole image (a no-op would otherwise trust a partial one)
+                manifest = entry.get("manifest_digest", "")
+                complete = bool(manifest) and store.has_image(manifest)
+            if not complete:
                 f.unlink(missing_ok=True)
                 n += 1
     return n
@@ -168,8 +265,22 @@ class GcReport:
     temp_bytes: int = 0
 
 
-def gc(paths: CachePaths, *, keep_builds: int = 10, dry_run: bool = False) -> GcReport:
+def gc(paths: CachePaths, *, keep_builds: int = 10, dry_run: bool = False,
+       on_wait: Callable[[list[int]], None] | None = None) -> GcReport:
+    """Remove what no kept image needs (module doc), holding the gc lock: it waits for running
+    builds (``on_wait(pids)`` first, when there are any), and no build starts until it is done."""
     store = OciStore(paths.oci)
+    if not store.root.is_dir():
+        return GcReport([], [], 0, 0, 0, *_temp_counts(dead_temp_files(paths, remove=not dry_run)))
+    with collecting(store, on_wait):
+        return _gc(paths, store, keep_builds=keep_builds, dry_run=dry_run)
+
+
+def _temp_counts(temp: Leftovers) -> tuple[int, int]:
+    return temp.count, temp.bytes
+
+
+def _gc(paths: CachePaths, store: OciStore, *, keep_builds: int, dry_run: bool) -> GcReport:
     refs = store.refs() if store.index_path.exists() else {}
     build_refs = [n for n in refs if ":bk-" in n]
     mtime = {}
@@ -185,6 +296,8 @@ def gc(paths: CachePaths, *, keep_builds: int = 10, dry_run: bool = False) -> Gc
     live: set[str] = set()
     for n in kept:
         live |= store.live_blobs_from(refs[n].digest)
+    for digest in claimed_images(store, sweep=not dry_run):  # images running processes use (a run's), named by a ref or not
+        live |= store.live_blobs_from(digest)
     # Attestations (OCI 1.1 referrers) live exactly as long as the image they are about (not reported as refs).
     attached, orphaned = referrers_to_keep(store, refs, live)
     live |= attached

@@ -220,7 +220,7 @@ def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs
         if bytecode is not None:
             entries, compiler = add_bytecode(entries, layout.site_packages, bytecode, sources)
         entries = complete_parents(entries, parents)
-        with store.writer() as w:
+        with store.writer(needed=sum(e.size for e in entries)) as w:  # (for a full disk's message)
             size = write_layer(entries, w, mtime=mtime)
             digest = w.commit()
     finally:
@@ -313,8 +313,13 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
         with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             futures = {pool.submit(_build_layer_at, i, specs[i], layout, parents, mtime, store, bytecode): i
                        for i in todo}
-            for fut in as_completed(futures):
-                finished(futures[fut], fut.result(), time.monotonic() - t0)
+            try:
+                for fut in as_completed(futures):
+                    finished(futures[fut], fut.result(), time.monotonic() - t0)
+            except BaseException:  # (a full disk): the layers not started yet are not started
+                for fut in futures:
+                    fut.cancel()
+                raise
     else:
         for i in todo:
             t1 = time.monotonic()

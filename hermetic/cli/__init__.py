@@ -113,15 +113,28 @@ def main(argv: list[str] | None = None) -> None:
         _exit(errors.EXIT_USAGE if isinstance(e, click.UsageError) or e.exit_code == 2 else e.exit_code, fast)
     except BrokenPipeError:
         _exit(errors.EXIT_BROKEN_PIPE, fast)
+    except OSError as e:
+        if not errors.is_disk_full(e):
+            _internal_error()
+            _exit(errors.EXIT_SOFTWARE, fast)
+        # The last resort for a full disk no writer named: its file, where the OSError knows it.
+        full = errors.disk_full(e)
+        _print_error(full.message if full.filename else f"{full.message} (the write that failed named no file)",
+                     full.hint)
+        _exit(full.exit_code, fast)
     except Exception:
-        # A bug: keep the traceback for the report, but exit with a code that says so (not Python's 1).
-        import traceback
-
-        traceback.print_exc()
-        click.echo(f"hermetic: internal error (a bug in hermetic {__version__}; please report it with the "
-                   "traceback above)", err=True)
+        _internal_error()
         _exit(errors.EXIT_SOFTWARE, fast)
     _exit(rv if isinstance(rv, int) else 0, fast)
+
+
+def _internal_error() -> None:
+    """A bug: keep the traceback for the report, but exit with a code that says so (not Python's 1)."""
+    import traceback
+
+    traceback.print_exc()
+    click.echo(f"hermetic: internal error (a bug in hermetic {__version__}; please report it with the "
+               "traceback above)", err=True)
 
 
 def _exit(code: int, fast: bool) -> None:

@@ -12,15 +12,28 @@ def cache() -> None:
     """The local stores under $HERMETIC_CACHE (wheels, OCI blobs, layer cache)."""
 
 
+def _say_waiting(pids: list[int]) -> None:
+    """gc's (and a repair's) note while it waits for the builds using the store."""
+    who = f" (pid {', '.join(map(str, pids))})" if pids else ""
+    click.echo(f"hermetic: waiting for the build(s) writing to the store{who} to finish ...", err=True)
+
+
 @cache.command("verify")
-@click.option("--repair", is_flag=True, help="Delete corrupt entries so the next fetch/build recreates them.")
+@click.option("--repair", is_flag=True,
+              help="Delete corrupt entries, and the refs of incomplete images, so the next fetch/build recreates them.")
 @json_option
 def verify_cmd(repair: bool, as_json: bool) -> None:
-    """Rehash every blob and wheel; exit 65 if any does not match its digest.
+    """Rehash every blob and wheel, and check that every kept image is complete; exit 65 if a
+    blob does not match its digest or an image lacks one.
 
-    Also lists the temporary files that dead writers left (a killed fetch's
-    download, a killed build's layer): `hermetic cache gc` removes them. A
-    temp file whose writer is still running is never counted.
+    A missing blob is named with the image it belongs to (its ref, and its
+    role: config, layer N, a manifest an index lists). --repair removes
+    corrupt blobs and wheels, and the refs of incomplete images, and says how
+    to get each back (build, pull or bootstrap it again); it waits for running
+    builds, as `cache gc` does. Also lists the temporary files that dead
+    writers left (a killed fetch's download, a killed build's layer): `hermetic
+    cache gc` removes them. A temp file whose writer is still running is never
+    counted.
 
     \b
     Example:
@@ -31,18 +44,30 @@ def verify_cmd(repair: bool, as_json: bool) -> None:
     from hermetic.paths import cache_paths
 
     paths = cache_paths()
-    rep = verify(paths, repair=repair)
+    rep = verify(paths, repair=repair, on_wait=_say_waiting)
     left = rep.leftovers
     if as_json:
         emit_json({"root": str(paths.root), "blobs": rep.blobs, "wheels": rep.wheels, "ok": rep.ok,
                    "problems": rep.problems, "removed": rep.removed,
+                   "missing": [{"ref": m.ref, "image": m.image, "role": m.role, "digest": m.digest}
+                               for m in rep.missing],
                    "dead_temp_files": {"count": left.count, "bytes": left.bytes, "paths": left.paths}})
     else:
-        for p in rep.problems:
-            click.echo(f"corrupt: {p}")
+        for b in rep.bad_blobs:
+            click.echo(f"corrupt: blob {b.name}: {b.reason}")
+        for m in rep.missing:
+            click.echo(f"incomplete: {m}")
+        for w in rep.wheel_problems:
+            click.echo(f"corrupt: wheel {w}")
+        for r in rep.removed:
+            click.echo(f"removed: {r}")
         click.echo(f"{rep.blobs} blobs, {rep.wheels} wheels checked in {paths.root}: "
-                   + ("all match their digests" if rep.ok else f"{len(rep.problems)} problem(s)")
+                   + ("all match their digests, every kept image complete" if rep.ok
+                      else f"{len(rep.problems)} problem(s)")
                    + (f"; removed {len(rep.removed)}" if rep.removed else ""))
+        if rep.missing and not repair:
+            click.echo(f"{len(rep.incomplete_refs)} incomplete image(s): `hermetic cache verify --repair` drops "
+                       "their refs; then build, pull or bootstrap each again")
         if left.count:
             click.echo(f"{left.count} temp file(s) of dead writers, {human_bytes(left.bytes)}: "
                        "`hermetic cache gc` removes them")
@@ -59,8 +84,10 @@ def gc_cmd(keep_builds: int, dry_run: bool, as_json: bool) -> None:
     """Remove blobs no kept image needs, stale cache entries and dead writers' temp files.
 
     Kept: every named image in the store (NAME:latest, bootstrapped and pulled
-    bases) and the --keep-builds most recent per-build-key refs. A temp file
-    whose writer is still running is never removed.
+    bases), the --keep-builds most recent per-build-key refs, and the images
+    that running processes use (a `hermetic run`'s image). A build that is
+    running is waited for (it says so): gc never removes what it is writing.
+    A temp file whose writer is still running is never removed.
 
     \b
     Example:
@@ -70,7 +97,7 @@ def gc_cmd(keep_builds: int, dry_run: bool, as_json: bool) -> None:
     from hermetic.builder.gc import gc
     from hermetic.paths import cache_paths
 
-    rep = gc(cache_paths(), keep_builds=keep_builds, dry_run=dry_run)
+    rep = gc(cache_paths(), keep_builds=keep_builds, dry_run=dry_run, on_wait=_say_waiting)
     if as_json:
         emit_json({"kept_refs": rep.kept_refs, "dropped_refs": rep.dropped_refs, "removed_blobs": rep.removed_blobs,
                    "freed_bytes": rep.freed_bytes, "removed_entries": rep.removed_entries,

@@ -25,6 +25,7 @@ what pip would make of them.
 
 from __future__ import annotations
 
+import errno
 import re
 import shlex
 import subprocess
@@ -33,7 +34,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hermetic.errors import LockError, NotFound, Unavailable, UsageError
+from hermetic.errors import LockError, NotFound, Unavailable, UsageError, disk_full
 from hermetic.fsutil import OwnedTemp, atomic_write_text, sweep_dead
 from hermetic.indexes import read_pip_sources, reachable
 from hermetic.lock.model import Target
@@ -180,6 +181,10 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
             if resolver == "pip-tools" and "No module named piptools" in proc.stderr:
                 raise Unavailable("pip-tools is not installed (pip install pip-tools), or use --resolver uv")
             detail = _first_error(proc.stderr) or f"exit {proc.returncode}"
+            for code, words in ((errno.ENOSPC, "No space left on device"), (errno.EDQUOT, "Disk quota exceeded")):
+                if words in proc.stderr:  # the resolver writes the lock's temp file beside it: a full disk, not a bad lock
+                    raise disk_full(OSError(code, words), output_path.parent,
+                                    what=f"{output_path.name} (the resolver: {detail})")
             # The indexes left out are often why (a +cpu wheel only download.pytorch.org has): say so.
             raise LockError(f"{input_path}: resolution failed: {detail}", details=warnings)
         body = Path(tmp_out).read_text(encoding="utf-8")

@@ -22,7 +22,8 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from packaging.utils import canonicalize_name, canonicalize_version
 
-from hermetic.errors import EXIT_DATAERR, EXIT_NOINPUT, EXIT_UNAVAILABLE, HermeticError, IntegrityError, Unavailable
+from hermetic.errors import (EXIT_DATAERR, EXIT_NOINPUT, EXIT_UNAVAILABLE, DiskFull, HermeticError, IntegrityError,
+                             Unavailable)
 from hermetic.indexes import PipSources
 from hermetic.lock.model import Lock, LockedWheel, ResolvedWheel, Target
 from hermetic.lock.tags import parse_wheel_name_version, wheel_priority
@@ -335,10 +336,15 @@ def fetch(lock: Lock, store: WheelStore, sources: PipSources, *, jobs: int = 4,
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {pool.submit(one, w): w for w in missing}
         for fut in as_completed(futures):
+            if fut.cancelled():
+                continue
             try:
                 report.resolved.append(fut.result())
             except HermeticError as e:
                 errors.append(e)
+                if isinstance(e, DiskFull):  # the next downloads would fill nothing but time
+                    for other in futures:
+                        other.cancel()
     if errors:
         # Integrity failures first: they matter most.
         errors.sort(key=lambda e: 0 if isinstance(e, IntegrityError) else 1)
@@ -358,7 +364,8 @@ def _download(c: Candidate, store: WheelStore, w: LockedWheel, what: str, srcs: 
     if url.startswith("file://") or "://" not in url:
         path = Path(unquote(urlsplit(url).path)) if url.startswith("file://") else Path(url)
         with open(path, "rb") as f:
-            return store.admit_fileobj(f, c.filename, w.sha256s, what=what, on_bytes=tick)
+            return store.admit_fileobj(f, c.filename, w.sha256s, what=what, on_bytes=tick,
+                                       size=os.fstat(f.fileno()).st_size)
     import requests
 
     try:
@@ -383,7 +390,9 @@ def _download(c: Candidate, store: WheelStore, w: LockedWheel, what: str, srcs: 
             return out
 
         try:
-            return store.admit_stream(read, c.filename, w.sha256s, what=what, on_bytes=tick)
+            length = resp.headers.get("Content-Length", "")
+            return store.admit_stream(read, c.filename, w.sha256s, what=what, on_bytes=tick,
+                                      size=int(length) if length.isdigit() else None)
         except requests.RequestException as e:
             raise FetchError(f"{what}: download of {c.filename} interrupted: {e.__class__.__name__}") from None
 

@@ -133,8 +133,14 @@ def seal(store_root: Path, blobs: dict[str, Path]) -> None:
 def check_image(store: "OciStore", manifest_digest: str) -> None:
     """Refuse (IntegrityError naming the blob, and the fix) unless every blob of the image --
     manifest, config, layers -- is in the store and matches its digest. Costs a stat and a
-    small read per blob when nothing changed since the last check."""
+    small read per blob when nothing changed since the last check.
+
+    The image is claimed first (store/inuse.py): what this process checked, it uses (a run,
+    a no-op build), and ``cache gc`` keeps it until the process exits."""
     from hermetic.canonical import parse_digest
+    from hermetic.store.inuse import claim_image
+
+    claim_image(store, manifest_digest)  # before the check: a gc that deleted first is seen by it
 
     blobs: list[tuple[str, str, int | None]] = [("manifest", manifest_digest, None)]
     try:

@@ -7,7 +7,9 @@ index.json whose entries carry ``org.opencontainers.image.ref.name``.
 Blobs enter only through ``BlobWriter``: bytes are hashed while written to a
 temp file in the store's own tmp/, checked against the expected digest, and
 renamed into place; a crash leaves at most a stray temp file, never a wrong
-blob. The temp file is locked by its writer (fsutil.OwnedTemp), so the next
+blob, and a full disk (ENOSPC, EDQUOT) not even that: the writer removes its
+temp file and raises errors.DiskFull naming the store, how much it wrote and,
+when known, how much it needed. The temp file is locked by its writer (fsutil.OwnedTemp), so the next
 writer removes a dead writer's file and never a live one's. The writer notes
 the blob's stat for intact.py, which answers "is this blob still right?"
 from a stat where that is safe. index.json is rewritten atomically under an
@@ -25,8 +27,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from hermetic.canonical import canonical_json, parse_digest
-from hermetic.errors import HermeticError, IntegrityError, NotFound
-from hermetic.fsutil import OwnedTemp, atomic_write_bytes, file_lock, sha256_file, sweep_dead
+from hermetic.errors import DiskFull, HermeticError, IntegrityError, NotFound, disk_full, is_disk_full
+from hermetic.fsutil import OwnedTemp, atomic_write_bytes, file_lock, naming_full_disk, sha256_file, sweep_dead
 from hermetic.store import intact
 
 OCI_LAYOUT = {"imageLayoutVersion": "1.0.0"}
@@ -73,14 +75,23 @@ _swept: set[str] = set()  # stores whose tmp/ this process has swept
 
 
 class BlobWriter:
-    """Stream bytes into the store; the blob appears only once verified."""
+    """Stream bytes into the store; the blob appears only once verified.
 
-    def __init__(self, store: "OciStore", expected_digest: str | None = None, expected_size: int | None = None):
+    ``needed``: at least how big the blob will be, where the caller knows,
+    for the message when the disk is full (``expected_size`` is exact)."""
+
+    WHAT = "a blob into the OCI store"
+
+    def __init__(self, store: "OciStore", expected_digest: str | None = None, expected_size: int | None = None,
+                 *, needed: int | None = None):
         self._store = store
         self._expected = expected_digest
         self._expected_size = expected_size
+        self._needed = expected_size if expected_size is not None else needed
+        self._full: DiskFull | None = None
         store.sweep_tmp_once()
-        self._owner = OwnedTemp(store.tmp, "blob.")
+        with naming_full_disk(store.root, self.WHAT, needed=self._needed):
+            self._owner = OwnedTemp(store.tmp, "blob.")
         self._tmp = self._owner.path
         self._f: BinaryIO = self._owner.open("wb")
         self._h = hashlib.sha256()
@@ -91,15 +102,38 @@ class BlobWriter:
         return self.size
 
     def write(self, data: bytes | memoryview) -> int:
-        self._f.write(data)
+        if self._full is not None:  # (a tar's close writes its end blocks after the failed write)
+            raise self._full
+        try:
+            self._f.write(data)
+        except OSError as e:
+            self._disk_full(e)
+            raise
         self._h.update(data)
         self.size += len(data)
         return len(data)
 
+    def _disk_full(self, e: OSError) -> None:
+        """On ENOSPC/EDQUOT: remove the temp file at once (its space is what the disk lacks) and raise
+        DiskFull naming the store; any other error is the caller's to raise."""
+        if not is_disk_full(e):
+            return
+        self._full = disk_full(e, self._store.root, what=self.WHAT, written=self.size, needed=self._needed,
+                               at_least=self._expected_size is None)
+        self.abort()
+        raise self._full from None
+
     def commit(self) -> str:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
+        if self._full is not None:
+            raise self._full
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+        except OSError as e:
+            self._disk_full(e)
+            self.abort()
+            raise
         digest = "sha256:" + self._h.hexdigest()
         try:
             if self._expected is not None and digest != self._expected:
@@ -107,9 +141,10 @@ class BlobWriter:
             if self._expected_size is not None and self.size != self._expected_size:
                 raise IntegrityError(f"blob {digest}: expected {self._expected_size} bytes, got {self.size}")
             dest = self._store.blob_path(digest)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.fchmod(self._owner.fd, 0o644)
-            os.replace(self._tmp, dest)
+            with naming_full_disk(self._store.root, self.WHAT):
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.fchmod(self._owner.fd, 0o644)
+                os.replace(self._tmp, dest)
             # The bytes just hashed are the blob's: note its stat (taken after the rename, which
             # changes ctime) for intact.py.
             noted_ns = time.time_ns()
@@ -123,7 +158,10 @@ class BlobWriter:
 
     def abort(self) -> None:
         if not self._f.closed:
-            self._f.close()
+            try:
+                self._f.close()
+            except OSError:
+                pass  # the flush of what the disk had no room for: the file goes anyway
         self._owner.discard()
 
     def __enter__(self) -> "BlobWriter":
@@ -178,9 +216,10 @@ class OciStore:
     def blob_size(self, digest: str) -> int:
         return self.blob_path(digest).stat().st_size
 
-    def writer(self, expected_digest: str | None = None, expected_size: int | None = None) -> BlobWriter:
+    def writer(self, expected_digest: str | None = None, expected_size: int | None = None, *,
+               needed: int | None = None) -> BlobWriter:
         self.ensure()
-        return BlobWriter(self, expected_digest, expected_size)
+        return BlobWriter(self, expected_digest, expected_size, needed=needed)
 
     def put_bytes(self, data: bytes, expected_digest: str | None = None) -> str:
         digest = "sha256:" + hashlib.sha256(data).hexdigest()

@@ -7,7 +7,8 @@ directory name is the identity. A file enters through a temp file in
 the bytes actually written, so a wrong file never appears. The temp file is
 locked by its writer (fsutil.OwnedTemp): a download killed midway leaves it
 behind, and the next writer (or ``hermetic cache gc``) removes it, never a
-live download's.
+live download's. A full disk (ENOSPC, EDQUOT) removes the temp file at once
+and says so in one line naming the store (errors.DiskFull).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
 from hermetic.canonical import is_sha256_hex
-from hermetic.errors import IntegrityError
-from hermetic.fsutil import READ_SIZE, OwnedTemp, sha256_file, sweep_dead
+from hermetic.errors import IntegrityError, disk_full, is_disk_full
+from hermetic.fsutil import READ_SIZE, OwnedTemp, naming_full_disk, sha256_file, sweep_dead
 
 _swept: set[str] = set()  # wheel stores whose tmp/ this process has swept
 
@@ -70,16 +71,20 @@ class WheelStore:
         return out
 
     def admit_stream(self, read: Callable[[int], bytes], filename: str, allowed: frozenset[str] | set[str],
-                     *, what: str = "", on_bytes: Callable[[int], None] | None = None) -> StoredWheel:
-        """Copy a stream into the store if its sha256 is one of ``allowed``."""
+                     *, what: str = "", on_bytes: Callable[[int], None] | None = None,
+                     size: int | None = None) -> StoredWheel:
+        """Copy a stream into the store if its sha256 is one of ``allowed``. ``size``: the file's
+        size where known (a download's Content-Length), for the message when the disk is full."""
         if "/" in filename or not filename.endswith(".whl"):
             raise IntegrityError(f"{what or filename}: refusing to store {filename!r}: not a wheel file name")
         if str(self.root) not in _swept:  # the first writer of this process removes dead writers' files
             _swept.add(str(self.root))
             sweep_dead(self.tmp)
-        owner = OwnedTemp(self.tmp, "wheel.")
+        with naming_full_disk(self.root, filename, needed=size):
+            owner = OwnedTemp(self.tmp, "wheel.")
         tmp = owner.path
         h = hashlib.sha256()
+        written = 0
         try:
             with owner.open("wb") as f:
                 while True:
@@ -87,6 +92,7 @@ class WheelStore:
                     if not chunk:
                         break
                     f.write(chunk)
+                    written += len(chunk)
                     h.update(chunk)
                     if on_bytes:
                         on_bytes(len(chunk))
@@ -109,18 +115,22 @@ class WheelStore:
             os.replace(tmp, dest)
             owner.close()
             return StoredWheel(actual, dest)
-        except BaseException:
+        except BaseException as e:
             owner.discard()
+            if is_disk_full(e):
+                raise disk_full(e, self.root, what=filename, written=written, needed=size) from None  # type: ignore[arg-type]
             raise
 
     def admit_file(self, src: Path, allowed: frozenset[str] | set[str], *, what: str = "",
                    on_bytes: Callable[[int], None] | None = None) -> StoredWheel:
         with open(src, "rb") as f:
-            return self.admit_stream(f.read, src.name, allowed, what=what, on_bytes=on_bytes)
+            return self.admit_stream(f.read, src.name, allowed, what=what, on_bytes=on_bytes,
+                                     size=os.fstat(f.fileno()).st_size)
 
     def admit_fileobj(self, f: BinaryIO, filename: str, allowed: frozenset[str] | set[str], *,
-                      what: str = "", on_bytes: Callable[[int], None] | None = None) -> StoredWheel:
-        return self.admit_stream(f.read, filename, allowed, what=what, on_bytes=on_bytes)
+                      what: str = "", on_bytes: Callable[[int], None] | None = None,
+                      size: int | None = None) -> StoredWheel:
+        return self.admit_stream(f.read, filename, allowed, what=what, on_bytes=on_bytes, size=size)
 
     def entries(self) -> Iterator[StoredWheel]:
         base = self.root / "sha256"
