@@ -419,14 +419,10 @@ def after_failure(cfg: LoadedConfig, req: RunRequest, run_dir: Path, rec: dict[s
 
 
 def no_space_error(exc: BaseException) -> CannotCreate | None:
-    """A full disk or quota (ENOSPC, EDQUOT) as one line naming the path; None for anything else."""
-    import errno
+    """A full disk or quota (ENOSPC, EDQUOT) as one line naming the path (errors.DiskFull); None otherwise."""
+    from hermetic.errors import disk_full, is_disk_full
 
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = exc.filename or "a file"
-        return CannotCreate(f"{where}: {'no space left on device' if exc.errno == errno.ENOSPC else 'disk quota exceeded'}",
-                            hint="free space (`hermetic cache gc`, old runs/) and run again")
-    return None
+    return disk_full(exc, what="the run's files") if is_disk_full(exc) else None  # type: ignore[arg-type]
 
 
 RESERVE_NAME = ".space-reserve"
