@@ -241,3 +241,53 @@ def test_only_containers_whose_driver_is_gone_are_reaped(logreg, docker_client, 
                 c.remove(force=True)
             except Exception:
                 pass
+
+
+# ---------------------------------------------------------------- without an engine
+
+
+def test_a_driver_is_gone_when_its_pid_ended_is_a_zombie_or_is_another_process_now():
+    from hermetic.record.liveness import Driver, driver_gone, parse_driver, process_start, this_driver
+
+    me = this_driver()
+    assert parse_driver(me.token()) == me and not driver_gone(me)
+    assert driver_gone(Driver(me.host, me.pid, str(int(me.start) + 1)))  # the pid reused: another start time
+    assert not driver_gone(Driver("not-" + me.host, 1 << 22, "1"))  # another host's: never judged from here
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = Driver(me.host, child.pid, process_start(child.pid))
+        assert started.start and not driver_gone(started)
+        child.kill()
+        deadline = time.monotonic() + 10
+        while not driver_gone(started):  # a zombie (not waited for yet) is gone already
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        child.kill()
+        child.wait()
+    assert driver_gone(started)
+    assert parse_driver("") is None and parse_driver("host") is None and parse_driver("host:x:1") is None
+
+
+def test_without_an_engine_the_sweep_leaves_every_owned_directory_in_the_cache_tmp(tmp_path, monkeypatch):
+    """Whose container still writes in a dead driver's working directory cannot be told: it stays; a dead
+    writer's plain temp file goes as before."""
+    from hermetic import engine
+    from hermetic.builder.gc import dead_temp_files
+    from hermetic.fsutil import OwnedTemp
+    from hermetic.paths import CachePaths
+
+    monkeypatch.setattr(engine, "_client", None)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    paths = CachePaths(tmp_path)
+    code = ("import os, sys\nfrom hermetic.fsutil import OwnedTemp, owned_temp_dir\n"
+            "t = OwnedTemp(sys.argv[1], 'blob.')\n"
+            "with owned_temp_dir(sys.argv[1], 'workspace-x.') as d:\n"
+            "    (d / 'work.txt').write_text('w')\n"
+            "    os._exit(0)\n")  # dies holding both: their locks are free, nothing removed them
+    subprocess.run([sys.executable, "-c", code, str(paths.tmpdir())], check=True, timeout=60)
+    (ws,) = [p for p in paths.tmp.iterdir() if p.is_dir()]
+    assert dead_temp_files(paths, remove=True).count == 1
+    assert (ws / "work.txt").is_file() and ws.with_name(ws.name + ".lock").is_file()
+    assert [p.name for p in paths.tmp.iterdir() if p.name.startswith("blob.")] == []
+    monkeypatch.setattr(engine, "_client", None)

@@ -190,11 +190,16 @@ def compare_code(a: Json, b: Json, restated: frozenset[str] = frozenset()) -> Se
     sa, sb = a["snapshot"], b["snapshot"]
     s = SectionDiff("code", TITLES["code"], "input", same_as=f"source {short(sa['sha256'])}")
     tree_differs = sa["sha256"] != sb["sha256"] or sa["files"] != sb["files"]
-    s.changes += [dataclasses.replace(c, material=c.key not in restated)
-                  for c in files_changes("code", sa["files"], sb["files"], prefix="")]
+    files = [dataclasses.replace(c, material=c.key not in restated)
+             for c in files_changes("code", sa["files"], sb["files"], prefix="")]
+    s.changes += files
     if sa["sha256"] != sb["sha256"]:
+        # The tree's digest restates its files: when only restated ones changed (hermetic.yaml's run.pids,
+        # say), the config or image section names the change, not the code.
+        restating = bool(files) and not any(c.material for c in files)
         s.changes.append(Change("code", "snapshot.sha256", "changed", sa["sha256"], sb["sha256"],
-                                f"source tree {short(sa['sha256'])} -> {short(sb['sha256'])}", headline=False))
+                                f"source tree {short(sa['sha256'])} -> {short(sb['sha256'])}", not restating,
+                                headline=False))
     # Git says where the bytes came from; the snapshot is the bytes. Git differences matter
     # only when the trees differ (an amended commit message changes nothing that runs).
     ga, gb = a["git"], b["git"]
