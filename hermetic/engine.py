@@ -410,11 +410,15 @@ def containers_labelled(*labels: str) -> list[dict] | None:
                 return rows
         except ValueError:
             pass
+    import docker
     import docker.errors
 
     try:
-        return engine_client().api.containers(all=True, filters={"label": list(labels)})
-    except (EngineError, docker.errors.DockerException, OSError):
+        # A short timeout when no client is open yet: `hermetic runs` must not wait minutes on an engine
+        # that does not answer (a DOCKER_HOST that is gone); a command that runs containers has one already.
+        api = _client.api if _client is not None else docker.from_env(timeout=10).api
+        return api.containers(all=True, filters={"label": list(labels)})
+    except (docker.errors.DockerException, OSError):
         return None
 
 

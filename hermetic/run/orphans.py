@@ -35,6 +35,7 @@ from hermetic.record import liveness
 from hermetic.run.container import DRIVER_LABEL, RUN_DIR_LABEL, RUN_LABEL, remove_container, rewrite_logs, stop_container
 
 LOG_FILES = ("stdout.log", "stderr.log", "combined.log")  # as container.run_streaming writes them
+RUNTIME_DIR = ".runtime"  # runner.RUNTIME_DIR (runner is not imported: `hermetic runs` stays light)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,6 @@ def _reap_run(client: Any, orphan: Orphan, run_dir: Path, by: str) -> Reaped | N
 def _seal(run_dir: Path, reason: str) -> tuple[bool, str]:
     """(sealed, why not): the early record, finished as ``interrupted`` with ``reason``."""
     from hermetic.record import finish_record, load_record, write_record
-    from hermetic.run.runner import RUNTIME_DIR
 
     try:
         rec = load_record(run_dir)
