@@ -171,6 +171,8 @@ def test_the_limits_are_applied_recorded_and_named_by_diff(project):
     assert limited["invocation"]["limits"] == {"pids": 100, "memory": "256m"}
     seen = json.loads((run_dir_of(project, limited) / "outputs" / "limits.json").read_text())
     assert seen == {"pids": "100", "memory": str(256 << 20)}
+    shown = run_cli("runs", "show", limited["record"]["run_id"], cwd=project)
+    assert "pids 100, memory 256m (run.pids, run.memory)" in shown.stdout, shown.stdout
     _, b = hermetic_run(project, "same.py")
     code, diff = diff_json(run_dir_of(project, a), run_dir_of(project, b))
     # Both succeeded: the limits are listed, not a cause; the outputs are the same bits.

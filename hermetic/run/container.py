@@ -156,11 +156,12 @@ def _dropped_limit(host_config: dict[str, Any], spec: ContainerSpec) -> str | No
 
 
 def oom_reason(memory: str | None) -> str:
-    """The record's reason for a script the kernel's OOM killer ended (exit 137)."""
+    """The record's reason for a script that failed after the kernel's OOM killer ended a process of it
+    (the script itself: exit 137; a DataLoader worker: the script's own error)."""
     if memory is not None:
-        return (f"the script ran out of memory: the kernel killed it at the container's limit (run.memory: "
-                f"{memory}, exit 137); raise run.memory in hermetic.yaml, or use less")
-    return ("the script ran out of memory: the kernel killed it (exit 137); run.memory in hermetic.yaml bounds "
+        return (f"the script ran out of memory: the kernel's OOM killer ended it at the container's limit "
+                f"(run.memory: {memory}); raise run.memory in hermetic.yaml, or use less")
+    return ("the script ran out of memory: the kernel's OOM killer ended it; run.memory in hermetic.yaml bounds "
             "the container by itself, before the host runs short")
 
 
@@ -233,8 +234,10 @@ def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = Tr
             result = container.wait()
             done.set()
             _complete_logs(container, files, streamed, echo)
-            outcome = RunOutcome(int(result.get("StatusCode", 1)), False, None, stopped[0] if stopped else None,
-                                 oom_reason=oom_reason(spec.memory) if _oom_killed(container) else None)
+            code = int(result.get("StatusCode", 1))
+            # A script that survived the kill of a process of its own (and exited 0) is not failed for it.
+            oom = oom_reason(spec.memory) if code != 0 and _oom_killed(container) else None
+            outcome = RunOutcome(code, False, None, stopped[0] if stopped else None, oom_reason=oom)
         except (_Interrupted, KeyboardInterrupt) as e:
             signum = e.signum if isinstance(e, _Interrupted) else signal.SIGINT
             if container is not None:

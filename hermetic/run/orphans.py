@@ -91,7 +91,12 @@ def reap_orphans(client: Any = None, *, by: str, run_ids: Collection[str] | None
         client = engine_client()
     reaped = []
     for orphan in orphans:
-        done = _reap(client, orphan, by)
+        try:
+            done = _reap(client, orphan, by)
+        except Exception as e:  # another run's leftover never fails the command that found it
+            done = Reaped(orphan.id[:12], orphan.run_id, orphan.run_dir, False,
+                          f"container {orphan.id[:12]} (run {orphan.run_id or '-'}) of a hermetic process that died "
+                          f"(pid {orphan.driver.pid}) could not be reaped: {' '.join(str(e).split())[:200]}")
         if done is not None:
             reaped.append(done)
     return reaped
@@ -170,8 +175,8 @@ def _seal(run_dir: Path, reason: str) -> tuple[bool, str]:
     shutil.rmtree(run_dir / RUNTIME_DIR, ignore_errors=True)  # the runtime's report: the driver's to read
     try:
         write_record(run_dir, finish_record(rec, run_dir, status="interrupted", exit_code=None, reason=reason))
-    except (HermeticError, OSError) as e:
-        return False, f"its record was not sealed: {getattr(e, 'message', None) or e}"
+    except Exception as e:  # whatever the script left in outputs/: the container still goes
+        return False, f"its record was not sealed: {getattr(e, 'message', None) or ' '.join(str(e).split())[:200]}"
     return True, ""
 
 
