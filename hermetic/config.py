@@ -185,6 +185,28 @@ class RunConfig(_Strict):
     # new or changed, is collected into the run's outputs/ (caches never: __pycache__/, *.pyc).
     workdir_size: Size = "4g"
     outputs: OutputsConfig = Field(default_factory=lambda: OutputsConfig())
+    # Limits that keep the host safe from the script (docs/your-script.md, "Limits"). pids: processes and
+    # threads of the container together (DataLoader workers, torch's and BLAS's thread pools, torchrun's
+    # ranks all count); a fork bomb fills it, not the host. memory: RAM, with no swap around it (the
+    # kernel's OOM killer ends the script at it, exit 137); /dev/shm and /tmp count towards it as they fill.
+    # null: no limit.
+    pids: Optional[int] = 4096
+    memory: Optional[Size] = None
+
+    @field_validator("pids")
+    @classmethod
+    def _pids_enough_to_start(cls, v: int | None) -> int | None:
+        if v is not None and v < 8:
+            raise ValueError("must be at least 8 (the container's init and the script are two already), "
+                             "or null for none")
+        return v
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_at_least_docker_minimum(cls, v: str | None) -> str | None:
+        if v is not None and size_bytes(v) < 6 << 20:
+            raise ValueError("must be at least 6m (the Docker Engine's smallest memory limit), or null for none")
+        return v
 
 
 class HermeticConfig(_Strict):

@@ -389,6 +389,47 @@ def engine_tag_is(image_id: str, repo_tag: str) -> bool | None:
         return None
 
 
+# A host path a container uses (a run's working directory): no sweep of dead writers' temp files removes it
+# while the engine has that container, running or not (its driver may have died, the container not).
+HOLDS_LABEL = "org.hermetic.holds"
+
+
+def containers_labelled(*labels: str) -> list[dict] | None:
+    """Every container of the engine (any state) that has all ``labels`` ("KEY" or "KEY=VALUE"), as the
+    engine lists them (``Id``, ``Labels``, ``State``, ...); None when no engine can be asked.
+
+    Asked on the socket first (_socket_get: ``hermetic runs`` asks this, and docker-py is ~0.1 s to import)."""
+    from urllib.parse import quote
+
+    filters = quote(json.dumps({"label": list(labels)}))
+    got = _socket_get(f"/containers/json?all=1&filters={filters}", body=True)
+    if got is not None and got[0] == 200:
+        try:
+            rows = json.loads(got[1])
+            if isinstance(rows, list):
+                return rows
+        except ValueError:
+            pass
+    import docker
+    import docker.errors
+
+    try:
+        # A short timeout when no client is open yet: `hermetic runs` must not wait minutes on an engine
+        # that does not answer (a DOCKER_HOST that is gone); a command that runs containers has one already.
+        api = _client.api if _client is not None else docker.from_env(timeout=10).api
+        return api.containers(all=True, filters={"label": list(labels)})
+    except (docker.errors.DockerException, OSError):
+        return None
+
+
+def held_paths() -> set[str] | None:
+    """The host paths that containers hold (HOLDS_LABEL); None when no engine can be asked."""
+    rows = containers_labelled(HOLDS_LABEL)
+    if rows is None:
+        return None
+    return {str((r.get("Labels") or {}).get(HOLDS_LABEL)) for r in rows if (r.get("Labels") or {}).get(HOLDS_LABEL)}
+
+
 def images_labelled(label: str) -> dict[str, str]:
     """Image ID -> the value of ``label``, for every image in the engine that has it."""
     import docker.errors

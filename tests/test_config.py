@@ -88,7 +88,8 @@ def test_text_output_shows_hash(tmp_path):
     (BLOCK_STYLE + "run:\n  shm_size: 2x\n", ["run.shm_size", "512m or 8g", ":18"]),
     (BLOCK_STYLE + "run:\n  tmp_size: 0g\n", ["run.tmp_size", "whole number"]),
     (BLOCK_STYLE + "run:\n  tmp_size: 1.5g\n", ["run.tmp_size", "512m or 8g"]),
-    (BLOCK_STYLE + "run:\n  memory: 8g\n", ["run.memory", "unknown key"]),
+    (BLOCK_STYLE + "run:\n  memroy: 8g\n", ["run.memroy", "unknown key"]),
+    (BLOCK_STYLE + "run:\n  memory: 8x\n", ["run.memory", "512m or 8g"]),
     ("name: [unclosed\n", ["invalid YAML"]),
     ("- just\n- a list\n", ["top level must be a mapping"]),
 ])

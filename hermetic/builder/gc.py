@@ -29,6 +29,7 @@ for running builds, which hold it shared until their refs are set.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,13 +50,33 @@ def dead_temp_files(paths: CachePaths, *, remove: bool) -> Leftovers:
     found = Leftovers()
     tmp_dirs = [paths.oci / "tmp", paths.wheels / "tmp", paths.tmp]
     for d in tmp_dirs:
-        found.add(sweep_dead(d, remove=remove))
+        found.add(sweep_dead(d, _not_held_by_a_container(d) if d == paths.tmp else None, remove=remove))
     others = [paths.root, paths.oci, intact.notes_dir(paths.oci)]
     if paths.root.is_dir():
         others += sorted(p for p in paths.root.iterdir() if p.is_dir() and p not in tmp_dirs and p != paths.oci)
     for d in others:
         found.add(sweep_dead(d, is_atomic_temp, remove=remove))
     return found
+
+
+def _not_held_by_a_container(directory: Path) -> Callable[[str], bool]:
+    """A sweep_dead filter for the cache's tmp/: a run's working directory (an owned_temp_dir there) is left
+    alone while a container holds it (engine.HOLDS_LABEL), even when the run's driver is dead and the lock
+    free: a killed driver's container may still write there, until hermetic.run.orphans stops it. When no
+    engine answers, no owned directory is swept (whose container is running cannot be told)."""
+    from hermetic.engine import held_paths
+
+    held: list[set[str] | None] = []
+
+    def keep_out(name: str) -> bool:
+        owned = directory / name.removesuffix(".lock")
+        if not name.endswith(".lock") or not owned.is_dir():
+            return True
+        if not held:
+            held.append(held_paths())  # asked once, and only when an owned directory's owner is in question
+        return held[0] is not None and os.path.realpath(owned) not in held[0]
+
+    return keep_out
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,10 @@ def logs(run: str | None, follow: bool, runs_dir: str | None, config_path: str |
 def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None, as_json: bool) -> int:
     """Stop a running run: its container is stopped and its record says interrupted.
 
+    A run whose hermetic process was killed (kill -9) while its container
+    went on is stopped too: the container is stopped and removed, and the
+    record sealed as interrupted, saying why.
+
     \b
     Example:
       hermetic stop 20261201-0815
@@ -102,6 +106,14 @@ def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None,
 
     run_dir = _run_dir(run, runs_dir, config_path)
     if not liveness.stop(run_dir):
+        if _stop_orphan(run_dir):
+            entry = entry_from_dir(run_dir)
+            if as_json:
+                emit_json({"id": run_dir.name, "stopped": True, "status": entry["status"], "orphan": True})
+            else:
+                click.echo(f"{run_dir.name}: {entry['status']} (its hermetic process had died; its container was "
+                           f"stopped and removed)")
+            return 0
         raise NotFound(f"{run_dir.name}: not running (see `hermetic runs show {run_dir.name}`)")
     if not no_wait:
         liveness.wait(run_dir)
@@ -112,6 +124,19 @@ def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None,
     else:
         click.echo(f"{run_dir.name}: {status}{ran_note(entry)}")
     return 0
+
+
+def _stop_orphan(run_dir: Path) -> bool:
+    """Reap the run's container when its driver died (hermetic.run.orphans); whether there was one."""
+    import os
+
+    from hermetic.run.orphans import reap_orphans
+
+    reaped = reap_orphans(by="hermetic stop", run_ids={run_dir.name})
+    for r in reaped:
+        if r.run_dir is None or os.path.realpath(r.run_dir) != os.path.realpath(run_dir):
+            click.echo(f"hermetic: note: {r.note}", err=True)  # another copy of the run directory
+    return any(r.run_dir is not None and os.path.realpath(r.run_dir) == os.path.realpath(run_dir) for r in reaped)
 
 
 @runs.command("wait")

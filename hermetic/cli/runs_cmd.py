@@ -54,6 +54,8 @@ def runs(ctx: click.Context, runs_dir: str | None, config_path: str | None, as_j
 
     root = runs_root(runs_dir, config_path)
     entries = list_entries(root, reindex=reindex)
+    if reap_listed_orphans(entries, by="hermetic runs"):
+        entries = list_entries(root)
     if limit is not None:
         entries = entries[:limit]
     if any(e.get("slurm") for e in entries):  # submitted, no record yet: pending or running, as Slurm says now
@@ -67,6 +69,22 @@ def runs(ctx: click.Context, runs_dir: str | None, config_path: str | None, as_j
         click.echo(f"no runs in {root}", err=True)
         return
     sys.stdout.write(format_table(entries, colour=sys.stdout.isatty()))
+
+
+def reap_listed_orphans(entries: list[dict[str, Any]], *, by: str) -> bool:
+    """Reap the containers of listed runs whose driver died (hermetic.run.orphans), saying so on stderr;
+    True when a record changed. Asked only about runs that look so (an early record, no live driver): a
+    listing of finished runs never reaches the engine."""
+    candidates = {e["id"] for e in entries
+                  if e["kind"] == "run" and e["status"] == "interrupted" and not e.get("finished_at")}
+    if not candidates:
+        return False
+    from hermetic.run.orphans import reap_orphans
+
+    reaped = reap_orphans(by=by, run_ids=candidates)
+    for r in reaped:
+        click.echo(f"hermetic: note: {r.note}", err=True)
+    return any(r.sealed for r in reaped)
 
 
 def emit_json_list(entries: list[dict[str, Any]]) -> None:
@@ -182,6 +200,12 @@ def format_record(r: dict[str, Any], run_dir: Path) -> str:
              + click.style(f"{meta['status']}{exit_text}", fg=colour)]
     finished = f"   finished {meta['finished_at']}" if meta["finished_at"] else ""
     lines.append(_line("started", meta["started_at"] + finished))
+    if meta.get("reason"):
+        lines.append(_line("reason", meta["reason"]))
+    limits = inv.get("limits")
+    if limits:
+        lines.append(_line("limits", f"pids {limits['pids'] or 'unlimited'}, memory {limits['memory'] or 'unlimited'}"
+                           " (run.pids, run.memory)"))
     extra = "".join(f"  [{k} {inv[k]}]" for k in ("name", "group", "replay_of") if inv[k])
     lines.append(_line("command", " ".join(inv["argv"]) + extra))
     cuda = ", ".join(f"{k} {v}" for k, v in img["cuda"].items() if v)

@@ -36,6 +36,9 @@ TITLES = {
 _CONFIG_RESTATED = re.compile(
     r"^(name|base|lock|runs_dir|python(\..*)?|build(\..*)?|" + re.escape(SEED_KEY) + r"|datasets\[\d+\]\.(path|manifest))$"
 )
+# The container's limits (hermetic.yaml run.pids, run.memory): what it may use, not what it computes. A limit
+# explains different outputs only when a run ended short of succeeding (killed for memory, out of processes).
+_LIMIT_KEYS = frozenset({"run.pids", "run.memory"})
 # Per-GPU keys that tell which card and how it was clocked, not how it computes.
 _GPU_CONTEXT_KEYS = frozenset({"index", "uuid", "pci_bus_id", "clocks", "power_limit_w", "power_limit",
                                "sm_count_source", "memory_used", "temperature", "utilization"})
@@ -187,11 +190,16 @@ def compare_code(a: Json, b: Json, restated: frozenset[str] = frozenset()) -> Se
     sa, sb = a["snapshot"], b["snapshot"]
     s = SectionDiff("code", TITLES["code"], "input", same_as=f"source {short(sa['sha256'])}")
     tree_differs = sa["sha256"] != sb["sha256"] or sa["files"] != sb["files"]
-    s.changes += [dataclasses.replace(c, material=c.key not in restated)
-                  for c in files_changes("code", sa["files"], sb["files"], prefix="")]
+    files = [dataclasses.replace(c, material=c.key not in restated)
+             for c in files_changes("code", sa["files"], sb["files"], prefix="")]
+    s.changes += files
     if sa["sha256"] != sb["sha256"]:
+        # The tree's digest restates its files: when only restated ones changed (hermetic.yaml's run.pids,
+        # say), the config or image section names the change, not the code.
+        restating = bool(files) and not any(c.material for c in files)
         s.changes.append(Change("code", "snapshot.sha256", "changed", sa["sha256"], sb["sha256"],
-                                f"source tree {short(sa['sha256'])} -> {short(sb['sha256'])}", headline=False))
+                                f"source tree {short(sa['sha256'])} -> {short(sb['sha256'])}", not restating,
+                                headline=False))
     # Git says where the bytes came from; the snapshot is the bytes. Git differences matter
     # only when the trees differ (an amended commit message changes nothing that runs).
     ga, gb = a["git"], b["git"]
@@ -224,12 +232,19 @@ def _restated_files(a: Json, b: Json) -> frozenset[str]:
     return frozenset(names)
 
 
-def compare_config(a_inv: Json, b_inv: Json, seed_a: Any = None, seed_b: Any = None) -> SectionDiff:
+def compare_config(a_inv: Json, b_inv: Json, seed_a: Any = None, seed_b: Any = None, *,
+                   both_succeeded: bool = False) -> SectionDiff:
     """``seed_a``/``seed_b``: the runs' seeds. Arguments that are one template (``--seed {seed}``) filled in
-    with each run's own seed are compared by the template: the seed section says how they differ."""
+    with each run's own seed are compared by the template: the seed section says how they differ.
+    ``both_succeeded``: a changed limit (run.pids, run.memory) is then listed, not a cause."""
     s = SectionDiff("config", TITLES["config"], "input", same_as=f"config {short(a_inv['config_sha256'])}")
-    s.changes += diff_flat("config", a_inv["config"], b_inv["config"],
-                           material=lambda k: not _CONFIG_RESTATED.match(k))
+    for c in diff_flat("config", a_inv["config"], b_inv["config"], material=lambda k: not _CONFIG_RESTATED.match(k)):
+        if c.key in _LIMIT_KEYS:
+            note = c.note.replace(" unset", " unset (no limit)")
+            c = dataclasses.replace(c, material=not both_succeeded,
+                                    note=note + (" (a limit: both runs succeeded within it)" if both_succeeded else
+                                                 " (the container's limit)"))
+        s.changes.append(c)
     if a_inv["args"] != b_inv["args"] and not differ_only_by_seed(a_inv, seed_a, b_inv, seed_b):
         def typed(inv: Json, seed: Any) -> str:  # as the user typed them: `--seed {seed}`, not `--seed 0`
             template = filled_template(inv, seed)
@@ -442,7 +457,8 @@ def compare_sections(a: Json, b: Json, manifests_a: Manifests, manifests_b: Mani
     return [
         compare_image(a["image"], b["image"]),
         compare_code(a["code"], b["code"], _restated_files(a, b)),
-        compare_config(a["invocation"], b["invocation"], a["seed"]["value"], b["seed"]["value"]),
+        compare_config(a["invocation"], b["invocation"], a["seed"]["value"], b["seed"]["value"],
+                       both_succeeded=a["record"]["status"] == b["record"]["status"] == "succeeded"),
         compare_distributed(a, b),  # issue 16: world size, backend, rank map (hermetic.diff.distributed)
         compare_data(a["data"], b["data"], manifests_a, manifests_b),
         compare_seed(a["seed"], b["seed"]),

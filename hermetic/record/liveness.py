@@ -8,6 +8,12 @@ dies, so "running" is known, never guessed from a record that says
 ``interrupted`` because its writer has not finished yet. ``hermetic logs
 -f``, ``hermetic runs wait`` and ``hermetic stop`` read it; so does
 ``hermetic runs`` to show a live run as ``running``.
+
+A container outlives a driver killed with SIGKILL, so each container names
+its driver (``driver_token``: host, pid and the process's start time, which
+tells a reused pid from the driver); ``driver_gone`` says when that process
+has ended, and hermetic.run.orphans then stops the container and seals the
+run's record.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -77,3 +85,65 @@ def wait(run_dir: Path, *, poll_s: float = 0.2, timeout_s: float | None = None) 
             return False
         time.sleep(poll_s)
     return True
+
+
+# ---------------------------------------------------------------- which process drives a container
+
+
+@dataclass(frozen=True)
+class Driver:
+    """A process, named so that it stays named once its pid is reused: host, pid, start time."""
+
+    host: str
+    pid: int
+    start: str  # /proc/PID/stat field 22 (clock ticks after boot); "" where there is no /proc
+
+    def token(self) -> str:
+        return f"{self.host}:{self.pid}:{self.start}"
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat from field 3 (state) on; None when there is no such process (or no /proc)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()  # the command name (field 2) may hold spaces and parentheses
+
+
+def process_start(pid: int) -> str:
+    fields = _stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else ""
+
+
+def this_driver() -> Driver:
+    """This process, as a container's label names it."""
+    pid = os.getpid()
+    return Driver(socket.gethostname(), pid, process_start(pid))
+
+
+def driver_token() -> str:
+    return this_driver().token()
+
+
+def parse_driver(token: str) -> Driver | None:
+    host, _, rest = token.partition(":")
+    pid, _, start = rest.partition(":")
+    if not host or not pid.isdigit():
+        return None
+    return Driver(host, int(pid), start)
+
+
+def driver_gone(driver: Driver) -> bool:
+    """Whether the process ``driver`` names has ended: it is of this host, and its pid is free, a zombie,
+    or another process's now (another start time). A driver on another host is never judged gone."""
+    if driver.host != socket.gethostname():
+        return False
+    fields = _stat_fields(driver.pid)
+    if fields is None:
+        from hermetic.workers import pid_alive
+
+        return not pid_alive(driver.pid)  # no /proc: the pid alone says
+    if fields[0] in ("Z", "X"):  # dead, not yet reaped by its parent
+        return True
+    return bool(driver.start) and len(fields) > 19 and fields[19] != driver.start

@@ -138,6 +138,10 @@ def docker_run_command(record: dict[str, Any]) -> str:
                                 "--tmpfs", f"/tmp:rw,exec,size={run.get('tmp_size', '4g')}",
                                 "--shm-size", run.get("shm_size", "1g"), "--cap-drop", "ALL",
                                 "--security-opt", "no-new-privileges", "--init"]]
+    limits = inv.get("limits") or {}
+    if limits.get("pids") or limits.get("memory"):  # run.pids, run.memory (absent from older records)
+        groups.append((["--pids-limit", str(limits["pids"])] if limits.get("pids") else [])
+                      + (["--memory", limits["memory"], "--memory-swap", limits["memory"]] if limits.get("memory") else []))
     if inv["gpus"]:
         groups.append(["--gpus", inv["gpus"]])
     groups.append(["--user", inv.get("user") or "$(id -u):$(id -g)", "--workdir", workdir, "-e", "HOME=/tmp"])

@@ -101,6 +101,13 @@ class RecordMeta(_Strict):
     hermetic_exit_code: Optional[int] = None
 
 
+class Limits(_Strict):
+    """What the container was held to (hermetic.yaml run.pids, run.memory); None: no limit."""
+
+    pids: Optional[Annotated[int, Field(ge=1)]]  # processes and threads together
+    memory: Optional[str]  # a Docker size ("16g"), also the memory+swap limit
+
+
 class Invocation(_Strict):
     argv: list[str]
     script: str
@@ -115,6 +122,7 @@ class Invocation(_Strict):
     network: Literal["none", "host"]
     resume_from: Optional[RunId] = None  # the run whose outputs/ this run started from
     user: Optional[str] = None  # "UID:GID" the container ran the script as (absent in older records)
+    limits: Optional[Limits] = None  # absent in older records (their containers had no limits)
 
 
 class Package(_Strict):

@@ -3,14 +3,23 @@
 The container runs the image by ID with: the source snapshot read-only at
 /workspace, datasets read-only at their mount points, /outputs writable, a
 non-root user, a read-only root filesystem with a tmpfs /tmp (HOME lives
-there), every capability dropped, no-new-privileges, and no network unless
-asked. Ctrl-C or SIGTERM stop and remove it; the caller still writes the
-record, with status ``interrupted``.
+there), every capability dropped, no-new-privileges, no network unless
+asked, a pids limit (processes and threads together: a fork bomb fills the
+container, not the host) and, when hermetic.yaml sets one, a memory limit
+with no swap around it. Ctrl-C or SIGTERM stop and remove it; the caller
+still writes the record, with status ``interrupted``.
+
+Every container hermetic creates names its driver (DRIVER_LABEL: host, pid,
+start time) and a training container its run directory and the working
+directory it writes (RUN_DIR_LABEL, engine.HOLDS_LABEL): a driver killed
+with SIGKILL cannot remove its container, so hermetic.run.orphans finds it
+by these labels, stops it and seals the run's record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -18,9 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Protocol
 
+from hermetic.engine import HOLDS_LABEL
 from hermetic.errors import EngineError
+from hermetic.record.liveness import driver_token
 
 RUN_LABEL = "org.hermetic.run-id"
+DRIVER_LABEL = "org.hermetic.driver"  # "HOST:PID:START" of the process that created the container (liveness)
+RUN_DIR_LABEL = "org.hermetic.run-dir"  # the run directory whose record the container's end is sealed in
+DEFAULT_PIDS_LIMIT = 4096  # run.pids's default (hermetic.config.RunConfig), also the probe's limit
 NO_GPU_RUNTIME = "this Docker Engine has no NVIDIA runtime: install nvidia-container-toolkit"
 
 
@@ -44,6 +58,18 @@ class ContainerSpec:
     labels: dict[str, str] = field(default_factory=dict)
     shm_size: str = "1g"
     tmpfs_size: str = "4g"
+    pids_limit: int | None = DEFAULT_PIDS_LIMIT  # None: no limit (run.pids: null)
+    memory: str | None = None  # a Docker size ("16g"); also the swap limit, so it cannot swap around it
+
+
+def run_labels(run_id: str, run_dir: Path, workspace: Path) -> dict[str, str]:
+    """A training container's labels (its driver's is added by ``create``)."""
+    return {RUN_LABEL: run_id, RUN_DIR_LABEL: os.path.realpath(run_dir), HOLDS_LABEL: os.path.realpath(workspace)}
+
+
+def limits_section(pids: int | None, memory: str | None) -> dict[str, Any]:
+    """The record's ``invocation.limits``: what the container is held to (None: no limit)."""
+    return {"pids": pids, "memory": memory}
 
 
 def device_requests(gpus: str | None) -> list[Any]:
@@ -71,7 +97,13 @@ def check_gpu_runtime(client) -> None:
 def _host_config_kwargs(spec: ContainerSpec) -> dict[str, Any]:
     from docker.types import Mount as DMount
 
+    limits: dict[str, Any] = {}
+    if spec.pids_limit is not None:
+        limits["pids_limit"] = spec.pids_limit
+    if spec.memory is not None:
+        limits.update(mem_limit=spec.memory, memswap_limit=spec.memory)
     return {
+        **limits,
         "mounts": [DMount(target=m.target, source=str(m.source), type="bind", read_only=m.read_only) for m in spec.mounts],
         "read_only": True,
         "tmpfs": {"/tmp": f"rw,nosuid,nodev,exec,size={spec.tmpfs_size},mode=1777"},
@@ -85,14 +117,17 @@ def _host_config_kwargs(spec: ContainerSpec) -> dict[str, Any]:
 
 
 def create(client, spec: ContainerSpec, name: str | None = None):
+    """The container, labelled with this process as its driver; refused (and removed) when the engine
+    dropped a limit it was given (a kernel without the pids or memory cgroup, a rootless engine on
+    cgroup v1): the limits are the host's protection, never silently off."""
     import docker.errors
 
     env = {"HOME": "/tmp", **spec.env}
     try:
-        return client.containers.create(
+        container = client.containers.create(
             spec.image_id, command=spec.command, environment=env, user=spec.user, working_dir=spec.workdir,
-            labels=spec.labels, name=name, detach=True, stdin_open=False, tty=False,
-            **_host_config_kwargs(spec),
+            labels={**spec.labels, DRIVER_LABEL: driver_token()}, name=name, detach=True, stdin_open=False,
+            tty=False, **_host_config_kwargs(spec),
         )
     except docker.errors.ImageNotFound:
         raise EngineError(f"the Docker Engine has no image {spec.image_id}; run `hermetic build`") from None
@@ -101,6 +136,30 @@ def create(client, spec: ContainerSpec, name: str | None = None):
         if "capabilities: [[gpu]]" in msg or "nvidia" in msg.lower():
             raise EngineError(NO_GPU_RUNTIME) from None
         raise EngineError(f"the Docker Engine refused the container: {msg}") from None
+    dropped = _dropped_limit(container.attrs.get("HostConfig") or {}, spec)
+    if dropped is not None:
+        remove_container(container)
+        raise EngineError(f"the Docker Engine did not apply the container's {dropped} (its kernel or a rootless "
+                          f"engine cannot limit it); set it to null in hermetic.yaml to run without it")
+    return container
+
+
+def _dropped_limit(host_config: dict[str, Any], spec: ContainerSpec) -> str | None:
+    if spec.pids_limit is not None and (host_config.get("PidsLimit") or 0) != spec.pids_limit:
+        return f"pids limit (run.pids: {spec.pids_limit})"
+    if spec.memory is not None and not host_config.get("Memory"):
+        return f"memory limit (run.memory: {spec.memory})"
+    return None
+
+
+def oom_reason(memory: str | None) -> str:
+    """The record's reason for a script that failed after the kernel's OOM killer ended a process of it
+    (the script itself: exit 137; a DataLoader worker: the script's own error)."""
+    if memory is not None:
+        return (f"the script ran out of memory: the kernel's OOM killer ended it at the container's limit "
+                f"(run.memory: {memory}); raise run.memory in hermetic.yaml, or use less")
+    return ("the script ran out of memory: the kernel's OOM killer ended it; run.memory in hermetic.yaml bounds "
+            "the container by itself, before the host runs short")
 
 
 @dataclass
@@ -109,6 +168,7 @@ class RunOutcome:
     interrupted: bool
     signal_name: str | None = None
     stopped_because: str | None = None  # hermetic stopped the container (e.g. the working directory outgrew its limit)
+    oom_reason: str | None = None  # the kernel's OOM killer ended a process of it (State.OOMKilled): why, in words
 
 
 class Watch(Protocol):
@@ -156,7 +216,7 @@ def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = Tr
             if watch is not None:
                 def on_exceeded(reason: str, c=container) -> None:
                     stopped.append(reason)
-                    _stop(c)
+                    stop_container(c)
 
                 threading.Thread(target=watch.run_until, args=(done, on_exceeded), daemon=True,
                                  name="hermetic-watch").start()
@@ -171,12 +231,15 @@ def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = Tr
             result = container.wait()
             done.set()
             _complete_logs(container, files, streamed, echo)
-            outcome = RunOutcome(int(result.get("StatusCode", 1)), False, None, stopped[0] if stopped else None)
+            code = int(result.get("StatusCode", 1))
+            # A script that survived the kill of a process of its own (and exited 0) is not failed for it.
+            oom = oom_reason(spec.memory) if code != 0 and _oom_killed(container) else None
+            outcome = RunOutcome(code, False, None, stopped[0] if stopped else None, oom_reason=oom)
         except (_Interrupted, KeyboardInterrupt) as e:
             signum = e.signum if isinstance(e, _Interrupted) else signal.SIGINT
             if container is not None:
-                _stop(container)
-                _rewrite_logs(container, files)  # what it printed but we had not read yet
+                stop_container(container)
+                rewrite_logs(container, files)  # what it printed but we had not read yet
             outcome = RunOutcome(None, True, signal.Signals(signum).name)
     finally:
         done.set()
@@ -186,10 +249,18 @@ def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = Tr
         for sig, h in previous.items():
             signal.signal(sig, h)
         if container is not None:
-            _remove(container)
+            remove_container(container)
         elif spec.labels:  # interrupted inside create(): the engine may have made it anyway
-            _remove_labelled(client, spec.labels)
+            _remove_labelled(client, {**spec.labels, DRIVER_LABEL: driver_token()})
     return outcome
+
+
+def _oom_killed(container) -> bool:
+    try:
+        container.reload()
+        return bool((container.attrs.get("State") or {}).get("OOMKilled"))
+    except Exception:  # the engine lost it: nothing to tell
+        return False
 
 
 def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: bool) -> None:
@@ -206,7 +277,7 @@ def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: 
         parts = [container.logs(stdout=True, stderr=False), container.logs(stdout=False, stderr=True)]
     except Exception:
         return
-    _rewrite_logs(container, files)
+    rewrite_logs(container, files)
     if echo:
         for data, n, term in zip(parts, streamed, (sys.stdout.buffer, sys.stderr.buffer)):
             try:
@@ -216,20 +287,23 @@ def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: 
                 pass
 
 
-def _rewrite_logs(container, files: list[BinaryIO]) -> None:
-    """The log files from the engine's own copy of the (stopped) container's output, complete."""
-    try:
-        parts = [container.logs(stdout=True, stderr=False), container.logs(stdout=False, stderr=True),
-                 container.logs(stdout=True, stderr=True)]
-    except Exception:  # the engine lost it: keep what was streamed
-        return
-    for f, data in zip(files, parts):
+def rewrite_logs(container, files: list[BinaryIO]) -> None:
+    """The log files (stdout, stderr, combined) from the engine's own copy of the (stopped) container's
+    output, complete; each streamed from the engine (a long run's log need not fit in memory)."""
+    for f, (out, err) in zip(files, ((True, False), (False, True), (True, True))):
+        try:
+            chunks = container.logs(stdout=out, stderr=err, stream=True, follow=False)
+            first = next(chunks, b"")
+        except Exception:  # the engine lost it: keep what was streamed
+            continue
         try:
             f.seek(0)
             f.truncate()
-            f.write(data)
+            f.write(first)
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
-        except OSError:  # a full disk: keep what fits
+        except Exception:  # the engine lost it mid-way, or a full disk: keep what fits
             pass
 
 
@@ -249,7 +323,7 @@ def _tee(data: bytes, f: BinaryIO, all_f: BinaryIO, term: BinaryIO | None) -> No
             pass
 
 
-def _stop(container) -> None:
+def stop_container(container) -> None:
     try:
         container.stop(timeout=10)
     except Exception:
@@ -259,7 +333,7 @@ def _stop(container) -> None:
             pass
 
 
-def _remove(container) -> None:
+def remove_container(container) -> None:
     for _ in range(3):
         try:
             container.remove(force=True)
@@ -274,7 +348,7 @@ def _remove_labelled(client, labels: dict[str, str]) -> None:
     except Exception:
         return
     for c in found:
-        _remove(c)
+        remove_container(c)
 
 
 def run_capture(client, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
@@ -287,4 +361,4 @@ def run_capture(client, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
         err = container.logs(stdout=False, stderr=True)
         return int(result.get("StatusCode", 1)), out, err
     finally:
-        _remove(container)
+        remove_container(container)

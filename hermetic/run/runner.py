@@ -33,7 +33,9 @@ from hermetic.paths import CachePaths
 from hermetic.record import (
     adopt_run_dir, begin_record, create_run_dir, env_section, finish_record, new_run_id, seed_section, write_record,
 )
-from hermetic.run.container import RUN_LABEL, ContainerSpec, Mount, RunOutcome, check_gpu_runtime, run_streaming
+from hermetic.run.container import (
+    ContainerSpec, Mount, RunOutcome, check_gpu_runtime, limits_section, run_labels, run_streaming,
+)
 from hermetic.record import liveness
 from hermetic.run.data import VerifiedDataset, verify_datasets
 from hermetic.run.resume import ResumeSource, check_resume_source, seed_outputs
@@ -80,6 +82,10 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
 
     log = log or _quiet
     client = engine_client()
+    from hermetic.run.orphans import reap_orphans
+
+    for reaped in reap_orphans(client, by="hermetic run"):  # before the build's sweep of dead writers' files
+        log(f"note: {reaped.note}")
     if req.gpus:
         check_gpu_runtime(client)  # before anything is built, verified or created
     script = req.script if req.source_tar else resolve_script(cfg, req.script)
@@ -114,6 +120,7 @@ def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, i
                 run_dir: Path, rec: dict[str, Any], env: RunEnvironment, log: Log) -> RunResult:
     user = container_user(cfg)
     rec["invocation"]["user"] = user.spec  # who the script ran as: the run README's by-hand command says it
+    rec["invocation"]["limits"] = limits_section(cfg.model.run.pids, cfg.model.run.memory)
     python = f"{cfg.model.build.prefix}/bin/python"
     with _workspace(paths, run_id) as workspace:
         rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log)  # 4. the code
@@ -290,7 +297,8 @@ def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunReques
     container_env = {**(dist_container_env(req.distributed) if req.distributed else {}), **env.container}
     spec = ContainerSpec(image_id=info.image_id, command=command, mounts=mounts, env=container_env,
                          user=user.spec, workdir=m.build.workdir, network=req.network, gpus=req.gpus,
-                         labels={RUN_LABEL: run_id}, shm_size=m.run.shm_size, tmpfs_size=m.run.tmp_size)
+                         labels=run_labels(run_id, run_dir, workspace), shm_size=m.run.shm_size,
+                         tmpfs_size=m.run.tmp_size, pids_limit=m.run.pids, memory=m.run.memory)
     watch = SizeWatch(workspace, size_bytes(m.run.workdir_size), m.run.workdir_size)
     log(f"run {run_id}: {' '.join(command)}")
     return run_streaming(client, spec, run_dir / "logs", echo=req.echo, watch=watch)
@@ -346,6 +354,8 @@ def failure_reason(outcome: RunOutcome, kept: WorkdirResult) -> str | None:
     """Why hermetic fails a run the script may have finished, or None."""
     if outcome.stopped_because:
         return outcome.stopped_because
+    if outcome.oom_reason:
+        return outcome.oom_reason
     if kept.errors:
         more = f" (+{len(kept.errors) - 2} more)" if len(kept.errors) > 2 else ""
         return f"outputs were not all kept: {'; '.join(kept.errors[:2])}{more}"

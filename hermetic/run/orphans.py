@@ -1,0 +1,262 @@
+"""Containers whose driver died: found, stopped, removed, and their runs' records sealed ``interrupted``.
+
+The process that drives a run removes its container however the run ends,
+except when it is killed with SIGKILL (or the machine's OOM killer picks
+it): then the container goes on, writing into a run whose record says
+``interrupted``, and nothing would ever remove it. Every container hermetic
+creates names its driver (container.DRIVER_LABEL: host, pid, start time);
+one whose driver is gone (liveness.driver_gone: same host, and the pid is
+free, a zombie, or another process's) is an orphan. ``hermetic run`` (and
+so each ``hermetic submit`` task), ``hermetic runs`` and ``hermetic stop``
+reap them: the container is stopped, its output (the engine kept all of it)
+becomes the run's logs, the record is sealed ``interrupted`` with the reason,
+the container is removed, then its working directory.
+
+Two reapers never seal one run twice: each holds the run's liveness lock
+while it reaps (a run another process holds is left to it), and a record
+already sealed is left as it is. Until its container is gone, no sweep of
+dead writers' files removes the run's working directory (engine.HOLDS_LABEL,
+honoured by hermetic.builder.gc), so a live container never loses the
+directory it writes in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Collection
+
+from hermetic.engine import HOLDS_LABEL, containers_labelled
+from hermetic.errors import HermeticError
+from hermetic.fsutil import sweep_dead
+from hermetic.record import liveness
+from hermetic.run.container import DRIVER_LABEL, RUN_DIR_LABEL, RUN_LABEL, remove_container, rewrite_logs, stop_container
+
+LOG_FILES = ("stdout.log", "stderr.log", "combined.log")  # as container.run_streaming writes them
+RUNTIME_DIR = ".runtime"  # runner.RUNTIME_DIR (runner is not imported: `hermetic runs` stays light)
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A container of the engine whose driver is gone."""
+
+    id: str
+    driver: liveness.Driver
+    run_id: str | None  # None: not a training container (the probe's)
+    run_dir: Path | None
+    workspace: Path | None
+    running: bool
+
+
+@dataclass(frozen=True)
+class Reaped:
+    container: str  # its ID, short
+    run_id: str | None
+    run_dir: Path | None
+    sealed: bool  # its run's record was sealed here
+    note: str  # one line, for the CLI to print
+
+
+def find_orphans(run_ids: Collection[str] | None = None) -> list[Orphan]:
+    """The containers whose driver is gone (only those of ``run_ids`` when given); [] when no engine answers.
+
+    One question to the engine (on its socket): cheap enough for every ``hermetic runs``."""
+    rows = containers_labelled(DRIVER_LABEL) or []
+    found = []
+    for row in rows:
+        labels = row.get("Labels") or {}
+        driver = liveness.parse_driver(str(labels.get(DRIVER_LABEL) or ""))
+        run_id = labels.get(RUN_LABEL)
+        if driver is None or (run_ids is not None and run_id not in run_ids) or not liveness.driver_gone(driver):
+            continue
+        run_dir, holds = labels.get(RUN_DIR_LABEL), labels.get(HOLDS_LABEL)
+        found.append(Orphan(str(row.get("Id") or ""), driver, run_id, Path(run_dir) if run_dir else None,
+                            Path(holds) if holds else None, row.get("State") == "running"))
+    return found
+
+
+def reap_orphans(client: Any = None, *, by: str, run_ids: Collection[str] | None = None) -> list[Reaped]:
+    """Stop and remove every orphan (of ``run_ids`` when given) and seal its run's record; what was reaped.
+
+    ``by`` names the command, for the record's reason (``hermetic runs``). Nothing here raises for one
+    orphan's sake: what could not be done is said in its note."""
+    orphans = find_orphans(run_ids)
+    if not orphans:
+        return []
+    if client is None:
+        from hermetic.engine import engine_client
+
+        client = engine_client()
+    reaped = []
+    for orphan in orphans:
+        try:
+            done = _reap(client, orphan, by)
+        except Exception as e:  # another run's leftover never fails the command that found it
+            done = Reaped(orphan.id[:12], orphan.run_id, orphan.run_dir, False,
+                          f"container {orphan.id[:12]} (run {orphan.run_id or '-'}) of a hermetic process that died "
+                          f"(pid {orphan.driver.pid}) could not be reaped: {' '.join(str(e).split())[:200]}")
+        if done is not None:
+            reaped.append(done)
+    return reaped
+
+
+def _reap(client: Any, orphan: Orphan, by: str) -> Reaped | None:
+    if orphan.run_id is None or orphan.run_dir is None:  # a probe's: nothing to seal
+        container = _container(client, orphan.id)
+        if container is None:
+            return None
+        remove_container(container)
+        return Reaped(orphan.id[:12], None, None, False,
+                      f"removed container {orphan.id[:12]}, left by a hermetic process that died (pid {orphan.driver.pid})")
+    run_dir = orphan.run_dir
+    if not (run_dir / "run.json").is_file() or run_dir.name != orphan.run_id:
+        container = _container(client, orphan.id)
+        if container is None:
+            return None
+        stop_container(container)
+        remove_container(container)
+        _remove_workspace(orphan.workspace)
+        return Reaped(orphan.id[:12], orphan.run_id, run_dir, False,
+                      f"run {orphan.run_id}: its driver (pid {orphan.driver.pid}) died; stopped and removed its "
+                      f"container ({run_dir} has no record to seal)")
+    if liveness.is_running(run_dir):  # another process (a reaper) is at it
+        return None
+    try:
+        with liveness.hold(run_dir):
+            return _reap_run(client, orphan, run_dir, by)
+    except OSError as e:  # the run directory is not ours to write: still, the container goes
+        container = _container(client, orphan.id)
+        if container is None:
+            return None
+        stop_container(container)
+        remove_container(container)
+        _remove_workspace(orphan.workspace)
+        return Reaped(orphan.id[:12], orphan.run_id, run_dir, False,
+                      f"run {orphan.run_id}: its driver (pid {orphan.driver.pid}) died; stopped and removed its "
+                      f"container, but could not seal its record: {run_dir}: {e.strerror or e}")
+
+
+def _reap_run(client: Any, orphan: Orphan, run_dir: Path, by: str) -> Reaped | None:
+    container = _container(client, orphan.id)  # asked again under the lock: another reaper may have been first
+    if container is None:
+        return None
+    was_running = _state(container).get("Running", orphan.running)
+    stop_container(container)
+    state = _state(container)
+    _keep_logs(container, run_dir / "logs")
+    if was_running:
+        what = f"its driver (hermetic, pid {orphan.driver.pid}) died while the container ran"
+        done = f"`{by}` stopped it"
+    else:
+        what = (f"its driver (hermetic, pid {orphan.driver.pid}) died; the script went on and exited "
+                f"{state.get('ExitCode', '?')}" + (" (out of memory)" if state.get("OOMKilled") else "") + " unwatched")
+        done = f"`{by}` found its container"
+    reason = f"{what}; {done}"
+    sealed, problem = _seal(run_dir, reason, orphan.workspace)
+    remove_container(container)
+    _remove_workspace(orphan.workspace)
+    note = (f"run {orphan.run_id}: {what}; {'stopped and removed' if was_running else 'removed'} its container; "
+            + ("record sealed interrupted" if sealed else problem))
+    return Reaped(orphan.id[:12], orphan.run_id, run_dir, sealed, note)
+
+
+def _seal(run_dir: Path, reason: str, workspace: Path | None) -> tuple[bool, str]:
+    """(sealed, why not): the early record, finished as ``interrupted`` with ``reason``; what the script
+    left collected as its driver would have (hermetic.run.collect: as the container's user, no link
+    followed), the working directory's files included when it is still there."""
+    from hermetic.record import finish_record, load_record, write_record
+
+    try:
+        rec = load_record(run_dir)
+    except HermeticError as e:
+        return False, f"its record was not sealed: {e.message}"
+    if rec["record"]["finished_at"] is not None:
+        return False, "its record was sealed already"
+    try:
+        collected = _collect(run_dir, rec, workspace)
+        shutil.rmtree(run_dir / RUNTIME_DIR, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(run_dir / ".space-reserve")  # hermetic.run.runner.RESERVE_NAME: room for this record
+        write_record(run_dir, finish_record(rec, run_dir, status="interrupted", exit_code=None, reason=reason,
+                                            workdir=collected.workdir.section(), outputs=collected.outputs,
+                                            metrics=collected.metrics, notes=collected.notes))
+    except Exception as e:  # whatever the script left in outputs/: the container still goes
+        return False, f"its record was not sealed: {getattr(e, 'message', None) or ' '.join(str(e).split())[:200]}"
+    return True, ""
+
+
+def _collect(run_dir: Path, rec: dict[str, Any], workspace: Path | None):
+    import posixpath
+
+    from hermetic.containerpaths import inside
+    from hermetic.run.collect import CollectPlan, collect_run
+
+    inv = rec["invocation"]
+    user = str(inv.get("user") or f"{os.getuid()}:{os.getgid()}")
+    uid, gid = (int(x) for x in user.split(":"))
+    config = inv.get("config") or {}
+    workdir = ((config.get("build") or {}).get("workdir")) or "/workspace"
+    outputs = ((config.get("run") or {}).get("outputs")) or {}
+    skip = [posixpath.relpath(m, workdir) for d in (rec.get("data") or {}).values()
+            for m in (d.get("mounts") or []) if inside(m, workdir)]
+    meta = run_dir / RUNTIME_DIR
+    plan = CollectPlan(run_dir=str(run_dir), runtime_dir=str(meta) if meta.is_dir() else None,
+                       workspace=str(workspace) if workspace is not None and workspace.is_dir() else None,
+                       snapshot_files=((rec.get("code") or {}).get("snapshot") or {}).get("files") or {},
+                       include=list(outputs.get("include") or ["**"]), exclude=list(outputs.get("exclude") or []),
+                       skip=skip)
+    try:
+        return collect_run(plan, uid=uid, gid=gid)
+    finally:
+        if os.getuid() == 0:
+            from hermetic import safetree
+
+            fd = safetree.open_root(run_dir)
+            try:
+                safetree.lchown_tree(fd, os.getuid(), os.getgid())
+            finally:
+                os.close(fd)
+
+
+def _keep_logs(container: Any, log_dir: Path) -> None:
+    """The run's log files from the engine's copy of all the container printed (its driver stopped
+    reading when it died)."""
+    try:
+        log_dir.mkdir(exist_ok=True)
+        with contextlib.ExitStack() as stack:
+            files = [stack.enter_context(open(log_dir / name, "ab")) for name in LOG_FILES]
+            for f in files:
+                f.seek(0)
+            rewrite_logs(container, files)
+    except OSError:
+        pass
+
+
+def _remove_workspace(workspace: Path | None) -> None:
+    """The orphan's working directory, now that no container holds it (only while its owner is dead)."""
+    if workspace is not None:
+        name = workspace.name + ".lock"
+        sweep_dead(workspace.parent, lambda n: n == name)
+
+
+def _container(client: Any, container_id: str) -> Any:
+    import docker.errors
+
+    try:
+        return client.containers.get(container_id)
+    except docker.errors.NotFound:
+        return None
+    except (docker.errors.DockerException, OSError):
+        return None
+
+
+def _state(container: Any) -> dict[str, Any]:
+    try:
+        container.reload()
+        return container.attrs.get("State") or {}
+    except Exception:
+        return {}
+
