@@ -35,14 +35,14 @@ from hermetic.record import (
 )
 from hermetic.run.container import RUN_LABEL, ContainerSpec, Mount, RunOutcome, check_gpu_runtime, run_streaming
 from hermetic.record import liveness
-from hermetic.run.data import VerifiedDataset, verify_datasets
+from hermetic.run.data import DataChanged, VerifiedDataset, changed_during_run, record_data_changes, verify_datasets
 from hermetic.run.resume import ResumeSource, check_resume_source, seed_outputs
 from hermetic.run.detach import announce
 from hermetic.run.distributed import container_env as dist_container_env
 from hermetic.run.distributed import finish_section, launch_command, plan_section
 from hermetic.run.plan import (
-    ContainerUser, RunRequest, container_user, has_placeholder, passed_env, plan_datasets, redact_argv,
-    resolve_script, script_args, snapshot_excludes,
+    ContainerUser, RunRequest, check_source_links, container_user, has_placeholder, passed_env, plan_datasets,
+    redact_argv, resolve_script, script_args, snapshot_excludes,
 )
 from hermetic.run.collect import Collected
 from hermetic.run.workdir import SizeWatch, WorkdirResult
@@ -87,10 +87,12 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     passed = passed_env(req.env)
     store = OciStore(paths.oci)
 
+    plans = plan_datasets(cfg, req.data_paths, req.manifest_paths)
+    if not req.source_tar:  # a link the code snapshot could not hold: refused before anything is built or made
+        check_source_links(cfg, plans)
     info = prepare_image(cfg, paths, store, req, log)  # 1. the image
-    datasets = verify_datasets(plan_datasets(cfg, req.data_paths, req.manifest_paths),  # 2. the data
-                               progress=progress, log=log, say_how_to_accept=not req.manifest_paths,
-                               reader=container_user(cfg))
+    datasets = verify_datasets(plans, progress=progress, log=log,  # 2. the data
+                               say_how_to_accept=not req.manifest_paths, reader=container_user(cfg))
     # 2b. the earlier run's outputs, as its record says: an input too
     reader = container_user(cfg)
     resume = (check_resume_source(req.resume_from, uid=reader.uid, gid=reader.gid)
@@ -119,11 +121,12 @@ def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, i
             refuse_unfit_gpu(rec, run_dir, probe, info)
         outcome = run_container(client, cfg, rec, req, info, datasets, resume, env, run_dir, workspace,  # 6. the run
                                 script, python, user, log)
+        data_changes = changed_during_run(datasets)  # 6b. the data, by stat, against what was verified
         # 7. what the script left (outputs, working directory, the runtime's report), as its user, no link followed
         collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, user, req.distributed)
         if req.distributed is not None:  # per-rank logs kept, what each rank reported
             rec["distributed"] = finish_section(rec["distributed"], collected.runtime_report, collected.rank_logs or {})
-    return seal_run(req, run_id, run_dir, rec, outcome, collected, log)  # 8. the record
+    return seal_run(req, run_id, run_dir, rec, outcome, collected, log, data_changes)  # 8. the record
 
 
 def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: RunRequest, log: Log) -> ImageInfo:
@@ -265,7 +268,8 @@ def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunReques
         command = ([python, script] if script.endswith(".py") else [f"./{script}"]) + rec["invocation"]["args"]
     mounts = [Mount(workspace, m.build.workdir, False), Mount(outputs, OUTPUTS_MOUNT, False),
               Mount(meta, RUNTIME_MOUNT, False)]
-    mounts += [Mount(d.plan.host_path, where, True) for d in datasets for where in d.plan.container_paths]
+    # The directory that was verified (symlinks resolved then), not the path again: it could point elsewhere now.
+    mounts += [Mount(Path(d.report.root), where, True) for d in datasets for where in d.plan.container_paths]
     container_env = {**(dist_container_env(req.distributed) if req.distributed else {}), **env.container}
     spec = ContainerSpec(image_id=info.image_id, command=command, mounts=mounts, env=container_env,
                          user=user.spec, workdir=m.build.workdir, network=req.network, gpus=req.gpus,
@@ -339,8 +343,9 @@ def failure_reason(outcome: RunOutcome, kept: WorkdirResult) -> str | None:
 
 
 def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], outcome: RunOutcome,
-             collected: Collected, log: Log) -> RunResult:
-    """What the runtime applied, the outcome, output hashes and metrics: the final, sealed record."""
+             collected: Collected, log: Log, data_changes: dict | None = None) -> RunResult:
+    """What the runtime applied, the outcome, output hashes and metrics: the final, sealed record.
+    ``data_changes``: the datasets that changed after they were verified (hermetic.run.data)."""
     meta = run_dir / RUNTIME_DIR
     kept = collected.workdir
     rec["seed"] = seed_section(rec["seed"]["value"], req.seed_policy, collected.runtime_report)
@@ -349,6 +354,11 @@ def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], o
     if reason is not None:
         # The script's own failure keeps its code; a run hermetic stopped or failed gets hermetic's.
         status, code = "failed", code if code != 0 and not outcome.stopped_because else RunFailed.exit_code
+    changed = record_data_changes(rec["data"], data_changes or {})
+    if changed is not None and not outcome.interrupted:  # the first cause: what the script read is unknown
+        script_failed = code == outcome.exit_code and code != 0 and not outcome.stopped_because
+        status, code = "failed", code if script_failed else DataChanged.exit_code
+        reason = changed + (f"; also: {reason}" if reason else "")
     shutil.rmtree(meta, ignore_errors=True)
     rec = finish_record(rec, run_dir, status=status, exit_code=None if outcome.interrupted else outcome.exit_code,
                         reason=reason, workdir=kept.section(), outputs=collected.outputs, metrics=collected.metrics,
