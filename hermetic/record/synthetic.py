@@ -119,7 +119,7 @@ def write_synthetic_run(runs_root, record: dict[str, Any], manifests: dict[str, 
     every dataset). Each dataset's manifest_sha256 is set from the text, and
     each output file is written (a few bytes that stand for the recorded
     digest: equal digests, equal files) with its sha256 and size set from
-    them, so that record and run directory agree, as they do after a real run
+    them, and so is the source snapshot, so that record and run directory agree, as they do after a real run
     (hermetic.record.verify checks them).
     """
     from hermetic.record.rundir import create_run_dir, write_record
@@ -137,4 +137,8 @@ def write_synthetic_run(runs_root, record: dict[str, Any], manifests: dict[str, 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         f.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    snap = record["code"]["snapshot"]  # not a tar: bytes that stand for it, as the outputs' do
+    data = f"synthetic source snapshot {snap['sha256']}\n".encode()
+    (run_dir / snap["file"]).write_bytes(data)
+    snap["sha256"] = hashlib.sha256(data).hexdigest()
     return write_record(run_dir, record)

@@ -143,7 +143,8 @@ def check_outputs(run_dir: str | os.PathLike[str], record: dict[str, Any], *, ca
         digests.save()
     regular = sum(1 for f in actual.values() if not f.get("type") and f.get("symlink") is None)
     hashed = len(digests.hashed) if cache and digests is not None else regular
-    changed = sorted(p for p in recorded.keys() & actual.keys() if not _same_entry(recorded[p], actual[p]))
+    changed = sorted(p for p in recorded.keys() & actual.keys()
+                     if recorded[p] != actual[p] and not _same_entry(recorded[p], actual[p]))
     return OutputsCheck(changed, sorted(recorded.keys() - actual.keys()), sorted(actual.keys() - recorded.keys()),
                         files=len(recorded), hashed=hashed, cached=regular - hashed)
 
@@ -217,6 +218,10 @@ def verify_run(run_dir: str | os.PathLike[str]) -> RunVerification:
         return result
     digests = OutputsStatCache(run_dir)
     result.outputs = check_outputs(run_dir, record, digests=digests)
+    if record["record"]["finished_at"] is None:
+        # Never sealed at the end (its driver was killed): the record holds no outputs to differ from, and
+        # what the script left is not part of it. Only a recorded one that changed or went missing counts.
+        result.outputs.added = []
     result.problems += result.outputs.problems()
     for name, ds in sorted(record["data"].items()):
         result.problems += _file_problems(run_dir, ds["manifest_file"], ds["manifest_sha256"],
