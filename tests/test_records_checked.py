@@ -7,9 +7,9 @@ agree with the record); the tests marked docker change real runs of examples/num
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -199,6 +199,24 @@ def test_runs_verify_skips_what_has_no_record_and_says_66_when_nothing_was_found
     assert_clean_error(proc, 66, "no run records to verify")
     assert "skipped" in proc.stdout and "no run.json" in proc.stdout
     assert_clean_error(run_cli("runs", "verify", "--runs-dir", str(tmp_path / "none")), 66, "no run records")
+
+
+def test_a_run_whose_driver_died_is_checked_for_what_its_record_holds(tmp_path):
+    """An early record (never sealed at the end: finished_at null) holds no outputs; what the script left
+    is not part of the record, so it is not a difference; the snapshot and manifest copies still are."""
+    runs = tmp_path / "runs"
+    rec = synthetic_record(A)
+    rec["record"].update(status="interrupted", exit_code=None, finished_at=None)
+    rec["outputs"] = {"files": {}}
+    rec["metrics"] = {"final": {}, "steps": None, "file": None}
+    write_synthetic_run(runs, rec)
+    (runs / A / "outputs" / "partial.ckpt").write_bytes(b"half a checkpoint")
+    assert verify_run(runs / A).status == "ok"
+    (runs / A / "code" / "source.tar").write_bytes(b"other code")
+    assert verify_run(runs / A).problems == [
+        "code/source.tar (the source snapshot) changed since the record was sealed (sha256 "
+        f"{json.loads((runs / A / 'run.json').read_text())['code']['snapshot']['sha256'][:12]} recorded, "
+        f"{hashlib.sha256(b'other code').hexdigest()[:12]} now)"]
 
 
 def test_verify_run_reports_a_broken_seal_as_a_problem(tmp_path):
