@@ -102,7 +102,8 @@ def test_cli_list_and_show(runs):
     assert [e["id"] for e in json.loads(r.stdout)] == [IDS[2]]
     r = hermetic("runs", "--runs-dir", str(runs), "show", "20261130")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith(f"run {IDS[2]}  succeeded") and "(seal verified; output files not rehashed)" in r.stdout
+    assert r.stdout.startswith(f"run {IDS[2]}  succeeded")
+    assert "(seal verified; 2 output files rehashed, as recorded: " in r.stdout
     r = hermetic("runs", "show", "--runs-dir", str(runs), "--json", IDS[0])
     assert json.loads(r.stdout) == load_record(runs / IDS[0])
     r = hermetic("runs", "show", "--runs-dir", str(runs), "20261129")

@@ -151,15 +151,21 @@ def format_table(entries: list[dict[str, Any]], *, colour: bool) -> str:
 
 @runs.command("show")
 @click.argument("run_id", metavar="ID")
+@click.option("--no-rehash", is_flag=True, help="Do not rehash the output files (the line 'record' says so).")
 @runs_dir_option
 @config_option
 @json_option
 @click.pass_context
-def show(ctx: click.Context, run_id: str, runs_dir: str | None, config_path: str | None, as_json: bool) -> None:
+def show(ctx: click.Context, run_id: str, no_rehash: bool, runs_dir: str | None, config_path: str | None,
+         as_json: bool) -> None:
     """Print one run's record (or one group's summary), checked against its seal.
 
     ID is a run ID, a unique prefix of one, or a path to a run directory.
-    A record edited after hermetic wrote it is reported (exit 65).
+    A record edited after hermetic wrote it, or a run directory renamed, is
+    refused (exit 65). The output files are rehashed against the record
+    (stat-cached: a second look reads only files changed since); one that
+    changed or went missing is named and the exit status is 65 (`hermetic
+    runs verify` checks the rest of the directory too).
 
     \b
     Examples:
@@ -180,19 +186,30 @@ def show(ctx: click.Context, run_id: str, runs_dir: str | None, config_path: str
             click.echo(format_group(group, ref_dir))
         return
     from hermetic.record.rundir import load_record
+    from hermetic.record.verify import check_outputs
 
     record = load_record(ref_dir)
+    check = None if no_rehash else check_outputs(ref_dir, record)
     if as_json:
         emit_json(record)
     else:
-        click.echo(format_record(record, ref_dir))
+        click.echo(format_record(record, ref_dir, check))
+    if check is not None and not check.as_recorded:
+        from hermetic.errors import IntegrityError
+
+        problems = [p for p in check.problems() if not p.endswith("(added since)")]
+        raise IntegrityError(f"{ref_dir}: " + "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)"
+                                                                         if len(problems) > 3 else ""),
+                             hint=f"hermetic runs verify {ref_dir.name} lists what differs")
 
 
 def _line(label: str, text: str) -> str:
     return f"  {click.style(label.ljust(9), bold=True)} {text}"
 
 
-def format_record(r: dict[str, Any], run_dir: Path) -> str:
+def format_record(r: dict[str, Any], run_dir: Path, check: Any = None) -> str:
+    """The record in lines; ``check``: what rehashing the outputs found (hermetic.record.verify.OutputsCheck),
+    None when they were not rehashed."""
     meta, inv, img, code = r["record"], r["invocation"], r["image"], r["code"]
     colour = _STATUS_COLOUR.get(meta["status"])
     exit_text = f", exit {meta['exit_code']}" if meta["exit_code"] is not None else ""
@@ -258,8 +275,18 @@ def format_record(r: dict[str, Any], run_dir: Path) -> str:
     metric_text = ", ".join(f"{k}={_num(v)}" for k, v in m["final"].items()) or "none"
     lines.append(_line("metrics", metric_text + (f"  (steps {m['steps']})" if m["steps"] is not None else "")))
     lines.append(_line("record", f"{run_dir}/run.json  sha256 {meta['record_sha256'][:16]}  (seal verified; "
-                       "output files not rehashed)"))
+                       + _rehash_text(check) + ")"))
     return "\n".join(lines)
+
+
+def _rehash_text(check: Any) -> str:
+    if check is None:
+        return "output files not rehashed"
+    if not check.as_recorded:
+        return click.style("outputs differ from the record: " + "; ".join(check.problems()[:3]), fg="red")
+    added = f"; {len(check.added)} not in the record: {', '.join(check.added[:3])}" if check.added else ""
+    return (f"{check.files} output files rehashed, as recorded: {check.hashed} read, {check.cached} from the stat "
+            f"cache{added}")
 
 
 def _software_text(sw: dict[str, Any], applied: dict[str, Any]) -> str:
@@ -333,6 +360,100 @@ def format_group(g: dict[str, Any], gdir: Path) -> str:
     lines += [_line("warning", click.style(flag, fg="yellow")) for flag in g.get("flags") or []]
     lines.append(_line("record", f"{gdir}/group.json  sha256 {meta['group_sha256'][:16]}  (seal verified)"))
     return "\n".join(lines)
+
+
+@runs.command("verify")
+@click.argument("refs", nargs=-1, metavar="[RUN]...")
+@runs_dir_option
+@config_option
+@json_option
+@click.pass_context
+def verify_cmd(ctx: click.Context, refs: tuple[str, ...], runs_dir: str | None, config_path: str | None,
+               as_json: bool) -> None:
+    """Check run directories against their sealed records; say per run ok or what differs.
+
+    RUN is a run ID, a unique prefix, a path, or a seed group (its members);
+    with none, every run in the runs directory. For each: the record's seal
+    and schema, that the directory is named by its run ID, every output file
+    rehashed (changed, missing, added since), the dataset manifest copies in
+    data/, the source snapshot and the git patch against their recorded
+    sha256. Rehashing is stat-cached (runs/<id>/.outputs.statcache): a second
+    look reads only what changed since. A run still going, or a directory
+    without a record, is skipped.
+
+    Exit status: 0 every run checked is as recorded, 65 one or more differ,
+    66 no run record was found.
+
+    \b
+    Examples:
+      hermetic runs verify                       # every run in ./runs
+      hermetic runs verify 20261129-2145 --json
+    """
+    from hermetic.errors import IntegrityError, NotFound
+    from hermetic.record.verify import verify_run
+
+    parent = ctx.obj or {}
+    runs_dir, config_path = runs_dir or parent.get("runs_dir"), config_path or parent.get("config_path")
+    if refs:
+        dirs = [d for ref in refs for d in _member_dirs(resolve_ref(ref, runs_dir, config_path))]
+        where = ", ".join(refs)
+    else:
+        root = runs_root(runs_dir, config_path)
+        dirs = _all_run_dirs(root)
+        where = str(root)
+    results = [verify_run(d) for d in dirs]
+    checked = [r for r in results if r.status != "skipped"]
+    differ = [r for r in checked if not r.ok]
+    if as_json:
+        emit_json({"ok": bool(checked) and not differ, "checked": len(checked), "differ": len(differ),
+                   "runs": [r.to_json() for r in results]})
+    else:
+        for r in results:
+            click.echo(_verify_line(r))
+    if not checked:
+        raise NotFound(f"no run records to verify in {where}")
+    if differ:
+        first = differ[0]
+        more = f" (and {len(differ) - 1} more runs)" if len(differ) > 1 else ""
+        raise IntegrityError(f"{len(differ)} of {len(checked)} runs differ from their records: "
+                             f"{first.run_id or first.run_dir.name}: {first.problems[0]}{more}")
+
+
+def _verify_line(r: Any) -> str:
+    name = r.run_id or r.run_dir.name
+    if r.status == "skipped":
+        return f"{click.style('skipped', dim=True)}  {name}: {r.skipped}"
+    if r.ok:
+        o = r.outputs
+        return (f"{click.style('ok', fg='green')}       {name}  ({o.files} outputs: {o.hashed} read, {o.cached} "
+                "from the stat cache)")
+    shown = "\n".join(f"           {p}" for p in r.problems[:20])
+    more = f"\n           ... and {len(r.problems) - 20} more (--json lists all)" if len(r.problems) > 20 else ""
+    return f"{click.style('DIFFERS', fg='red', bold=True)}  {name}\n{shown}{more}"
+
+
+def _all_run_dirs(root: Path) -> list[Path]:
+    """Every run directory under ``root`` (groups are not runs: their members are), by name."""
+    import os
+
+    from hermetic.record.index import is_group_dir
+
+    try:
+        names = sorted(e.name for e in os.scandir(root) if not e.name.startswith(".") and e.is_dir())
+    except FileNotFoundError:
+        return []
+    return [root / n for n in names if not is_group_dir(root / n)]
+
+
+def _member_dirs(ref_dir: Path) -> list[Path]:
+    """A run directory itself; a group's member run directories."""
+    from hermetic.record.index import is_group_dir
+
+    if not is_group_dir(ref_dir):
+        return [ref_dir]
+    from hermetic.record.group import load_group
+
+    return [ref_dir.parent / m["run_id"] for m in load_group(ref_dir)["members"]]
 
 
 from hermetic.cli import runs_tools_cmd  # noqa: E402,F401 - adds `runs export` and `runs plot` to the group above

@@ -93,6 +93,7 @@ class StatCache:
         self._recorded = array("q")
         self._digests = b""
         self._index_cache: dict[str, int] | None = None
+        self._stored_ints: tuple[bytes, array] | None = None  # (the _keys it was unpacked from, the ints)
         self._new: dict[str, tuple[StatKey, int, bytes]] = {}
         self._order: list[str] | None = None
         self._dirty = False
@@ -135,7 +136,7 @@ class StatCache:
             return [h[i:i + 64] for i in range(0, len(h), 64)]
         self._load()
         index, new, recorded, digests = self._index(), self._new, self._recorded, self._digests
-        stored = _ints(self._keys)
+        stored = self._stored()
         out: list[str | None] = []
         append = out.append
         for path, key in zip(paths, keys):
@@ -311,6 +312,12 @@ class StatCache:
         self._reset()  # re-read lazily if used again
 
     # ------------------------------------------------------------ storage
+
+    def _stored(self) -> array:
+        """The stored keys as ints, unpacked once (``get`` one file at a time stays O(1) per lookup)."""
+        if self._stored_ints is None or self._stored_ints[0] is not self._keys:
+            self._stored_ints = (self._keys, _ints(self._keys))
+        return self._stored_ints[1]
 
     def _index(self) -> dict[str, int]:
         if self._index_cache is None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
 
 from hermetic.data.hashing import Hashed, hash_files
+from hermetic.data.identity import DatasetIdentity, identity_of
 from hermetic.data.manifest import (
     Manifest, first_names, make_manifest, parse_columns, parse_manifest, read_manifest_bytes,
 )
@@ -61,6 +62,9 @@ class VerifyReport:
     # What not everyone may read, from the scan's own stats (scan.Tree.restricted; hermetic.data.access);
     # None when the scan took no stats (full mode).
     restricted: tuple[tuple[str, int, int, int], ...] | None = field(default=None, repr=False, compare=False)
+    # Each file's stat key as this verification saw it (hermetic.data.identity): what `hermetic run` checks
+    # again after the container exits. From the stats the verification took anyway: no extra cost.
+    identity: DatasetIdentity | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -121,16 +125,20 @@ def verify_dataset(
         cache = stat_cache if stat_cache is not None else StatCache.for_tree(real_root)
         label = _label(real_root) if progress else None
         restricted = None
+        root_st = os.stat(real_root)
+        root_key = (root_st.st_dev, root_st.st_ino)
         if full:  # the scan happens in a worker process, while this one parses the manifest
-            report = _Job(real_root, manifest_path, manifest_bytes, None, cache, recorded_ns, workers,
-                          label).full(exclude)
+            job = _Job(real_root, manifest_path, manifest_bytes, None, cache, recorded_ns, workers, label)
+            report = job.full(exclude)
+            identity = identity_of(real_root, root_key, job.seen[0], job.seen[1], recorded_ns, exclude)
         else:
             tree = scan_tree(real_root, exclude=exclude, stat=True)
             restricted = tuple(tree.restricted)
             report = _Job(real_root, manifest_path, manifest_bytes, tree, cache, recorded_ns, workers,
                           label).with_stat_cache()
+            identity = identity_of(real_root, root_key, tree.paths, tree.keys, recorded_ns, exclude)
     return dataclasses.replace(report, seconds=time.perf_counter() - started, manifest_bytes=manifest_bytes,
-                               restricted=restricted)
+                               restricted=restricted, identity=identity)
 
 
 class _Job:
@@ -143,6 +151,8 @@ class _Job:
         self.tree, self.cache, self.recorded_ns = tree, cache, recorded_ns
         self.workers, self.label = workers, label
         self._sha256: str | None = None  # the manifest's; parsing computes it too, so it is taken from there
+        # (paths, stat keys) of the files ``full`` hashed, each key its worker's fstat: the identity
+        self.seen: tuple[list[str], list[Any]] = ([], [])
 
     @property
     def manifest_sha256(self) -> str:
@@ -264,6 +274,9 @@ class _Job:
                 if want is not None and hashed.digests[i * 32:i * 32 + 32] != want:
                     changed.append((paths[i], want.hex(), hashed.hex(i)))
         self._record(tree, hashed, keep, ok=not (missing or extra or changed))
+        flat = memoryview(hashed.keys).cast("q")
+        every = list(zip(*[iter(flat)] * 5))  # each file's key as a tuple, at C speed
+        self.seen = ((paths, every) if not gone else ([paths[i] for i in keep], [every[i] for i in keep]))
         total = sum(hashed.sizes())
         return self.report("full", missing=sorted(missing), extra=sorted(extra), changed=sorted(changed),
                            file_count=len(keep), total_bytes=total, hashed_files=len(keep),

@@ -3,7 +3,9 @@
 Entry points:
 
 - ``diff_paths(dir_a, dir_b, rtol=, atol=) -> RunDiff | GroupDiff``: loads, detects groups, compares.
-- ``diff_runs(dir_a, dir_b, ...) -> RunDiff`` and ``diff_records(rec_a, rec_b, ...)`` (pure).
+- ``diff_runs(dir_a, dir_b, ...) -> RunDiff``: the run directories checked against their records first
+  (hermetic.record.verify: a changed or missing output refuses, exit 65); ``diff_records(rec_a, rec_b, ...)``
+  (pure).
 - ``result.verdict`` (kind, line, causes, knobs_not_set, exit_code), ``result.to_json()``,
   ``hermetic.diff.render.render(result)`` for the terminal.
 """
@@ -42,9 +44,13 @@ def run_manifests(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
 def diff_runs(dir_a: str | Path, dir_b: str | Path, *, rtol: float = DEFAULT_RTOL,
               atol: float = DEFAULT_ATOL) -> RunDiff:
     from hermetic.record.rundir import load_record
+    from hermetic.record.verify import require_as_recorded
 
     da, db = Path(dir_a), Path(dir_b)
     a, b = load_record(da), load_record(db)
+    # The records are compared; the files beside them must still be what they say (stat-cached rehash).
+    require_as_recorded(da, a, what="hermetic diff")
+    require_as_recorded(db, b, what="hermetic diff")
     d = diff_records(a, b, manifests_a=run_manifests(da, a), manifests_b=run_manifests(db, b), rtol=rtol, atol=atol)
     d.logs = compare_logs(da, db)
     return d

@@ -285,6 +285,12 @@ def compare_data(a: Json, b: Json, manifests_a: Manifests, manifests_b: Manifest
                                         f"{name}: manifest {short(x['manifest_sha256'], 8)} -> "
                                         f"{short(y['manifest_sha256'], 8)} ({x['count']} -> {y['count']} files; "
                                         "manifest copies not found, no per-file detail)"))
+        for label, ds in (("A", x), ("B", y)):
+            during = ds.get("changed_during_run")
+            if during:  # what that run read is not what its manifest says: a cause, whatever else differs
+                s.changes.append(Change("data", f"{name}.changed_during_run", "changed", x.get("changed_during_run"),
+                                        y.get("changed_during_run"),
+                                        f"{name} changed during run {label}: {during_run_text(during)}"))
         where_a, where_b = x.get("mounts") or [x["mount"]], y.get("mounts") or [y["mount"]]
         if where_a != where_b:
             s.changes.append(Change("data", f"{name}.mounts", "changed", where_a, where_b,
@@ -294,6 +300,27 @@ def compare_data(a: Json, b: Json, manifests_a: Manifests, manifests_b: Manifest
                 s.changes.append(Change("data", f"{name}.{key}", "changed", x[key], y[key],
                                         f"{name}.{key} {x[key]} -> {y[key]}", material=False))
     return s
+
+
+def during_run_text(during: Json) -> str:
+    """A record's ``data.<name>.changed_during_run`` in words: ``1 changed (train-x.f32)``."""
+    if during.get("error"):
+        return str(during["error"])
+    parts = []
+    for kind in ("changed", "missing", "added"):
+        paths = during.get(kind) or []
+        if paths:
+            parts.append(f"{len(paths)} {kind} ({', '.join(paths[:3])}" + (", ..." if len(paths) > 3 else "") + ")")
+    named = sum(len(during.get(k) or []) for k in ("changed", "missing", "added"))
+    more = int(during.get("count") or 0) - named
+    return "; ".join(parts) + (f"; +{more} more" if more > 0 else "")
+
+
+def data_changed_during(record: Json, label: str) -> list[str]:
+    """``data changed during run A: logreg: 1 changed (x.f32)``: one per dataset that changed while the run
+    read it."""
+    return [f"data changed during run {label}: {name}: {during_run_text(ds['changed_during_run'])}"
+            for name, ds in sorted((record.get("data") or {}).items()) if ds.get("changed_during_run")]
 
 
 def compare_seed(a: Json, b: Json) -> SectionDiff:

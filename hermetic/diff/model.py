@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 Role = Literal["input", "environment", "output"]
 VerdictKind = Literal["identical", "nothing_compared", "nondeterminism", "environment", "inputs",  # two runs
+                      "data_changed",  # two runs, a dataset changed while one of them read it
                       "within_noise", "beyond_noise", "undetermined"]  # two seed groups
 
 

@@ -11,6 +11,10 @@
   named are the determinism settings at least one run did not have.
 - ``same inputs on different hardware, outputs differ: ...``: inputs equal,
   the machine (GPU, driver, CPU, BLAS, software build) differs.
+- ``data changed during run A: logreg: 1 changed (x.f32)``: a dataset
+  changed after that run verified it, while its script read it
+  (``data.<name>.changed_during_run``): the one cause named, never
+  nondeterminism, whatever the outputs say.
 - ``inputs differ: ...``: the first cause is the most likely one, in causal
   order (image, code, config, data, seed, environment variables), then the
   rest; machine differences follow. When the seed is the only input that
@@ -26,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from hermetic.determinism import env_knobs_not_set
-from hermetic.diff.compare import short
+from hermetic.diff.compare import data_changed_during, short
 from hermetic.errors import EXIT_DIFFERENT, EXIT_NOTHING_COMPARED
 from hermetic.diff.model import OutputsDiff, SectionDiff, Verdict
 from hermetic.seedargs import has_placeholder
@@ -88,6 +92,16 @@ def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any],
         notes.append("machine differs: " + "; ".join(f"{s.name} ({s.summary(2)})" for s in machine))
     notes += warnings
     causes = [s.name for s in inputs + machine]
+    during = data_changed_during(a, "A") + data_changed_during(b, "B")
+    if during:
+        # Not nondeterminism, not the inputs as recorded: that run read other bytes than its manifest says.
+        line = "; ".join(during)
+        others = [f"{s.name} ({s.summary(2)})" for s in inputs if s.name != "data"]
+        if others:
+            line += "; inputs differ too: " + "; then ".join(others)
+        notes.insert(0, "a dataset that changes while a run reads it makes that run's outputs those of unknown "
+                        "data; run it again on data that stays put (docs/data.md, \"While a run reads it\")")
+        return Verdict("data_changed", line, causes or ["data"], knobs, notes, EXIT_DIFFERENT)
     if not inputs and outputs.identical and not outputs.compared:
         line = ("nothing to compare: neither run has an output file or a metric (hermetic looks in /outputs, "
                 "in what the script writes in its working directory, and in /outputs/metrics.jsonl)")

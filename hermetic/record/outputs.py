@@ -7,7 +7,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 from hermetic import safetree
 from hermetic.canonical import sha256_hex
@@ -83,8 +83,22 @@ def hash_outputs(outputs_dir: str | os.PathLike[str], notes: list[str] | None = 
         os.close(rootfd)
 
 
-def hash_outputs_at(rootfd: int, notes: list[str] | None = None) -> dict[str, Any]:
-    """hash_outputs of the directory ``rootfd`` (opened by the caller, perhaps before a privilege drop)."""
+class DigestCache(Protocol):
+    """What hash_outputs_at may ask before it hashes a regular file (hermetic.record.verify's stat cache)."""
+
+    def get(self, rel: str, key: tuple[int, int, int, int, int]) -> str | None:
+        """The sha256 of the file recorded as ``rel`` if it was hashed with this very stat key and can be
+        trusted (git's racy-clean rule), else None."""
+
+    def put(self, rel: str, key: tuple[int, int, int, int, int], sha256: str) -> None:
+        """``rel``, whose stat key was ``key`` before and after it was read, hashed to ``sha256``."""
+
+
+def hash_outputs_at(rootfd: int, notes: list[str] | None = None, cache: DigestCache | None = None) -> dict[str, Any]:
+    """hash_outputs of the directory ``rootfd`` (opened by the caller, perhaps before a privilege drop).
+
+    ``cache``: a regular file whose (dev, ino, size, mtime_ns, ctime_ns) it
+    knows is not read again (the same walk, the same record either way)."""
     files: dict[str, dict[str, Any]] = {}
 
     def too_deep(rel: str) -> None:
@@ -101,9 +115,19 @@ def hash_outputs_at(rootfd: int, notes: list[str] | None = None) -> dict[str, An
             files[rel] = {"sha256": sha256_hex(data), "size": len(data),
                           "symlink": safetree.record_name(e.target or "")}
         elif e.kind == "file":
+            key = (e.st.st_dev, e.st.st_ino, e.st.st_size, e.st.st_mtime_ns, e.st.st_ctime_ns)
+            known = cache.get(rel, key) if cache is not None else None
+            if known is not None:
+                files[rel] = {"sha256": known, "size": e.st.st_size}
+                continue
             fd = safetree.open_regular_at(dirfd, name, e.st, rel=e.rel)
             try:
                 digest, size = safetree.hash_fd(fd)
+                if cache is not None:
+                    after = os.fstat(fd)
+                    if size == e.st.st_size and key == (after.st_dev, after.st_ino, after.st_size,
+                                                        after.st_mtime_ns, after.st_ctime_ns):
+                        cache.put(rel, key, digest)
             finally:
                 os.close(fd)
             files[rel] = {"sha256": digest, "size": size}

@@ -169,10 +169,14 @@ def load_json_doc(path: Path, what: str) -> Any:
 
 
 def load_record(run_dir_or_run_json: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read, validate and check the seal of a run.json (a run dir or the file itself).
+    """Read, validate and check the seal of a run.json (a run dir or the file itself), and that the directory
+    it lies in is named by its run ID: the one place every command that shows, compares, replays, resumes
+    from or exports a run loads its record.
 
     RunNotFound (exit 66) when there is none, RecordError (exit 65) when it is
-    malformed, IntegrityError (exit 65) when it was edited after writing.
+    malformed, IntegrityError (exit 65) when it was edited after writing or
+    its directory was renamed (a record is never moved to another run's name).
+    The files beside it are checked by hermetic.record.verify.
     """
     from hermetic.record.schema import validate_record
 
@@ -182,6 +186,11 @@ def load_record(run_dir_or_run_json: str | os.PathLike[str]) -> dict[str, Any]:
     if not verify_seal(doc):
         raise IntegrityError(f"{path}: record_sha256 does not match the content; the record was changed "
                              "after hermetic wrote it")
+    run_id = doc["record"]["run_id"]
+    where = path.parent.resolve().name if path.parent.name in ("", ".", "..") else path.parent.name
+    if where != run_id:
+        raise IntegrityError(f"{path.parent}: the directory is named {where!r} but its record is run {run_id!r}; "
+                             "a run directory is never renamed", hint=f"rename it back to {run_id}")
     return doc
 
 

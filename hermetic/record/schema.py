@@ -171,6 +171,17 @@ class Code(_Strict):
     snapshot: Snapshot
 
 
+class DataChangedDuringRun(_Strict):
+    """What differed, after the run, from the dataset as it was verified (hermetic.data.identity): paths as
+    the manifest writes them, at most 100 of each kind; ``count`` all of them."""
+
+    changed: list[str]
+    missing: list[str]
+    added: list[str]
+    count: NonNegInt
+    error: Optional[str]  # the dataset could not be looked at again (gone, replaced, unreadable)
+
+
 class Dataset(_Strict):
     path: str
     mount: Optional[str]  # hermetic.yaml's mount:, if any
@@ -180,6 +191,8 @@ class Dataset(_Strict):
     bytes: NonNegInt
     count: NonNegInt
     verify_mode: Literal["stat-cache", "full"]
+    # Present only when the dataset changed after it was verified, while the run used it (the run failed).
+    changed_during_run: Optional[DataChangedDuringRun] = None
 
 
 class Seed(_Strict):

@@ -112,11 +112,15 @@ def synthetic_record(run_id: str = "20261129-214500-1a2b3c", *, seed: int = 0, m
 
 
 def write_synthetic_run(runs_root, record: dict[str, Any], manifests: dict[str, str] | None = None):  # noqa: ANN001, ANN201
-    """Create the run dir, copy the dataset manifests into data/, write the record; return the sealed record.
+    """Create the run dir, copy the dataset manifests into data/, write the outputs, write the record; return
+    the sealed record.
 
     ``manifests`` maps dataset name -> manifest text (default: DATA_MANIFEST for
-    every dataset). Each dataset's manifest_sha256 is set from the text so that
-    record and copy agree, as they do after a real run.
+    every dataset). Each dataset's manifest_sha256 is set from the text, and
+    each output file is written (a few bytes that stand for the recorded
+    digest: equal digests, equal files) with its sha256 and size set from
+    them, and so is the source snapshot, so that record and run directory agree, as they do after a real run
+    (hermetic.record.verify checks them).
     """
     from hermetic.record.rundir import create_run_dir, write_record
 
@@ -125,4 +129,16 @@ def write_synthetic_run(runs_root, record: dict[str, Any], manifests: dict[str, 
         text = (manifests or {}).get(name, DATA_MANIFEST)
         (run_dir / ds["manifest_file"]).write_text(text)
         ds["manifest_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+    for rel, f in record["outputs"]["files"].items():
+        if f.get("symlink") is not None or f.get("type"):
+            continue
+        data = f"synthetic output {f['sha256']}\n".encode()
+        path = run_dir / "outputs" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        f.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    snap = record["code"]["snapshot"]  # not a tar: bytes that stand for it, as the outputs' do
+    data = f"synthetic source snapshot {snap['sha256']}\n".encode()
+    (run_dir / snap["file"]).write_bytes(data)
+    snap["sha256"] = hashlib.sha256(data).hexdigest()
     return write_record(run_dir, record)

@@ -1,8 +1,14 @@
-"""The data step: every dataset verified against its manifest before any run directory or container.
+"""The data step: every dataset verified against its manifest before any run directory or container,
+and checked again, by stat alone, after the container exits.
 
 What the run keeps as its copy of a manifest are the bytes that were
 verified (``VerifiedDataset.manifest_bytes``), never a second read of the
-file, which could have changed in between.
+file, which could have changed in between. The verification's own stats are
+each dataset's identity (hermetic.data.identity); ``changed_during_run``
+compares them with the dataset as it is after the run, so a file changed at
+any time after it was verified -- before the container started or while it
+ran -- is named in the record and fails the run (docs/data.md, "While a run
+reads it").
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from hermetic.data.access import unreadable
+from hermetic.data.identity import IdentityChange, check_identity
 from hermetic.data.verify import VerifyReport, problem_lines, verify_dataset
 from hermetic.errors import DataError
 from hermetic.run.plan import ContainerUser, DatasetPlan
@@ -23,6 +30,11 @@ _NAMED, _DETAILED = 3, 20
 
 class DataRefused(DataError):
     """A dataset does not match its manifest (or is missing): no container is started."""
+
+
+class DataChanged(DataError):
+    """A dataset changed after it was verified, while the run used it: the run failed (exit 65 unless the
+    script's own code says it failed first); the record names the files."""
 
 
 @dataclass(frozen=True)
@@ -99,3 +111,30 @@ def refuse_unreadable(plan: DatasetPlan, report: VerifyReport, reader: Container
     raise DataRefused(f"dataset {plan.name}: the script runs as {reader.spec}, which cannot read {len(bad)} of its "
                       f"files or directories in {plan.host_path}: {named} — no container was started", details=details,
                       hint=f"let everyone read it: chmod -R a+rX {shlex.quote(str(plan.host_path))}")
+
+
+def changed_during_run(datasets: list[VerifiedDataset]) -> dict[str, IdentityChange]:
+    """Each dataset that is not, file by file, what its verification saw (by name): stat only, no hash
+    (but for the few files hermetic.data.identity cannot trust by stat). Never raises."""
+    out = {}
+    for d in datasets:
+        ident = d.report.identity
+        if ident is None:
+            continue
+        change = check_identity(ident, d.manifest_bytes)
+        if not change.ok:
+            out[d.plan.name] = change
+    return out
+
+
+def record_data_changes(data_section: dict, changes: dict[str, IdentityChange]) -> str | None:
+    """Put each change into the record's ``data.<name>.changed_during_run``; the run's failure reason (one
+    line naming the datasets and files), or None when nothing changed."""
+    if not changes:
+        return None
+    parts = []
+    for name, change in sorted(changes.items()):
+        data_section[name]["changed_during_run"] = change.to_json()
+        parts.append(f"dataset {name}: {change.summary()}")
+    return ("data changed during the run (after it was verified; the script may have read other bytes than "
+            "the manifest says): " + "; ".join(parts))

@@ -108,7 +108,44 @@ def snapshot_excludes(cfg: LoadedConfig, datasets: list[DatasetPlan]) -> list[st
             ex.add(Path(p).resolve().relative_to(cfg.root).as_posix())
         except ValueError:
             pass
+    # The project path itself, not resolved: a dataset that is a link out of the project (data -> /mnt/big/data),
+    # or lies beyond one, is mounted there; the link is not code (git lists it as a file, even under `data/`).
+    for d in datasets:
+        if d.workdir_path:
+            rel = posixpath.normpath(d.workdir_path)
+            parts = rel.split("/")
+            ancestors = ["/".join(parts[:i]) for i in range(1, len(parts))]
+            ex.update(a for a in ancestors if (cfg.root / a).is_symlink())
+            ex.add(rel)
     return sorted(ex)
+
+
+def check_source_links(cfg: LoadedConfig, datasets: list[DatasetPlan]) -> None:
+    """DataError naming the first symbolic link of the code that the snapshot could not hold (absolute, or
+    out of the project: the container's working directory is the project's copy, and nothing else), and the
+    dataset it leads into when it does; before anything is built or a run directory made."""
+    from hermetic.errors import DataError
+    from hermetic.run.snapshot import links_out
+
+    bad = links_out(cfg.root, snapshot_excludes(cfg, datasets))
+    if not bad:
+        return
+    rel, target = bad[0]
+    real = (cfg.root / rel).resolve()
+    into = next((d for d in datasets if real == d.host_path or d.host_path in real.parents), None)
+    more = f" (+{len(bad) - 1} more: {', '.join(r for r, _ in bad[1:4])})" if len(bad) > 1 else ""
+    if into is not None:
+        where = ", ".join(into.container_paths) or "its mount"
+        raise DataError(f"{rel}: a symbolic link to dataset {into.name} ({target}), out of the project; the code "
+                        f"snapshot holds the project only{more} — nothing was started",
+                        hint=f"read the dataset where the container sees it ({where}), and remove the link or keep "
+                             f"it out of the snapshot (.gitignore: `{rel}`, without a trailing slash)")
+    kind = "with an absolute target" if target.startswith("/") else "out of the project"
+    raise DataError(f"{rel}: a symbolic link {kind} ({target}); the code snapshot holds the project only, and the "
+                    f"container could not follow it{more} — nothing was started",
+                    hint=f"make it relative and inside the project, or keep it out of the snapshot (.gitignore: "
+                         f"`{rel}`, without a trailing slash); data from elsewhere is a dataset (hermetic.yaml "
+                         "datasets:)")
 
 
 def passed_env(items: list[str]) -> dict[str, str]:

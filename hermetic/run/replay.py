@@ -5,7 +5,9 @@ record names when the store lacks it), the recorded source snapshot rather
 than today's working tree, the recorded config, seed, script, arguments,
 devices and network, and the same data, verified against the manifest copies
 kept in the run directory. An input that can no longer be had (image gone,
-data changed, snapshot damaged) refuses the replay and says which.
+data changed, snapshot damaged) refuses the replay and says which; so does an
+original whose outputs are no longer what its record says (it is what the
+replay is compared with).
 """
 
 from __future__ import annotations
@@ -71,7 +73,10 @@ def replay_distributed(record: dict[str, Any]):  # -> DistributedPlan | None
 def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, echo: bool,
                    argv: list[str]) -> tuple[LoadedConfig, RunRequest]:
     from hermetic.record import secrets_policy
+    from hermetic.record.verify import require_as_recorded
 
+    # What the replay will be compared with: the original's outputs as its record says (stat-cached rehash)
+    require_as_recorded(run_dir, record, what="hermetic replay")
     inv = record["invocation"]
     try:
         model = HermeticConfig.model_validate(inv["config"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import posixpath
 import shutil
@@ -37,14 +38,14 @@ from hermetic.run.container import (
     ContainerSpec, Mount, RunOutcome, check_gpu_runtime, limits_section, run_labels, run_streaming,
 )
 from hermetic.record import liveness
-from hermetic.run.data import VerifiedDataset, verify_datasets
+from hermetic.run.data import DataChanged, VerifiedDataset, changed_during_run, record_data_changes, verify_datasets
 from hermetic.run.resume import ResumeSource, check_resume_source, seed_outputs
 from hermetic.run.detach import announce
 from hermetic.run.distributed import container_env as dist_container_env
 from hermetic.run.distributed import finish_section, launch_command, plan_section
 from hermetic.run.plan import (
-    ContainerUser, RunRequest, container_user, has_placeholder, passed_env, plan_datasets, redact_argv,
-    resolve_script, script_args, snapshot_excludes,
+    ContainerUser, RunRequest, check_source_links, container_user, has_placeholder, passed_env, plan_datasets,
+    redact_argv, resolve_script, script_args, snapshot_excludes,
 )
 from hermetic.run.collect import Collected
 from hermetic.run.workdir import SizeWatch, WorkdirResult
@@ -80,10 +81,10 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
             progress: bool = False) -> RunResult:
     from hermetic.engine import engine_client
 
-    log = log or _quiet
-    client = engine_client()
     from hermetic.run.orphans import reap_orphans
 
+    log = log or _quiet
+    client = engine_client()
     for reaped in reap_orphans(client, by="hermetic run"):  # before the build's sweep of dead writers' files
         log(f"note: {reaped.note}")
     if req.gpus:
@@ -93,12 +94,14 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     passed = passed_env(req.env)
     store = OciStore(paths.oci)
 
+    plans = plan_datasets(cfg, req.data_paths, req.manifest_paths)
+    if not req.source_tar:  # a link the code snapshot could not hold: refused before anything is built or made
+        check_source_links(cfg, plans)
     info = prepare_image(cfg, paths, store, req, log)  # 1. the image
-    datasets = verify_datasets(plan_datasets(cfg, req.data_paths, req.manifest_paths),  # 2. the data
-                               progress=progress, log=log, say_how_to_accept=not req.manifest_paths,
-                               reader=container_user(cfg))
-    # 2b. the earlier run's outputs, as its record says: an input too
     reader = container_user(cfg)
+    datasets = verify_datasets(plans, progress=progress, log=log,  # 2. the data
+                               say_how_to_accept=not req.manifest_paths, reader=reader)
+    # 2b. the earlier run's outputs, as its record says: an input too
     resume = (check_resume_source(req.resume_from, uid=reader.uid, gid=reader.gid)
               if req.resume_from is not None else None)
     run_id, run_dir, rec, env = open_run(cfg, store, req, info, datasets, script, passed)  # 3. the run directory
@@ -133,11 +136,12 @@ def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, i
             refuse_unfit_gpu(rec, run_dir, probe, info)
         outcome = run_container(client, cfg, rec, req, info, datasets, resume, env, run_dir, workspace,  # 6. the run
                                 script, python, user, log)
+        data_changes = changed_during_run(datasets)  # 6b. the data, by stat, against what was verified
         # 7. what the script left (outputs, working directory, the runtime's report), as its user, no link followed
         collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, user, req.distributed)
         if req.distributed is not None:  # per-rank logs kept, what each rank reported
             rec["distributed"] = finish_section(rec["distributed"], collected.runtime_report, collected.rank_logs or {})
-    return seal_run(req, run_id, run_dir, rec, outcome, collected, log)  # 8. the record
+    return seal_run(req, run_id, run_dir, rec, outcome, collected, log, data_changes)  # 8. the record
 
 
 def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: RunRequest, log: Log) -> ImageInfo:
@@ -293,7 +297,8 @@ def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunReques
         command = ([python, script] if script.endswith(".py") else [f"./{script}"]) + rec["invocation"]["args"]
     mounts = [Mount(workspace, m.build.workdir, False), Mount(outputs, OUTPUTS_MOUNT, False),
               Mount(meta, RUNTIME_MOUNT, False)]
-    mounts += [Mount(d.plan.host_path, where, True) for d in datasets for where in d.plan.container_paths]
+    # The directory that was verified (symlinks resolved then), not the path again: it could point elsewhere now.
+    mounts += [Mount(Path(d.report.root), where, True) for d in datasets for where in d.plan.container_paths]
     container_env = {**(dist_container_env(req.distributed) if req.distributed else {}), **env.container}
     spec = ContainerSpec(image_id=info.image_id, command=command, mounts=mounts, env=container_env,
                          user=user.spec, workdir=m.build.workdir, network=req.network, gpus=req.gpus,
@@ -370,8 +375,9 @@ def failure_reason(outcome: RunOutcome, kept: WorkdirResult) -> str | None:
 
 
 def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], outcome: RunOutcome,
-             collected: Collected, log: Log) -> RunResult:
-    """What the runtime applied, the outcome, output hashes and metrics: the final, sealed record."""
+             collected: Collected, log: Log, data_changes: dict | None = None) -> RunResult:
+    """What the runtime applied, the outcome, output hashes and metrics: the final, sealed record.
+    ``data_changes``: the datasets that changed after they were verified (hermetic.run.data)."""
     meta = run_dir / RUNTIME_DIR
     kept = collected.workdir
     rec["seed"] = seed_section(rec["seed"]["value"], req.seed_policy, collected.runtime_report)
@@ -380,6 +386,11 @@ def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], o
     if reason is not None:
         # The script's own failure keeps its code; a run hermetic stopped or failed gets hermetic's.
         status, code = "failed", code if code != 0 and not outcome.stopped_because else RunFailed.exit_code
+    changed = record_data_changes(rec["data"], data_changes or {})
+    if changed is not None and not outcome.interrupted:  # the first cause: what the script read is unknown
+        script_failed = code == outcome.exit_code and code != 0 and not outcome.stopped_because
+        status, code = "failed", code if script_failed else DataChanged.exit_code
+        reason = changed + (f"; also: {reason}" if reason else "")
     shutil.rmtree(meta, ignore_errors=True)
     rec = finish_record(rec, run_dir, status=status, exit_code=None if outcome.interrupted else outcome.exit_code,
                         reason=reason, workdir=kept.section(), outputs=collected.outputs, metrics=collected.metrics,
@@ -406,10 +417,10 @@ def after_failure(cfg: LoadedConfig, req: RunRequest, run_dir: Path, rec: dict[s
         if req.run_dir is None:
             shutil.rmtree(run_dir, ignore_errors=True)
         return error if error is not exc else None
-    try:
-        if rec["record"]["finished_at"] is not None:
+    try:  # the record on disk: a refusal (refuse_unfit_gpu) sealed its own copy of ``rec``
+        if json.loads((run_dir / RUN_JSON).read_bytes())["record"]["finished_at"] is not None:
             return error if error is not exc else None
-    except (KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):
         return error if error is not exc else None
     interrupted = isinstance(exc, KeyboardInterrupt)
     reason = error.message if error is not None else f"hermetic failed: {type(exc).__name__}: {exc}"

@@ -6,8 +6,11 @@ working tree as they are now; the commit, branch, dirty flag, ``git diff``
 patch and the untracked files' hashes are recorded beside it. Outside git it
 holds every file under the project root. Either way the run directory, the
 datasets, their manifests (the record's data section) and .git are left
-out. The tar is normalized like an image layer, so the same source gives the
-same snapshot sha256, and it is what the container sees at /workspace
+out -- a dataset's project path even when it is a link out of the project.
+A symbolic link of the code must stay inside the project (``links_out``:
+``hermetic run`` refuses one that does not before anything is built). The
+tar is normalized like an image layer, so the same source gives the same
+snapshot sha256, and it is what the container sees at /workspace
 (extracted, read-only): edits made while a run is going do not leak into it.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import subprocess
 import tarfile
 from dataclasses import dataclass, field
@@ -87,6 +91,21 @@ def list_source_files(root: Path, excludes: list[str], use_git: bool = True) -> 
             if not _excluded(rel, excludes) and not name.endswith(".pyc"):
                 paths.append(rel)
     return sorted(paths, key=lambda s: s.encode("utf-8", "surrogateescape")), False
+
+
+def links_out(root: Path, excludes: list[str], use_git: bool = True) -> list[tuple[str, str]]:
+    """(path, target) of each symbolic link of the source tree that the snapshot could not hold: an absolute
+    target, or one that leads out of the project (extracting it is refused: tarfile's ``data`` filter)."""
+    out = []
+    for rel in list_source_files(root, excludes, use_git)[0]:
+        full = root / rel
+        if not full.is_symlink():
+            continue
+        target = os.readlink(full)
+        lexical = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+        if target.startswith("/") or lexical == ".." or lexical.startswith("../"):
+            out.append((rel, target))
+    return out
 
 
 def git_state(root: Path, run_dir: Path, untracked_hashes: dict[str, str]) -> dict[str, Any] | None:
