@@ -60,7 +60,7 @@ def _note_path(paths: CachePaths, config_file: Path, config_bytes: bytes) -> Pat
 
 def remember_inputs(cfg: "LoadedConfig", lock: "Lock", paths: CachePaths, build_key: str, manifest_digest: str) -> None:
     """After a successful build: note which inputs' bytes gave ``build_key`` (see the module doc)."""
-    from hermetic.builder.build import image_config_part
+    from hermetic.builder.key import image_config_part
     from hermetic.config import parse_config
     from hermetic.errors import ConfigError
 
@@ -105,7 +105,7 @@ def quick_noop(config_path: str | None, paths: CachePaths, *, load: bool) -> "Bu
     if built != digest or not store.has_image(digest):
         return None
     from hermetic.builder.image_record import ImageInfo, write_image_record
-    from hermetic.store.intact import check_image
+    from hermetic.store.images import check_image
 
     check_image(store, digest)  # a corrupt blob is refused here exactly as on the full path
     info = ImageInfo.from_store(store, digest, key)

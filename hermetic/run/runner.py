@@ -149,7 +149,7 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
     if req.image_manifest:
         from hermetic.engine import engine_has_image, load_image
 
-        from hermetic.store.intact import check_image
+        from hermetic.store.images import check_image
 
         if not store.has_image(req.image_manifest):
             raise NotFound(f"image {req.image_manifest} is not in the local store")
