@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, Iterator
 from hermetic.canonical import canonical_json, parse_digest
 from hermetic.errors import DiskFull, HermeticError, IntegrityError, NotFound, disk_full, is_disk_full
 from hermetic.fsutil import OwnedTemp, atomic_write_bytes, file_lock, naming_full_disk, sha256_file, sweep_dead
+from hermetic.reference import check_digest
 from hermetic.store import intact
 
 OCI_LAYOUT = {"imageLayoutVersion": "1.0.0"}
@@ -69,6 +70,15 @@ class Descriptor:
             media_type=d["mediaType"], digest=d["digest"], size=int(d["size"]),
             annotations=dict(d.get("annotations") or {}), platform=d.get("platform"),
         )
+
+
+class BadDigest(IntegrityError, ValueError):
+    """A digest that is not ``sha256:<64 hex>`` never becomes a path in the store: one line, exit 65
+    (a ValueError too, for callers that took any malformed document as one)."""
+
+
+def _hex(digest: str) -> str:
+    return check_digest(digest, "a blob of the OCI store", BadDigest)[len("sha256:"):]
 
 
 _swept: set[str] = set()  # stores whose tmp/ this process has swept
@@ -208,7 +218,7 @@ class OciStore:
 
     # -- blobs ----------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
-        return self.root / "blobs" / "sha256" / parse_digest(digest)
+        return self.root / "blobs" / "sha256" / _hex(digest)
 
     def has_blob(self, digest: str) -> bool:
         return self.blob_path(digest).is_file()
@@ -258,11 +268,11 @@ class OciStore:
 
     def blob_intact(self, digest: str, size: int | None = None) -> bool:
         """True when the blob matches its name (and size): from its stat when safe (intact.py)."""
-        return intact.blob_intact(self.root, self.blob_path(digest), parse_digest(digest), size)
+        return intact.blob_intact(self.root, self.blob_path(digest), _hex(digest), size)
 
     def remove_blob(self, digest: str) -> None:
         self.blob_path(digest).unlink(missing_ok=True)
-        intact.forget(self.root, parse_digest(digest))
+        intact.forget(self.root, _hex(digest))
 
     def iter_blobs(self) -> Iterator[str]:
         d = self.root / "blobs" / "sha256"
