@@ -86,7 +86,8 @@ def init_project(root: Path, *, data: list[str], base: str | None = None, python
     datasets = [_dataset(root, d, log) for d in dirs]
     from hermetic.config import BuildConfig, parse_config  # pydantic: not for `init --ci` or `init --help`
 
-    env, comments = {}, {}
+    env: dict[str, str] = {}
+    comments: dict[str, str] = {}
     if own is not None:
         workdir = BuildConfig().workdir  # init writes no build: section, so the default is the workdir
         env["PYTHONPATH"] = workdir + ("/src" if own.layout == "src" else "")
