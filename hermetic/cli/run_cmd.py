@@ -200,10 +200,17 @@ def _summary(result) -> None:
 
 
 def _say_reason(result) -> None:
-    """hermetic failed the run itself (not the script): one error line, and where it is recorded."""
+    """hermetic failed the run itself (not the script): one error line, and where it is recorded. The
+    script failed for want of network (a download in its stderr): one hint line (hermetic.run.hints)."""
     if result.reason:
         click.echo(f"hermetic: error: run {result.run_id}: {result.reason} (recorded in "
                    f"{result.run_dir / 'run.json'})", err=True)
+    if result.status == "failed" and result.record.get("invocation", {}).get("network") != "host":
+        from hermetic.run.hints import failure_hint
+
+        hint = failure_hint(result.run_dir)
+        if hint:
+            click.echo(f"hermetic: hint: {hint}", err=True)
 
 
 def _seed_group(cfg, paths, template, seeds: list[int], as_json: bool, log, progress, mlflow=None) -> int:

@@ -244,7 +244,11 @@ def format_record(r: dict[str, Any], run_dir: Path, check: Any = None) -> str:
                            f"{ds['path']} -> {', '.join(ds.get('mounts') or [ds['mount']])} ({ds['verify_mode']})"))
     if inv.get("resume_from"):
         lines.append(_line("resumed", f"from run {inv['resume_from']}'s outputs (checked against its record)"))
-    lines.append(_line("seed", f"{r['seed']['value']} (from {r['seed']['policy']}); {_seeded_text(r['seed']['applied'])}"))
+    from hermetic.record.build import reseeded_text
+
+    reseed = reseeded_text(r["seed"].get("reseeded") or {})  # the seed used, when the script chose its own
+    lines.append(_line("seed", f"{r['seed']['value']} (from {r['seed']['policy']}); " + (f"{reseed}; " if reseed else "")
+                       + _seeded_text(r["seed"]["applied"])))
     env = r["env"]
     env_text = " ".join(f"{k}={v}" for k, v in sorted({**env["determinism"], **env["passed"]}.items())) or "-"
     if env["secrets"]:

@@ -331,12 +331,24 @@ def compare_seed(a: Json, b: Json) -> SectionDiff:
     if a["policy"] != b["policy"]:
         s.changes.append(Change("seed", "policy", "changed", a["policy"], b["policy"],
                                 f"seed chosen by {a['policy']} -> {b['policy']}", material=False))
+    # The seed the script set itself (HF's set_seed, Lightning's seed_everything) is the seed that was used.
+    from hermetic.record.build import reseeded_text
+
+    ra, rb = a.get("reseeded"), b.get("reseeded")
+    if ra is not None and rb is not None and ra != rb:
+        s.changes.append(Change("seed", "reseeded", "changed", ra, rb,
+                                f"{reseeded_text(ra) or 'the script kept seed ' + str(a['value'])} -> "
+                                f"{reseeded_text(rb) or 'the script kept seed ' + str(b['value'])}"))
+    elif ra and ra == rb:
+        s.same_as += f" ({reseeded_text(ra)} in both)"
     # Only what the runtime applied as seeding or determinism is an input; the
     # rest of its report (the checkpoint the script wrote, versions, the env it
-    # saw) restates outputs or other sections.
+    # saw) restates outputs or other sections, and the generators' final states
+    # (applied.final.seeds) are an effect (their seeds are in `reseeded`).
     s.changes += diff_flat("seed", a["applied"], b["applied"], prefix="applied",
                            material=lambda k: k.startswith(("applied.seed", "applied.determinism", "applied.dataloader",
-                                                            "applied.startup", "applied.final")))
+                                                            "applied.startup", "applied.final"))
+                           and not k.startswith("applied.final.seeds"))
     return s
 
 

@@ -166,6 +166,13 @@ def seed_had_no_effect(a: dict[str, Any], b: dict[str, Any]) -> str:
     what the script draws -- the usual reason being a script that seeds itself with a constant."""
     template = next((r["invocation"].get("args_template") for r in (a, b)
                      if has_placeholder(r["invocation"].get("args_template") or [])), None)
+    reseeds = a["seed"].get("reseeded")
+    if reseeds and reseeds == b["seed"].get("reseeded"):
+        from hermetic.record.build import reseeded_text
+
+        return (f"the seed did not change the outputs: {reseeded_text(reseeds)} in both runs, so the run's seed "
+                "never reached what it draws; give it the run's seed with `--seed {seed}` in its arguments, or "
+                "have it read $HERMETIC_SEED (docs/your-script.md, \"Seeds\")")
     if template is not None:
         return (f"the seed did not change the outputs, although it reached the script's arguments "
                 f"({' '.join(template)}): the script ignores that argument or seeds itself with a fixed value "

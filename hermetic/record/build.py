@@ -72,8 +72,58 @@ def env_section(determinism: Mapping[str, str], passed: Mapping[str, str]) -> di
 
 
 def seed_section(value: int, policy: str, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ``seed`` section; ``applied`` is what the in-image runtime reported (may be empty)."""
-    return {"value": value, "policy": policy, "applied": dict(applied or {})}
+    """The ``seed`` section; ``applied`` is what the in-image runtime reported (may be empty).
+
+    ``reseeded`` (when the runtime reported the seeds the process ended with, ``applied.final.seeds``):
+    the generators hermetic seeded with ``value`` (at start-up or by seed_everything) whose final seed
+    is another, i.e. that the script seeded itself -- the seed that was used, next to the one given.
+    """
+    section: dict[str, Any] = {"value": value, "policy": policy, "applied": dict(applied or {})}
+    reseeds = reseeded(value, section["applied"])
+    if reseeds is not None:
+        section["reseeded"] = reseeds
+    return section
+
+
+# seed_everything's names for the generators the start-up hook calls random, numpy, torch
+_SEED_EVERYTHING_NAMES = {"python": "random", "numpy": "numpy", "torch": "torch"}
+
+
+def reseeded(value: int, applied: Mapping[str, Any]) -> dict[str, Any] | None:
+    """{generator: final seed} for each one hermetic seeded with ``value`` that ended with another seed;
+    None when the runtime reported no final seeds. (The report is the script's process's: read defensively.)"""
+    final = applied.get("final")
+    seeds = final.get("seeds") if isinstance(final, Mapping) else None
+    if not isinstance(seeds, Mapping):
+        return None
+    def names(section: Any) -> set[str]:
+        listed = section.get("seeded") if isinstance(section, Mapping) else None
+        return {n for n in listed if isinstance(n, str)} if isinstance(listed, list) else set()
+
+    by_hermetic = names(applied.get("startup"))
+    by_hermetic |= {_SEED_EVERYTHING_NAMES[n] for n in names(applied.get("seed")) if n in _SEED_EVERYTHING_NAMES}
+    out: dict[str, Any] = {}
+    for name in ("random", "numpy", "torch"):
+        entry = seeds.get(name)
+        seed = entry.get("seed") if isinstance(entry, Mapping) else None
+        if name not in by_hermetic or seed is None or isinstance(seed, bool) or seed == value:
+            continue
+        if (isinstance(seed, int) and seed >= 0) or isinstance(seed, str):
+            out[name] = seed if isinstance(seed, int) else seed[:80]
+    return out
+
+
+def reseeded_text(reseeds: Mapping[str, Any]) -> str:
+    """``the script reseeded random, numpy and torch to 42`` (one phrase per distinct seed); "" for none."""
+    by_seed: dict[str, list[str]] = {}
+    order = {"random": 0, "numpy": 1, "torch": 2}  # as the start-up hook names them (the record sorts keys)
+    for name, seed in sorted(reseeds.items(), key=lambda kv: (order.get(kv[0], 3), kv[0])):
+        text = "from the OS's entropy (not repeatable)" if seed == "entropy" else (
+            f"to {seed}" if isinstance(seed, int) else f"with {seed}")
+        by_seed.setdefault(text, []).append(name)
+    parts = [(", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]) + " " + text
+             for text, names in by_seed.items()]
+    return "the script reseeded " + "; ".join(parts) if parts else ""
 
 
 def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, exit_code: int | None,

@@ -199,6 +199,10 @@ class Seed(_Strict):
     value: NonNegInt
     policy: Literal["config", "cli", "group"]
     applied: dict[str, Any]
+    # Generators hermetic seeded with ``value`` that the script then seeded otherwise (HF's set_seed,
+    # Lightning's seed_everything): name -> the seed they ended with, or "entropy" (seed() with no
+    # argument) / "a <type>". Absent when the runtime reported no final state (older records too).
+    reseeded: Optional[dict[str, Union[NonNegInt, str]]] = None
 
 
 class Env(_Strict):

@@ -9,9 +9,10 @@ a hash keeps every (seed, rank, worker) distinct, on any Python and platform.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _optional
 from ._env import resolve_rank, resolve_seed
@@ -115,3 +116,47 @@ def seed_everything(seed: Optional[int] = None, *, per_rank: bool = True) -> See
         seed_doc["shared"] = shared  # the run's seed this rank's was derived from
     record(seed=seed_doc)
     return result
+
+
+def state_digest(state: Any) -> str:
+    """sha256 of an RNG state written as compact JSON (``[version, [625 ints], gauss_next]`` for
+    ``random.getstate()``; ``["MT19937", [624 ints], pos, has_gauss, cached_gaussian]`` for numpy's
+    legacy ``get_state()``): equal states, equal digests, on any platform."""
+    return hashlib.sha256(json.dumps(state, separators=(",", ":"), allow_nan=False).encode("utf-8")).hexdigest()
+
+
+def final_seeds(modules: Mapping[str, Any], last_seed: Mapping[str, Any]) -> Dict[str, Any]:
+    """What each generator the process imported ended with, for the report's ``final.seeds``.
+
+    ``modules`` holds ``random``, ``numpy.random`` and ``torch`` when imported;
+    ``last_seed`` what ``random.seed`` / ``numpy.random.seed`` were last given
+    (the start-up hook notes it). ``random`` and ``numpy``: ``seed`` and
+    ``state_sha256`` (state_digest); ``torch``: ``seed``, ``torch.initial_seed()``,
+    the seed its CPU generator was last given. A generator whose state cannot
+    be read is reported with ``error``.
+    """
+    out: Dict[str, Any] = {}
+    rnd = modules.get("random")
+    if rnd is not None:
+        try:
+            version, internal, gauss_next = rnd.getstate()
+            out["random"] = {"seed": last_seed.get("random"),
+                             "state_sha256": state_digest([version, list(internal), gauss_next])}
+        except Exception as e:  # noqa: BLE001 - at exit: report, never raise
+            out["random"] = {"error": f"{type(e).__name__}: {e}"}
+    npr = modules.get("numpy.random")
+    if npr is not None:
+        try:
+            name, key, pos, has_gauss, cached = npr.get_state(legacy=True)
+            out["numpy"] = {"seed": last_seed.get("numpy"),
+                            "state_sha256": state_digest([str(name), [int(k) for k in key.tolist()], int(pos),
+                                                          int(has_gauss), float(cached)])}
+        except Exception as e:  # noqa: BLE001
+            out["numpy"] = {"error": f"{type(e).__name__}: {e}"}
+    torch = modules.get("torch")
+    if torch is not None:
+        try:
+            out["torch"] = {"seed": int(torch.initial_seed())}
+        except Exception as e:  # noqa: BLE001
+            out["torch"] = {"error": f"{type(e).__name__}: {e}"}
+    return out

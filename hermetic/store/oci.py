@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
-from hermetic.canonical import canonical_json, parse_digest
+from hermetic.canonical import canonical_json
 from hermetic.errors import DiskFull, HermeticError, IntegrityError, NotFound, disk_full, is_disk_full
 from hermetic.fsutil import OwnedTemp, atomic_write_bytes, file_lock, naming_full_disk, sha256_file, sweep_dead
 from hermetic.reference import check_digest
