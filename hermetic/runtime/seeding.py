@@ -15,23 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _optional
-from ._env import resolve_rank, resolve_seed
+from ._env import resolve_rank, resolve_seed, world_size
+from ._seeds import derive_seed, rank_seed  # noqa: F401 (derive_seed is this module's API too)
 from .report import record
-
-
-def derive_seed(*parts: Any) -> int:
-    """A 64-bit seed from ``parts``: ``int.from_bytes(sha256(":".join(map(str, parts))).digest()[:8], "big")``.
-
-    ``derive_seed(1234, 0, 1)`` is the seed of worker 1 on rank 0 for seed 1234.
-    Parts are written with ``str()``, so pass ints and plain strings only.
-    """
-    if not parts:
-        raise ValueError("derive_seed needs at least one part")
-    for p in parts:
-        if isinstance(p, bool) or not isinstance(p, (int, str)):
-            raise ValueError(f"derive_seed: parts must be int or str, got {p!r}")
-    text = ":".join(str(p) for p in parts)
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
 
 
 @dataclass(frozen=True)
@@ -79,8 +65,6 @@ def seed_everything(seed: Optional[int] = None, *, per_rank: bool = True) -> See
     value, source = resolve_seed(seed)
     shared = value
     if per_rank:
-        from .distributed import rank_seed, world_size
-
         if world_size() > 1:
             value = rank_seed(value, resolve_rank(None))
     _current_seed = value
