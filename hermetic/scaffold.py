@@ -13,14 +13,13 @@ hermetic.yaml is written last, once everything it names exists.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 from hermetic.errors import CannotCreate, NotFound, UsageError
 from hermetic.fsutil import atomic_write_bytes, atomic_write_text
-from hermetic.paths import CONFIG_FILENAME
+from hermetic.paths import CONFIG_FILENAME, slug
 from hermetic.projectmeta import WHAT_TO_DO, Declared, own_package
 
 DEFAULT_RECIPE = "debian-bookworm-python3"
@@ -61,8 +60,7 @@ class InitResult:
 
 def project_name(root: Path) -> str:
     """The folder's name as hermetic.yaml's ``name:`` takes it (lowercase letters, digits, . _ -)."""
-    name = re.sub(r"[^a-z0-9._-]+", "-", root.resolve().name.lower()).strip("-._")
-    return name[:128] or "project"
+    return slug(root.resolve().name, 128) or "project"
 
 
 def init_project(root: Path, *, data: list[str], base: str | None = None, python: str | None = None,
@@ -306,7 +304,7 @@ def _dataset(root: Path, d: Path, log) -> dict[str, str]:
     log(f"hashing dataset {rel}/ -> {manifest} ...")
     m = build_manifest(d, progress=False)
     atomic_write_bytes(root / manifest, format_manifest(m.entries))
-    name = re.sub(r"[^a-z0-9._-]+", "-", d.name.lower()).strip("-._") or "data"
+    name = slug(d.name, 128) or "data"
     return {"name": name, "path": rel, "manifest": manifest, "files": str(m.file_count), "bytes": str(m.total_bytes)}
 
 

@@ -129,7 +129,7 @@ def _build_locked(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: L
             from hermetic.builder.base import resolve_base
             from hermetic.builder.gc import dead_temp_files
 
-            dead_temp_files(paths, remove=True)  # a killed writer's leftovers go before we write
+            dead_temp_files(paths, remove=True, once=True)  # a killed writer's leftovers go before we write
             base = resolve_base(store, cfg.model.base, pull=None if offline else pull_base)  # before any fetch
             wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
             digest, layers_built, build_notes = _build(cfg, paths, store, lock, wheels, key, base, log=log,

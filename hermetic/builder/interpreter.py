@@ -23,7 +23,6 @@ the build's own privileges; ``build.bytecode: none`` builds without it.
 from __future__ import annotations
 
 import fnmatch
-import gzip
 import hashlib
 import json
 import os
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hermetic.builder.base import BaseFacts, BaseImage
+from hermetic.builder.base import BaseFacts, BaseImage, member_path, open_layer
 from hermetic.builder.baseinterp import _LIBDIR, INTERPRETER_FORMAT, NO_BYTECODE_HINT, BaseInterpreter, BytecodeError
 from hermetic.errors import ConfigError
 from hermetic.fsutil import atomic_write_bytes, owned_temp_dir
@@ -148,34 +147,22 @@ def _search(facts: BaseFacts, soname: str, origin: str, rpath: tuple[str, ...], 
 
 # -- copying out of the layers --------------------------------------------------------------------
 
-def _layer_tar(path: Path) -> tarfile.TarFile:
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    if magic == b"\x1f\x8b":
-        return tarfile.open(fileobj=gzip.open(path, "rb"), mode="r|")
-    return tarfile.open(path, mode="r:")  # seekable: file data is skipped, not read
-
-
-def _norm(name: str) -> str:
-    return posixpath.normpath(name.lstrip("./").lstrip("/")) if name not in (".", "./") else ""
-
-
 def _copy_pass(store: OciStore, base: BaseImage, wanted: dict[str, list[Path]]) -> dict[str, str]:
     """One read of the layers: the last copy of each wanted regular file wins. Returns the wanted
     members that were hardlinks, {path: target}."""
     links: dict[str, str] = {}
     for layer in base.layers:
         try:
-            tf = _layer_tar(store.blob_path(layer.digest))
+            tf = open_layer(store.blob_path(layer.digest), seekable=True)  # file data is skipped, not read
         except (OSError, tarfile.TarError) as e:
             raise BytecodeError(f"base layer {layer.digest}: cannot read it ({e})") from None
         with tf:
             for m in tf:
-                name = _norm(m.name)
+                name = member_path(m.name)
                 if name not in wanted:
                     continue
                 if m.islnk():
-                    links[name] = _norm(m.linkname)
+                    links[name] = member_path(m.linkname)
                     continue
                 if not m.isreg():
                     continue
@@ -217,7 +204,7 @@ class _Layers:
                 tf = tarfile.open(p, mode="r:")
                 self._tars.append(tf)
                 for m in tf:
-                    index[_norm(m.name)] = (tf, m)
+                    index[member_path(m.name)] = (tf, m)
         except (OSError, tarfile.TarError) as e:
             raise BytecodeError(f"base {self._base.ref.raw}: cannot read its layers ({e})") from None
         return index

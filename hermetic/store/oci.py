@@ -28,7 +28,7 @@ from typing import Any, BinaryIO, Iterator
 
 from hermetic.canonical import canonical_json
 from hermetic.errors import DiskFull, HermeticError, IntegrityError, NotFound, disk_full, is_disk_full
-from hermetic.fsutil import OwnedTemp, atomic_write_bytes, file_lock, naming_full_disk, sha256_file, sweep_dead
+from hermetic.fsutil import OwnedTemp, atomic_write_bytes, file_lock, naming_full_disk, sha256_file, sweep_dead_once
 from hermetic.reference import check_digest
 from hermetic.store import intact
 
@@ -81,7 +81,6 @@ def _hex(digest: str) -> str:
     return check_digest(digest, "a blob of the OCI store", BadDigest)[len("sha256:"):]
 
 
-_swept: set[str] = set()  # stores whose tmp/ this process has swept
 
 
 class BlobWriter:
@@ -199,10 +198,7 @@ class OciStore:
 
     def sweep_tmp_once(self) -> None:
         """Remove dead writers' temp files from tmp/, once per process (the first writer does)."""
-        key = str(self.root)
-        if key not in _swept:
-            _swept.add(key)
-            sweep_dead(self.tmp)
+        sweep_dead_once(self.tmp)
 
     def ensure(self) -> "OciStore":
         (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
