@@ -183,9 +183,13 @@ class BlobWriter:
             self.commit()
 
 
+_DOCUMENT_CACHE_MAX = 1 << 20  # bytes: a manifest or config is a few kB; nothing larger is kept in memory
+
+
 class OciStore:
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root)
+        self._documents: dict[str, bytes] = {}  # read_json's verified blobs (manifests, configs), by digest
 
     # -- layout ---------------------------------------------------------
     @property
@@ -253,7 +257,14 @@ class OciStore:
         return data
 
     def read_json(self, digest: str) -> Any:
-        return json.loads(self.read_blob(digest))
+        """A JSON blob (a manifest, an index, a config), verified once per store object: the no-op path asks
+        for one manifest several times (has_image, check_image, ImageInfo.from_store) and reads it once."""
+        data = self._documents.get(digest)
+        if data is None:
+            data = self.read_blob(digest)
+            if len(data) <= _DOCUMENT_CACHE_MAX:
+                self._documents[digest] = data
+        return json.loads(data)
 
     def verify_blob(self, digest: str) -> bool:
         """Rehash a blob. True when its content matches its name."""
@@ -267,6 +278,7 @@ class OciStore:
         return intact.blob_intact(self.root, self.blob_path(digest), _hex(digest), size)
 
     def remove_blob(self, digest: str) -> None:
+        self._documents.pop(digest, None)
         self.blob_path(digest).unlink(missing_ok=True)
         intact.forget(self.root, _hex(digest))
 
