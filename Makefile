@@ -5,11 +5,12 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv test test-unit demo lock bench clean
+.PHONY: help venv test test-quick demo lock bench clean
 
 help:
 	@echo "make demo   build the torch example and run it twice; show the runs are bitwise identical"
 	@echo "make test   the whole test suite on a real Docker Engine (installs what it needs)"
+	@echo "make test-quick  the tests that need no engine, base image or service (the inner loop, < 1 min)"
 	@echo "make lock   re-resolve requirements.lock (the project's own environment)"
 	@echo "make bench  the benchmarks in bench/ (figures for docs/benchmarks.md)"
 
@@ -27,12 +28,22 @@ $(STAMP): requirements.lock pyproject.toml setup.py hermetic/data/_filehash.c
 
 venv: $(STAMP)
 
+# Bytecode: every `hermetic` a test starts would compile the package again where
+# PYTHONDONTWRITEBYTECODE is set (~0.3 s of CPU each, a thousand times); it is written
+# outside the tree instead (.cache/ is ignored), which also keeps pytest's rewritten tests.
+# pytest's exit code passes through as it is: 5 ("no tests collected", e.g. a PYTEST_ARGS
+# that selects nothing) fails the target like a failing test.
+PYTEST  := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache $(BIN)/python -m pytest
+
+# The whole suite (CI's .ci/run): the 25 slowest steps are printed at the end (docs/testing.md).
 test: $(STAMP)
 	scripts/ensure-test-deps
-	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+	$(PYTEST) -ra --durations=25 $(PYTEST_ARGS)
 
-test-unit: $(STAMP)
-	$(BIN)/python -m pytest -ra -m "not docker and not registry and not slow and not slurm" $(PYTEST_ARGS)
+# The tests marked by nothing outside one process (tests/conftest.py marks `integration`
+# from markers and fixtures); an engine socket that is not there catches one that is wrong.
+test-quick: $(STAMP)
+	DOCKER_HOST=unix:///nonexistent/make-test-quick-starts-no-engine $(PYTEST) -ra -m "not integration" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	scripts/ensure-test-deps

@@ -3,21 +3,64 @@ and a bootstrapped base image shared by the whole session."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SESSION_CACHE_ENV = "HERMETIC_TEST_SESSION_CACHE"
-pytest_plugins = ("buildsupport", "run_support", "slurm_support")  # shared fixtures: registry, built example projects, Slurm
+# shared fixtures: the registry, the built example projects, Slurm, MLflow
+pytest_plugins = ("buildsupport", "run_support", "slurm_support", "mlflow_support")
 
 
 def pytest_configure(config):
-    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    # No __pycache__ in the tree or in the projects the tests copy, but bytecode all the same: each
+    # `hermetic` a test starts would compile the package again without it (~0.3 s of CPU each).
+    if not os.environ.get("PYTHONPYCACHEPREFIX"):
+        os.environ["PYTHONPYCACHEPREFIX"] = str(REPO / ".cache" / "pycache")
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
+# What a shared fixture needs, as the marker it gives every test that uses it (directly or through
+# another fixture): a test is marked by what it uses, so `make test-quick` ("not integration") cannot
+# pick up one that needs the engine or a service because its author forgot a marker. Only the shared
+# definitions count (this file and its pytest_plugins): a module's own `project` may need nothing.
+SHARED_FIXTURE_MODULES = {"conftest", "buildsupport", "run_support", "slurm_support", "mlflow_support"}
+FIXTURE_MARKS = {
+    "docker_client": "docker", "module_cache": "docker", "use_session_cache": "docker",
+    "logreg_built": "docker", "logreg": "docker", "project": "docker",
+    "torch_built": "slow", "torch_project": "slow",
+    "session_cache": "base", "base_ref": "base",
+    "registry": "registry", "slurm_cluster": "slurm", "mlflow_server": "mlflow",
+}
+# Markers of what lies outside one process: each makes a test an integration test.
+OUTSIDE = ("docker", "registry", "slow", "slurm", "mlflow", "base", "network")
+
+
+def _shared_fixture_marks(item) -> list[str]:
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    marks = []
+    for name in getattr(item, "fixturenames", ()):
+        if name in FIXTURE_MARKS and defs.get(name):
+            if getattr(defs[name][-1].func, "__module__", "") in SHARED_FIXTURE_MODULES:
+                marks.append(FIXTURE_MARKS[name])
+    return marks
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for mark in _shared_fixture_marks(item):
+            if item.get_closest_marker(mark) is None:
+                item.add_marker(mark)
+        if outside := next((m for m in OUTSIDE if item.get_closest_marker(m)), None):
+            item.add_marker(pytest.mark.integration(outside))
 
 
 @pytest.fixture
@@ -80,9 +123,29 @@ def docker_client():
     return client
 
 
+def run_root(tmp_path_factory) -> Path:
+    """The directory of this run of the suite: the session's own, or, under pytest-xdist, the one
+    that every worker's session shares (the parent of each worker's basetemp)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def run_once(tmp_path_factory, name: str) -> Iterator[Path]:
+    """A file of this run's, ``name``, under a lock: what one session (worker) made, the others find.
+
+    Yields the path; whoever finds it missing makes it while the others wait.
+    """
+    path = run_root(tmp_path_factory) / name
+    with open(path.with_name(name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield path
+
+
 @pytest.fixture(scope="session")
 def session_cache(tmp_path_factory) -> Path:
-    """A cache shared by the session's slow tests (base image, wheels, torch layers).
+    """A cache shared by the run's slow tests (base image, wheels, the examples' layers and images);
+    under pytest-xdist, one for every worker (hermetic's own locks keep a store whole).
 
     HERMETIC_TEST_SESSION_CACHE reuses one across sessions when set (local
     development); CI starts from nothing.
@@ -91,15 +154,22 @@ def session_cache(tmp_path_factory) -> Path:
     if env:
         Path(env).mkdir(parents=True, exist_ok=True)
         return Path(env)
-    return tmp_path_factory.mktemp("session-cache")
+    d = run_root(tmp_path_factory) / "session-cache"
+    d.mkdir(exist_ok=True)
+    return d
 
 
 @pytest.fixture(scope="session")
-def base_ref(session_cache) -> str:
-    """The default bootstrapped base (mmdebstrap), in the session cache."""
-    proc = run_cli("base", "bootstrap", "--json", env={"HERMETIC_CACHE": str(session_cache)}, timeout=900)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)["reference"]
+def base_ref(tmp_path_factory, session_cache) -> str:
+    """The default bootstrapped base (mmdebstrap), in the session cache: bootstrapped once per run."""
+    with run_once(tmp_path_factory, "base-ref") as known:
+        if known.exists():
+            return known.read_text()
+        proc = run_cli("base", "bootstrap", "--json", env={"HERMETIC_CACHE": str(session_cache)}, timeout=900)
+        assert proc.returncode == 0, proc.stderr
+        ref = json.loads(proc.stdout)["reference"]
+        known.write_text(ref)
+        return ref
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from registry_support import free_port
 
 MLFLOW_BIN = Path(sys.executable).with_name("mlflow")
@@ -74,3 +76,11 @@ def start_mlflow_server(workdir: Path, *, timeout: float = 120) -> MlflowServer:
     server.stop()
     raise RuntimeError(f"mlflow server did not answer on {server.uri} within {timeout:.0f} s: "
                        f"{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """One ``mlflow server`` for the whole run (its start-up is the slow part); tests name their own experiments."""
+    server = start_mlflow_server(tmp_path_factory.mktemp("mlflow"))
+    yield server
+    server.stop()

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, run_once, run_root
 
 EXAMPLES = REPO / "examples"
 RUN_LABEL = "org.hermetic.run-id"
@@ -64,8 +64,8 @@ def git_commit_all(root: Path, message: str = "snapshot") -> str:
     return git("rev-parse", "HEAD").strip()
 
 
-def build(project: Path, *args: str) -> dict[str, Any]:
-    proc = run_cli("build", "-C", str(project), "--json", *args)
+def build(project: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    proc = run_cli("build", "-C", str(project), "--json", *args, env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -131,12 +131,39 @@ def module_cache(session_cache):
     mp.undo()
 
 
+# The examples are built once per run of the suite (in the session cache, so their layers and
+# images are shared; under pytest-xdist by whichever worker asks first) and never handed to a test
+# as they are: each module works in its own copy (`logreg`, `torch_project`), each test that adds
+# or changes files in its own (`project`).
+
+def built_once(tmp_path_factory, session_cache: Path, base_ref: str, example: str) -> tuple[Path, dict[str, Any]]:
+    """examples/<example> copied, pinned to the session base, data made, image built: (project, build JSON)."""
+    with run_once(tmp_path_factory, f"{example}.built.json") as known:
+        if known.exists():
+            got = json.loads(known.read_text())
+            return Path(got["project"]), got["build"]
+        proj = copy_example(example, run_root(tmp_path_factory) / f"{example}-built" / example, base_ref)
+        out = build(proj, env={"HERMETIC_CACHE": str(session_cache)})
+        known.write_text(json.dumps({"project": str(proj), "build": out}))
+        return proj, out
+
+
+@pytest.fixture(scope="session")
+def logreg_built(tmp_path_factory, session_cache, base_ref) -> tuple[Path, dict[str, Any]]:
+    """examples/numpy-logreg, built once per run: (project, build JSON). Copy it, never change it."""
+    return built_once(tmp_path_factory, session_cache, base_ref, "numpy-logreg")
+
+
+@pytest.fixture(scope="session")
+def torch_built(tmp_path_factory, session_cache, base_ref) -> tuple[Path, dict[str, Any]]:
+    """examples/torch-mlp, built once per run (the suite's one cold torch build): (project, build JSON)."""
+    return built_once(tmp_path_factory, session_cache, base_ref, "torch-mlp")
+
+
 @pytest.fixture(scope="module")
-def logreg(tmp_path_factory, module_cache, base_ref) -> Path:
-    """examples/numpy-logreg, copied, pinned to the session base, data made, image built."""
-    proj = copy_example("numpy-logreg", tmp_path_factory.mktemp("logreg") / "numpy-logreg", base_ref)
-    build(proj)
-    return proj
+def logreg(tmp_path_factory, module_cache, logreg_built) -> Path:
+    """examples/numpy-logreg, copied, pinned to the session base, data made, image built: this module's checkout."""
+    return copy_project(logreg_built[0], tmp_path_factory.mktemp("logreg") / "numpy-logreg")
 
 
 @pytest.fixture
@@ -146,8 +173,6 @@ def project(logreg, tmp_path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def torch_project(tmp_path_factory, module_cache, base_ref) -> Path:
-    """examples/torch-mlp, copied, pinned, data made, image built (layers shared through the session cache)."""
-    proj = copy_example("torch-mlp", tmp_path_factory.mktemp("torch") / "torch-mlp", base_ref)
-    build(proj)
-    return proj
+def torch_project(tmp_path_factory, module_cache, torch_built) -> Path:
+    """examples/torch-mlp, copied, pinned, data made, image built (once per run): this module's checkout."""
+    return copy_project(torch_built[0], tmp_path_factory.mktemp("torch") / "torch-mlp")

@@ -13,18 +13,10 @@ import pytest
 
 from conftest import assert_clean_error, run_cli
 from metric_runs import loss_curve, make_group, make_run
-from mlflow_support import start_mlflow_server
 from registry_support import free_port
 from run_support import hermetic_run, run_dir_of
 
 RID = "20261129-214500-1a2b3c"
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    server = start_mlflow_server(tmp_path_factory.mktemp("mlflow"))
-    yield server
-    server.stop()
 
 
 def export(*args: str, cwd: Path | None = None, env: dict | None = None) -> dict:

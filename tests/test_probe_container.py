@@ -1,17 +1,14 @@
 """The probe inside a real container: read-only root, no network, nothing installed but python3.
 
-The image is HERMETIC_TEST_PYTHON_IMAGE when set (any image with python3),
-else a Debian bookworm minbase + python3 rootfs made with mmdebstrap (~30 s)
-and `docker import`ed for this module, removed afterwards.
+The image is HERMETIC_TEST_PYTHON_IMAGE when set (any image with python3), else the
+session's bootstrapped base (conftest's base_ref: Debian bookworm minbase + python3,
+made once per run of the suite), loaded into the engine.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import uuid
 
 import pytest
 
@@ -20,50 +17,22 @@ from hermetic.probe import PROBE_DIR
 from test_probe import assert_shape
 
 pytestmark = pytest.mark.docker
-REUSABLE_IMAGES = ("hermetic/debian-bookworm-python3:bookworm",)
 
 
 @pytest.fixture(scope="module")
-def docker_client():
-    docker = pytest.importorskip("docker")
-    try:
-        client = docker.from_env(timeout=300)
-        client.ping()
-    except Exception as e:
-        pytest.skip(f"no Docker Engine ({e.__class__.__name__}); run scripts/ensure-docker")
-    return client
-
-
-@pytest.fixture(scope="module")
-def python_image(docker_client, tmp_path_factory):
+def python_image(docker_client, session_cache, base_ref):
+    """HERMETIC_TEST_PYTHON_IMAGE, else the session's bootstrapped base (minbase + python3), loaded and
+    tagged by its digest: the same name for the same bytes in every session, so it is left in the engine."""
     given = os.environ.get("HERMETIC_TEST_PYTHON_IMAGE")
     if given:
-        yield given
-        return
-    for candidate in REUSABLE_IMAGES:  # the lead's bootstrapped base, when loaded already
-        try:
-            docker_client.images.get(candidate)
-        except Exception:
-            continue
-        yield candidate
-        return
-    exe = shutil.which("mmdebstrap")
-    if exe is None:
-        pytest.skip("mmdebstrap is not installed (scripts/ensure-test-deps), and HERMETIC_TEST_PYTHON_IMAGE is unset")
-    tar = tmp_path_factory.mktemp("rootfs") / "bookworm-python3.tar"
-    proc = subprocess.run([exe, "--variant=minbase", "--include=python3", "--quiet", "bookworm", str(tar)],
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.skip(f"mmdebstrap failed (Debian mirror unreachable?): {proc.stderr.strip()[-300:]}")
-    repo = f"hermetic-test-probe-{uuid.uuid4().hex[:8]}"
-    with open(tar, "rb") as f:
-        docker_client.api.import_image_from_data(f, repository=repo, tag="bookworm")
-    tar.unlink()
-    ref = f"{repo}:bookworm"
-    try:
-        yield ref
-    finally:
-        docker_client.images.remove(ref, force=True)
+        return given
+    from hermetic.engine import load_image
+    from hermetic.store.oci import OciStore
+
+    digest = base_ref.split("@")[1]
+    tag = f"hermetic-test/debian-bookworm-python3:{digest[7:19]}"
+    load_image(OciStore(session_cache / "oci"), digest, repo_tag=tag)
+    return tag
 
 
 def run_in_container(client, image: str, **kwargs) -> tuple[dict, str]:
