@@ -8,11 +8,11 @@ PYTEST_ARGS ?=
 .PHONY: help venv test test-quick demo lock bench clean
 
 help:
-	@echo "make demo   build the torch example and run it twice; show the runs are bitwise identical"
-	@echo "make test   the whole test suite on a real Docker Engine (installs what it needs)"
-	@echo "make test-quick  the tests that need no engine, base image or service (the inner loop, < 1 min)"
-	@echo "make lock   re-resolve requirements.lock (the project's own environment)"
-	@echo "make bench  the benchmarks in bench/ (figures for docs/benchmarks.md)"
+	@echo "make demo        build the torch example and run it twice; show the runs are bitwise identical"
+	@echo "make test        the whole test suite on a real Docker Engine, registry and Slurm (installs what it needs)"
+	@echo "make test-quick  the inner loop: the tests that need no engine, base image, service or network"
+	@echo "make lock        re-resolve requirements.lock (the project's own environment)"
+	@echo "make bench       the benchmarks in bench/ (figures for docs/benchmarks.md)"
 
 # The project's own environment, from its own lock, hashes required.
 # setup.py builds one C extension (hermetic/data/_filehash.c); ensure-build-deps
@@ -40,10 +40,11 @@ test: $(STAMP)
 	scripts/ensure-test-deps
 	$(PYTEST) -ra --durations=25 $(PYTEST_ARGS)
 
-# The tests marked by nothing outside one process (tests/conftest.py marks `integration`
-# from markers and fixtures); an engine socket that is not there catches one that is wrong.
+# The tests that need nothing outside one process (tests/conftest.py marks the others
+# `integration`, from markers and fixtures), on every core (pytest-xdist: they are CPU-bound
+# and share nothing); an engine socket that is not there catches a test that is marked wrong.
 test-quick: $(STAMP)
-	DOCKER_HOST=unix:///nonexistent/make-test-quick-starts-no-engine $(PYTEST) -ra -m "not integration" $(PYTEST_ARGS)
+	DOCKER_HOST=unix:///nonexistent/make-test-quick-starts-no-engine $(PYTEST) -ra -n auto -m "not integration" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	scripts/ensure-test-deps

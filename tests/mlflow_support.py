@@ -47,12 +47,12 @@ class MlflowServer:
                 self.proc.wait()
 
 
-def start_mlflow_server(workdir: Path, *, timeout: float = 120) -> MlflowServer:
+def start_mlflow_server(workdir: Path, *, timeout: float = 120, base_env: dict[str, str] | None = None) -> MlflowServer:
     """Start ``mlflow server`` and wait (bounded) until /health answers 200."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = workdir / "mlflow-server.log"
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {**(os.environ if base_env is None else base_env), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     cmd = [str(MLFLOW_BIN), "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
            "--artifacts-destination", str(workdir / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
            "--workers", "1"]
@@ -80,7 +80,10 @@ def start_mlflow_server(workdir: Path, *, timeout: float = 120) -> MlflowServer:
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
-    """One ``mlflow server`` for the whole run (its start-up is the slow part); tests name their own experiments."""
-    server = start_mlflow_server(tmp_path_factory.mktemp("mlflow"))
+    """One ``mlflow server`` for the whole run (its start-up is the slow part: started when the run
+    begins, see conftest's early work); tests name their own experiments."""
+    from conftest import early
+
+    server = early("mlflow") or start_mlflow_server(tmp_path_factory.mktemp("mlflow"))
     yield server
     server.stop()

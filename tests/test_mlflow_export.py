@@ -122,6 +122,7 @@ def test_a_seed_group_is_a_parent_with_the_summary_and_its_members_as_children(m
     assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id and not one["exported"][0]["created"]
 
 
+@pytest.mark.mlflow  # MLflow's client, against a port where nothing listens (its retries take seconds)
 def test_clear_errors_without_a_server_or_the_extra(tmp_path, monkeypatch):
     root = tmp_path / "runs"
     make_run(root, RID)

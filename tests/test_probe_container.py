@@ -1,14 +1,15 @@
 """The probe inside a real container: read-only root, no network, nothing installed but python3.
 
-The image is HERMETIC_TEST_PYTHON_IMAGE when set (any image with python3), else the
-session's bootstrapped base (conftest's base_ref: Debian bookworm minbase + python3,
-made once per run of the suite), loaded into the engine.
+The image is HERMETIC_TEST_PYTHON_IMAGE when set (any image with python3), else the rootfs
+of the session's bootstrapped base (conftest's base_ref: a Debian bookworm minbase + python3
+made by mmdebstrap once per run of the suite) `docker import`ed for this module, removed afterwards.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import uuid
 
 import pytest
 
@@ -21,18 +22,23 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 def python_image(docker_client, session_cache, base_ref):
-    """HERMETIC_TEST_PYTHON_IMAGE, else the session's bootstrapped base (minbase + python3), loaded and
-    tagged by its digest: the same name for the same bytes in every session, so it is left in the engine."""
     given = os.environ.get("HERMETIC_TEST_PYTHON_IMAGE")
     if given:
-        return given
-    from hermetic.engine import load_image
-    from hermetic.store.oci import OciStore
-
-    digest = base_ref.split("@")[1]
-    tag = f"hermetic-test/debian-bookworm-python3:{digest[7:19]}"
-    load_image(OciStore(session_cache / "oci"), digest, repo_tag=tag)
-    return tag
+        yield given
+        return
+    # The base's one layer is mmdebstrap's rootfs (minbase + python3): imported as it is, an image
+    # with no configuration of its own (no Env, no Cmd), for this module; removed afterwards.
+    blobs = session_cache / "oci" / "blobs" / "sha256"
+    manifest = json.loads((blobs / base_ref.split("@sha256:")[1]).read_bytes())
+    [layer] = manifest["layers"]
+    repo = f"hermetic-test-probe-{uuid.uuid4().hex[:8]}"
+    with open(blobs / layer["digest"][7:], "rb") as f:
+        docker_client.api.import_image_from_data(f, repository=repo, tag="bookworm")
+    ref = f"{repo}:bookworm"
+    try:
+        yield ref
+    finally:
+        docker_client.images.remove(ref, force=True)
 
 
 def run_in_container(client, image: str, **kwargs) -> tuple[dict, str]:
