@@ -13,18 +13,10 @@ import pytest
 
 from conftest import assert_clean_error, run_cli
 from metric_runs import loss_curve, make_group, make_run
-from mlflow_support import start_mlflow_server
 from registry_support import free_port
 from run_support import hermetic_run, run_dir_of
 
 RID = "20261129-214500-1a2b3c"
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    server = start_mlflow_server(tmp_path_factory.mktemp("mlflow"))
-    yield server
-    server.stop()
 
 
 def export(*args: str, cwd: Path | None = None, env: dict | None = None) -> dict:
@@ -130,6 +122,7 @@ def test_a_seed_group_is_a_parent_with_the_summary_and_its_members_as_children(m
     assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id and not one["exported"][0]["created"]
 
 
+@pytest.mark.mlflow  # MLflow's client, against a port where nothing listens (its retries take seconds)
 def test_clear_errors_without_a_server_or_the_extra(tmp_path, monkeypatch):
     root = tmp_path / "runs"
     make_run(root, RID)
