@@ -368,7 +368,8 @@ def test_long_arguments_are_shown_as_the_tokens_that_changed(tmp_path):
     write_synthetic_run(runs, rec_a)
     write_synthetic_run(runs, rec_b)
     d = diff_runs(runs / A, runs / B)
-    assert d.verdict.line == "inputs differ: config (arguments: added --full_determinism (the other 17 tokens the same))"
+    assert d.verdict.line == ("inputs differ: config (arguments: added --full_determinism (the other 17 tokens "
+                              "the same))")
     r = hermetic("diff", "--runs-dir", str(runs), A, B)
     assert r.returncode == 1
     assert r.stdout.count("--tokenizer_name") == 0  # the whole string: never, let alone three times

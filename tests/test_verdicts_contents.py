@@ -343,3 +343,87 @@ def test_kept_but_not_compared_is_counted_per_run():
     b["outputs"]["volatile"].remove("events.out.tfevents.b2")
     assert diff_records(a, b).verdict.line.endswith(
         "; files kept but not compared: 3 in A, 2 in B (run.outputs.volatile))")
+
+
+# --- on the real engine ---------------------------------------------------------------------------
+
+# What Hugging Face's Trainer leaves, from a plain numpy script: the same weights every run, its duration and
+# throughput in JSON, its settings pickled with the start time and the host name in logging_dir.
+TRAINER_LIKE = '''import json, os, pickle, socket, time
+from dataclasses import dataclass
+
+import numpy as np
+
+@dataclass
+class TrainingArguments:
+    output_dir: str
+    logging_dir: str
+    seed: int
+
+t0 = time.time()
+os.makedirs("out/checkpoint-2", exist_ok=True)
+rng = np.random.default_rng(1234)
+w = rng.standard_normal(64).astype(np.float32)
+for d in ("out", "out/checkpoint-2"):
+    with open(f"{d}/model.safetensors", "wb") as f:
+        f.write(w.tobytes())
+time.sleep(0.05)
+runtime = time.time() - t0
+stamp = time.strftime("%b%d_%H-%M-%S", time.localtime(t0))
+args = TrainingArguments("out", f"out/runs/{stamp}_{socket.gethostname()}", 42)
+for d in ("out", "out/checkpoint-2"):
+    with open(f"{d}/training_args.bin", "wb") as f:
+        pickle.dump(args, f, protocol=2)
+    with open(f"{d}/trainer_state.json", "w") as f:
+        json.dump({"global_step": 2, "log_history": [{"loss": float(w.sum()), "step": 2},
+                   {"step": 2, "train_runtime": runtime, "train_samples_per_second": 8 / runtime}]}, f, indent=2)
+with open("out/all_results.json", "w") as f:
+    json.dump({"epoch": 1.0, "train_loss": float(w.mean()), "train_runtime": runtime,
+               "train_samples_per_second": 8 / runtime}, f, indent=2)
+with open("out/host.txt", "w") as f:
+    f.write(socket.gethostname() + "\\n" + os.environ.get("HOSTNAME", "") + "\\n")
+'''
+
+
+@pytest.mark.docker
+def test_a_trainer_like_rerun_is_identical_except_wall_clock_fields(project):
+    from conftest import run_cli
+    from run_support import hermetic_run, run_dir_of
+
+    (project / "trainer_like.py").write_text(TRAINER_LIKE)
+    _, a = hermetic_run(project, "trainer_like.py")
+    _, b = hermetic_run(project, "trainer_like.py")
+    da, db = run_dir_of(project, a), run_dir_of(project, b)
+    # the container's host name is fixed and recorded: what names files by host names them alike
+    assert a["invocation"]["hostname"] == b["invocation"]["hostname"] == "hermetic"
+    assert (da / "outputs" / "out/host.txt").read_text() == "hermetic\nhermetic\n"
+    assert a["outputs"]["files"]["out/host.txt"] == b["outputs"]["files"]["out/host.txt"]
+    assert "--hostname hermetic" in (da / "README.md").read_text()  # the by-hand command says so too
+    proc = run_cli("diff", str(da), str(db))
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    line = proc.stdout.splitlines()[0]
+    assert line.startswith("identical except wall-clock fields: 3 files bitwise identical (out/checkpoint-2/"
+                           "model.safetensors, out/model.safetensors, out/host.txt); in 5 files only timing fields "
+                           "differ (train_runtime, train_samples_per_second, logging_dir)"), line
+    assert "nondeterminism" not in proc.stdout
+    proc = run_cli("diff", "--json", str(da), str(db))
+    doc = json.loads(proc.stdout)
+    assert doc["verdict"]["kind"] == "wall_clock" and doc["verdict"]["exit_code"] == 0
+    assert doc["outputs"]["contents"]["out/training_args.bin"]["wall_names"] == ["logging_dir (a time in its value)"]
+    suggested = doc["verdict"]["suggested_volatile"]
+    # the default kept first; one name in several directories folded into one glob, the weights never matched
+    assert suggested == ["**/events.out.tfevents.*", "out/**/trainer_state.json", "out/**/training_args.bin",
+                         "out/all_results.json"]
+    assert f"volatile: {json.dumps(suggested)}" in doc["verdict"]["notes"][0]
+    # the offered line, put in hermetic.yaml, makes the next pair bitwise identical
+    cfg = project / "hermetic.yaml"
+    cfg.write_text(cfg.read_text() + f"run:\n  outputs:\n    volatile: {json.dumps(suggested)}\n")
+    _, c = hermetic_run(project, "trainer_like.py")
+    _, e = hermetic_run(project, "trainer_like.py")
+    proc = run_cli("diff", str(run_dir_of(project, c)), str(run_dir_of(project, e)))
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.startswith("bitwise identical (3 files and 0 metrics compared: "), proc.stdout
+    # and the earlier run against this one: the config change steers the comparison only, no cause
+    proc = run_cli("diff", str(db), str(run_dir_of(project, e)))
+    assert proc.returncode == 0 and proc.stdout.startswith("bitwise identical (3 files and 0 metrics compared: "), \
+        proc.stdout

@@ -35,6 +35,7 @@ import json
 import math
 import os
 import pickletools
+import posixpath
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -851,21 +852,35 @@ def weights_first(paths: Iterable[str]) -> list[str]:
 
 
 def volatile_globs_for(paths: Iterable[str], keep_apart: Iterable[str]) -> list[str]:
-    """Globs (run.outputs.volatile's dialect) that name ``paths``: paths that differ only in their numbers
-    (``out/checkpoint-10/trainer_state.json``, ``out/checkpoint-20/...``) become one glob
-    (``out/checkpoint-*/trainer_state.json``) unless it would also name a path of ``keep_apart`` (files that
-    are compared and must stay so)."""
+    """Globs (run.outputs.volatile's dialect) that name ``paths``: one file name in several directories
+    (``out/trainer_state.json``, ``out/checkpoint-20/trainer_state.json``) becomes ``out/**/trainer_state.json``,
+    and paths that differ only in their numbers one glob with ``*`` for them, unless the glob would also name
+    a path of ``keep_apart`` (files that are compared and must stay so); the rest as they are."""
     from hermetic.containerpaths import glob_match
 
     paths = list(paths)
     keep = list(keep_apart)
-    groups: dict[str, list[str]] = {}
-    for p in paths:
-        groups.setdefault(re.sub(r"\d+", "*", p), []).append(p)
     out: list[str] = []
-    for glob, members in groups.items():
-        if len(members) > 1 and not any(glob_match(glob, k) for k in keep):
-            out.append(glob)
-        else:
+    done: set[str] = set()
+
+    def take(glob: str, members: list[str]) -> bool:
+        if len(members) < 2 or any(glob_match(glob, k) for k in keep) or not all(glob_match(glob, m) for m in members):
+            return False
+        out.append(glob)
+        done.update(members)
+        return True
+
+    by_name: dict[str, list[str]] = {}
+    for p in paths:
+        by_name.setdefault(posixpath.basename(p), []).append(p)
+    for name, members in by_name.items():
+        top = posixpath.commonpath([posixpath.dirname(m) for m in members]) if len(members) > 1 else ""
+        take(f"{top}/**/{name}" if top else f"**/{name}", members)
+    by_digits: dict[str, list[str]] = {}
+    for p in paths:
+        if p not in done:
+            by_digits.setdefault(re.sub(r"\d+", "*", p), []).append(p)
+    for glob, members in by_digits.items():
+        if not take(glob, members):
             out += members
     return out
