@@ -247,7 +247,8 @@ def replay(run_ref: str, config_path: str | None, as_json: bool) -> int:
     working tree), the recorded config, seed, arguments and env, and the same
     data verified against the run's own manifest copies. Refuses, naming the
     input, when one can no longer be had. Exit 0 only when the replay is
-    bitwise identical to the original; 1 when it differs, 66 when nothing
+    bitwise identical to the original (or identical but for wall-clock fields,
+    such as a run's duration: the verdict says so); 1 when it differs, 66 when nothing
     could be compared, 65 when an input is no longer as recorded.
 
     \b
