@@ -245,6 +245,24 @@ def test_yaml_jsonl_and_what_cannot_be_read(tmp_path):
     assert "~ broken.json  compared as bytes: not valid JSON" in hermetic("diff", str(da), str(db)).stdout
 
 
+def test_malformed_files_are_compared_as_bytes_with_a_note(tmp_path):
+    good = pickle.dumps({"a": 1}, protocol=4)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("x/data.pkl", good)
+        zf.writestr("x/data/0", b"\0" * 500)
+    archive = bytearray(buf.getvalue())
+    archive[archive.index(b"x/data/0") + 12] ^= 0xFF  # inside the deflated storage
+    runs = tmp_path / "runs"
+    da = write_run(runs, A, {"t.pkl": good[:-5], "z.pt": bytes(archive), "h.yaml": b"when: 2026-13-45\n"})
+    db = write_run(runs, B, {"t.pkl": good[:-4], "z.pt": buf.getvalue(), "h.yaml": b"when: 2026-11-29\n"},
+                   minutes=15)
+    inside = diff_runs(da, db).outputs.contents
+    assert inside["t.pkl"].note.startswith(("not a readable pickle", "a pickle without STOP"))
+    assert inside["z.pt"].note.startswith("not a readable zip archive")
+    assert inside["h.yaml"].note.startswith("not valid YAML")
+
+
 def test_only_regular_small_files_are_read_and_links_never_followed(tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     secret = tmp_path / "host-secret.json"

@@ -142,7 +142,7 @@ def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any],
             notes.insert(0, "a file written under another name each run is usually a log named by time, host or "
                             "PID; keep such files without comparing them: run.outputs.volatile in hermetic.yaml "
                             "(docs/your-script.md, \"Where hermetic finds what the script produced\")")
-            return Verdict("nondeterminism", line, causes, knobs, notes, EXIT_DIFFERENT, suggested)
+            return Verdict("nondeterminism", line, causes, knobs, notes, EXIT_DIFFERENT)
         if not machine:
             line = f"same inputs, outputs differ: nondeterminism ({knob_text})"
             return Verdict("nondeterminism", line, causes, knobs, notes, EXIT_DIFFERENT)
