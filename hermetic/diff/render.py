@@ -49,6 +49,8 @@ def _section_lines(s: SectionDiff, width: int) -> list[str]:
     if s.differs:
         colour = "red" if s.role == "input" else "yellow"
         head = f"  {title}  {click.style('differs', fg=colour, bold=True)}  {s.summary(2)}"
+        if s.only_effects:  # which modules the runtime seeded: follows from the inputs above
+            head += click.style("  (reported by the runtime: a consequence)", dim=True)
     else:
         extra = f"  {click.style(f'({len(s.changes)} immaterial)', dim=True)}" if s.changes else ""
         head = f"  {title}  {click.style('same   ', fg='green')}  {s.same_as}{extra}"
