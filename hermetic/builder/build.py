@@ -92,7 +92,9 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
     lock = read_config_lock(cfg)
     key = build_key(cfg, lock)
     built: list[BuiltLayer] = []
-    notes: list[str] = []
+    from hermetic.lock.torchbuild import companion_warnings
+
+    notes: list[str] = companion_warnings(lock)  # torchvision for the other torch: said at every build
     feeds: list[EngineFeed] = []  # the load into the engine that runs while the layers build
     # A full disk anywhere below ends in one line: the writers name their file or store; what
     # reaches here unnamed is named by the cache it happened in.

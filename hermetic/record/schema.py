@@ -123,6 +123,7 @@ class Invocation(_Strict):
     resume_from: Optional[RunId] = None  # the run whose outputs/ this run started from
     user: Optional[str] = None  # "UID:GID" the container ran the script as (absent in older records)
     limits: Optional[Limits] = None  # absent in older records (their containers had no limits)
+    hostname: Optional[str] = None  # the container's host name ("hermetic"); None: the host's (--network host)
 
 
 class Package(_Strict):

@@ -35,6 +35,11 @@ RUN_LABEL = "org.hermetic.run-id"
 DRIVER_LABEL = "org.hermetic.driver"  # "HOST:PID:START" of the process that created the container (liveness)
 RUN_DIR_LABEL = "org.hermetic.run-dir"  # the run directory whose record the container's end is sealed in
 DEFAULT_PIDS_LIMIT = 4096  # run.pids's default (hermetic.config.RunConfig), also the probe's limit
+# The container's host name, the same every run (Docker's default is the container ID, new each time): a
+# framework that names files by host (the Trainer's logging_dir, TensorBoard's event files) then writes the
+# same names. With --network host the container keeps the host's own name, which a multi-node rendezvous
+# resolves.
+CONTAINER_HOSTNAME = "hermetic"
 NO_GPU_RUNTIME = "this Docker Engine has no NVIDIA runtime: install nvidia-container-toolkit"
 
 
@@ -60,6 +65,16 @@ class ContainerSpec:
     tmpfs_size: str = "4g"
     pids_limit: int | None = DEFAULT_PIDS_LIMIT  # None: no limit (run.pids: null)
     memory: str | None = None  # a Docker size ("16g"); also the swap limit, so it cannot swap around it
+
+    @property
+    def hostname(self) -> str | None:
+        return container_hostname(self.network)
+
+
+def container_hostname(network: str) -> str | None:
+    """The host name a container gets (the record's ``invocation.hostname``): CONTAINER_HOSTNAME, or None (the
+    host's own) with ``--network host``."""
+    return None if network == "host" else CONTAINER_HOSTNAME
 
 
 def run_labels(run_id: str, run_dir: Path, workspace: Path) -> dict[str, str]:
@@ -126,8 +141,8 @@ def create(client, spec: ContainerSpec, name: str | None = None):
     try:
         container = client.containers.create(
             spec.image_id, command=spec.command, environment=env, user=spec.user, working_dir=spec.workdir,
-            labels={**spec.labels, DRIVER_LABEL: driver_token()}, name=name, detach=True, stdin_open=False,
-            tty=False, **_host_config_kwargs(spec),
+            labels={**spec.labels, DRIVER_LABEL: driver_token()}, name=name, hostname=spec.hostname, detach=True,
+            stdin_open=False, tty=False, **_host_config_kwargs(spec),
         )
     except docker.errors.ImageNotFound:
         raise EngineError(f"the Docker Engine has no image {spec.image_id}; run `hermetic build`") from None

@@ -35,7 +35,7 @@ from hermetic.record import (
     adopt_run_dir, begin_record, create_run_dir, env_section, finish_record, new_run_id, seed_section, write_record,
 )
 from hermetic.run.container import (
-    ContainerSpec, Mount, RunOutcome, check_gpu_runtime, limits_section, run_labels, run_streaming,
+    ContainerSpec, Mount, RunOutcome, check_gpu_runtime, container_hostname, limits_section, run_labels, run_streaming,
 )
 from hermetic.record import liveness
 from hermetic.run.data import DataChanged, VerifiedDataset, changed_during_run, record_data_changes, verify_datasets
@@ -104,6 +104,8 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     # 2b. the earlier run's outputs, as its record says: an input too
     resume = (check_resume_source(req.resume_from, uid=reader.uid, gid=reader.gid)
               if req.resume_from is not None else None)
+    for warning in resume.warnings() if resume is not None else []:  # it failed, it left nothing: say what it means
+        log(f"warning: {warning}")
     run_id, run_dir, rec, env = open_run(cfg, store, req, info, datasets, script, passed)  # 3. the run directory
     with liveness.hold(run_dir):  # `hermetic stop`, `logs -f`, `runs wait` find the run's process by this
         try:
@@ -124,6 +126,7 @@ def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, i
     user = container_user(cfg)
     rec["invocation"]["user"] = user.spec  # who the script ran as: the run README's by-hand command says it
     rec["invocation"]["limits"] = limits_section(cfg.model.run.pids, cfg.model.run.memory)
+    rec["invocation"]["hostname"] = container_hostname(req.network)  # fixed: files named by host match
     python = f"{cfg.model.build.prefix}/bin/python"
     with _workspace(paths, run_id) as workspace:
         rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log)  # 4. the code
@@ -171,6 +174,8 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
     res = build(cfg, paths, log=log, pull_base=ensure_image)
     if not res.noop:
         log(f"built image {res.image_id}")
+    for note in res.notes:  # what `hermetic build` warns about (a torchvision for the other torch): said here too
+        log(f"warning: {note}")
     return res.info
 
 
