@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SESSION_CACHE_ENV = "HERMETIC_TEST_SESSION_CACHE"
-pytest_plugins = ("buildsupport", "run_support", "slurm_support")  # shared fixtures: registry, built example projects, Slurm
+pytest_plugins = ("buildsupport", "run_support", "slurm_support", "frameworks_support")  # shared fixtures: registry, built example projects, Slurm, the framework image
 
 
 def pytest_configure(config):

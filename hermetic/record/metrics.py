@@ -333,9 +333,13 @@ def read_file_parts(outputs_fd: int, found: Found) -> tuple[list[dict[str, Any]]
                 else:
                     parts.append({"source": source, "file": rel, "series": {}, "final": read_results(data, label),
                                   "steps": None})
-            except (DataError, safetree.UnsafePath, OSError) as e:
-                why = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
-                notes.append(f"metrics not read from {label}: {safetree.display(str(why))}")
+            except (safetree.UnsafePath, OSError) as e:
+                why = safetree.display(str(getattr(e, "message", None) or getattr(e, "strerror", None) or e))
+                named = why.startswith(rel + ":")  # safetree's messages start with the path beneath outputs/
+                notes.append(f"metrics not summarized: outputs/{why}" if named else
+                             f"metrics not summarized: {label}: {why}")
+            except DataError as e:  # its message names the file and line
+                notes.append(f"metrics not summarized: {safetree.display(e.message)}")
     return parts, notes
 
 
@@ -473,6 +477,7 @@ def assemble(parts: list[dict[str, Any]], *, readers: dict[str, str] | None = No
             entry["wall_clock"] = True
         series.append(entry)
     for source, info in sources.items():
+        info["files"] = sorted(info["files"])
         clocked = [e["name"] for e in series if e["source"] == source and e.get("wall_clock")]
         if clocked:
             info["wall_clock"] = clocked

@@ -31,10 +31,18 @@ DATA_CLASS_SCALAR = 1  # tensorboard.compat.proto.summary_pb2.DATA_CLASS_SCALAR
 
 
 def available() -> str | None:
-    """None when tensorboard's reader imports here, else why not (one line)."""
+    """None when tensorboard's reader imports here, else why not (one line).
+
+    Everything reading needs is imported now, the TensorFlow stub that TensorBoard loads lazily included:
+    hermetic calls this before a process drops to the container's user, who may not be allowed to read
+    the directories Python and tensorboard are installed in (a forked child inherits what is imported)."""
     try:
-        from tensorboard.backend.event_processing import event_file_loader  # noqa: F401
+        from tensorboard.backend.event_processing import event_file_loader
         from tensorboard.util import tensor_util  # noqa: F401
+
+        event_file_loader.tf.__version__  # the lazily loaded TensorFlow (or its stub)
+        event_file_loader.tf.compat.as_bytes  # noqa: B018
+        event_file_loader.tf.errors.OutOfRangeError  # noqa: B018
     except Exception as e:  # ImportError, or a broken install
         return f"tensorboard's event reader does not import: {type(e).__name__}: {e}".splitlines()[0]
     return None

@@ -214,6 +214,11 @@ def read_event_files(run_dir: str, events: list[dict[str, Any]], settings: RunSe
     if not files:
         return {"parts": [], "reader": None, "notes": notes}
     answer, why_not = reader_container(run_dir, files, settings, uid=uid, gid=gid)
+    host_reads = answer is None or answer.lstrip().startswith(b'{"unavailable"')
+    if host_reads and (uid != 0 or os.geteuid() != 0):  # the child may then read them with the host's tensorboard
+        from hermetic.record import tb_scalars
+
+        tb_scalars.available()  # imported here: the child may not be allowed to read where Python keeps it
     doc = call_as(uid, gid, _event_parts, run_dir, files, answer, why_not, open_dirs=[run_dir])
     return {"parts": doc["parts"], "reader": doc["reader"], "notes": notes + doc["notes"]}
 
