@@ -19,8 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SESSION_CACHE_ENV = "HERMETIC_TEST_SESSION_CACHE"
-# shared fixtures: the registry, the built example projects, Slurm, MLflow
-pytest_plugins = ("buildsupport", "run_support", "slurm_support", "mlflow_support")
+# shared fixtures: the registry, the built example projects, Slurm, MLflow, the framework image
+pytest_plugins = ("buildsupport", "run_support", "slurm_support", "mlflow_support", "frameworks_support")
 
 
 def pytest_configure(config):
@@ -35,11 +35,12 @@ def pytest_configure(config):
 # another fixture): a test is marked by what it uses, so `make test-quick` ("not integration") cannot
 # pick up one that needs the engine or a service because its author forgot a marker. Only the shared
 # definitions count (this file and its pytest_plugins): a module's own `project` may need nothing.
-SHARED_FIXTURE_MODULES = {"conftest", "buildsupport", "run_support", "slurm_support", "mlflow_support"}
+SHARED_FIXTURE_MODULES = {"conftest", "buildsupport", "run_support", "slurm_support", "mlflow_support",
+                          "frameworks_support"}
 FIXTURE_MARKS = {
     "docker_client": "docker", "module_cache": "docker", "use_session_cache": "docker",
     "logreg_built": "docker", "logreg": "docker", "project": "docker",
-    "torch_built": "slow", "torch_project": "slow",
+    "torch_built": "slow", "torch_project": "slow", "frameworks_built": "slow", "frameworks": "slow",
     "session_cache": "base", "base_ref": "base",
     "registry": "registry", "slurm_cluster": "slurm", "mlflow_server": "mlflow",
 }

@@ -502,6 +502,13 @@ def compare_outputs(a: Json, b: Json, *, rtol: float, atol: float) -> OutputsDif
         else:
             status = "only_a" if x else "only_b"
         files.append(FileComparison(path, status, x and x["sha256"], y and y["sha256"]))
+    sa, sb = a["outputs"].get("stdout"), b["outputs"].get("stdout")
+    if sa or sb:  # run.outputs.stdout: what the script printed is an output too
+        status = ("equal" if sa["sha256"] == sb["sha256"] else "changed") if sa and sb else \
+            ("only_a" if sa else "only_b")
+        files.append(FileComparison((sa or sb)["file"], status, sa and sa["sha256"], sb and sb["sha256"]))
+    # Every metric's final value, whatever its source (a volatile event file's scalars are compared here
+    # although its bytes are not); wall-clock figures (metrics.wall_clock) never.
     ma, mb = a["metrics"]["final"], b["metrics"]["final"]
     metrics = [compare_metric(name, ma.get(name), mb.get(name), rtol=rtol, atol=atol,
                               present=(name in ma, name in mb)) for name in sorted(ma.keys() | mb.keys())]

@@ -135,8 +135,8 @@ def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, e
 
     ``outputs`` and ``metrics`` are what hermetic.run.collect found (as the
     container's user); without them, output files are hashed under
-    ``run_dir/outputs`` and metrics summarized from
-    ``run_dir/outputs/metrics.jsonl`` (a regular file, never a link) here.
+    ``run_dir/outputs`` and metrics read from them here (summarize_metrics:
+    regular files only, never a link; the series file written).
     ``notes`` are what the collection noticed (a FIFO kept by kind, a metrics
     file that is a link), kept in ``outputs.notes``. ``reason`` says why
     hermetic itself failed or refused the run, ``hermetic_exit_code`` the code
@@ -158,40 +158,54 @@ def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, e
         rec["outputs"]["volatile"] = volatile
     if notes:
         rec["outputs"]["notes"] = list(notes)
-    rec["metrics"] = dict(metrics) if metrics is not None else summarize_metrics(run_dir)[0]
+    if metrics is None:
+        setting = ((rec["invocation"].get("config") or {}).get("run") or {}).get("metrics")
+        metrics = summarize_metrics(run_dir, rec["outputs"]["files"], setting)[0]
+    rec["metrics"] = dict(metrics)
     return rec
 
 
-def summarize_metrics(run_dir: str | Path) -> tuple[dict[str, Any], list[str]]:
-    """The ``metrics`` section from ``run_dir/outputs/metrics.jsonl``, and notes: the file is the script's,
-    so a link there is not read and a malformed line leaves the metrics empty, never the record unsealed."""
+def summarize_metrics(run_dir: str | Path, files: dict[str, Any] | None = None,
+                      setting: Any = None) -> tuple[dict[str, Any], list[str]]:
+    """The ``metrics`` section from ``run_dir/outputs`` read in this process, and notes; the series file
+    written (hermetic.record.metrics). For a record finished without a collection (a refusal, a record
+    built by hand): ``files`` are its outputs as hashed, ``setting`` is ``run.metrics``. The files are the
+    script's: a link is not read and a malformed one leaves its metrics out, never the record unsealed;
+    TensorBoard's event files are read only by the collection (hermetic.run.collect)."""
     from hermetic import safetree
+    from hermetic.record import metrics as mx
 
+    run_dir = Path(run_dir)
     try:
-        fd = safetree.open_root(Path(run_dir) / "outputs")
+        fd = safetree.open_root(run_dir / "outputs")
     except OSError:
         return {"final": {}, "steps": None, "file": None}, []
     try:
-        return summarize_metrics_at(fd)
+        section, series, notes = summarize_metrics_at(fd, files, setting)
     finally:
         os.close(fd)
+    if series:
+        try:
+            section["series"] = mx.write_series(run_dir, series)
+        except (OSError, safetree.UnsafePath) as e:
+            notes.append(f"the metric series was not written ({mx.SERIES_FILE}): {getattr(e, 'message', None) or e}")
+    return section, notes
 
 
-def summarize_metrics_at(outputs_fd: int) -> tuple[dict[str, Any], list[str]]:
-    """summarize_metrics for the outputs directory ``outputs_fd``."""
-    from hermetic import safetree
-    from hermetic.errors import DataError
-    from hermetic.record.outputs import metrics_summary_at
+def summarize_metrics_at(outputs_fd: int, files: dict[str, Any] | None = None,
+                         setting: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """(metrics section, series, notes) for the outputs directory ``outputs_fd``: every source but
+    TensorBoard's (hermetic.record.metrics); ``files`` as hash_outputs_at records them (hashed here when
+    not given)."""
+    from hermetic.record import metrics as mx
+    from hermetic.record.outputs import hash_outputs_at
 
-    empty = {"final": {}, "steps": None, "file": None}
-    name = METRICS_FILE.split("/", 1)[1]
-    try:
-        st = os.stat(name, dir_fd=outputs_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return empty, []
-    if safetree.kind_of(st.st_mode) != "file":
-        return empty, [f"{METRICS_FILE} is a {safetree.kind_of(st.st_mode)}, not a regular file: not read"]
-    try:
-        return {**metrics_summary_at(outputs_fd, name, METRICS_FILE), "file": METRICS_FILE}, []
-    except (DataError, OSError) as e:
-        return empty, [f"metrics not summarized: {getattr(e, 'message', None) or e}"]
+    if files is None:
+        files = hash_outputs_at(outputs_fd)["files"]
+    found = mx.find_sources(files, mx.enabled_sources(setting))
+    parts, notes = mx.read_file_parts(outputs_fd, found)
+    events = found.files.get(mx.TENSORBOARD) or []
+    if events:
+        notes.append(f"{len(events)} TensorBoard event file(s) not read: only a run's collection reads them")
+    assembled = mx.assemble(parts)
+    return assembled.section, assembled.series, found.notes + notes + assembled.notes
