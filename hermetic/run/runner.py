@@ -55,6 +55,7 @@ from hermetic.run.recording import (
 from hermetic.store.oci import OciStore
 
 Log = Callable[[str], None]
+NODES_DIR = "nodes"  # in a multi-node run's dir: the other nodes' run directories (hermetic.slurm.task)
 RUNTIME_DIR = ".runtime"  # in the run dir while the container runs: the runtime's report, mounted at RUNTIME_MOUNT
 
 
@@ -354,7 +355,9 @@ def collect_outputs(cfg: LoadedConfig, rec: dict[str, Any], datasets: Sequence[A
         if os.getuid() == 0:
             fd = safetree.open_root(run_dir)
             try:
-                safetree.lchown_tree(fd, os.getuid(), os.getgid())
+                # nodes/: the other nodes' run directories (hermetic.slurm.task), each given back by its
+                # own node when it is done; taking them now would take them from a node still collecting.
+                safetree.lchown_tree(fd, os.getuid(), os.getgid(), skip=lambda rel: rel == NODES_DIR)
             finally:
                 os.close(fd)
     return collected
