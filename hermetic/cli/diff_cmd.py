@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
-from hermetic.cli.runs_cmd import runs_dir_option
+from hermetic.cli.runs_common import runs_dir_option
 from hermetic.cli.runs_tools_cmd import check_plot_file, plot_option, plot_or_note
 from hermetic.record.locate import resolve_ref
 

@@ -1,4 +1,7 @@
-"""``hermetic logs [-f] [RUN]``, ``hermetic stop RUN`` and ``hermetic runs wait RUN``: runs that are still going."""
+"""``hermetic logs [-f] [RUN]``, ``hermetic stop RUN`` and ``hermetic runs wait RUN``: runs that are still going.
+
+``wait`` is added to the ``runs`` group by hermetic/cli/runs_cmd.py (this module does not import that one).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
-from hermetic.cli.runs_cmd import runs, runs_dir_option
+from hermetic.cli.runs_common import runs_dir_option
 
 FOLLOW_POLL_S = 0.2
 
@@ -139,7 +142,7 @@ def _stop_orphan(run_dir: Path) -> bool:
     return any(r.run_dir is not None and os.path.realpath(r.run_dir) == os.path.realpath(run_dir) for r in reaped)
 
 
-@runs.command("wait")
+@click.command("wait")
 @click.argument("run", metavar="RUN")
 @click.option("--timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Give up after this long (exit 75, the run goes on).")

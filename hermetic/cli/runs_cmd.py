@@ -15,16 +15,14 @@ from typing import Any
 import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
+from hermetic.cli.logs_cmd import wait
+from hermetic.cli.runs_common import remember_where, runs_dir_option, where
+from hermetic.cli.runs_tools_cmd import export_cmd, plot_cmd
 from hermetic.record.locate import resolve_ref, runs_root
 
 KEY_METRICS = ("val_loss", "test_loss", "loss", "train_loss", "val_accuracy", "val_acc", "test_acc", "accuracy", "acc",
                "eval_loss")
 COUNTERS = ("epoch", "step", "batch", "iteration", "lr")
-
-
-def runs_dir_option(f):  # noqa: ANN001, ANN201 - a click decorator
-    return click.option("--runs-dir", "runs_dir", metavar="DIR", default=None,
-                        help="The runs directory (default: runs_dir from hermetic.yaml, else ./runs).")(f)
 
 
 @click.group(invoke_without_command=True)
@@ -48,7 +46,7 @@ def runs(ctx: click.Context, runs_dir: str | None, config_path: str | None, as_j
       hermetic runs -n 20 --json       # the newest 20, as JSON
       hermetic runs show 20261129-21   # one run (a unique ID prefix is enough)
     """
-    ctx.obj = {"runs_dir": runs_dir, "config_path": config_path}
+    remember_where(ctx, runs_dir, config_path)
     if ctx.invoked_subcommand is not None:
         return
     from hermetic.record.index import list_entries
@@ -70,6 +68,12 @@ def runs(ctx: click.Context, runs_dir: str | None, config_path: str | None, as_j
         click.echo(f"no runs in {root}", err=True)
         return
     sys.stdout.write(format_table(entries, colour=sys.stdout.isatty()))
+
+
+# The subcommands defined in their own modules (below this one: they import only cli/runs_common.py).
+runs.add_command(export_cmd)
+runs.add_command(plot_cmd)
+runs.add_command(wait)
 
 
 def reap_listed_orphans(entries: list[dict[str, Any]], *, by: str) -> bool:
@@ -178,8 +182,7 @@ def show(ctx: click.Context, run_id: str, no_rehash: bool, runs_dir: str | None,
       hermetic runs show 20261129-214500-1a2b3c
       hermetic runs show 20261129-2145 --json | jq .metrics.final
     """
-    parent = ctx.obj or {}
-    ref_dir = resolve_ref(run_id, runs_dir or parent.get("runs_dir"), config_path or parent.get("config_path"))
+    ref_dir = resolve_ref(run_id, *where(ctx, runs_dir, config_path))
     from hermetic.record.index import is_group_dir
 
     if is_group_dir(ref_dir):
@@ -402,8 +405,7 @@ def verify_cmd(ctx: click.Context, refs: tuple[str, ...], runs_dir: str | None, 
     from hermetic.errors import IntegrityError, NotFound
     from hermetic.record.verify import verify_run
 
-    parent = ctx.obj or {}
-    runs_dir, config_path = runs_dir or parent.get("runs_dir"), config_path or parent.get("config_path")
+    runs_dir, config_path = where(ctx, runs_dir, config_path)
     if refs:
         dirs = [d for ref in refs for d in _member_dirs(resolve_ref(ref, runs_dir, config_path))]
         where = ", ".join(refs)
@@ -464,10 +466,6 @@ def _member_dirs(ref_dir: Path) -> list[Path]:
     from hermetic.record.group import load_group
 
     return [ref_dir.parent / m["run_id"] for m in load_group(ref_dir)["members"]]
-
-
-from hermetic.cli import runs_tools_cmd  # noqa: E402,F401 - adds `runs export` and `runs plot` to the group above
-from hermetic.cli import logs_cmd  # noqa: E402,F401 - adds `runs wait` to the group above
 
 
 def _seeded_text(applied: dict) -> str:

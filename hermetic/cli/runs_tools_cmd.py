@@ -1,9 +1,9 @@
 """``hermetic runs export`` (to MLflow) and ``hermetic runs plot``, and ``hermetic diff --plot``'s option.
 
-Added to the ``runs`` group by hermetic/cli/runs_cmd.py. Only click is
-imported until a command runs; mlflow and matplotlib (the extras
-hermetic[mlflow] and hermetic[plots]) are imported by hermetic.integrations
-when an export or a figure starts.
+Added to the ``runs`` group by hermetic/cli/runs_cmd.py (this module does
+not import that one). Only click is imported until a command runs; mlflow
+and matplotlib (the extras hermetic[mlflow] and hermetic[plots]) are
+imported by hermetic.integrations when an export or a figure starts.
 """
 
 from __future__ import annotations
@@ -15,14 +15,10 @@ import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
 from hermetic.cli.mlflow_opt import MlflowCommand, mlflow_option
-from hermetic.cli.runs_cmd import resolve_ref, runs, runs_dir_option, runs_root
+from hermetic.cli.runs_common import runs_dir_option, where
+from hermetic.record.locate import resolve_ref, runs_root
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _where(ctx: click.Context, runs_dir: str | None, config_path: str | None) -> tuple[str | None, str | None]:
-    parent = ctx.obj or {}
-    return runs_dir or parent.get("runs_dir"), config_path or parent.get("config_path")
 
 
 def all_exportable(root: Path) -> list[Path]:
@@ -35,7 +31,7 @@ def all_exportable(root: Path) -> list[Path]:
     return [root / e["id"] for e in reversed(keep)]
 
 
-@runs.command("export", cls=MlflowCommand)
+@click.command("export", cls=MlflowCommand)
 @click.argument("refs", nargs=-1, metavar="[RUN|GROUP]...")
 @mlflow_option
 @click.option("--experiment", metavar="NAME",
@@ -73,7 +69,7 @@ def export_cmd(ctx: click.Context, refs: tuple[str, ...], mlflow_uri: str | None
     if mlflow_uri is None:
         raise UsageError("say where to export: --mlflow [URI] (alone: $MLFLOW_TRACKING_URI)")
     uri = tracking_uri(mlflow_uri or None)
-    runs_dir, config_path = _where(ctx, runs_dir, config_path)
+    runs_dir, config_path = where(ctx, runs_dir, config_path)
     paths = ([resolve_ref(r, runs_dir, config_path) for r in refs] if refs
              else all_exportable(runs_root(runs_dir, config_path)))
     exporter = MlflowExporter(uri, experiment=experiment)
@@ -91,7 +87,7 @@ def export_cmd(ctx: click.Context, refs: tuple[str, ...], mlflow_uri: str | None
         click.echo("no runs to export", err=True)
 
 
-@runs.command("plot")
+@click.command("plot")
 @click.argument("refs", nargs=-1, required=True, metavar="RUN|GROUP...")
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="Where to write it: .png or .svg.")
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
@@ -118,7 +114,7 @@ def plot_cmd(ctx: click.Context, refs: tuple[str, ...], output: str, metrics: tu
       hermetic runs plot 20261129-2145 20261130-09 -o loss.png
       hermetic runs plot GROUP_A GROUP_B --metric val_loss -o seeds.svg
     """
-    runs_dir, config_path = _where(ctx, runs_dir, config_path)
+    runs_dir, config_path = where(ctx, runs_dir, config_path)
     paths = [resolve_ref(r, runs_dir, config_path) for r in refs]
     result = write_plot(paths, output, metrics=list(metrics) or None)
     if as_json:
