@@ -3,7 +3,9 @@
 Every import is counted, including those inside functions (hermetic imports
 lazily for speed; a lazy import is still a dependency). Units are the
 top-level packages and modules under hermetic/ (hermetic.builder,
-hermetic.config, ...).
+hermetic.config, ...); cycles are looked for between units and between files
+(module_graph). The runtime's own name in images, hermetic_runtime, is
+hermetic.runtime.
 """
 
 from __future__ import annotations
@@ -16,31 +18,68 @@ import hermetic
 PACKAGE = Path(hermetic.__file__).resolve().parent
 
 
-def _module_name(path: Path) -> str:
-    parts = ("hermetic",) + path.relative_to(PACKAGE).with_suffix("").parts
+# The runtime is shipped into images as the top-level package hermetic_runtime (hermetic/runtime/__init__.py):
+# its own modules import each other under that name, and it is the same file as hermetic.runtime.X.
+ALIASES = {"hermetic_runtime": "hermetic.runtime"}
+
+
+def _module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = (root.name,) + path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _canonical(name: str, top: str) -> str | None:
+    """``name`` as a module of the package ``top`` (an alias resolved), or None when it is not one of them."""
+    for alias, real in ALIASES.items():
+        if name == alias or name.startswith(alias + "."):
+            name = real + name[len(alias):]
+    return name if name == top or name.startswith(top + ".") else None
+
+
+def _imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[str, list[str]]]:
+    """Every import of the package's own modules in one file, lazy ones included: (module, names), names
+    being what ``from module import ...`` takes (empty for ``import module``)."""
+    name = _module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(t, []) for a in node.names if (t := _canonical(a.name, root.name))]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if t := _canonical(target, root.name):
+                found.append((t, [a.name for a in node.names]))
+    return found
 
 
 def imports() -> dict[str, set[str]]:
     """module -> every hermetic module it imports (absolute names)."""
-    out: dict[str, set[str]] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        name = _module_name(path)
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return {_module_name(path): {t for t, _ in _imports_of(path)} for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_module(name: str, root: Path = PACKAGE) -> bool:
+    """A module or package under ``root``: a .py file, a package, or a C extension (its .c source is here)."""
+    rel = Path(*name.split(".")[1:])
+    return (any((root / rel).with_suffix(s).is_file() for s in (".py", ".c")) if rel.parts else False) \
+        or (root / rel / "__init__.py").is_file()
+
+
+def module_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the modules of the package at ``root`` it imports, ``from package import name`` resolved to
+    the submodule ``package.name`` when there is one (else the package's __init__, whose name it takes).
+    The top package itself (hermetic/__init__.py: only the version) is left out."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        name = _module_name(path, root)
         found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
-            if isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name.startswith("hermetic"))
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
-                if target.startswith("hermetic"):
-                    found.add(target)
-        out[name] = found
-    return out
+        for target, names in _imports_of(path, root):
+            found.update([f"{target}.{n}" if _is_module(f"{target}.{n}", root) else target for n in names] or [target])
+        graph[name] = {t for t in found if t != name and t != root.name and _is_module(t, root)}
+    return graph
 
 
 def unit(module: str) -> str:
@@ -89,6 +128,52 @@ def test_nothing_outside_the_cli_imports_the_cli():
 
 def test_no_import_cycle_between_top_level_packages():
     assert find_cycle(unit_graph()) is None
+
+
+def test_no_import_cycle_between_modules():
+    """Not between files either (issue 27): a piece two modules share gets its own module below both."""
+    assert find_cycle(module_graph()) is None
+
+
+def _tiny_package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for rel, text in {"__init__.py": "", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_module_graph_finds_a_cycle_between_files(tmp_path):
+    """A cycle only through ``from package import submodule``, a relative import and a lazy one: the module
+    graph sees it (the package graph cannot: it is all one package)."""
+    root = _tiny_package(tmp_path, {
+        "sub/__init__.py": "",
+        "sub/a.py": "from pkg.sub import b\n",  # the submodule b, not the package sub
+        "sub/b.py": "def f():\n    from .c import g  # lazy: still a dependency\n",
+        "sub/c.py": "from . import a\nfrom pkg._ext import digest\n",
+        "_ext.c": "/* a C extension: only its source is here */\n",
+        "other.py": "import pkg.sub.a\n",
+    })
+    graph = module_graph(root)
+    assert graph["pkg.sub.a"] == {"pkg.sub.b"}
+    assert graph["pkg.sub.c"] == {"pkg.sub.a", "pkg._ext"}
+    assert graph["pkg.other"] == {"pkg.sub.a"}
+    cycle = find_cycle(graph)
+    assert cycle is not None and set(cycle) == {"pkg.sub.a", "pkg.sub.b", "pkg.sub.c"}
+
+
+def test_module_graph_finds_no_cycle_where_there_is_none(tmp_path):
+    """The same files with the shared piece moved below both: no cycle (the finder is not always saying one)."""
+    root = _tiny_package(tmp_path, {
+        "sub/__init__.py": "",
+        "sub/a.py": "from pkg.sub import b\n",
+        "sub/b.py": "def f():\n    from .c import g\n",
+        "sub/c.py": "from pkg._ext import digest\nfrom pkg import sub\n",  # sub itself: its __init__
+        "_ext.c": "",
+    })
+    graph = module_graph(root)
+    assert graph["pkg.sub.c"] == {"pkg._ext", "pkg.sub"}
+    assert find_cycle(graph) is None
 
 
 def test_cycle_finder_finds_a_planted_cycle():
