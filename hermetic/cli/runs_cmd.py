@@ -16,7 +16,7 @@ import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
 from hermetic.cli.logs_cmd import wait
-from hermetic.cli.runs_common import remember_where, runs_dir_option, where
+from hermetic.cli.runs_common import remember_location, runs_dir_option, runs_location
 from hermetic.cli.runs_tools_cmd import export_cmd, plot_cmd
 from hermetic.record.locate import resolve_ref, runs_root
 
@@ -46,7 +46,7 @@ def runs(ctx: click.Context, runs_dir: str | None, config_path: str | None, as_j
       hermetic runs -n 20 --json       # the newest 20, as JSON
       hermetic runs show 20261129-21   # one run (a unique ID prefix is enough)
     """
-    remember_where(ctx, runs_dir, config_path)
+    remember_location(ctx, runs_dir, config_path)
     if ctx.invoked_subcommand is not None:
         return
     from hermetic.record.index import list_entries
@@ -182,7 +182,7 @@ def show(ctx: click.Context, run_id: str, no_rehash: bool, runs_dir: str | None,
       hermetic runs show 20261129-214500-1a2b3c
       hermetic runs show 20261129-2145 --json | jq .metrics.final
     """
-    ref_dir = resolve_ref(run_id, *where(ctx, runs_dir, config_path))
+    ref_dir = resolve_ref(run_id, *runs_location(ctx, runs_dir, config_path))
     from hermetic.record.index import is_group_dir
 
     if is_group_dir(ref_dir):
@@ -405,7 +405,7 @@ def verify_cmd(ctx: click.Context, refs: tuple[str, ...], runs_dir: str | None, 
     from hermetic.errors import IntegrityError, NotFound
     from hermetic.record.verify import verify_run
 
-    runs_dir, config_path = where(ctx, runs_dir, config_path)
+    runs_dir, config_path = runs_location(ctx, runs_dir, config_path)
     if refs:
         dirs = [d for ref in refs for d in _member_dirs(resolve_ref(ref, runs_dir, config_path))]
         where = ", ".join(refs)

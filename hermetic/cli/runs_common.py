@@ -20,12 +20,12 @@ def runs_dir_option(f: F) -> F:
                         help="The runs directory (default: runs_dir from hermetic.yaml, else ./runs).")(f)
 
 
-def remember_where(ctx: click.Context, runs_dir: str | None, config_path: str | None) -> None:
+def remember_location(ctx: click.Context, runs_dir: str | None, config_path: str | None) -> None:
     """The ``runs`` group's own --runs-dir and -C, for its subcommands (``hermetic runs -C x show ID``)."""
     ctx.obj = {"runs_dir": runs_dir, "config_path": config_path}
 
 
-def where(ctx: click.Context, runs_dir: str | None, config_path: str | None) -> tuple[str | None, str | None]:
-    """A subcommand's --runs-dir and -C, else the ``runs`` group's (remember_where)."""
+def runs_location(ctx: click.Context, runs_dir: str | None, config_path: str | None) -> tuple[str | None, str | None]:
+    """A subcommand's --runs-dir and -C, else the ``runs`` group's (remember_location)."""
     parent = ctx.obj or {}
     return runs_dir or parent.get("runs_dir"), config_path or parent.get("config_path")

@@ -15,7 +15,7 @@ import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
 from hermetic.cli.mlflow_opt import MlflowCommand, mlflow_option
-from hermetic.cli.runs_common import runs_dir_option, where
+from hermetic.cli.runs_common import runs_dir_option, runs_location
 from hermetic.record.locate import resolve_ref, runs_root
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,7 +69,7 @@ def export_cmd(ctx: click.Context, refs: tuple[str, ...], mlflow_uri: str | None
     if mlflow_uri is None:
         raise UsageError("say where to export: --mlflow [URI] (alone: $MLFLOW_TRACKING_URI)")
     uri = tracking_uri(mlflow_uri or None)
-    runs_dir, config_path = where(ctx, runs_dir, config_path)
+    runs_dir, config_path = runs_location(ctx, runs_dir, config_path)
     paths = ([resolve_ref(r, runs_dir, config_path) for r in refs] if refs
              else all_exportable(runs_root(runs_dir, config_path)))
     exporter = MlflowExporter(uri, experiment=experiment)
@@ -114,7 +114,7 @@ def plot_cmd(ctx: click.Context, refs: tuple[str, ...], output: str, metrics: tu
       hermetic runs plot 20261129-2145 20261130-09 -o loss.png
       hermetic runs plot GROUP_A GROUP_B --metric val_loss -o seeds.svg
     """
-    runs_dir, config_path = where(ctx, runs_dir, config_path)
+    runs_dir, config_path = runs_location(ctx, runs_dir, config_path)
     paths = [resolve_ref(r, runs_dir, config_path) for r in refs]
     result = write_plot(paths, output, metrics=list(metrics) or None)
     if as_json:
