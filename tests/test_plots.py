@@ -172,6 +172,36 @@ def test_a_finished_runs_readme_shows_its_metrics_figure(runs, tmp_path):
     assert not (runs / C / "metrics.png").exists() and "metrics.png" not in (runs / C / "README.md").read_text()
 
 
+def test_the_figure_is_drawn_from_the_collected_series_without_reading_it_back(tmp_path):
+    """metrics.jsonl is parsed once, by the collection; the final record's figure takes the series the
+    collection wrote (Collected.series, write_record's ``series``): the same picture as from the file."""
+    import os
+    from datetime import timedelta
+
+    from hermetic.record import finish_record, write_record
+    from hermetic.record.metrics import SERIES_FILE
+    from hermetic.record.rundir import create_run_dir
+    from hermetic.record.synthetic import T0, synthetic_record
+    from hermetic.run.collect import CollectPlan, collect_run
+
+    rid = "20261129-235700-0d0d0d"
+    run_dir = create_run_dir(tmp_path / "runs", rid)
+    with open(run_dir / "outputs" / "metrics.jsonl", "w") as f:
+        for s in range(1, 31):
+            f.write(json.dumps({"step": s, "loss": loss_curve(s), "epoch": s // 10}) + "\n")
+    collected = collect_run(CollectPlan(str(run_dir), None, None), uid=os.getuid(), gid=os.getgid())
+    assert [e["name"] for e in collected.series] == ["epoch", "loss"]
+    done = finish_record(synthetic_record(rid), run_dir, status="succeeded", exit_code=0,
+                         finished_at=T0 + timedelta(minutes=3), outputs=collected.outputs,
+                         metrics=collected.metrics, notes=collected.notes)
+    write_record(run_dir, done)  # from the file, read back and checked against the record
+    from_file = (run_dir / "metrics.png").read_bytes()
+    (run_dir / "metrics.png").unlink()
+    (run_dir / SERIES_FILE).unlink()  # not read when the series is passed along
+    write_record(run_dir, done, series=collected.series)
+    assert (run_dir / "metrics.png").read_bytes() == from_file
+
+
 @pytest.mark.docker
 def test_two_real_runs_of_the_example_draw_one_curve_each(project, tmp_path):
     _, a = hermetic_run(project, "train.py", "--epochs", "3")

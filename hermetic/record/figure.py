@@ -43,27 +43,30 @@ def run_panels(series: dict[str, list[tuple[int, float]]], label: str):  # -> li
             for n in names]
 
 
-def write_metrics_figure(run_dir: str | Path, record: dict[str, Any]) -> str | None:
+def write_metrics_figure(run_dir: str | Path, record: dict[str, Any], *,
+                         series: list[dict[str, Any]] | None = None) -> str | None:
     """Draw ``run_dir/metrics.png`` for a finished run with metrics; its name, or None when there is none.
 
     The series is the run's series file (hermetic.record.metrics.load_series: checked against the record),
-    wall-clock figures left out. Best effort: the figure illustrates the record, so a failure to draw it
+    wall-clock figures left out; ``series``: that file's entries as the collection wrote them, when the
+    caller has them (not read back then). Best effort: the figure illustrates the record, so a failure to draw it
     (an unwritable directory, a series that is not what the record says) leaves no figure rather
     than failing the run.
     """
     from hermetic import plotting
     from hermetic.errors import HermeticError
-    from hermetic.record.metrics import load_series
+    from hermetic.record.metrics import load_series, run_series
 
     run_dir = Path(run_dir)
     has_series = record["metrics"].get("series") or record["metrics"]["file"]
     if record["record"]["finished_at"] is None or not has_series or not plotting.available():
         return None
     try:
-        series = load_series(run_dir, record).compared()
-        if not series:
+        found = (run_series(series) if series is not None and record["metrics"].get("series")
+                 else load_series(run_dir, record)).compared()
+        if not found:
             return None
-        plotting.save(run_panels(series, record["record"]["run_id"]), run_dir / FIGURE_NAME,
+        plotting.save(run_panels(found, record["record"]["run_id"]), run_dir / FIGURE_NAME,
                       title=f"run {record['record']['run_id']} ({record['record']['status']})")
     except (HermeticError, OSError, ValueError):
         return None

@@ -577,9 +577,14 @@ def load_series(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> RunS
     if hashlib.sha256(data).hexdigest() != ref["sha256"]:
         raise IntegrityError(f"{path}: changed since the record was sealed (sha256 {ref['sha256'][:12]} "
                              f"recorded)", hint=f"hermetic runs verify {run_dir.name}")
+    return run_series(json.loads(line) for line in data.splitlines())
+
+
+def run_series(entries: Iterable[dict[str, Any]]) -> RunSeries:
+    """The series file's entries (``{"name", "source", "points", "wall_clock"?}``: assemble's series, as
+    write_series writes them) as a RunSeries: what load_series reads back, without reading it back."""
     out = RunSeries()
-    for line in data.splitlines():
-        e = json.loads(line)
+    for e in sorted(entries, key=lambda e: e["name"]):
         out.series[e["name"]] = [(int(s), float(decode_number(v))) for s, v in e["points"]]
         out.sources[e["name"]] = e["source"]
         if e.get("wall_clock"):

@@ -103,14 +103,18 @@ def redact_tree(node: Any) -> Any:
     return node
 
 
-def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> dict[str, Any]:
+def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any], *,
+                 series: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Validate, redact, seal and write ``run_dir/run.json`` (+ README.md, + index line).
 
     Returns the sealed record as written. May be called more than once for a
     run (e.g. an early record with status ``interrupted``, then the final
     one): each call replaces run.json atomically and the index keeps the
     latest. Raises RecordError naming the key when the record is malformed;
-    nothing is written then.
+    nothing is written then. ``series``: the entries of the series file the
+    record's ``metrics.series`` names, as the collection wrote them
+    (hermetic.run.collect.Collected.series), so that the figure is drawn
+    from them instead of the file read back.
     """
     from hermetic.record.figure import warm_up, write_metrics_figure
     from hermetic.record.readme import render_readme
@@ -130,7 +134,7 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> dic
     atomic_write_text(run_dir / RUN_JSON, pretty_json(sealed))
     if sealed["record"]["finished_at"] is None:
         warm_up()  # the early record: the run is about to start; its figure will be drawn at the end
-    figure = write_metrics_figure(run_dir, sealed)  # final records with metrics only, when matplotlib is there
+    figure = write_metrics_figure(run_dir, sealed, series=series)  # final records with metrics only, when matplotlib is there
     atomic_write_text(run_dir / README_NAME, render_readme(sealed, figure=figure))
     update_index(run_dir.parent, run_entry(sealed, run_dir.name))
     return sealed
