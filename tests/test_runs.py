@@ -194,3 +194,18 @@ def test_runs_show_says_what_the_seed_reached_not_the_report_keys():
     assert _seeded_text(applied).endswith("; by seed_everything: random, numpy, torch")
     assert _seeded_text({"startup": {"seed": 5, "seeded": []}}).startswith("nothing was seeded from it")
     assert _seeded_text({}) == "nothing reported"
+
+
+def test_the_listed_metric_is_a_result_never_a_counter():
+    """The listing's key metric: a usual name first (bare, under a framework's prefix too), else the first
+    that is not a counter (hermetic.record.metrics.COUNTERS, the one list the figure and plots use) nor
+    the learning rate."""
+    from hermetic.cli.runs_cmd import key_metric
+    from hermetic.record.metrics import COUNTERS
+
+    assert key_metric({"accuracy": 0.9, "loss": 0.1}) == "loss"
+    assert key_metric({"tensorboard/epoch": 3, "tensorboard/val_loss": 0.2, "a": 1}) == "tensorboard/val_loss"
+    for counter in sorted(COUNTERS):
+        assert key_metric({counter: 7, f"trainer/{counter}": 7, "lr": 0.1, "top1": 0.5}) == "top1"
+    assert key_metric({"epoch": 1, "lr": 0.1}) == "epoch"  # nothing else: the first by name
+    assert key_metric({}) is None

@@ -22,7 +22,7 @@ from hermetic.record.locate import resolve_ref, runs_root
 
 KEY_METRICS = ("val_loss", "test_loss", "loss", "train_loss", "val_accuracy", "val_acc", "test_acc", "accuracy", "acc",
                "eval_loss")
-COUNTERS = ("epoch", "step", "batch", "iteration", "lr")
+NOT_KEY = ("lr",)  # the learning rate is a setting's schedule, not a result (a figure still draws it)
 
 
 @click.group(invoke_without_command=True)
@@ -109,8 +109,12 @@ def key_metric(final: dict[str, Any]) -> str | None:
         return k.rsplit("/", 1)[-1]
 
     name = (next((k for k in KEY_METRICS if k in final), None)
-            or next((k for m in KEY_METRICS for k in sorted(final) if bare(k) == m), None)
-            or next((k for k in sorted(final) if bare(k) not in COUNTERS), None) or sorted(final)[0])
+            or next((k for m in KEY_METRICS for k in sorted(final) if bare(k) == m), None))
+    if name is None:  # no usual name: the first that is neither a counter nor the learning rate
+        from hermetic.record.metrics import is_counter  # only here: the listing's usual path stays light
+
+        name = next((k for k in sorted(final) if not is_counter(k) and bare(k) not in NOT_KEY), None) \
+            or sorted(final)[0]
     return name
 
 

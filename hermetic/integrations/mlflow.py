@@ -281,12 +281,14 @@ class MlflowExporter:
     # -- runs and groups
 
     def _export_run(self, run_dir: Path, experiment: str | None, *, parent: str | None = None,
-                    exp_id: str | None = None) -> Exported:
+                    exp_id: str | None = None, rec: dict[str, Any] | None = None) -> Exported:
+        """``rec``: the run's record when the caller loaded it already (a group's first member)."""
         from hermetic.record.figure import FIGURE_NAME
         from hermetic.record.metrics import load_series
         from hermetic.record.rundir import README_NAME, load_record
 
-        rec = load_record(run_dir)
+        if rec is None:
+            rec = load_record(run_dir)
         meta = rec["record"]
         series = load_series(run_dir, rec).series  # checked against the record before MLflow hears of the run
         datasets = [(name, ds, manifest_dataset(name, ds, project_dir(run_dir, rec["invocation"]["config"] or {})))
@@ -325,7 +327,8 @@ class MlflowExporter:
             logged = self._log(run, created, params, tags, group_summary_metrics(group),
                                millis(meta["written_at"]) or 0)
             self._log_artifacts(run, created, [gdir / "group.json"])
-            children = [self._export_run(m, None, parent=run.info.run_id, exp_id=exp_id) for m in members]
+            children = [self._export_run(m, None, parent=run.info.run_id, exp_id=exp_id, rec=first if i == 0 else None)
+                        for i, m in enumerate(members)]  # the first member's record is loaded once
             self.client.set_terminated(run.info.run_id, STATUS.get(meta["status"], "FAILED"),
                                        end_time=millis(meta["written_at"]))
         return Exported(meta["group_id"], "group", run.info.run_id, exp_id, created, logged,
