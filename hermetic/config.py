@@ -19,11 +19,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from hermetic.canonical import canonical_json, sha256_hex
 from hermetic.errors import ConfigError
-from hermetic.paths import CONFIG_FILENAME, CONFIG_MAX_BYTES, norm_relpath
+from hermetic.paths import CONFIG_FILENAME, CONFIG_MAX_BYTES, name_pattern, norm_relpath
 from hermetic.reference import parse_base_reference
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+_NAME = re.compile(rf"^{name_pattern()}$")
 
 
 def _check_name(v: str) -> str:

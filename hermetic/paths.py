@@ -22,6 +22,13 @@ def norm_relpath(path: str) -> str:
 
 
 _NOT_IN_A_SLUG = re.compile(r"[^a-z0-9._-]+")
+NAME_MAX = 128  # characters of a project or dataset name (hermetic.yaml); a run name in an ID: 63
+
+
+def name_pattern(max_len: int = NAME_MAX) -> str:
+    """The regular expression (text, unanchored) of a name of at most ``max_len`` characters: what
+    hermetic.yaml's names, the record's dataset files and run IDs are checked against; slug makes one."""
+    return rf"[a-z0-9][a-z0-9._-]{{0,{max_len - 1}}}"
 
 
 def slug(text: str, max_len: int) -> str:

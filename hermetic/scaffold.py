@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 from hermetic.errors import CannotCreate, NotFound, UsageError
 from hermetic.fsutil import atomic_write_bytes, atomic_write_text
-from hermetic.paths import CONFIG_FILENAME, slug
+from hermetic.paths import CONFIG_FILENAME, NAME_MAX, slug
 from hermetic.projectmeta import WHAT_TO_DO, Declared, own_package
 
 DEFAULT_RECIPE = "debian-bookworm-python3"
@@ -60,7 +60,7 @@ class InitResult:
 
 def project_name(root: Path) -> str:
     """The folder's name as hermetic.yaml's ``name:`` takes it (lowercase letters, digits, . _ -)."""
-    return slug(root.resolve().name, 128) or "project"
+    return slug(root.resolve().name, NAME_MAX) or "project"
 
 
 def init_project(root: Path, *, data: list[str], base: str | None = None, python: str | None = None,
@@ -304,7 +304,7 @@ def _dataset(root: Path, d: Path, log) -> dict[str, str]:
     log(f"hashing dataset {rel}/ -> {manifest} ...")
     m = build_manifest(d, progress=False)
     atomic_write_bytes(root / manifest, format_manifest(m.entries))
-    name = slug(d.name, 128) or "data"
+    name = slug(d.name, NAME_MAX) or "data"
     return {"name": name, "path": rel, "manifest": manifest, "files": str(m.file_count), "bytes": str(m.total_bytes)}
 
 

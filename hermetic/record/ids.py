@@ -12,9 +12,11 @@ import re
 import secrets
 from datetime import datetime, timezone
 
+from hermetic.paths import name_pattern
 from hermetic.paths import slug as paths_slug
 
-RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}(?:-[a-z0-9][a-z0-9._-]{0,62})?$")
+RUN_NAME_MAX = 63
+RUN_ID_RE = re.compile(rf"^\d{{8}}-\d{{6}}-[0-9a-f]{{6}}(?:-{name_pattern(RUN_NAME_MAX)})?$")
 
 
 def utc(now: datetime | None = None) -> datetime:
@@ -31,7 +33,7 @@ def iso_utc(now: datetime | None = None) -> str:
 
 def slug(name: str) -> str:
     """A run name as it may appear in an ID: lowercase, ``[a-z0-9._-]``, at most 63 chars (paths.slug)."""
-    return paths_slug(name, 63)
+    return paths_slug(name, RUN_NAME_MAX)
 
 
 def new_run_id(now: datetime | None = None, name: str | None = None) -> str:

@@ -18,12 +18,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidato
 
 from hermetic.canonical import is_sha256_hex
 from hermetic.errors import DataError
+from hermetic.paths import name_pattern
 from hermetic.record.ids import RUN_ID_RE
 from hermetic.record.secrets_policy import is_secret_name
 
 SCHEMA_VERSION = 1
 _ISO_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|\+00:00)$")
-_DATASET_FILE = re.compile(r"^data/([a-z0-9][a-z0-9._-]{0,127})\.sha256$")
+_DATASET_FILE = re.compile(rf"^data/({name_pattern()})\.sha256$")
 
 
 class RecordError(DataError):
