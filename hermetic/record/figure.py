@@ -49,8 +49,8 @@ def write_metrics_figure(run_dir: str | Path, record: dict[str, Any], *,
 
     The series is the run's series file (hermetic.record.metrics.load_series: checked against the record),
     wall-clock figures left out; ``series``: that file's entries as the collection wrote them, when the
-    caller has them (not read back then). Best effort: the figure illustrates the record, so a failure to draw it
-    (an unwritable directory, a series that is not what the record says) leaves no figure rather
+    caller has them (not read back then). Best effort: the figure illustrates the record, so a failure to
+    draw it (an unwritable directory, a series that is not what the record says) leaves no figure rather
     than failing the run.
     """
     from hermetic import plotting

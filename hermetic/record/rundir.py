@@ -134,7 +134,8 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any], *,
     atomic_write_text(run_dir / RUN_JSON, pretty_json(sealed))
     if sealed["record"]["finished_at"] is None:
         warm_up()  # the early record: the run is about to start; its figure will be drawn at the end
-    figure = write_metrics_figure(run_dir, sealed, series=series)  # final records with metrics only, when matplotlib is there
+    # final records with metrics only, when matplotlib is there
+    figure = write_metrics_figure(run_dir, sealed, series=series)
     atomic_write_text(run_dir / README_NAME, render_readme(sealed, figure=figure))
     update_index(run_dir.parent, run_entry(sealed, run_dir.name))
     return sealed
