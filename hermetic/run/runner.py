@@ -406,7 +406,7 @@ def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], o
     for note in collected.notes:
         log(f"note: {note}")
     release_space(run_dir)
-    sealed = write_record(run_dir, rec)
+    sealed = write_record(run_dir, rec, series=collected.series)
     log(f"run {run_id} {status} (exit {code}); record: {run_dir / 'run.json'}")
     return RunResult(run_id, run_dir, status, code, sealed, reason)
 
@@ -440,7 +440,7 @@ def after_failure(cfg: LoadedConfig, req: RunRequest, run_dir: Path, rec: dict[s
                                reason=None if interrupted else reason, outputs=collected.outputs,
                                metrics=collected.metrics, notes=collected.notes,
                                hermetic_exit_code=None if interrupted else code)
-        write_record(run_dir, sealed)
+        write_record(run_dir, sealed, series=collected.series)
         log(f"run {run_dir.name} {'interrupted' if interrupted else 'failed'}; record: {run_dir / RUN_JSON}")
     except Exception:  # sealing failed too (the disk is still full): the early record says interrupted
         pass
