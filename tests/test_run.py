@@ -359,8 +359,9 @@ def test_run_section_sizes_shm_and_tmp_and_the_record_keeps_them(project):
     assert seen == {"/dev/shm": 96 << 20, "/tmp": 80 << 20}
     assert rec["invocation"]["config"]["run"] == {"shm_size": "96m", "tmp_size": "80m", "workdir_size": "4g",
                                                   "outputs": {"include": ["**"], "exclude": [],
-                                                              "volatile": ["**/events.out.tfevents.*"]},
-                                                  "pids": 4096, "memory": None}
+                                                              "volatile": ["**/events.out.tfevents.*"],
+                                                              "stdout": False},
+                                                  "pids": 4096, "memory": None, "metrics": "auto"}
 
 
 @pytest.mark.docker

@@ -87,8 +87,11 @@ def test_detach_returns_at_once_then_logs_wait_and_stop_follow_the_run(project):
     listed = json.loads(run_cli("runs", "--json", cwd=project).stdout)
     assert next(e for e in listed if e["id"] == run_id)["status"] == "running"
     # Ctrl-C on `logs -f` stops the following, not the run
+    # SIGINT as a terminal gives it: a suite started in the background by a shell without job control
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt for it
     follow = subprocess.Popen([sys.executable, "-m", "hermetic", "logs", "-f", run_id], cwd=project,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     seen = b""
     while b"started" not in seen and time.monotonic() < deadline:
