@@ -64,18 +64,23 @@ def wrap(mod, name, label):
     setattr(mod, name, timed)
 import hermetic.cli
 t_cli = time.perf_counter()
-import hermetic.builder.build as bb, hermetic.engine as en
+import hermetic.builder.build as bb, hermetic.engine as en, hermetic.run.orphans as ro, hermetic.record.figure as rf
 import hermetic.run.container as rc, hermetic.run.probe as rp, hermetic.run.runner as rr, hermetic.run.snapshot as rs
 t_imports = time.perf_counter()
 for mod, name, label in [
         (en, "engine_client", "engine connect (import docker, ping)"),
+        (ro, "reap_orphans", "orphans: runs whose driver died"),
+        (rr, "check_source_links", "source links checked"),
         (bb, "build", "build: no-op check (with image info)"),
         (rr, "verify_datasets", "data: verify against manifest"),
         (rr, "create_run_dir", "run dir"), (rs, "take_snapshot", "code snapshot (tar + hashes)"),
         (rs, "extract_snapshot", "extract snapshot to /workspace dir"),
         (rp, "run_probe", "probe (cached)"), (rr, "write_record", "write record (validate, seal, README, index)"),
         (rc, "create", "container create"), (rr, "run_streaming", "container create+start+run+wait+remove"),
-        (rr, "finish_record", "hash outputs, metrics")]:
+        (rr, "changed_during_run", "data: changed during the run (stat)"),
+        (rr, "collect_outputs", "collect: working dir, hash outputs, metrics (as the container's user)"),
+        (rr, "finish_record", "final record assembled"),
+        (rf, "write_metrics_figure", "metrics figure drawn")]:
     wrap(mod, name, label)
 def report():
     out = {"import hermetic.cli": t_cli - t0, "import run modules": t_imports - t_cli, "marks": marks,

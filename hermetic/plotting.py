@@ -118,7 +118,10 @@ def render(panels: Sequence[Panel], *, title: str, fmt: str = "png") -> bytes:
             ax.set_visible(False)
         buf = io.BytesIO()
         metadata = {"Date": None} if fmt == "svg" else {"Software": None}
-        fig.savefig(buf, format=fmt, dpi=DPI, metadata=metadata)
+        # PNG: zlib's fastest level (a fifth of the encoding time, files ~15% larger; still the same bytes
+        # for the same panels)
+        extra = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
+        fig.savefig(buf, format=fmt, dpi=DPI, metadata=metadata, **extra)
     return buf.getvalue()
 
 

@@ -9,6 +9,7 @@ README says nothing of one. The figure sits beside run.json, outside
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,57 @@ def warm_up() -> None:
     t = threading.Thread(target=plotting.preload, name="hermetic-figure-import", daemon=True)
     _warm.append(t)
     t.start()
+
+
+class FigureDrawing:
+    """``metrics.png`` being drawn by a child process (fork), while the parent validates, seals and writes
+    the record: on two cores the drawing (~0.3 s of matplotlib) is off the run's critical path but for
+    what is left of it at ``join``. Joined before the README is written, so the figure exists when
+    ``hermetic run`` returns; a child that fails leaves no figure (best effort, as when drawn inline)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._name: str | None = None
+        self._joined = False
+
+    def join(self) -> str | None:
+        """The figure's name once the child has drawn it, or None (nothing to draw, or it failed)."""
+        if not self._joined:
+            self._joined = True
+            try:
+                _, status = os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                return None
+            self._name = FIGURE_NAME if os.waitstatus_to_exitcode(status) == 0 else None
+        return self._name
+
+
+def start_metrics_figure(run_dir: str | Path, record: dict[str, Any], *,
+                         series: list[dict[str, Any]] | None = None) -> FigureDrawing | None:
+    """Start drawing the final record's figure in a child process; None when there is nothing to draw
+    (no metrics, not final, no matplotlib) or no child could be started (the caller draws inline then)."""
+    from hermetic import plotting
+
+    has_series = record["metrics"].get("series") or record["metrics"]["file"]
+    if record["record"]["finished_at"] is None or not has_series or not plotting.available():
+        return None
+    for t in _warm:  # no import half done in a thread at the fork: the child would inherit its lock held
+        t.join()
+    try:
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:  # the child: draw, and leave without running the parent's exit handlers or flushing its files
+        code = 1
+        try:
+            import signal
+
+            for sig in (signal.SIGINT, signal.SIGTERM):  # not the run's handlers (they stop its container)
+                signal.signal(sig, signal.SIG_DFL)
+            code = 0 if write_metrics_figure(run_dir, record, series=series) else 3
+        finally:
+            os._exit(code)
+    return FigureDrawing(pid)
 
 
 def run_panels(series: dict[str, list[tuple[int, float]]], label: str):  # -> list[hermetic.plotting.Panel]

@@ -104,7 +104,7 @@ def redact_tree(node: Any) -> Any:
 
 
 def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any], *,
-                 series: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 series: list[dict[str, Any]] | None = None, figure: Any = None) -> dict[str, Any]:
     """Validate, redact, seal and write ``run_dir/run.json`` (+ README.md, + index line).
 
     Returns the sealed record as written. May be called more than once for a
@@ -114,7 +114,9 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any], *,
     nothing is written then. ``series``: the entries of the series file the
     record's ``metrics.series`` names, as the collection wrote them
     (hermetic.run.collect.Collected.series), so that the figure is drawn
-    from them instead of the file read back.
+    from them instead of the file read back. ``figure``: the figure already
+    being drawn (hermetic.record.figure.start_metrics_figure, from this
+    record), joined here instead of drawing it again.
     """
     from hermetic.record.figure import warm_up, write_metrics_figure
     from hermetic.record.readme import render_readme
@@ -135,8 +137,8 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any], *,
     if sealed["record"]["finished_at"] is None:
         warm_up()  # the early record: the run is about to start; its figure will be drawn at the end
     # final records with metrics only, when matplotlib is there
-    figure = write_metrics_figure(run_dir, sealed, series=series)
-    atomic_write_text(run_dir / README_NAME, render_readme(sealed, figure=figure))
+    drawn = figure.join() if figure is not None else write_metrics_figure(run_dir, sealed, series=series)
+    atomic_write_text(run_dir / README_NAME, render_readme(sealed, figure=drawn))
     update_index(run_dir.parent, run_entry(sealed, run_dir.name))
     return sealed
 

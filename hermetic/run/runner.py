@@ -403,10 +403,18 @@ def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], o
     rec = finish_record(rec, run_dir, status=status, exit_code=None if outcome.interrupted else outcome.exit_code,
                         reason=reason, workdir=kept.section(), outputs=collected.outputs, metrics=collected.metrics,
                         notes=collected.notes, hermetic_exit_code=None if code == outcome.exit_code else code)
+    from hermetic.record.figure import start_metrics_figure
+
+    # metrics.png drawn by a child while this process validates, seals and writes the record
+    figure = start_metrics_figure(run_dir, rec, series=collected.series)
     for note in collected.notes:
         log(f"note: {note}")
     release_space(run_dir)
-    sealed = write_record(run_dir, rec, series=collected.series)
+    try:
+        sealed = write_record(run_dir, rec, series=collected.series, figure=figure)
+    finally:
+        if figure is not None:
+            figure.join()  # never a child left behind, whatever write_record raised
     log(f"run {run_id} {status} (exit {code}); record: {run_dir / 'run.json'}")
     return RunResult(run_id, run_dir, status, code, sealed, reason)
 
