@@ -80,8 +80,10 @@ def seeded_store(env: dict[str, str]) -> OciStore:
 
 
 def snapshot(store: OciStore) -> dict[str, bytes]:
-    """Every file under the store (lock files included), by path: what 'the store is unchanged' compares."""
-    return {str(p.relative_to(store.root)): p.read_bytes() for p in sorted(store.root.rglob("*")) if p.is_file()}
+    """Every file under the store (lock files included), by path: what 'the store is unchanged' compares.
+    The gc lock is there once a pull has begun (empty: it is only ever flock-ed), and is no content."""
+    return {str(p.relative_to(store.root)): p.read_bytes() for p in sorted(store.root.rglob("*"))
+            if p.is_file() and not (p.name == ".gc.lock" and p.parent == store.root and p.stat().st_size == 0)}
 
 
 # -- digests the user typed: 64 -------------------------------------------------------------

@@ -101,7 +101,19 @@ def pull_image(
     timeout: float | None = None,
 ) -> PullResult:
     """Pull ``ref`` (pinned by digest) into ``store``. ``timeout``: seconds for the whole pull (default
-    HERMETIC_REGISTRY_TIMEOUT, else an hour); a deadline that passes is RegistryTimeout (exit 75)."""
+    HERMETIC_REGISTRY_TIMEOUT, else an hour); a deadline that passes is RegistryTimeout (exit 75).
+    `hermetic cache gc` waits for it (hermetic.store.inuse.writing): its blobs are named by no ref until
+    the end."""
+    from hermetic.store.inuse import writing
+
+    with writing(store):
+        return _pull_image(store, ref, client=client, platform=platform, workers=workers, ref_name=ref_name,
+                           progress=progress, timeout=timeout)
+
+
+def _pull_image(store: OciStore, ref: str | ImageName, *, client: RegistryClient | None,
+                platform: tuple[str, str], workers: int, ref_name: str | None,
+                progress: TransferProgress | None, timeout: float | None) -> PullResult:
     name = parse_pull_ref(ref) if isinstance(ref, str) else ref
     assert name.digest is not None
     requested = name.digest
