@@ -68,6 +68,30 @@ def test_replay_after_the_data_changed_is_refused(project, docker_client):
     assert containers_created_since(docker_client, t0, name) == []
 
 
+def test_replay_with_the_data_moved_takes_it_from_where_it_is_now(project, tmp_path):
+    """Data outside the project, or on another machine: `--data NAME=PATH` says where it is now; it is
+    verified against the run's own manifest copy, and the replay matches."""
+    import shutil
+
+    _, original = hermetic_run(project, "train.py", "--epochs", "2")
+    rd = run_dir_of(project, original)
+    moved = tmp_path / "elsewhere" / "logreg"
+    shutil.move(str(project / "data"), moved)
+    gone = replay(rd)
+    assert gone.returncode != 0 and "logreg" in gone.stderr and "Traceback" not in gone.stderr
+    assert_clean_error(run_cli("replay", str(rd), "--data", f"nosuch={moved}"), 64, "nosuch", "its datasets: logreg")
+    proc = run_cli("replay", str(rd), "--json", "--data", f"logreg={moved}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["diff"]["verdict"]["line"].startswith("bitwise identical ("), out["diff"]["verdict"]
+    new = json.loads((project / "runs" / out["replay"] / "run.json").read_text())
+    assert new["data"]["logreg"]["path"] == str(moved)
+    assert new["data"]["logreg"]["manifest_sha256"] == original["data"]["logreg"]["manifest_sha256"]
+    # data moved after verification is still the same bytes: changed by a flipped byte, refused
+    flip_byte(moved / "test-x.f32")
+    assert_clean_error(run_cli("replay", str(rd), "--data", f"logreg={moved}"), 65, "test-x.f32")
+
+
 def test_replay_without_the_image_is_refused(project, docker_client, tmp_path):
     name = "t" + uuid.uuid4().hex[:10]
     _, original = hermetic_run(project, "--name", name, "train.py", "--epochs", "2")

@@ -245,8 +245,11 @@ def _seed_group(cfg, paths, template, seeds: list[int], as_json: bool, log, prog
 @click.command()
 @click.argument("run_ref", metavar="RUN")
 @config_option
+@click.option("--data", "data", multiple=True, metavar="NAME=PATH",
+              help="Dataset NAME is at PATH on this machine, not where the run read it (still verified "
+                   "against the run's own manifest copy). Repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print the diff against the original as JSON.")
-def replay(run_ref: str, config_path: str | None, as_json: bool) -> int:
+def replay(run_ref: str, config_path: str | None, data: tuple[str, ...], as_json: bool) -> int:
     """Re-execute a recorded run exactly, then say whether it matched.
 
     Uses the recorded image (by digest; pulled from the registry the record
@@ -259,8 +262,9 @@ def replay(run_ref: str, config_path: str | None, as_json: bool) -> int:
     could be compared, 65 when an input is no longer as recorded.
 
     \b
-    Example:
+    Examples:
       hermetic replay runs/20261129-214500-1a2b3c
+      hermetic replay --data synth=/scratch/synth runs/20261129-214500-1a2b3c   # the data moved
     """
     from hermetic.diff import diff_paths
     from hermetic.diff.render import render
@@ -276,7 +280,7 @@ def replay(run_ref: str, config_path: str | None, as_json: bool) -> int:
     record = load_record(run_dir)
     paths = cache_paths()
     argv = ["hermetic", *sys.argv[1:]]
-    cfg, req = replay_request(run_dir, record, paths, echo=not as_json, argv=argv)
+    cfg, req = replay_request(run_dir, record, paths, echo=not as_json, argv=argv, data_paths=parse_data(data))
     log, progress = run_log(not as_json)
     result = execute(cfg, paths, req, log=log, progress=progress)
     d = diff_paths(run_dir, result.run_dir)

@@ -71,7 +71,9 @@ def replay_distributed(record: dict[str, Any]):  # -> DistributedPlan | None
 
 
 def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, echo: bool,
-                   argv: list[str]) -> tuple[LoadedConfig, RunRequest]:
+                   argv: list[str], data_paths: dict[str, str] | None = None) -> tuple[LoadedConfig, RunRequest]:
+    """The run again, as recorded. ``data_paths``: NAME -> where that dataset is on this machine
+    (``--data``), when it is not at its recorded path; verified against the run's own manifest copy."""
     from hermetic.record import secrets_policy
     from hermetic.record.verify import require_as_recorded
 
@@ -99,12 +101,20 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
         raise IntegrityError(f"{tar}: the source snapshot does not match its recorded sha256 {snap['sha256'][:12]}")
 
     # the data: recorded paths, verified against the run's own manifest copies
+    recorded = record.get("data") or {}
+    moved = dict(data_paths or {})
+    unknown = sorted(set(moved) - set(recorded))
+    if unknown:
+        from hermetic.errors import UsageError
+
+        raise UsageError(f"--data {unknown[0]}=...: run {record['record']['run_id']} read no dataset {unknown[0]!r} "
+                         f"(its datasets: {', '.join(sorted(recorded)) or 'none'})")
     data_paths, manifests = {}, {}
-    for name, d in (record.get("data") or {}).items():
+    for name, d in recorded.items():
         mf = run_dir / d["manifest_file"]
         if not mf.is_file() or hashlib.sha256(mf.read_bytes()).hexdigest() != d["manifest_sha256"]:
             raise ReplayRefused(f"dataset {name}: the run's manifest copy {mf} is missing or altered")
-        data_paths[name] = d["path"]
+        data_paths[name] = str(Path(moved[name]).resolve()) if name in moved else d["path"]
         manifests[name] = mf
 
     # env: values as recorded; secrets by name from today's environment
