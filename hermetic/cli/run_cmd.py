@@ -8,6 +8,7 @@ import sys
 import click
 
 from hermetic.cli.common import config_option, emit_json
+from hermetic.engines.base import ENGINES as ENGINE_CHOICES
 from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_option, mlflow_target
 from hermetic.seedargs import MAX_GROUP_SEEDS
 
@@ -26,6 +27,8 @@ from hermetic.seedargs import MAX_GROUP_SEEDS
                    f"At most {MAX_GROUP_SEEDS} seeds in one group.")
 @click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True,
               help="Container network. Runs have none unless asked.")
+@click.option("--engine", type=click.Choice(ENGINE_CHOICES), default=None,
+              help="What runs the container (default: hermetic.yaml's run.engine, else docker).")
 @click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
               help="Pass a variable into the container. Names with TOKEN/SECRET/KEY/PASSWORD/CREDENTIAL "
                    "are passed but never recorded. Repeatable.")
@@ -43,7 +46,7 @@ from hermetic.seedargs import MAX_GROUP_SEEDS
 @click.option("--json", "as_json", is_flag=True, help="Print the sealed run record (JSON) instead of a summary.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, nproc_per_node, mlflow_uri, detach,
+def run(config_path, gpus, data, seed, seeds, network, engine, env, name, resume_from, nproc_per_node, mlflow_uri, detach,
         as_json, script, args) -> int:
     """Run SCRIPT [ARGS...] inside the pinned image and record everything.
 
@@ -105,7 +108,7 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, n
         distributed = plan_distributed(nproc_per_node, gpus=gpus)
     template = RunRequest(script=script, args=list(args), argv=argv, gpus=gpus, data_paths=data_paths,
                           network=network, env=list(env), name=name, echo=not as_json, resume_from=resume_dir,
-                          distributed=distributed)
+                          distributed=distributed, engine=engine)
     paths = cache_paths()
     log, progress = run_log(not as_json)
     if seeds_list is not None:
@@ -234,8 +237,10 @@ def _seed_group(cfg, paths, template, seeds: list[int], as_json: bool, log, prog
 @click.command()
 @click.argument("run_ref", metavar="RUN")
 @config_option
+@click.option("--engine", type=click.Choice(ENGINE_CHOICES), default=None,
+              help="What runs the container (default: the engine the original run used).")
 @click.option("--json", "as_json", is_flag=True, help="Print the diff against the original as JSON.")
-def replay(run_ref: str, config_path: str | None, as_json: bool) -> int:
+def replay(run_ref: str, config_path: str | None, engine: str | None, as_json: bool) -> int:
     """Re-execute a recorded run exactly, then say whether it matched.
 
     Uses the recorded image (by digest; pulled from the registry the record
@@ -265,6 +270,8 @@ def replay(run_ref: str, config_path: str | None, as_json: bool) -> int:
     paths = cache_paths()
     argv = ["hermetic", *sys.argv[1:]]
     cfg, req = replay_request(run_dir, record, paths, echo=not as_json, argv=argv)
+    recorded = ((record.get("invocation") or {}).get("engine") or {}).get("name")
+    req = dataclasses.replace(req, engine=engine or recorded or None)
     log, progress = run_log(not as_json)
     result = execute(cfg, paths, req, log=log, progress=progress)
     d = diff_paths(run_dir, result.run_dir)

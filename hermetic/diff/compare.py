@@ -32,9 +32,10 @@ TITLES = {
     "gpu": "driver and GPU", "cpu": "CPU, BLAS and host",
 }
 # Config keys whose effect another section records exactly: the image ID covers the build,
-# data manifests cover dataset paths, seed.value covers the seed.
+# data manifests cover dataset paths, seed.value covers the seed, invocation.engine the engine.
 _CONFIG_RESTATED = re.compile(
-    r"^(name|base|lock|runs_dir|python(\..*)?|build(\..*)?|" + re.escape(SEED_KEY) + r"|datasets\[\d+\]\.(path|manifest))$"
+    r"^(name|base|lock|runs_dir|python(\..*)?|build(\..*)?|run\.engine|" + re.escape(SEED_KEY)
+    + r"|datasets\[\d+\]\.(path|manifest))$"
 )
 # The container's limits (hermetic.yaml run.pids, run.memory): what it may use, not what it computes. A limit
 # explains different outputs only when a run ended short of succeeding (killed for memory, out of processes).
@@ -258,10 +259,30 @@ def compare_config(a_inv: Json, b_inv: Json, seed_a: Any = None, seed_b: Any = N
         if a_inv.get(key) != b_inv.get(key):
             s.changes.append(Change("config", key, "changed", a_inv.get(key), b_inv.get(key),
                                     f"{key} {short(a_inv.get(key))} -> {short(b_inv.get(key))}"))
+    engine_change = _engine_change(a_inv, b_inv)
+    if engine_change is not None:
+        s.changes.append(engine_change)
     if a_inv["config_sha256"] != b_inv["config_sha256"] and not s.changes:
         s.changes.append(Change("config", "config_sha256", "changed", a_inv["config_sha256"],
                                 b_inv["config_sha256"], "config sha256 differs", False))
     return s
+
+
+def _engine_change(a_inv: Json, b_inv: Json) -> Change | None:
+    """The engine that ran the container (invocation.engine; a record without one ran on the Docker Engine): another
+    engine is a possible cause; another version of the same engine is listed, not a cause."""
+    def said(inv: Json) -> tuple[str, str]:
+        e = inv.get("engine") or {}
+        return str(e.get("name") or "docker"), str(e.get("version") or "?")
+
+    (an, av), (bn, bv) = said(a_inv), said(b_inv)
+    if (an, av) == (bn, bv) or (not a_inv.get("engine") and not b_inv.get("engine")):
+        return None
+    if not a_inv.get("engine") or not b_inv.get("engine"):
+        if an == bn:
+            return None  # an older record: Docker, version not recorded
+    return Change("config", "engine", "changed", a_inv.get("engine"), b_inv.get("engine"),
+                  f"engine {an} {av} -> {bn} {bv}", an != bn)
 
 
 def compare_data(a: Json, b: Json, manifests_a: Manifests, manifests_b: Manifests) -> SectionDiff:

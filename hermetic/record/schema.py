@@ -108,6 +108,15 @@ class Limits(_Strict):
     memory: Optional[str]  # a Docker size ("16g"), also the memory+swap limit
 
 
+class EngineUsed(_Strict):
+    """What ran the container (hermetic.yaml run.engine, or --engine) and what it gave another way than Docker."""
+
+    name: Literal["docker", "podman", "charliecloud"]
+    version: str
+    rootless: bool  # the engine ran as the invoking user, without root anywhere
+    notes: list[str]  # hardening given another way (a pids limit as RLIMIT_NPROC, ...): in words
+
+
 class Invocation(_Strict):
     argv: list[str]
     script: str
@@ -123,6 +132,7 @@ class Invocation(_Strict):
     resume_from: Optional[RunId] = None  # the run whose outputs/ this run started from
     user: Optional[str] = None  # "UID:GID" the container ran the script as (absent in older records)
     limits: Optional[Limits] = None  # absent in older records (their containers had no limits)
+    engine: Optional[EngineUsed] = None  # absent in older records (their engine was the Docker Engine)
 
 
 class Package(_Strict):
