@@ -422,12 +422,45 @@ def containers_labelled(*labels: str) -> list[dict] | None:
         return None
 
 
-def held_paths() -> set[str] | None:
-    """The host paths that containers hold (HOLDS_LABEL); None when no engine can be asked."""
-    rows = containers_labelled(HOLDS_LABEL)
-    if rows is None:
+def podman_containers_labelled(*labels: str) -> list[dict] | None:
+    """Podman's containers (any state) with all ``labels``, as Docker's rows (``Id``, ``Labels``, ``State``): []
+    when Podman is not installed or this user's Podman never stored anything (it has no container, and no
+    question is asked: that costs a process start), None when it cannot be asked."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    podman = shutil.which("podman")
+    if podman is None:
+        return []
+    if os.geteuid() == 0:
+        storage = Path("/var/lib/containers/storage")
+    else:
+        data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+        storage = Path(data, "containers", "storage")
+    if not storage.is_dir():
+        return []
+    args = [podman, "ps", "-a", "--format", "json"]
+    for label in labels:
+        args += ["--filter", f"label={label}"]
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        rows = json.loads(proc.stdout or "[]") if proc.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
         return None
-    return {str((r.get("Labels") or {}).get(HOLDS_LABEL)) for r in rows if (r.get("Labels") or {}).get(HOLDS_LABEL)}
+    if not isinstance(rows, list):
+        return None
+    return [{"Id": r.get("Id", ""), "Labels": r.get("Labels") or {}, "State": r.get("State", "")} for r in rows]
+
+
+def held_paths() -> set[str] | None:
+    """The host paths that containers hold (HOLDS_LABEL), Docker's and Podman's; None when an engine that may hold
+    some cannot be asked (Docker not answering; Podman installed, with storage, not answering)."""
+    found = [containers_labelled(HOLDS_LABEL), podman_containers_labelled(HOLDS_LABEL)]
+    if any(rows is None for rows in found):
+        return None
+    return {str((r.get("Labels") or {}).get(HOLDS_LABEL)) for rows in found for r in rows or []
+            if (r.get("Labels") or {}).get(HOLDS_LABEL)}
 
 
 def images_labelled(label: str) -> dict[str, str]:

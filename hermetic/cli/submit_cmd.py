@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from hermetic.cli.common import ScriptCommand, config_option, emit_json
-from hermetic.cli.run_cmd import check_gpus, check_seeds
+from hermetic.cli.run_cmd import ENGINE_CHOICES, check_gpus, check_seeds
 from hermetic.seedargs import MAX_GROUP_SEEDS
 
 
@@ -43,6 +43,13 @@ from hermetic.seedargs import MAX_GROUP_SEEDS
 @click.option("--container", type=click.Choice(["docker", "pyxis"]), default="docker", show_default=True,
               help="docker: hermetic runs the container on each node (Docker Engine there). pyxis: the sbatch "
                    "script runs it with srun --container-image=REGISTRY#REPO@sha256:... (pyxis/enroot >= 4.0).")
+@click.option("--engine", type=click.Choice(ENGINE_CHOICES), default=None,
+              help="What runs the container on each node (default: hermetic.yaml's run.engine, else docker): "
+                   "docker, podman (rootless on nodes without a daemon) or charliecloud.")
+@click.option("--shared-store", "shared_store", metavar="DIR", type=click.Path(file_okay=False),
+              help="A hermetic cache every node mounts: the image is put there and the tasks take it by digest, "
+                   "every blob verified; no registry. (HERMETIC_CACHE below a --shared-root, or on a network "
+                   "filesystem, serves as one by itself.)")
 @click.option("--node-cache", "node_cache", metavar="PATH",
               help="HERMETIC_CACHE on the nodes ({node} = the node's name), e.g. /scratch/hermetic-{node}. "
                    "Default: the one this command uses.")
@@ -55,13 +62,14 @@ from hermetic.seedargs import MAX_GROUP_SEEDS
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def submit(config_path, gpus, data, seed, seeds, network, env, name, resume_from, nproc_per_node, partition,
-           time_limit, cpus, nodes, sbatch_args, container, node_cache, shared_roots, wait, as_json, script,
-           args) -> int:
+           time_limit, cpus, nodes, sbatch_args, container, engine, shared_store, node_cache, shared_roots, wait,
+           as_json, script, args) -> int:
     """Submit SCRIPT [ARGS...] to Slurm: the same run `hermetic run` makes, on a node.
 
     Before anything is submitted: the controller must answer, the partition
-    exist, the image be pushed (the nodes pull it by digest from the registry
-    recorded at push time), the datasets verify against their manifests and
+    exist, the image be where the nodes get it (a store they all mount:
+    --shared-store, or HERMETIC_CACHE on a shared filesystem; else the
+    registry it was pushed to, pulled by digest), the datasets verify against their manifests and
     lie where the nodes see them. Then the code is snapshotted once, here,
     into runs/<id>/slurm/ (what the tasks run, whatever the checkout holds
     when they start), with the sbatch script, and submitted. Each task runs
@@ -74,6 +82,7 @@ def submit(config_path, gpus, data, seed, seeds, network, env, name, resume_from
       hermetic submit -p gpu --gpus 1 -t 2:00:00 train.py --epochs 3
       hermetic submit --seeds 0-4 train.py --seed {seed}     # a 5-task array + group summary
       hermetic submit -N 2 --nproc-per-node 4 --gpus 4 train.py   # 8 ranks on 2 nodes
+      hermetic submit --engine podman --shared-store /scratch/hermetic train.py   # no daemon, no registry
       hermetic submit --container pyxis train.py             # srun --container-image=...@sha256:...
       hermetic submit --wait train.py                        # block; exit like hermetic run
     """
@@ -108,7 +117,8 @@ def submit(config_path, gpus, data, seed, seeds, network, env, name, resume_from
                           env=list(env), name=name, resume_from=resume_dir, distributed=distributed)
     opts = SlurmOptions(partition=partition, time=time_limit, cpus_per_task=cpus, nodes=nodes,
                         sbatch_args=tuple(sbatch_args), container=container, node_cache=node_cache,
-                        shared_roots=tuple(Path(r) for r in shared_roots))
+                        shared_roots=tuple(Path(r) for r in shared_roots), engine=engine,
+                        shared_store=Path(shared_store).expanduser().resolve() if shared_store else None)
     log, progress = run_log(True)
     result = do_submit(cfg, cache_paths(), template, seed_list, opts, log=log, progress=progress)
     for w in result.warnings:

@@ -259,9 +259,6 @@ def compare_config(a_inv: Json, b_inv: Json, seed_a: Any = None, seed_b: Any = N
         if a_inv.get(key) != b_inv.get(key):
             s.changes.append(Change("config", key, "changed", a_inv.get(key), b_inv.get(key),
                                     f"{key} {short(a_inv.get(key))} -> {short(b_inv.get(key))}"))
-    engine_change = _engine_change(a_inv, b_inv)
-    if engine_change is not None:
-        s.changes.append(engine_change)
     if a_inv["config_sha256"] != b_inv["config_sha256"] and not s.changes:
         s.changes.append(Change("config", "config_sha256", "changed", a_inv["config_sha256"],
                                 b_inv["config_sha256"], "config sha256 differs", False))
@@ -269,8 +266,8 @@ def compare_config(a_inv: Json, b_inv: Json, seed_a: Any = None, seed_b: Any = N
 
 
 def _engine_change(a_inv: Json, b_inv: Json) -> Change | None:
-    """The engine that ran the container (invocation.engine; a record without one ran on the Docker Engine): another
-    engine is a possible cause; another version of the same engine is listed, not a cause."""
+    """The engine that ran the container (invocation.engine; a record without one ran on the Docker Engine), as a
+    difference of the host: another engine is one (the machine differs), another version of it is listed only."""
     def said(inv: Json) -> tuple[str, str]:
         e = inv.get("engine") or {}
         return str(e.get("name") or "docker"), str(e.get("version") or "?")
@@ -281,7 +278,7 @@ def _engine_change(a_inv: Json, b_inv: Json) -> Change | None:
     if not a_inv.get("engine") or not b_inv.get("engine"):
         if an == bn:
             return None  # an older record: Docker, version not recorded
-    return Change("config", "engine", "changed", a_inv.get("engine"), b_inv.get("engine"),
+    return Change("cpu", "engine", "changed", a_inv.get("engine"), b_inv.get("engine"),
                   f"engine {an} {av} -> {bn} {bv}", an != bn)
 
 
@@ -513,5 +510,14 @@ def compare_sections(a: Json, b: Json, manifests_a: Manifests, manifests_b: Mani
         compare_env(a["env"], b["env"]),
         compare_software(a["software"], b["software"]),
         compare_gpu(a["hardware"], b["hardware"], a["invocation"], b["invocation"]),
-        compare_cpu(a["hardware"], b["hardware"], a["software"], b["software"]),
+        _with_engine(compare_cpu(a["hardware"], b["hardware"], a["software"], b["software"]), a["invocation"],
+                     b["invocation"]),
     ]
+
+
+def _with_engine(host: SectionDiff, a_inv: Json, b_inv: Json) -> SectionDiff:
+    """The host section, with the engine when it changed (hermetic.engines: docker, podman, charliecloud)."""
+    change = _engine_change(a_inv, b_inv)
+    if change is not None:
+        host.changes.append(change)
+    return host

@@ -344,19 +344,9 @@ class PodmanEngine:
     # -- orphans ---------------------------------------------------------------------------------------------
 
     def containers_labelled(self, *labels: str) -> list[dict] | None:
-        if shutil.which("podman") is None or not _storage_exists():
-            return [] if shutil.which("podman") is not None else None
-        args = ["ps", "-a", "--format", "json"]
-        for label in labels:
-            args += ["--filter", f"label={label}"]
-        proc = self.podman(*args, check=False, timeout=60)
-        if proc.returncode != 0:
-            return None
-        try:
-            rows = json.loads(proc.stdout or "[]")
-        except ValueError:
-            return None
-        return [{"Id": r.get("Id", ""), "Labels": r.get("Labels") or {}, "State": r.get("State", "")} for r in rows]
+        from hermetic.engine import podman_containers_labelled
+
+        return podman_containers_labelled(*labels)
 
     def container(self, container_id: str) -> PodmanContainer | None:
         attrs = self.inspect(container_id)
@@ -364,14 +354,6 @@ class PodmanEngine:
 
 
 _PODMAN_ENV = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "LC_ALL")
-
-
-def _storage_exists() -> bool:
-    """Whether this user's Podman has ever stored anything (no storage: no container to ask about, ~0 s)."""
-    if os.geteuid() == 0:
-        return Path("/var/lib/containers/storage").is_dir()
-    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(data, "containers", "storage").is_dir()
 
 
 def podman_tag(repo_tag: str) -> str:

@@ -257,6 +257,7 @@ class SlurmJob(_Strict):
     container: Literal["docker", "pyxis"]
     submitted_from: str  # the submission directory (holding slurm/submit.json), relative to the runs dir
     image_pulled_from: Optional[str] = None  # the repo digest this node pulled the image by (its store lacked it)
+    image_store: Optional[str] = None  # the store every node mounts that this node took the image from (no registry)
 
 
 class RankPlacement(_Strict):
