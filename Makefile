@@ -5,13 +5,14 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv test test-unit demo lock bench clean
+.PHONY: help venv test test-quick demo lock bench clean
 
 help:
-	@echo "make demo   build the torch example and run it twice; show the runs are bitwise identical"
-	@echo "make test   the whole test suite on a real Docker Engine (installs what it needs)"
-	@echo "make lock   re-resolve requirements.lock (the project's own environment)"
-	@echo "make bench  the benchmarks in bench/ (figures for docs/benchmarks.md)"
+	@echo "make demo        build the torch example and run it twice; show the runs are bitwise identical"
+	@echo "make test        the whole test suite on a real Docker Engine, registry and Slurm (installs what it needs)"
+	@echo "make test-quick  the inner loop: the tests that need no engine, base image, service or network"
+	@echo "make lock        re-resolve requirements.lock (the project's own environment)"
+	@echo "make bench       the benchmarks in bench/ (figures for docs/benchmarks.md)"
 
 # The project's own environment, from its own lock, hashes required.
 # setup.py builds one C extension (hermetic/data/_filehash.c); ensure-build-deps
@@ -27,12 +28,23 @@ $(STAMP): requirements.lock pyproject.toml setup.py hermetic/data/_filehash.c
 
 venv: $(STAMP)
 
+# Bytecode: every `hermetic` a test starts would compile the package again where
+# PYTHONDONTWRITEBYTECODE is set (~0.3 s of CPU each, a thousand times); it is written
+# outside the tree instead (.cache/ is ignored), which also keeps pytest's rewritten tests.
+# pytest's exit code passes through as it is: 5 ("no tests collected", e.g. a PYTEST_ARGS
+# that selects nothing) fails the target like a failing test.
+PYTEST  := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache $(BIN)/python -m pytest
+
+# The whole suite (CI's .ci/run): the 25 slowest steps are printed at the end (docs/testing.md).
 test: $(STAMP)
 	scripts/ensure-test-deps
-	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+	$(PYTEST) -ra --durations=25 $(PYTEST_ARGS)
 
-test-unit: $(STAMP)
-	$(BIN)/python -m pytest -ra -m "not docker and not registry and not slow and not slurm" $(PYTEST_ARGS)
+# The tests that need nothing outside one process (tests/conftest.py marks the others
+# `integration`, from markers and fixtures), on every core (pytest-xdist: they are CPU-bound
+# and share nothing); an engine socket that is not there catches a test that is marked wrong.
+test-quick: $(STAMP)
+	DOCKER_HOST=unix:///nonexistent/make-test-quick-starts-no-engine $(PYTEST) -ra -n auto -m "not integration" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	scripts/ensure-test-deps

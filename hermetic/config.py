@@ -12,7 +12,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -174,6 +174,13 @@ class OutputsConfig(_Strict):
     include: list[Glob] = Field(default_factory=lambda: ["**"])
     exclude: list[Glob] = Field(default_factory=list)
     volatile: list[Glob] = Field(default_factory=lambda: list(DEFAULT_VOLATILE))
+    # What the script printed (runs/<id>/logs/stdout.log) as an output that diff and replay compare: for a
+    # script whose result is what it prints. Off by default: progress lines often carry times.
+    stdout: bool = False
+
+
+# Where hermetic reads a script's metrics (hermetic.record.metrics): the files frameworks write.
+MetricSource = Literal["metrics.jsonl", "tensorboard", "lightning", "trainer"]
 
 
 class RunConfig(_Strict):
@@ -188,6 +195,9 @@ class RunConfig(_Strict):
     # new or changed, is collected into the run's outputs/ (caches never: __pycache__/, *.pyc).
     workdir_size: Size = "4g"
     outputs: OutputsConfig = Field(default_factory=lambda: OutputsConfig())
+    # auto: every source found (metrics.jsonl, TensorBoard event files, Lightning's metrics.csv, the Trainer's
+    # trainer_state.json and *_results.json), each metric named by its source; a list: only those; none: none.
+    metrics: Union[Literal["auto", "none"], list[MetricSource]] = "auto"
     # Limits that keep the host safe from the script (docs/your-script.md, "Limits"). pids: processes and
     # threads of the container together (DataLoader workers, torch's and BLAS's thread pools, torchrun's
     # ranks all count); a fork bomb fills it, not the host. memory: RAM, with no swap around it (the
@@ -195,6 +205,16 @@ class RunConfig(_Strict):
     # null: no limit.
     pids: Optional[int] = 4096
     memory: Optional[Size] = None
+
+    @field_validator("metrics")
+    @classmethod
+    def _sources_once(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("an empty list reads no metrics: write none for that")
+            if len(set(v)) != len(v):
+                raise ValueError("names a source twice")
+        return v
 
     @field_validator("pids")
     @classmethod

@@ -313,6 +313,23 @@ def sweep_dead(directory: str | os.PathLike[str], match: Callable[[str], bool] |
     return found
 
 
+_swept_once: set[str] = set()  # directories this process has swept (sweep_dead_once)
+
+
+def sweep_dead_once(directory: str | os.PathLike[str], match: Callable[[str], bool] | None = None) -> Leftovers:
+    """``sweep_dead(directory, match)`` the first time this process asks for ``directory``; nothing after.
+
+    The first writer of a process sweeps its store's tmp/ (a killed writer's
+    leftovers go before new ones are made); a build's sweep of the whole
+    cache (builder/gc.py dead_temp_files) counts as that first sweep, so no
+    directory is swept twice in one process."""
+    key = os.path.realpath(directory)
+    if key in _swept_once:
+        return Leftovers()
+    _swept_once.add(key)
+    return sweep_dead(directory, match)
+
+
 def is_atomic_temp(name: str) -> bool:
     """The name of an ``atomic_writer`` temp file (``.NAME.xxxxxxxxxxxx.tmp``)."""
     return name.startswith(".") and name.endswith(".tmp")

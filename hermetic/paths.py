@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,17 @@ def norm_relpath(path: str) -> str:
     """A path as hermetic.yaml's paths are compared and hashed: '/'-separated, one spelling
     ('./data/' and 'data' are the same path), relative paths kept relative."""
     return posixpath.normpath(path.replace("\\", "/"))
+
+
+_NOT_IN_A_SLUG = re.compile(r"[^a-z0-9._-]+")
+
+
+def slug(text: str, max_len: int) -> str:
+    """``text`` as a name hermetic writes into IDs and hermetic.yaml: lowercase, ``[a-z0-9._-]``, runs of
+    anything else as one ``-``, no leading or trailing ``-._``, at most ``max_len`` characters ('' if
+    nothing is left). Run names in run IDs, project and dataset names that `hermetic init` writes."""
+    s = _NOT_IN_A_SLUG.sub("-", text.strip().lower()).strip("-._")
+    return s[:max_len].rstrip("-._")
 
 
 CONFIG_FILENAME = "hermetic.yaml"  # here, not in hermetic.config: the fast paths (listing, no-op) need it without pydantic

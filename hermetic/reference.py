@@ -19,10 +19,41 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hermetic.canonical import is_sha256_hex
+from hermetic.display import escape_controls
 
 _REPO_COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_REGISTRY = "registry-1.docker.io"
+
+
+DIGEST_GRAMMAR = "sha256:<64 lowercase hex digits>"
+
+
+def is_digest(value: object) -> bool:
+    """True for ``sha256:<64 lowercase hex>``, the only digest hermetic reads or writes."""
+    if not isinstance(value, str):
+        return False
+    algo, sep, hexpart = value.partition(":")
+    return sep == ":" and algo == "sha256" and is_sha256_hex(hexpart)
+
+
+def is_tag(value: object) -> bool:
+    """True for a tag of the Distribution grammar (``[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}``)."""
+    return isinstance(value, str) and _TAG.fullmatch(value) is not None
+
+
+def show_value(value: object) -> str:
+    """A value from outside, quoted for a one-line message: control characters escaped, cut at 100 characters."""
+    return escape_controls(repr(value) if not isinstance(value, str) else f"'{value}'", limit=100)
+
+
+def check_digest(value: object, what: str, error: type[Exception] = ValueError) -> str:
+    """``value`` if it is a digest, else ``error`` naming it: what a digest string passes before it becomes a
+    path, a URL or a store ref. The caller picks the error: UsageError for what the user typed (64),
+    IntegrityError for what a registry or a stored document said (65)."""
+    if not is_digest(value):
+        raise error(f"{what}: {show_value(value)} is not a digest ({DIGEST_GRAMMAR})")
+    return value  # type: ignore[return-value]
 
 
 def _pin_hint(ref: str) -> str:
@@ -70,9 +101,8 @@ def parse_image_name(ref: str) -> ImageName:
     rest, digest = ref, None
     if "@" in ref:
         rest, _, digest = ref.partition("@")
-        algo, _, hexpart = digest.partition(":")
-        if algo != "sha256" or not is_sha256_hex(hexpart):
-            raise ValueError(f"{ref}: digest must be sha256:<64 lowercase hex digits>")
+        if not is_digest(digest):
+            raise ValueError(f"{ref}: digest must be {DIGEST_GRAMMAR}")
     host = None
     first, slash, remainder = rest.partition("/")
     if slash and ("." in first or ":" in first or first == "localhost"):
@@ -124,6 +154,5 @@ def parse_base_reference(ref: str) -> BaseReference:
 
 
 def _check_digest(ref: str, digest: str) -> None:
-    algo, _, hexpart = digest.partition(":")
-    if algo != "sha256" or not is_sha256_hex(hexpart):
-        raise ValueError(f"{ref}: digest must be sha256:<64 lowercase hex digits>")
+    if not is_digest(digest):
+        raise ValueError(f"{ref}: digest must be {DIGEST_GRAMMAR}")

@@ -499,10 +499,13 @@ def mkfifo(dst_dirfd: int, dst_rel: str) -> None:
         os.close(dd)
 
 
-def lchown_tree(rootfd: int, uid: int, gid: int) -> None:
-    """chown the root and everything beneath it, links themselves (never their targets)."""
+def lchown_tree(rootfd: int, uid: int, gid: int, *, skip: Callable[[str], bool] | None = None) -> None:
+    """chown the root and everything beneath it, links themselves (never their targets); an entry for
+    which ``skip(rel)`` is true is left as it is, and so is everything beneath it."""
     os.chown(rootfd, uid, gid)
-    for dirfd, name, _e in walk_at(rootfd):
+    for dirfd, name, e in walk_at(rootfd, prune=skip):
+        if skip is not None and skip(e.rel):
+            continue
         os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
 
 

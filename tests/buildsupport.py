@@ -59,9 +59,11 @@ def serve_wheels(src: Path, monkeypatch, **versions: str) -> dict[str, Path]:
     return files
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def registry(tmp_path_factory):
-    """A real registry (Debian's docker-registry) on a free 127.0.0.1 port."""
+    """A real registry (Debian's docker-registry) on a free 127.0.0.1 port, one for the whole run: each
+    module pushes to repositories of its own names (a module that needs an empty or a faulty
+    registry starts its own: test_registry.py)."""
     from registry_support import start_registry
 
     server = start_registry(tmp_path_factory.mktemp("registry"))

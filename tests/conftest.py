@@ -3,21 +3,71 @@ and a bootstrapped base image shared by the whole session."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SESSION_CACHE_ENV = "HERMETIC_TEST_SESSION_CACHE"
-pytest_plugins = ("buildsupport", "run_support", "slurm_support")  # shared fixtures: registry, built example projects, Slurm
+# shared fixtures: the registry, the built example projects, Slurm, MLflow, the framework image
+pytest_plugins = ("buildsupport", "run_support", "slurm_support", "mlflow_support", "frameworks_support")
 
 
 def pytest_configure(config):
-    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    # No __pycache__ in the tree or in the projects the tests copy, but bytecode all the same: each
+    # `hermetic` a test starts would compile the package again without it (~0.3 s of CPU each).
+    if not os.environ.get("PYTHONPYCACHEPREFIX"):
+        os.environ["PYTHONPYCACHEPREFIX"] = str(REPO / ".cache" / "pycache")
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
+# What a shared fixture needs, as the marker it gives every test that uses it (directly or through
+# another fixture): a test is marked by what it uses, so `make test-quick` ("not integration") cannot
+# pick up one that needs the engine or a service because its author forgot a marker. Only the shared
+# definitions count (this file and its pytest_plugins): a module's own `project` may need nothing.
+SHARED_FIXTURE_MODULES = {"conftest", "buildsupport", "run_support", "slurm_support", "mlflow_support",
+                          "frameworks_support"}
+FIXTURE_MARKS = {
+    "docker_client": "docker", "module_cache": "docker", "use_session_cache": "docker",
+    "logreg_built": "docker", "logreg": "docker", "project": "docker",
+    "torch_built": "slow", "torch_project": "slow", "frameworks_built": "slow", "frameworks": "slow",
+    "session_cache": "base", "base_ref": "base",
+    "registry": "registry", "slurm_cluster": "slurm", "mlflow_server": "mlflow",
+}
+# Markers of what lies outside one process: each makes a test an integration test.
+OUTSIDE = ("docker", "registry", "slow", "slurm", "mlflow", "base", "network")
+
+
+def _shared_fixture_marks(item) -> list[str]:
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    marks = []
+    for name in getattr(item, "fixturenames", ()):
+        if name in FIXTURE_MARKS and defs.get(name):
+            if getattr(defs[name][-1].func, "__module__", "") in SHARED_FIXTURE_MODULES:
+                marks.append(FIXTURE_MARKS[name])
+    return marks
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for mark in _shared_fixture_marks(item):
+            if item.get_closest_marker(mark) is None:
+                item.add_marker(mark)
+        if outside := next((m for m in OUTSIDE if item.get_closest_marker(m)), None):
+            item.add_marker(pytest.mark.integration(outside))
+    # The others first (in their order): they fail fast, and they run while the integration tests'
+    # base image, example images and services are made (pytest_collection_finish).
+    items.sort(key=lambda item: item.get_closest_marker("integration") is not None)
 
 
 @pytest.fixture
@@ -37,13 +87,25 @@ def isolated_pip(monkeypatch, tmp_path) -> None:
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run `hermetic ARGS` as users do (a new process), capturing text output."""
-    full_env = dict(os.environ)
+            timeout: float = 900, base_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `hermetic ARGS` as users do (a new process), capturing text output.
+
+    The environment is this process's (or ``base_env``: what work started early runs with, since
+    a test's monkeypatch may change this process's meanwhile) updated with ``env``."""
+    full_env = dict(os.environ if base_env is None else base_env)
     if env:
         full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "hermetic", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    if base_env is None:
+        return subprocess.run([sys.executable, "-m", "hermetic", *args], cwd=cwd, env=full_env,
+                              capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen([sys.executable, "-m", "hermetic", *args], cwd=cwd, env=full_env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True) as p:
+        _early_procs.add(p)  # ended by pytest_unconfigure if the run ends first
+        try:
+            out, err = p.communicate(timeout=timeout)
+        finally:
+            _early_procs.discard(p)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def assert_clean_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
@@ -80,26 +142,140 @@ def docker_client():
     return client
 
 
-@pytest.fixture(scope="session")
-def session_cache(tmp_path_factory) -> Path:
-    """A cache shared by the session's slow tests (base image, wheels, torch layers).
+def run_root(tmp_path_factory) -> Path:
+    """The directory of this run of the suite: the session's own, or, under pytest-xdist, the one
+    that every worker's session shares (the parent of each worker's basetemp)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
-    HERMETIC_TEST_SESSION_CACHE reuses one across sessions when set (local
-    development); CI starts from nothing.
+
+@contextlib.contextmanager
+def run_once(tmp_path_factory, name: str) -> Iterator[Path]:
+    """A file of this run's, ``name``, under a lock: what one session (worker) made, the others find.
+
+    Yields the path; whoever finds it missing makes it while the others wait.
     """
+    path = run_root(tmp_path_factory) / name
+    with open(path.with_name(name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield path
+
+
+def session_cache_dir(tmp_path_factory) -> Path:
     env = os.environ.get(SESSION_CACHE_ENV)
     if env:
         Path(env).mkdir(parents=True, exist_ok=True)
         return Path(env)
-    return tmp_path_factory.mktemp("session-cache")
+    d = run_root(tmp_path_factory) / "session-cache"
+    d.mkdir(exist_ok=True)
+    return d
 
 
 @pytest.fixture(scope="session")
-def base_ref(session_cache) -> str:
-    """The default bootstrapped base (mmdebstrap), in the session cache."""
-    proc = run_cli("base", "bootstrap", "--json", env={"HERMETIC_CACHE": str(session_cache)}, timeout=900)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)["reference"]
+def session_cache(tmp_path_factory) -> Path:
+    """A cache shared by the run's slow tests (base image, wheels, the examples' layers and images);
+    under pytest-xdist, one for every worker (hermetic's own locks keep a store whole).
+
+    HERMETIC_TEST_SESSION_CACHE reuses one across sessions when set (local
+    development); CI starts from nothing.
+    """
+    return session_cache_dir(tmp_path_factory)
+
+
+def bootstrap_once(tmp_path_factory, cache: Path, base_env: dict[str, str] | None = None) -> str:
+    """`hermetic base bootstrap` into ``cache``, once per run; its reference."""
+    with run_once(tmp_path_factory, "base-ref") as known:
+        if known.exists():
+            return known.read_text()
+        proc = run_cli("base", "bootstrap", "--json", env={"HERMETIC_CACHE": str(cache)}, timeout=900,
+                       base_env=base_env)
+        assert proc.returncode == 0, proc.stderr
+        ref = json.loads(proc.stdout)["reference"]
+        known.write_text(ref)
+        return ref
+
+
+@pytest.fixture(scope="session")
+def base_ref(tmp_path_factory, session_cache) -> str:
+    """The default bootstrapped base (mmdebstrap), in the session cache: bootstrapped once per run
+    (started when the run begins: see the early work below)."""
+    return bootstrap_once(tmp_path_factory, session_cache)
+
+
+# -- work started early -------------------------------------------------------------------------
+# The tests that need nothing outside one process run first (pytest_collection_modifyitems); while
+# they do, what the others will wait for is made on the side: the base is bootstrapped, the
+# examples built, the MLflow server started. A fixture that finds its part done takes it (run_once's
+# files; EARLY's futures); one that finds it failed does it again itself, and fails as it would have.
+# Nothing of it touches the engine once the first integration test has begun: an example build
+# under way then is waited for, and no other is started (the fixture builds it when asked).
+
+EARLY: dict[str, Future] = {}
+_early_pool: ThreadPoolExecutor | None = None
+_early_procs: set[subprocess.Popen] = set()
+_integration_began = threading.Event()
+_early_building = threading.Lock()  # held by the early work while it builds an example
+
+
+def _prepare_base_and_examples(tmp_path_factory, needed: set[str], base_env: dict[str, str]) -> None:
+    from run_support import built_once
+
+    cache = session_cache_dir(tmp_path_factory)
+    ref = bootstrap_once(tmp_path_factory, cache, base_env)
+    for example, fixture in (("numpy-logreg", "logreg_built"), ("torch-mlp", "torch_built")):
+        if fixture in needed:
+            with _early_building:
+                if _integration_began.is_set():
+                    return
+                built_once(tmp_path_factory, cache, ref, example, base_env)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if not _integration_began.is_set() and item.get_closest_marker("integration") is not None:
+        _integration_began.set()
+        with _early_building:  # an example build under way ends first
+            pass
+
+
+def pytest_collection_finish(session):
+    global _early_pool
+    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER") or not session.items:
+        return
+    needed = set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
+    factory = session.config._tmp_path_factory  # the session's tmp_path_factory, before any fixture
+    run_root(factory)  # made here, in this thread, before another one asks
+    base_env = dict(os.environ)  # as it is now, before any test's monkeypatch
+    _early_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hermetic-tests-early")
+    if "base_ref" in needed:
+        EARLY["base"] = _early_pool.submit(_prepare_base_and_examples, factory, needed, base_env)
+    if "mlflow_server" in needed:
+        from mlflow_support import start_mlflow_server
+
+        EARLY["mlflow"] = _early_pool.submit(start_mlflow_server, run_root(factory) / "mlflow", base_env=base_env)
+
+
+def pytest_unconfigure(config):
+    if _early_pool is None:
+        return
+    for p in list(_early_procs):  # a run that ends (or is interrupted) before its early work did
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+    _early_pool.shutdown(wait=True, cancel_futures=True)
+    fut = EARLY.pop("mlflow", None)  # started, never taken by a test
+    if fut is not None and fut.done() and fut.exception() is None:
+        fut.result().stop()
+
+
+def early(name: str):
+    """The result of work started early under ``name``, or None (not started, or it failed)."""
+    fut = EARLY.pop(name, None)
+    if fut is None:
+        return None
+    try:
+        return fut.result()
+    except Exception:
+        return None
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from registry_support import free_port
 
 MLFLOW_BIN = Path(sys.executable).with_name("mlflow")
@@ -45,12 +47,12 @@ class MlflowServer:
                 self.proc.wait()
 
 
-def start_mlflow_server(workdir: Path, *, timeout: float = 120) -> MlflowServer:
+def start_mlflow_server(workdir: Path, *, timeout: float = 120, base_env: dict[str, str] | None = None) -> MlflowServer:
     """Start ``mlflow server`` and wait (bounded) until /health answers 200."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = workdir / "mlflow-server.log"
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {**(os.environ if base_env is None else base_env), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     cmd = [str(MLFLOW_BIN), "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
            "--artifacts-destination", str(workdir / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
            "--workers", "1"]
@@ -74,3 +76,14 @@ def start_mlflow_server(workdir: Path, *, timeout: float = 120) -> MlflowServer:
     server.stop()
     raise RuntimeError(f"mlflow server did not answer on {server.uri} within {timeout:.0f} s: "
                        f"{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """One ``mlflow server`` for the whole run (its start-up is the slow part: started when the run
+    begins, see conftest's early work); tests name their own experiments."""
+    from conftest import early
+
+    server = early("mlflow") or start_mlflow_server(tmp_path_factory.mktemp("mlflow"))
+    yield server
+    server.stop()

@@ -441,3 +441,165 @@ def random_layer(size: int, seed: int) -> bytes:
     import random
 
     return normalized_tar({f"data/random-{seed}.bin": random.Random(seed).randbytes(size)})
+
+
+# -- a scripted registry, for what a real one never does -------------------------------
+
+@dataclass
+class Reply:
+    """One scripted answer: status, body, headers (Content-Length is added unless given)."""
+
+    status: int = 200
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class FakeRegistry:
+    """A stand-in registry on 127.0.0.1 that answers what a test scripts, including what no real
+    registry does: malformed digests, control characters in an error body, a stall, a trickle.
+
+    ``routes`` maps ``(method, path)`` (the path without its query) to a Reply, or to a callable
+    ``(handler) -> None`` that answers itself (``handler.wfile`` is the socket; ``self.stopping`` is set
+    on stop, so a stalled handler can end). ``GET /v2/`` answers 200 unless routed; anything else
+    answers 404 with a Distribution error. ``requests`` records ``(method, path)`` of each request.
+    Use as a context manager.
+    """
+
+    def __init__(self, routes: dict[tuple[str, str], Any] | None = None, *, tls: tuple[Path, Path] | None = None):
+        """``tls``: (cert, key) PEM files: serve HTTPS (``self_signed_cert`` makes a pair for 127.0.0.1)."""
+        self.routes: dict[tuple[str, str], Any] = dict(routes or {})
+        self.requests: list[tuple[str, str]] = []
+        self.stopping = threading.Event()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self) -> None:
+                path = urlsplit(self.path).path
+                fake.requests.append((self.command, path))
+                length = int(self.headers.get("Content-Length") or 0)
+                route = fake.routes.get((self.command, path))
+                if callable(route):
+                    route(self)
+                    return
+                if length:
+                    self.rfile.read(length)
+                if route is None:
+                    route = Reply(200, b"{}") if path == "/v2/" else Reply(
+                        404, b'{"errors":[{"code":"NAME_UNKNOWN","message":"not here"}]}',
+                        {"Content-Type": "application/json"})
+                self.send_response(route.status)
+                for k, v in route.headers.items():
+                    self.send_header(k, v)
+                if "Content-Length" not in route.headers:  # a HEAD may say the blob's size
+                    self.send_header("Content-Length", str(len(route.body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(route.body)
+
+            do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        if tls is not None:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(tls[0]), str(tls[1]))
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
+        self.host = f"127.0.0.1:{self._httpd.server_address[1]}"
+
+    def serve_image(self, repository: str, layers: list[bytes], *, config: bytes | None = None,
+                    manifest: dict[str, Any] | None = None) -> str:
+        """Route a small image (GET and HEAD of its manifest and blobs); returns the manifest digest.
+        ``manifest`` replaces the one made from the blobs (to serve a malformed one)."""
+        config = config if config is not None else json.dumps(
+            {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}).encode()
+        blobs = [config] + layers
+        for data in blobs:
+            self.serve_blob(repository, data)
+        doc = manifest or {
+            "schemaVersion": 2, "mediaType": MT_MANIFEST,
+            "config": {"mediaType": MT_CONFIG, "digest": _sha256(config), "size": len(config)},
+            "layers": [{"mediaType": MT_LAYER, "digest": _sha256(x), "size": len(x)} for x in layers],
+        }
+        return self.serve_manifest(repository, json.dumps(doc).encode())
+
+    def serve_manifest(self, repository: str, body: bytes, media_type: str = MT_MANIFEST) -> str:
+        digest = _sha256(body)
+        reply = Reply(200, body, {"Content-Type": media_type, "Docker-Content-Digest": digest})
+        for method in ("GET", "HEAD"):
+            self.routes[(method, f"/v2/{repository}/manifests/{digest}")] = reply
+        return digest
+
+    def serve_blob(self, repository: str, data: bytes) -> str:
+        digest = _sha256(data)
+        for method in ("GET", "HEAD"):
+            self.routes[(method, f"/v2/{repository}/blobs/{digest}")] = Reply(
+                200, data, {"Content-Type": "application/octet-stream", "Docker-Content-Digest": digest})
+        return digest
+
+    def stall(self, handler: BaseHTTPRequestHandler) -> None:
+        """A route that accepts the request and never answers (until the fake stops)."""
+        self.stopping.wait(120)
+
+    def trickle(self, size: int, every_s: float = 0.2) -> Any:
+        """A route that answers 200 with ``size`` bytes, one byte every ``every_s`` seconds."""
+        def route(handler: BaseHTTPRequestHandler) -> None:
+            handler.send_response(200)
+            handler.send_header("Content-Length", str(size))
+            handler.end_headers()
+            try:
+                for _ in range(size):
+                    if self.stopping.wait(every_s):
+                        return
+                    handler.wfile.write(b"x")
+                    handler.wfile.flush()
+            except OSError:
+                pass  # the client gave up: what the test wants
+        return route
+
+    def trickle_headers(self, every_s: float = 0.2, for_s: float = 60) -> Any:
+        """A route that starts an answer and then sends one byte of a header every ``every_s`` seconds
+        for ``for_s`` seconds (then ends the headers): only a wall-clock deadline ends it sooner, as each
+        read gets a byte well within any read timeout."""
+        def route(handler: BaseHTTPRequestHandler) -> None:
+            ends = time.monotonic() + for_s
+            try:
+                handler.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                while not self.stopping.wait(every_s) and time.monotonic() < ends:
+                    handler.wfile.write(b"a")
+                    handler.wfile.flush()
+                handler.wfile.write(b"\r\nContent-Length: 0\r\n\r\n")
+            except OSError:
+                pass
+        return route
+
+    def __enter__(self) -> "FakeRegistry":
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def self_signed_cert(workdir: Path) -> tuple[Path, Path]:
+    """(cert, key) for https://127.0.0.1 (openssl); trust it with REQUESTS_CA_BUNDLE=cert."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cert, key = workdir / "cert.pem", workdir / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(data).hexdigest()

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, run_once, run_root
 
 EXAMPLES = REPO / "examples"
 RUN_LABEL = "org.hermetic.run-id"
@@ -37,11 +37,12 @@ def pin_base(project: Path, base_ref: str) -> None:
     cfg.write_text(text)
 
 
-def copy_example(example: str, dest: Path, base_ref: str) -> Path:
+def copy_example(example: str, dest: Path, base_ref: str, base_env: dict[str, str] | None = None) -> Path:
     """examples/<example> -> dest (no runs/, no data/), base pinned, data made by its make_data.py."""
     shutil.copytree(EXAMPLES / example, dest, ignore=_COPY_IGNORE)
     pin_base(dest, base_ref)
-    subprocess.run([sys.executable, str(dest / "make_data.py")], check=True, capture_output=True, timeout=120)
+    subprocess.run([sys.executable, str(dest / "make_data.py")], check=True, capture_output=True, timeout=120,
+                   env=base_env)
     return dest
 
 
@@ -64,8 +65,9 @@ def git_commit_all(root: Path, message: str = "snapshot") -> str:
     return git("rev-parse", "HEAD").strip()
 
 
-def build(project: Path, *args: str) -> dict[str, Any]:
-    proc = run_cli("build", "-C", str(project), "--json", *args)
+def build(project: Path, *args: str, env: dict[str, str] | None = None,
+          base_env: dict[str, str] | None = None) -> dict[str, Any]:
+    proc = run_cli("build", "-C", str(project), "--json", *args, env=env, base_env=base_env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -131,12 +133,43 @@ def module_cache(session_cache):
     mp.undo()
 
 
+# The examples are built once per run of the suite (in the session cache, so their layers and
+# images are shared; started when the run begins: conftest's early work; under pytest-xdist by whichever
+# worker asks first) and never handed to a test
+# as they are: each module works in its own copy (`logreg`, `torch_project`), each test that adds
+# or changes files in its own (`project`).
+
+def built_once(tmp_path_factory, session_cache: Path, base_ref: str, example: str,
+               base_env: dict[str, str] | None = None) -> tuple[Path, dict[str, Any]]:
+    """examples/<example> copied, pinned to the session base, data made, image built: (project, build JSON)."""
+    with run_once(tmp_path_factory, f"{example}.built.json") as known:
+        if known.exists():
+            got = json.loads(known.read_text())
+            return Path(got["project"]), got["build"]
+        dest = run_root(tmp_path_factory) / f"{example}-built"
+        shutil.rmtree(dest, ignore_errors=True)  # what a failed attempt left
+        proj = copy_example(example, dest / example, base_ref, base_env)
+        out = build(proj, env={"HERMETIC_CACHE": str(session_cache)}, base_env=base_env)
+        known.write_text(json.dumps({"project": str(proj), "build": out}))
+        return proj, out
+
+
+@pytest.fixture(scope="session")
+def logreg_built(tmp_path_factory, session_cache, base_ref) -> tuple[Path, dict[str, Any]]:
+    """examples/numpy-logreg, built once per run: (project, build JSON). Copy it, never change it."""
+    return built_once(tmp_path_factory, session_cache, base_ref, "numpy-logreg")
+
+
+@pytest.fixture(scope="session")
+def torch_built(tmp_path_factory, session_cache, base_ref) -> tuple[Path, dict[str, Any]]:
+    """examples/torch-mlp, built once per run (the suite's one cold torch build): (project, build JSON)."""
+    return built_once(tmp_path_factory, session_cache, base_ref, "torch-mlp")
+
+
 @pytest.fixture(scope="module")
-def logreg(tmp_path_factory, module_cache, base_ref) -> Path:
-    """examples/numpy-logreg, copied, pinned to the session base, data made, image built."""
-    proj = copy_example("numpy-logreg", tmp_path_factory.mktemp("logreg") / "numpy-logreg", base_ref)
-    build(proj)
-    return proj
+def logreg(tmp_path_factory, module_cache, logreg_built) -> Path:
+    """examples/numpy-logreg, copied, pinned to the session base, data made, image built: this module's checkout."""
+    return copy_project(logreg_built[0], tmp_path_factory.mktemp("logreg") / "numpy-logreg")
 
 
 @pytest.fixture
@@ -146,8 +179,6 @@ def project(logreg, tmp_path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def torch_project(tmp_path_factory, module_cache, base_ref) -> Path:
-    """examples/torch-mlp, copied, pinned, data made, image built (layers shared through the session cache)."""
-    proj = copy_example("torch-mlp", tmp_path_factory.mktemp("torch") / "torch-mlp", base_ref)
-    build(proj)
-    return proj
+def torch_project(tmp_path_factory, module_cache, torch_built) -> Path:
+    """examples/torch-mlp, copied, pinned, data made, image built (once per run): this module's checkout."""
+    return copy_project(torch_built[0], tmp_path_factory.mktemp("torch") / "torch-mlp")

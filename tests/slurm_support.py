@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_once
 from hermetic.slurm.ctl import parse_record  # `Key=Value ...` lines (scontrol -o, jobcomp): submit's parser
 
 ENSURE_SLURM = REPO / "scripts" / "ensure-slurm"
@@ -155,9 +155,11 @@ class SlurmCluster:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> SlurmCluster:
-    """The real cluster. Not skipped: `make test` starts it (scripts/ensure-test-deps)."""
-    proc = subprocess.run([str(ENSURE_SLURM)], capture_output=True, text=True, timeout=600)
+def slurm_cluster(tmp_path_factory) -> SlurmCluster:
+    """The real cluster. Not skipped: `make test` starts it (scripts/ensure-test-deps); one worker
+    at a time asks scripts/ensure-slurm (it installs and starts what is missing)."""
+    with run_once(tmp_path_factory, "slurm-ready"):
+        proc = subprocess.run([str(ENSURE_SLURM)], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         pytest.fail(f"scripts/ensure-slurm exited {proc.returncode}:\n{proc.stderr[-4000:]}")
     return SlurmCluster.discover()

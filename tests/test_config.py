@@ -129,7 +129,7 @@ def test_run_sizes_default_and_normalize_and_stay_out_of_the_image(tmp_path):
     """run.* sizes the container of `hermetic run`, not the image: the build key does not see them."""
     from pathlib import Path
 
-    from hermetic.builder.build import image_config_sha256
+    from hermetic.builder.key import image_config_sha256
     from hermetic.config import parse_config
 
     plain = parse_config(BLOCK_STYLE, Path(tmp_path / "hermetic.yaml"))

@@ -252,8 +252,9 @@ def _logged(seed_host: str, volatile: bool, metrics: bool = False) -> dict:
 def test_a_volatile_file_is_kept_listed_and_never_compared():
     d = diff_records(_logged("a09514e7ee3d", True), _logged("093c9afaa36d", True))
     assert d.verdict.kind == "identical" and d.verdict.exit_code == 0
+    # each run kept its own (one path in A, another in B): counted per run, not summed
     assert d.verdict.line == ("bitwise identical (1 file and 0 metrics compared: out/model.pt; "
-                              "2 files kept but not compared (run.outputs.volatile))")
+                              "1 file in each run kept but not compared (run.outputs.volatile))")
     assert sorted(f.status for f in d.outputs.files) == ["equal", "not_compared", "not_compared"]
 
 
@@ -285,3 +286,97 @@ def test_a_changed_file_beside_an_unpaired_one_is_still_nondeterminism_with_the_
     b["outputs"]["files"]["out/model.pt"]["sha256"] = h("other model")
     d = diff_records(a, b)
     assert d.verdict.line.startswith("same inputs, outputs differ: nondeterminism (")
+
+
+# --- causes before effects (issue 25) -------------------------------------------------------------
+
+def test_what_the_runtime_reported_ranks_after_every_real_input():
+    # A run that failed (ModuleNotFoundError) for want of PYTHONPATH, against a good one: which modules the
+    # runtime got to seed follows from what the script imported; the variable is the cause.
+    a, b = synthetic_record(A), synthetic_record(B)
+    for rec, seeded in ((a, ["random", "torch"]), (b, ["random", "torch", "numpy"])):
+        rec["seed"]["applied"] = {"startup": {"seeded": seeded}}
+    b["env"]["passed"]["PYTHONPATH"] = "/workspace"
+    a["record"].update(status="failed", exit_code=1)
+    d = diff_records(a, b)
+    assert d.verdict.causes == ["env", "seed"]
+    assert d.verdict.line == ("inputs differ: env (PYTHONPATH unset -> /workspace); and what the runtime reported: "
+                              "seed (applied.startup.seeded [random, torch] -> [random, torch, numpy])")
+    assert all(c.effect for c in d.section("seed").material)
+    # alone, it is still named (something made the runtime seed other modules), as what the runtime reported
+    del b["env"]["passed"]["PYTHONPATH"]
+    assert diff_records(a, b).verdict.line.startswith("inputs differ: what the runtime reported: seed (")
+    # a real seed change beside it comes first within its section, and the section is a cause again
+    b["seed"]["value"] = 7
+    d = diff_records(a, b)
+    assert d.verdict.line.startswith("inputs differ: seed (seed 0 -> 7; applied.startup.seeded")
+
+
+def test_a_change_of_run_outputs_volatile_alone_is_no_cause(tmp_path):
+    # hermetic.yaml changed (run.outputs.volatile) and was committed: the tree and the commit differ, but only
+    # in a file the config section judges, and the key only steers hermetic's comparison.
+    from hermetic.canonical import canonical_sha256
+
+    def plant(rec):
+        cfg = rec["invocation"]["config"]
+        cfg["run"] = {"outputs": {"volatile": ["**/events.out.tfevents.*", "out/all_results.json"]}}
+        rec["invocation"]["config_sha256"] = canonical_sha256(cfg)
+        rec["code"]["snapshot"]["files"]["hermetic.yaml"] = h("hermetic.yaml, volatile added")
+        rec["code"]["snapshot"]["sha256"] = h("tree with the new hermetic.yaml")
+        rec["code"]["git"]["commit"] = h("the commit that changed it")[:40]
+
+    def before(rec):
+        rec["invocation"]["config"]["run"] = {"outputs": {"volatile": ["**/events.out.tfevents.*"]}}
+        from hermetic.canonical import canonical_sha256 as c
+        rec["invocation"]["config_sha256"] = c(rec["invocation"]["config"])
+        rec["code"]["snapshot"]["files"]["hermetic.yaml"] = h("hermetic.yaml")
+
+    a, b = synthetic_record(A), synthetic_record(B)
+    before(a)
+    plant(b)
+    d = diff_records(a, b)
+    assert [s.name for s in d.sections if s.differs] == []
+    assert d.verdict.kind == "identical", d.verdict.line
+    [change] = d.section("config").changes
+    assert change.key == "run.outputs.volatile" and not change.material
+    assert change.note.endswith("(steers hermetic's comparison, not the script)")
+    assert {c.key for c in d.section("code").changes} == {"hermetic.yaml", "snapshot.sha256", "git.commit"}
+    # the same commit changing train.py too: that is code, and the commit with it
+    b["code"]["snapshot"]["files"]["train.py"] = h("train.py, changed")
+    d = diff_records(a, b)
+    assert d.verdict.line.startswith("inputs differ: code (train.py changed")
+    assert any(c.key == "git.commit" and c.material for c in d.section("code").changes)
+
+
+LONG_ARGS = ["--model_type", "gpt2", "--tokenizer_name", "tok", "--train_file", "data/train.txt",
+             "--per_device_train_batch_size", "4", "--learning_rate", "5e-4", "--num_train_epochs", "1",
+             "--seed", "42", "--output_dir", "out", "--do_train"]
+
+
+def test_long_arguments_are_shown_as_the_tokens_that_changed(tmp_path):
+    def plant(rec):
+        rec["invocation"]["args"] = LONG_ARGS + ["--full_determinism"]
+        rec["metrics"]["final"]["loss"] = 0.07
+
+    def base(rec):
+        rec["invocation"]["args"] = list(LONG_ARGS)
+
+    rec_a, rec_b = synthetic_record(A), synthetic_record(B, minutes=15)
+    base(rec_a)
+    plant(rec_b)
+    runs = tmp_path / "runs"
+    write_synthetic_run(runs, rec_a)
+    write_synthetic_run(runs, rec_b)
+    d = diff_runs(runs / A, runs / B)
+    assert d.verdict.line == ("inputs differ: config (arguments: added --full_determinism (the other 17 tokens "
+                              "the same))")
+    r = hermetic("diff", "--runs-dir", str(runs), A, B)
+    assert r.returncode == 1
+    assert r.stdout.count("--tokenizer_name") == 0  # the whole string: never, let alone three times
+    assert r.stdout.count("added --full_determinism") == 3  # verdict, section line, its change
+    from hermetic.diff.compare import changed_tokens
+
+    other = list(LONG_ARGS)
+    other[other.index("5e-4")] = "1e-3"
+    assert changed_tokens(LONG_ARGS, other) == "--learning_rate 5e-4 -> 1e-3 (the other 16 tokens the same)"
+    assert changed_tokens(LONG_ARGS, LONG_ARGS[:-1]) == "removed --do_train (the other 16 tokens the same)"

@@ -1,6 +1,7 @@
 """The two examples under `hermetic run`, in their real images (issue 6).
 
-Each example is copied, pinned to the session's base and built once per module.
+Each example is copied, pinned to the session's base and built once per run of the suite
+(run_support's `logreg` and `torch_project`: this module's own checkouts of those builds).
 Two runs give the same bytes (hermetic diff's verdict and the outputs'
 sha256); a run stopped right after its checkpoint and resumed with
 `--resume-from` ends bit for bit like an uninterrupted one; the in-image
@@ -19,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from run_support import (EXAMPLES, build, copy_example, diff_json, hermetic_run, output_digests, run_dir_of,
-                         sha256_file)
+from run_support import EXAMPLES, diff_json, hermetic_run, output_digests, run_dir_of, sha256_file
 
 SEED = 1234
 NUMPY_OUTPUTS = {"metrics.jsonl", "weights.bin", "weights.json", "checkpoint.ckpt"}
@@ -44,11 +44,6 @@ def test_make_data_reproduces_the_committed_manifest(example, tmp_path):
                    check=True, capture_output=True, timeout=120)
     made = {p.name: sha256_file(p) for p in sorted((tmp_path / "data").iterdir())}
     assert made == manifest
-
-
-def built_example(example: str, tmp_path_factory, base_ref: str) -> tuple[Path, dict]:
-    proj = copy_example(example, tmp_path_factory.mktemp(example) / example, base_ref)
-    return proj, build(proj)
 
 
 def assert_identical(proj: Path, a: dict, b: dict, names: set[str]) -> None:
@@ -92,11 +87,6 @@ def assert_runtime_report(proj: Path, rec: dict, seed: int = SEED) -> dict:
 
 # --- numpy-logreg ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def logreg(tmp_path_factory, module_cache, base_ref) -> Path:
-    return built_example("numpy-logreg", tmp_path_factory, base_ref)[0]
-
-
 @pytest.mark.docker
 def test_numpy_logreg_repeats_resumes_and_takes_its_seed(logreg):
     _, a = hermetic_run(logreg, "train.py")
@@ -115,8 +105,9 @@ def test_numpy_logreg_repeats_resumes_and_takes_its_seed(logreg):
 # --- torch-mlp ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def torch_mlp(tmp_path_factory, module_cache, base_ref) -> tuple[Path, dict]:
-    return built_example("torch-mlp", tmp_path_factory, base_ref)
+def torch_mlp(torch_project, torch_built) -> tuple[Path, dict]:
+    """This module's checkout of the torch example and the JSON of the build that made its image."""
+    return torch_project, torch_built[1]
 
 
 @pytest.fixture(scope="module")

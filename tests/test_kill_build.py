@@ -1,12 +1,17 @@
-"""SIGKILL at several points of a cold torch-mlp build: the next command starts at once, no process of
-the killed one lives on, and the image comes out with the digests of an uninterrupted build (issue 14).
+"""SIGKILL at several points of a cold build: the next command starts at once, no process of the
+killed one lives on, and the image comes out with the digests of an uninterrupted build (issue 14).
 
 Before: the layer workers of a killed `hermetic build` lived on with PPID 1, holding the build's
 flock (a fork shares it), and the next build waited for them without a word.
 
-The wheels are served slowly from 127.0.0.1 (so a download can be caught midway); a fresh
-`build.source_date_epoch` gives this run's image layers no engine or cache has, so that every
-stage (downloads, parallel layer writes, the load into the engine) really happens.
+The project has the shape of the torch example's lock at a fifth of its size (the suite's one real
+torch build is run_support's `torch_built`): one wheel over the big-wheel bound (64 MB) with a
+160 MB incompressible payload and a few hundred modules to compile (its own layer, and the blob
+the load into the engine streams), and small wheels that fall into groups of their own, so that
+layers are written by parallel workers, each with its bytecode compiler. The wheels are served
+slowly from 127.0.0.1 (so a download can be caught midway); a fresh `build.source_date_epoch`
+gives this run's image layers no engine or cache has, so that every stage (downloads, parallel
+layer writes, the load into the engine) really happens.
 """
 
 from __future__ import annotations
@@ -20,12 +25,12 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from buildsupport import share_base
-from conftest import REPO, run_cli
+from buildsupport import make_project, share_base
+from conftest import run_cli
 from hermetic.fsutil import is_locked
 from kill_support import children_of, sigkill, start_hermetic, survivors, wait_for
-from run_support import pin_base
 from slow_server import SlowWheels
+from wheelfactory import make_index, make_wheel
 
 pytestmark = pytest.mark.docker
 
@@ -51,33 +56,47 @@ def open_blob_larger_than(pid: int, blobs: Path, size: int) -> bool:
     return False
 
 
+BIG_PAYLOAD = 160 << 20  # over the big-wheel bound and over the 100 MB the load is caught at
+
+
+def module_source(i: int) -> bytes:
+    return "".join(f"def f{i}_{j}(x):\n    return [x * {j} + k for k in range({j})]\n\n"
+                   for j in range(40)).encode()
+
+
 @pytest.fixture
-def torch_project(tmp_path, base_ref) -> Path:
-    proj = tmp_path / "torch-mlp"
-    shutil.copytree(REPO / "examples" / "torch-mlp", proj,
-                    ignore=shutil.ignore_patterns("runs", "data", "__pycache__", "hermetic.image.json"))
-    pin_base(proj, base_ref)
+def cold_project(tmp_path, base_ref, isolated_pip, monkeypatch) -> Path:
+    """A project no cache has seen: a big wheel, six small ones, a fresh source_date_epoch."""
+    src = tmp_path / "wheels"
+    big = {"bulk/__init__.py": b"__version__ = '1.0'\n\n\ndef main():\n    return 0\n",
+           "bulk/weights.bin": os.urandom(BIG_PAYLOAD)}
+    big.update({f"bulk/layer{i:03d}.py": module_source(i) for i in range(300)})
+    files = [make_wheel(src, "bulk", "1.0", files=big, console_scripts={"bulk-run": "bulk:main"})]
+    for name in ("alpha", "beta", "gamma", "delta", "epsilon", "zeta"):
+        files.append(make_wheel(src, name, "1.0", files={f"{name}/blob.bin": os.urandom(2 << 20),
+                                                           **{f"{name}/m{i}.py": module_source(i) for i in range(20)}}))
+    monkeypatch.setenv("PIP_INDEX_URL", make_index(src / "index", files))
+    proj = make_project(tmp_path / "cold", base_ref, {f.name.split("-")[0]: f for f in files},
+                        extra=f"build:\n  source_date_epoch: {random.randrange(10 ** 8, 10 ** 9)}\n")
     cfg = proj / "hermetic.yaml"
-    assert "\nbuild:" not in cfg.read_text()
-    cfg.write_text(cfg.read_text().replace("name: torch-mlp", f"name: kill-{os.getpid()}")
-                   + f"build:\n  source_date_epoch: {random.randrange(10 ** 8, 10 ** 9)}\n")
+    cfg.write_text(cfg.read_text().replace("name: demo", f"name: kill-{os.getpid()}"))
     return proj
 
 
-def test_sigkill_at_each_stage_of_a_cold_torch_build(tmp_path, torch_project, session_cache, docker_client):
-    proj = torch_project
+def test_sigkill_at_each_stage_of_a_cold_build(tmp_path, cold_project, session_cache, docker_client):
+    proj = cold_project
     ref_cache, cold = tmp_path / "reference-cache", tmp_path / "cache"
     share_base(session_cache, ref_cache)
     share_base(session_cache, cold)
     image_id = None
     try:
-        # The uninterrupted build, from the machine's own package sources.
+        # The uninterrupted build, from the project's index (its package sources).
         proc = run_cli("build", "-C", str(proj), "--json", "--no-load", env={"HERMETIC_CACHE": str(ref_cache)})
         assert proc.returncode == 0, proc.stderr
         reference = json.loads(proc.stdout)
         image_id = reference["image_id"]
         wheels = sorted((ref_cache / "wheels" / "sha256").glob("*/*.whl"))
-        assert any(w.name.startswith("torch-") for w in wheels), wheels
+        assert any(w.name.startswith("bulk-") for w in wheels) and len(wheels) == 7, wheels
 
         partial, stored = cold / "wheels" / "tmp", cold / "wheels" / "sha256"
         builds, blobs, oci_tmp = cold / "builds", cold / "oci" / "blobs" / "sha256", cold / "oci" / "tmp"

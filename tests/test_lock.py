@@ -259,6 +259,7 @@ def test_no_pip_find_links_lets_the_index_build_win_over_a_local_cpu_wheel(tmp_p
     assert [(w.name, w.version) for w in read_lock(proj / "requirements.lock", T311).wheels] == [("torch", "2.13.0")]
 
 
+@pytest.mark.network  # PyPI's metadata for torch
 def test_torch_cuda_13_build_resolves_from_pypi(tmp_path, isolated_pip, monkeypatch):
     """The documented way to the CUDA build (docs/gpu.md): resolves only (PyPI's metadata), downloads no wheel."""
     local = tmp_path / "local-wheels"

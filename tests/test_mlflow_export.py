@@ -13,18 +13,10 @@ import pytest
 
 from conftest import assert_clean_error, run_cli
 from metric_runs import loss_curve, make_group, make_run
-from mlflow_support import start_mlflow_server
 from registry_support import free_port
 from run_support import hermetic_run, run_dir_of
 
 RID = "20261129-214500-1a2b3c"
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    server = start_mlflow_server(tmp_path_factory.mktemp("mlflow"))
-    yield server
-    server.stop()
 
 
 def export(*args: str, cwd: Path | None = None, env: dict | None = None) -> dict:
@@ -130,6 +122,7 @@ def test_a_seed_group_is_a_parent_with_the_summary_and_its_members_as_children(m
     assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id and not one["exported"][0]["created"]
 
 
+@pytest.mark.mlflow  # MLflow's client, against a port where nothing listens (its retries take seconds)
 def test_clear_errors_without_a_server_or_the_extra(tmp_path, monkeypatch):
     root = tmp_path / "runs"
     make_run(root, RID)
@@ -230,3 +223,97 @@ def test_run_mlflow_checks_the_target_before_the_run(project, monkeypatch):
     proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120, cwd=project)
     assert_clean_error(proc, 69, "pip install 'hermetic[mlflow]'")
     assert run_dirs(project) == before
+
+
+# ---------------------------------------------------------------- issue 25: the extra alone, no mount, never RUNNING
+
+
+def _run_without_mount(root: Path, run_id: str, *, minutes: int = 0) -> dict:
+    """A finished run whose dataset has no mount: (what `hermetic init` writes) and whose metrics come from
+    the Trainer's trainer_state.json, not metrics.jsonl."""
+    from datetime import timedelta
+
+    from hermetic.record import finish_record, write_record
+    from hermetic.record.rundir import create_run_dir
+    from hermetic.record.synthetic import DATA_MANIFEST, T0, synthetic_record
+
+    rec = synthetic_record(run_id, minutes=minutes)
+    rec["data"]["mnist"]["mount"] = None
+    for ds in rec["invocation"]["config"]["datasets"]:
+        ds.pop("mount", None)
+    run_dir = create_run_dir(root, run_id)
+    (run_dir / "data" / "mnist.sha256").write_text(DATA_MANIFEST)
+    (run_dir / "outputs" / "out").mkdir()
+    history = [{"loss": 1.0 / s, "learning_rate": 0.01, "epoch": s / 10, "step": s} for s in range(1, 21)]
+    history.append({"train_runtime": 3.5, "train_samples_per_second": 11.0, "train_loss": 0.2, "step": 20})
+    (run_dir / "outputs" / "out" / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    (run_dir / "outputs" / "out" / "eval_results.json").write_text(json.dumps({"eval_loss": 0.5}))
+    done = finish_record(rec, run_dir, status="succeeded", exit_code=0, finished_at=T0 + timedelta(minutes=minutes + 3))
+    return write_record(run_dir, done)
+
+
+@pytest.fixture(scope="module")
+def skinny_venv(tmp_path_factory) -> Path:
+    """A fresh venv with hermetic (editable, from this checkout) and only its own dependencies and the mlflow
+    extra's (mlflow-skinny: no numpy, no pandas), pinned to the project's lock; uv installs them from PyPI."""
+    from conftest import REPO
+
+    uv = Path(sys.executable).with_name("uv")
+    venv = tmp_path_factory.mktemp("skinny") / "venv"
+    subprocess.run([str(uv), "venv", "-q", "--python", sys.executable, str(venv)], check=True, timeout=300)
+    pins = tmp_path_factory.mktemp("pins") / "constraints.txt"
+    lines = (REPO / "requirements.lock").read_text().splitlines()
+    pins.write_text("".join(ln.rstrip(" \\") + "\n" for ln in lines if ln[:1].isalnum() and "==" in ln))
+    proc = subprocess.run([str(uv), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-c", str(pins),
+                           "-e", f"{REPO}[mlflow]"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    no_numpy = subprocess.run([str(venv / "bin" / "python"), "-c", "import numpy"], capture_output=True, timeout=60)
+    assert no_numpy.returncode != 0  # what the extra brings: the full mlflow (and numpy) is not there
+    return venv
+
+
+def test_the_extra_alone_exports_runs_whose_dataset_has_no_mount(skinny_venv, mlflow_server, tmp_path):
+    root = tmp_path / "runs"
+    ids = [f"20261201-0900{i:02d}-{0xa00000 + i:06x}" for i in range(3)]
+    recs = [_run_without_mount(root, rid, minutes=i) for i, rid in enumerate(ids)]
+    proc = subprocess.run([str(skinny_venv / "bin" / "hermetic"), "runs", "export", "--json", "--mlflow",
+                           mlflow_server.uri, "--runs-dir", str(root), "--experiment", "skinny"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    exported = {e["id"]: e for e in json.loads(proc.stdout)["exported"]}
+    assert sorted(exported) == ids
+    client = mlflow_server.client()
+    for rid, rec in zip(ids, recs):
+        run = client.get_run(exported[rid]["mlflow_run_id"])
+        assert run.info.status == "FINISHED"
+        [ds] = run.inputs.dataset_inputs
+        assert ds.dataset.digest == rec["data"]["mnist"]["manifest_sha256"][:36]
+        tags = {t.key: t.value for t in ds.tags}
+        assert "hermetic.mount" not in tags and tags["hermetic.manifest_sha256"] == rec["data"]["mnist"]["manifest_sha256"]
+        hist = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "trainer/loss"))
+        assert hist == [(s, 1.0 / s) for s in range(1, 21)]
+        assert run.data.metrics["trainer/eval_loss"] == 0.5
+        assert run.data.metrics["trainer/train_runtime"] == 3.5  # wall-clock figures go to MLflow too
+    # again, from the extra alone: nothing logged twice
+    again = subprocess.run([str(skinny_venv / "bin" / "hermetic"), "runs", "export", "--json", "--mlflow",
+                            mlflow_server.uri, "--runs-dir", str(root), "--experiment", "skinny"],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert all(not e["created"] and e["metrics_logged"] == 0 for e in json.loads(again.stdout)["exported"])
+
+
+def test_an_export_that_fails_part_way_ends_its_mlflow_run_failed(mlflow_server, tmp_path):
+    """The experiment's artifacts go where nothing can be written (a file stands where its directory would be):
+    the export fails after the MLflow run exists; the run is FAILED, never left RUNNING."""
+    root = tmp_path / "runs"
+    _run_without_mount(root, RID)
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    client = mlflow_server.client()
+    client.create_experiment("broken-artifacts", artifact_location=str(blocker / "artifacts"))
+    proc = run_cli("runs", "export", "--mlflow", mlflow_server.uri, "--runs-dir", str(root), RID,
+                   "--experiment", "broken-artifacts")
+    assert_clean_error(proc, 69, f"MLflow at {mlflow_server.uri}")
+    [run] = find_runs(client, "broken-artifacts", RID)
+    assert run.info.status == "FAILED" and run.info.end_time is not None

@@ -1,16 +1,14 @@
 """The probe inside a real container: read-only root, no network, nothing installed but python3.
 
-The image is HERMETIC_TEST_PYTHON_IMAGE when set (any image with python3),
-else a Debian bookworm minbase + python3 rootfs made with mmdebstrap (~30 s)
-and `docker import`ed for this module, removed afterwards.
+The image is HERMETIC_TEST_PYTHON_IMAGE when set (any image with python3), else the rootfs
+of the session's bootstrapped base (conftest's base_ref: a Debian bookworm minbase + python3
+made by mmdebstrap once per run of the suite) `docker import`ed for this module, removed afterwards.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import uuid
 
 import pytest
@@ -20,45 +18,22 @@ from hermetic.probe import PROBE_DIR
 from test_probe import assert_shape
 
 pytestmark = pytest.mark.docker
-REUSABLE_IMAGES = ("hermetic/debian-bookworm-python3:bookworm",)
 
 
 @pytest.fixture(scope="module")
-def docker_client():
-    docker = pytest.importorskip("docker")
-    try:
-        client = docker.from_env(timeout=300)
-        client.ping()
-    except Exception as e:
-        pytest.skip(f"no Docker Engine ({e.__class__.__name__}); run scripts/ensure-docker")
-    return client
-
-
-@pytest.fixture(scope="module")
-def python_image(docker_client, tmp_path_factory):
+def python_image(docker_client, session_cache, base_ref):
     given = os.environ.get("HERMETIC_TEST_PYTHON_IMAGE")
     if given:
         yield given
         return
-    for candidate in REUSABLE_IMAGES:  # the lead's bootstrapped base, when loaded already
-        try:
-            docker_client.images.get(candidate)
-        except Exception:
-            continue
-        yield candidate
-        return
-    exe = shutil.which("mmdebstrap")
-    if exe is None:
-        pytest.skip("mmdebstrap is not installed (scripts/ensure-test-deps), and HERMETIC_TEST_PYTHON_IMAGE is unset")
-    tar = tmp_path_factory.mktemp("rootfs") / "bookworm-python3.tar"
-    proc = subprocess.run([exe, "--variant=minbase", "--include=python3", "--quiet", "bookworm", str(tar)],
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.skip(f"mmdebstrap failed (Debian mirror unreachable?): {proc.stderr.strip()[-300:]}")
+    # The base's one layer is mmdebstrap's rootfs (minbase + python3): imported as it is, an image
+    # with no configuration of its own (no Env, no Cmd), for this module; removed afterwards.
+    blobs = session_cache / "oci" / "blobs" / "sha256"
+    manifest = json.loads((blobs / base_ref.split("@sha256:")[1]).read_bytes())
+    [layer] = manifest["layers"]
     repo = f"hermetic-test-probe-{uuid.uuid4().hex[:8]}"
-    with open(tar, "rb") as f:
+    with open(blobs / layer["digest"][7:], "rb") as f:
         docker_client.api.import_image_from_data(f, repository=repo, tag="bookworm")
-    tar.unlink()
     ref = f"{repo}:bookworm"
     try:
         yield ref

@@ -213,7 +213,10 @@ def test_begin_and_finish_record(tmp_path):
     (run_dir / "outputs" / "metrics.jsonl").write_text('{"step": 10, "loss": 0.25}\n')
     (run_dir / "outputs" / "model.pt").write_bytes(b"w")
     done = write_record(run_dir, finish_record(rec, run_dir, status="succeeded", exit_code=0))
-    assert done["metrics"] == {"final": {"loss": 0.25}, "steps": 10, "file": "outputs/metrics.jsonl"}
+    m = done["metrics"]
+    assert (m["final"], m["steps"], m["file"]) == ({"loss": 0.25}, 10, "outputs/metrics.jsonl")
+    assert m["sources"] == {"metrics.jsonl": {"files": ["metrics.jsonl"], "metrics": ["loss"]}}
+    assert m["series"]["file"] == "metrics/series.jsonl" and m["series"]["points"] == 1
     assert sorted(done["outputs"]["files"]) == ["metrics.jsonl", "model.pt"]
     assert load_record(run_dir)["record"]["status"] == "succeeded"
 

@@ -3,7 +3,8 @@
 The runtime ships into images as the top-level package ``hermetic_runtime``,
 so some tests copy it under that name and import it in a fresh interpreter
 started with ``-S -I`` (no site-packages: no hermetic, numpy or torch), the
-situation of an image without numpy.
+situation of an image without numpy. The last tests (marked docker) run
+scripts that reseed, or probe for torch before importing it, in real images.
 """
 
 from __future__ import annotations
@@ -449,3 +450,205 @@ def test_startup_reports_what_it_seeded_at_exit(startup_site, tmp_path):
                         env={"HERMETIC_SEED": "5", "HERMETIC_RUNTIME_REPORT": str(report)})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(report.read_text())["startup"] == {"seed": 5, "seeded": ["random"]}
+
+
+# A stand-in for torch where torch is not installed (the host's venv): just the two calls the hook and the
+# report make. Real torch is seeded in a container below (test_torch_is_seeded_after_a_find_spec_probe...).
+FAKE_TORCH = """_seed = 67280421310721  # torch's default CPU seed
+def manual_seed(seed):
+    global _seed
+    _seed = int(seed)
+def initial_seed():
+    return _seed
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_torch_site(startup_site, tmp_path_factory) -> Path:
+    site = tmp_path_factory.mktemp("fake-torch")
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    return site
+
+
+NUMPY_SITE = str(Path(__import__("numpy").__file__).resolve().parent.parent)
+
+
+def _with_paths(*paths: Path | str) -> str:
+    return "".join(f"sys.path.insert(1, {str(p)!r})\n" for p in paths)
+
+
+@pytest.mark.parametrize("probe", [False, True], ids=["plain-import", "find_spec-then-import"])
+def test_startup_seeds_torch_on_its_import_even_after_a_find_spec_probe(startup_site, fake_torch_site, probe):
+    # The datasets library asks importlib.util.find_spec("torch") long before it imports torch: the probe
+    # must not use up the hook (it did: torch then ran with its own default seed).
+    code = _with_paths(fake_torch_site) + "import _hermetic_startup, importlib.util\n"
+    if probe:
+        code += "assert importlib.util.find_spec('torch') is not None\nassert 'torch' not in sys.modules\n"
+    code += "import torch\nprint(torch.initial_seed())\n"
+    proc = run_isolated(startup_site, "import sys\n" + code, env={"HERMETIC_SEED": "77"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "77"
+
+
+def test_startup_seeds_numpy_random_after_a_find_spec_probe(startup_site):
+    code = ("import sys\n" + _with_paths(NUMPY_SITE) + "import _hermetic_startup, importlib.util\n"
+            "import numpy\nassert importlib.util.find_spec('numpy.random') is not None\n"
+            "import numpy.random\nprint(numpy.random.rand() == numpy.random.RandomState(77).rand())\n")
+    proc = run_isolated(startup_site, code, env={"HERMETIC_SEED": "77"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
+
+
+RESEEDS = """import sys
+{paths}import _hermetic_startup
+import random, numpy as np, torch
+random.random(); np.random.rand(3)
+if "--reseed" in sys.argv:  # what transformers' set_seed(42) and Lightning's seed_everything(42) do
+    random.seed(42); np.random.seed(42); torch.manual_seed(42)
+if "--entropy" in sys.argv:
+    random.seed()
+random.random(); np.random.rand(2)
+"""
+
+
+def _final_report(site: Path, tmp_path: Path, name: str, *args: str) -> dict:
+    report = tmp_path / f"{name}.json"
+    code = RESEEDS.format(paths=_with_paths(NUMPY_SITE, site / "faketorch"))
+    prog = f"import sys; sys.path.insert(0, {str(site)!r}); sys.argv[1:] = {list(args)!r}\n" + code
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", prog], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ.get("PATH", ""), "HERMETIC_SEED": "0",
+                               "HERMETIC_RUNTIME_REPORT": str(report)})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(report.read_text())
+
+
+@pytest.fixture(scope="module")
+def reseed_site(startup_site, fake_torch_site) -> Path:
+    if not (startup_site / "faketorch").exists():
+        shutil.copytree(fake_torch_site, startup_site / "faketorch")
+    return startup_site
+
+
+def test_the_report_keeps_the_seeds_the_generators_ended_with(reseed_site, tmp_path):
+    from hermetic.record.build import reseeded_text, seed_section
+
+    kept = _final_report(reseed_site, tmp_path, "kept")
+    seeds = kept["final"]["seeds"]
+    assert {k: v.get("seed") for k, v in seeds.items()} == {"random": 0, "numpy": 0, "torch": 0}
+    assert all(len(seeds[k]["state_sha256"]) == 64 for k in ("random", "numpy"))
+    assert _final_report(reseed_site, tmp_path, "again")["final"] == kept["final"]  # identical runs, same report
+    assert seed_section(0, "config", kept)["reseeded"] == {}
+
+    reseeded = _final_report(reseed_site, tmp_path, "reseeded", "--reseed")
+    section = seed_section(0, "config", reseeded)
+    assert section["reseeded"] == {"random": 42, "numpy": 42, "torch": 42}
+    assert reseeded_text(section["reseeded"]) == "the script reseeded random, numpy and torch to 42"
+    # Reseeded to the run's own seed is no reseed.
+    assert seed_section(42, "cli", reseeded)["reseeded"] == {}
+
+    entropy = seed_section(0, "config", _final_report(reseed_site, tmp_path, "entropy", "--entropy"))
+    assert entropy["reseeded"] == {"random": "entropy"}
+    assert reseeded_text(entropy["reseeded"]) == "the script reseeded random from the OS's entropy (not repeatable)"
+
+
+def test_seed_wrappers_pass_through_and_note_only_what_they_were_given(startup_site):
+    code = """import _hermetic_startup, pickle, random
+assert random.seed.__name__ == "seed" and random.seed.__wrapped__ is not None and random.seed.__doc__
+random.seed(5)
+a = random.random()
+random.Random(5).random() == a or sys.exit("the wrapped seed() seeded differently")
+try:
+    random.seed(object())
+except TypeError:
+    pass
+assert pickle.loads(pickle.dumps(random.seed)) is random.seed  # a spawn worker's target still pickles
+print(_hermetic_startup._hook.last_seed["random"])
+"""
+    proc = run_isolated(startup_site, "import sys\n" + code, env={"HERMETIC_SEED": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "5"  # the call that raised noted nothing
+
+
+def test_seed_section_reads_the_runtime_report_defensively():
+    from hermetic.record.build import seed_section
+
+    assert "reseeded" not in seed_section(0, "config", {})  # no final report (older runtimes, a killed run)
+    hostile = {"startup": {"seeded": ["torch", {"x": 1}]}, "seed": {"seeded": "python"},
+               "final": {"seeds": {"torch": {"seed": True}, "numpy": {"seed": 3}, "random": "nonsense"}}}
+    assert seed_section(0, "config", hostile)["reseeded"] == {}  # numpy was never seeded by hermetic
+    runtime = {"seed": {"seeded": ["python", "numpy"]}, "final": {"seeds": {"random": {"seed": 9}, "numpy": {"seed": 9}}}}
+    assert seed_section(0, "config", runtime)["reseeded"] == {"random": 9, "numpy": 9}
+
+
+# --- in real images: the seed that was used, in the record, `runs show` and `diff` ----------------------
+
+RESEEDING_SCRIPT = """import random, sys, numpy as np
+seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else None
+if seed is not None:  # what transformers' set_seed(args.seed) does (torch aside: not in this image)
+    random.seed(seed); np.random.seed(seed)
+open("draws.txt", "w").write(repr([random.random(), float(np.random.rand())]))
+"""
+
+
+@pytest.mark.docker
+def test_a_script_that_reseeds_is_recorded_with_the_seed_it_used(project):
+    from conftest import run_cli
+    from run_support import diff_json, hermetic_run, run_dir_of
+
+    (project / "reseeds.py").write_text(RESEEDING_SCRIPT)
+    _, own = hermetic_run(project, "reseeds.py")
+    assert own["seed"]["reseeded"] == {}
+    assert "reseeded" not in run_cli("runs", "show", own["record"]["run_id"], cwd=project).stdout
+    _, a = hermetic_run(project, "reseeds.py", "--seed", "42")
+    _, b = hermetic_run(project, "--seed", "5", "reseeds.py", "--seed", "42")
+    given = a["seed"]["value"]  # the example's determinism.seed
+    assert given not in (5, 42) and a["seed"]["reseeded"] == {"random": 42, "numpy": 42}
+    final = a["seed"]["applied"]["final"]["seeds"]
+    assert final["random"]["seed"] == final["numpy"]["seed"] == 42
+    shown = run_cli("runs", "show", a["record"]["run_id"], cwd=project).stdout
+    assert f"{given} (from config); the script reseeded random and numpy to 42; seeded at start-up: " in shown
+    # Two seeds given, 42 used by both: identical outputs, and the note says why.
+    _, d = diff_json(run_dir_of(project, a), run_dir_of(project, b))
+    line = d["verdict"]["line"]
+    assert line.startswith(f"inputs differ: seed (seed {given} -> 5") and line.endswith("bitwise identical all the same")
+    assert "the script reseeded random and numpy to 42 in both runs" in d["verdict"]["notes"][0]
+    _, c = hermetic_run(project, "reseeds.py", "--seed", "43")
+    _, d = diff_json(run_dir_of(project, a), run_dir_of(project, c))
+    seed = next(s for s in d["sections"] if s["name"] == "seed")
+    notes = [ch["note"] for ch in seed["changes"] if ch["material"]]
+    assert notes == ["the script reseeded random and numpy to 42 -> the script reseeded random and numpy to 43"]
+    # The final states are effects: listed, never a cause.
+    assert all(not ch["material"] for ch in seed["changes"] if ch["key"].startswith("applied.final.seeds"))
+    _, d = diff_json(run_dir_of(project, a), run_dir_of(project, a))
+    seed = next(s for s in d["sections"] if s["name"] == "seed")
+    assert seed["same_as"] == f"{given} (the script reseeded random and numpy to 42 in both)"
+
+
+DATASETS_ORDER = """import importlib.util, sys
+assert importlib.util.find_spec("torch") is not None  # what `import datasets` does first
+import torch
+if "--reseed" in sys.argv:
+    torch.manual_seed(42)  # transformers' set_seed(42)
+open("seed.txt", "w").write(str(torch.initial_seed()))
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_torch_is_seeded_after_a_find_spec_probe_and_a_reseed_is_recorded(torch_project):
+    from conftest import run_cli
+    from run_support import hermetic_run, run_dir_of
+
+    proj = torch_project
+    (proj / "probe_first.py").write_text(DATASETS_ORDER)
+    _, plain = hermetic_run(proj, "probe_first.py")
+    given = plain["seed"]["value"]  # the example's determinism.seed
+    # The run's seed, not torch's default (before the fix: 15862232349720387702, torch never seeded)
+    assert (run_dir_of(proj, plain) / "outputs" / "seed.txt").read_text() == str(given)
+    assert "torch" in plain["seed"]["applied"]["startup"]["seeded"]
+    assert plain["seed"]["applied"]["final"]["seeds"]["torch"] == {"seed": given} and plain["seed"]["reseeded"] == {}
+    _, reseeded = hermetic_run(proj, "probe_first.py", "--reseed")
+    assert reseeded["seed"]["reseeded"] == {"torch": 42}
+    shown = run_cli("runs", "show", reseeded["record"]["run_id"], cwd=proj).stdout
+    assert f"{given} (from config); the script reseeded torch to 42;" in shown

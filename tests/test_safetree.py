@@ -226,6 +226,26 @@ def test_lchown_tree_changes_links_not_targets(tmp_path, host):
     assert (after.st_uid, after.st_gid) == (before.st_uid, before.st_gid)
 
 
+
+def test_lchown_tree_leaves_a_skipped_subtree_as_it_is(tmp_path):
+    """The primary node's give-back must not take another node's run directory while that node still
+    collects into it as the container's user (a race seen on a two-node Slurm run: exit 73)."""
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    t = tmp_path / "run"
+    (t / "outputs").mkdir(parents=True)
+    (t / "nodes" / "n1" / "ranks").mkdir(parents=True)
+    for p in (t / "outputs", t / "nodes" / "n1", t / "nodes" / "n1" / "ranks"):
+        os.chown(p, 1000, 1000)
+    fd = _rootfd(t)
+    try:
+        safetree.lchown_tree(fd, 0, 0, skip=lambda rel: rel == "nodes")
+    finally:
+        os.close(fd)
+    assert os.stat(t / "outputs").st_uid == 0
+    assert os.stat(t / "nodes" / "n1").st_uid == 1000 and os.stat(t / "nodes" / "n1" / "ranks").st_uid == 1000
+
+
 # ---------------------------------------------------------------- privdrop
 
 

@@ -280,7 +280,7 @@ def test_gc_keeps_the_image_a_live_process_checked(tmp_path, cache_dir, session_
     store = OciStore(cache_dir / "oci")
     user = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
-        "from hermetic.store.intact import check_image\n"
+        "from hermetic.store.images import check_image\n"
         "from hermetic.store.oci import OciStore\n"
         "check_image(OciStore(sys.argv[1]), sys.argv[2])\n"
         "print('ready', flush=True)\n"

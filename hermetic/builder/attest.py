@@ -91,7 +91,8 @@ def store_attestations(store: OciStore, facts: BuildFacts, paths: CachePaths, cr
 def gather_facts(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock,
                  info: ImageInfo) -> tuple[BuildFacts | None, str]:
     from hermetic import __version__
-    from hermetic.builder.build import image_config_part, runtime_sha256
+    from hermetic.builder.inputs import runtime_sha256
+    from hermetic.builder.key import image_config_part
     from hermetic.builder.image import BASE_LAYERS_LABEL
     from hermetic.builder.install import VenvLayout
     from hermetic.builder.layers import LAYER_FORMAT, MAX_LAYERS, _installer_version, hermetic_layer_files, plan_layers

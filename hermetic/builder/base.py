@@ -275,12 +275,19 @@ class BaseFacts:
                    dict(d["captured"]), tuple(d["glibc"]) if d.get("glibc") else None)  # type: ignore[arg-type]
 
 
-def _open_layer(path: Path):
+def open_layer(path: Path, *, seekable: bool = False) -> tarfile.TarFile:
+    """A layer blob as a tar stream, gzip or plain; ``seekable`` (a plain tar only): members whose data is
+    not read are skipped without reading it."""
     with open(path, "rb") as f:
         magic = f.read(2)
     if magic == b"\x1f\x8b":
         return tarfile.open(fileobj=gzip.open(path, "rb"), mode="r|")
-    return tarfile.open(path, mode="r|")
+    return tarfile.open(path, mode="r:" if seekable else "r|")
+
+
+def member_path(name: str) -> str:
+    """A layer member's name as a path in the image, relative and normalized ('' for the root)."""
+    return posixpath.normpath(name.lstrip("./").lstrip("/")) if name not in (".", "./") else ""
 
 
 def scan_base(store: OciStore, base: BaseImage, cache_dir: Path) -> BaseFacts:
@@ -299,12 +306,12 @@ def scan_base(store: OciStore, base: BaseImage, cache_dir: Path) -> BaseFacts:
     libc_bytes: bytes | None = None
     for layer in base.layers:
         try:
-            tf = _open_layer(store.blob_path(layer.digest))
+            tf = open_layer(store.blob_path(layer.digest))
         except tarfile.TarError as e:
             raise DataError(f"base layer {layer.digest} is not a tar this build can read ({e})") from None
         with tf:
             for m in tf:
-                name = posixpath.normpath(m.name.lstrip("./").lstrip("/")) if m.name not in (".", "./") else ""
+                name = member_path(m.name)
                 if not name or name == ".":
                     continue
                 base_name = posixpath.basename(name)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from hermetic import __version__
 from hermetic.builder.base import BaseImage, PullImage
@@ -31,53 +31,21 @@ from hermetic.builder.image import BASE_LAYERS_LABEL, PACKAGES_LABEL
 from hermetic.builder.image_record import ImageInfo, write_image_record
 from hermetic.builder.result import BuildResult, layer_rows
 from hermetic.builder.install import VenvLayout
-from hermetic.builder.inputs import COMPILER_FORMAT, LAYER_FORMAT, engine_tag, runtime_sha256
+from hermetic.builder.inputs import engine_tag
+from hermetic.builder.key import build_key, image_config_sha256
 from hermetic.builder.layers import MAX_LAYERS, BuiltLayer, LayerCache, build_layers, hermetic_layer_files, plan_layers
-from hermetic.canonical import canonical_json, canonical_sha256
+from hermetic.canonical import canonical_json
 from hermetic.config import LoadedConfig
-from hermetic.determinism import identity_part
 from hermetic.errors import ConfigError
 from hermetic.fsutil import atomic_write_bytes, file_lock, naming_full_disk
 from hermetic.lock.model import Lock, ResolvedWheel, Target
 from hermetic.paths import CachePaths
-from hermetic.reference import parse_base_reference
-from hermetic.store.intact import check_image, seal_image
+from hermetic.store.images import check_image, seal_image
 from hermetic.store.inuse import claim_image, writing
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
 
 if TYPE_CHECKING:
     from hermetic.builder.engine_feed import EngineFeed
-
-
-def image_config_part(cfg: LoadedConfig) -> dict[str, Any]:
-    """The parts of hermetic.yaml that decide the image (not datasets, runs_dir, seed)."""
-    m = cfg.model
-    return {
-        "name": m.name, "base": m.base, "python": m.python.model_dump(mode="json"),
-        "determinism": identity_part(m.determinism.mode, m.determinism.threads, m.determinism.env),
-        "env": dict(m.env), "build": m.build.model_dump(mode="json"),
-    }
-
-
-def image_config_sha256(cfg: LoadedConfig) -> str:
-    return canonical_sha256(image_config_part(cfg))
-
-
-def build_key(cfg: LoadedConfig, lock: Lock) -> str:
-    """One sha256 over every input that decides the image.
-
-    The pins (name, version, allowed hashes) decide which wheel file each
-    package installs for the target, so the key is computable with an empty
-    store and no network: a CI runner can look the key up in a registry
-    before fetching anything.
-    """
-    return canonical_sha256({
-        "hermetic": __version__, "layer_format": LAYER_FORMAT, "compiler_format": COMPILER_FORMAT,
-        "base": parse_base_reference(cfg.model.base).digest,
-        "lock_sha256": lock.sha256, "pins": lock.normalized(),
-        "target": [lock.target.platform, lock.target.python_version],
-        "config": image_config_part(cfg), "runtime": runtime_sha256(),
-    })
 
 
 class ImageCache(Protocol):
@@ -129,7 +97,9 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
     lock = read_config_lock(cfg)
     key = build_key(cfg, lock)
     built: list[BuiltLayer] = []
-    notes: list[str] = []
+    from hermetic.lock.torchbuild import companion_warnings
+
+    notes: list[str] = companion_warnings(lock)  # torchvision for the other torch: said at every build
     feeds: list[EngineFeed] = []  # the load into the engine that runs while the layers build
     # A full disk anywhere below ends in one line: the writers name their file or store; what
     # reaches here unnamed is named by the cache it happened in.
@@ -167,7 +137,7 @@ def _build_locked(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: L
             from hermetic.builder.base import resolve_base
             from hermetic.builder.gc import dead_temp_files
 
-            dead_temp_files(paths, remove=True)  # a killed writer's leftovers go before we write
+            dead_temp_files(paths, remove=True, once=True)  # a killed writer's leftovers go before we write
             base = resolve_base(store, cfg.model.base, pull=None if offline else pull_base)  # before any fetch
             wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
             digest, layers_built, build_notes = _build(cfg, paths, store, lock, wheels, key, base, log=log,

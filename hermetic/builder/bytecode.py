@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from hermetic.builder.interpreter import NO_BYTECODE_HINT, BaseInterpreter, BytecodeError, check_maps
+from hermetic.builder.baseinterp import NO_BYTECODE_HINT, BaseInterpreter, BytecodeError, check_maps
 from hermetic.builder.tarlayer import Entry
 
 MODES = ("unchecked-hash", "checked-hash")

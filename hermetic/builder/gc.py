@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from hermetic.canonical import is_sha256_hex
-from hermetic.fsutil import Leftovers, is_atomic_temp, sweep_dead
+from hermetic.fsutil import Leftovers, is_atomic_temp, sweep_dead, sweep_dead_once
 from hermetic.paths import CachePaths
 from hermetic.store import intact
 from hermetic.store.inuse import claimed_images, collecting
@@ -44,13 +44,16 @@ from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, OciStore
 from hermetic.store.wheels import WheelStore
 
 
-def dead_temp_files(paths: CachePaths, *, remove: bool) -> Leftovers:
+def dead_temp_files(paths: CachePaths, *, remove: bool, once: bool = False) -> Leftovers:
     """Dead writers' temp files anywhere in the cache (removed, or with ``remove=False`` only
-    counted): every file in the tmp/ directories, atomic writes' ``.NAME.*.tmp`` elsewhere."""
+    counted): every file in the tmp/ directories, atomic writes' ``.NAME.*.tmp`` elsewhere.
+    ``once`` (a build's sweep): the tmp/ directories count as this process's one sweep of them
+    (fsutil.sweep_dead_once), so the stores' first writers do not sweep them again."""
     found = Leftovers()
     tmp_dirs = [paths.oci / "tmp", paths.wheels / "tmp", paths.tmp]
     for d in tmp_dirs:
-        found.add(sweep_dead(d, _not_held_by_a_container(d) if d == paths.tmp else None, remove=remove))
+        match = _not_held_by_a_container(d) if d == paths.tmp else None
+        found.add(sweep_dead_once(d, match) if remove and once else sweep_dead(d, match, remove=remove))
     others = [paths.root, paths.oci, intact.notes_dir(paths.oci)]
     if paths.root.is_dir():
         others += sorted(p for p in paths.root.iterdir() if p.is_dir() and p not in tmp_dirs and p != paths.oci)

@@ -23,7 +23,6 @@ the build's own privileges; ``build.bytecode: none`` builds without it.
 from __future__ import annotations
 
 import fnmatch
-import gzip
 import hashlib
 import json
 import os
@@ -34,24 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hermetic.builder.base import BaseFacts, BaseImage
-from hermetic.builder.inputs import COMPILER_FORMAT
-from hermetic.errors import ConfigError, Unavailable
+from hermetic.builder.base import BaseFacts, BaseImage, member_path, open_layer
+from hermetic.builder.baseinterp import _LIBDIR, INTERPRETER_FORMAT, NO_BYTECODE_HINT, BaseInterpreter, BytecodeError
+from hermetic.errors import ConfigError
 from hermetic.fsutil import atomic_write_bytes, owned_temp_dir
 from hermetic.store.oci import OciStore
 
-INTERPRETER_FORMAT = COMPILER_FORMAT
-NO_BYTECODE_HINT = "set `build.bytecode: none` in hermetic.yaml to build the image without bytecode"
 _DEFAULT_LIB_DIRS = ("lib64", "usr/lib64", "lib", "usr/lib", "lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
-_LIBDIR = ".lib"  # inside the copy: every needed library under its soname
-_ENV = {  # the whole environment of the compiler: nothing of the host's
-    "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
-    "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "1", "LC_ALL": "C", "PATH": "/nonexistent",
-}
-
-
-class BytecodeError(Unavailable):
-    """The base's interpreter cannot be found, copied or run on this host (EX_UNAVAILABLE)."""
 
 
 # -- ELF (x86-64 and aarch64 little-endian, 64-bit: what manylinux bases are) ---------------------
@@ -159,34 +147,22 @@ def _search(facts: BaseFacts, soname: str, origin: str, rpath: tuple[str, ...], 
 
 # -- copying out of the layers --------------------------------------------------------------------
 
-def _layer_tar(path: Path) -> tarfile.TarFile:
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    if magic == b"\x1f\x8b":
-        return tarfile.open(fileobj=gzip.open(path, "rb"), mode="r|")
-    return tarfile.open(path, mode="r:")  # seekable: file data is skipped, not read
-
-
-def _norm(name: str) -> str:
-    return posixpath.normpath(name.lstrip("./").lstrip("/")) if name not in (".", "./") else ""
-
-
 def _copy_pass(store: OciStore, base: BaseImage, wanted: dict[str, list[Path]]) -> dict[str, str]:
     """One read of the layers: the last copy of each wanted regular file wins. Returns the wanted
     members that were hardlinks, {path: target}."""
     links: dict[str, str] = {}
     for layer in base.layers:
         try:
-            tf = _layer_tar(store.blob_path(layer.digest))
+            tf = open_layer(store.blob_path(layer.digest), seekable=True)  # file data is skipped, not read
         except (OSError, tarfile.TarError) as e:
             raise BytecodeError(f"base layer {layer.digest}: cannot read it ({e})") from None
         with tf:
             for m in tf:
-                name = _norm(m.name)
+                name = member_path(m.name)
                 if name not in wanted:
                     continue
                 if m.islnk():
-                    links[name] = _norm(m.linkname)
+                    links[name] = member_path(m.linkname)
                     continue
                 if not m.isreg():
                     continue
@@ -228,7 +204,7 @@ class _Layers:
                 tf = tarfile.open(p, mode="r:")
                 self._tars.append(tf)
                 for m in tf:
-                    index[_norm(m.name)] = (tf, m)
+                    index[member_path(m.name)] = (tf, m)
         except (OSError, tarfile.TarError) as e:
             raise BytecodeError(f"base {self._base.ref.raw}: cannot read its layers ({e})") from None
         return index
@@ -263,41 +239,6 @@ class _Layers:
     def close(self) -> None:
         for tf in self._tars:
             tf.close()
-
-
-@dataclass(frozen=True)
-class BaseInterpreter:
-    """The base's python, copied out and runnable here; what it reported when it first ran."""
-
-    root: Path
-    loader: str | None  # relative to root
-    executable: str  # relative to root
-    home: str  # relative to root: the prefix (PYTHONHOME), e.g. "usr"
-    identity: str
-    magic: str
-    cache_tag: str
-    version: tuple[int, int, int]
-
-    def argv(self, *args: str) -> list[str]:
-        exe = str(self.root / self.executable)
-        if self.loader is None:
-            return [exe, *args]
-        loader = str(self.root / self.loader)
-        inhibit = ["--inhibit-cache"] if "ld-linux" in posixpath.basename(self.loader) else []
-        return [loader, *inhibit, "--library-path", str(self.root / _LIBDIR), exe, *args]
-
-    def env(self) -> dict[str, str]:
-        return {**_ENV, "PYTHONHOME": str(self.root / self.home)}
-
-    def to_json(self) -> dict[str, Any]:
-        return {"format": INTERPRETER_FORMAT, "loader": self.loader, "executable": self.executable, "home": self.home,
-                "identity": self.identity, "magic": self.magic, "cache_tag": self.cache_tag,
-                "version": list(self.version)}
-
-    @classmethod
-    def from_json(cls, root: Path, d: dict[str, Any]) -> "BaseInterpreter":
-        return cls(root, d["loader"], d["executable"], d["home"], d["identity"], d["magic"], d["cache_tag"],
-                   tuple(d["version"]))  # type: ignore[arg-type]
 
 
 def _tree_sha256(root: Path) -> str:
@@ -419,15 +360,3 @@ def _probe(interp: BaseInterpreter, root: Path) -> dict[str, Any]:
     probe = BaseInterpreter(root, interp.loader, interp.executable, interp.home, "", "", "", (0, 0, 0))
     with Compiler.start(probe, "unchecked-hash") as c:
         return c.hello
-
-
-def check_maps(maps: list[str], root: Path) -> None:
-    """Every file mapped into the compiler comes from the copy of the base."""
-    prefix = str(root.resolve()) + os.sep
-    for path in maps:
-        if path.startswith("/proc/"):
-            continue
-        if not os.path.realpath(path).startswith(prefix):
-            raise BytecodeError(f"the base's interpreter loaded {path} from this host, not from the image; "
-                                "refusing to compile with it", hint=NO_BYTECODE_HINT)
-

@@ -60,7 +60,7 @@ def _note_path(paths: CachePaths, config_file: Path, config_bytes: bytes) -> Pat
 
 def remember_inputs(cfg: "LoadedConfig", lock: "Lock", paths: CachePaths, build_key: str, manifest_digest: str) -> None:
     """After a successful build: note which inputs' bytes gave ``build_key`` (see the module doc)."""
-    from hermetic.builder.build import image_config_part
+    from hermetic.builder.key import image_config_part
     from hermetic.config import parse_config
     from hermetic.errors import ConfigError
 
@@ -73,9 +73,12 @@ def remember_inputs(cfg: "LoadedConfig", lock: "Lock", paths: CachePaths, build_
     if (image_config_part(again) != image_config_part(cfg) or again.lock_path != cfg.lock_path
             or hashlib.sha256(lock_bytes).hexdigest() != lock.sha256):
         return  # an input changed while we built: no note
+    from hermetic.lock.torchbuild import companion_warnings
+
     note = {"name": cfg.model.name, "lock_file": str(cfg.lock_path), "lock_sha256": lock.sha256,
             "lock_as_written": cfg.model.lock,
-            "runtime_sha256": runtime_sha256(), "build_key": build_key, "manifest_digest": manifest_digest}
+            "runtime_sha256": runtime_sha256(), "build_key": build_key, "manifest_digest": manifest_digest,
+            "warnings": companion_warnings(lock)}  # the lock's, said again by every no-op
     path = _note_path(paths, cfg.path, data)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_if_changed(path, canonical_json(note))  # canonical bytes: equal bytes are an equal note
@@ -105,7 +108,7 @@ def quick_noop(config_path: str | None, paths: CachePaths, *, load: bool) -> "Bu
     if built != digest or not store.has_image(digest):
         return None
     from hermetic.builder.image_record import ImageInfo, write_image_record
-    from hermetic.store.intact import check_image
+    from hermetic.store.images import check_image
 
     check_image(store, digest)  # a corrupt blob is refused here exactly as on the full path
     info = ImageInfo.from_store(store, digest, key)
@@ -123,7 +126,8 @@ def quick_noop(config_path: str | None, paths: CachePaths, *, load: bool) -> "Bu
     record = write_image_record(config_file.parent, note["lock_as_written"], info)
     from hermetic.builder.result import BuildResult, layer_rows
 
-    return BuildResult(info, layer_rows(info), True, False, time.monotonic() - t0, record, [])
+    warnings = [str(w) for w in note.get("warnings") or []]  # notes written before these were kept: none
+    return BuildResult(info, layer_rows(info), True, False, time.monotonic() - t0, record, warnings)
 
 
 def _provenance_in_place(store, manifest_digest: str, config_dir: Path) -> bool:

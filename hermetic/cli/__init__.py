@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from hermetic import __version__
+from hermetic.display import escape_controls
 
 # name -> "module:attribute"; order is the order of `hermetic --help`.
 COMMANDS: dict[str, str] = {
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         rv: Any = cli.main(args=argv, prog_name="hermetic", standalone_mode=False)
     except errors.HermeticError as e:
         for line in e.details:
-            click.echo(f"  {line}", err=True)
+            click.echo(f"  {escape_controls(line)}", err=True)
         _print_error(e.message, e.hint)
         _exit(e.exit_code, fast)
     except click.exceptions.Abort:
@@ -170,6 +171,7 @@ def _exit(code: int, fast: bool) -> None:
 
 
 def _print_error(message: str, hint: str | None) -> None:
-    click.echo(f"hermetic: error: {message}", err=True)
+    # One line each, whatever the message embeds (a registry's error body, a file name): hermetic/display.py.
+    click.echo(f"hermetic: error: {escape_controls(message)}", err=True)
     if hint:
-        click.echo(f"hermetic: hint: {hint}", err=True)
+        click.echo(f"hermetic: hint: {escape_controls(hint)}", err=True)

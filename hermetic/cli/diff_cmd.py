@@ -6,7 +6,7 @@ import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
 from hermetic.cli.runs_cmd import runs_dir_option
-from hermetic.cli.runs_tools_cmd import check_plot_file, plot_option, write_plot
+from hermetic.cli.runs_tools_cmd import check_plot_file, plot_option, plot_or_note
 from hermetic.record.locate import resolve_ref
 
 
@@ -46,7 +46,8 @@ def diff(run_a: str, run_b: str, rtol: float, atol: float, plot_file: str | None
     Exit status: 0 bitwise identical (groups: every metric within seed
     noise), 1 different (or, for groups, cannot judge), 66 nothing was
     compared or no such run, 65 a record was edited after it was written,
-    64 a run compared with a group (README, "Exit codes").
+    64 a run compared with a group (README, "Exit codes"). --plot never
+    changes it: with nothing to draw, a note says so.
 
     \b
     Examples:
@@ -61,11 +62,13 @@ def diff(run_a: str, run_b: str, rtol: float, atol: float, plot_file: str | None
     dir_a = resolve_ref(run_a, runs_dir, config_path)
     dir_b = resolve_ref(run_b, runs_dir, config_path)
     result = diff_paths(dir_a, dir_b, rtol=rtol, atol=atol)
-    plotted = write_plot([dir_a, dir_b], plot_file) if plot_file else None
     if as_json:
-        emit_json({**result.to_json(), **({"plot": plotted.to_json()} if plotted else {})})
+        plot = plot_or_note([dir_a, dir_b], plot_file) if plot_file else None
+        emit_json({**result.to_json(), **({"plot": plot} if plot is not None else {})})
     else:
         from hermetic.diff.render import render
 
         click.echo(render(result))
-    return result.verdict.exit_code
+        if plot_file:
+            plot_or_note([dir_a, dir_b], plot_file)
+    return result.verdict.exit_code  # the verdict's, whatever the figure: it is an extra

@@ -18,14 +18,17 @@ from hermetic.scaffold import CI_TEMPLATES, VERSION_PLACEHOLDER, render_ci, writ
                                                        "bookworm + Python 3.11 base, from the store or bootstrapped).")
 @click.option("--python", "python", metavar="X.Y", help="The image's Python version (default: the base's).")
 @click.option("--name", help="The image's name (default: the folder's name).")
+@click.option("--extra", "extras", multiple=True, metavar="NAME",
+              help="Also lock these optional dependencies of the project (pyproject.toml "
+                   "[project.optional-dependencies], setup.cfg or setup.py extras_require). Repeatable.")
 @click.option("--ci", "ci", type=click.Choice(sorted(CI_TEMPLATES)),
               help="Also (alone: only) write a CI job that shares builds through a registry.")
 @click.option("--dir", "project_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
               show_default=True, help="The project (repository root) to write into.")
 @click.option("--force", is_flag=True, help="Replace an existing hermetic.yaml (or CI file).")
 @json_option
-def init(data: tuple[str, ...], base: str | None, python: str | None, name: str | None, ci: str | None,
-         project_dir: Path, force: bool, as_json: bool) -> None:
+def init(data: tuple[str, ...], base: str | None, python: str | None, name: str | None, extras: tuple[str, ...],
+         ci: str | None, project_dir: Path, force: bool, as_json: bool) -> None:
     """Make an existing training project ready for its first recorded run.
 
     Writes hermetic.yaml: the name from the folder; a base found in the
@@ -33,10 +36,15 @@ def init(data: tuple[str, ...], base: str | None, python: str | None, name: str 
     once), pinned by digest; its Python version; the lock: uv.lock,
     pylock.toml, requirements.lock or a fully hashed requirements.txt as they
     are, else requirements.in / requirements.txt / pyproject.toml locked into
-    requirements.lock. Each --data DIR gets a checksum manifest and a dataset
-    entry (verified before every run; the script reads it where it is). Adds
-    runs/ to .gitignore. An existing hermetic.yaml is kept unless --force.
-    Then prints the next command.
+    requirements.lock; else the requirements setup.py (parsed, never run),
+    setup.cfg or a dynamic pyproject.toml declare, written to requirements.in
+    and locked. A project with its own package (a directory with __init__.py
+    at the root or under src/, as `pip install -e .` would install) gets
+    PYTHONPATH under env:, so scripts in subdirectories import it. Each --data
+    DIR gets a checksum manifest and a dataset entry (verified before every
+    run; the script reads it where it is). Adds runs/ to .gitignore. An
+    existing hermetic.yaml is kept unless --force. Then prints the next
+    command.
 
     \b
       --ci github  ->  .github/workflows/hermetic.yml  (GitHub Actions, cache on ghcr.io)
@@ -52,7 +60,7 @@ def init(data: tuple[str, ...], base: str | None, python: str | None, name: str 
       hermetic init --data data         # then: hermetic run train.py
       hermetic init --ci github && git add .github/workflows/hermetic.yml
     """
-    ci_only = ci is not None and not (data or base or python or name)
+    ci_only = ci is not None and not (data or base or python or name or extras)
     result = None
     if not ci_only:
         from hermetic.paths import cache_paths
@@ -61,7 +69,7 @@ def init(data: tuple[str, ...], base: str | None, python: str | None, name: str 
 
         say = None if as_json else (lambda msg: click.echo(f"hermetic: {msg}", err=True))
         result = init_project(project_dir, data=list(data), base=base, python=python, name=name, force=force,
-                              store=OciStore(cache_paths().oci), log=say)
+                              store=OciStore(cache_paths().oci), extras=list(extras), log=say)
     ci_written = write_ci(project_dir, ci, force=force) if ci else None
     if as_json:
         out = result.to_json() if result else {}
@@ -75,6 +83,11 @@ def init(data: tuple[str, ...], base: str | None, python: str | None, name: str 
         for d in result.datasets:
             click.echo(f"  dataset {d['name']}: {d['path']}/ ({d['files']} files, {d['bytes']} bytes) -> "
                        f"{d['manifest']}", err=True)
+        if result.requirements_in:
+            click.echo(f"  requirements.in: written from {result.requirements_in}", err=True)
+        for key, value in result.env.items():
+            why = f" (the project's own package {result.own_package})" if key == "PYTHONPATH" else ""
+            click.echo(f"  env: {key}={value}{why}", err=True)
         if result.gitignore:
             click.echo(f"  .gitignore: + {' '.join(result.gitignore)}", err=True)
     if ci_written:

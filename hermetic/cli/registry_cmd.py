@@ -6,7 +6,15 @@ import click
 
 from hermetic.cli.common import config_option, emit_json, human_bytes, json_option
 from hermetic.cli.progress import transfer_progress
+from hermetic.display import escape_controls
 from hermetic.errors import HermeticError, NotFound, UsageError
+
+
+def timeout_option(f):
+    return click.option(
+        "--timeout", type=click.FloatRange(min=0, min_open=True, max=30 * 86400), default=None, metavar="SECONDS",
+        help="Give up (exit 75) when the whole transfer is not done after this long. "
+             "Default: $HERMETIC_REGISTRY_TIMEOUT, else 3600.")(f)
 
 
 def _store():
@@ -18,14 +26,11 @@ def _store():
 
 def image_to_push(store, image: str | None, config_path: str | None) -> str:
     """The manifest digest to push: --image (digest or store ref), else the build record."""
-    from hermetic.canonical import parse_digest
+    from hermetic.reference import check_digest
 
     if image:
         if image.startswith("sha256:"):
-            try:
-                parse_digest(image)
-            except ValueError:
-                raise UsageError(f"--image {image}: not a sha256:<64 hex> digest") from None
+            check_digest(image, "--image", UsageError)
             if store.find_manifest(image) is None:
                 raise NotFound(f"--image {image}: no such image in the store {store.root}")
             return image
@@ -53,10 +58,11 @@ def image_to_push(store, image: str | None, config_path: str | None) -> str:
 @click.option("--sign-key", type=click.Path(dir_okay=False), default=None, metavar="KEY.pem",
               help="Sign the provenance with this ed25519 private key (DSSE) and attach the signature; "
                    "check it with `hermetic verify --key PUB.pem`.")
+@timeout_option
 @config_option
 @json_option
-def push(ref: str, image: str | None, workers: int, sign_key: str | None, config_path: str | None,
-         as_json: bool) -> None:
+def push(ref: str, image: str | None, workers: int, sign_key: str | None, timeout: float | None,
+         config_path: str | None, as_json: bool) -> None:
     """Push an image from the local store to a registry, keeping every digest.
 
     REF is HOST[:PORT]/REPO[:TAG]. The registry receives the exact bytes of the
@@ -70,7 +76,9 @@ def push(ref: str, image: str | None, workers: int, sign_key: str | None, config
     so does its base's manifest, so `hermetic verify` can rebuild it anywhere.
 
     Credentials: HERMETIC_REGISTRY_USER / HERMETIC_REGISTRY_PASSWORD, else
-    ~/.docker/config.json (docker login, credential helpers).
+    ~/.docker/config.json (docker login, credential helpers). A registry that
+    stalls ends the push with exit 75: --timeout bounds the whole push, and
+    HERMETIC_REGISTRY_REQUEST_TIMEOUT (60 s) each request (docs/registry.md).
 
     \b
     Examples:
@@ -91,7 +99,7 @@ def push(ref: str, image: str | None, workers: int, sign_key: str | None, config
         sign_stored_provenance(store, digest, Path(sign_key))
     progress = transfer_progress()
     try:
-        result = push_image(store, digest, name, workers=workers, progress=progress)
+        result = push_image(store, digest, name, workers=workers, progress=progress, timeout=timeout)
     finally:
         progress.close()
     if as_json:
@@ -102,7 +110,7 @@ def push(ref: str, image: str | None, workers: int, sign_key: str | None, config
     click.echo(f"pushed {target}: {s.blobs_uploaded} blobs uploaded ({human_bytes(s.bytes_sent)} sent), "
                f"{s.blobs_mounted} mounted, {s.blobs_skipped} already there", err=True)
     for a in result.attached:
-        click.echo(f"  attached {a}", err=True)
+        click.echo(f"  attached {escape_controls(a)}", err=True)
     click.echo(result.repo_digest)
 
 
@@ -110,8 +118,9 @@ def push(ref: str, image: str | None, workers: int, sign_key: str | None, config
 @click.argument("ref", metavar="REF@sha256:DIGEST")
 @click.option("--platform", default="linux/amd64", show_default=True, metavar="OS/ARCH",
               help="Which image to take from a multi-platform index.")
+@timeout_option
 @json_option
-def pull(ref: str, platform: str, as_json: bool) -> None:
+def pull(ref: str, platform: str, timeout: float | None, as_json: bool) -> None:
     """Pull an image by digest into the local store, verifying every byte.
 
     Each blob is hashed while it streams in and must match its digest and
@@ -120,7 +129,9 @@ def pull(ref: str, platform: str, as_json: bool) -> None:
     pull is all or nothing, so a registry that serves one wrong
     byte leaves the store unchanged. An image index (or Docker manifest list)
     resolves to its linux/amd64 image. The image gets the store ref
-    HOST/REPO@sha256:… (readable with: skopeo inspect oci:STORE:REF).
+    HOST/REPO@sha256:… (readable with: skopeo inspect oci:STORE:REF). A
+    registry that stalls ends the pull with exit 75: --timeout bounds the
+    whole pull, HERMETIC_REGISTRY_REQUEST_TIMEOUT (60 s) each request.
 
     \b
     Examples:
@@ -135,7 +146,7 @@ def pull(ref: str, platform: str, as_json: bool) -> None:
     store = _store()
     progress = transfer_progress()
     try:
-        result = pull_image(store, ref, platform=(os_name, arch), progress=progress)
+        result = pull_image(store, ref, platform=(os_name, arch), progress=progress, timeout=timeout)
     finally:
         progress.close()
     if as_json:
@@ -148,8 +159,8 @@ def pull(ref: str, platform: str, as_json: bool) -> None:
         click.echo(f"pulled {result.ref_name}: {s.blobs_downloaded} blobs ({human_bytes(s.bytes_received)}) verified",
                    err=True)
     for a in result.attestations:
-        click.echo(f"  attestation {a} verified", err=True)
+        click.echo(f"  attestation {escape_controls(a)} verified", err=True)
     for n in result.notes:
-        click.echo(f"hermetic: warning: {n}", err=True)
+        click.echo(f"hermetic: warning: {escape_controls(n)}", err=True)
     click.echo(result.manifest_digest)
 

@@ -203,10 +203,17 @@ def _summary(result) -> None:
 
 
 def _say_reason(result) -> None:
-    """hermetic failed the run itself (not the script): one error line, and where it is recorded."""
+    """hermetic failed the run itself (not the script): one error line, and where it is recorded. The
+    script failed for want of network (a download in its stderr): one hint line (hermetic.run.hints)."""
     if result.reason:
         click.echo(f"hermetic: error: run {result.run_id}: {result.reason} (recorded in "
                    f"{result.run_dir / 'run.json'})", err=True)
+    if result.status == "failed" and result.record.get("invocation", {}).get("network") != "host":
+        from hermetic.run.hints import failure_hint
+
+        hint = failure_hint(result.run_dir)
+        if hint:
+            click.echo(f"hermetic: hint: {hint}", err=True)
 
 
 def _seed_group(cfg, paths, template, seeds: list[int], as_json: bool, log, progress, mlflow=None) -> int:
@@ -227,8 +234,12 @@ def _seed_group(cfg, paths, template, seeds: list[int], as_json: bool, log, prog
         sd = f"{st['sd']:.3g}" if st.get("sd") is not None else "n/a"
         click.echo(f"  {metric}: mean {st['mean']:.6g}  sd {sd}  95% CI {interval}  (n={st['n']})")
     if not metrics:
+        from hermetic.record.group import NOTHING_TO_COMPARE_FLAG
+
+        wrote_nothing = any(f.startswith(NOTHING_TO_COMPARE_FLAG) for f in result.group.get("flags") or [])
         click.echo("  no metrics: the script logged none (hermetic_runtime.log_metrics, or lines of JSON in "
-                   "/outputs/metrics.jsonl); compare members' outputs with `hermetic diff`")
+                   "/outputs/metrics.jsonl)" + ("" if wrote_nothing else
+                                                "; compare members' outputs with `hermetic diff`"))
     for flag in result.group.get("flags") or []:
         click.echo(f"hermetic: warning: {flag}", err=True)
     return export_after_run(mlflow, [result.group_json.parent], result.exit_code)
@@ -248,7 +259,8 @@ def replay(run_ref: str, config_path: str | None, engine: str | None, as_json: b
     working tree), the recorded config, seed, arguments and env, and the same
     data verified against the run's own manifest copies. Refuses, naming the
     input, when one can no longer be had. Exit 0 only when the replay is
-    bitwise identical to the original; 1 when it differs, 66 when nothing
+    bitwise identical to the original (or identical but for wall-clock fields,
+    such as a run's duration: the verdict says so); 1 when it differs, 66 when nothing
     could be compared, 65 when an input is no longer as recorded.
 
     \b

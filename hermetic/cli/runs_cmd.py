@@ -17,7 +17,8 @@ import click
 from hermetic.cli.common import config_option, emit_json, json_option
 from hermetic.record.locate import resolve_ref, runs_root
 
-KEY_METRICS = ("val_loss", "test_loss", "loss", "train_loss", "val_accuracy", "val_acc", "test_acc", "accuracy", "acc")
+KEY_METRICS = ("val_loss", "test_loss", "loss", "train_loss", "val_accuracy", "val_acc", "test_acc", "accuracy", "acc",
+               "eval_loss")
 COUNTERS = ("epoch", "step", "batch", "iteration", "lr")
 
 
@@ -99,8 +100,13 @@ def emit_json_list(entries: list[dict[str, Any]]) -> None:
 def key_metric(final: dict[str, Any]) -> str | None:
     if not final:
         return None
+
+    def bare(k: str) -> str:  # tensorboard/val_loss, trainer/eval_loss: by their own name (hermetic.record.metrics)
+        return k.rsplit("/", 1)[-1]
+
     name = (next((k for k in KEY_METRICS if k in final), None)
-            or next((k for k in sorted(final) if k not in COUNTERS), None) or sorted(final)[0])
+            or next((k for m in KEY_METRICS for k in sorted(final) if bare(k) == m), None)
+            or next((k for k in sorted(final) if bare(k) not in COUNTERS), None) or sorted(final)[0])
     return name
 
 
@@ -244,7 +250,11 @@ def format_record(r: dict[str, Any], run_dir: Path, check: Any = None) -> str:
                            f"{ds['path']} -> {', '.join(ds.get('mounts') or [ds['mount']])} ({ds['verify_mode']})"))
     if inv.get("resume_from"):
         lines.append(_line("resumed", f"from run {inv['resume_from']}'s outputs (checked against its record)"))
-    lines.append(_line("seed", f"{r['seed']['value']} (from {r['seed']['policy']}); {_seeded_text(r['seed']['applied'])}"))
+    from hermetic.record.build import reseeded_text
+
+    reseed = reseeded_text(r["seed"].get("reseeded") or {})  # the seed used, when the script chose its own
+    lines.append(_line("seed", f"{r['seed']['value']} (from {r['seed']['policy']}); " + (f"{reseed}; " if reseed else "")
+                       + _seeded_text(r["seed"]["applied"])))
     env = r["env"]
     env_text = " ".join(f"{k}={v}" for k, v in sorted({**env["determinism"], **env["passed"]}.items())) or "-"
     if env["secrets"]:

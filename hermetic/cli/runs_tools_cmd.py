@@ -49,7 +49,8 @@ def export_cmd(ctx: click.Context, refs: tuple[str, ...], mlflow_uri: str | None
     """Export runs and seed groups to an MLflow tracking server.
 
     Each run becomes one MLflow run: params (resolved config, script
-    arguments, seed), metrics with their steps from metrics.jsonl, tags
+    arguments, seed), metrics with their steps (the run's metric series:
+    metrics.jsonl, TensorBoard, Lightning's CSV, the Trainer's files), tags
     (image ID, manifest and repo digests, lock sha256, git commit and dirty
     flag, hermetic version, status, a replay's verdict), each dataset as an
     MLflow dataset whose digest is its manifest's sha256, and run.json and
@@ -103,9 +104,11 @@ def plot_cmd(ctx: click.Context, refs: tuple[str, ...], output: str, metrics: tu
              runs_dir: str | None, config_path: str | None, as_json: bool) -> None:
     """Draw runs' metrics over steps into a PNG or SVG.
 
-    One panel per metric, one curve per run (from outputs/metrics.jsonl); a
-    seed group is drawn as the mean over its seeds with the 95% interval of
-    the mean as a band. Runs with the same curve are drawn once and labelled
+    One panel per metric, one curve per run (from the run's metric series:
+    metrics.jsonl, TensorBoard event files, Lightning's metrics.csv, the
+    Trainer's trainer_state.json; wall-clock figures only when named with
+    --metric); a seed group is drawn as the mean over its seeds with the 95%
+    interval of the mean as a band. Runs with the same curve are drawn once and labelled
     together, so two bitwise-identical runs show one line; the first step
     where a run's curve parts from the first run's is marked. Needs
     hermetic[plots].
@@ -135,6 +138,19 @@ def check_plot_file(plot_file: str | None) -> None:
 
         plotting.figure_format(plot_file)
         plotting.require("--plot")
+
+
+def plot_or_note(paths: list[Path], output: str) -> dict[str, Any]:
+    """``diff --plot``: the figure, or a note on stderr when there is nothing to draw (no metrics in either
+    run, a series that cannot be read): the diff's verdict and exit code stand either way. The JSON that
+    ``diff --json`` shows under ``plot``: PlotResult's, or ``{"path": None, "note": ...}``."""
+    from hermetic.errors import HermeticError
+
+    try:
+        return write_plot(paths, output).to_json()
+    except HermeticError as e:
+        click.echo(f"hermetic: note: no plot written: {e.message}", err=True)
+        return {"path": None, "note": e.message}
 
 
 def write_plot(paths: list[Path], output: str, *, metrics: list[str] | None = None):  # -> PlotResult

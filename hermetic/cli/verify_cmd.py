@@ -45,12 +45,15 @@ def verify(ref: str, key: str | None, scratch: str | None, keep: bool, as_json: 
     from hermetic.reproduce.source import parse_verify_ref
 
     name = parse_verify_ref(ref)
-    log = None if as_json else (lambda s: click.echo(f"hermetic: {s}", err=True))
+    from hermetic.display import escape_controls
+
+    # What verify says embeds what the registry served (layer file names, notes): one line each, escaped.
+    log = None if as_json else (lambda s: click.echo(f"hermetic: {escape_controls(s)}", err=True))
     result = do_verify(name, user_paths=cache_paths(), key=Path(key) if key else None, keep=keep,
                        scratch_root=Path(scratch) if scratch else None, log=log)
     if as_json:
         click.echo(dumps(result))
     else:
         for line in render(result):
-            click.echo(line)
+            click.echo(escape_controls(line))
     return result.exit_code

@@ -6,6 +6,9 @@ Entry points:
 - ``diff_runs(dir_a, dir_b, ...) -> RunDiff``: the run directories checked against their records first
   (hermetic.record.verify: a changed or missing output refuses, exit 65); ``diff_records(rec_a, rec_b, ...)``
   (pure).
+- ``diff_runs`` also reads, for each output file whose bytes differ and whose name says JSON, YAML or a pickle,
+  what differs inside it (hermetic.diff.contents: through hermetic.safetree, bounded, a pickle never
+  unpickled), so the verdict can tell wall-clock fields (``train_runtime``) from a different computation.
 - ``result.verdict`` (kind, line, causes, knobs_not_set, exit_code), ``result.to_json()``,
   ``hermetic.diff.render.render(result)`` for the terminal.
 """
@@ -13,7 +16,7 @@ Entry points:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from hermetic.diff.compare import compare_outputs, compare_sections
 from hermetic.diff.groups import GroupDiff, compare_group_metrics, decide_groups
@@ -27,10 +30,15 @@ DEFAULT_ATOL = 1e-8
 
 def diff_records(a: dict[str, Any], b: dict[str, Any], *, manifests_a: dict[str, Any] | None = None,
                  manifests_b: dict[str, Any] | None = None, rtol: float = DEFAULT_RTOL,
-                 atol: float = DEFAULT_ATOL, label_a: str | None = None, label_b: str | None = None) -> RunDiff:
-    """Compare two loaded records; ``manifests_*`` map dataset name -> {path: sha256} (per-file detail)."""
+                 atol: float = DEFAULT_ATOL, label_a: str | None = None, label_b: str | None = None,
+                 read_contents: Callable[[Iterable[str]], dict[str, Any]] | None = None) -> RunDiff:
+    """Compare two loaded records; ``manifests_*`` map dataset name -> {path: sha256} (per-file detail);
+    ``read_contents(paths)``: what differs inside the changed output files (hermetic.diff.contents), when the
+    run directories are at hand."""
     sections = compare_sections(a, b, manifests_a or {}, manifests_b or {})
     outputs = compare_outputs(a, b, rtol=rtol, atol=atol)
+    if read_contents is not None:
+        outputs.contents = read_contents([f.path for f in outputs.files if f.status == "changed"])
     verdict = decide(sections, outputs, a, b)
     return RunDiff(label_a or a["record"]["run_id"], label_b or b["record"]["run_id"], sections, outputs, verdict,
                    {"rtol": rtol, "atol": atol})
@@ -51,7 +59,13 @@ def diff_runs(dir_a: str | Path, dir_b: str | Path, *, rtol: float = DEFAULT_RTO
     # The records are compared; the files beside them must still be what they say (stat-cached rehash).
     require_as_recorded(da, a, what="hermetic diff")
     require_as_recorded(db, b, what="hermetic diff")
-    d = diff_records(a, b, manifests_a=run_manifests(da, a), manifests_b=run_manifests(db, b), rtol=rtol, atol=atol)
+    def read_contents(paths: Iterable[str]) -> dict[str, Any]:
+        from hermetic.diff.contents import compare_contents
+
+        return compare_contents(da, db, a["outputs"]["files"], b["outputs"]["files"], paths)
+
+    d = diff_records(a, b, manifests_a=run_manifests(da, a), manifests_b=run_manifests(db, b), rtol=rtol, atol=atol,
+                     read_contents=read_contents)
     d.logs = compare_logs(da, db)
     return d
 

@@ -37,6 +37,11 @@ _CONFIG_RESTATED = re.compile(
     r"^(name|base|lock|runs_dir|python(\..*)?|build(\..*)?|run\.engine|" + re.escape(SEED_KEY)
     + r"|datasets\[\d+\]\.(path|manifest))$"
 )
+# Keys that steer only hermetic's own comparison of outputs (which files diff compares, which metrics it reads):
+# they change no byte the script computes, so they are listed and never a cause.
+_COMPARISON_KEYS = re.compile(r"^run\.outputs\.volatile$|^run\.metrics(\..*|\[\d+\].*)?$")
+# Arguments longer than this (both sides together) are shown as the tokens that changed, not whole.
+ARGS_SHOWN_WHOLE = 80
 # The container's limits (hermetic.yaml run.pids, run.memory): what it may use, not what it computes. A limit
 # explains different outputs only when a run ended short of succeeding (killed for memory, out of processes).
 _LIMIT_KEYS = frozenset({"run.pids", "run.memory"})
@@ -190,9 +195,11 @@ def compare_code(a: Json, b: Json, restated: frozenset[str] = frozenset()) -> Se
     is the config section, the lock and hermetic.image.json are the image section)."""
     sa, sb = a["snapshot"], b["snapshot"]
     s = SectionDiff("code", TITLES["code"], "input", same_as=f"source {short(sa['sha256'])}")
-    tree_differs = sa["sha256"] != sb["sha256"] or sa["files"] != sb["files"]
     files = [dataclasses.replace(c, material=c.key not in restated)
              for c in files_changes("code", sa["files"], sb["files"], prefix="")]
+    # The code differs when a file other sections do not judge differs (or the tree does, with no file
+    # named): a commit that changed only hermetic.yaml's run.outputs.volatile is the config's change, not code.
+    tree_differs = any(c.material for c in files) or (not files and sa["sha256"] != sb["sha256"])
     s.changes += files
     if sa["sha256"] != sb["sha256"]:
         # The tree's digest restates its files: when only restated ones changed (hermetic.yaml's run.pids,
@@ -240,21 +247,25 @@ def compare_config(a_inv: Json, b_inv: Json, seed_a: Any = None, seed_b: Any = N
     ``both_succeeded``: a changed limit (run.pids, run.memory) is then listed, not a cause."""
     s = SectionDiff("config", TITLES["config"], "input", same_as=f"config {short(a_inv['config_sha256'])}")
     for c in diff_flat("config", a_inv["config"], b_inv["config"], material=lambda k: not _CONFIG_RESTATED.match(k)):
-        if c.key in _LIMIT_KEYS:
+        if _COMPARISON_KEYS.match(c.key):
+            c = dataclasses.replace(c, material=False, note=c.note + " (steers hermetic's comparison, not the script)")
+        elif c.key in _LIMIT_KEYS:
             note = c.note.replace(" unset", " unset (no limit)")
             c = dataclasses.replace(c, material=not both_succeeded,
                                     note=note + (" (a limit: both runs succeeded within it)" if both_succeeded else
                                                  " (the container's limit)"))
         s.changes.append(c)
     if a_inv["args"] != b_inv["args"] and not differ_only_by_seed(a_inv, seed_a, b_inv, seed_b):
-        def typed(inv: Json, seed: Any) -> str:  # as the user typed them: `--seed {seed}`, not `--seed 0`
+        def tokens(inv: Json, seed: Any) -> tuple[list[str], str]:  # as typed: `--seed {seed}`, not `--seed 0`
             template = filled_template(inv, seed)
             if template is not None and has_placeholder(template):
-                return " ".join(a if "{" in a else shlex.quote(a) for a in template)
-            return shlex.join(inv["args"])
+                return list(template), " ".join(a if "{" in a else shlex.quote(a) for a in template)
+            return list(inv["args"]), shlex.join(inv["args"])
 
-        s.changes.append(Change("config", "args", "changed", a_inv["args"], b_inv["args"],
-                                f"arguments '{typed(a_inv, seed_a)}' -> '{typed(b_inv, seed_b)}'"))
+        (ta, whole_a), (tb, whole_b) = tokens(a_inv, seed_a), tokens(b_inv, seed_b)
+        note = (f"arguments '{whole_a}' -> '{whole_b}'" if len(whole_a) + len(whole_b) <= ARGS_SHOWN_WHOLE
+                else f"arguments: {changed_tokens(ta, tb)}")
+        s.changes.append(Change("config", "args", "changed", a_inv["args"], b_inv["args"], note))
     for key in ("script", "network", "resume_from"):
         if a_inv.get(key) != b_inv.get(key):
             s.changes.append(Change("config", key, "changed", a_inv.get(key), b_inv.get(key),
@@ -280,6 +291,29 @@ def _engine_change(a_inv: Json, b_inv: Json) -> Change | None:
             return None  # an older record: Docker, version not recorded
     return Change("cpu", "engine", "changed", a_inv.get("engine"), b_inv.get("engine"),
                   f"engine {an} {av} -> {bn} {bv}", an != bn)
+
+
+def changed_tokens(a: list[str], b: list[str]) -> str:
+    """Two long argument lists as what changed: ``added --full_determinism``, ``--lr 5e-4 -> 1e-3``,
+    ``removed --fp16``, with the option a changed value belongs to, and how many tokens stayed the same."""
+    import difflib
+
+    parts = []
+    same = 0
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            same += i2 - i1
+            continue
+        first = a[i1] if tag != "insert" else b[j1]
+        # a value without its option says little: name the option before it (``--lr 5e-4 -> 1e-3``)
+        option = a[i1 - 1] + " " if i1 > 0 and a[i1 - 1].startswith("-") and not first.startswith("-") else ""
+        if tag == "insert":
+            parts.append(f"added {option}{shlex.join(b[j1:j2])}")
+        elif tag == "delete":
+            parts.append(f"removed {option}{shlex.join(a[i1:i2])}")
+        else:
+            parts.append(f"{option}{shlex.join(a[i1:i2])} -> {shlex.join(b[j1:j2])}")
+    return "; ".join(parts) + f" (the other {same} token{'s' if same != 1 else ''} the same)"
 
 
 def compare_data(a: Json, b: Json, manifests_a: Manifests, manifests_b: Manifests) -> SectionDiff:
@@ -349,12 +383,28 @@ def compare_seed(a: Json, b: Json) -> SectionDiff:
     if a["policy"] != b["policy"]:
         s.changes.append(Change("seed", "policy", "changed", a["policy"], b["policy"],
                                 f"seed chosen by {a['policy']} -> {b['policy']}", material=False))
-    # Only what the runtime applied as seeding or determinism is an input; the
-    # rest of its report (the checkpoint the script wrote, versions, the env it
-    # saw) restates outputs or other sections.
-    s.changes += diff_flat("seed", a["applied"], b["applied"], prefix="applied",
-                           material=lambda k: k.startswith(("applied.seed", "applied.determinism", "applied.dataloader",
-                                                            "applied.startup", "applied.final")))
+    # The seed the script set itself (HF's set_seed, Lightning's seed_everything) is the seed that was used.
+    from hermetic.record.build import reseeded_text
+
+    ra, rb = a.get("reseeded"), b.get("reseeded")
+    if ra is not None and rb is not None and ra != rb:
+        s.changes.append(Change("seed", "reseeded", "changed", ra, rb,
+                                f"{reseeded_text(ra) or 'the script kept seed ' + str(a['value'])} -> "
+                                f"{reseeded_text(rb) or 'the script kept seed ' + str(b['value'])}"))
+    elif ra and ra == rb:
+        s.same_as += f" ({reseeded_text(ra)} in both)"
+    # Only what the runtime applied as seeding or determinism can explain other outputs; the rest of its
+    # report (the checkpoint the script wrote, versions, the env it saw) restates outputs or other sections,
+    # and the generators' final states (applied.final.seeds) are an effect (their seeds are in `reseeded`).
+    # And all of it is reported by the runtime as the script ran: which modules got seeded follows from
+    # what the script imported (code, environment), the flags at exit from what it set. Consequences, so
+    # ranked after every real input (Change.effect).
+    s.changes += [dataclasses.replace(c, effect=True)
+                  for c in diff_flat("seed", a["applied"], b["applied"], prefix="applied",
+                                     material=lambda k: k.startswith(("applied.seed", "applied.determinism",
+                                                                      "applied.dataloader", "applied.startup",
+                                                                      "applied.final"))
+                                     and not k.startswith("applied.final.seeds"))]
     return s
 
 
@@ -470,6 +520,13 @@ def compare_outputs(a: Json, b: Json, *, rtol: float, atol: float) -> OutputsDif
         else:
             status = "only_a" if x else "only_b"
         files.append(FileComparison(path, status, x and x["sha256"], y and y["sha256"]))
+    sa, sb = a["outputs"].get("stdout"), b["outputs"].get("stdout")
+    if sa or sb:  # run.outputs.stdout: what the script printed is an output too
+        status = ("equal" if sa["sha256"] == sb["sha256"] else "changed") if sa and sb else \
+            ("only_a" if sa else "only_b")
+        files.append(FileComparison((sa or sb)["file"], status, sa and sa["sha256"], sb and sb["sha256"]))
+    # Every metric's final value, whatever its source (a volatile event file's scalars are compared here
+    # although its bytes are not); wall-clock figures (metrics.wall_clock) never.
     ma, mb = a["metrics"]["final"], b["metrics"]["final"]
     metrics = [compare_metric(name, ma.get(name), mb.get(name), rtol=rtol, atol=atol,
                               present=(name in ma, name in mb)) for name in sorted(ma.keys() | mb.keys())]

@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Role = Literal["input", "environment", "output"]
-VerdictKind = Literal["identical", "nothing_compared", "nondeterminism", "environment", "inputs",  # two runs
+VerdictKind = Literal["identical", "wall_clock", "nothing_compared", "nondeterminism", "environment",  # two runs
+                      "inputs",
                       "data_changed",  # two runs, a dataset changed while one of them read it
                       "within_noise", "beyond_noise", "undetermined"]  # two seed groups
 
@@ -19,6 +20,9 @@ class Change:
     listed for context (a branch name, a repo digest, a GPU's UUID...).
     Changes that are not ``headline`` (an image ID, a tree digest) restate
     the others and are named in summaries only when nothing else differs.
+    An ``effect`` is what the runtime reported about the run (which modules
+    it seeded, torch's flags at exit): a consequence of the inputs, ranked
+    after every real input.
     """
 
     section: str
@@ -29,6 +33,7 @@ class Change:
     note: str
     material: bool = True
     headline: bool = True  # False for identities that restate other changes (image ID, tree sha256)
+    effect: bool = False  # reported by the runtime (seed.applied): a consequence, not a cause
 
 
 @dataclass
@@ -48,9 +53,16 @@ class SectionDiff:
     def differs(self) -> bool:
         return bool(self.material)
 
+    @property
+    def only_effects(self) -> bool:
+        """Every material change is one the runtime reported (a consequence): ranked after the real inputs."""
+        return self.differs and all(c.effect for c in self.material)
+
     def summary(self, limit: int = 3) -> str:
-        """A phrase naming the most telling material changes, e.g. ``numpy 1.26.4 -> 2.0.0``."""
-        notes = [c.note for c in self.material if c.headline] or [c.note for c in self.material]
+        """A phrase naming the most telling material changes, e.g. ``numpy 1.26.4 -> 2.0.0``; causes before
+        what the runtime reported."""
+        material = sorted(self.material, key=lambda c: c.effect)
+        notes = [c.note for c in material if c.headline] or [c.note for c in material]
         if len(notes) > limit:
             return "; ".join(notes[:limit]) + f"; +{len(notes) - limit} more"
         return "; ".join(notes)
@@ -80,6 +92,9 @@ class OutputsDiff:
     metrics: list[MetricComparison]
     status: tuple[Any, Any]  # (status, exit_code) of each run
     steps: tuple[Any, Any]
+    # path -> hermetic.diff.contents.ContentDiff for changed JSON/YAML/pickle files (when the run directories
+    # were at hand: diff_runs); a file without one was compared as bytes only
+    contents: dict[str, Any] = field(default_factory=dict)
 
     @property
     def compared_files(self) -> list[FileComparison]:
@@ -100,19 +115,56 @@ class OutputsDiff:
         """How many output files and metrics the two runs had to compare (0: nothing was compared)."""
         return len(self.compared_files) + len(self.metrics)
 
+    def wall_clock_only(self, f: FileComparison) -> bool:
+        """A file both runs wrote whose bytes differ, read as JSON/YAML/a pickle: only wall-clock fields differ."""
+        c = self.contents.get(f.path)
+        return f.status == "changed" and c is not None and c.wall_clock_only
+
+    @property
+    def wall_clock_files(self) -> list[FileComparison]:
+        return [f for f in self.compared_files if self.wall_clock_only(f)]
+
+    @property
+    def wall_clock_metrics(self) -> list[MetricComparison]:
+        """Metrics that differ and measure time by their name (train_runtime, samples_per_second)."""
+        from hermetic.diff.contents import is_wall_clock_name
+
+        return [m for m in self.metrics if m.status in ("close", "different") and is_wall_clock_name(m.name)]
+
+    def _same_but_names_and_clocks(self) -> bool:
+        clock = {m.name for m in self.wall_clock_metrics}
+        return (all(f.status != "changed" or self.wall_clock_only(f) for f in self.compared_files)
+                and all(m.status == "equal" or m.name in clock for m in self.metrics)
+                and self.status[0] == self.status[1] and self.steps[0] == self.steps[1])
+
+    @property
+    def only_wall_clock_differs(self) -> bool:
+        """Every file both runs wrote and every metric is equal but for wall-clock fields (a run's duration,
+        its throughput, a time in a path), at least one of which differs; no file is in one run only."""
+        return (not self.identical and self._same_but_names_and_clocks()
+                and all(f.status in ("equal", "changed") for f in self.compared_files))
+
     @property
     def only_unpaired_files_differ(self) -> bool:
         """Whether every difference is a file that one run wrote and the other did not (names that carry a
-        time, a host or a PID), every file both wrote being identical and every metric equal."""
-        files = self.compared_files
-        return (any(f.status in ("only_a", "only_b") for f in files) and all(f.status != "changed" for f in files)
-                and all(m.status == "equal" for m in self.metrics)
-                and self.status[0] == self.status[1] and self.steps[0] == self.steps[1])
+        time, a host or a PID), every file both wrote being identical (or differing in wall-clock fields
+        only) and every metric equal."""
+        return any(f.status in ("only_a", "only_b") for f in self.compared_files) and self._same_but_names_and_clocks()
 
     def not_compared_note(self) -> str:
-        """``; 1 file kept but not compared (run.outputs.volatile)``, or nothing."""
-        n = len({f.path for f in self.not_compared})
-        return f"; {n} file{'s' if n != 1 else ''} kept but not compared (run.outputs.volatile)" if n else ""
+        """``; 1 file kept but not compared (run.outputs.volatile)``, per run when the runs kept other files
+        (``; files kept but not compared: 3 in each run``), or nothing."""
+        files = self.not_compared
+        if not files:
+            return ""
+        in_a = sum(1 for f in files if f.a is not None)
+        in_b = sum(1 for f in files if f.b is not None)
+        if in_a == in_b == len(files):  # the same paths in both runs
+            return f"; {len(files)} file{'s' if len(files) != 1 else ''} kept but not compared (run.outputs.volatile)"
+        if in_a == in_b:
+            return (f"; {in_a} file{'s' if in_a != 1 else ''} in each run kept but not compared "
+                    "(run.outputs.volatile)")
+        return f"; files kept but not compared: {in_a} in A, {in_b} in B (run.outputs.volatile)"
 
     def compared_names(self, limit: int = 4) -> str:
         """e.g. ``2 files and 1 metric compared: model.pt, out/ckpt.pt, loss``."""
@@ -123,21 +175,44 @@ class OutputsDiff:
         return (f"{nf} file{'s' if nf != 1 else ''} and {nm} metric{'s' if nm != 1 else ''} compared: {shown}"
                 + self.not_compared_note())
 
+    def unpaired_text(self) -> str:
+        """``8 files in one run only (4 in A, 4 in B), none in both to compare``, or ``2 files in one run
+        only (1 in A, 1 in B)``."""
+        files = self.compared_files
+        in_a = sum(1 for f in files if f.status == "only_a")
+        in_b = sum(1 for f in files if f.status == "only_b")
+        n = in_a + in_b
+        text = f"{n} file{'s' if n != 1 else ''} in one run only ({in_a} in A, {in_b} in B)"
+        if not any(f.status in ("equal", "changed") for f in files):
+            text += ", none in both runs to compare byte for byte"
+        return text
+
     def summary(self) -> str:
         files = self.compared_files
-        changed = [f.path for f in files if f.status != "equal"]
+        paired = [f for f in files if f.status in ("equal", "changed")]
+        clock = [f.path for f in files if self.wall_clock_only(f)]
+        changed = [f.path for f in files if f.status == "changed" and f.path not in clock]
         parts = []
         if self.status[0] != self.status[1]:
             parts.append(f"status {_status(self.status[0])} -> {_status(self.status[1])}")
         if changed:
-            parts.append(f"{len(changed)} of {len(files)} output files differ ({', '.join(changed[:3])}"
+            parts.append(f"{len(changed)} of {len(paired)} files both runs wrote differ ({', '.join(changed[:3])}"
                          + (", ..." if len(changed) > 3 else "") + ")")
-        diff = [m.name for m in self.metrics if m.status in ("different", "only_a", "only_b")]
-        close = [m.name for m in self.metrics if m.status == "close"]
+        if clock:
+            parts.append(f"{len(clock)} of {len(paired)} differ only in wall-clock fields ({', '.join(clock[:3])}"
+                         + (", ..." if len(clock) > 3 else "") + ")")
+        if any(f.status in ("only_a", "only_b") for f in files):
+            parts.append(self.unpaired_text())
+        clock_metrics = {m.name for m in self.wall_clock_metrics}
+        diff = [m.name for m in self.metrics if m.status in ("different", "only_a", "only_b")
+                and m.name not in clock_metrics]
+        close = [m.name for m in self.metrics if m.status == "close" and m.name not in clock_metrics]
         if diff:
             parts.append("metrics differ: " + ", ".join(diff[:4]) + (", ..." if len(diff) > 4 else ""))
         if close:
             parts.append("within tolerance: " + ", ".join(close[:4]) + (", ..." if len(close) > 4 else ""))
+        if clock_metrics:
+            parts.append("wall-clock metrics differ: " + ", ".join(sorted(clock_metrics)[:4]))
         if self.steps[0] != self.steps[1]:
             parts.append(f"steps {self.steps[0]} -> {self.steps[1]}")
         if not parts and not self.compared:
@@ -154,9 +229,11 @@ def _status(s: tuple[str, Any]) -> str:
 class Verdict:
     """The first line of the diff and the exit code it implies.
 
-    kind: ``identical`` (exit 0), ``nondeterminism`` (same inputs, same
-    machine kind, outputs differ), ``environment`` (same inputs, different
-    hardware/software, outputs differ), ``inputs`` (an input differs).
+    kind: ``identical`` (exit 0), ``wall_clock`` (exit 0: every output the
+    same but for wall-clock fields such as a run's duration), ``nondeterminism``
+    (same inputs, same machine kind, outputs differ), ``environment`` (same
+    inputs, different hardware/software, outputs differ), ``inputs`` (an input
+    differs).
     """
 
     kind: VerdictKind
@@ -165,6 +242,9 @@ class Verdict:
     knobs_not_set: list[str]
     notes: list[str]
     exit_code: int
+    # run.outputs.volatile as it would keep the files that differ only in wall-clock fields without comparing
+    # them (the run's own globs first); empty when there is nothing to silence
+    suggested_volatile: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -211,6 +291,8 @@ class RunDiff:
                 "steps": {"a": self.outputs.steps[0], "b": self.outputs.steps[1]},
                 "files": [asdict(f) for f in self.outputs.files],
                 "metrics": [asdict(m) for m in self.outputs.metrics],
+                "only_wall_clock_differs": self.outputs.only_wall_clock_differs,
+                "contents": {p: c.to_json() for p, c in sorted(self.outputs.contents.items())},
             },
             "tolerance": self.tolerance,
             "logs": asdict(self.logs) if self.logs is not None else None,

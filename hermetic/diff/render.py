@@ -15,7 +15,7 @@ from hermetic.diff.groups import GroupDiff, fmt_stats
 from hermetic.diff.model import RunDiff, SectionDiff
 
 DETAIL_LIMIT = 12  # change lines shown per section; --json has them all
-_VERDICT_COLOUR = {"identical": "green", "within_noise": "green", "nondeterminism": "yellow",
+_VERDICT_COLOUR = {"identical": "green", "wall_clock": "green", "within_noise": "green", "nondeterminism": "yellow",
                    "environment": "yellow", "undetermined": "yellow", "nothing_compared": "yellow"}
 _KIND_MARK = {"added": "+", "removed": "-", "changed": "~"}
 
@@ -49,6 +49,8 @@ def _section_lines(s: SectionDiff, width: int) -> list[str]:
     if s.differs:
         colour = "red" if s.role == "input" else "yellow"
         head = f"  {title}  {click.style('differs', fg=colour, bold=True)}  {s.summary(2)}"
+        if s.only_effects:  # which modules the runtime seeded: follows from the inputs above
+            head += click.style("  (reported by the runtime: a consequence)", dim=True)
     else:
         extra = f"  {click.style(f'({len(s.changes)} immaterial)', dim=True)}" if s.changes else ""
         head = f"  {title}  {click.style('same   ', fg='green')}  {s.same_as}{extra}"
@@ -70,10 +72,16 @@ def _outputs_lines(d: RunDiff, width: int) -> list[str]:
     title = "outputs".ljust(width)
     if o.identical:
         return [f"  {title}  {click.style('same   ', fg='green')}  {o.summary()}"]
-    out = [f"  {title}  {click.style('differ ', fg='red', bold=True)}  {o.summary()}"]
-    files = [f for f in o.compared_files if f.status != "equal"]
+    colour = ("yellow", False) if o.only_wall_clock_differs else ("red", True)
+    out = [f"  {title}  {click.style('differ ', fg=colour[0], bold=colour[1])}  {o.summary()}"]
+    # what differs inside a file first (a real value before a timing field), then the rest
+    files = sorted((f for f in o.compared_files if f.status != "equal"), key=o.wall_clock_only)
     for f in files[:DETAIL_LIMIT]:
-        if f.status == "changed":
+        inside = o.contents.get(f.path)
+        if f.status == "changed" and inside is not None:
+            text = f"      ~ {f.path}  {inside.summary()}"
+            out.append(click.style(text, dim=True) if inside.wall_clock_only else text)
+        elif f.status == "changed":
             out.append(f"      ~ {f.path}  {short(f.a, 8)} -> {short(f.b, 8)}")
         else:
             out.append(f"      {'-' if f.status == 'only_a' else '+'} {f.path}  only in {'A' if f.status == 'only_a' else 'B'}")

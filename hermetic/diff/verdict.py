@@ -3,6 +3,12 @@
 - ``bitwise identical (N files and M metrics compared: ...)``: no input
   differs, at least one output file or metric was compared, and every one is
   equal (the machine may differ: that is then noted, and is the good news).
+- ``identical except wall-clock fields: N files bitwise identical (...); in M
+  files only timing fields differ (train_runtime, ...)``: no input differs,
+  and every output is the same but for fields that measure time or name a
+  host (a run's duration and throughput, a time in a path: hermetic.diff.contents
+  read them); exit 0, with the ``run.outputs.volatile`` line that keeps those
+  files without comparing them.
 - ``nothing to compare: ...``: no input differs, but neither run has an
   output file or a metric, so nothing could match or differ (its own exit
   code, EXIT_NOTHING_COMPARED: never a success).
@@ -17,12 +23,14 @@
   nondeterminism, whatever the outputs say.
 - ``inputs differ: ...``: the first cause is the most likely one, in causal
   order (image, code, config, data, seed, environment variables), then the
-  rest; machine differences follow. When the seed is the only input that
+  rest; what the runtime reported (which modules it seeded, torch's flags at
+  exit: consequences) comes after every real input, as ``and what the runtime
+  reported: ...``; machine differences follow. When the seed is the only input that
   differs and the outputs are bitwise identical all the same, a note says the
   seed had no effect (a script that seeds itself with a constant).
 
-Exit code: 0 for identical, EXIT_NOTHING_COMPARED when nothing was compared,
-1 (EXIT_DIFFERENT) for anything else.
+Exit code: 0 for identical (wall-clock fields aside), EXIT_NOTHING_COMPARED
+when nothing was compared, 1 (EXIT_DIFFERENT) for anything else.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from typing import Any
 
 from hermetic.determinism import env_knobs_not_set
 from hermetic.diff.compare import data_changed_during, short
+from hermetic.diff.contents import names_text, volatile_globs_for, weights_first
 from hermetic.errors import EXIT_DIFFERENT, EXIT_NOTHING_COMPARED
 from hermetic.diff.model import OutputsDiff, SectionDiff, Verdict
 from hermetic.seedargs import has_placeholder
@@ -82,8 +91,15 @@ def _flat(d: dict[str, Any], prefix: str = ""):
             yield f"{prefix}{k}", v
 
 
-def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any], b: dict[str, Any]) -> Verdict:
+def ranked_inputs(sections: list[SectionDiff]) -> list[SectionDiff]:
+    """The input sections that differ, in causal order, those whose every change the runtime reported (a
+    consequence: which modules it seeded) after the real inputs."""
     inputs = [s for s in sections if s.role == "input" and s.differs]
+    return [s for s in inputs if not s.only_effects] + [s for s in inputs if s.only_effects]
+
+
+def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any], b: dict[str, Any]) -> Verdict:
+    inputs = ranked_inputs(sections)
     machine = [s for s in sections if s.role == "environment" and s.differs]
     warnings = [w for s in sections for w in s.warnings]
     knobs = _union(knobs_not_set(a), knobs_not_set(b))
@@ -111,6 +127,13 @@ def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any],
             notes.append(f"identical although knobs were not set ({', '.join(knobs)}): on another machine, "
                          "or a GPU, the same inputs may not give the same bits")
         return Verdict("identical", f"bitwise identical ({outputs.compared_names()})", causes, knobs, notes, 0)
+    suggested = suggested_volatile(outputs, a, b)
+    if not inputs and outputs.only_wall_clock_differs:
+        # A run's duration, its throughput, a time in a path: not the computation, and no knob would help.
+        if suggested:
+            notes.insert(0, volatile_note(outputs, suggested))
+        return Verdict("wall_clock", f"identical except wall-clock fields: {wall_clock_text(outputs)}", causes,
+                       knobs, notes, 0, suggested)
     if not inputs:
         knob_text = f"knobs not set: {', '.join(knobs)}" if knobs else "all known determinism knobs were set"
         if not machine and outputs.only_unpaired_files_differ:
@@ -130,11 +153,19 @@ def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any],
         if knobs:
             line += f"; and knobs not set: {', '.join(knobs)}"
         return Verdict("environment", line, causes, knobs, notes, EXIT_DIFFERENT)
-    head = f"{inputs[0].name} ({inputs[0].summary()})"
-    rest = [f"{s.name} ({s.summary(2)})" for s in inputs[1:]]
-    line = "inputs differ: " + "; then ".join([head, *rest])
+    real = [s for s in inputs if not s.only_effects]
+    effects = [s for s in inputs if s.only_effects]
+    named = [f"{s.name} ({s.summary() if i == 0 else s.summary(2)})" for i, s in enumerate(real)]
+    line = "inputs differ: " + "; then ".join(named) if named else "inputs differ"
+    if effects:
+        reported = "; ".join(f"{s.name} ({s.summary(2)})" for s in effects)
+        line += f"; and what the runtime reported: {reported}" if named else f": what the runtime reported: {reported}"
     if outputs.identical and outputs.compared:
         line += "; outputs bitwise identical all the same"
+        if [s.name for s in inputs] == ["seed"]:
+            notes.insert(0, seed_had_no_effect(a, b))
+    elif outputs.only_wall_clock_differs:
+        line += "; outputs identical all the same, wall-clock fields aside"
         if [s.name for s in inputs] == ["seed"]:
             notes.insert(0, seed_had_no_effect(a, b))
     elif not outputs.compared:
@@ -146,7 +177,8 @@ def unpaired_text(outputs: OutputsDiff) -> str:
     """``2 files are in one run only (x in A, y in B); the 1 file both runs wrote is identical (model.pt)``."""
     files = outputs.compared_files
     unpaired = [f for f in files if f.status in ("only_a", "only_b")]
-    both = [f.path for f in files if f.status == "equal"]
+    both = weights_first(f.path for f in files if f.status == "equal")
+    clock = [f.path for f in outputs.wall_clock_files]
     named = ", ".join(f"{f.path} in {'A' if f.status == 'only_a' else 'B'}" for f in unpaired[:2])
     named += f", +{len(unpaired) - 2} more" if len(unpaired) > 2 else ""
     n = len(unpaired)
@@ -155,9 +187,71 @@ def unpaired_text(outputs: OutputsDiff) -> str:
         shown = ", ".join(both[:3]) + (f", +{len(both) - 3} more" if len(both) > 3 else "")
         text += (f"; the {len(both)} file{'s' if len(both) != 1 else ''} both runs wrote "
                  f"{'are' if len(both) != 1 else 'is'} identical ({shown})")
+        if clock:
+            text += f", {len(clock)} more differ{'s' if len(clock) == 1 else ''} only in wall-clock fields " \
+                    f"({names_text(clock, 3)})"
+    elif clock:
+        text += f"; the {len(clock)} both runs wrote differ only in wall-clock fields ({names_text(clock, 3)})"
+    elif not any(f.status == "changed" for f in files):
+        text += "; none is in both runs, so nothing was compared byte for byte"
     if outputs.metrics:
         text += f"; all {len(outputs.metrics)} metrics equal"
     return text + outputs.not_compared_note()
+
+
+def wall_clock_text(outputs: OutputsDiff) -> str:
+    """``17 files bitwise identical (out/model.safetensors, ...); in 6 files only timing fields differ
+    (train_runtime, train_samples_per_second, ...)``: the weights named first."""
+    files = outputs.compared_files
+    same = weights_first(f.path for f in files if f.status == "equal")
+    clock = outputs.wall_clock_files
+    names: dict[str, None] = {}
+    for f in clock:
+        for n in outputs.contents[f.path].wall_names:
+            names.setdefault(n.split(" (")[0])
+    parts = []
+    if same:
+        parts.append(f"{len(same)} file{'s' if len(same) != 1 else ''} bitwise identical ({names_text(same, 3)})")
+    if clock:
+        parts.append(f"in {len(clock)} file{'s' if len(clock) != 1 else ''} only timing fields differ "
+                     f"({names_text(names, 4)})")
+    metrics = outputs.metrics
+    if metrics:
+        timing = [m.name for m in outputs.wall_clock_metrics]
+        equal = len(metrics) - len(timing)
+        text = f"{equal} metric{'s' if equal != 1 else ''} equal"
+        if timing:
+            text += f", timing metrics aside ({names_text(timing, 3)})"
+        parts.append(text)
+    return "; ".join(parts) + outputs.not_compared_note()
+
+
+def suggested_volatile(outputs: OutputsDiff, a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """run.outputs.volatile that would keep the files differing only in wall-clock fields without comparing
+    them: the run's own globs (B's, the later run's, else A's; the default for records without), then globs
+    for those files (numbered directories folded into one glob where no compared file would match it)."""
+    from hermetic.record.outputs import volatile_globs
+
+    clock = [f.path for f in outputs.wall_clock_files]
+    if not clock:
+        return []
+    current = volatile_globs(b) or volatile_globs(a)
+    if not current and "run" not in ((b.get("invocation") or {}).get("config") or {}):
+        from hermetic.config import DEFAULT_VOLATILE
+
+        current = list(DEFAULT_VOLATILE)
+    others = [f.path for f in outputs.compared_files if f.path not in clock]
+    return current + [g for g in volatile_globs_for(clock, others) if g not in current]
+
+
+def volatile_note(outputs: OutputsDiff, suggested: list[str]) -> str:
+    """The note that offers ``suggested`` as the exact line for hermetic.yaml."""
+    import json
+
+    n = len(outputs.wall_clock_files)
+    return (f"{'these ' + str(n) + ' files differ' if n != 1 else 'this file differs'} only in wall-clock fields; "
+            "to keep them without comparing them, set in hermetic.yaml, under run: outputs: (the list replaces "
+            f"the default)  volatile: {json.dumps(suggested)}")
 
 
 def seed_had_no_effect(a: dict[str, Any], b: dict[str, Any]) -> str:
@@ -166,6 +260,13 @@ def seed_had_no_effect(a: dict[str, Any], b: dict[str, Any]) -> str:
     what the script draws -- the usual reason being a script that seeds itself with a constant."""
     template = next((r["invocation"].get("args_template") for r in (a, b)
                      if has_placeholder(r["invocation"].get("args_template") or [])), None)
+    reseeds = a["seed"].get("reseeded")
+    if reseeds and reseeds == b["seed"].get("reseeded"):
+        from hermetic.record.build import reseeded_text
+
+        return (f"the seed did not change the outputs: {reseeded_text(reseeds)} in both runs, so the run's seed "
+                "never reached what it draws; give it the run's seed with `--seed {seed}` in its arguments, or "
+                "have it read $HERMETIC_SEED (docs/your-script.md, \"Seeds\")")
     if template is not None:
         return (f"the seed did not change the outputs, although it reached the script's arguments "
                 f"({' '.join(template)}): the script ignores that argument or seeds itself with a fixed value "

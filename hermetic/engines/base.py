@@ -25,6 +25,11 @@ DRIVER_LABEL = "org.hermetic.driver"  # "HOST:PID:START" of the process that cre
 RUN_DIR_LABEL = "org.hermetic.run-dir"  # the run directory whose record the container's end is sealed in
 PROBE_LABEL = "org.hermetic.probe"
 DEFAULT_PIDS_LIMIT = 4096  # run.pids's default (hermetic.config.RunConfig), also the probe's limit
+# The container's host name, the same every run (Docker's default is the container ID, new each time): a
+# framework that names files by host (the Trainer's logging_dir, TensorBoard's event files) then writes the
+# same names. With --network host the container keeps the host's own name, which a multi-node rendezvous
+# resolves.
+CONTAINER_HOSTNAME = "hermetic"
 LOG_FILES = ("stdout.log", "stderr.log", "combined.log")
 
 
@@ -51,6 +56,16 @@ class ContainerSpec:
     pids_limit: int | None = DEFAULT_PIDS_LIMIT  # None: no limit (run.pids: null)
     memory: str | None = None  # a Docker size ("16g"); also the swap limit, so it cannot swap around it
     manifest_digest: str | None = None  # the image's manifest (engines that run from hermetic's store need it)
+
+    @property
+    def hostname(self) -> str | None:
+        return container_hostname(self.network)
+
+
+def container_hostname(network: str) -> str | None:
+    """The host name a container gets (the record's ``invocation.hostname``): CONTAINER_HOSTNAME, or None (the
+    host's own) with ``--network host``."""
+    return None if network == "host" else CONTAINER_HOSTNAME
 
 
 @dataclass

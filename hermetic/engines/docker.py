@@ -99,8 +99,8 @@ def create(client, spec: ContainerSpec, name: str | None = None):
     try:
         container = client.containers.create(
             spec.image_id, command=spec.command, environment=env, user=spec.user, working_dir=spec.workdir,
-            labels={**spec.labels, DRIVER_LABEL: driver_token()}, name=name, detach=True, stdin_open=False,
-            tty=False, **_host_config_kwargs(spec),
+            labels={**spec.labels, DRIVER_LABEL: driver_token()}, name=name, hostname=spec.hostname, detach=True,
+            stdin_open=False, tty=False, **_host_config_kwargs(spec),
         )
     except docker.errors.ImageNotFound:
         raise EngineError(f"the Docker Engine has no image {spec.image_id}; run `hermetic build`") from None

@@ -227,6 +227,8 @@ class PodmanEngine:
                 "--cap-drop", "all", "--security-opt", "no-new-privileges", "--network", spec.network,
                 "--shm-size", spec.shm_size, "--user", spec.user, "--workdir", _workdir(spec),
                 "--stop-timeout", str(STOP_TIMEOUT)]
+        if spec.hostname:
+            args += ["--hostname", spec.hostname]
         if self.rootless:
             args += ["--userns", "keep-id"]  # the script is the invoking user: what it writes is theirs
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -3,7 +3,10 @@
 Each run becomes one MLflow run in an experiment (default: the project's
 ``name`` from hermetic.yaml): params from the resolved config (dotted keys,
 ``config.determinism.mode``), the script and its arguments and the seed;
-every metric with its steps from outputs/metrics.jsonl; tags for what makes
+every metric with its steps from the run's metric series (metrics.jsonl,
+TensorBoard's event files, Lightning's metrics.csv, the Trainer's files:
+hermetic.record.metrics; wall-clock figures such as ``trainer/train_runtime``
+too, which MLflow users expect); tags for what makes
 the run repeatable (image ID, manifest and repo digests, lock sha256, git
 commit and dirty flag, hermetic version, status, and for a replay the diff
 verdict against its original); each dataset as an MLflow dataset input; and
@@ -18,8 +21,13 @@ twice), so exporting is safe to repeat. MLflow caps a dataset digest at 36
 characters: the digest is the first 36 hex digits of the manifest's sha256,
 and the whole sha256 is in the input's tags and in its source.
 
-mlflow (``hermetic[mlflow]``, the ``mlflow-skinny`` client) is imported on
-first use only.
+mlflow (``hermetic[mlflow]``, the ``mlflow-skinny`` client, without numpy or
+pandas) is imported on first use only; only ``mlflow.entities`` and the
+tracking client are used (``mlflow.data`` needs numpy). Few requests per run:
+an experiment's exported runs are looked up once, tags go with
+``create_run``, params and metric points share ``log_batch`` calls, and
+artifacts already uploaded are not sent again. An MLflow run this export
+leaves behind is never RUNNING: a failure part-way ends it FAILED.
 """
 
 from __future__ import annotations
@@ -47,8 +55,10 @@ DEFAULT_EXPERIMENT = "hermetic"
 MAX_PARAM_VALUE = 6000
 MAX_TAG_VALUE = 5000
 MAX_DIGEST = 36
-PARAMS_PER_BATCH = 100
+PARAMS_PER_BATCH = 100  # and tags
 METRICS_PER_BATCH = 1000
+ENTITIES_PER_BATCH = 1000  # params, tags and metrics of one log_batch together
+SEARCH_PAGE = 1000
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "interrupted": "KILLED", "refused": "FAILED"}
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")  # what MLflow accepts in a key
 
@@ -230,6 +240,7 @@ class MlflowExporter:
         self.experiment_name = experiment
         self.client = MlflowClient(tracking_uri=uri)
         self._experiments: dict[str, str] = {}
+        self._exported: dict[str, dict[str, Any]] = {}  # experiment ID -> hermetic ID -> its MLflow run
 
     def export(self, path: str | os.PathLike[str], *, experiment: str | None = None) -> Exported:
         """A run directory or a group directory (its members become child runs)."""
@@ -252,17 +263,34 @@ class MlflowExporter:
         except MlflowException as e:
             first = str(e.message if hasattr(e, "message") else e).strip().splitlines()[0]
             raise Unavailable(f"MLflow at {self.uri}: {first}") from None
+        except OSError as e:  # an artifact store the client writes itself (a file: location)
+            raise Unavailable(f"MLflow at {self.uri}: {e.strerror or e}: {e.filename or ''}".rstrip(": ")) from None
+
+    @contextlib.contextmanager
+    def _ends_failed(self, run):  # noqa: ANN001 - a Run
+        """Whatever goes wrong while ``run`` is filled, it is not left RUNNING: ended FAILED (best effort:
+        the server may be what failed), then the error goes on."""
+        try:
+            yield
+        except BaseException:
+            if run.info.status == "RUNNING":
+                with contextlib.suppress(Exception):
+                    self.client.set_terminated(run.info.run_id, "FAILED")
+            raise
 
     # -- runs and groups
 
     def _export_run(self, run_dir: Path, experiment: str | None, *, parent: str | None = None,
                     exp_id: str | None = None) -> Exported:
         from hermetic.record.figure import FIGURE_NAME
-        from hermetic.record.outputs import metrics_series
+        from hermetic.record.metrics import load_series
         from hermetic.record.rundir import README_NAME, load_record
 
         rec = load_record(run_dir)
         meta = rec["record"]
+        series = load_series(run_dir, rec).series  # checked against the record before MLflow hears of the run
+        datasets = [(name, ds, manifest_dataset(name, ds, project_dir(run_dir, rec["invocation"]["config"] or {})))
+                    for name, ds in sorted(rec["data"].items())]
         exp_id = exp_id or self._experiment(experiment or self.experiment_name
                                             or rec["invocation"]["config"].get("name"))
         tags = run_tags(rec, verdict=self._replay_verdict(run_dir, rec))
@@ -272,14 +300,12 @@ class MlflowExporter:
         if parent is not None:
             tags[PARENT_TAG] = parent
         run, created = self._find_or_create(exp_id, meta["run_id"], meta["started_at"], tags)
-        series = metrics_series(run_dir / rec["metrics"]["file"]) if rec["metrics"]["file"] else {}
-        logged = self._log(run, created, run_params(rec), tags, series, millis(meta["started_at"]) or 0)
-        self._log_datasets(run, rec, run_dir)
-        for name in ("run.json", README_NAME, FIGURE_NAME):
-            if (run_dir / name).is_file():
-                self.client.log_artifact(run.info.run_id, str(run_dir / name))
-        self.client.set_terminated(run.info.run_id, STATUS.get(meta["status"], "FAILED"),
-                                   end_time=millis(meta["finished_at"]) or millis(meta["started_at"]))
+        with self._ends_failed(run):
+            logged = self._log(run, created, run_params(rec), tags, series, millis(meta["started_at"]) or 0)
+            self._log_datasets(run, datasets)
+            self._log_artifacts(run, created, [run_dir / n for n in ("run.json", README_NAME, FIGURE_NAME)])
+            self.client.set_terminated(run.info.run_id, STATUS.get(meta["status"], "FAILED"),
+                                       end_time=millis(meta["finished_at"]) or millis(meta["started_at"]))
         return Exported(meta["run_id"], "run", run.info.run_id, exp_id, created, logged, self._url(exp_id, run))
 
     def _export_group(self, gdir: Path, experiment: str | None) -> Exported:
@@ -293,14 +319,15 @@ class MlflowExporter:
         exp_id = self._experiment(experiment or self.experiment_name or first["invocation"]["config"].get("name"))
         tags = group_tags(group)
         run, created = self._find_or_create(exp_id, meta["group_id"], meta["started_at"], tags)
-        params = run_params(first, without_seed=True)
-        params["seeds"] = ",".join(str(m["seed"]) for m in group["members"])
-        logged = self._log(run, created, params, tags, group_summary_metrics(group),
-                           millis(meta["written_at"]) or 0)
-        self.client.log_artifact(run.info.run_id, str(gdir / "group.json"))
-        children = [self._export_run(m, None, parent=run.info.run_id, exp_id=exp_id) for m in members]
-        self.client.set_terminated(run.info.run_id, STATUS.get(meta["status"], "FAILED"),
-                                   end_time=millis(meta["written_at"]))
+        with self._ends_failed(run):
+            params = run_params(first, without_seed=True)
+            params["seeds"] = ",".join(str(m["seed"]) for m in group["members"])
+            logged = self._log(run, created, params, tags, group_summary_metrics(group),
+                               millis(meta["written_at"]) or 0)
+            self._log_artifacts(run, created, [gdir / "group.json"])
+            children = [self._export_run(m, None, parent=run.info.run_id, exp_id=exp_id) for m in members]
+            self.client.set_terminated(run.info.run_id, STATUS.get(meta["status"], "FAILED"),
+                                       end_time=millis(meta["written_at"]))
         return Exported(meta["group_id"], "group", run.info.run_id, exp_id, created, logged,
                         self._url(exp_id, run), children)
 
@@ -313,22 +340,40 @@ class MlflowExporter:
             self._experiments[name] = exp.experiment_id if exp is not None else self.client.create_experiment(name)
         return self._experiments[name]
 
+    def _index(self, exp_id: str) -> dict[str, Any]:
+        """Every run of the experiment that an export made, by hermetic ID (the oldest, should an outside tool
+        have made a second): one search, in pages, per experiment and exporter."""
+        if exp_id not in self._exported:
+            found: dict[str, Any] = {}
+            token = None
+            while True:
+                page = self.client.search_runs([exp_id], filter_string=f"tags.`{RUN_ID_TAG}` LIKE '%'",
+                                               max_results=SEARCH_PAGE, order_by=["attributes.start_time ASC"],
+                                               page_token=token)
+                for r in page:
+                    found.setdefault(r.data.tags.get(RUN_ID_TAG), r)
+                token = getattr(page, "token", None)
+                if not token:
+                    break
+            self._exported[exp_id] = found
+        return self._exported[exp_id]
+
     def _find(self, exp_id: str, hermetic_id: str):  # -> mlflow.entities.Run | None
-        found = self.client.search_runs([exp_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{hermetic_id}'",
-                                        max_results=10, order_by=["attributes.start_time ASC"])
-        return found[0] if found else None  # the oldest, should an outside tool have made a second
+        return self._index(exp_id).get(hermetic_id)
 
     def _find_or_create(self, exp_id: str, hermetic_id: str, started_at: str, tags: dict[str, str]):
         run = self._find(exp_id, hermetic_id)
         if run is not None:
             return run, False
-        run = self.client.create_run(exp_id, start_time=millis(started_at), tags={RUN_ID_TAG: hermetic_id},
+        run = self.client.create_run(exp_id, start_time=millis(started_at), tags={**tags, RUN_ID_TAG: hermetic_id},
                                      run_name=hermetic_id)
+        self._index(exp_id)[hermetic_id] = run
         return run, True
 
     def _log(self, run, created: bool, params: dict[str, str], tags: dict[str, str],  # noqa: ANN001 - a Run
              series: dict[str, list[tuple[int, float]]], timestamp: int) -> int:
-        """Params not yet there, every tag (tags may be updated), metric points not yet logged."""
+        """Params not yet there, every tag (tags may be updated; a new run got them when it was created),
+        metric points not yet logged: in as few log_batch calls as MLflow's limits allow."""
         from mlflow.entities import Metric, Param, RunTag
 
         rid = run.info.run_id
@@ -338,7 +383,7 @@ class MlflowExporter:
                 raise DataError(f"MLflow run {rid} ({tags[RUN_ID_TAG]}): param {key} is {have_params[key]!r} "
                                     f"there but {value!r} in the record; MLflow never changes a param")
         new_params = [Param(k, v) for k, v in params.items() if k not in have_params]
-        run_tags_ = [RunTag(k, v) for k, v in tags.items()]
+        new_tags = [] if created else [RunTag(k, v) for k, v in tags.items() if run.data.tags.get(k) != v]
         metrics = []
         for name, points in series.items():
             key = safe_key(name)
@@ -349,30 +394,33 @@ class MlflowExporter:
                 if (step, nan_key(value)) not in seen:
                     seen.add((step, nan_key(value)))
                     metrics.append(Metric(key, value, timestamp, step))
-        for i in range(0, max(len(new_params), len(run_tags_)), PARAMS_PER_BATCH):
-            self.client.log_batch(rid, params=new_params[i:i + PARAMS_PER_BATCH],
-                                  tags=run_tags_[i:i + PARAMS_PER_BATCH])
-        for i in range(0, len(metrics), METRICS_PER_BATCH):
-            self.client.log_batch(rid, metrics=metrics[i:i + METRICS_PER_BATCH])
+        for batch in batches(new_params, new_tags, metrics):
+            self.client.log_batch(rid, **batch)
         return len(metrics)
 
-    def _log_datasets(self, run, rec: dict[str, Any], run_dir: Path) -> None:  # noqa: ANN001 - a Run
+    def _log_datasets(self, run, datasets: list[tuple[str, dict[str, Any], Any]]) -> None:  # noqa: ANN001 - a Run
         from mlflow.entities import DatasetInput, InputTag
 
-        where = project_dir(run_dir, rec["invocation"]["config"] or {})
         have = {(d.dataset.name, d.dataset.digest) for d in (run.inputs.dataset_inputs if run.inputs else [])}
         inputs = []
-        for name, ds in sorted(rec["data"].items()):
-            entity = manifest_dataset(name, ds, where)
+        for name, ds, entity in datasets:
             if (entity.name, entity.digest) in have:
                 continue
-            inputs.append(DatasetInput(entity, tags=[
-                InputTag("mlflow.data.context", name),
-                InputTag("hermetic.manifest_sha256", ds["manifest_sha256"]),
-                InputTag("hermetic.mount", ds["mount"]),
-            ]))
+            tags = [InputTag("mlflow.data.context", name), InputTag("hermetic.manifest_sha256", ds["manifest_sha256"])]
+            if ds.get("mount"):  # hermetic.yaml's mount:, when it has one (`hermetic init` writes none)
+                tags.append(InputTag("hermetic.mount", ds["mount"]))
+            inputs.append(DatasetInput(entity, tags=tags))
         if inputs:
             self.client.log_inputs(run.info.run_id, datasets=inputs)
+
+    def _log_artifacts(self, run, created: bool, paths: list[Path]) -> None:  # noqa: ANN001 - a Run
+        """The files that are there, except those an earlier export uploaded already (same name and size)."""
+        have: dict[str, int | None] = {}
+        if not created:
+            have = {a.path: a.file_size for a in self.client.list_artifacts(run.info.run_id)}
+        for path in paths:
+            if path.is_file() and have.get(path.name, -1) != path.stat().st_size:
+                self.client.log_artifact(run.info.run_id, str(path))
 
     def _replay_verdict(self, run_dir: Path, rec: dict[str, Any]):  # -> hermetic.diff.model.Verdict | None
         """A replay's verdict against its original, when the original is still beside it."""
@@ -392,29 +440,35 @@ class MlflowExporter:
         return f"{self.uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run.info.run_id}"
 
 
-def manifest_dataset(name: str, ds: dict[str, Any], project_dir: Path | None):  # -> mlflow.entities.Dataset
-    """A dataset of the record as an mlflow.data dataset: its source the data's local path (MLflow's
-    ``local`` source, so ``mlflow.data.get_source(...)`` works), its digest the manifest sha256 (the
-    first 36 hex digits: MLflow's limit), its profile the file count, bytes and the whole sha256."""
-    import warnings
+def batches(params: list[Any], tags: list[Any], metrics: list[Any]) -> list[dict[str, list[Any]]]:
+    """log_batch arguments for these entities within MLflow's limits (100 params, 100 tags, 1000 metrics,
+    1000 entities a call): as few calls as that allows, none when there is nothing."""
+    out = []
+    p = t = m = 0
+    while p < len(params) or t < len(tags) or m < len(metrics):
+        ps = params[p:p + PARAMS_PER_BATCH]
+        ts = tags[t:t + PARAMS_PER_BATCH]
+        room = min(METRICS_PER_BATCH, ENTITIES_PER_BATCH - len(ps) - len(ts))
+        ms = metrics[m:m + room]
+        out.append({"params": ps, "tags": ts, "metrics": ms})
+        p, t, m = p + len(ps), t + len(ts), m + len(ms)
+    return out
 
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
-    from mlflow.data.meta_dataset import MetaDataset
+
+def manifest_dataset(name: str, ds: dict[str, Any], project_dir: Path | None):  # -> mlflow.entities.Dataset
+    """A dataset of the record as an MLflow dataset entity: its source the data's local path (what MLflow's
+    own ``local`` source writes, ``{"uri": path}``, so ``mlflow.data.get_source(...)`` reads it back), its
+    digest the manifest sha256 (the first 36 hex digits: MLflow's limit), its profile the file count,
+    bytes and the whole sha256. Built from mlflow.entities alone: mlflow.data needs numpy, which
+    mlflow-skinny (hermetic[mlflow]) does not bring."""
+    from mlflow.entities import Dataset
 
     path = Path(ds["path"])
     if not path.is_absolute() and project_dir is not None:
         path = project_dir / path
-    with warnings.catch_warnings():
-        # MLflow registers its local source twice and says so each time it resolves a path
-        warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(str(path))
     profile = {"files": ds["count"], "bytes": ds["bytes"], "manifest_sha256": ds["manifest_sha256"]}
-
-    class ManifestDataset(MetaDataset):
-        def to_dict(self) -> dict[str, str]:
-            return {**super().to_dict(), "profile": json.dumps(profile, sort_keys=True)}
-
-    return ManifestDataset(source, name=name, digest=ds["manifest_sha256"][:MAX_DIGEST])._to_mlflow_entity()
+    return Dataset(name=name, digest=ds["manifest_sha256"][:MAX_DIGEST], source_type="local",
+                   source=json.dumps({"uri": str(path)}), profile=json.dumps(profile, sort_keys=True))
 
 
 def project_dir(run_dir: Path, config: dict[str, Any]) -> Path | None:

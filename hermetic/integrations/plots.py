@@ -1,6 +1,9 @@
 """Figures of runs and seed groups: ``hermetic runs plot`` and ``hermetic diff --plot``.
 
-One panel per metric, one curve per run over its steps (from
+One panel per metric, one curve per run over its steps (from the run's
+metric series, runs/<id>/metrics/series.jsonl, which hermetic wrote from
+metrics.jsonl, TensorBoard's event files, Lightning's metrics.csv and the
+Trainer's files: hermetic.record.metrics; an older record's
 outputs/metrics.jsonl); a seed group is drawn as the mean of its succeeded
 members at each step with the 95% interval of that mean as a band (mean ±
 t(0.975, n-1)·sd/√n, the interval group.json reports for final values).
@@ -32,6 +35,7 @@ class Entry:
     kind: str  # "run" | "group"
     series: Series = field(default_factory=dict)
     members: list[Series] = field(default_factory=list)
+    wall_clock: set[str] = field(default_factory=set)  # wall-clock figures: drawn only when asked for
 
     def metric_names(self) -> set[str]:
         return set(self.series) if self.kind == "run" else {n for m in self.members for n in m}
@@ -54,26 +58,27 @@ class PlotResult:
 
 
 def load_entry(path: str | os.PathLike[str]) -> Entry:
-    """A run directory (its seal checked) or a group directory (group.json and its succeeded members)."""
+    """A run directory (its seal and its series file checked) or a group directory (group.json and its
+    succeeded members)."""
     from hermetic.record.group import load_group
     from hermetic.record.index import is_group_dir
-    from hermetic.record.outputs import metrics_series
+    from hermetic.record.metrics import load_series
     from hermetic.record.rundir import load_record
 
     p = Path(path)
     if is_group_dir(p):
         group = load_group(p)
-        members = []
+        members, clock = [], set()
         for m in group["members"]:
             if m["status"] != "succeeded":
                 continue  # as in group.json's statistics
-            rec = load_record(p.parent / m["run_id"])
-            members.append(metrics_series(p.parent / m["run_id"] / rec["metrics"]["file"])
-                           if rec["metrics"]["file"] else {})
-        return Entry(group["group"]["group_id"], "group", members=members)
+            found = load_series(p.parent / m["run_id"], load_record(p.parent / m["run_id"]))
+            members.append(found.series)
+            clock |= found.wall_clock
+        return Entry(group["group"]["group_id"], "group", members=members, wall_clock=clock)
     rec = load_record(p)
-    series = metrics_series(p / rec["metrics"]["file"]) if rec["metrics"]["file"] else {}
-    return Entry(rec["record"]["run_id"], "run", series=series)
+    found = load_series(p, rec)
+    return Entry(rec["record"]["run_id"], "run", series=found.series, wall_clock=found.wall_clock)
 
 
 def _by_step(points: list[tuple[int, float]]) -> dict[int, float]:
@@ -116,9 +121,10 @@ def group_curve(members: list[Series], name: str) -> tuple[list[int], list[float
 def build_panels(entries: Sequence[Entry], metrics: Sequence[str] | None = None):
     """(panels, metric names, shared curves, first differences) for ``entries`` (see the module doc)."""
     from hermetic.plotting import Curve, Mark, Panel
-    from hermetic.record.figure import COUNTERS
+    from hermetic.record.metrics import is_counter
 
     available = sorted(set().union(*(e.metric_names() for e in entries)))
+    clock = set().union(*(e.wall_clock for e in entries))
     if metrics:
         unknown = [m for m in metrics if m not in available]
         if unknown:
@@ -126,10 +132,11 @@ def build_panels(entries: Sequence[Entry], metrics: Sequence[str] | None = None)
                                 f"{', '.join(available) or 'none'})")
         names = list(metrics)
     else:
-        names = [n for n in available if n not in COUNTERS] or available
+        measured = [n for n in available if n not in clock]
+        names = [n for n in measured if not is_counter(n)] or measured or available
     if not names:
-        raise NotFound(f"{', '.join(e.id for e in entries)}: no metrics to plot (no outputs/metrics.jsonl, "
-                            "or no numeric values in it)")
+        raise NotFound(f"{', '.join(e.id for e in entries)}: no metrics to plot (no numbers in metrics.jsonl, "
+                       "TensorBoard event files, metrics.csv or the Trainer's files)")
     panels, shared, firsts = [], {}, {}
     for name in names:
         curves: list[tuple[tuple, list[str], list[str], int, Any]] = []  # (identity, IDs, labels, colour, data)

@@ -6,7 +6,9 @@ CUDA build: torch itself plus ~20 ``nvidia-*`` wheels (~2.7 GB of wheels, a
 different file (``torch==2.13.0+cpu``, from download.pytorch.org or a local
 find-links directory). Both are valid locks; a user who did not know the
 difference finds out from a 5 GB build, so ``hermetic lock`` says which one it
-locked (README, "CPU torch"). Pure: names and versions in, one sentence out.
+locked (README, "CPU torch"). A torchvision or torchaudio built for the other
+torch is warned about by ``lock``, every ``build`` (a no-op too) and ``run``.
+Pure: names and versions in, one sentence out.
 """
 
 from __future__ import annotations
@@ -80,6 +82,12 @@ def mismatched_companions(lock: Lock, torch: TorchBuild | None) -> list[str]:
             out.append(f"{name} {w.version} is a CPU build, but torch {torch.version} is the CUDA build: pin the "
                        f"matching {name} without +cpu")
     return out
+
+
+def companion_warnings(lock: Lock) -> list[str]:
+    """mismatched_companions for the torch build ``lock`` holds: what ``hermetic lock``, ``build`` and ``run``
+    each warn about (a run goes on: a script that never imports torchvision works)."""
+    return mismatched_companions(lock, torch_build(lock))
 
 
 def torch_build(lock: Lock) -> TorchBuild | None:

@@ -6,7 +6,7 @@ verify``). The statement carries everything a rebuild needs without the
 project checkout:
 
 - ``buildDefinition.externalParameters``: the resolved hermetic.yaml parts
-  that decide the image (hermetic/builder/build.py ``image_config_part``) and
+  that decide the image (hermetic/builder/key.py ``image_config_part``) and
   the lock's path;
 - ``buildDefinition.internalParameters``: the build key, the target, the
   layer format;

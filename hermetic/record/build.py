@@ -72,8 +72,58 @@ def env_section(determinism: Mapping[str, str], passed: Mapping[str, str]) -> di
 
 
 def seed_section(value: int, policy: str, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ``seed`` section; ``applied`` is what the in-image runtime reported (may be empty)."""
-    return {"value": value, "policy": policy, "applied": dict(applied or {})}
+    """The ``seed`` section; ``applied`` is what the in-image runtime reported (may be empty).
+
+    ``reseeded`` (when the runtime reported the seeds the process ended with, ``applied.final.seeds``):
+    the generators hermetic seeded with ``value`` (at start-up or by seed_everything) whose final seed
+    is another, i.e. that the script seeded itself -- the seed that was used, next to the one given.
+    """
+    section: dict[str, Any] = {"value": value, "policy": policy, "applied": dict(applied or {})}
+    reseeds = reseeded(value, section["applied"])
+    if reseeds is not None:
+        section["reseeded"] = reseeds
+    return section
+
+
+# seed_everything's names for the generators the start-up hook calls random, numpy, torch
+_SEED_EVERYTHING_NAMES = {"python": "random", "numpy": "numpy", "torch": "torch"}
+
+
+def reseeded(value: int, applied: Mapping[str, Any]) -> dict[str, Any] | None:
+    """{generator: final seed} for each one hermetic seeded with ``value`` that ended with another seed;
+    None when the runtime reported no final seeds. (The report is the script's process's: read defensively.)"""
+    final = applied.get("final")
+    seeds = final.get("seeds") if isinstance(final, Mapping) else None
+    if not isinstance(seeds, Mapping):
+        return None
+    def names(section: Any) -> set[str]:
+        listed = section.get("seeded") if isinstance(section, Mapping) else None
+        return {n for n in listed if isinstance(n, str)} if isinstance(listed, list) else set()
+
+    by_hermetic = names(applied.get("startup"))
+    by_hermetic |= {_SEED_EVERYTHING_NAMES[n] for n in names(applied.get("seed")) if n in _SEED_EVERYTHING_NAMES}
+    out: dict[str, Any] = {}
+    for name in ("random", "numpy", "torch"):
+        entry = seeds.get(name)
+        seed = entry.get("seed") if isinstance(entry, Mapping) else None
+        if name not in by_hermetic or seed is None or isinstance(seed, bool) or seed == value:
+            continue
+        if (isinstance(seed, int) and seed >= 0) or isinstance(seed, str):
+            out[name] = seed if isinstance(seed, int) else seed[:80]
+    return out
+
+
+def reseeded_text(reseeds: Mapping[str, Any]) -> str:
+    """``the script reseeded random, numpy and torch to 42`` (one phrase per distinct seed); "" for none."""
+    by_seed: dict[str, list[str]] = {}
+    order = {"random": 0, "numpy": 1, "torch": 2}  # as the start-up hook names them (the record sorts keys)
+    for name, seed in sorted(reseeds.items(), key=lambda kv: (order.get(kv[0], 3), kv[0])):
+        text = "from the OS's entropy (not repeatable)" if seed == "entropy" else (
+            f"to {seed}" if isinstance(seed, int) else f"with {seed}")
+        by_seed.setdefault(text, []).append(name)
+    parts = [(", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]) + " " + text
+             for text, names in by_seed.items()]
+    return "the script reseeded " + "; ".join(parts) if parts else ""
 
 
 def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, exit_code: int | None,
@@ -85,8 +135,8 @@ def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, e
 
     ``outputs`` and ``metrics`` are what hermetic.run.collect found (as the
     container's user); without them, output files are hashed under
-    ``run_dir/outputs`` and metrics summarized from
-    ``run_dir/outputs/metrics.jsonl`` (a regular file, never a link) here.
+    ``run_dir/outputs`` and metrics read from them here (summarize_metrics:
+    regular files only, never a link; the series file written).
     ``notes`` are what the collection noticed (a FIFO kept by kind, a metrics
     file that is a link), kept in ``outputs.notes``. ``reason`` says why
     hermetic itself failed or refused the run, ``hermetic_exit_code`` the code
@@ -108,40 +158,54 @@ def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, e
         rec["outputs"]["volatile"] = volatile
     if notes:
         rec["outputs"]["notes"] = list(notes)
-    rec["metrics"] = dict(metrics) if metrics is not None else summarize_metrics(run_dir)[0]
+    if metrics is None:
+        setting = ((rec["invocation"].get("config") or {}).get("run") or {}).get("metrics")
+        metrics = summarize_metrics(run_dir, rec["outputs"]["files"], setting)[0]
+    rec["metrics"] = dict(metrics)
     return rec
 
 
-def summarize_metrics(run_dir: str | Path) -> tuple[dict[str, Any], list[str]]:
-    """The ``metrics`` section from ``run_dir/outputs/metrics.jsonl``, and notes: the file is the script's,
-    so a link there is not read and a malformed line leaves the metrics empty, never the record unsealed."""
+def summarize_metrics(run_dir: str | Path, files: dict[str, Any] | None = None,
+                      setting: Any = None) -> tuple[dict[str, Any], list[str]]:
+    """The ``metrics`` section from ``run_dir/outputs`` read in this process, and notes; the series file
+    written (hermetic.record.metrics). For a record finished without a collection (a refusal, a record
+    built by hand): ``files`` are its outputs as hashed, ``setting`` is ``run.metrics``. The files are the
+    script's: a link is not read and a malformed one leaves its metrics out, never the record unsealed;
+    TensorBoard's event files are read only by the collection (hermetic.run.collect)."""
     from hermetic import safetree
+    from hermetic.record import metrics as mx
 
+    run_dir = Path(run_dir)
     try:
-        fd = safetree.open_root(Path(run_dir) / "outputs")
+        fd = safetree.open_root(run_dir / "outputs")
     except OSError:
         return {"final": {}, "steps": None, "file": None}, []
     try:
-        return summarize_metrics_at(fd)
+        section, series, notes = summarize_metrics_at(fd, files, setting)
     finally:
         os.close(fd)
+    if series:
+        try:
+            section["series"] = mx.write_series(run_dir, series)
+        except (OSError, safetree.UnsafePath) as e:
+            notes.append(f"the metric series was not written ({mx.SERIES_FILE}): {getattr(e, 'message', None) or e}")
+    return section, notes
 
 
-def summarize_metrics_at(outputs_fd: int) -> tuple[dict[str, Any], list[str]]:
-    """summarize_metrics for the outputs directory ``outputs_fd``."""
-    from hermetic import safetree
-    from hermetic.errors import DataError
-    from hermetic.record.outputs import metrics_summary_at
+def summarize_metrics_at(outputs_fd: int, files: dict[str, Any] | None = None,
+                         setting: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """(metrics section, series, notes) for the outputs directory ``outputs_fd``: every source but
+    TensorBoard's (hermetic.record.metrics); ``files`` as hash_outputs_at records them (hashed here when
+    not given)."""
+    from hermetic.record import metrics as mx
+    from hermetic.record.outputs import hash_outputs_at
 
-    empty = {"final": {}, "steps": None, "file": None}
-    name = METRICS_FILE.split("/", 1)[1]
-    try:
-        st = os.stat(name, dir_fd=outputs_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return empty, []
-    if safetree.kind_of(st.st_mode) != "file":
-        return empty, [f"{METRICS_FILE} is a {safetree.kind_of(st.st_mode)}, not a regular file: not read"]
-    try:
-        return {**metrics_summary_at(outputs_fd, name, METRICS_FILE), "file": METRICS_FILE}, []
-    except (DataError, OSError) as e:
-        return empty, [f"metrics not summarized: {getattr(e, 'message', None) or e}"]
+    if files is None:
+        files = hash_outputs_at(outputs_fd)["files"]
+    found = mx.find_sources(files, mx.enabled_sources(setting))
+    parts, notes = mx.read_file_parts(outputs_fd, found)
+    events = found.files.get(mx.TENSORBOARD) or []
+    if events:
+        notes.append(f"{len(events)} TensorBoard event file(s) not read: only a run's collection reads them")
+    assembled = mx.assemble(parts)
+    return assembled.section, assembled.series, found.notes + notes + assembled.notes

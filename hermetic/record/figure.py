@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any
 
 FIGURE_NAME = "metrics.png"
-# Counters logged beside real metrics: a straight line over steps says nothing.
-COUNTERS = frozenset({"epoch", "batch", "iteration", "global_step"})
 
 
 _warm: list = []
@@ -38,8 +36,9 @@ def warm_up() -> None:
 def run_panels(series: dict[str, list[tuple[int, float]]], label: str):  # -> list[hermetic.plotting.Panel]
     """One panel per metric (counters left out, unless that is all there is), one curve each."""
     from hermetic.plotting import Curve, Panel
+    from hermetic.record.metrics import is_counter
 
-    names = [n for n in series if n not in COUNTERS] or list(series)
+    names = [n for n in series if not is_counter(n)] or list(series)
     return [Panel(n, [Curve(label, [s for s, _ in series[n]], [v for _, v in series[n]], 0)], legend=False)
             for n in names]
 
@@ -47,20 +46,21 @@ def run_panels(series: dict[str, list[tuple[int, float]]], label: str):  # -> li
 def write_metrics_figure(run_dir: str | Path, record: dict[str, Any]) -> str | None:
     """Draw ``run_dir/metrics.png`` for a finished run with metrics; its name, or None when there is none.
 
-    Best effort: the figure illustrates the record, so a failure to draw it
-    (an unwritable directory, an odd metrics file) leaves no figure rather
+    The series is the run's series file (hermetic.record.metrics.load_series: checked against the record),
+    wall-clock figures left out. Best effort: the figure illustrates the record, so a failure to draw it
+    (an unwritable directory, a series that is not what the record says) leaves no figure rather
     than failing the run.
     """
     from hermetic import plotting
     from hermetic.errors import HermeticError
-    from hermetic.record.outputs import metrics_series
+    from hermetic.record.metrics import load_series
 
     run_dir = Path(run_dir)
-    metrics_file = record["metrics"]["file"]
-    if record["record"]["finished_at"] is None or not metrics_file or not plotting.available():
+    has_series = record["metrics"].get("series") or record["metrics"]["file"]
+    if record["record"]["finished_at"] is None or not has_series or not plotting.available():
         return None
     try:
-        series = metrics_series(run_dir / metrics_file)
+        series = load_series(run_dir, record).compared()
         if not series:
             return None
         plotting.save(run_panels(series, record["record"]["run_id"]), run_dir / FIGURE_NAME,

@@ -120,11 +120,19 @@ def group_outcome(group: dict[str, Any]) -> str:
     return f"{ok} of {planned} runs succeeded"
 
 
+NOTHING_TO_COMPARE_FLAG = "nothing to compare"  # how the flag for members that wrote nothing begins
+
+
 def group_flags(succeeded: list[dict[str, Any]]) -> list[str]:
-    """What makes the summary suspect: a sweep whose seed never reached the script."""
+    """What makes the summary suspect: a sweep whose seed never reached the script, or whose members wrote
+    nothing to compare."""
     if len(succeeded) < 2:
         return []
     flags = []
+    if not any(compared_files(m) or m["metrics"]["final"] for m in succeeded):
+        flags.append(f"{NOTHING_TO_COMPARE_FLAG}: no member wrote an output file or logged a metric, so the group "
+                     "cannot tell whether the seed changed anything (hermetic keeps what the script writes to "
+                     "/outputs or in its working directory, and metrics from /outputs/metrics.jsonl)")
     if not any(_used_seed(m) for m in succeeded):
         flags.append("the script used no seed: nothing seeded from $HERMETIC_SEED (no hermetic_runtime call, no "
                      "random/numpy/torch import seeded at start-up) and no {seed} in its arguments")

@@ -12,8 +12,9 @@ import re
 import secrets
 from datetime import datetime, timezone
 
+from hermetic.paths import slug as paths_slug
+
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}(?:-[a-z0-9][a-z0-9._-]{0,62})?$")
-_NAME_BAD = re.compile(r"[^a-z0-9._-]+")
 
 
 def utc(now: datetime | None = None) -> datetime:
@@ -29,9 +30,8 @@ def iso_utc(now: datetime | None = None) -> str:
 
 
 def slug(name: str) -> str:
-    """A run name as it may appear in an ID: lowercase, ``[a-z0-9._-]``, at most 63 chars."""
-    s = _NAME_BAD.sub("-", name.strip().lower()).strip("-._")
-    return s[:63].rstrip("-._")
+    """A run name as it may appear in an ID: lowercase, ``[a-z0-9._-]``, at most 63 chars (paths.slug)."""
+    return paths_slug(name, 63)
 
 
 def new_run_id(now: datetime | None = None, name: str | None = None) -> str:

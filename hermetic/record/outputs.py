@@ -55,9 +55,14 @@ def volatile_paths(paths: Iterable[str], globs: list[str]) -> list[str]:
 
 
 def compared_files(record: dict[str, Any]) -> dict[str, str]:
-    """Output path -> sha256 of the files diff compares: every output but the volatile ones."""
+    """Output path -> sha256 of the files diff compares: every output but the volatile ones, and
+    logs/stdout.log when it is an output (run.outputs.stdout)."""
     skip = set(record["outputs"].get("volatile") or [])
-    return {p: f["sha256"] for p, f in record["outputs"]["files"].items() if p not in skip}
+    files = {p: f["sha256"] for p, f in record["outputs"]["files"].items() if p not in skip}
+    stdout = record["outputs"].get("stdout")
+    if stdout:
+        files[stdout["file"]] = stdout["sha256"]
+    return files
 
 
 def hash_outputs(outputs_dir: str | os.PathLike[str], notes: list[str] | None = None) -> dict[str, Any]:

@@ -144,6 +144,8 @@ def docker_run_command(record: dict[str, Any]) -> str:
                       + (["--memory", limits["memory"], "--memory-swap", limits["memory"]] if limits.get("memory") else []))
     if inv["gpus"]:
         groups.append(["--gpus", inv["gpus"]])
+    if inv.get("hostname"):  # fixed, so that files named by host come out the same (absent in older records)
+        groups.append(["--hostname", inv["hostname"]])
     groups.append(["--user", inv.get("user") or "$(id -u):$(id -g)", "--workdir", workdir, "-e", "HOME=/tmp"])
     run_env = {"HERMETIC_SEED": str(record["seed"]["value"]), "HERMETIC_OUTPUTS": "/outputs"}
     groups += [["-e", f"{k}={v}"] for k, v in sorted({**run_env, **env["determinism"], **env["passed"]}.items())]

@@ -132,6 +132,7 @@ class Invocation(_Strict):
     resume_from: Optional[RunId] = None  # the run whose outputs/ this run started from
     user: Optional[str] = None  # "UID:GID" the container ran the script as (absent in older records)
     limits: Optional[Limits] = None  # absent in older records (their containers had no limits)
+    hostname: Optional[str] = None  # the container's host name ("hermetic"); None: the host's (--network host)
     engine: Optional[EngineUsed] = None  # absent in older records (their engine was the Docker Engine)
 
 
@@ -209,6 +210,10 @@ class Seed(_Strict):
     value: NonNegInt
     policy: Literal["config", "cli", "group"]
     applied: dict[str, Any]
+    # Generators hermetic seeded with ``value`` that the script then seeded otherwise (HF's set_seed,
+    # Lightning's seed_everything): name -> the seed they ended with, or "entropy" (seed() with no
+    # argument) / "a <type>". Absent when the runtime reported no final state (older records too).
+    reseeded: Optional[dict[str, Union[NonNegInt, str]]] = None
 
 
 class Env(_Strict):
@@ -229,17 +234,52 @@ class WorkdirOutputs(_Strict):
     deleted: list[RelPath]  # files of the code snapshot the script removed
 
 
+class StdoutOutput(_Strict):
+    """What the script printed, as a compared output (run.outputs.stdout: true)."""
+
+    file: Literal["logs/stdout.log"]
+    sha256: Hex64
+    size: NonNegInt
+
+
 class Outputs(_Strict):
     files: dict[RelPath, OutputFile]
     workdir: Optional[WorkdirOutputs] = None
     volatile: Optional[list[RelPath]] = None  # files kept but never compared (run.outputs.volatile)
     notes: Optional[list[str]] = None  # what collecting them noticed (a FIFO kept by kind, a link not read)
+    stdout: Optional[StdoutOutput] = None  # run.outputs.stdout: logs/stdout.log compared as an output
+
+
+MetricSourceName = Literal["metrics.jsonl", "tensorboard", "lightning", "trainer"]
+
+
+class MetricSource(_Strict):
+    """Where a run's metrics came from (hermetic.record.metrics): one source's files and the names it gave."""
+
+    files: list[RelPath]  # relative to outputs/
+    metrics: list[str]  # the metrics of ``final`` it gave
+    wall_clock: Optional[list[str]] = None  # its wall-clock figures (``metrics.wall_clock``)
+    reader: Optional[Literal["image", "host"]] = None  # TensorBoard's: in the run's image, or on the host
+
+
+class MetricSeries(_Strict):
+    """runs/<id>/metrics/series.jsonl: every metric over its steps, written by hermetic from the sources."""
+
+    file: Literal["metrics/series.jsonl"]
+    sha256: Hex64
+    size: NonNegInt
+    metrics: NonNegInt
+    points: NonNegInt
 
 
 class Metrics(_Strict):
     final: dict[str, Number]
     steps: Optional[NonNegInt]
     file: Optional[Literal["outputs/metrics.jsonl"]]
+    # Absent in records from before issue 25 (metrics.jsonl only, read from the outputs when drawn).
+    sources: Optional[dict[MetricSourceName, MetricSource]] = None
+    wall_clock: Optional[dict[str, Number]] = None  # kept, never compared (train_runtime, *_per_second)
+    series: Optional[MetricSeries] = None
 
 
 class SlurmJob(_Strict):

@@ -13,6 +13,7 @@ from typing import Any
 
 from hermetic import __version__
 from hermetic.canonical import canonical_sha256
+from hermetic.determinism import is_knob, knob_env
 from hermetic.record.ids import iso_utc
 
 T0 = datetime(2026, 11, 29, 21, 45, 0, tzinfo=timezone.utc)
@@ -39,11 +40,8 @@ def synthetic_config(seed: int = 0) -> dict[str, Any]:
 
 
 PACKAGES = [("numpy", "2.1.3"), ("torch", "2.9.1"), ("nvidia-cublas-cu12", "12.8.4.1"), ("filelock", "3.16.1")]
-DETERMINISM_ENV = {
-    "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1", "MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE", "NVIDIA_TF32_OVERRIDE": "0",
-    "NCCL_ALGO": "Ring", "TZ": "UTC", "LC_ALL": "C.UTF-8", "SOURCE_DATE_EPOCH": "0",
-}
+# What a strict-mode image with one thread bakes in: hermetic.determinism's own values, never a copy.
+DETERMINISM_ENV = {k: v for k, v in knob_env("strict", 1, 0, {}).items() if is_knob(k)}
 DATA_MANIFEST = "".join(f"{h(f'img{i}')}  train/{i:04d}.png\n" for i in range(8))
 
 

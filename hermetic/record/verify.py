@@ -12,8 +12,11 @@ again first:
   ``hermetic replay`` refuse a changed or missing one (``require_as_recorded``).
 - ``verify_run``: everything the record holds a digest of that lives in the
   run directory -- its name (load_record), the seal, every output, the
-  dataset manifest copies under ``data/``, the source snapshot, the git patch
-  (``hermetic runs verify``).
+  dataset manifest copies under ``data/``, the source snapshot, the git patch,
+  the metric series hermetic wrote (``metrics/series.jsonl``: what plots and
+  MLflow read) and, with ``run.outputs.stdout``, ``logs/stdout.log``
+  (``hermetic runs verify``). ``require_as_recorded`` checks the series and
+  the stdout log too: diff and replay compare them.
 
 Rehashing is stat-cached, so a second look is cheap: ``runs/<id>/.outputs.statcache``
 (hermetic.data.statcache: keyed by (dev, ino, size, mtime_ns, ctime_ns) with
@@ -160,6 +163,7 @@ def require_as_recorded(run_dir: str | os.PathLike[str], record: dict[str, Any],
     for name, ds in sorted(record["data"].items()):
         problems += _file_problems(run_dir, ds["manifest_file"], ds["manifest_sha256"],
                                    f"dataset {name}'s manifest copy", digests)
+    problems += _written_files_problems(run_dir, record, digests)
     digests.save()
     if problems:
         more = f" (+{len(problems) - _SHOWN} more)" if len(problems) > _SHOWN else ""
@@ -231,8 +235,22 @@ def verify_run(run_dir: str | os.PathLike[str]) -> RunVerification:
     git = record["code"]["git"]
     if git is not None and git.get("diff_file") and git.get("diff_sha256"):
         result.problems += _file_problems(run_dir, git["diff_file"], git["diff_sha256"], "the git patch", digests)
+    result.problems += _written_files_problems(run_dir, record, digests)
     digests.save(complete=result.outputs.error is None)
     return result
+
+
+def _written_files_problems(run_dir: Path, record: dict[str, Any], digests: OutputsStatCache) -> list[str]:
+    """The metric series (metrics/series.jsonl) and the stdout log kept as an output, when the record has them."""
+    problems: list[str] = []
+    series = record["metrics"].get("series")
+    if series:
+        problems += _file_problems(run_dir, series["file"], series["sha256"], "the metric series", digests)
+    stdout = record["outputs"].get("stdout")
+    if stdout:
+        problems += _file_problems(run_dir, stdout["file"], stdout["sha256"], "stdout, an output "
+                                   "(run.outputs.stdout)", digests)
+    return problems
 
 
 def _file_problems(run_dir: Path, rel: str, sha256: str, what: str, digests: OutputsStatCache) -> list[str]:

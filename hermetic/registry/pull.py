@@ -1,10 +1,13 @@
 """Pull an image by digest into the local OCI store; nothing unverified enters it.
 
 Every byte is hashed while it streams into a BlobWriter's temp file. A pull
-is all or nothing: blobs are committed (renamed into blobs/sha256/) only
-after every one of them matched its digest and size, then the manifest,
-then the store ref. A registry that serves one wrong byte leaves the store
-exactly as it was.
+is all or nothing: everything is fetched and checked first (the manifests,
+every descriptor in them, the image config, the attestations and what they
+say, the base's manifest and config), the layers into uncommitted temp files,
+and only then is anything committed (renamed into blobs/sha256/): the blobs,
+the base, the manifests, then the store ref and the referrers. A registry
+that serves one wrong byte, a digest that is not one, or a tampered
+attestation leaves the store exactly as it was.
 
 Manifests: OCI image manifest and Docker v2 schema 2 are stored as served
 (their digests are the identity); an OCI image index or Docker manifest list
@@ -15,14 +18,15 @@ is refused (it has no content-addressed config).
 from __future__ import annotations
 
 import hashlib
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from hermetic.canonical import sha256_digest
+from hermetic.display import escape_controls
 from hermetic.errors import DataError, HermeticError, IntegrityError, NotFound, ProtocolError, UsageError
 from hermetic.reference import ImageName, parse_image_name
-from hermetic.registry.client import RegistryClient, RegistryError, TransferStats
+from hermetic.registry.client import RegistryClient, RegistryError, Timeouts, TransferStats
+from hermetic.registry.documents import descriptor, image_blobs, parse_document
 from hermetic.registry.locations import record_blob_locations, record_image_location
 from hermetic.registry.progress import NoProgress, TransferProgress
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, BlobWriter, Descriptor, OciStore
@@ -94,12 +98,14 @@ def pull_image(
     workers: int = DEFAULT_WORKERS,
     ref_name: str | None = None,
     progress: TransferProgress | None = None,
+    timeout: float | None = None,
 ) -> PullResult:
+    """Pull ``ref`` (pinned by digest) into ``store``. ``timeout``: seconds for the whole pull (default
+    HERMETIC_REGISTRY_TIMEOUT, else an hour); a deadline that passes is RegistryTimeout (exit 75)."""
     name = parse_pull_ref(ref) if isinstance(ref, str) else ref
     assert name.digest is not None
     requested = name.digest
     ref_name = ref_name or default_ref_name(name)
-    store.ensure()
 
     local = _local_image(store, requested, platform)
     if local is not None:
@@ -115,34 +121,55 @@ def pull_image(
                             hint="write HOST[:PORT]/REPO@sha256:… to pull it")
 
     host, repository = name.registry_host(), name.registry_repository()
-    client = client or RegistryClient(host)
+    client = client or RegistryClient(host, timeouts=Timeouts.from_env(total=timeout))
+    client.begin("pull", timeout)
+    # Everything is fetched and checked before anything is stored (the module docstring).
     top_body, top_type = _fetch_manifest(client, repository, requested)
     manifests: list[tuple[str, bytes]] = [(requested, top_body)]
     image_digest, image_body, image_type = requested, top_body, top_type
     if top_type in INDEX_TYPES:
-        child = select_platform(json.loads(top_body), platform, f"{name}")
+        source = f"registry {host}: index {requested} of {repository}"
+        child = select_platform(parse_document(top_body, source), platform, f"{name}", source)
         image_body, image_type = _fetch_manifest(client, repository, child.digest)
         image_digest = child.digest
         manifests.insert(0, (image_digest, image_body))
     if image_type not in MANIFEST_TYPES:
-        raise DataError(f"{name}: {image_digest} is a {image_type!r}, not an image manifest")
+        raise DataError(f"{name}: {image_digest} is a {escape_controls(repr(image_type), 120)}, not an image manifest")
 
-    blobs = _image_blobs(json.loads(image_body), image_digest)
-    missing = [b for b in blobs if not store.has_blob(b.digest)]
+    where = f"registry {host}: manifest {image_digest} of {repository}"
+    blobs = image_blobs(parse_document(image_body, where), where)
+    config_desc, layers = blobs[0], blobs[1:]
+    from hermetic.registry.referrers import MAX_ARTIFACT_BYTES, download_small, fetch_attestations, fetch_base
+
+    if config_desc.size > MAX_ARTIFACT_BYTES:
+        raise IntegrityError(f"{where}: its config is {config_desc.size} bytes; a config over {MAX_ARTIFACT_BYTES} "
+                             "bytes is refused")
+    config = (store.read_blob(config_desc.digest) if store.has_blob(config_desc.digest) else
+              download_small(client, repository, config_desc.digest, config_desc.size,
+                             f"the config of {repository}@{image_digest}"))
+    if not store.has_blob(config_desc.digest):
+        client.stats.add(blobs_downloaded=1)
+    attached, notes = fetch_attestations(client, repository, image_digest)  # verified, in memory
+    layer_digests = {b.digest for b in layers}
+    base = fetch_base(client, repository, config, lambda d: d in layer_digests or store.has_blob(d))
+    missing = [b for b in layers if not store.has_blob(b.digest)]
     short = f"{host}/{repository}@{requested[:19]}"  # sha256: + 12 hex, like docker's short IDs
-    _download_all(store, client, repository, missing, max(1, min(workers, 8)), progress or NoProgress(), short)
-    from hermetic.registry.referrers import fetch_attestations
+    writers = _download_all(store, client, repository, missing, max(1, min(workers, 8)), progress or NoProgress(),
+                            short)
 
-    attached, notes = fetch_attestations(client, repository, image_digest)  # verified; stored with the image
+    # Nothing was refused: commit, blobs before the documents that name them, the referrers last.
+    _commit(writers)
+    store.put_bytes(config, config_desc.digest)
+    if base is not None and not store.has_image(base.digest):
+        store.put_bytes(base.config, base.config_digest)
+        store.put_bytes(base.manifest, base.digest)
     for digest, body in manifests:  # children before the index, the image before any ref
         store.put_bytes(body, expected_digest=digest)
     desc = Descriptor(image_type, image_digest, len(image_body))
     store.set_ref(ref_name, desc)
-    from hermetic.registry.referrers import pull_base_manifest
     from hermetic.store.referrers import add_referrers
 
     add_referrers(store, image_digest, attached)
-    pull_base_manifest(store, client, repository, image_digest)  # so the image can be verified and re-pushed here
     repo_digest = f"{host}/{repository}@{requested}"
     record_image_location(store, image_digest, f"{host}/{repository}@{image_digest}")
     if requested != image_digest:
@@ -170,26 +197,33 @@ def resolve_tag(ref: str, *, client: RegistryClient | None = None) -> str:
     repository = name.registry_repository()
     client = client or RegistryClient(name.registry_host())
     tag = name.tag or "latest"
-    head = client.head_manifest(repository, tag)
+    head = client.head_manifest(repository, tag)  # its Docker-Content-Digest is checked to be a digest
     if head is None:
         raise NotFound(f"{name.registry_host()}/{repository}:{tag} not found in the registry")
     digest, _ = head
-    if digest and digest.startswith("sha256:"):
+    if digest:
         return digest
     return sha256_digest(client.get_manifest(repository, tag).body)
 
 
 # -- helpers -----------------------------------------------------------------
 
-def select_platform(index: dict, platform: tuple[str, str], what: str) -> Descriptor:
+def select_platform(index: dict, platform: tuple[str, str], what: str, source: str | None = None) -> Descriptor:
+    """The ``platform`` image an index lists, its descriptor checked (``source``: where the index came from)."""
     os_name, arch = platform
+    where = source or what
     seen = []
-    for m in index.get("manifests") or []:
-        p = m.get("platform") or {}
-        seen.append(f"{p.get('os', '?')}/{p.get('architecture', '?')}")
+    entries = index.get("manifests") or []
+    if not isinstance(entries, list):
+        raise IntegrityError(f"{where}: its manifests are not a list")
+    for i, m in enumerate(entries):
+        if not isinstance(m, dict):
+            raise IntegrityError(f"{where}: entry {i} of its manifests is not a JSON object")
+        p = m.get("platform") if isinstance(m.get("platform"), dict) else {}
+        seen.append(escape_controls(f"{p.get('os', '?')}/{p.get('architecture', '?')}", 60))
         is_image = m.get("mediaType", MANIFEST_TYPES[0]) in MANIFEST_TYPES
         if p.get("os") == os_name and p.get("architecture") == arch and is_image:
-            return Descriptor.from_json(m)
+            return descriptor({"mediaType": MANIFEST_TYPES[0], **m}, f"{where}, entry {i}")
     raise NotFound(f"{what} has no {os_name}/{arch} image (it lists: {', '.join(seen) or 'nothing'})")
 
 
@@ -220,37 +254,23 @@ def _fetch_manifest(client: RegistryClient, repository: str, digest: str) -> tup
     if actual != digest:
         raise IntegrityError(
             f"registry {client.host} served {repository} manifest {digest} with content hashing to {actual}")
-    try:
-        doc = json.loads(resp.body)
-    except ValueError:
-        raise IntegrityError(f"registry {client.host}: manifest {digest} of {repository} is not JSON") from None
-    if not isinstance(doc, dict):
-        raise IntegrityError(f"registry {client.host}: manifest {digest} of {repository} is not a JSON object")
+    doc = parse_document(resp.body, f"registry {client.host}: manifest {digest} of {repository}")
     if doc.get("schemaVersion") == 1:
         raise ProtocolError(f"{client.host}/{repository}@{digest} is a Docker schema 1 manifest, which has no "
                             "content-addressed config; re-push it with a current client")
     media_type = doc.get("mediaType") or resp.media_type
+    if not isinstance(media_type, str):
+        raise IntegrityError(f"registry {client.host}: manifest {digest} of {repository}: its mediaType is not a string")
     if not media_type:  # OCI manifests may omit mediaType; tell them apart by shape
         media_type = INDEX_TYPES[0] if "manifests" in doc else MANIFEST_TYPES[0]
     return resp.body, media_type
 
 
-def _image_blobs(doc: dict, digest: str) -> list[Descriptor]:
-    try:
-        blobs = [Descriptor.from_json(doc["config"])] + [Descriptor.from_json(x) for x in doc["layers"]]
-    except (KeyError, TypeError, ValueError):
-        raise IntegrityError(f"manifest {digest} lacks a config or layers list") from None
-    for b in blobs:
-        if not b.digest.startswith("sha256:") or len(b.digest) != 71:
-            raise IntegrityError(f"manifest {digest} names a blob by unsupported digest {b.digest!r}")
-    return list({b.digest: b for b in blobs}.values())
-
-
 def _download_all(store: OciStore, client: RegistryClient, repository: str, blobs: list[Descriptor],
-                  workers: int, progress: TransferProgress, what: str) -> None:
-    """Download and verify every blob, then commit them all; on any failure commit none."""
+                  workers: int, progress: TransferProgress, what: str) -> list[BlobWriter]:
+    """Download and verify every blob into an uncommitted writer; on any failure none is kept."""
     if not blobs:
-        return
+        return []
     advance = progress.start(f"pull {what}", sum(b.size for b in blobs))
     with ThreadPoolExecutor(max_workers=min(workers, len(blobs)), thread_name_prefix="hermetic-pull") as pool:
         futures = [pool.submit(_download, store, client, repository, b, advance) for b in blobs]
@@ -261,11 +281,15 @@ def _download_all(store: OciStore, client: RegistryClient, repository: str, blob
         for w in verified:
             w.abort()
         raise failed[0]
+    return verified
+
+
+def _commit(writers: list[BlobWriter]) -> None:
     try:
-        for w in verified:
+        for w in writers:
             w.commit()  # re-checks digest and size, then renames into place
     except BaseException:
-        for w in verified:
+        for w in writers:
             if w.digest is None:
                 w.abort()
         raise

@@ -23,7 +23,8 @@ from typing import Literal
 
 from hermetic.errors import DataError, IntegrityError, NotFound, UsageError
 from hermetic.reference import ImageName, parse_image_name
-from hermetic.registry.client import RegistryClient, RegistryError, TransferStats
+from hermetic.registry.client import RegistryClient, RegistryError, Timeouts, TransferStats
+from hermetic.registry.documents import descriptor, image_blobs
 from hermetic.registry.locations import blob_locations, record_blob_locations, record_image_location
 from hermetic.registry.progress import NoProgress, TransferProgress
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, Descriptor, OciStore
@@ -80,18 +81,22 @@ def push_image(
     chunked_threshold: int = CHUNKED_THRESHOLD,
     chunk_size: int = CHUNK_SIZE,
     progress: TransferProgress | None = None,
+    timeout: float | None = None,
 ) -> PushResult:
     """Push the image (or image index) ``manifest_digest`` from ``store`` to ``ref``.
 
     Tags ``ref``'s tag when it has one, else pushes by digest only. Records the
     repo digest (see ``repo_digests``) and where each blob now lives.
+    ``timeout``: seconds for the whole push (default HERMETIC_REGISTRY_TIMEOUT,
+    else an hour); a deadline that passes is RegistryTimeout (exit 75).
     """
     name = parse_push_ref(ref) if isinstance(ref, str) else ref
     if name.digest is not None and name.digest != manifest_digest:
         raise UsageError(f"{name} names digest {name.digest}, but the image to push is {manifest_digest}")
     host = name.registry_host()
     repository = name.registry_repository()
-    client = client or RegistryClient(host)
+    client = client or RegistryClient(host, timeouts=Timeouts.from_env(total=timeout))
+    client.begin("push", timeout)
     progress = progress or NoProgress()
     pusher = _Pusher(store, client, host, repository, max(1, min(workers, 8)), chunked_threshold, chunk_size, progress)
     media_type = pusher.push_manifest(manifest_digest, name.tag)
@@ -127,8 +132,9 @@ class _Pusher:
             raise IntegrityError(f"store blob {digest} is not a JSON manifest") from None
         media_type = doc.get("mediaType") or desc.media_type
         if media_type in INDEX_TYPES:
-            for child in doc.get("manifests") or []:
-                self.push_manifest(child["digest"], None)
+            for i, child in enumerate(doc.get("manifests") or []):
+                self.push_manifest(descriptor({"mediaType": MANIFEST_TYPES[0], **child} if isinstance(child, dict)
+                                              else child, f"store index {digest}, entry {i}").digest, None)
         elif media_type in MANIFEST_TYPES:
             self.push_blobs(self.image_blobs(digest, doc))
         else:
@@ -154,11 +160,7 @@ class _Pusher:
         raise AssertionError("unreachable")
 
     def image_blobs(self, digest: str, doc: dict) -> list[Descriptor]:
-        try:
-            blobs = [Descriptor.from_json(doc["config"])] + [Descriptor.from_json(x) for x in doc["layers"]]
-        except (KeyError, TypeError, ValueError):
-            raise IntegrityError(f"store manifest {digest} lacks a config or layers list") from None
-        unique = list({b.digest: b for b in blobs}.values())
+        unique = image_blobs(doc, f"store manifest {digest}")
         for b in unique:
             if not self.store.has_blob(b.digest):
                 raise DataError(f"image {digest} is incomplete in the store: blob {b.digest} is missing",

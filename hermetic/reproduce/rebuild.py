@@ -53,7 +53,7 @@ class Rebuilt:
 def check_builder(facts: BuildFacts) -> list[str]:
     """Refuse a provenance this hermetic cannot reproduce; notes for what may still matter."""
     from hermetic import __version__
-    from hermetic.builder.build import runtime_sha256
+    from hermetic.builder.inputs import runtime_sha256
     from hermetic.builder.layers import LAYER_FORMAT, _installer_version
 
     if facts.hermetic_version != __version__:
@@ -210,7 +210,8 @@ def seed_wheels(facts: BuildFacts, lock_wheels: dict[str, LockedWheel], store: W
 def rebuild(facts: BuildFacts, scratch: Path, *, user_paths: CachePaths, base_sources: list[ImageName],
             log: Callable[[str], None] | None = None) -> Rebuilt:
     """Rebuild into ``scratch``; returns the rebuilt manifest digest (in ``scratch``'s store)."""
-    from hermetic.builder.build import build, build_key, image_config_part, read_config_lock
+    from hermetic.builder.build import build, read_config_lock
+    from hermetic.builder.key import build_key, image_config_part
     from hermetic.config import load_config
 
     notes = check_builder(facts)

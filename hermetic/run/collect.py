@@ -14,23 +14,44 @@ What the script left can never cost it its exit code or the record: a link
 is recorded as a link, a FIFO by kind, a malformed metrics file or runtime
 report as a note (``outputs.notes``), a working-directory file that cannot be
 kept where it was written as a conflict (the run fails with that reason).
+
+Metrics (hermetic.record.metrics) come from the files the frameworks write:
+metrics.jsonl, Lightning's metrics.csv and the Trainer's JSON files are read
+in that child with the standard library. TensorBoard's event files are
+protocol buffers, which hermetic never parses as root: they are read by
+TensorBoard's own reader (hermetic.record.tb_scalars) in a second locked-down
+container of the run's own image (the one that wrote them has tensorboard:
+torch.utils.tensorboard and Lightning's logger need it), with the outputs
+mounted read-only, only when event files exist; where that image has no
+tensorboard (or no engine answers), in a second child as the container's user
+with the host's tensorboard (``hermetic[tensorboard]``); where neither can, a
+note says so. What was read is written once, by hermetic, to
+``runs/<id>/metrics/series.jsonl``, whose sha256 the record keeps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hermetic import safetree
 from hermetic.privdrop import call_as
-from hermetic.record.build import summarize_metrics_at
+from hermetic.record import metrics as mx
 from hermetic.record.outputs import hash_outputs_at
 from hermetic.run.workdir import WorkdirResult, collect_at
 
 RUNTIME_REPORT_NAME = "runtime.json"
 RUNTIME_REPORT_LIMIT = 16 << 20  # bytes: a report is a few KB; a bigger one is not read
+STDOUT_LOG = "logs/stdout.log"  # what the script printed (run.outputs.stdout: a compared output)
+READER_MOUNT = "/run/hermetic-metrics"  # where tb_scalars.py is mounted in the reader container
+READER_OUTPUTS = "/outputs"
+READER_LABEL = "org.hermetic.metrics-reader"
+READER_TIMEOUT = 300  # seconds: reading a gigabyte of event files takes a fraction of it
+READER_ANSWER_LIMIT = 256 << 20  # bytes of JSON the reader may print (MAX_TOTAL_POINTS of them fit)
 
 
 @dataclass(frozen=True)
@@ -43,6 +64,9 @@ class CollectPlan:
     exclude: list[str] = field(default_factory=list)
     skip: list[str] = field(default_factory=list)  # dataset mount points inside the working directory
     ranks: dict[str, int] | None = None  # {"node_rank", "nproc_per_node"}: torchrun's files to collect
+    # run.metrics and run.outputs.stdout; None: as the run's own record (its early run.json) says
+    metrics: list[str] | None = None
+    stdout: bool | None = None
 
 
 @dataclass
@@ -57,10 +81,59 @@ class Collected:
 
 def collect_run(plan: CollectPlan, *, uid: int, gid: int) -> Collected:
     """Everything the record needs from the script's trees, gathered as ``uid:gid`` (module doc)."""
+    settings = RunSettings.of(plan.run_dir)
+    plan = dataclasses.replace(plan, metrics=list(settings.metrics) if plan.metrics is None else plan.metrics,
+                               stdout=settings.stdout if plan.stdout is None else plan.stdout)
     dirs = [plan.run_dir, *(d for d in (plan.workspace, plan.runtime_dir) if d is not None)]
     doc = call_as(uid, gid, _collect, asdict(plan), open_dirs=dirs)
-    return Collected(WorkdirResult.from_json(doc["workdir"]), doc["outputs"], doc["metrics"],
-                     doc["runtime_report"], doc["rank_logs"], doc["notes"])
+    notes: list[str] = doc["notes"]
+    parts = doc["metric_parts"]
+    readers: dict[str, str] = {}
+    if doc["events"]:
+        tb = read_event_files(plan.run_dir, doc["events"], settings, uid=uid, gid=gid)
+        parts += tb["parts"]
+        notes += tb["notes"]
+        if tb["reader"]:
+            readers[mx.TENSORBOARD] = tb["reader"]
+    assembled = mx.assemble(parts, readers=readers)
+    metrics = assembled.section
+    notes += assembled.notes
+    if assembled.series:
+        try:
+            metrics["series"] = mx.write_series(plan.run_dir, assembled.series)
+        except (OSError, safetree.UnsafePath) as e:
+            notes.append(f"the metric series was not written ({mx.SERIES_FILE}): "
+                         f"{getattr(e, 'message', None) or getattr(e, 'strerror', None) or e}")
+    return Collected(WorkdirResult.from_json(doc["workdir"]), doc["outputs"], metrics,
+                     doc["runtime_report"], doc["rank_logs"], notes)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the collection needs from the run's early record (hermetic wrote it before the container):
+    the image and Python of the reader container, run.metrics, run.outputs.stdout."""
+
+    image_id: str | None = None
+    python: str | None = None
+    run_id: str | None = None
+    metrics: tuple[str, ...] = mx.SOURCES
+    stdout: bool = False
+
+    @classmethod
+    def of(cls, run_dir: str) -> "RunSettings":
+        from hermetic.record.index import RUN_JSON
+
+        try:
+            with open(os.path.join(run_dir, RUN_JSON), "rb") as f:
+                rec = json.loads(f.read(16 << 20))
+            config = rec["invocation"].get("config") or {}
+            run = config.get("run") or {}
+            prefix = (config.get("build") or {}).get("prefix") or "/opt/venv"
+            image = (rec.get("image") or {}).get("id")
+            return cls(image if isinstance(image, str) else None, f"{prefix}/bin/python", rec["record"]["run_id"],
+                       mx.enabled_sources(run.get("metrics")), bool((run.get("outputs") or {}).get("stdout")))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return cls()
 
 
 def _collect(fds: dict[str, int], plan_doc: dict[str, Any]) -> dict[str, Any]:
@@ -88,12 +161,189 @@ def _collect(fds: dict[str, int], plan_doc: dict[str, Any]) -> dict[str, Any]:
         for rel, f in outputs["files"].items():
             if f.get("type"):
                 notes.append(f"outputs/{rel}: a {f['type']}, recorded by kind (never opened)")
-        metrics, metric_notes = summarize_metrics_at(outfd)
+        found = mx.find_sources(outputs["files"], plan.metrics if plan.metrics is not None else mx.SOURCES)
+        parts, metric_notes = mx.read_file_parts(outfd, found)
     finally:
         os.close(outfd)
-    notes += metric_notes
-    return {"workdir": kept.to_json(), "outputs": outputs, "metrics": metrics, "runtime_report": report,
-            "rank_logs": rank_logs, "notes": notes}
+    notes += found.notes + metric_notes
+    events = [{"file": rel, "size": outputs["files"][rel]["size"]} for rel in found.files.get(mx.TENSORBOARD, [])]
+    if plan.stdout:
+        stdout = stdout_entry_at(runfd, notes)
+        if stdout is not None:
+            outputs["stdout"] = stdout
+    return {"workdir": kept.to_json(), "outputs": outputs, "metric_parts": parts, "events": events,
+            "runtime_report": report, "rank_logs": rank_logs, "notes": notes}
+
+
+def stdout_entry_at(run_fd: int, notes: list[str] | None = None) -> dict[str, Any] | None:
+    """``outputs.stdout``: logs/stdout.log (what the script printed; hermetic wrote the file) as a compared
+    output, ``{"file", "sha256", "size"}``; None when there is none."""
+    try:
+        fd = safetree.open_regular(run_fd, STDOUT_LOG)
+    except FileNotFoundError:
+        return None
+    except (OSError, safetree.UnsafePath) as e:
+        if notes is not None:
+            notes.append(f"{STDOUT_LOG} was not recorded as an output: {getattr(e, 'message', None) or e}")
+        return None
+    try:
+        digest, size = safetree.hash_fd(fd)
+    finally:
+        os.close(fd)
+    return {"file": STDOUT_LOG, "sha256": digest, "size": size}
+
+
+# ---------------------------------------------------------------- TensorBoard's event files
+
+
+def read_event_files(run_dir: str, events: list[dict[str, Any]], settings: RunSettings, *, uid: int,
+                     gid: int) -> dict[str, Any]:
+    """The scalars of the run's event files: ``{"parts", "reader": "image" | "host" | None, "notes"}``.
+
+    First in a locked-down container of the run's image (reader_container), else on the host in a
+    child as ``uid:gid`` with the host's tensorboard; where neither can, a note (module doc)."""
+    notes: list[str] = []
+    files, total = [], 0
+    for e in events:
+        if e["size"] > mx.MAX_EVENT_FILE_BYTES or total + e["size"] > mx.MAX_EVENT_BYTES:
+            notes.append(f"outputs/{e['file']}: {e['size']} bytes, past the {mx.MAX_EVENT_FILE_BYTES >> 20} MiB "
+                         f"per event file ({mx.MAX_EVENT_BYTES >> 30} GiB in all) read: its scalars were not read")
+            continue
+        total += e["size"]
+        files.append(e["file"])
+    if not files:
+        return {"parts": [], "reader": None, "notes": notes}
+    answer, why_not = reader_container(run_dir, files, settings, uid=uid, gid=gid)
+    host_reads = answer is None or answer.lstrip().startswith(b'{"unavailable"')
+    if host_reads and (uid != 0 or os.geteuid() != 0):  # the child may then read them with the host's tensorboard
+        from hermetic.record import tb_scalars
+
+        tb_scalars.available()  # imported here: the child may not be allowed to read where Python keeps it
+    doc = call_as(uid, gid, _event_parts, run_dir, files, answer, why_not, open_dirs=[run_dir])
+    return {"parts": doc["parts"], "reader": doc["reader"], "notes": notes + doc["notes"]}
+
+
+def reader_request(files: list[str], root: str = READER_OUTPUTS) -> dict[str, Any]:
+    return {"root": root, "files": files, "max_bytes": mx.MAX_EVENT_FILE_BYTES, "max_points": mx.MAX_TOTAL_POINTS}
+
+
+def reader_container(run_dir: str, files: list[str], settings: RunSettings, *, uid: int,
+                     gid: int) -> tuple[bytes | None, str | None]:
+    """(what tb_scalars printed, None) from a container of the run's image, or (None, why not).
+
+    The container is the probe's: the image by ID, a read-only root, tmpfs /tmp, every capability
+    dropped, no-new-privileges, no network, the pids limit, the container's user; the outputs are
+    mounted read-only and the reader beside them; ``python -I`` (no PYTHONPATH, no user site, not the
+    script's directory on sys.path)."""
+    if settings.image_id is None or settings.python is None:
+        return None, "the run's record names no image"
+    from hermetic.errors import HermeticError
+    from hermetic.record import tb_scalars
+    from hermetic.run.container import ContainerSpec, Mount, create, remove_container
+
+    script = Path(tb_scalars.__file__).resolve()
+    spec = ContainerSpec(
+        image_id=settings.image_id,
+        command=[settings.python, "-I", "-B", f"{READER_MOUNT}/{script.name}", json.dumps(reader_request(files))],
+        mounts=[Mount(script, f"{READER_MOUNT}/{script.name}", True),
+                Mount(Path(run_dir) / "outputs", READER_OUTPUTS, True)],
+        env={}, user=f"{uid}:{gid}", workdir="/tmp",
+        labels={READER_LABEL: settings.run_id or ""},
+    )
+    try:
+        from hermetic.engine import engine_client
+
+        client = engine_client(timeout=READER_TIMEOUT + 30)
+        container = create(client, spec)
+    except HermeticError as e:
+        return None, f"no reader container: {e.message}"
+    except Exception as e:  # no engine answers (a pyxis node), the engine refused
+        return None, f"no reader container: {' '.join(str(e).split())[:200]}"
+    try:
+        container.start()
+        try:
+            result = container.wait(timeout=READER_TIMEOUT)
+        except Exception:
+            return None, f"the reader container did not finish within {READER_TIMEOUT} s"
+        out = container.logs(stdout=True, stderr=False)
+        if int(result.get("StatusCode", 1)) != 0:
+            err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace").strip().splitlines()
+            return None, f"the reader container failed (exit {result.get('StatusCode')}): " + \
+                safetree.display((err[-1:] or ["no message"])[0])[:300]
+        if len(out) > READER_ANSWER_LIMIT:
+            return None, f"the reader container printed more than {READER_ANSWER_LIMIT >> 20} MiB"
+        return out, None
+    except Exception as e:
+        return None, f"the reader container failed: {' '.join(str(e).split())[:200]}"
+    finally:
+        remove_container(container)
+
+
+def _event_parts(fds: dict[str, int], run_dir: str, files: list[str], answer: bytes | None,
+                 why_not: str | None) -> dict[str, Any]:
+    """In the collection child: the reader container's answer checked, or the files read here with the host's
+    tensorboard (never as root), or a note saying why they were not read."""
+    from hermetic.record import tb_scalars
+
+    notes: list[str] = []
+    if answer is not None:
+        try:
+            doc = json.loads(answer.decode("utf-8").strip().splitlines()[-1])
+        except (ValueError, IndexError, UnicodeDecodeError):
+            doc, why_not = None, "the reader container printed no JSON"
+        if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
+            parts = [mx.event_part(rel, doc["files"].get(rel) or {}) for rel in files]
+            notes += _file_notes(doc["files"], files)
+            return {"parts": parts, "reader": "image", "notes": notes}
+        if isinstance(doc, dict) and isinstance(doc.get("unavailable"), str):
+            why_not = f"the run's image has no tensorboard ({safetree.display(doc['unavailable'])[:200]})"
+    n = len(files)
+    what = f"{n} TensorBoard event file{'s' if n != 1 else ''} ({', '.join(files[:2])}{', ...' if n > 2 else ''})"
+    if os.geteuid() == 0:
+        notes.append(f"{what} not read: {why_not}; hermetic does not parse them on the host as root")
+        return {"parts": [], "reader": None, "notes": notes}
+    missing = tb_scalars.available()
+    if missing is not None:
+        notes.append(f"{what} not read: {why_not}, and this host has no tensorboard either "
+                     "(pip install 'hermetic[tensorboard]')")
+        return {"parts": [], "reader": None, "notes": notes}
+    outfd = safetree.open_dir(fds[run_dir], "outputs")
+    docs: dict[str, Any] = {}
+    budget = mx.MAX_TOTAL_POINTS
+    try:
+        for rel in files:
+            try:
+                fd = safetree.open_regular(outfd, safetree.fs_name(rel))
+            except (OSError, safetree.UnsafePath) as e:
+                docs[rel] = {"error": f"not opened: {getattr(e, 'message', None) or e.strerror}"}
+                continue
+            try:
+                if os.fstat(fd).st_size > mx.MAX_EVENT_FILE_BYTES:
+                    docs[rel] = {"error": "grew past the size allowed"}
+                    continue
+                docs[rel] = tb_scalars.read_scalars(f"/proc/self/fd/{fd}", max(budget, 0))
+            finally:
+                os.close(fd)
+            budget -= sum(len(v) for v in docs[rel].get("tags", {}).values())
+    finally:
+        os.close(outfd)
+    notes += _file_notes(docs, files)
+    return {"parts": [mx.event_part(rel, docs.get(rel) or {}) for rel in files], "reader": "host", "notes": notes}
+
+
+def _file_notes(docs: dict[str, Any], files: list[str]) -> list[str]:
+    notes = []
+    for rel in files:
+        d = docs.get(rel)
+        if not isinstance(d, dict):
+            notes.append(f"outputs/{rel}: the event reader said nothing of it")
+            continue
+        if isinstance(d.get("error"), str):
+            notes.append(f"outputs/{rel}: read up to an error: {safetree.display(d['error'])[:300]}")
+        if isinstance(d.get("truncated"), list) and d["truncated"]:
+            notes.append(f"outputs/{rel}: more scalars than the {mx.MAX_TOTAL_POINTS} points kept; the last value "
+                         "of each tag is kept")
+    return notes
 
 
 def read_runtime_report_at(runtime_fd: int, notes: list[str] | None = None) -> dict[str, Any]:

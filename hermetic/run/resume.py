@@ -34,10 +34,27 @@ class ResumeSource:
     run_dir: Path
     files: dict[str, dict]  # outputs.files of its record
     from_workdir: frozenset[str]  # outputs.workdir.collected
+    status: str = "succeeded"  # record.status of the earlier run
+    exit_code: int | None = 0
 
     @property
     def run_id(self) -> str:
         return self.run_dir.name
+
+    def warnings(self) -> list[str]:
+        """What resuming from it means when that run did not succeed or left nothing (the run goes on)."""
+        ended = f"{self.status}" + (f" (exit {self.exit_code})" if self.exit_code not in (None, 0) else "")
+        head = f"--resume-from {self.run_id}: that run {ended}"
+        if not self.files:
+            if self.status == "succeeded":
+                head = f"--resume-from {self.run_id}: that run succeeded"
+            return [f"{head} and left no outputs: there is nothing to resume from, so this run starts as a fresh "
+                    "one would (resume from a run that wrote a checkpoint, or run the earlier step again)"]
+        if self.status != "succeeded":
+            n = len(self.files)
+            return [f"{head}: its {n} output{'s' if n != 1 else ''} are what it had written when it stopped, "
+                    "perhaps a partial checkpoint; this run starts from them"]
+        return []
 
 
 def check_resume_source(run_dir: Path, *, uid: int, gid: int) -> ResumeSource:
@@ -47,7 +64,8 @@ def check_resume_source(run_dir: Path, *, uid: int, gid: int) -> ResumeSource:
     outputs = run_dir / "outputs"
     if not outputs.is_dir() or outputs.is_symlink():
         raise NotFound(f"--resume-from {run_dir.name}: no outputs/ in {run_dir}")
-    recorded = load_record(run_dir)["outputs"]
+    record = load_record(run_dir)
+    recorded = record["outputs"]
     files = recorded["files"]
     actual = call_as(uid, gid, _hash, str(outputs), open_dirs=[str(outputs)], read_any=True)["files"]
     problems = []
@@ -65,7 +83,8 @@ def check_resume_source(run_dir: Path, *, uid: int, gid: int) -> ResumeSource:
         raise ResumeRefused(f"--resume-from {run_dir.name}: {'; '.join(problems[:2])}{more} — no container was "
                             "started", details=problems[:20],
                             hint="resume from a run whose outputs are as recorded, or run the earlier step again")
-    return ResumeSource(run_dir, files, frozenset((recorded.get("workdir") or {}).get("collected") or []))
+    return ResumeSource(run_dir, files, frozenset((recorded.get("workdir") or {}).get("collected") or []),
+                        record["record"]["status"], record["record"]["exit_code"])
 
 
 def _hash(fds: dict[str, int], outputs: str) -> dict[str, Any]:

@@ -34,7 +34,9 @@ from hermetic.paths import CachePaths
 from hermetic.record import (
     adopt_run_dir, begin_record, create_run_dir, env_section, finish_record, new_run_id, seed_section, write_record,
 )
-from hermetic.run.container import ContainerSpec, Mount, RunOutcome, engine_for, limits_section, run_labels
+from hermetic.run.container import (
+    ContainerSpec, Mount, RunOutcome, container_hostname, engine_for, limits_section, run_labels,
+)
 from hermetic.record import liveness
 from hermetic.run.data import DataChanged, VerifiedDataset, changed_during_run, record_data_changes, verify_datasets
 from hermetic.run.resume import ResumeSource, check_resume_source, seed_outputs
@@ -53,6 +55,7 @@ from hermetic.run.recording import (
 from hermetic.store.oci import OciStore
 
 Log = Callable[[str], None]
+NODES_DIR = "nodes"  # in a multi-node run's dir: the other nodes' run directories (hermetic.slurm.task)
 RUNTIME_DIR = ".runtime"  # in the run dir while the container runs: the runtime's report, mounted at RUNTIME_MOUNT
 ENGINE_NAMES = {"docker": "the Docker Engine", "podman": "Podman's storage", "charliecloud": "Charliecloud's layers"}
 
@@ -103,6 +106,8 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     # 2b. the earlier run's outputs, as its record says: an input too
     resume = (check_resume_source(req.resume_from, uid=reader.uid, gid=reader.gid)
               if req.resume_from is not None else None)
+    for warning in resume.warnings() if resume is not None else []:  # it failed, it left nothing: say what it means
+        log(f"warning: {warning}")
     run_id, run_dir, rec, env = open_run(cfg, store, req, info, datasets, script, passed)  # 3. the run directory
     with liveness.hold(run_dir):  # `hermetic stop`, `logs -f`, `runs wait` find the run's process by this
         try:
@@ -124,6 +129,7 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, i
     rec["invocation"]["user"] = user.spec  # who the script ran as: the run README's by-hand command says it
     rec["invocation"]["limits"] = limits_section(cfg.model.run.pids, cfg.model.run.memory)
     rec["invocation"]["engine"] = engine.info(limits_spec(cfg)).section()  # which engine, its version, its notes
+    rec["invocation"]["hostname"] = container_hostname(req.network)  # fixed: files named by host match
     python = f"{cfg.model.build.prefix}/bin/python"
     with _workspace(paths, run_id) as workspace:
         rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log)  # 4. the code
@@ -150,7 +156,7 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
     the run's engine (hermetic.engines: Docker by default)."""
     engine = engine or engine_for(req.engine or cfg.model.run.engine)
     if req.image_manifest:
-        from hermetic.store.intact import check_image
+        from hermetic.store.images import check_image
 
         if not store.has_image(req.image_manifest):
             raise NotFound(f"image {req.image_manifest} is not in the local store")
@@ -172,6 +178,8 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
     res = build(cfg, paths, log=log, pull_base=ensure_image, engine=engine.name)
     if not res.noop:
         log(f"built image {res.image_id}")
+    for note in res.notes:  # what `hermetic build` warns about (a torchvision for the other torch): said here too
+        log(f"warning: {note}")
     return res.info
 
 
@@ -358,7 +366,9 @@ def collect_outputs(cfg: LoadedConfig, rec: dict[str, Any], datasets: Sequence[A
         if os.getuid() == 0:
             fd = safetree.open_root(run_dir)
             try:
-                safetree.lchown_tree(fd, os.getuid(), os.getgid())
+                # nodes/: the other nodes' run directories (hermetic.slurm.task), each given back by its
+                # own node when it is done; taking them now would take them from a node still collecting.
+                safetree.lchown_tree(fd, os.getuid(), os.getgid(), skip=lambda rel: rel == NODES_DIR)
             finally:
                 os.close(fd)
     return collected

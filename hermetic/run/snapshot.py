@@ -3,8 +3,12 @@
 In a git work tree the snapshot holds the tracked files and the untracked
 files git does not ignore (what ``git status`` would show), read from the
 working tree as they are now; the commit, branch, dirty flag, ``git diff``
-patch and the untracked files' hashes are recorded beside it. Outside git it
-holds every file under the project root. Either way the run directory, the
+patch and the untracked files' hashes are recorded beside it. A file git
+ignores (``lightning_logs/``, a checkpoint, a plot an earlier run left) is not
+code and stays out, unless it is tracked. Outside git it holds every file under
+the project root but those its ``.gitignore`` files ignore (git itself reads
+them, against a throwaway empty repository; with no git installed, every
+file), ``__pycache__`` and ``*.pyc`` left out. Either way the run directory, the
 datasets, their manifests (the record's data section) and .git are left
 out -- a dataset's project path even when it is a link out of the project.
 A symbolic link of the code must stay inside the project (``links_out``:
@@ -80,6 +84,25 @@ def list_source_files(root: Path, excludes: list[str], use_git: bool = True) -> 
                     continue  # a submodule: recorded by git, not snapshotted
                 paths.append(rel)
             return sorted(set(paths), key=lambda s: s.encode("utf-8", "surrogateescape")), True
+    ignored_aware = _not_ignored_outside_git(root, excludes) if use_git else None
+    if ignored_aware is not None:
+        paths = []
+        for rel in ignored_aware:
+            if (root / rel).is_dir() and not (root / rel).is_symlink():  # a repository of its own inside
+                paths += [f"{rel}/{p}" for p in _walk(root / rel, [])]
+            elif not _excluded(rel, excludes) and not _is_cache(rel):
+                paths.append(rel)
+        paths = [p for p in paths if not _excluded(p, excludes)]
+        return sorted(set(paths), key=lambda s: s.encode("utf-8", "surrogateescape")), False
+    return sorted(_walk(root, excludes), key=lambda s: s.encode("utf-8", "surrogateescape")), False
+
+
+def _is_cache(rel: str) -> bool:
+    return rel.endswith(".pyc") or "__pycache__" in rel.split("/")
+
+
+def _walk(root: Path, excludes: list[str]) -> list[str]:
+    """Every file under ``root`` (no .git, no caches), relative to it."""
     paths = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
@@ -90,7 +113,24 @@ def list_source_files(root: Path, excludes: list[str], use_git: bool = True) -> 
             rel = f"{rel_dir}/{name}".lstrip("/")
             if not _excluded(rel, excludes) and not name.endswith(".pyc"):
                 paths.append(rel)
-    return sorted(paths, key=lambda s: s.encode("utf-8", "surrogateescape")), False
+    return paths
+
+
+def _not_ignored_outside_git(root: Path, excludes: list[str]) -> list[str] | None:
+    """The files under ``root`` (not a git work tree) that its .gitignore files do not ignore, as git says
+    (``ls-files --others --exclude-standard`` against an empty repository made for the question), or None
+    when git cannot answer (not installed)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="hermetic-gitignore-") as empty:
+        if _git(Path(empty), "init", "-q", "--bare") is None:
+            return None
+        # the excluded trees (datasets, runs/) are not walked at all
+        out = _git(root, f"--git-dir={empty}", f"--work-tree={root}", "ls-files", "-z", "--others",
+                   "--exclude-standard", "--", ".", *(f":(exclude,literal){e}" for e in excludes))
+    if out is None:
+        return None
+    return [p.rstrip("/") for p in out.split("\0") if p and os.path.lexists(root / p.rstrip("/"))]
 
 
 def links_out(root: Path, excludes: list[str], use_git: bool = True) -> list[tuple[str, str]]:

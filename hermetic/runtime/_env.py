@@ -16,6 +16,7 @@ OUTPUTS_ENV = "HERMETIC_OUTPUTS"
 REPORT_ENV = "HERMETIC_RUNTIME_REPORT"
 # torchrun / torch.distributed.launch set RANK for every process.
 RANK_ENV = "RANK"
+WORLD_SIZE_ENV = "WORLD_SIZE"
 
 DEFAULT_SEED = 0
 DEFAULT_MODE = "strict"
@@ -109,3 +110,15 @@ def outputs_dir_path() -> str:
 def determinism_env() -> dict:
     """The determinism knobs as this process sees them (unset ones omitted)."""
     return {k: os.environ[k] for k in DETERMINISM_VARS if k in os.environ}
+
+
+def world_size() -> int:
+    """$WORLD_SIZE (torchrun sets it), else 1."""
+    raw = os.environ.get(WORLD_SIZE_ENV, "").strip()
+    try:
+        value = int(raw, 10) if raw else 1
+    except ValueError:
+        raise ValueError(f"{WORLD_SIZE_ENV}={raw!r}: must be a positive integer") from None
+    if value < 1:
+        raise ValueError(f"{WORLD_SIZE_ENV}={raw!r}: must be a positive integer")
+    return value

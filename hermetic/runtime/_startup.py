@@ -14,10 +14,21 @@ that is ``numpy.random``'s import: numpy 2 imports it lazily, on the first
 ``np.random`` attribute, and seeding at ``import numpy`` would import it for
 every script that never draws (~10 ms), while nothing can draw from the
 global RNG before its module exists (numpy 1.x imports it with numpy). And a
-script's own seeding, which comes later, still wins. At exit the main
-process writes into the runtime report what was seeded (``startup``) and,
-when torch was imported, the determinism state it ended with (``final``),
-noting every flag changed after ``enable_determinism()``.
+script's own seeding, which comes later, still wins.
+
+The hook reacts to a module being *executed*, not to it being looked up: a
+library that probes with ``importlib.util.find_spec("torch")`` before
+importing it (``datasets`` does) gets a spec whose loader seeds, and the real
+import, which asks again, gets one too; whichever runs seeds, once.
+
+``random.seed`` and ``numpy.random.seed`` are wrapped so that the last seed
+given to them is known at exit (torch keeps its own: ``torch.initial_seed()``).
+At exit the main process writes into the runtime report what was seeded
+(``startup``) and ``final``: the seed each generator ended with and a digest
+of its state (``final.seeds``, so a script that reseeds, as Hugging Face's
+``set_seed`` and Lightning's ``seed_everything`` do, is recorded as such)
+and, when torch was imported, the determinism state it ended with, noting
+every flag changed after ``enable_determinism()``.
 
 Standard library only, Python 3.8+, and cheap: it runs before every script.
 """
@@ -53,6 +64,61 @@ def seed_module(name, module, seed):
         module.manual_seed(seed)  # the CPU generator and, lazily, every CUDA device's
 
 
+def seed_label(value):
+    """What a seed call was given, as the record keeps it: an int, ``entropy`` (None: the OS's randomness),
+    else the argument's type (a str, bytes, an array of ints)."""
+    if value is None:
+        return "entropy"
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    index = getattr(value, "__index__", None)  # numpy integers
+    if index is not None:
+        try:
+            return int(index())
+        except Exception:
+            pass
+    return "a %s" % type(value).__name__
+
+
+class _RecordingSeed:
+    """``module.seed`` in place of the original: calls it, then notes what it was given."""
+
+    def __init__(self, module_name, label, original, last_seed):
+        self._module_name = module_name
+        self._label = label
+        self._last_seed = last_seed
+        self.__wrapped__ = original
+        self.__doc__ = getattr(original, "__doc__", None)
+
+    def __call__(self, *args, **kwargs):
+        result = self.__wrapped__(*args, **kwargs)  # a bad argument raises as it always did, and is not noted
+        given = args[0] if args else kwargs.get("a", kwargs.get("seed"))
+        self._last_seed[self._label] = seed_label(given)
+        return result
+
+    def __getattr__(self, name):  # __name__, __qualname__, ...: the original's
+        return getattr(self.__dict__["__wrapped__"], name)
+
+    def __reduce__(self):  # pickled (a spawn worker's target, say) as "that module's seed", wherever unpickled
+        return (module_seed, (self._module_name,))
+
+
+def module_seed(module_name):
+    import importlib
+
+    return importlib.import_module(module_name).seed
+
+
+def record_seed_calls(name, label, module, last_seed):
+    """Replace ``module.seed`` with one that notes in ``last_seed[label]`` what it was last given."""
+    original = getattr(module, "seed", None)
+    if original is None or isinstance(original, _RecordingSeed):
+        return
+    module.seed = _RecordingSeed(name, label, original, last_seed)
+
+
 class _SeedingLoader:
     """Runs the real loader, then seeds the module it made."""
 
@@ -78,30 +144,48 @@ class SeedOnImport:
         self.seed = seed
         self.pending = set(TARGETS)
         self.seeded = []
+        self.last_seed = {}  # "random"/"numpy" -> what its seed() was last given (seed_label)
+        self._finding = set()  # names being looked up by the other finders (one of them may ask us again)
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.pending:
+        # Nothing is crossed off here: a find_spec probe is not an import (the module is crossed off
+        # when it is executed, in after_import), so each lookup gets a loader that seeds.
+        if fullname not in self.pending or fullname in self._finding:
             return None
-        self.pending.discard(fullname)
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
+        self._finding.add(fullname)
+        try:
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._finding.discard(fullname)
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _SeedingLoader(spec.loader, lambda m, n=fullname: self.after_import(n, m))
         return spec
 
     def after_import(self, name, module):
+        if name not in self.pending:
+            return  # seeded already (a module executed twice, by a second spec)
+        self.pending.discard(name)
+        label = LABELS.get(name, name)
         try:
             seed_module(name, module, self.seed)
-            self.seeded.append(LABELS.get(name, name))
+            self.seeded.append(label)
         except Exception as e:  # a module without the call we expect: say so at exit, never break the import
-            self.seeded.append("%s failed: %s" % (LABELS.get(name, name), type(e).__name__))
+            self.seeded.append("%s failed: %s" % (label, type(e).__name__))
+        else:
+            if name != "torch":  # torch remembers its own (torch.initial_seed())
+                self.last_seed[label] = self.seed
+                try:
+                    record_seed_calls(name, label, module, self.last_seed)
+                except Exception:
+                    pass
         if not self.pending and self in sys.meta_path:
             # Nothing left to watch: later imports no longer pass through here. (Not done inside
             # find_spec: the import system is iterating sys.meta_path there.)
@@ -116,22 +200,27 @@ def _main_process():
 def report_at_exit(hook):
     if not _main_process() or not os.environ.get("HERMETIC_RUNTIME_REPORT"):
         return
+    # What the script left, taken before the imports below (tempfile imports random, for one).
+    seeded = list(hook.seeded)
+    modules = {name: sys.modules[name] for name in TARGETS if name in sys.modules}
+    last_seed = dict(hook.last_seed)
     try:
         from hermetic_runtime.report import record
+        from hermetic_runtime.seeding import final_seeds
     except ImportError:  # the runtime package is not beside us (a copy of this file alone)
         return
-    sections = {"startup": {"seed": hook.seed, "seeded": list(hook.seeded)}}
-    torch = sys.modules.get("torch")
+    final = {"seeds": final_seeds(modules, last_seed)}
+    torch = modules.get("torch")
     if torch is not None:
         from hermetic_runtime.determinism import changed_since_enable, torch_flags
 
         try:
             flags = torch_flags(torch)
         except Exception as e:
-            sections["final"] = {"error": "%s: %s" % (type(e).__name__, e)}
+            final["error"] = "%s: %s" % (type(e).__name__, e)
         else:
-            sections["final"] = {"torch": flags, "changed_after_enable_determinism": changed_since_enable(flags)}
-    record(**sections)
+            final.update(torch=flags, changed_after_enable_determinism=changed_since_enable(flags))
+    record(startup={"seed": hook.seed, "seeded": seeded}, final=final)
 
 
 def install():
@@ -141,7 +230,6 @@ def install():
     hook = SeedOnImport(seed)
     for name in TARGETS:  # already imported (by another .pth, say): seed it now
         if name in sys.modules:
-            hook.pending.discard(name)
             hook.after_import(name, sys.modules[name])
     if hook.pending:
         sys.meta_path.insert(0, hook)

@@ -26,35 +26,14 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import _optional
-from ._env import RANK_ENV, resolve_rank, resolve_seed
+from ._env import RANK_ENV, WORLD_SIZE_ENV, resolve_rank, resolve_seed, world_size  # noqa: F401 (API)
+from ._seeds import rank_seed  # noqa: F401 (this module's API: hermetic_runtime.distributed.rank_seed)
 from .report import record
 
-WORLD_SIZE_ENV = "WORLD_SIZE"
 LOCAL_RANK_ENV = "LOCAL_RANK"
 BACKEND_ENV = "HERMETIC_DIST_BACKEND"
 RANK_OUTPUTS_ENV = "HERMETIC_RANK_OUTPUTS"
 RANK_SEED_RULE = 'rank 0: seed; rank r > 0: derive_seed(seed, "rank", r) % 2**32'
-
-
-def world_size() -> int:
-    """$WORLD_SIZE (torchrun sets it), else 1."""
-    raw = os.environ.get(WORLD_SIZE_ENV, "").strip()
-    try:
-        value = int(raw, 10) if raw else 1
-    except ValueError:
-        raise ValueError(f"{WORLD_SIZE_ENV}={raw!r}: must be a positive integer") from None
-    if value < 1:
-        raise ValueError(f"{WORLD_SIZE_ENV}={raw!r}: must be a positive integer")
-    return value
-
-
-def rank_seed(seed: int, rank: int) -> int:
-    """The seed of ``rank`` in a run seeded with ``seed`` (see the module docstring)."""
-    from .seeding import derive_seed
-
-    if rank == 0:
-        return seed
-    return derive_seed(seed, "rank", rank) % 2**32
 
 
 def shared_seed(seed: Optional[int] = None) -> int:

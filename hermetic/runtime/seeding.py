@@ -9,28 +9,15 @@ a hash keeps every (seed, rank, worker) distinct, on any Python and platform.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _optional
-from ._env import resolve_rank, resolve_seed
+from ._env import resolve_rank, resolve_seed, world_size
+from ._seeds import derive_seed, rank_seed  # noqa: F401 (derive_seed is this module's API too)
 from .report import record
-
-
-def derive_seed(*parts: Any) -> int:
-    """A 64-bit seed from ``parts``: ``int.from_bytes(sha256(":".join(map(str, parts))).digest()[:8], "big")``.
-
-    ``derive_seed(1234, 0, 1)`` is the seed of worker 1 on rank 0 for seed 1234.
-    Parts are written with ``str()``, so pass ints and plain strings only.
-    """
-    if not parts:
-        raise ValueError("derive_seed needs at least one part")
-    for p in parts:
-        if isinstance(p, bool) or not isinstance(p, (int, str)):
-            raise ValueError(f"derive_seed: parts must be int or str, got {p!r}")
-    text = ":".join(str(p) for p in parts)
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
 
 
 @dataclass(frozen=True)
@@ -78,8 +65,6 @@ def seed_everything(seed: Optional[int] = None, *, per_rank: bool = True) -> See
     value, source = resolve_seed(seed)
     shared = value
     if per_rank:
-        from .distributed import rank_seed, world_size
-
         if world_size() > 1:
             value = rank_seed(value, resolve_rank(None))
     _current_seed = value
@@ -115,3 +100,47 @@ def seed_everything(seed: Optional[int] = None, *, per_rank: bool = True) -> See
         seed_doc["shared"] = shared  # the run's seed this rank's was derived from
     record(seed=seed_doc)
     return result
+
+
+def state_digest(state: Any) -> str:
+    """sha256 of an RNG state written as compact JSON (``[version, [625 ints], gauss_next]`` for
+    ``random.getstate()``; ``["MT19937", [624 ints], pos, has_gauss, cached_gaussian]`` for numpy's
+    legacy ``get_state()``): equal states, equal digests, on any platform."""
+    return hashlib.sha256(json.dumps(state, separators=(",", ":"), allow_nan=False).encode("utf-8")).hexdigest()
+
+
+def final_seeds(modules: Mapping[str, Any], last_seed: Mapping[str, Any]) -> Dict[str, Any]:
+    """What each generator the process imported ended with, for the report's ``final.seeds``.
+
+    ``modules`` holds ``random``, ``numpy.random`` and ``torch`` when imported;
+    ``last_seed`` what ``random.seed`` / ``numpy.random.seed`` were last given
+    (the start-up hook notes it). ``random`` and ``numpy``: ``seed`` and
+    ``state_sha256`` (state_digest); ``torch``: ``seed``, ``torch.initial_seed()``,
+    the seed its CPU generator was last given. A generator whose state cannot
+    be read is reported with ``error``.
+    """
+    out: Dict[str, Any] = {}
+    rnd = modules.get("random")
+    if rnd is not None:
+        try:
+            version, internal, gauss_next = rnd.getstate()
+            out["random"] = {"seed": last_seed.get("random"),
+                             "state_sha256": state_digest([version, list(internal), gauss_next])}
+        except Exception as e:  # noqa: BLE001 - at exit: report, never raise
+            out["random"] = {"error": f"{type(e).__name__}: {e}"}
+    npr = modules.get("numpy.random")
+    if npr is not None:
+        try:
+            name, key, pos, has_gauss, cached = npr.get_state(legacy=True)
+            out["numpy"] = {"seed": last_seed.get("numpy"),
+                            "state_sha256": state_digest([str(name), [int(k) for k in key.tolist()], int(pos),
+                                                          int(has_gauss), float(cached)])}
+        except Exception as e:  # noqa: BLE001
+            out["numpy"] = {"error": f"{type(e).__name__}: {e}"}
+    torch = modules.get("torch")
+    if torch is not None:
+        try:
+            out["torch"] = {"seed": int(torch.initial_seed())}
+        except Exception as e:  # noqa: BLE001
+            out["torch"] = {"error": f"{type(e).__name__}: {e}"}
+    return out

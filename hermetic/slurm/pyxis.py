@@ -89,7 +89,7 @@ def begin(submission_path: Path, *, log: Log) -> Path:
 def end(submission_path: Path, exit_code: int, *, log: Log) -> int:
     from hermetic.record.rundir import load_record
     from hermetic.run.container import RunOutcome
-    from hermetic.run.plan import container_user
+    from hermetic.run.plan import ContainerUser
     from hermetic.run.runner import collect_outputs, seal_run
 
     sub, _slurm, run_dir = _context(submission_path)
@@ -100,7 +100,10 @@ def end(submission_path: Path, exit_code: int, *, log: Log) -> int:
     rec["record"]["record_sha256"] = ""
     datasets = [_Planned(p) for p in plan_datasets(cfg, req.data_paths, req.manifest_paths)]
     workspace = run_dir / WORKSPACE
-    collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, container_user(cfg))
+    # enroot runs the container as the job's own user (no --container-remap-root): what the script wrote
+    # is that user's, so it is that user who collects it (still through safetree: no link followed).
+    job_user = ContainerUser(f"{os.getuid()}:{os.getgid()}", os.getuid(), os.getgid())
+    collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, job_user)
     shutil.rmtree(workspace, ignore_errors=True)
     (run_dir / PROBE_FILE).unlink(missing_ok=True)
     result = seal_run(req, run_dir.name, run_dir, rec, RunOutcome(exit_code, False), collected, log)

@@ -1,7 +1,7 @@
 """Is a stored blob still what its name says? Answered from a stat where that is safe.
 
 The one implementation behind the layer cache's reuse of a layer, a no-op
-build, and a run of an image by digest (``check_image``). Each blob has a
+build, and a run of an image by digest (``store.images.check_image``). Each blob has a
 note, ``<store>/.verified/<hex>``: the blob's stat key (dev, ino, size,
 mtime_ns, ctime_ns) when its bytes were last hashed and found right, and when
 that note was made. A check trusts an unchanged stat key without reading the
@@ -25,13 +25,8 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from hermetic.errors import HermeticError, IntegrityError
 from hermetic.fsutil import READ_SIZE, StatKey, atomic_write_bytes, is_racy, stat_key
-
-if TYPE_CHECKING:
-    from hermetic.store.oci import OciStore
 
 NOTES_DIR = ".verified"
 REPAIR = "hermetic cache verify --repair"  # the fix every refusal names
@@ -128,45 +123,3 @@ def seal(store_root: Path, blobs: dict[str, Path]) -> None:
             continue  # changed (the next check rehashes it), or trusted already
         if not is_racy(st.st_mtime_ns, st.st_ctime_ns, now):
             write_note(store_root, hexdigest, st, now)
-
-
-def check_image(store: "OciStore", manifest_digest: str) -> None:
-    """Refuse (IntegrityError naming the blob, and the fix) unless every blob of the image --
-    manifest, config, layers -- is in the store and matches its digest. Costs a stat and a
-    small read per blob when nothing changed since the last check.
-
-    The image is claimed first (store/inuse.py): what this process checked, it uses (a run,
-    a no-op build), and ``cache gc`` keeps it until the process exits."""
-    from hermetic.canonical import parse_digest
-    from hermetic.store.inuse import claim_image
-
-    claim_image(store, manifest_digest)  # before the check: a gc that deleted first is seen by it
-
-    blobs: list[tuple[str, str, int | None]] = [("manifest", manifest_digest, None)]
-    try:
-        config, *layers = store.image_blobs(manifest_digest)
-        blobs.append(("config", config.digest, config.size))
-        blobs += [(f"layer {i}", d.digest, d.size) for i, d in enumerate(layers, 1)]
-    except HermeticError:
-        pass  # the manifest itself is missing or corrupt: reported below as such
-    except (ValueError, KeyError) as e:
-        raise IntegrityError(f"image {manifest_digest}: unreadable manifest in the store ({e.__class__.__name__})",
-                             hint=f"run `{REPAIR}`, then build or pull again") from None
-    for role, digest, size in blobs:
-        hexdigest = parse_digest(digest)
-        blob = store.blob_path(digest)
-        if not blob_intact(store.root, blob, hexdigest, size):
-            state = "missing from" if not blob.exists() else "corrupt in"
-            raise IntegrityError(
-                f"image {manifest_digest}: {role} blob {digest} is {state} the store ({blob}); "
-                f"run `{REPAIR}`, then build or pull the image again",
-                hint=f"`{REPAIR}` removes what does not match its digest, and the cache entries that point at it",
-            )
-
-
-def seal_image(store: "OciStore", manifest_digest: str) -> None:
-    """``seal`` every blob of an image (after a build or a pull wrote it)."""
-    from hermetic.canonical import parse_digest
-
-    digests = [manifest_digest] + [d.digest for d in store.image_blobs(manifest_digest)]
-    seal(store.root, {parse_digest(d): store.blob_path(d) for d in digests})

@@ -17,7 +17,7 @@ one is never mistaken for a dead one:
   and all its manifest reaches (config, layers; an index's manifests). A
   claim is made under the shared lock, so a gc that starts later sees it and
   one that was running has finished: what it deleted before, the check that
-  follows the claim finds missing (``intact.check_image``).
+  follows the claim finds missing (``images.check_image``).
 
 A claim needs an inode and no data block, so it can be made on a full disk;
 where it cannot be made at all (a read-only store, which no gc can change

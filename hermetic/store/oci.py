@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
-from hermetic.canonical import canonical_json, parse_digest
+from hermetic.canonical import canonical_json
 from hermetic.errors import DiskFull, HermeticError, IntegrityError, NotFound, disk_full, is_disk_full
-from hermetic.fsutil import OwnedTemp, atomic_write_bytes, file_lock, naming_full_disk, sha256_file, sweep_dead
+from hermetic.fsutil import OwnedTemp, atomic_write_bytes, file_lock, naming_full_disk, sha256_file, sweep_dead_once
+from hermetic.reference import check_digest
 from hermetic.store import intact
 
 OCI_LAYOUT = {"imageLayoutVersion": "1.0.0"}
@@ -71,7 +72,15 @@ class Descriptor:
         )
 
 
-_swept: set[str] = set()  # stores whose tmp/ this process has swept
+class BadDigest(IntegrityError, ValueError):
+    """A digest that is not ``sha256:<64 hex>`` never becomes a path in the store: one line, exit 65
+    (a ValueError too, for callers that took any malformed document as one)."""
+
+
+def _hex(digest: str) -> str:
+    return check_digest(digest, "a blob of the OCI store", BadDigest)[len("sha256:"):]
+
+
 
 
 class BlobWriter:
@@ -174,9 +183,13 @@ class BlobWriter:
             self.commit()
 
 
+_DOCUMENT_CACHE_MAX = 1 << 20  # bytes: a manifest or config is a few kB; nothing larger is kept in memory
+
+
 class OciStore:
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root)
+        self._documents: dict[str, bytes] = {}  # read_json's verified blobs (manifests, configs), by digest
 
     # -- layout ---------------------------------------------------------
     @property
@@ -189,10 +202,7 @@ class OciStore:
 
     def sweep_tmp_once(self) -> None:
         """Remove dead writers' temp files from tmp/, once per process (the first writer does)."""
-        key = str(self.root)
-        if key not in _swept:
-            _swept.add(key)
-            sweep_dead(self.tmp)
+        sweep_dead_once(self.tmp)
 
     def ensure(self) -> "OciStore":
         (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
@@ -208,7 +218,7 @@ class OciStore:
 
     # -- blobs ----------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
-        return self.root / "blobs" / "sha256" / parse_digest(digest)
+        return self.root / "blobs" / "sha256" / _hex(digest)
 
     def has_blob(self, digest: str) -> bool:
         return self.blob_path(digest).is_file()
@@ -247,7 +257,14 @@ class OciStore:
         return data
 
     def read_json(self, digest: str) -> Any:
-        return json.loads(self.read_blob(digest))
+        """A JSON blob (a manifest, an index, a config), verified once per store object: the no-op path asks
+        for one manifest several times (has_image, check_image, ImageInfo.from_store) and reads it once."""
+        data = self._documents.get(digest)
+        if data is None:
+            data = self.read_blob(digest)
+            if len(data) <= _DOCUMENT_CACHE_MAX:
+                self._documents[digest] = data
+        return json.loads(data)
 
     def verify_blob(self, digest: str) -> bool:
         """Rehash a blob. True when its content matches its name."""
@@ -258,11 +275,12 @@ class OciStore:
 
     def blob_intact(self, digest: str, size: int | None = None) -> bool:
         """True when the blob matches its name (and size): from its stat when safe (intact.py)."""
-        return intact.blob_intact(self.root, self.blob_path(digest), parse_digest(digest), size)
+        return intact.blob_intact(self.root, self.blob_path(digest), _hex(digest), size)
 
     def remove_blob(self, digest: str) -> None:
+        self._documents.pop(digest, None)
         self.blob_path(digest).unlink(missing_ok=True)
-        intact.forget(self.root, parse_digest(digest))
+        intact.forget(self.root, _hex(digest))
 
     def iter_blobs(self) -> Iterator[str]:
         d = self.root / "blobs" / "sha256"

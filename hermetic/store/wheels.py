@@ -22,9 +22,8 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 
 from hermetic.canonical import is_sha256_hex
 from hermetic.errors import IntegrityError, disk_full, is_disk_full
-from hermetic.fsutil import READ_SIZE, OwnedTemp, naming_full_disk, sha256_file, sweep_dead
+from hermetic.fsutil import READ_SIZE, OwnedTemp, naming_full_disk, sha256_file, sweep_dead_once
 
-_swept: set[str] = set()  # wheel stores whose tmp/ this process has swept
 
 
 @dataclass(frozen=True)
@@ -77,9 +76,7 @@ class WheelStore:
         size where known (a download's Content-Length), for the message when the disk is full."""
         if "/" in filename or not filename.endswith(".whl"):
             raise IntegrityError(f"{what or filename}: refusing to store {filename!r}: not a wheel file name")
-        if str(self.root) not in _swept:  # the first writer of this process removes dead writers' files
-            _swept.add(str(self.root))
-            sweep_dead(self.tmp)
+        sweep_dead_once(self.tmp)  # the first writer of this process removes dead writers' files
         with naming_full_disk(self.root, filename, needed=size):
             owner = OwnedTemp(self.tmp, "wheel.")
         tmp = owner.path

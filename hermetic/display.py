@@ -1,0 +1,33 @@
+"""Text that came from outside (a registry's error body, a header, a name) made safe to print as one line.
+
+A message that embeds such text must not be able to start a new line (and
+forge a ``hermetic: ok: …`` line after the error), move the cursor, or send a
+terminal escape: every C0 control (CR, LF, TAB, ESC, ...), DEL, every C1
+control (U+0080-U+009F, which some terminals take as 8-bit escapes), the
+Unicode line and paragraph separators and the bidirectional overrides are
+written as Python-style escapes (``\\n``, ``\\x1b``, ``\\u202e``). Printable
+text, including non-ASCII letters, passes unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = m.group()
+    if c in _NAMED:
+        return _NAMED[c]
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def escape_controls(text: str, limit: int | None = None) -> str:
+    """``text`` with control characters escaped; with ``limit``, cut to about that many characters
+    (the cut is said: ``… (12345 characters)``), so a huge value cannot flood a terminal either."""
+    cut = ""
+    if limit is not None and len(text) > limit:
+        text, cut = text[:limit], f"… ({len(text)} characters)"
+    return _UNSAFE.sub(_escape, text) + cut

@@ -1,0 +1,588 @@
+"""Metrics from what the script already writes, and the run's one normalized series file.
+
+A script that never heard of hermetic still logs: Lightning and the Hugging
+Face Trainer write TensorBoard event files, Lightning's CSVLogger a
+``metrics.csv``, the Trainer ``trainer_state.json`` and ``*_results.json``.
+hermetic reads each of these *sources* from the run's outputs (``run.metrics``
+in hermetic.yaml: ``auto``, the default, reads every source it finds; a list
+names the sources to read; ``none`` reads none):
+
+=============  ==============================================  ==========================
+source         files (anywhere under outputs/ unless said)      metric names
+=============  ==============================================  ==========================
+metrics.jsonl  ``metrics.jsonl`` at the top of outputs/          as written: ``loss``, ``val.acc``
+tensorboard    ``*tfevents*`` (TensorBoard event files)         ``tensorboard/<tag>``
+lightning      ``metrics.csv`` (Lightning's CSVLogger)          ``lightning/<column>``
+trainer        ``trainer_state.json``'s ``log_history`` and     ``trainer/<key>``
+               ``*_results.json`` (the Trainer)
+=============  ==============================================  ==========================
+
+When one source has files in more than one directory (two Lightning
+``version_N`` directories, Keras's ``train/`` and ``validation/``), each name
+carries the directory, relative to the directories' common parent, as
+TensorBoard names its runs: ``tensorboard/train/epoch_loss``. Files of one
+directory are one run (TensorBoard merges a directory's event files, in name
+order). The Trainer's checkpoints hold earlier copies of its state: a
+``checkpoint-N/trainer_state.json`` is read only when its parent has none,
+the highest N then. ``*_results.json`` values are the run's final figures
+(``all_results.json``, then the others by name, last wins) and a point at the
+run's last step.
+
+Wall-clock figures (``train_runtime``, ``*_per_second``, ``*_time``,
+timestamps; ``is_wall_clock``) of these sources are not metrics: they are kept
+in ``metrics.wall_clock`` and in the series, marked, and nothing compares them.
+metrics.jsonl keeps its own rule (hermetic.record.outputs: only its top-level
+``step`` and time keys are left out), so its names and values are what they
+always were.
+
+Every file here was written by an untrusted script: it is read only in the
+collection step (hermetic.run.collect, as the container's user), through
+hermetic.safetree (no link followed, regular files only), bounded in size,
+with the standard library's csv and json; TensorBoard's event files (protocol
+buffers) are read by TensorBoard's own reader (hermetic.record.tb_scalars),
+never parsed here. What they held is written once, by hermetic, to
+``runs/<id>/metrics/series.jsonl`` (``SERIES_FILE``), whose sha256 the record
+keeps; plots, the run's figure and MLflow read that file (``load_series``),
+never the script's files again.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import posixpath
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from hermetic import safetree
+from hermetic.errors import DataError, IntegrityError
+from hermetic.record.outputs import NONFINITE, decode_number, encode_number
+
+JSONL = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+LIGHTNING = "lightning"
+TRAINER = "trainer"
+SOURCES = (JSONL, TENSORBOARD, LIGHTNING, TRAINER)
+JSONL_FILE = "metrics.jsonl"  # at the top of outputs/ (hermetic.record.build.METRICS_FILE)
+SERIES_FILE = "metrics/series.jsonl"  # in the run directory, written by hermetic
+
+# Bounds on what the script's files may make hermetic read and keep.
+MAX_FILE_BYTES = 64 << 20  # one metrics.csv, trainer_state.json or *_results.json
+MAX_EVENT_FILE_BYTES = 256 << 20  # one TensorBoard event file
+MAX_EVENT_BYTES = 1 << 30  # all of a run's event files together
+MAX_FILES = 256  # files of one source
+MAX_METRICS = 1000  # metric names of a run
+MAX_POINTS = 100_000  # points kept of one metric's series (its final value is the last one, always)
+MAX_TOTAL_POINTS = 2_000_000  # points kept in all
+
+_EVENTS = re.compile(r"tfevents")  # TensorBoard's own test (io_wrapper.IsSummaryEventsFile)
+_RESULTS = re.compile(r"^[A-Za-z0-9]+(?:_[A-Za-z0-9]+)*_results\.json$")  # all_results.json, eval_results.json
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_WALL_CLOCK = re.compile(r"(?:^|_)(?:runtime|time|timestamp|walltime|duration|elapsed|seconds|secs)(?:_|$)"
+                         r"|_per_sec(?:ond)?$")
+COUNTERS = frozenset({"epoch", "batch", "iteration", "global_step", "step"})  # logged beside metrics
+
+
+def is_wall_clock(name: str) -> bool:
+    """Whether a metric of a framework's files is a wall-clock figure (never compared): its last name part
+    says a time (``train_runtime``, ``epoch_time``, ``timestamp``) or a rate per second
+    (``train_samples_per_second``)."""
+    return bool(_WALL_CLOCK.search(re.split(r"[/.]", name)[-1].lower()))
+
+
+def is_counter(name: str) -> bool:
+    """``epoch``, ``tensorboard/epoch``, ``trainer/epoch``...: a count logged beside the metrics (a straight
+    line over steps says nothing; plots leave them out unless they are all there is)."""
+    return re.split(r"[/.]", name)[-1] in COUNTERS
+
+
+def enabled_sources(setting: Any) -> tuple[str, ...]:
+    """``run.metrics`` as the sources to read: ``auto`` (or an older record without the key) every one,
+    ``none`` none, a list those named."""
+    if setting in (None, "auto"):
+        return SOURCES
+    if setting == "none":
+        return ()
+    return tuple(s for s in SOURCES if s in setting)
+
+
+def source_of(name: str) -> str:
+    """The source a metric name came from, by its prefix (bare names: metrics.jsonl)."""
+    head = name.split("/", 1)[0]
+    return head if head in SOURCES[1:] and "/" in name else JSONL
+
+
+# ---------------------------------------------------------------- finding the files
+
+
+@dataclass
+class Found:
+    """Each source's files (record names, relative to outputs/), and what was passed over."""
+
+    files: dict[str, list[str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def source_of_file(rel: str) -> str | None:
+    base = rel.rsplit("/", 1)[-1]
+    if rel == JSONL_FILE:
+        return JSONL
+    if _EVENTS.search(base) and base.startswith("events.out."):
+        return TENSORBOARD
+    if base == "metrics.csv":
+        return LIGHTNING
+    if base == "trainer_state.json" or _RESULTS.match(base):
+        return TRAINER
+    return None
+
+
+def find_sources(files: dict[str, dict[str, Any]], enabled: Sequence[str]) -> Found:
+    """The files of each enabled source among the outputs as hash_outputs recorded them (record names): only
+    regular files; a link or a FIFO where one would be is noted, never read."""
+    found = Found()
+    for rel in sorted(files):
+        source = source_of_file(rel)
+        if source is None or source not in enabled:
+            continue
+        entry = files[rel]
+        if entry.get("symlink") is not None or entry.get("type"):
+            kind = "link" if entry.get("symlink") is not None else entry["type"]
+            found.notes.append(f"outputs/{rel}: a {kind}, not a regular file: its metrics were not read")
+            continue
+        listed = found.files.setdefault(source, [])
+        if len(listed) >= MAX_FILES:
+            if len(listed) == MAX_FILES:
+                found.notes.append(f"{source}: more than {MAX_FILES} files; only the first {MAX_FILES} were read")
+                listed.append("")  # a marker: noted once
+            continue
+        listed.append(rel)
+    for source in found.files:
+        found.files[source] = [r for r in found.files[source] if r]
+    if TRAINER in found.files:
+        found.files[TRAINER] = _latest_trainer_states(found.files[TRAINER])
+    return found
+
+
+def _run_dir_of(rel: str) -> str:
+    """The directory a file's metrics belong to: a Trainer checkpoint's is its parent's."""
+    d = posixpath.dirname(rel)
+    if _CHECKPOINT.match(posixpath.basename(d)):
+        d = posixpath.dirname(d)
+    return d
+
+
+def _latest_trainer_states(rels: list[str]) -> list[str]:
+    """``*_results.json`` and, per run directory, one trainer_state.json: its own, else the newest
+    checkpoint's (they are copies of the state as it was at each checkpoint)."""
+    states: dict[str, tuple[int, str]] = {}
+    kept = []
+    for rel in rels:
+        base = posixpath.basename(rel)
+        if base != "trainer_state.json":
+            if not _CHECKPOINT.match(posixpath.basename(posixpath.dirname(rel))):
+                kept.append(rel)  # a checkpoint holds no results files of its own; if one does, it is stale
+            continue
+        parent = posixpath.basename(posixpath.dirname(rel))
+        m = _CHECKPOINT.match(parent)
+        rank = 1 << 62 if m is None else int(m.group(1))  # the run directory's own state is the final one
+        run = _run_dir_of(rel)
+        if run not in states or rank > states[run][0]:
+            states[run] = (rank, rel)
+    return sorted(kept + [rel for _, rel in states.values()])
+
+
+# ---------------------------------------------------------------- reading (in the collection child)
+
+
+def _read_bounded(dirfd: int, fs_rel: str, limit: int) -> bytes:
+    return safetree.read_limited(dirfd, fs_rel, limit)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _finite_or_encoded(v: float | int) -> float | int | str:
+    return encode_number(float(v) if isinstance(v, float) else v)
+
+
+def read_jsonl_part(outputs_fd: int, label: str = "outputs/metrics.jsonl") -> dict[str, Any]:
+    """metrics.jsonl as a part: every metric's points in file order, steps as metrics_summary counts them."""
+    from hermetic.record.outputs import _parse_metric_lines
+
+    fd = safetree.open_regular(outputs_fd, JSONL_FILE)
+    series: dict[str, list[list[Any]]] = {}
+    count = 0
+    max_step = None
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace", newline="\n") as f:
+        for n, step, values in _parse_metric_lines(Path(label), f):
+            count = n
+            if step is not None:
+                max_step = step if max_step is None else max(max_step, step)
+            for name, value in values:
+                series.setdefault(name, []).append([n if step is None else step, _finite_or_encoded(value)])
+    return {"source": JSONL, "file": JSONL_FILE, "series": series, "final": {},
+            "steps": max_step if max_step is not None else count}
+
+
+def read_lightning_csv(data: bytes, label: str) -> dict[str, list[list[Any]]]:
+    """Lightning's CSVLogger metrics.csv: a header (``epoch``, ``step``, then one column per logged name) and a
+    row per logging call with the other cells empty. ``step`` is each row's step (else its row number)."""
+    text = data.decode("utf-8", errors="replace")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader)
+    except StopIteration:
+        return {}
+    except csv.Error as e:
+        raise DataError(f"{label}:1: not CSV: {e}") from None
+    header = [h.strip() for h in header]
+    step_col = header.index("step") if "step" in header else None
+    series: dict[str, list[list[Any]]] = {}
+    try:
+        for rowno, row in enumerate(reader, 1):
+            step = rowno
+            if step_col is not None and step_col < len(row):
+                try:
+                    step = int(float(row[step_col]))
+                except ValueError:
+                    pass
+            for col, cell in zip(header, row):
+                if col == "step" or not col or not cell.strip():
+                    continue
+                try:
+                    value = float(cell)
+                except ValueError:
+                    continue  # a text column: not a metric
+                series.setdefault(col, []).append([step, encode_number(value)])
+    except csv.Error as e:
+        raise DataError(f"{label}:{reader.line_num}: not CSV: {e}") from None
+    return series
+
+
+def read_trainer_state(data: bytes, label: str) -> tuple[dict[str, list[list[Any]]], int | None]:
+    """trainer_state.json's ``log_history`` (a list of dicts, each with ``step``): every number but ``step``
+    is a point at that step. Returns (series, the state's last step: ``global_step``, else the largest)."""
+    doc = _json_object(data, label)
+    history = doc.get("log_history")
+    if not isinstance(history, list):
+        raise DataError(f"{label}: no log_history list (not a Trainer's state)")
+    series: dict[str, list[list[Any]]] = {}
+    last = None
+    for entry in history:
+        if not isinstance(entry, dict):
+            continue
+        step = entry.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            continue
+        last = step if last is None else max(last, step)
+        for key, value in entry.items():
+            if key != "step" and _is_number(value):
+                series.setdefault(key, []).append([step, _finite_or_encoded(value)])
+    gs = doc.get("global_step")
+    if isinstance(gs, int) and not isinstance(gs, bool):
+        last = gs if last is None else max(last, gs)
+    return series, last
+
+
+def read_results(data: bytes, label: str) -> dict[str, Any]:
+    """A ``*_results.json`` (the Trainer's ``save_metrics``): its top-level numbers."""
+    doc = _json_object(data, label)
+    return {k: _finite_or_encoded(v) for k, v in doc.items() if _is_number(v)}
+
+
+def _json_object(data: bytes, label: str) -> dict[str, Any]:
+    def constant(name: str) -> float:
+        return NONFINITE[name]  # NaN, Infinity, -Infinity: what Python's json writes for them
+
+    try:
+        doc = json.loads(data.decode("utf-8", errors="replace"), parse_constant=constant)
+    except (ValueError, RecursionError) as e:
+        raise DataError(f"{label}: not JSON: {getattr(e, 'msg', e)}") from None
+    if not isinstance(doc, dict):
+        raise DataError(f"{label}: not a JSON object")
+    return doc
+
+
+def read_file_parts(outputs_fd: int, found: Found) -> tuple[list[dict[str, Any]], list[str]]:
+    """The parts of every source but TensorBoard's (read elsewhere: hermetic.record.tb_scalars), each as
+    ``{"source", "file", "series", "final", "steps"}``; a file that cannot be read is a note."""
+    parts: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for source in (JSONL, LIGHTNING, TRAINER):
+        for rel in found.files.get(source, []):
+            label = f"outputs/{rel}"
+            try:
+                if source == JSONL:
+                    parts.append(read_jsonl_part(outputs_fd, label))
+                    continue
+                data = _read_bounded(outputs_fd, safetree.fs_name(rel), MAX_FILE_BYTES)
+                if source == LIGHTNING:
+                    series = read_lightning_csv(data, label)
+                    parts.append({"source": source, "file": rel, "series": series, "final": {},
+                                  "steps": _max_step(series)})
+                elif posixpath.basename(rel) == "trainer_state.json":
+                    series, last = read_trainer_state(data, label)
+                    parts.append({"source": source, "file": rel, "series": series, "final": {}, "steps": last})
+                else:
+                    parts.append({"source": source, "file": rel, "series": {}, "final": read_results(data, label),
+                                  "steps": None})
+            except (safetree.UnsafePath, OSError) as e:
+                why = safetree.display(str(getattr(e, "message", None) or getattr(e, "strerror", None) or e))
+                named = why.startswith(rel + ":")  # safetree's messages start with the path beneath outputs/
+                notes.append(f"metrics not summarized: outputs/{why}" if named else
+                             f"metrics not summarized: {label}: {why}")
+            except DataError as e:  # its message names the file and line
+                notes.append(f"metrics not summarized: {safetree.display(e.message)}")
+    return parts, notes
+
+
+def _max_step(series: dict[str, list[list[Any]]]) -> int | None:
+    steps = [p[0] for pts in series.values() for p in pts]
+    return max(steps) if steps else None
+
+
+def event_part(rel: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """tb_scalars' answer for one event file as a part (validated: the answer came from the script's
+    container or from reading its file)."""
+    series: dict[str, list[list[Any]]] = {}
+    tags = doc.get("tags") if isinstance(doc, dict) else None
+    for tag, points in (tags.items() if isinstance(tags, dict) else ()):
+        if not isinstance(tag, str) or not isinstance(points, list):
+            continue
+        kept = []
+        for p in points:
+            if (isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and not isinstance(p[0], bool)
+                    and (_is_number(p[1]) or p[1] in NONFINITE)):
+                kept.append([p[0], p[1] if isinstance(p[1], str) else encode_number(float(p[1]))])
+        if kept:
+            series[safetree.display(tag)] = kept
+    return {"source": TENSORBOARD, "file": rel, "series": series, "final": {}, "steps": _max_step(series)}
+
+
+# ---------------------------------------------------------------- assembling (pure)
+
+
+@dataclass
+class Assembled:
+    """The record's metrics section (without ``series``, which the caller adds once the file is written),
+    the series file's lines, and notes."""
+
+    section: dict[str, Any]
+    series: list[dict[str, Any]]
+    notes: list[str]
+
+
+def _labels(dirs: Iterable[str]) -> dict[str, str]:
+    """Each run directory's label in metric names: '' when there is one, else its path from their common
+    parent (the parent itself by its own name)."""
+    dirs = sorted(set(dirs))
+    if len(dirs) <= 1:
+        return {d: "" for d in dirs}
+    common = posixpath.commonpath(dirs) if all(dirs) else ""
+    out = {}
+    for d in dirs:
+        rel = posixpath.relpath(d, common) if common else d
+        out[d] = (posixpath.basename(d) or ".") if rel == "." else (rel or ".")
+    return out
+
+
+def _part_order(part: dict[str, Any]) -> tuple:
+    """Sources in SOURCES order, files by name; a Trainer's state before its results files (all_results.json
+    first), whose final figures win."""
+    base = posixpath.basename(part["file"])
+    rank = 0 if base == "trainer_state.json" else (1 if base == "all_results.json" else 2)
+    return (SOURCES.index(part["source"]), _run_dir_of(part["file"]), rank, part["file"])
+
+
+def assemble(parts: list[dict[str, Any]], *, readers: dict[str, str] | None = None) -> Assembled:
+    """The metrics section and series of a run from its parts (metrics.jsonl's first, as read).
+
+    ``readers``: how each source was read (TensorBoard: ``image`` or ``host``)."""
+    notes: list[str] = []
+    named: dict[str, dict[str, Any]] = {}  # name -> {"source", "points", "final"}
+    sources: dict[str, dict[str, Any]] = {}
+    steps_seen: list[int] = []
+    jsonl_file = None
+    parts = sorted(parts, key=_part_order)
+    by_source: dict[str, list[dict[str, Any]]] = {}
+    for p in parts:
+        by_source.setdefault(p["source"], []).append(p)
+    for source, its in by_source.items():
+        info = sources.setdefault(source, {"files": [], "metrics": []})
+        if readers and source in readers:
+            info["reader"] = readers[source]
+        labels = _labels(_run_dir_of(p["file"]) for p in its) if source != JSONL else {}
+        run_last: dict[str, int] = {}
+        for p in its:
+            if p["steps"] is not None and p["source"] != JSONL:
+                run = _run_dir_of(p["file"])
+                run_last[run] = max(run_last.get(run, p["steps"]), p["steps"])
+        for p in its:
+            info["files"].append(p["file"])
+            if source == JSONL:
+                jsonl_file = "outputs/" + p["file"]
+                prefix = ""
+            else:
+                label = labels[_run_dir_of(p["file"])]
+                prefix = f"{source}/" + (f"{label}/" if label else "")
+            if p["steps"] is not None:
+                steps_seen.append(p["steps"])
+            for key, points in p["series"].items():
+                m = named.setdefault(prefix + key, {"source": source, "points": [], "final": None})
+                if m["source"] != source:
+                    continue  # a name metrics.jsonl already has (a "tensorboard/..." key of its own)
+                m["points"].extend(points)
+                if points:
+                    m["final"] = points[-1][1]
+            last = run_last.get(_run_dir_of(p["file"]))
+            for key, value in p["final"].items():  # *_results.json: the final figures, at the last step
+                m = named.setdefault(prefix + key, {"source": source, "points": [], "final": None})
+                if m["source"] != source:
+                    continue
+                m["final"] = value
+                if last is not None and not (m["points"] and m["points"][-1][0] == last
+                                             and m["points"][-1][1] == value):
+                    m["points"].append([last, value])
+    if len(named) > MAX_METRICS:
+        dropped = sorted(named)[MAX_METRICS:]
+        notes.append(f"{len(named)} metrics; only the first {MAX_METRICS} by name were kept "
+                     f"({dropped[0]} and after left out)")
+        named = {k: named[k] for k in sorted(named)[:MAX_METRICS]}
+    final: dict[str, Any] = {}
+    wall: dict[str, Any] = {}
+    series: list[dict[str, Any]] = []
+    budget = MAX_TOTAL_POINTS
+    for name in sorted(named):
+        m = named[name]
+        clock = m["source"] != JSONL and is_wall_clock(name)
+        if m["final"] is not None:
+            (wall if clock else final)[name] = m["final"]
+        points = m["points"]
+        if len(points) > min(MAX_POINTS, budget):
+            keep = max(min(MAX_POINTS, budget) - 1, 0)
+            notes.append(f"{name}: {len(points)} points; the series keeps the first {keep} and the last")
+            points = points[:keep] + points[-1:]
+        budget -= len(points)
+        if not clock:
+            sources[m["source"]]["metrics"].append(name)
+        entry = {"name": name, "source": m["source"], "points": points}
+        if clock:
+            entry["wall_clock"] = True
+        series.append(entry)
+    for source, info in sources.items():
+        info["files"] = sorted(info["files"])
+        clocked = [e["name"] for e in series if e["source"] == source and e.get("wall_clock")]
+        if clocked:
+            info["wall_clock"] = clocked
+    steps_seen = [s for s in steps_seen if s >= 0]  # a negative step (a script's own count) says no more
+    section: dict[str, Any] = {"final": final, "steps": max(steps_seen) if steps_seen else None, "file": jsonl_file}
+    if sources:
+        section["sources"] = dict(sorted(sources.items()))
+    if wall:
+        section["wall_clock"] = wall
+    return Assembled(section, series, notes)
+
+
+# ---------------------------------------------------------------- the series file
+
+
+def series_bytes(series: list[dict[str, Any]]) -> bytes:
+    """One JSON line per metric, sorted by name, keys sorted: the same series, the same bytes."""
+    return b"".join(json.dumps(e, sort_keys=True, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+                    for e in sorted(series, key=lambda e: e["name"]))
+
+
+def write_series(run_dir: str | os.PathLike[str], series: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write ``run_dir/metrics/series.jsonl`` (atomically, never through a link) and return the record's
+    ``metrics.series``: its path, sha256, size, and how many metrics and points it holds."""
+    data = series_bytes(series)
+    head, tail = SERIES_FILE.rsplit("/", 1)
+    rootfd = safetree.open_root(run_dir)
+    try:
+        dirfd = safetree.open_dir(rootfd, head, create=True)
+    finally:
+        os.close(rootfd)
+    tmp = f".{tail}.{os.getpid()}.tmp"
+    try:
+        try:
+            os.unlink(tmp, dir_fd=dirfd)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, safetree.CREATE_FLAGS, 0o644, dir_fd=dirfd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.rename(tmp, tail, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dirfd)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(dirfd)
+    return {"file": SERIES_FILE, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+            "metrics": len(series), "points": sum(len(e["points"]) for e in series)}
+
+
+@dataclass
+class RunSeries:
+    """A run's metrics over steps, as the series file (or an older record's metrics.jsonl) holds them."""
+
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    wall_clock: set[str] = field(default_factory=set)
+    sources: dict[str, str] = field(default_factory=dict)  # metric name -> source
+
+    def compared(self) -> dict[str, list[tuple[int, float]]]:
+        """The series of metrics (wall-clock figures left out)."""
+        return {k: v for k, v in self.series.items() if k not in self.wall_clock}
+
+
+def load_series(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> RunSeries:
+    """The run's series: ``metrics/series.jsonl`` checked against the sha256 its record holds
+    (IntegrityError, exit 65, when it changed), or for a record from before series files the
+    metrics.jsonl in its outputs (read without following a link). Empty when the run logged nothing."""
+    run_dir = Path(run_dir)
+    metrics = record["metrics"]
+    ref = metrics.get("series")
+    if ref is None:
+        if not metrics.get("file"):
+            return RunSeries()
+        from hermetic.record.outputs import metrics_series
+
+        found = metrics_series(run_dir / metrics["file"])
+        return RunSeries(found, set(), {k: JSONL for k in found})
+    path = run_dir / ref["file"]
+    try:
+        rootfd = safetree.open_root(run_dir)
+        try:
+            data = safetree.read_limited(rootfd, ref["file"], max(int(ref["size"]), 0))
+        finally:
+            os.close(rootfd)
+    except FileNotFoundError:
+        raise IntegrityError(f"{path}: missing; the record holds its sha256 {ref['sha256'][:12]}",
+                             hint=f"hermetic runs verify {run_dir.name}") from None
+    except (OSError, safetree.UnsafePath) as e:
+        raise IntegrityError(f"{path}: cannot be read: {getattr(e, 'message', None) or e}") from None
+    if hashlib.sha256(data).hexdigest() != ref["sha256"]:
+        raise IntegrityError(f"{path}: changed since the record was sealed (sha256 {ref['sha256'][:12]} "
+                             f"recorded)", hint=f"hermetic runs verify {run_dir.name}")
+    out = RunSeries()
+    for line in data.splitlines():
+        e = json.loads(line)
+        out.series[e["name"]] = [(int(s), float(decode_number(v))) for s, v in e["points"]]
+        out.sources[e["name"]] = e["source"]
+        if e.get("wall_clock"):
+            out.wall_clock.add(e["name"])
+    return out
+
