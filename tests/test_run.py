@@ -297,7 +297,7 @@ def test_gpus_without_nvidia_runtime_is_a_clean_refusal(logreg, docker_client):
     assert containers_created_since(docker_client, t0, name) == []
 
 
-LOCKDOWN = """import json, os
+LOCKDOWN = """import json, os, socket
 result = {}
 for path in ("/etc/x", "/usr/x", "/workspace/x", "/workspace/data/x", "/data/logreg/x", "/tmp/x", "/outputs/x"):
     try:
@@ -316,6 +316,7 @@ result.update(
     ro={m: "ro" in mounts.get(m, []) for m in ("/", "/workspace", "/workspace/data", "/data/logreg", "/outputs",
                                                "/tmp")},
     sockets=[p for p in ("/var/run/docker.sock", "/run/docker.sock", "/run/podman/podman.sock") if os.path.exists(p)],
+    hostname=[socket.gethostname(), os.environ.get("HOSTNAME")],
 )
 # the pids limit: the container's pids cgroup where it has one, else RLIMIT_NPROC (its user namespace's count)
 try:
@@ -356,6 +357,7 @@ def test_container_is_locked_down_and_outputs_belong_to_the_caller(project, engi
     assert seen["interfaces"] == ["lo"]
     assert seen["sockets"] == []  # no engine's socket inside
     assert seen["pids"] == "4096"  # run.pids's default
+    assert seen["hostname"] == ["hermetic", "hermetic"] and rec["invocation"]["hostname"] == "hermetic"
     # what the container wrote is the caller's on the host (root here: uid 0)
     assert (rd / "outputs" / "x").read_text() == "x"
     assert rec["outputs"]["files"]["x"]["size"] == 1
@@ -377,9 +379,10 @@ def test_run_section_sizes_shm_and_tmp_and_the_record_keeps_them(project):
     seen = json.loads((run_dir_of(project, rec) / "logs" / "stdout.log").read_text())
     assert seen == {"/dev/shm": 96 << 20, "/tmp": 80 << 20}
     assert rec["invocation"]["config"]["run"] == {"shm_size": "96m", "tmp_size": "80m", "workdir_size": "4g",
-                                                  "outputs": {"include": ["**"], "exclude": [],
+                                                  "outputs": {"include": ["**"], "exclude": [], "stdout": False,
                                                               "volatile": ["**/events.out.tfevents.*"]},
-                                                  "pids": 4096, "memory": None, "engine": "docker"}
+                                                  "pids": 4096, "memory": None, "engine": "docker",
+                                                  "metrics": "auto"}
 
 
 @pytest.mark.docker

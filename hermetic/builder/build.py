@@ -199,22 +199,20 @@ def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool, feed
     if engine != "docker":  # Podman, Charliecloud: straight from the store (hermetic.engines), once per image
         from hermetic.engines import get_engine
 
-        trusted = frozenset(feed.trusted) if feed is not None else frozenset()
         if feed is not None:
             feed.close()
-        return get_engine(engine).ensure_image(store, info.manifest_digest, repo_tag=engine_tag(name), trusted=trusted)
+        return get_engine(engine).ensure_image(store, info.manifest_digest, repo_tag=engine_tag(name))
     from hermetic.engine import engine_has_image, load_image
 
     candidates: list[str] = []
-    trusted = frozenset()
     if feed is not None:
         feed.close()  # waits for the image's own load (EngineFeed.finish), started when its config was made
         if feed.final_loaded is not None:
             return feed.final_loaded
-        candidates, trusted = feed.partial_images, frozenset(feed.trusted)
+        candidates = feed.partial_images
     if engine_has_image(info.image_id):
         return False
-    load_image(store, info.manifest_digest, repo_tag=engine_tag(name), candidates=candidates, trusted=trusted)
+    load_image(store, info.manifest_digest, repo_tag=engine_tag(name), candidates=candidates)
     return True
 
 

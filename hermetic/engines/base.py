@@ -123,8 +123,8 @@ class Engine(Protocol):
 
     def has_image(self, manifest_digest: str, image_id: str) -> bool: ...
 
-    def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
-                     trusted: frozenset[str] = frozenset()) -> bool:
+    def ensure_image(self, store: Any, manifest_digest: str, *,
+                     repo_tag: str | None = None) -> bool:
         """The image made runnable from hermetic's OCI store, unless the engine has it; True when it was imported."""
         ...
 

@@ -178,8 +178,8 @@ class CharliecloudEngine:
     def has_image(self, manifest_digest: str, image_id: str) -> bool:
         return self.image_record(manifest_digest) is not None
 
-    def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
-                     trusted: frozenset[str] = frozenset()) -> bool:
+    def ensure_image(self, store: Any, manifest_digest: str, *,
+                     repo_tag: str | None = None) -> bool:
         """Every layer unpacked (those missing), then the image's record; True when anything was unpacked."""
         from hermetic.engines.unpack import ensure_layer
         from hermetic.fsutil import atomic_write_bytes
@@ -191,8 +191,7 @@ class CharliecloudEngine:
         made = False
         hexes = []
         for layer in manifest["layers"]:
-            _path, now = ensure_layer(store, layer["digest"], layer.get("mediaType", ""), self.root / "layers",
-                                      verified=layer["digest"] in trusted)
+            _path, now = ensure_layer(store, layer["digest"], layer.get("mediaType", ""), self.root / "layers")
             made = made or now
             hexes.append(layer["digest"].split(":", 1)[1])
         cc = config.get("config") or {}
@@ -250,6 +249,8 @@ class CharliecloudEngine:
                         _mkdirs_beneath(Path(other.source), m.target[len(other.target):].strip("/"), uid, gid, as_root)
             env_file = scratch / "env"  # the variables by file: a secret's value never on a command line
             env = {**_image_env(rec["env"]), **container_home_env(spec.env)}
+            if spec.hostname:  # as Docker and Podman set it
+                env.setdefault("HOSTNAME", spec.hostname)
             fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write("".join(f"{k}='{v}'\n" for k, v in env.items()))  # ch-run strips the outer quotes only
@@ -266,14 +267,18 @@ class CharliecloudEngine:
               env_file: Path) -> list[str]:
         tools = {t: _which(t, "install util-linux") for t in ("setpriv", "unshare", "prlimit", "mount", "umount",
                                                                "mkdir", "ln", "touch")}
+        if spec.hostname:
+            tools["hostname"] = _which("hostname", "install hostname")
         q = shlex.quote
         stage = str(scratch / "s")
         os.mkdir(stage, 0o711)
         if as_root:
             os.chown(stage, uid, gid)
-        lines = ["set -eu", f"S={q(stage)}",
-                 f"{tools['mount']} -t tmpfs -o mode=0711,size=16m,nosuid,nodev tmpfs \"$S\"",
-                 f"{tools['mkdir']} \"$S/root\" \"$S/mp\" \"$S/l\" \"$S/tmp\" \"$S/dev\""]
+        lines = ["set -eu", f"S={q(stage)}"]
+        if spec.hostname:  # in the container's own UTS namespace (unshare --uts), seen by nothing else
+            lines.append(f"{tools['hostname']} {q(spec.hostname)}")
+        lines += [f"{tools['mount']} -t tmpfs -o mode=0711,size=16m,nosuid,nodev tmpfs \"$S\"",
+                  f"{tools['mkdir']} \"$S/root\" \"$S/mp\" \"$S/l\" \"$S/tmp\" \"$S/dev\""]
         targets = sorted({m.target for m in spec.mounts} | {"/tmp", spec.workdir})
         for t in targets:  # the top layer: the mount points (made here, in a tmpfs that holds no link)
             lines.append(f"{tools['mkdir']} -p \"$S/mp\"{q(t)}")
@@ -321,6 +326,8 @@ class CharliecloudEngine:
         if not as_root:
             outer += ["--user", "--map-root-user"]
         outer += ["--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
+        if spec.hostname:
+            outer.append("--uts")
         if spec.network == "none":
             outer.append("--net")
         outer += ["--", self.init(), "--", "/bin/sh", "-c", "\n".join(lines)]

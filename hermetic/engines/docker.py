@@ -359,14 +359,14 @@ class DockerEngine:
 
         return engine_has_image(image_id)
 
-    def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
-                     trusted: frozenset[str] = frozenset()) -> bool:
+    def ensure_image(self, store: Any, manifest_digest: str, *,
+                     repo_tag: str | None = None) -> bool:
         from hermetic.engine import engine_has_image, load_image
 
         image_id = store.read_json(manifest_digest)["config"]["digest"]
         if engine_has_image(image_id):
             return False
-        load_image(store, manifest_digest, repo_tag=repo_tag, trusted=trusted)
+        load_image(store, manifest_digest, repo_tag=repo_tag)
         return True
 
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,

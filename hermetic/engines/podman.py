@@ -176,8 +176,8 @@ class PodmanEngine:
     def has_image(self, manifest_digest: str, image_id: str) -> bool:
         return self.podman("image", "exists", image_id, check=False).returncode == 0
 
-    def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
-                     trusted: frozenset[str] = frozenset()) -> bool:
+    def ensure_image(self, store: Any, manifest_digest: str, *,
+                     repo_tag: str | None = None) -> bool:
         """Copy the image into containers-storage unless Podman has it (by ID); True when it was copied."""
         manifest_bytes = store.read_blob(manifest_digest)
         image_id = json.loads(manifest_bytes)["config"]["digest"]

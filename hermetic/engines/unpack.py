@@ -54,19 +54,18 @@ def layer_path(root: Path, digest: str) -> Path:
     return root / digest.split(":", 1)[1]
 
 
-def ensure_layer(store, digest: str, media_type: str, root: Path, *, verified: bool = False) -> tuple[Path, bool]:
+def ensure_layer(store, digest: str, media_type: str, root: Path) -> tuple[Path, bool]:
     """The layer's directory under ``root`` (unpacked now unless it is there); (path, unpacked now).
 
     The blob is checked first (hermetic.store.intact: from its stat when it was hashed since it last
-    changed, else rehashed): a corrupt blob is never unpacked. ``verified``: the caller wrote and hashed
-    it moments ago (a build's own layer)."""
+    changed, else rehashed): a corrupt blob is never unpacked."""
     from hermetic.store.intact import REPAIR, blob_intact
 
     final = layer_path(root, digest)
     if final.is_dir():
         return final, False
     blob = store.blob_path(digest)
-    if not verified and not blob_intact(store.root, blob, digest.split(":", 1)[1]):
+    if not blob_intact(store.root, blob, digest.split(":", 1)[1]):
         state = "missing from" if not blob.exists() else "corrupt in"
         raise IntegrityError(f"layer blob {digest} is {state} the store ({blob}); nothing was unpacked; run "
                              f"`{REPAIR}`, then build or pull the image again")
