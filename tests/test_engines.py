@@ -62,6 +62,7 @@ def processes_running(needle: str) -> list[int]:
 
 
 @pytest.mark.docker
+@pytest.mark.engines
 def test_the_same_run_on_each_engine_differs_only_by_the_engine(logreg):
     _, docker_rec = hermetic_run(logreg, "--engine", "docker", "train.py", "--epochs", "2")
     for engine in ENGINES:
@@ -78,6 +79,7 @@ def test_the_same_run_on_each_engine_differs_only_by_the_engine(logreg):
 
 
 @pytest.mark.docker
+@pytest.mark.engines
 def test_podman_gets_the_image_from_the_store_once_with_dockers_image_id(logreg, module_cache):
     from hermetic.engines import get_engine
     from hermetic.store.oci import OciStore
@@ -95,6 +97,7 @@ def test_podman_gets_the_image_from_the_store_once_with_dockers_image_id(logreg,
 
 
 @pytest.mark.docker
+@pytest.mark.engines
 def test_charliecloud_unpacks_each_layer_once_and_shares_it(logreg, module_cache):
     from hermetic.engines import get_engine
     from hermetic.store.oci import OciStore
@@ -114,22 +117,45 @@ def test_charliecloud_unpacks_each_layer_once_and_shares_it(logreg, module_cache
 # ---------------------------------------------------------------- limits, refusals
 
 
+# Children that stay until the limit is reached, then the error that says so (a bomb that forks on forever
+# fills the limit as well, but takes its time to end).
+BOMB = """import os, signal, time
+children = []
+try:
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(120)
+            os._exit(0)
+        children.append(pid)
+except BlockingIOError:
+    print("forked", len(children), flush=True)
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+    raise
+"""
+
+
 @pytest.mark.docker
+@pytest.mark.engines
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_fork_bomb_fills_the_pids_limit_on_each_engine(project, engine):
     set_run_keys(project, pids=64)
-    (project / "bomb.py").write_text("import os\nprint('forking', flush=True)\nwhile True:\n    os.fork()\n")
+    (project / "bomb.py").write_text(BOMB)
     name = unique()
     _, rec = hermetic_run(project, "--engine", engine, "--name", name, "bomb.py", expect=1, timeout=240)
     assert rec["record"]["status"] == "failed" and rec["record"]["exit_code"] == 1, rec["record"]
     assert rec["invocation"]["limits"] == {"pids": 64, "memory": None}
     err = (run_dir_of(project, rec) / "logs" / "stderr.log").read_text(errors="replace")
     assert "Resource temporarily unavailable" in err
+    forked = int((run_dir_of(project, rec) / "logs" / "stdout.log").read_text().split()[-1])
+    assert 32 < forked < 64, forked  # the limit held them (the init, the script and its threads count too)
     assert processes_running("bomb.py") == []
 
 
 @pytest.mark.docker
+@pytest.mark.engines
 def test_a_memory_limit_charliecloud_cannot_hold_is_refused_before_anything_is_made(project):
     set_run_keys(project, memory="256m")
     before = run_dirs(project)
@@ -139,6 +165,7 @@ def test_a_memory_limit_charliecloud_cannot_hold_is_refused_before_anything_is_m
 
 
 @pytest.mark.docker
+@pytest.mark.engines
 def test_gpus_without_a_cdi_spec_or_driver_libraries_are_refused(logreg):
     from hermetic.engines.gpu import CLI
     from hermetic.engines.podman import CDI_DIRS
@@ -228,6 +255,7 @@ def _started(project: Path, name: str, p) -> Path:
 
 
 @pytest.mark.docker
+@pytest.mark.engines
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("engine,sig,code", [("podman", signal.SIGINT, 130), ("charliecloud", signal.SIGTERM, 143)])
 def test_an_interrupt_stops_the_container_and_the_record_says_so(project, engine, sig, code):
@@ -256,6 +284,7 @@ def test_an_interrupt_stops_the_container_and_the_record_says_so(project, engine
 
 
 @pytest.mark.docker
+@pytest.mark.engines
 @pytest.mark.timeout(400)
 def test_a_killed_drivers_podman_container_is_reaped_by_hermetic_runs(project):
     script = f"writer_{unique()}.py"
@@ -277,6 +306,7 @@ def test_a_killed_drivers_podman_container_is_reaped_by_hermetic_runs(project):
 
 
 @pytest.mark.docker
+@pytest.mark.engines
 @pytest.mark.timeout(400)
 def test_a_charliecloud_container_dies_with_its_killed_driver(project):
     script = f"writer_{unique()}.py"
@@ -296,6 +326,7 @@ def test_a_charliecloud_container_dies_with_its_killed_driver(project):
 
 
 @pytest.mark.docker
+@pytest.mark.engines
 def test_a_replay_runs_on_the_engine_the_run_used(logreg):
     _, rec = hermetic_run(logreg, "--engine", "charliecloud", "train.py", "--epochs", "1")
     proc = run_cli("replay", "--json", str(run_dir_of(logreg, rec)), cwd=logreg)

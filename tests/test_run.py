@@ -331,7 +331,8 @@ print(json.dumps(result))
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("engine", ["docker", "podman", "charliecloud"])
+@pytest.mark.parametrize("engine", ["docker", pytest.param("podman", marks=pytest.mark.engines),
+                                    pytest.param("charliecloud", marks=pytest.mark.engines)])
 def test_container_is_locked_down_and_outputs_belong_to_the_caller(project, engine):
     """The same hardening checked from inside the container on every engine (hermetic.engines)."""
     (project / "lockdown.py").write_text(LOCKDOWN)

@@ -184,7 +184,7 @@ def image_source(store, paths: CachePaths, info, opts: "SlurmOptions") -> tuple[
     to (hermetic.slurm.shared); ImageNotPushed when neither."""
     from hermetic.registry import repo_digests
     from hermetic.slurm.shared import ImageSource, copy_image, shared_because
-    from hermetic.store.intact import check_image
+    from hermetic.store.images import check_image
     from hermetic.store.oci import OciStore
 
     digest = info.manifest_digest
