@@ -207,7 +207,7 @@ def test_a_cdi_spec_is_read_and_a_device_it_lacks_is_refused(tmp_path, monkeypat
 
 def test_podman_flags_carry_dockers_hardening_and_rootless_limits_say_how():
     from hermetic.engines.base import ContainerSpec, Mount
-    from hermetic.engines.podman import PodmanEngine
+    from hermetic.engines.podman import PodmanEngine, container_env_file
     from hermetic.errors import Unavailable
 
     spec = ContainerSpec(image_id="sha256:" + "0" * 64, command=["python", "x.py"], user="1000:1000",
@@ -215,13 +215,18 @@ def test_podman_flags_carry_dockers_hardening_and_rootless_limits_say_how():
                          env={"API_TOKEN": "s3cret"}, pids_limit=64, memory="1g")
     rootful = PodmanEngine()
     rootful.rootless, rootful.cgroup_limits = False, True
-    args, env = rootful.create_args(spec, "n")
+    with container_env_file(spec) as env_file:
+        args, env = rootful.create_args(spec, "n", env_file)
+        assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+        assert "API_TOKEN=s3cret\n" in env_file.read_text() and "HOME=/tmp\n" in env_file.read_text()
+    assert not env_file.parent.exists()
     joined = " ".join(args)
     for flag in ("--read-only", "--read-only-tmpfs=false", "--cap-drop all", "--security-opt no-new-privileges",
                  "--network none", "--init", "--pids-limit 64", "--memory 1g", "--memory-swap 1g",
                  "type=bind,src=/d,dst=/data,ro=true", "type=bind,src=/w,dst=/workspace", "--user 1000:1000"):
         assert flag in joined, flag
-    assert "s3cret" not in joined and env["API_TOKEN"] == "s3cret"  # by name only on the command line
+    assert "s3cret" not in joined and "API_TOKEN" not in env  # in the file only
+    assert env.get("HOME") == os.environ.get("HOME")  # podman's own HOME: rootless storage stays where it is
     rootless = PodmanEngine()
     rootless.rootless, rootless.cgroup_limits = True, False
     with pytest.raises(Unavailable, match="run.memory: 1g"):

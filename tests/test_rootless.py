@@ -65,6 +65,11 @@ def _remove_account(name: str) -> None:
         except ProcessLookupError:
             pass
     subprocess.run(["userdel", "-r", name], capture_output=True)
+    # rootless Podman's run directories (no XDG_RUNTIME_DIR here): a next account of the same uid must not find
+    # them, with the state of a storage that went with the home
+    for d in (Path(f"/tmp/containers-user-{uid}"), Path(f"/tmp/podman-run-{uid}")):
+        if d.is_dir() and d.stat().st_uid == uid:
+            shutil.rmtree(d, ignore_errors=True)
     for f in ("/etc/subuid", "/etc/subgid"):  # userdel removes them; older shadow did not
         p = Path(f)
         if p.exists():
@@ -105,15 +110,36 @@ def account():
 
 
 def _interpreter(pw) -> tuple[list[str], dict[str, str]]:
-    """How the account runs hermetic: this interpreter if it can reach it, else the system's python3."""
-    probe = subprocess.run([sys.executable, "-c", "import hermetic"], user=pw.pw_uid, group=pw.pw_gid,
-                           extra_groups=[], capture_output=True, env={"PATH": "/usr/bin:/bin"})
-    if probe.returncode == 0:
-        return [sys.executable, "-m", "hermetic"], {}
-    site = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
-    system = shutil.which("python3", path="/usr/bin:/bin")
-    assert system, "no python3 on this machine for the account"
-    return [system, "-m", "hermetic"], {"PYTHONPATH": f"{REPO}:{site}"}
+    """How the account runs hermetic: this interpreter if it can reach it, else a copy of it (hard links: the
+    standard library and the interpreter, not its site-packages) in the account's home, with the session's
+    packages on PYTHONPATH. (Not the system's python3: Debian 12's 3.11.2 has no tarfile extraction filter.)"""
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import hermetic"], user=pw.pw_uid, group=pw.pw_gid,
+                               extra_groups=[], capture_output=True, env={"PATH": "/usr/bin:/bin"})
+        if probe.returncode == 0:
+            return [sys.executable, "-m", "hermetic"], {}
+    except PermissionError:  # the interpreter itself is out of its reach (a pyenv under /root)
+        pass
+    base = Path(sys.base_prefix)
+    mm = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    dest = Path(pw.pw_dir) / "python"
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(base / "lib" / mm, dest / "lib" / mm, copy_function=link,
+                    ignore=lambda d, names: [n for n in names if n in ("site-packages", "test")
+                                             and Path(d) == base / "lib" / mm])
+    for lib in (base / "lib").glob(f"lib{mm}*.so*"):
+        link(str(lib), str(dest / "lib" / lib.name))
+    (dest / "bin").mkdir()
+    link(os.path.realpath(sys.executable), str(dest / "bin" / mm))
+    site = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir() and p.startswith(sys.prefix))
+    return [str(dest / "bin" / mm), "-m", "hermetic"], {"PYTHONPATH": f"{REPO}:{site}",
+                                                        "LD_LIBRARY_PATH": str(dest / "lib")}
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +185,7 @@ def _seed_cache(session_cache: Path, cache: Path, base_ref: str, project: Path) 
     assert not missing, missing
     store = WheelStore(cache / "wheels")
     for w in found:
-        store.admit_file(Path(w.path), {w.sha256})
+        store.admit_file(Path(w.url or ""), {w.sha256})
 
 
 def test_a_plain_user_builds_runs_diffs_and_replays_without_root_or_docker(as_user):

@@ -20,8 +20,10 @@ default ulimits cannot be set without CAP_SYS_RESOURCE (runc: ``error
 setting rlimit type 7``), so the container is given the driver's own
 (nofile, and nproc no higher than pid_max), as Docker gives its own.
 
-Variables reach the container by name (``-e NAME``, the value in podman's
-environment): a secret's value never appears on a command line. Containers
+Variables reach the container through a file only the user can read
+(``--env-file``, removed after the run): a secret's value never appears on a
+command line, and podman's own environment stays the driver's (the
+container's HOME=/tmp there would move rootless Podman's storage). Containers
 carry the same labels as Docker's (driver, run, run directory, working
 directory), and hermetic.run.orphans finds Podman's orphans by them too.
 """
@@ -154,6 +156,10 @@ class PodmanEngine:
             raise Unavailable(f"rootless Podman on cgroup v1 cannot hold the container to a memory limit (run.memory: "
                               f"{spec.memory}): no cgroup is delegated to this user; set run.memory: null in "
                               f"hermetic.yaml to run without one, or run where cgroup v2 is delegated")
+        for k, v in spec.env.items():
+            if "\n" in v or "\n" in k or "=" in k:
+                raise EngineError(f"--env {k.split(chr(10))[0]}: a name with '=' or a line break, or a value with a "
+                                  "line break, cannot be given to Podman")
         for m in spec.mounts:
             for what in (str(m.source), m.target):
                 if "," in what:
@@ -219,9 +225,11 @@ class PodmanEngine:
 
     # -- containers ---------------------------------------------------------------------------------------
 
-    def create_args(self, spec: ContainerSpec, name: str | None = None) -> tuple[list[str], dict[str, str]]:
-        """(``podman run`` arguments, the environment the podman process needs for ``-e NAME``)."""
-        env = container_home_env(spec.env)
+    def create_args(self, spec: ContainerSpec, name: str | None = None,
+                    env_file: Path | None = None) -> tuple[list[str], dict[str, str]]:
+        """(``podman run`` arguments, the podman process's own environment). The container's variables are in
+        ``env_file`` (``container_env_file``), never on a command line nor in podman's environment, where the
+        container's HOME would move rootless Podman's storage."""
         args = ["run", "--log-driver", "k8s-file", "--init", "--read-only", "--read-only-tmpfs=false",
                 "--tmpfs", f"/tmp:rw,nosuid,nodev,exec,size={spec.tmpfs_size},mode=1777",
                 "--cap-drop", "all", "--security-opt", "no-new-privileges", "--network", spec.network,
@@ -250,23 +258,24 @@ class PodmanEngine:
             args += ["--mount", f"type=bind,src={m.source},dst={m.target}" + (",ro=true" if m.read_only else "")]
         for device in cdi_devices(spec.gpus):
             args += ["--device", device]
-        for k in env:
-            args += ["--env", k]  # the value from podman's own environment: never on a command line
+        if env_file is not None:
+            args += ["--env-file", str(env_file)]
         if name:
             args += ["--name", name]
         args += [spec.image_id, *spec.command]
         proc_env = {k: v for k, v in os.environ.items() if k in _PODMAN_ENV or k.startswith(("CONTAINERS_", "XDG_"))}
-        return args, {**proc_env, **env}
+        return args, proc_env
 
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                       watch: Watch | None = None) -> RunOutcome:
         self.check_spec(spec)
         name = name or _unique_name()
-        args, env = self.create_args(spec, name)
         files = open_log_files(log_dir)
         try:
-            end = stream_process([self.binary(), *args], files, stop=lambda _p: self._stop(name), echo=echo,
-                                 watch=watch, env=env)
+            with container_env_file(spec) as env_file:
+                args, env = self.create_args(spec, name, env_file)
+                end = stream_process([self.binary(), *args], files, stop=lambda _p: self._stop(name), echo=echo,
+                                     watch=watch, env=env)
             state = (self.inspect(name) or {}).get("State") or {}
             if end.interrupted:
                 self._rewrite_logs(name, files)
@@ -290,10 +299,11 @@ class PodmanEngine:
     def run_capture(self, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
         self.check_spec(spec)
         name = _unique_name()
-        args, env = self.create_args(spec, name)
         try:
-            proc = subprocess.run([self.binary(), args[0], "--rm", *args[1:]], capture_output=True, env=env,
-                                  stdin=subprocess.DEVNULL)
+            with container_env_file(spec) as env_file:
+                args, env = self.create_args(spec, name, env_file)
+                proc = subprocess.run([self.binary(), args[0], "--rm", *args[1:]], capture_output=True, env=env,
+                                      stdin=subprocess.DEVNULL)
         finally:
             self.podman("rm", "-f", name, check=False)
         return proc.returncode, proc.stdout, proc.stderr
@@ -356,6 +366,21 @@ class PodmanEngine:
 
 
 _PODMAN_ENV = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "LC_ALL")
+
+
+@contextlib.contextmanager
+def container_env_file(spec: ContainerSpec):
+    """The container's variables (``NAME=VALUE`` lines, podman's --env-file) in a file only this user can read,
+    in a directory of its own, removed afterwards: a secret's value is on no command line."""
+    d = tempfile.mkdtemp(prefix="hermetic-podman-env-")
+    try:
+        path = Path(d) / "env"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(f"{k}={v}\n" for k, v in container_home_env(spec.env).items()))
+        yield path
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def podman_tag(repo_tag: str) -> str:
