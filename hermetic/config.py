@@ -186,6 +186,9 @@ MetricSource = Literal["metrics.jsonl", "tensorboard", "lightning", "trainer"]
 class RunConfig(_Strict):
     """The container of `hermetic run` (the root filesystem is read-only); not part of the image."""
 
+    # What runs the container (docs/your-script.md, "Engines"); `--engine` overrides it for one command. Every
+    # engine runs the same image, by digest, straight from hermetic's store; the record names the engine.
+    engine: Literal["docker", "podman", "charliecloud"] = "docker"
     shm_size: Size = "1g"  # /dev/shm: PyTorch DataLoader workers hand batches over through it
     tmp_size: Size = "4g"  # the tmpfs at /tmp, which is also HOME
     # The working directory is a writable copy of the code snapshot: what the script writes there,

@@ -5,9 +5,11 @@ tars) built from the OCI store on the fly; the engine keeps the config digest
 as the image ID, so the ID hermetic prints is the one ``docker image
 inspect`` shows. Each layer is hashed on its way out; a layer blob that no
 longer matches its digest stops the stream before manifest.json (so the
-engine keeps nothing) and is named in the error. (Blobs the calling build
-wrote and hashed moments before are passed as ``trusted`` and not hashed a
-second time; the engine still checks every layer against its diff_id.)
+engine keeps nothing) and is named in the error. A blob whose store note
+vouches for it (hermetic.store.intact: hashed since it last changed, as a
+build's or a pull's own blobs are) is sent without being hashed again, and a
+blob hashed on its way is noted; the engine still checks every layer against
+its diff_id.
 """
 
 from __future__ import annotations
@@ -211,7 +213,7 @@ def _likeness(labels: dict[str, str], like: dict[str, str]) -> int:
 
 
 def load_image(store: "OciStore", manifest_digest: str, repo_tag: str | None = None,
-               candidates: list[str] = (), trusted: frozenset[str] = frozenset()) -> str:  # type: ignore[assignment]
+               candidates: list[str] = ()) -> str:  # type: ignore[assignment]
     """Stream the image into the engine; returns the image ID the engine reports.
 
     Layer files the engine already holds (same chain) are left out of the
@@ -227,11 +229,11 @@ def load_image(store: "OciStore", manifest_digest: str, repo_tag: str | None = N
                              like=(config.get("config") or {}).get("Labels"))
     layers = [(layer["digest"], int(layer["size"])) for layer in manifest["layers"]]
     try:
-        return load_layers(store, config_bytes, layers, repo_tag, skip, trusted)
+        return load_layers(store, config_bytes, layers, repo_tag, skip)
     except EngineError:
         if skip == 0:
             raise
-        return load_layers(store, config_bytes, layers, repo_tag, 0, trusted)
+        return load_layers(store, config_bytes, layers, repo_tag, 0)
 
 
 _CHUNK = 1 << 20
@@ -269,10 +271,13 @@ def _corrupt_layer(digest: str, path, what: str) -> IntegrityError:
 
 
 def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[str, int]], repo_tag: str | None,
-                skip: int, trusted: frozenset[str] = frozenset()) -> str:
+                skip: int) -> str:
     """Load one image (its config's bytes, its layer blobs in the store as (digest, size)) into the engine,
     leaving out the first ``skip`` layers, which it holds with the same chain. Returns the image ID."""
     import hashlib
+    import time
+
+    from hermetic.store import intact
 
     config_digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
     layers = [d for d, _ in layer_blobs]
@@ -308,16 +313,21 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
                         ti.size = p.stat().st_size
                         if ti.size != sizes[i]:
                             raise _corrupt_layer(d, p, f"is {ti.size} bytes, not {sizes[i]}")
+                        hexdigest = d.split(":", 1)[1]
                         with open(p, "rb") as f:
-                            if d in trusted:
-                                tf.addfile(ti, f)
+                            if intact.noted_intact(store.root, p, hexdigest, sizes[i]):
+                                tf.addfile(ti, f)  # hashed since it last changed (the store's note)
                                 continue
+                            noted_ns = time.time_ns()
+                            before = os.fstat(f.fileno())
                             hashed = _HashingReader(f)
                             tf.addfile(ti, hashed)  # type: ignore[arg-type]
-                        if "sha256:" + hashed.sha256.hexdigest() != d:
+                            after = os.fstat(f.fileno())
+                        if hashed.sha256.hexdigest() != hexdigest:
                             # Raised before manifest.json is written: the engine loads nothing.
                             raise _corrupt_layer(d, p, f"is corrupt (its content hashes to "
                                                        f"sha256:{hashed.sha256.hexdigest()})")
+                        intact.note_hashed(store.root, hexdigest, before, after, noted_ns)
                     doc = [{"Config": cfg_name, "RepoTags": [repo_tag] if repo_tag else None, "Layers": names}]
                     add_bytes("manifest.json", json.dumps(doc).encode())
         except BaseException as e:  # surfaced by the caller
@@ -422,12 +432,45 @@ def containers_labelled(*labels: str) -> list[dict] | None:
         return None
 
 
-def held_paths() -> set[str] | None:
-    """The host paths that containers hold (HOLDS_LABEL); None when no engine can be asked."""
-    rows = containers_labelled(HOLDS_LABEL)
-    if rows is None:
+def podman_containers_labelled(*labels: str) -> list[dict] | None:
+    """Podman's containers (any state) with all ``labels``, as Docker's rows (``Id``, ``Labels``, ``State``): []
+    when Podman is not installed or this user's Podman never stored anything (it has no container, and no
+    question is asked: that costs a process start), None when it cannot be asked."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    podman = shutil.which("podman")
+    if podman is None:
+        return []
+    if os.geteuid() == 0:
+        storage = Path("/var/lib/containers/storage")
+    else:
+        data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+        storage = Path(data, "containers", "storage")
+    if not storage.is_dir():
+        return []
+    args = [podman, "ps", "-a", "--format", "json"]
+    for label in labels:
+        args += ["--filter", f"label={label}"]
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        rows = json.loads(proc.stdout or "[]") if proc.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
         return None
-    return {str((r.get("Labels") or {}).get(HOLDS_LABEL)) for r in rows if (r.get("Labels") or {}).get(HOLDS_LABEL)}
+    if not isinstance(rows, list):
+        return None
+    return [{"Id": r.get("Id", ""), "Labels": r.get("Labels") or {}, "State": r.get("State", "")} for r in rows]
+
+
+def held_paths() -> set[str] | None:
+    """The host paths that containers hold (HOLDS_LABEL), Docker's and Podman's; None when an engine that may hold
+    some cannot be asked (Docker not answering; Podman installed, with storage, not answering)."""
+    found = [containers_labelled(HOLDS_LABEL), podman_containers_labelled(HOLDS_LABEL)]
+    if any(rows is None for rows in found):
+        return None
+    return {str((r.get("Labels") or {}).get(HOLDS_LABEL)) for rows in found for r in rows or []
+            if (r.get("Labels") or {}).get(HOLDS_LABEL)}
 
 
 def images_labelled(label: str) -> dict[str, str]:

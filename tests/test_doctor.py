@@ -15,7 +15,7 @@ from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, Oci
 from hermetic.store.wheels import WheelStore
 
 HERMETIC = str(Path(sys.executable).parent / "hermetic")
-NAMES = ["docker engine", "gpu runtime", "nvidia driver", "disk", "dataset hashing", "oci store", "wheel store"]
+NAMES = ["docker engine", "podman", "charliecloud", "gpu runtime", "nvidia driver", "disk", "dataset hashing", "oci store", "wheel store"]
 
 
 def doctor(cache: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -120,7 +120,9 @@ def test_corrupted_wheel_fails(tmp_path):
 
 
 def test_no_engine_fails_with_the_hint(tmp_path):
-    proc = doctor(tmp_path / "cache", "--json", env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
+    # no Docker Engine answering, and neither podman nor ch-run on PATH: no engine can run
+    proc = doctor(tmp_path / "cache", "--json", env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock",
+                                                     "PATH": str(tmp_path / "nothing")})
     assert proc.returncode == 69
     checks = by_name(proc)
     assert checks["docker engine"]["status"] == "fail"

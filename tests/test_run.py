@@ -297,7 +297,7 @@ def test_gpus_without_nvidia_runtime_is_a_clean_refusal(logreg, docker_client):
     assert containers_created_since(docker_client, t0, name) == []
 
 
-LOCKDOWN = """import json, os
+LOCKDOWN = """import json, os, socket
 result = {}
 for path in ("/etc/x", "/usr/x", "/workspace/x", "/workspace/data/x", "/data/logreg/x", "/tmp/x", "/outputs/x"):
     try:
@@ -315,15 +315,29 @@ result.update(
     interfaces=sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").read().splitlines()[2:]),
     ro={m: "ro" in mounts.get(m, []) for m in ("/", "/workspace", "/workspace/data", "/data/logreg", "/outputs",
                                                "/tmp")},
+    sockets=[p for p in ("/var/run/docker.sock", "/run/docker.sock", "/run/podman/podman.sock") if os.path.exists(p)],
+    hostname=[socket.gethostname(), os.environ.get("HOSTNAME")],
 )
+# the pids limit: the container's pids cgroup where it has one, else RLIMIT_NPROC (its user namespace's count)
+try:
+    result["pids"] = open("/sys/fs/cgroup/pids/pids.max").read().strip()
+except OSError:
+    result["pids"] = "max"
+if result["pids"] == "max":
+    import resource
+    result["pids"] = str(resource.getrlimit(resource.RLIMIT_NPROC)[0])
 print(json.dumps(result))
 """
 
 
 @pytest.mark.docker
-def test_container_is_locked_down_and_outputs_belong_to_the_caller(project):
+@pytest.mark.parametrize("engine", ["docker", pytest.param("podman", marks=pytest.mark.engines),
+                                    pytest.param("charliecloud", marks=pytest.mark.engines)])
+def test_container_is_locked_down_and_outputs_belong_to_the_caller(project, engine):
+    """The same hardening checked from inside the container on every engine (hermetic.engines)."""
     (project / "lockdown.py").write_text(LOCKDOWN)
-    _, rec = hermetic_run(project, "lockdown.py")
+    _, rec = hermetic_run(project, "--engine", engine, "lockdown.py")
+    assert rec["invocation"]["engine"]["name"] == engine
     rd = run_dir_of(project, rec)
     seen = json.loads((rd / "logs" / "stdout.log").read_text())
     for path in ("/etc/x", "/usr/x", "/workspace/data/x", "/data/logreg/x"):
@@ -334,9 +348,17 @@ def test_container_is_locked_down_and_outputs_belong_to_the_caller(project):
                           "/outputs": False, "/tmp": False}
     assert seen["uid"] != 0 and seen["gid"] != 0
     assert seen["home"].startswith("/tmp")
-    assert seen["caps"] == dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), 0)
+    if engine == "charliecloud":  # no capability held; the bounding set is the user namespace's own, and said so
+        assert seen["caps"] == {**dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapAmb"), 0),
+                                "CapBnd": seen["caps"]["CapBnd"]}
+        assert any("bounding set" in n for n in rec["invocation"]["engine"]["notes"])
+    else:
+        assert seen["caps"] == dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), 0)
     assert seen["no_new_privs"] == "1"
     assert seen["interfaces"] == ["lo"]
+    assert seen["sockets"] == []  # no engine's socket inside
+    assert seen["pids"] == "4096"  # run.pids's default
+    assert seen["hostname"] == ["hermetic", "hermetic"] and rec["invocation"]["hostname"] == "hermetic"
     # what the container wrote is the caller's on the host (root here: uid 0)
     assert (rd / "outputs" / "x").read_text() == "x"
     assert rec["outputs"]["files"]["x"]["size"] == 1
@@ -358,10 +380,10 @@ def test_run_section_sizes_shm_and_tmp_and_the_record_keeps_them(project):
     seen = json.loads((run_dir_of(project, rec) / "logs" / "stdout.log").read_text())
     assert seen == {"/dev/shm": 96 << 20, "/tmp": 80 << 20}
     assert rec["invocation"]["config"]["run"] == {"shm_size": "96m", "tmp_size": "80m", "workdir_size": "4g",
-                                                  "outputs": {"include": ["**"], "exclude": [],
-                                                              "volatile": ["**/events.out.tfevents.*"],
-                                                              "stdout": False},
-                                                  "pids": 4096, "memory": None, "metrics": "auto"}
+                                                  "outputs": {"include": ["**"], "exclude": [], "stdout": False,
+                                                              "volatile": ["**/events.out.tfevents.*"]},
+                                                  "pids": 4096, "memory": None, "engine": "docker",
+                                                  "metrics": "auto"}
 
 
 @pytest.mark.docker

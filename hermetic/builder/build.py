@@ -81,13 +81,18 @@ def _resolve_wheels(lock: Lock, paths: CachePaths, *, offline: bool, log) -> lis
 def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: bool = True,
           log: Callable[[str], None] | None = None,
           on_layer: Callable[[BuiltLayer], None] | None = None,
-          cache: ImageCache | None = None, pull_base: PullImage | None = None) -> BuildResult:
+          cache: ImageCache | None = None, pull_base: PullImage | None = None,
+          engine: str | None = None) -> BuildResult:
     """Build (or find) the image for ``cfg``.
 
     With ``cache`` (``build --cache``) the cache is asked for the build key
     before anything is built, and a local build is published to it.
     ``pull_base`` fetches a base named by a registry that the store lacks.
+    ``load``: make the image runnable in ``engine`` (default hermetic.yaml's
+    ``run.engine``): loaded into Docker (fed while the layers build), copied
+    into Podman's storage, or unpacked for Charliecloud (hermetic.engines).
     """
+    engine = engine or cfg.model.run.engine
     t0 = time.monotonic()
     lock = read_config_lock(cfg)
     key = build_key(cfg, lock)
@@ -104,7 +109,7 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
             try:
                 result = _build_locked(cfg, paths, store, lock, key, offline=offline, load=load, log=log,
                                        on_layer=on_layer, cache=cache, pull_base=pull_base, t0=t0, built=built,
-                                       notes=notes, feeds=feeds)
+                                       notes=notes, feeds=feeds, engine=engine)
                 claim_image(store, result.manifest_digest)  # what the caller (a run) uses after the lock is gone
                 from hermetic.builder.quick import remember_inputs
 
@@ -118,7 +123,8 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
 
 def _build_locked(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, key: str, *, offline: bool,
                   load: bool, log, on_layer, cache: ImageCache | None, pull_base: PullImage | None, t0: float,
-                  built: list[BuiltLayer], notes: list[str], feeds: list["EngineFeed"]) -> BuildResult:
+                  built: list[BuiltLayer], notes: list[str], feeds: list["EngineFeed"],
+                  engine: str = "docker") -> BuildResult:
     with file_lock(paths.builds / f".{key}.lock"):
         digest = lookup_build(paths, store, key)
         source = "local"
@@ -135,7 +141,8 @@ def _build_locked(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: L
             base = resolve_base(store, cfg.model.base, pull=None if offline else pull_base)  # before any fetch
             wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
             digest, layers_built, build_notes = _build(cfg, paths, store, lock, wheels, key, base, log=log,
-                                                       on_layer=on_layer, feeds=feeds if load else None)
+                                                       on_layer=on_layer, feeds=feeds if load else None,
+                                                       engine=engine)
             built += layers_built
             notes += build_notes
             source = "built"
@@ -150,7 +157,7 @@ def _build_locked(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: L
     if cache is not None and source != "registry" and not offline:
         cache.publish(store, key, digest, notes)
     return finish(cfg, store, info, noop=source == "local", load=load, t0=t0, notes=notes, built=built,
-                  feed=feeds[0] if feeds else None)
+                  feed=feeds[0] if feeds else None, engine=engine)
 
 
 def read_config_lock(cfg: LoadedConfig) -> Lock:
@@ -161,9 +168,9 @@ def read_config_lock(cfg: LoadedConfig) -> Lock:
 
 def finish(cfg: LoadedConfig, store: OciStore, info: ImageInfo, *, noop: bool, load: bool, t0: float,
            notes: list[str] | None = None, built: list[BuiltLayer] | None = None,
-           feed: "EngineFeed | None" = None) -> BuildResult:
-    loaded = _ensure_loaded(store, info, cfg.model.name, load, feed)
-    _point_latest(store, info, cfg.model.name, load)
+           feed: "EngineFeed | None" = None, engine: str = "docker") -> BuildResult:
+    loaded = _ensure_loaded(store, info, cfg.model.name, load, feed, engine)
+    _point_latest(store, info, cfg.model.name, load and engine == "docker")
     record = write_image_record(cfg.root, cfg.model.lock, info)
     # The result (not the record) also says which layers this build made or reused.
     loads = [{**e, "from": round(e["from"] - t0, 3), "to": round(e["to"] - t0, 3)} for e in (feed.timeline if feed else [])]
@@ -184,22 +191,28 @@ def _point_latest(store: OciStore, info: ImageInfo, name: str, load: bool) -> No
         ensure_tag(info.image_id, engine_tag(name))
 
 
-def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool, feed: "EngineFeed | None" = None) -> bool:
+def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool, feed: "EngineFeed | None" = None,
+                   engine: str = "docker") -> bool:
     """Load into the engine only when it lacks the image (by ID); after a feed, only what it still lacks."""
     if not load:
         return False
+    if engine != "docker":  # Podman, Charliecloud: straight from the store (hermetic.engines), once per image
+        from hermetic.engines import get_engine
+
+        if feed is not None:
+            feed.close()
+        return get_engine(engine).ensure_image(store, info.manifest_digest, repo_tag=engine_tag(name))
     from hermetic.engine import engine_has_image, load_image
 
     candidates: list[str] = []
-    trusted: frozenset[str] = frozenset()
     if feed is not None:
         feed.close()  # waits for the image's own load (EngineFeed.finish), started when its config was made
         if feed.final_loaded is not None:
             return feed.final_loaded
-        candidates, trusted = feed.partial_images, frozenset(feed.trusted)
+        candidates = feed.partial_images
     if engine_has_image(info.image_id):
         return False
-    load_image(store, info.manifest_digest, repo_tag=engine_tag(name), candidates=candidates, trusted=trusted)
+    load_image(store, info.manifest_digest, repo_tag=engine_tag(name), candidates=candidates)
     return True
 
 
@@ -219,7 +232,7 @@ def lookup_build(paths: CachePaths, store: OciStore, key: str) -> str | None:
 
 def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wheels: list[ResolvedWheel],
            key: str, base: BaseImage, *, log, on_layer,
-           feeds: list["EngineFeed"] | None = None) -> tuple[str, list[BuiltLayer], list[str]]:
+           feeds: list["EngineFeed"] | None = None, engine: str = "docker") -> tuple[str, list[BuiltLayer], list[str]]:
     from hermetic.builder.base import scan_base
     from hermetic.builder.checks import run_build_checks
     from hermetic.builder.image import LayerRef, image_config, image_manifest
@@ -244,11 +257,15 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     labels = image_labels(cfg, lock, base.manifest_digest, wheels)
     on_ready = on_planned = None
     if feeds is not None:
-        from hermetic.builder.engine_feed import EngineFeed
+        from hermetic.builder.engine_feed import EngineFeed, UnpackFeed
 
-        feeds.append(EngineFeed(store, base.config, base.layers, len(base.layers) + len(specs), engine_tag(m.name),
-                                dict(labels)))
-        on_ready, on_planned = feeds[0].layer_ready, feeds[0].start
+        if engine == "docker":
+            feeds.append(EngineFeed(store, base.config, base.layers, len(base.layers) + len(specs), engine_tag(m.name),
+                                    dict(labels)))
+        elif engine == "charliecloud":  # each layer unpacked while the next is built
+            feeds.append(UnpackFeed(store, base.layers))
+        if feeds:
+            on_ready, on_planned = feeds[0].layer_ready, feeds[0].start
     built = build_layers(specs, layout, facts.dirs, m.build.source_date_epoch, store,
                          LayerCache(paths.layers, store), on_layer=on_layer, bytecode=bytecode, on_ready=on_ready,
                          on_planned=on_planned)

@@ -71,7 +71,7 @@ class EngineFeed:
         self._repo_tag = repo_tag
         self._labels = labels or {}  # the image's, to find the engine's images most like it
         self._ready: dict[int, Descriptor] = dict(enumerate(base_layers))
-        self.trusted: set[str] = set()  # blobs this build wrote (and hashed) itself
+        self.fresh: set[str] = set()  # layers this build made: new to the engine, and so is every layer above
         self._base = len(base_layers)
         self._engine_has = -1  # leading layers the engine is known to hold (-1: not asked yet)
         self._partials: list[str] = []
@@ -94,7 +94,7 @@ class EngineFeed:
         with self._cond:
             self._ready[self._base + i] = desc
             if fresh:
-                self.trusted.add(desc.digest)
+                self.fresh.add(desc.digest)
             self._cond.notify_all()
 
     def _contiguous(self) -> int:
@@ -159,7 +159,7 @@ class EngineFeed:
             })
             t = time.monotonic()
             image_id = load_layers(self._store, config, [(d.digest, d.size) for d in layers], None,
-                                   self._engine_has, frozenset(self.trusted))
+                                   self._engine_has)
             self._note("prefix", layers[self._engine_has:], t)
             self.loads.append((self._engine_has, n))
             self._partials.append(image_id)
@@ -170,7 +170,7 @@ class EngineFeed:
         known to be there came from the cache. A layer this build just made is new to the engine, and
         so is every layer above it (their chain is new)."""
         k = max(self._engine_has, 0)
-        return k < len(layers) and layers[k].digest not in self.trusted
+        return k < len(layers) and layers[k].digest not in self.fresh
 
     def _load_final(self, image_id: str, config_bytes: bytes) -> bool:
         from hermetic.engine import engine_has_image, layers_engine_has, load_layers
@@ -183,8 +183,7 @@ class EngineFeed:
             skip = layers_engine_has([d.digest for d in layers], self._partials, prefer=self._repo_tag,
                                      like=self._labels)
         t = time.monotonic()
-        load_layers(self._store, config_bytes, [(d.digest, d.size) for d in layers], self._repo_tag, skip,
-                    frozenset(self.trusted))
+        load_layers(self._store, config_bytes, [(d.digest, d.size) for d in layers], self._repo_tag, skip)
         self._note("image", layers[skip:], t)
         return True
 
@@ -210,3 +209,57 @@ class EngineFeed:
         for image_id in reversed(self._partials):
             remove_image(image_id)
         self._partials.clear()
+
+
+class UnpackFeed:
+    """Charliecloud's load while the build goes on: each layer unpacked (hermetic.engines.unpack) as soon as
+    it is in the store, one at a time in a thread of its own, while the next one is built; the image's own
+    ``ensure_image`` at the end finds them there. A layer that fails here is left to it (it says why)."""
+
+    def __init__(self, store: OciStore, base_layers: list[Descriptor]) -> None:
+        import queue
+
+        self._store = store
+        self._queue: "queue.Queue[Descriptor | None]" = queue.Queue()
+        for d in base_layers:
+            self._queue.put(d)
+        self.timeline: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self.partial_images: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="unpack-feed", daemon=True)
+
+    def start(self) -> None:
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def layer_ready(self, i: int, desc: Descriptor, fresh: bool = False) -> None:
+        self._queue.put(desc)
+
+    def finish(self, image_id: str, config_bytes: bytes) -> None:
+        """Nothing to do: the layers are the image (its record is written by ensure_image)."""
+
+    def _run(self) -> None:
+        from hermetic.engines.charliecloud import engine_root
+        from hermetic.engines.unpack import ensure_layer
+
+        root = engine_root() / "layers"
+        while (desc := self._queue.get()) is not None:
+            if self.error is not None:
+                continue
+            t = time.monotonic()
+            try:
+                _path, made = ensure_layer(self._store, desc.digest, desc.media_type, root)
+            except BaseException as e:  # left to ensure_image, which raises it with the fix
+                self.error = e
+                continue
+            if made:
+                self.timeline.append({"load": "unpack", "layers": 1, "bytes": desc.size, "from": t,
+                                      "to": time.monotonic()})
+
+    def close(self) -> None:
+        self._queue.put(None)
+        if self._thread.ident is not None:
+            self._thread.join()
+
+    def remove_partials(self) -> None:
+        """No prefix images here."""

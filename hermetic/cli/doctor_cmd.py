@@ -1,7 +1,8 @@
 """``hermetic doctor``: is this machine ready to build and run? One line per check.
 
-Checks, in order: the Docker Engine, its GPU runtime, the host's NVIDIA
-driver, free disk under the cache root, which loop hashes datasets (C or
+Checks, in order: the engines (the Docker Engine, Podman, Charliecloud: which
+can run here; an engine that cannot is a failure only when none can), the
+Docker Engine's GPU runtime, the host's NVIDIA driver, free disk under the cache root, which loop hashes datasets (C or
 Python), the OCI blob store (every blob rehashes to its name; every ref's
 image is complete) and the wheel store (every wheel rehashes to its
 directory name). Each is ok / warn / fail with what to do about it; the exit
@@ -54,6 +55,85 @@ def check_engine() -> tuple[Check, Any]:
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     return Check("docker engine", "ok",
                  f"Docker Engine {v.get('Version', '?')} (API {v.get('ApiVersion', '?')}) at {host}"), client
+
+
+def check_podman() -> Check:
+    """Whether ``--engine podman`` can run here, and how it holds the limits (hermetic.engines.podman)."""
+    from hermetic.errors import HermeticError
+
+    name = "podman"
+    hint = "apt-get install podman catatonit uidmap skopeo (docs/scale-out.md, \"Engines\")"
+    if shutil.which("podman") is None:
+        return Check(name, "warn", "not installed", hint)
+    from hermetic.engines import get_engine
+
+    engine: Any = get_engine("podman")
+    try:
+        version = engine.version()
+    except HermeticError as e:
+        return Check(name, "warn", e.message, hint)
+    missing = [t for t in ("skopeo",) if shutil.which(t) is None]
+    if not any(shutil.which(i) or Path("/usr/libexec/podman", i).exists() for i in ("catatonit", "tini")):
+        missing.append("catatonit")
+    if engine.rootless:
+        missing += [t for t in ("newuidmap", "newgidmap") if shutil.which(t) is None]
+        if not _has_subid_range():
+            return Check(name, "warn", f"Podman {version}, rootless, but /etc/subuid gives this user no range",
+                         "add one: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 USER")
+    if missing:
+        return Check(name, "warn", f"Podman {version}, but {', '.join(missing)} missing", hint)
+    how = ("rootless" if engine.rootless else "rootful") + (
+        ", pids limit as RLIMIT_NPROC, no memory limit (cgroup v1)" if not engine.cgroup_limits else ", cgroup limits")
+    return Check(name, "ok", f"Podman {version} ({how})")
+
+
+def _has_subid_range() -> bool:
+    import pwd
+
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        lines = Path("/etc/subuid").read_text().splitlines()
+    except (OSError, KeyError):
+        return False
+    return any(ln.split(":")[0] in (user, str(os.geteuid())) for ln in lines if ln.count(":") == 2)
+
+
+def check_charliecloud() -> Check:
+    """Whether ``--engine charliecloud`` can run here: ch-run, an init, unprivileged namespaces and overlay."""
+    import subprocess
+
+    from hermetic.errors import HermeticError
+
+    name = "charliecloud"
+    hint = "apt-get install charliecloud-runtime catatonit (docs/scale-out.md, \"Engines\")"
+    if shutil.which("ch-run") is None:
+        return Check(name, "warn", "not installed", hint)
+    from hermetic.engines import get_engine
+
+    engine: Any = get_engine("charliecloud")
+    try:
+        engine.connect()
+        version = engine.version()
+    except HermeticError as e:
+        return Check(name, "warn", e.message, hint)
+    trial = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "--", "sh", "-c",
+                            "mkdir -p /tmp && mount -t tmpfs tmpfs /tmp"], capture_output=True, text=True)
+    if trial.returncode != 0:
+        why = (trial.stderr.strip().splitlines() or ["?"])[-1]
+        return Check(name, "warn", f"Charliecloud {version}, but an unprivileged user namespace cannot mount ({why})",
+                     "allow unprivileged user namespaces (sysctl user.max_user_namespaces, "
+                     "kernel.unprivileged_userns_clone=1)")
+    return Check(name, "ok", f"Charliecloud {version} (ch-run {shutil.which('ch-run')}; pids limit as RLIMIT_NPROC, "
+                             "no memory limit)")
+
+
+def engines_verdict(checks: list[Check]) -> list[Check]:
+    """An engine that cannot run here is a failure only when no engine can: then nothing can run."""
+    engines = {"docker engine", "podman", "charliecloud"}
+    if any(c.name in engines and c.status == "ok" for c in checks):
+        return [Check(c.name, "warn", c.detail, c.hint) if c.name in engines and c.status == "fail" else c
+                for c in checks]
+    return [Check(c.name, "fail", c.detail, c.hint) if c.name in engines else c for c in checks]
 
 
 def host_has_gpu(gpus: list[dict[str, Any]]) -> bool:
@@ -195,7 +275,7 @@ def run_doctor(*, rehash: bool = True) -> list[Check]:
     paths = cache_paths()
     checks: list[Check] = []
     engine, client = check_engine()
-    checks.append(engine)
+    checks += engines_verdict([engine, check_podman(), check_charliecloud()])
     gpus, gpu_errors, tried = host_gpus()
     checks.append(check_gpu_runtime(client, host_has_gpu(gpus)))
     checks.append(check_driver(gpus, gpu_errors, tried))
@@ -219,7 +299,8 @@ def doctor(quick: bool, as_json: bool) -> int:
     """Check that this machine can build and run: one line per check.
 
     \b
-    Checks: the Docker Engine, its NVIDIA GPU runtime, the host's NVIDIA
+    Checks: the engines (Docker, Podman, Charliecloud: which can run here;
+    FAIL only when none can), Docker's NVIDIA GPU runtime, the host's NVIDIA
     driver, free disk under the cache root, the dataset hashing loop (C, or
     the slower Python fallback), the OCI blob store and the wheel store
     (every file rehashed to its name). Each line is ok, warn or FAIL,

@@ -9,33 +9,12 @@ import click
 
 from hermetic.cli.common import config_option, emit_json
 from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_option, mlflow_target
-from hermetic.seedargs import MAX_GROUP_SEEDS
+from hermetic.cli.run_options import parse_data, request_template, run_options
+from hermetic.engines.base import ENGINES
 
 
 @click.command(cls=MlflowCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@config_option
-@click.option("--gpus", metavar="all|N|device=ID,...", callback=lambda c, p, v: check_gpus(v),
-              help="GPUs for the container, as `docker run --gpus`: all, a count, or device=ID[,ID...].")
-@click.option("--data", "data", multiple=True, metavar="NAME=PATH",
-              help="Use PATH for dataset NAME (still verified against its manifest). Repeatable.")
-@click.option("--seed", type=click.IntRange(0, 2**32 - 1), help="Seed for this run (default: determinism.seed).")
-@click.option("--seeds", metavar="N|0,1,2|0-4", callback=lambda c, p, v: check_seeds(v),
-              help="One run per seed, plus a group record with mean, SD and 95% CI. N alone: N seeds from "
-                   "hermetic.yaml's seed on. The script gets each seed as $HERMETIC_SEED, and in place of "
-                   "{seed} in its arguments. "
-                   f"At most {MAX_GROUP_SEEDS} seeds in one group.")
-@click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True,
-              help="Container network. Runs have none unless asked.")
-@click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
-              help="Pass a variable into the container. Names with TOKEN/SECRET/KEY/PASSWORD/CREDENTIAL "
-                   "are passed but never recorded. Repeatable.")
-@click.option("--name", help="A name for the run (appended to its ID).")
-@click.option("--resume-from", "resume_from", metavar="RUN",
-              help="Start with a copy of RUN's outputs, each where RUN's script wrote it: in /outputs, or at "
-                   "its path in the working directory (out/model.pt); e.g. to resume from its checkpoint.")
-@click.option("--nproc-per-node", "nproc_per_node", type=click.IntRange(1), metavar="N",
-              help="Run N processes with torchrun in the container (gloo on CPU, NCCL with --gpus); "
-                   "each rank gets its own seed from the runtime (docs/scale-out.md).")
+@run_options("run")
 @mlflow_option
 @click.option("--detach", is_flag=True,
               help="Print the run's ID once it has started and return; the run goes on in the background "
@@ -43,8 +22,7 @@ from hermetic.seedargs import MAX_GROUP_SEEDS
 @click.option("--json", "as_json", is_flag=True, help="Print the sealed run record (JSON) instead of a summary.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, nproc_per_node, mlflow_uri, detach,
-        as_json, script, args) -> int:
+def run(mlflow_uri, detach, as_json, script, args, **shared) -> int:
     """Run SCRIPT [ARGS...] inside the pinned image and record everything.
 
     In order: build the image if needed (a no-op when up to date); verify every
@@ -79,76 +57,24 @@ def run(config_path, gpus, data, seed, seeds, network, env, name, resume_from, n
     if detach:
         return _start_detached(script, as_json)
     keep_running_without_a_terminal()
-    from hermetic.config import load_config
-    from hermetic.errors import UsageError
     from hermetic.paths import cache_paths
-    from hermetic.run.plan import RunRequest
     from hermetic.run.runner import execute
-    from hermetic.seedargs import parse_seeds
 
-    cfg = load_config(config_path)
-    if seeds and seed is not None:
-        raise UsageError("--seed and --seeds together: pick one")
-    seeds_list = parse_seeds(seeds, cfg.model.determinism.seed) if seeds else None  # before anything is built
-    mlflow = mlflow_target(mlflow_uri)  # checked before the run: a URI, and hermetic[mlflow] installed
-    data_paths = parse_data(data)
-    resume_dir = None
-    if resume_from:
-        from hermetic.record import resolve_run
-
-        resume_dir = resolve_run(resume_from, cfg.runs_path)
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "run", script, *args]
-    distributed = None
-    if nproc_per_node is not None:
-        from hermetic.run.distributed import plan_distributed
-
-        distributed = plan_distributed(nproc_per_node, gpus=gpus)
-    template = RunRequest(script=script, args=list(args), argv=argv, gpus=gpus, data_paths=data_paths,
-                          network=network, env=list(env), name=name, echo=not as_json, resume_from=resume_dir,
-                          distributed=distributed)
+    made = request_template(shared, script=script, args=args, argv=argv, echo=not as_json)
+    cfg, template, seeds_list = made.cfg, made.request, made.seeds
+    mlflow = mlflow_target(mlflow_uri)  # checked before the run: a URI, and hermetic[mlflow] installed
     paths = cache_paths()
     log, progress = run_log(not as_json)
     if seeds_list is not None:
         return _seed_group(cfg, paths, template, seeds_list, as_json, log, progress, mlflow)
-    req = dataclasses.replace(template, seed=seed, seed_policy="cli" if seed is not None else "config")
-    result = execute(cfg, paths, req, log=log, progress=progress)
+    result = execute(cfg, paths, template, log=log, progress=progress)
     if as_json:
         emit_json(result.record)
         _say_reason(result)
     else:
         _summary(result)
     return export_after_run(mlflow, [result.run_dir], result.exit_code)
-
-
-def check_gpus(value: str | None) -> str | None:
-    """``--gpus`` checked as it is parsed, before the config, the engine or anything else (hermetic.gpus)."""
-    from hermetic.gpus import parse_gpus
-
-    parse_gpus(value)
-    return value
-
-
-def check_seeds(value: str | None) -> str | None:
-    """``--seeds`` checked as it is parsed: its form and its size (hermetic.seedargs.MAX_GROUP_SEEDS), by
-    arithmetic. A count's end (determinism.seed + N - 1) is checked once the config is read."""
-    if value:
-        from hermetic.seedargs import seed_ranges
-
-        seed_ranges(value, 0)
-    return value
-
-
-def parse_data(items) -> dict[str, str]:
-    """``--data NAME=PATH`` items -> {NAME: PATH}."""
-    from hermetic.errors import UsageError
-
-    out = {}
-    for item in items:
-        n, eq, p = item.partition("=")
-        if not eq or not n or not p:
-            raise UsageError(f"--data {item!r}: expected NAME=PATH")
-        out[n] = p
-    return out
 
 
 def run_log(show: bool):
@@ -248,8 +174,10 @@ def _seed_group(cfg, paths, template, seeds: list[int], as_json: bool, log, prog
 @click.option("--data", "data", multiple=True, metavar="NAME=PATH",
               help="Dataset NAME is at PATH on this machine, not where the run read it (still verified "
                    "against the run's own manifest copy). Repeatable.")
+@click.option("--engine", type=click.Choice(ENGINES), default=None,
+              help="What runs the container (default: the engine the original run used).")
 @click.option("--json", "as_json", is_flag=True, help="Print the diff against the original as JSON.")
-def replay(run_ref: str, config_path: str | None, data: tuple[str, ...], as_json: bool) -> int:
+def replay(run_ref: str, config_path: str | None, data: tuple[str, ...], engine: str | None, as_json: bool) -> int:
     """Re-execute a recorded run exactly, then say whether it matched.
 
     Uses the recorded image (by digest; pulled from the registry the record
@@ -281,6 +209,8 @@ def replay(run_ref: str, config_path: str | None, data: tuple[str, ...], as_json
     paths = cache_paths()
     argv = ["hermetic", *sys.argv[1:]]
     cfg, req = replay_request(run_dir, record, paths, echo=not as_json, argv=argv, data_paths=parse_data(data))
+    recorded = ((record.get("invocation") or {}).get("engine") or {}).get("name")
+    req = dataclasses.replace(req, engine=engine or recorded or None)
     log, progress = run_log(not as_json)
     result = execute(cfg, paths, req, log=log, progress=progress)
     d = diff_paths(run_dir, result.run_dir)

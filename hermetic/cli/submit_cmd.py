@@ -8,31 +8,12 @@ from pathlib import Path
 
 import click
 
-from hermetic.cli.common import ScriptCommand, config_option, emit_json
-from hermetic.cli.run_cmd import check_gpus, check_seeds
-from hermetic.seedargs import MAX_GROUP_SEEDS
+from hermetic.cli.common import ScriptCommand, emit_json
+from hermetic.cli.run_options import request_template, run_options
 
 
 @click.command(cls=ScriptCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@config_option
-@click.option("--gpus", metavar="N", callback=lambda c, p, v: check_gpus(v),
-              help="GPUs per node: Slurm allocates N, the container gets those.")
-@click.option("--data", "data", multiple=True, metavar="NAME=PATH",
-              help="Use PATH for dataset NAME (a path the nodes see; verified here and on the node).")
-@click.option("--seed", type=click.IntRange(0, 2**32 - 1), help="Seed for this run (default: determinism.seed).")
-@click.option("--seeds", metavar="N|0,1,2|0-4", callback=lambda c, p, v: check_seeds(v),
-              help="A job array, one task (one run) per seed, and a dependent job that writes the group summary. "
-                   f"At most {MAX_GROUP_SEEDS} seeds in one group.")
-@click.option("--network", type=click.Choice(["none", "host"]), default="none", show_default=True,
-              help="Container network (--nodes > 1 needs host, and gets it).")
-@click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
-              help="Pass a variable into the container; secrets by NAME only (the job's environment carries them).")
-@click.option("--name", help="A name for the run or group (appended to its ID, and the job's name).")
-@click.option("--resume-from", "resume_from", metavar="RUN",
-              help="Start with a copy of RUN's outputs, each where RUN's script wrote it: in /outputs, or at "
-                   "its path in the working directory (as `hermetic run --resume-from`).")
-@click.option("--nproc-per-node", "nproc_per_node", type=click.IntRange(1), metavar="N",
-              help="N processes per node with torchrun in each node's container.")
+@run_options("submit")
 @click.option("-p", "--partition", help="Slurm partition (default: the cluster's default partition).")
 @click.option("-t", "--time", "time_limit", metavar="TIME", help="Time limit, as sbatch --time (e.g. 2:00:00).")
 @click.option("-c", "--cpus", "cpus", type=click.IntRange(1), metavar="N", help="CPUs per task (sbatch -c).")
@@ -43,6 +24,10 @@ from hermetic.seedargs import MAX_GROUP_SEEDS
 @click.option("--container", type=click.Choice(["docker", "pyxis"]), default="docker", show_default=True,
               help="docker: hermetic runs the container on each node (Docker Engine there). pyxis: the sbatch "
                    "script runs it with srun --container-image=REGISTRY#REPO@sha256:... (pyxis/enroot >= 4.0).")
+@click.option("--shared-store", "shared_store", metavar="DIR", type=click.Path(file_okay=False),
+              help="A hermetic cache every node mounts: the image is put there and the tasks take it by digest, "
+                   "every blob verified; no registry. (HERMETIC_CACHE below a --shared-root, or on a network "
+                   "filesystem, serves as one by itself.)")
 @click.option("--node-cache", "node_cache", metavar="PATH",
               help="HERMETIC_CACHE on the nodes ({node} = the node's name), e.g. /scratch/hermetic-{node}. "
                    "Default: the one this command uses.")
@@ -54,14 +39,14 @@ from hermetic.seedargs import MAX_GROUP_SEEDS
 @click.option("--json", "as_json", is_flag=True, help="Print what was submitted (with --wait: the record or group).")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def submit(config_path, gpus, data, seed, seeds, network, env, name, resume_from, nproc_per_node, partition,
-           time_limit, cpus, nodes, sbatch_args, container, node_cache, shared_roots, wait, as_json, script,
-           args) -> int:
+def submit(partition, time_limit, cpus, nodes, sbatch_args, container, shared_store, node_cache, shared_roots, wait,
+           as_json, script, args, **shared) -> int:
     """Submit SCRIPT [ARGS...] to Slurm: the same run `hermetic run` makes, on a node.
 
     Before anything is submitted: the controller must answer, the partition
-    exist, the image be pushed (the nodes pull it by digest from the registry
-    recorded at push time), the datasets verify against their manifests and
+    exist, the image be where the nodes get it (a store they all mount:
+    --shared-store, or HERMETIC_CACHE on a shared filesystem; else the
+    registry it was pushed to, pulled by digest), the datasets verify against their manifests and
     lie where the nodes see them. Then the code is snapshotted once, here,
     into runs/<id>/slurm/ (what the tasks run, whatever the checkout holds
     when they start), with the sbatch script, and submitted. Each task runs
@@ -74,41 +59,21 @@ def submit(config_path, gpus, data, seed, seeds, network, env, name, resume_from
       hermetic submit -p gpu --gpus 1 -t 2:00:00 train.py --epochs 3
       hermetic submit --seeds 0-4 train.py --seed {seed}     # a 5-task array + group summary
       hermetic submit -N 2 --nproc-per-node 4 --gpus 4 train.py   # 8 ranks on 2 nodes
+      hermetic submit --engine podman --shared-store /scratch/hermetic train.py   # no daemon, no registry
       hermetic submit --container pyxis train.py             # srun --container-image=...@sha256:...
       hermetic submit --wait train.py                        # block; exit like hermetic run
     """
-    from hermetic.cli.run_cmd import parse_data, run_log
-    from hermetic.config import load_config
-    from hermetic.errors import UsageError
+    from hermetic.cli.run_cmd import run_log
     from hermetic.paths import cache_paths
-    from hermetic.run.plan import RunRequest
     from hermetic.slurm.submit import SlurmOptions, submit as do_submit
 
-    cfg = load_config(config_path)
-    if seeds and seed is not None:
-        raise UsageError("--seed and --seeds together: pick one")
-    seed_list = None
-    if seeds:
-        from hermetic.seedargs import parse_seeds
-
-        seed_list = parse_seeds(seeds, cfg.model.determinism.seed)  # before anything is asked or built
-    resume_dir = None
-    if resume_from:
-        from hermetic.record import resolve_run
-
-        resume_dir = resolve_run(resume_from, cfg.runs_path).resolve()
-    distributed = None
-    if nproc_per_node is not None:
-        from hermetic.run.distributed import plan_distributed
-
-        distributed = plan_distributed(nproc_per_node, gpus=gpus, nnodes=nodes)
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "submit", script, *args]
-    template = RunRequest(script=script, args=list(args), argv=argv, gpus=gpus, data_paths=parse_data(data),
-                          seed=seed, seed_policy="cli" if seed is not None else "config", network=network,
-                          env=list(env), name=name, resume_from=resume_dir, distributed=distributed)
+    made = request_template(shared, script=script, args=args, argv=argv, nnodes=nodes)
+    cfg, template, seed_list = made.cfg, made.request, made.seeds
     opts = SlurmOptions(partition=partition, time=time_limit, cpus_per_task=cpus, nodes=nodes,
                         sbatch_args=tuple(sbatch_args), container=container, node_cache=node_cache,
-                        shared_roots=tuple(Path(r) for r in shared_roots))
+                        shared_roots=tuple(Path(r) for r in shared_roots), engine=template.engine,
+                        shared_store=Path(shared_store).expanduser().resolve() if shared_store else None)
     log, progress = run_log(True)
     result = do_submit(cfg, cache_paths(), template, seed_list, opts, log=log, progress=progress)
     for w in result.warnings:

@@ -32,9 +32,10 @@ TITLES = {
     "gpu": "driver and GPU", "cpu": "CPU, BLAS and host",
 }
 # Config keys whose effect another section records exactly: the image ID covers the build,
-# data manifests cover dataset paths, seed.value covers the seed.
+# data manifests cover dataset paths, seed.value covers the seed, invocation.engine the engine.
 _CONFIG_RESTATED = re.compile(
-    r"^(name|base|lock|runs_dir|python(\..*)?|build(\..*)?|" + re.escape(SEED_KEY) + r"|datasets\[\d+\]\.(path|manifest))$"
+    r"^(name|base|lock|runs_dir|python(\..*)?|build(\..*)?|run\.engine|" + re.escape(SEED_KEY)
+    + r"|datasets\[\d+\]\.(path|manifest))$"
 )
 # Keys that steer only hermetic's own comparison of outputs (which files diff compares, which metrics it reads):
 # they change no byte the script computes, so they are listed and never a cause.
@@ -273,6 +274,23 @@ def compare_config(a_inv: Json, b_inv: Json, seed_a: Any = None, seed_b: Any = N
         s.changes.append(Change("config", "config_sha256", "changed", a_inv["config_sha256"],
                                 b_inv["config_sha256"], "config sha256 differs", False))
     return s
+
+
+def _engine_change(a_inv: Json, b_inv: Json) -> Change | None:
+    """The engine that ran the container (invocation.engine; a record without one ran on the Docker Engine), as a
+    difference of the host: another engine is one (the machine differs), another version of it is listed only."""
+    def said(inv: Json) -> tuple[str, str]:
+        e = inv.get("engine") or {}
+        return str(e.get("name") or "docker"), str(e.get("version") or "?")
+
+    (an, av), (bn, bv) = said(a_inv), said(b_inv)
+    if (an, av) == (bn, bv) or (not a_inv.get("engine") and not b_inv.get("engine")):
+        return None
+    if not a_inv.get("engine") or not b_inv.get("engine"):
+        if an == bn:
+            return None  # an older record: Docker, version not recorded
+    return Change("cpu", "engine", "changed", a_inv.get("engine"), b_inv.get("engine"),
+                  f"engine {an} {av} -> {bn} {bv}", an != bn)
 
 
 def changed_tokens(a: list[str], b: list[str]) -> str:
@@ -549,5 +567,14 @@ def compare_sections(a: Json, b: Json, manifests_a: Manifests, manifests_b: Mani
         compare_env(a["env"], b["env"]),
         compare_software(a["software"], b["software"]),
         compare_gpu(a["hardware"], b["hardware"], a["invocation"], b["invocation"]),
-        compare_cpu(a["hardware"], b["hardware"], a["software"], b["software"]),
+        _with_engine(compare_cpu(a["hardware"], b["hardware"], a["software"], b["software"]), a["invocation"],
+                     b["invocation"]),
     ]
+
+
+def _with_engine(host: SectionDiff, a_inv: Json, b_inv: Json) -> SectionDiff:
+    """The host section, with the engine when it changed (hermetic.engines: docker, podman, charliecloud)."""
+    change = _engine_change(a_inv, b_inv)
+    if change is not None:
+        host.changes.append(change)
+    return host

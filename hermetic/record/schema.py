@@ -109,6 +109,15 @@ class Limits(_Strict):
     memory: Optional[str]  # a Docker size ("16g"), also the memory+swap limit
 
 
+class EngineUsed(_Strict):
+    """What ran the container (hermetic.yaml run.engine, or --engine) and what it gave another way than Docker."""
+
+    name: Literal["docker", "podman", "charliecloud"]
+    version: str
+    rootless: bool  # the engine ran as the invoking user, without root anywhere
+    notes: list[str]  # hardening given another way (a pids limit as RLIMIT_NPROC, ...): in words
+
+
 class Invocation(_Strict):
     argv: list[str]
     script: str
@@ -125,6 +134,7 @@ class Invocation(_Strict):
     user: Optional[str] = None  # "UID:GID" the container ran the script as (absent in older records)
     limits: Optional[Limits] = None  # absent in older records (their containers had no limits)
     hostname: Optional[str] = None  # the container's host name ("hermetic"); None: the host's (--network host)
+    engine: Optional[EngineUsed] = None  # absent in older records (their engine was the Docker Engine)
 
 
 class Package(_Strict):
@@ -288,6 +298,7 @@ class SlurmJob(_Strict):
     container: Literal["docker", "pyxis"]
     submitted_from: str  # the submission directory (holding slurm/submit.json), relative to the runs dir
     image_pulled_from: Optional[str] = None  # the repo digest this node pulled the image by (its store lacked it)
+    image_store: Optional[str] = None  # the store every node mounts that this node took the image from (no registry)
 
 
 class RankPlacement(_Strict):

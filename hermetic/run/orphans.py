@@ -10,7 +10,10 @@ free, a zombie, or another process's) is an orphan. ``hermetic run`` (and
 so each ``hermetic submit`` task), ``hermetic runs`` and ``hermetic stop``
 reap them: the container is stopped, its output (the engine kept all of it)
 becomes the run's logs, the record is sealed ``interrupted`` with the reason,
-the container is removed, then its working directory.
+the container is removed, then its working directory. Docker's and Podman's
+containers are found the same way (the same labels; ``podman ps``); a
+Charliecloud container is its driver's child and dies with it (PR_SET_PDEATHSIG,
+hermetic.engines.charliecloud), so it leaves no orphan, only its early record.
 
 Two reapers never seal one run twice: each holds the run's liveness lock
 while it reaps (a run another process holds is left to it), and a record
@@ -29,11 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection
 
-from hermetic.engine import HOLDS_LABEL, containers_labelled
+from hermetic.engine import HOLDS_LABEL
 from hermetic.errors import HermeticError
 from hermetic.fsutil import sweep_dead
 from hermetic.record import liveness
 from hermetic.run.container import DRIVER_LABEL, RUN_DIR_LABEL, RUN_LABEL, remove_container, rewrite_logs, stop_container
+
+ORPHAN_ENGINES = ("docker", "podman")  # engines whose containers can outlive their driver
 
 LOG_FILES = ("stdout.log", "stderr.log", "combined.log")  # as container.run_streaming writes them
 RUNTIME_DIR = ".runtime"  # runner.RUNTIME_DIR (runner is not imported: `hermetic runs` stays light)
@@ -49,6 +54,7 @@ class Orphan:
     run_dir: Path | None
     workspace: Path | None
     running: bool
+    engine: str = "docker"
 
 
 @dataclass(frozen=True)
@@ -60,40 +66,54 @@ class Reaped:
     note: str  # one line, for the CLI to print
 
 
-def find_orphans(run_ids: Collection[str] | None = None) -> list[Orphan]:
+def find_orphans(run_ids: Collection[str] | None = None, engines: Collection[str] = ORPHAN_ENGINES) -> list[Orphan]:
     """The containers whose driver is gone (only those of ``run_ids`` when given); [] when no engine answers.
 
-    One question to the engine (on its socket): cheap enough for every ``hermetic runs``."""
-    rows = containers_labelled(DRIVER_LABEL) or []
+    One question to each engine (Docker's on its socket; Podman's only when it ever stored anything):
+    cheap enough for every ``hermetic runs``."""
+    from hermetic.engines import get_engine
+
     found = []
-    for row in rows:
-        labels = row.get("Labels") or {}
-        driver = liveness.parse_driver(str(labels.get(DRIVER_LABEL) or ""))
-        run_id = labels.get(RUN_LABEL)
-        if driver is None or (run_ids is not None and run_id not in run_ids) or not liveness.driver_gone(driver):
+    for name in engines:
+        if name not in ORPHAN_ENGINES:
             continue
-        run_dir, holds = labels.get(RUN_DIR_LABEL), labels.get(HOLDS_LABEL)
-        found.append(Orphan(str(row.get("Id") or ""), driver, run_id, Path(run_dir) if run_dir else None,
-                            Path(holds) if holds else None, row.get("State") == "running"))
+        try:
+            rows = get_engine(name).containers_labelled(DRIVER_LABEL) or []
+        except HermeticError:
+            continue
+        for row in rows:
+            labels = row.get("Labels") or {}
+            driver = liveness.parse_driver(str(labels.get(DRIVER_LABEL) or ""))
+            run_id = labels.get(RUN_LABEL)
+            if driver is None or (run_ids is not None and run_id not in run_ids) or not liveness.driver_gone(driver):
+                continue
+            run_dir, holds = labels.get(RUN_DIR_LABEL), labels.get(HOLDS_LABEL)
+            found.append(Orphan(str(row.get("Id") or ""), driver, run_id, Path(run_dir) if run_dir else None,
+                                Path(holds) if holds else None, row.get("State") == "running", name))
     return found
 
 
-def reap_orphans(client: Any = None, *, by: str, run_ids: Collection[str] | None = None) -> list[Reaped]:
-    """Stop and remove every orphan (of ``run_ids`` when given) and seal its run's record; what was reaped.
+def reap_orphans(client: Any = None, *, by: str, run_ids: Collection[str] | None = None,
+                 engines: Collection[str] = ORPHAN_ENGINES) -> list[Reaped]:
+    """Stop and remove every orphan (of ``run_ids`` when given, on ``engines``) and seal its run's record;
+    what was reaped. ``client``: Docker's, when the caller has one.
 
     ``by`` names the command, for the record's reason (``hermetic runs``). Nothing here raises for one
     orphan's sake: what could not be done is said in its note."""
-    orphans = find_orphans(run_ids)
+    orphans = find_orphans(run_ids, engines)
     if not orphans:
         return []
-    if client is None:
-        from hermetic.engine import engine_client
+    from hermetic.engines import get_engine
+    from hermetic.engines.docker import DockerEngine
 
-        client = engine_client()
+    handles: dict[str, Any] = {}
     reaped = []
     for orphan in orphans:
         try:
-            done = _reap(client, orphan, by)
+            if orphan.engine not in handles:
+                handles[orphan.engine] = (DockerEngine(client) if orphan.engine == "docker" and client is not None
+                                          else get_engine(orphan.engine))
+            done = _reap(handles[orphan.engine], orphan, by)
         except Exception as e:  # another run's leftover never fails the command that found it
             done = Reaped(orphan.id[:12], orphan.run_id, orphan.run_dir, False,
                           f"container {orphan.id[:12]} (run {orphan.run_id or '-'}) of a hermetic process that died "
@@ -103,9 +123,9 @@ def reap_orphans(client: Any = None, *, by: str, run_ids: Collection[str] | None
     return reaped
 
 
-def _reap(client: Any, orphan: Orphan, by: str) -> Reaped | None:
+def _reap(engine: Any, orphan: Orphan, by: str) -> Reaped | None:
     if orphan.run_id is None or orphan.run_dir is None:  # a probe's: nothing to seal
-        container = _container(client, orphan.id)
+        container = _container(engine, orphan.id)
         if container is None:
             return None
         remove_container(container)
@@ -113,7 +133,7 @@ def _reap(client: Any, orphan: Orphan, by: str) -> Reaped | None:
                       f"removed container {orphan.id[:12]}, left by a hermetic process that died (pid {orphan.driver.pid})")
     run_dir = orphan.run_dir
     if not (run_dir / "run.json").is_file() or run_dir.name != orphan.run_id:
-        container = _container(client, orphan.id)
+        container = _container(engine, orphan.id)
         if container is None:
             return None
         stop_container(container)
@@ -126,9 +146,9 @@ def _reap(client: Any, orphan: Orphan, by: str) -> Reaped | None:
         return None
     try:
         with liveness.hold(run_dir):
-            return _reap_run(client, orphan, run_dir, by)
+            return _reap_run(engine, orphan, run_dir, by)
     except OSError as e:  # the run directory is not ours to write: still, the container goes
-        container = _container(client, orphan.id)
+        container = _container(engine, orphan.id)
         if container is None:
             return None
         stop_container(container)
@@ -139,8 +159,8 @@ def _reap(client: Any, orphan: Orphan, by: str) -> Reaped | None:
                       f"container, but could not seal its record: {run_dir}: {e.strerror or e}")
 
 
-def _reap_run(client: Any, orphan: Orphan, run_dir: Path, by: str) -> Reaped | None:
-    container = _container(client, orphan.id)  # asked again under the lock: another reaper may have been first
+def _reap_run(engine: Any, orphan: Orphan, run_dir: Path, by: str) -> Reaped | None:
+    container = _container(engine, orphan.id)  # asked again under the lock: another reaper may have been first
     if container is None:
         return None
     was_running = _state(container).get("Running", orphan.running)
@@ -243,15 +263,9 @@ def _remove_workspace(workspace: Path | None) -> None:
         sweep_dead(workspace.parent, lambda n: n == name)
 
 
-def _container(client: Any, container_id: str) -> Any:
-    import docker.errors
-
-    try:
-        return client.containers.get(container_id)
-    except docker.errors.NotFound:
-        return None
-    except (docker.errors.DockerException, OSError):
-        return None
+def _container(engine: Any, container_id: str) -> Any:
+    """The engine's handle of the container (docker-py's Container, or one that behaves so); None when gone."""
+    return engine.container(container_id)
 
 
 def _state(container: Any) -> dict[str, Any]:

@@ -50,6 +50,7 @@ class RunRequest:
     distributed: DistributedPlan | None = None
     run_dir: Path | None = None
     slurm: dict[str, Any] | None = None
+    engine: str | None = None  # docker | podman | charliecloud: --engine (None: hermetic.yaml's run.engine)
 
 
 @dataclass(frozen=True)

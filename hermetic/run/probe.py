@@ -19,7 +19,7 @@ from hermetic.errors import Unavailable
 from hermetic.fsutil import atomic_write_bytes
 from hermetic.containerpaths import PROBE_MOUNT
 from hermetic.probe import PROBE_DIR, PROBE_PATH, probe_digest
-from hermetic.run.container import ContainerSpec, Mount, run_capture
+from hermetic.run.container import ContainerSpec, Mount
 
 NVIDIA_VERSION_PATH = Path("/proc/driver/nvidia/version")  # the loaded kernel module's version banner
 
@@ -38,9 +38,10 @@ def _nvidia_driver() -> str:
         return ""
 
 
-def probe_key(client, image_id: str, gpus: str | None, env: dict[str, str] | None = None) -> str:
+def probe_key(engine, image_id: str, gpus: str | None, env: dict[str, str] | None = None) -> str:
+    """``engine``: the run's (hermetic.engines); Docker's key is its daemon's ID, as before engines were three."""
     try:
-        engine_id = client.info().get("ID", "")
+        engine_id = engine.engine_id()
     except Exception:
         engine_id = ""
     key = {"image": image_id, "gpus": gpus or "", "boot": _boot_id(), "engine": engine_id,
@@ -50,10 +51,12 @@ def probe_key(client, image_id: str, gpus: str | None, env: dict[str, str] | Non
     return canonical_sha256(key)
 
 
-def run_probe(client, *, image_id: str, python: str, user: str, gpus: str | None, cache_dir: Path,
-              refresh: bool = False, env: dict[str, str] | None = None) -> tuple[dict[str, Any], bool]:
-    """(probe document, from_cache). ``env``: what the training run passes (secrets left out by the caller)."""
-    key = probe_key(client, image_id, gpus, env)
+def run_probe(engine, *, image_id: str, python: str, user: str, gpus: str | None, cache_dir: Path,
+              refresh: bool = False, env: dict[str, str] | None = None,
+              manifest_digest: str | None = None) -> tuple[dict[str, Any], bool]:
+    """(probe document, from_cache), on the run's engine. ``env``: what the training run passes (secrets left
+    out by the caller)."""
+    key = probe_key(engine, image_id, gpus, env)
     cached = cache_dir / f"{key}.json"
     if not refresh:
         try:
@@ -63,9 +66,9 @@ def run_probe(client, *, image_id: str, python: str, user: str, gpus: str | None
     spec = ContainerSpec(
         image_id=image_id, command=[python, f"{PROBE_MOUNT}/{PROBE_PATH.name}"],
         mounts=[Mount(PROBE_DIR, PROBE_MOUNT, True)], env=dict(env or {}), user=user, gpus=gpus,
-        labels={"org.hermetic.probe": "1"},
+        labels={"org.hermetic.probe": "1"}, manifest_digest=manifest_digest,
     )
-    code, out, err = run_capture(client, spec)
+    code, out, err = engine.run_capture(spec)
     if code != 0:
         tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(no output)"]
         raise Unavailable(f"the hardware probe failed in image {image_id[:19]} (exit {code}): {tail[0]}")

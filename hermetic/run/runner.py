@@ -35,7 +35,7 @@ from hermetic.record import (
     adopt_run_dir, begin_record, create_run_dir, env_section, finish_record, new_run_id, seed_section, write_record,
 )
 from hermetic.run.container import (
-    ContainerSpec, Mount, RunOutcome, check_gpu_runtime, container_hostname, limits_section, run_labels, run_streaming,
+    ContainerSpec, Mount, RunOutcome, container_hostname, engine_for, limits_section, run_labels,
 )
 from hermetic.record import liveness
 from hermetic.run.data import DataChanged, VerifiedDataset, changed_during_run, record_data_changes, verify_datasets
@@ -57,6 +57,7 @@ from hermetic.store.oci import OciStore
 Log = Callable[[str], None]
 NODES_DIR = "nodes"  # in a multi-node run's dir: the other nodes' run directories (hermetic.slurm.task)
 RUNTIME_DIR = ".runtime"  # in the run dir while the container runs: the runtime's report, mounted at RUNTIME_MOUNT
+ENGINE_NAMES = {"docker": "the Docker Engine", "podman": "Podman's storage", "charliecloud": "Charliecloud's layers"}
 
 
 @dataclass
@@ -80,16 +81,16 @@ def _quiet(_msg: str) -> None:
 
 def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log | None = None,
             progress: bool = False) -> RunResult:
-    from hermetic.engine import engine_client
-
     from hermetic.run.orphans import reap_orphans
 
     log = log or _quiet
-    client = engine_client()
-    for reaped in reap_orphans(client, by="hermetic run"):  # before the build's sweep of dead writers' files
+    engine = engine_for(req.engine or cfg.model.run.engine)  # hermetic.yaml's run.engine, or --engine
+    engine.connect()
+    for reaped in reap_orphans(by="hermetic run", engines=(engine.name,)):  # before the build's sweep of dead files
         log(f"note: {reaped.note}")
+    engine.check_spec(limits_spec(cfg))  # a limit the engine cannot give: refused before anything is built
     if req.gpus:
-        check_gpu_runtime(client)  # before anything is built, verified or created
+        engine.check_gpus(req.gpus)  # before anything is built, verified or created
     script = req.script if req.source_tar else resolve_script(cfg, req.script)
     script_args(req.args, 0)  # an unknown placeholder is refused before anything is built
     passed = passed_env(req.env)
@@ -98,7 +99,7 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     plans = plan_datasets(cfg, req.data_paths, req.manifest_paths)
     if not req.source_tar:  # a link the code snapshot could not hold: refused before anything is built or made
         check_source_links(cfg, plans)
-    info = prepare_image(cfg, paths, store, req, log)  # 1. the image
+    info = prepare_image(cfg, paths, store, req, log, engine)  # 1. the image
     reader = container_user(cfg)
     datasets = verify_datasets(plans, progress=progress, log=log,  # 2. the data
                                say_how_to_accept=not req.manifest_paths, reader=reader)
@@ -112,7 +113,7 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
         try:
             if announce("run", run_id, run_dir, run_dir / "logs"):  # --detach: the terminal is gone from here on
                 req = dataclasses.replace(req, echo=False)
-            return _run_in_dir(client, cfg, paths, req, info, datasets, resume, script, run_id, run_dir, rec, env,
+            return _run_in_dir(engine, cfg, paths, req, info, datasets, resume, script, run_id, run_dir, rec, env,
                                log)
         except BaseException as e:
             raised = after_failure(cfg, req, run_dir, rec, e, log)
@@ -121,24 +122,25 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
             raise raised from None
 
 
-def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, info: ImageInfo,
+def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, info: ImageInfo,
                 datasets: list[VerifiedDataset], resume: ResumeSource | None, script: str, run_id: str,
                 run_dir: Path, rec: dict[str, Any], env: RunEnvironment, log: Log) -> RunResult:
     user = container_user(cfg)
     rec["invocation"]["user"] = user.spec  # who the script ran as: the run README's by-hand command says it
     rec["invocation"]["limits"] = limits_section(cfg.model.run.pids, cfg.model.run.memory)
+    rec["invocation"]["engine"] = engine.info(limits_spec(cfg)).section()  # which engine, its version, its notes
     rec["invocation"]["hostname"] = container_hostname(req.network)  # fixed: files named by host match
     python = f"{cfg.model.build.prefix}/bin/python"
     with _workspace(paths, run_id) as workspace:
         rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log)  # 4. the code
-        probe = probe_image(client, info, python, user, req.gpus, paths, env)  # 5. the probe: same image, devices, env
+        probe = probe_image(engine, info, python, user, req.gpus, paths, env)  # 5. the probe: same image, devices, env
         rec["software"], rec["hardware"] = probe.get("software", {}), probe.get("hardware", {})
         if req.distributed is not None:  # world size, backend, each rank's seed and device
             rec["distributed"] = plan_section(req.distributed, rec, env)
         write_record(run_dir, rec)  # early: a hard kill still leaves a record
         if req.gpus:
             refuse_unfit_gpu(rec, run_dir, probe, info)
-        outcome = run_container(client, cfg, rec, req, info, datasets, resume, env, run_dir, workspace,  # 6. the run
+        outcome = run_container(engine, cfg, rec, req, info, datasets, resume, env, run_dir, workspace,  # 6. the run
                                 script, python, user, log)
         data_changes = changed_during_run(datasets)  # 6b. the data, by stat, against what was verified
         # 7. what the script left (outputs, working directory, the runtime's report), as its user, no link followed
@@ -148,31 +150,32 @@ def _run_in_dir(client, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, i
     return seal_run(req, run_id, run_dir, rec, outcome, collected, log, data_changes)  # 8. the record
 
 
-def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: RunRequest, log: Log) -> ImageInfo:
-    """The image the run uses: the recorded one by digest (replay), else the config's, built if needed."""
+def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: RunRequest, log: Log,
+                  engine=None) -> ImageInfo:
+    """The image the run uses: the recorded one by digest (replay), else the config's, built if needed; in
+    the run's engine (hermetic.engines: Docker by default)."""
+    engine = engine or engine_for(req.engine or cfg.model.run.engine)
     if req.image_manifest:
-        from hermetic.engine import engine_has_image, load_image
-
         from hermetic.store.images import check_image
 
         if not store.has_image(req.image_manifest):
             raise NotFound(f"image {req.image_manifest} is not in the local store")
         check_image(store, req.image_manifest)  # every blob still what its digest says, before it is trusted
         info = ImageInfo.from_store(store, req.image_manifest)
-        if not engine_has_image(info.image_id):  # removed from the engine since (docker rmi, prune)
+        if not engine.has_image(req.image_manifest, info.image_id):  # removed from the engine since (docker rmi)
             import time
 
             size = sum(int(layer.get("size") or 0) for layer in info.layers)
-            log(f"image {info.image_id[:19]}: not in the Docker Engine; loading it from the store"
-                + (f" ({size / 1e9:.1f} GB of layers)" if size else "") + " ...")
+            log(f"image {info.image_id[:19]}: not in {ENGINE_NAMES.get(engine.name, engine.name)}; loading it from "
+                "the store" + (f" ({size / 1e9:.1f} GB of layers)" if size else "") + " ...")
             t = time.monotonic()
-            load_image(store, req.image_manifest)
+            engine.ensure_image(store, req.image_manifest)
             log(f"image {info.image_id[:19]}: loaded in {time.monotonic() - t:.1f} s")
         return info
     from hermetic.builder.build import build
     from hermetic.registry import ensure_image
 
-    res = build(cfg, paths, log=log, pull_base=ensure_image)
+    res = build(cfg, paths, log=log, pull_base=ensure_image, engine=engine.name)
     if not res.noop:
         log(f"built image {res.image_id}")
     for note in res.notes:  # what `hermetic build` warns about (a torchvision for the other torch): said here too
@@ -257,7 +260,7 @@ def snapshot_code(cfg: LoadedConfig, req: RunRequest, run_dir: Path, workspace: 
     return code
 
 
-def probe_image(client, info: ImageInfo, python: str, user: ContainerUser, gpus: str | None,
+def probe_image(engine, info: ImageInfo, python: str, user: ContainerUser, gpus: str | None,
                 paths: CachePaths, env: RunEnvironment) -> dict[str, Any]:
     """The probe in the training run's image, with its devices and the variables it was given (not its
     secrets, nor hermetic's per-run bookkeeping: neither changes what the machine is)."""
@@ -265,8 +268,8 @@ def probe_image(client, info: ImageInfo, python: str, user: ContainerUser, gpus:
     from hermetic.run.probe import run_probe
 
     given = {k: v for k, v in env.given.items() if not is_secret_name(k)}
-    probe, _cached = run_probe(client, image_id=info.image_id, python=python, user=user.spec, gpus=gpus,
-                               cache_dir=paths.root / "probes", env=given)
+    probe, _cached = run_probe(engine, image_id=info.image_id, python=python, user=user.spec, gpus=gpus,
+                               cache_dir=paths.root / "probes", env=given, manifest_digest=info.manifest_digest)
     return probe
 
 
@@ -283,7 +286,7 @@ def refuse_unfit_gpu(rec: dict[str, Any], run_dir: Path, probe: dict[str, Any], 
         raise refusal
 
 
-def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunRequest, info: ImageInfo,
+def run_container(engine, cfg: LoadedConfig, rec: dict[str, Any], req: RunRequest, info: ImageInfo,
                   datasets: list[VerifiedDataset], resume: ResumeSource | None, env: RunEnvironment, run_dir: Path,
                   workspace: Path, script: str, python: str, user: ContainerUser, log: Log) -> RunOutcome:
     """The locked-down training container: a writable copy of the code as the working directory, the
@@ -309,10 +312,18 @@ def run_container(client, cfg: LoadedConfig, rec: dict[str, Any], req: RunReques
     spec = ContainerSpec(image_id=info.image_id, command=command, mounts=mounts, env=container_env,
                          user=user.spec, workdir=m.build.workdir, network=req.network, gpus=req.gpus,
                          labels=run_labels(run_id, run_dir, workspace), shm_size=m.run.shm_size,
-                         tmpfs_size=m.run.tmp_size, pids_limit=m.run.pids, memory=m.run.memory)
+                         tmpfs_size=m.run.tmp_size, pids_limit=m.run.pids, memory=m.run.memory,
+                         manifest_digest=info.manifest_digest)
     watch = SizeWatch(workspace, size_bytes(m.run.workdir_size), m.run.workdir_size)
     log(f"run {run_id}: {' '.join(command)}")
-    return run_streaming(client, spec, run_dir / "logs", echo=req.echo, watch=watch)
+    return engine.run_streaming(spec, run_dir / "logs", echo=req.echo, watch=watch)
+
+
+def limits_spec(cfg: LoadedConfig) -> ContainerSpec:
+    """The container as far as the config decides it before anything is built (what check_spec judges)."""
+    m = cfg.model.run
+    return ContainerSpec(image_id="", command=[], mounts=[], env={}, user=container_user(cfg).spec,
+                         pids_limit=m.pids, memory=m.memory, shm_size=m.shm_size, tmpfs_size=m.tmp_size)
 
 
 def collect_outputs(cfg: LoadedConfig, rec: dict[str, Any], datasets: Sequence[Any], workspace: Path | None,

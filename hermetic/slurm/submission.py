@@ -63,6 +63,8 @@ class Submission:
     seed_policy: str  # "group" for --seeds; "cli" / "config" for one run
     job_id: int | None = None  # filled in once sbatch answered
     summary_job_id: int | None = None
+    engine: str = "docker"  # what runs the container on the nodes (hermetic.engines)
+    shared_store: str | None = None  # a cache every node mounts, the image in it (hermetic.slurm.shared)
 
     @property
     def dir(self) -> Path:
@@ -100,7 +102,7 @@ class Submission:
             image_manifest=self.image["manifest_digest"], source_tar=self.dir / SOURCE_TAR,
             replay_git=r["git"], manifest_paths={k: self.dir / v for k, v in r["manifests"].items()},
             resume_from=Path(r["resume_from"]) if r["resume_from"] else None,
-            distributed=distributed, run_dir=self.run_dir(member), slurm=slurm,
+            distributed=distributed, run_dir=self.run_dir(member), slurm=slurm, engine=self.engine,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -111,7 +113,7 @@ class Submission:
             "image": self.image, "repo_digests": self.repo_digests, "container": self.container,
             "partition": self.partition, "nnodes": self.nnodes, "node_cache": self.node_cache,
             "python": self.python, "seed_policy": self.seed_policy, "job_id": self.job_id,
-            "summary_job_id": self.summary_job_id,
+            "summary_job_id": self.summary_job_id, "engine": self.engine, "shared_store": self.shared_store,
         }
 
     def write(self) -> Path:
@@ -150,7 +152,8 @@ def load_submission(path: Path) -> Submission:
             image=doc["image"], repo_digests=list(doc["repo_digests"]), container=doc["container"],
             partition=doc["partition"], nnodes=int(doc["nnodes"]), node_cache=doc["node_cache"],
             python=doc["python"], seed_policy=doc["seed_policy"], job_id=doc.get("job_id"),
-            summary_job_id=doc.get("summary_job_id"),
+            summary_job_id=doc.get("summary_job_id"), engine=str(doc.get("engine") or "docker"),
+            shared_store=doc.get("shared_store"),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SubmissionError(f"{path}: malformed submission ({e})") from None

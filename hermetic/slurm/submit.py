@@ -2,8 +2,10 @@
 
 Refused before anything is submitted (or written), each with one line
 naming what and how to fix it: no controller answering, a partition that
-does not exist (or has fewer nodes than asked), an image never pushed (the
-nodes could not get it) or gone from the registry it was pushed to, a
+does not exist (or has fewer nodes than asked), an image the nodes could not
+get (not in a store they mount -- ``--shared-store``, or HERMETIC_CACHE on a
+shared filesystem -- and never pushed, or gone from the registry it was
+pushed to: hermetic.slurm.shared says which way was chosen and why), a
 dataset (or the runs directory, or hermetic itself) on a filesystem only
 this machine sees, a dataset that does not match its manifest, a secret
 given as NAME=VALUE (it would be written into the shared runs directory).
@@ -39,6 +41,7 @@ from hermetic.run.plan import RunRequest, passed_env, plan_datasets, resolve_scr
 from hermetic.slurm import ctl
 from hermetic.slurm.script import PyxisStep, SbatchOptions, docker_task_script, pyxis_task_script, summary_script
 from hermetic.slurm.state import write_state
+from hermetic.slurm.shared import ImageSource
 from hermetic.slurm.submission import DIFF_PATCH, SUBMISSION_FILE, Member, Submission, request_fields
 
 Log = Callable[[str], None]
@@ -68,6 +71,8 @@ class SlurmOptions:
     container: str = "docker"
     node_cache: str | None = None  # HERMETIC_CACHE on the nodes, {node} = SLURMD_NODENAME
     shared_roots: tuple[Path, ...] = ()  # when given, every path the tasks need must lie below one
+    engine: str | None = None  # what runs the container on the nodes (None: hermetic.yaml's run.engine)
+    shared_store: Path | None = None  # a cache every node mounts: the tasks take the image from it, no registry
 
 
 @dataclass
@@ -142,6 +147,10 @@ def check_env(items: list[str]) -> None:
     passed_env(items)  # a bare NAME must be set now, NAME=VALUE well formed
 
 
+NO_SHARED_STORE = ("or put it where every node reads it: --shared-store DIR (a directory they all mount; the "
+                   "tasks take it from there by digest, no registry)")
+
+
 def pushed_location(store, manifest_digest: str, image_id: str) -> tuple[list[str], str]:
     """(repo digests, the first one a registry still answers for), or ImageNotPushed."""
     from hermetic.reference import parse_image_name
@@ -152,7 +161,7 @@ def pushed_location(store, manifest_digest: str, image_id: str) -> tuple[list[st
     if not pushed:
         raise ImageNotPushed(f"image {image_id} (manifest {manifest_digest}) was never pushed, so the nodes could "
                              "not get it; push it first: hermetic push REGISTRY/REPOSITORY (the tasks pull it "
-                             "by digest)")
+                             f"by digest), {NO_SHARED_STORE}")
     why = []
     for rd in pushed:
         name = parse_image_name(rd)
@@ -165,7 +174,46 @@ def pushed_location(store, manifest_digest: str, image_id: str) -> tuple[list[st
             return pushed, rd
         why.append(f"{rd}: not in the registry")
     raise ImageNotPushed(f"image {image_id} (manifest {manifest_digest}) cannot be pulled from where it was "
-                         f"pushed ({'; '.join(why)}); push it again: hermetic push REGISTRY/REPOSITORY")
+                         f"pushed ({'; '.join(why)}); push it again: hermetic push REGISTRY/REPOSITORY, "
+                         f"{NO_SHARED_STORE}")
+
+
+def image_source(store, paths: CachePaths, info, opts: "SlurmOptions") -> tuple[ImageSource, list[str]]:
+    """(how the tasks get the image, its repo digests): a store every node mounts (``--shared-store``, or this
+    HERMETIC_CACHE when it is below a --shared-root or on a network filesystem), else the registry it was pushed
+    to (hermetic.slurm.shared); ImageNotPushed when neither."""
+    from hermetic.registry import repo_digests
+    from hermetic.slurm.shared import ImageSource, copy_image, shared_because
+    from hermetic.store.images import check_image
+    from hermetic.store.oci import OciStore
+
+    digest = info.manifest_digest
+    if opts.container == "pyxis":  # enroot imports from a registry only
+        pushed, pull_from = pushed_location(store, digest, info.image_id)
+        return ImageSource("registry", None, pull_from, f"pyxis: the nodes import it by digest from {pull_from}"), pushed
+    if opts.shared_store is not None:
+        root = Path(os.path.realpath(opts.shared_store))
+        check_visible("--shared-store", root, opts.shared_roots, "name a directory every node mounts")
+        because = shared_because(root, opts.shared_roots) or "as --shared-store says"
+        if root != Path(os.path.realpath(paths.root)):
+            copied = copy_image(store, OciStore(root / "oci"), digest, f"{info.labels.get('org.opencontainers.image.title') or 'image'}:latest")
+            note = f"{copied} blob(s) copied there" if copied else "already there"
+        else:
+            note = "this command's own cache"
+        check_image(OciStore(root / "oci"), digest)
+        return (ImageSource("store", str(root), None, f"image {info.image_id[:19]}: the tasks take it from the store "
+                            f"in {root} ({because}; {note}), by digest, every blob verified; no registry"),
+                repo_digests(store, digest))
+    because = shared_because(paths.root, opts.shared_roots)
+    if because is not None:  # this cache is the nodes' too: nothing to pull
+        how = (f"each node copies it from HERMETIC_CACHE {paths.root} ({because}) into its --node-cache"
+               if opts.node_cache is not None else f"the tasks take it from HERMETIC_CACHE {paths.root} ({because})")
+        return (ImageSource("store", str(paths.root), None, f"image {info.image_id[:19]}: {how}, by digest, every "
+                            "blob verified; no registry"), repo_digests(store, digest))
+    pushed, pull_from = pushed_location(store, digest, info.image_id)
+    return (ImageSource("registry", None, pull_from, f"image {info.image_id[:19]}: a node whose store lacks it "
+                        f"pulls it by digest from {pull_from} (HERMETIC_CACHE {paths.root} is not known to be on a "
+                        "filesystem the nodes mount: --shared-store or --shared-root says so)"), pushed)
 
 
 def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: list[int] | None,
@@ -178,6 +226,10 @@ def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: li
     # 1. everything that can be refused, before anything is written or submitted
     if opts.container not in CONTAINERS:
         raise UsageError(f"--container {opts.container}: one of {', '.join(CONTAINERS)}")
+    if opts.container == "pyxis" and opts.shared_store is not None:
+        raise UsageError("--container pyxis with --shared-store: enroot imports images from a registry only; "
+                         "push the image, or use --container docker with --engine")
+    engine = opts.engine or cfg.model.run.engine
     if opts.container == "pyxis" and (opts.nodes > 1 or template.distributed is not None):
         raise UsageError("--container pyxis with --nodes/--nproc-per-node: the pyxis export runs one process "
                           "per task; use the Docker path for multi-process runs")
@@ -214,13 +266,15 @@ def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: li
     if not built.noop:
         log(f"built image {built.image_id}")
     info = built.info
-    pushed, pull_from = pushed_location(store, info.manifest_digest, info.image_id)
+    source, pushed = image_source(store, paths, info, opts)
+    log(source.why)  # which way the nodes get the image, and why
+    pull_from = source.pull_from or ""
 
     # 2. the submission: directories, snapshot, manifests, scripts (removed again if anything fails)
     made: list[Path] = []
     try:
         sub = _prepare(cfg, template, seeds, opts, partition.name, script, distributed, network, verified, info,
-                       pushed, made, log)
+                       pushed, made, log, engine=engine, source=source)
         job_script = _write_scripts(sub, opts, pull_from, script, cfg)
         held = "--hold" in opts.sbatch_args or "-H" in opts.sbatch_args
         job_id = ctl.sbatch(job_script, "--hold")  # released below, once every file names the job
@@ -252,7 +306,7 @@ def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: li
 
 def _prepare(cfg: LoadedConfig, template: RunRequest, seeds: list[int] | None, opts: SlurmOptions, partition: str,
              script: str, distributed: DistributedPlan | None, network: str, verified, info, pushed: list[str],
-             made: list[Path], log: Log) -> Submission:
+             made: list[Path], log: Log, engine: str = "docker", source: "ImageSource | None" = None) -> Submission:
     from hermetic.run.snapshot import take_snapshot
 
     runs = cfg.runs_path
@@ -294,6 +348,7 @@ def _prepare(cfg: LoadedConfig, template: RunRequest, seeds: list[int] | None, o
         runs_dir=runs, config=cfg.resolved(), request=fields, members=members,
         image=dataclasses.asdict(info), repo_digests=pushed, container=opts.container, partition=partition,
         nnodes=opts.nodes, node_cache=opts.node_cache, python=sys.executable, seed_policy=policy,
+        engine=engine, shared_store=source.store if source is not None else None,
     )
     for m in members:
         rd = sub.run_dir(m)
@@ -325,7 +380,10 @@ def _write_scripts(sub: Submission, opts: SlurmOptions, pull_from: str, script: 
     comment = [f"{'group' if sub.kind == 'group' else 'run'} {sub.submission_id}: "
                + ", ".join(f"task {m.index} seed {m.seed} -> {m.run_id}" for m in sub.members[:8])
                + (f", ... ({len(sub.members)} tasks)" if len(sub.members) > 8 else ""),
-               f"image {sub.image['manifest_digest']} (pulled by digest from {pull_from} where a node lacks it)"]
+               f"image {sub.image['manifest_digest']} " + (f"(from the store in {sub.shared_store}, every blob verified)"
+                                                            if sub.shared_store else
+                                                            f"(pulled by digest from {pull_from} where a node lacks it)"),
+               f"engine {sub.engine}"]
     if opts.container == "pyxis":
         text = pyxis_task_script(options, _pyxis_step(sub, pull_from, script, cfg), python=sub.python,
                                  submission=submission, cache=_node_cache_shell(opts.node_cache), comment=comment)

@@ -1,9 +1,11 @@
 """One Slurm task on its node: the member its array task ID selects, run as `hermetic run` runs it.
 
 The task reads ``slurm/submit.json`` (nothing from the shared checkout, which
-may have changed since), brings the image into this node's store by digest
-when it lacks it (pulled from the registry recorded at push time, every blob
-verified; nothing else is run), and hands hermetic.run.runner.execute the
+may have changed since), takes the image by digest from the store every node
+mounts when the submission names one (copied into the node's own cache with
+``--node-cache``), else brings it into this node's store from the registry
+recorded at push time (every blob verified either way; nothing else is run),
+runs it on the submitted engine (``--engine``), and hands hermetic.run.runner.execute the
 RunRequest a replay would build: the submitted snapshot and image digest,
 the manifests as verified at submit (the data is verified again here, on the
 node), the run directory prepared for it, and the record's ``slurm``
@@ -105,12 +107,26 @@ def run_task(submission_path: Path, *, log: Log, env: Mapping[str, str] | None =
         cache = node_cache_dir(sub.node_cache, slurm["node"])
         if cache is not None:
             os.environ["HERMETIC_CACHE"] = cache
+        elif sub.shared_store:  # the image, and everything else the run caches, in the store every node mounts
+            os.environ["HERMETIC_CACHE"] = sub.shared_store
         paths = cache_paths()
         store = OciStore(paths.oci)
-        pulled = ensure_recorded_image(store, sub.image["manifest_digest"], sub.repo_digests,
-                                       image_id=sub.image["image_id"])
-        if pulled:
-            log(f"image {sub.image['manifest_digest']} was not in this node's store: pulled by digest from {pulled}")
+        pulled = None
+        if sub.shared_store:
+            from hermetic.slurm.shared import copy_image
+
+            if Path(os.path.realpath(paths.root)) != Path(os.path.realpath(sub.shared_store)):
+                copied = copy_image(OciStore(Path(sub.shared_store) / "oci"), store, sub.image["manifest_digest"])
+                if copied:
+                    log(f"image {sub.image['manifest_digest']}: {copied} blob(s) copied from the shared store "
+                        f"{sub.shared_store} into this node's cache, each verified")
+            slurm["image_store"] = sub.shared_store
+        else:
+            pulled = ensure_recorded_image(store, sub.image["manifest_digest"], sub.repo_digests,
+                                           image_id=sub.image["image_id"])
+            if pulled:
+                log(f"image {sub.image['manifest_digest']} was not in this node's store: pulled by digest from "
+                    f"{pulled}")
         slurm["image_pulled_from"] = pulled
         cfg = sub.loaded_config()
         req = sub.run_request(member, slurm=slurm, distributed=node_distributed(sub, member, slurm))

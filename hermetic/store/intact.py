@@ -72,26 +72,41 @@ def _trusted(note: tuple[StatKey, int] | None, st: os.stat_result) -> bool:
     return note is not None and note[0] == stat_key(st) and not is_racy(st.st_mtime_ns, st.st_ctime_ns, note[1])
 
 
-def blob_intact(store_root: Path, blob: Path, hexdigest: str, size: int | None = None) -> bool:
-    """True when ``blob`` is there and its bytes hash to ``hexdigest`` (and are ``size`` long).
-
-    From the stat alone when the note allows (module doc); else rehashed, and
-    noted when right.
-    """
+def noted_intact(store_root: Path, blob: Path, hexdigest: str, size: int | None = None) -> bool:
+    """True when the blob's note vouches for it from its stat alone (module doc); False: it must be hashed
+    (``blob_intact``, or a reader that hashes it on its way and then calls ``note_hashed``)."""
     try:
         st = os.stat(blob)
     except (FileNotFoundError, NotADirectoryError):
         return False
     if size is not None and st.st_size != size:
         return False
-    note_file = _note_path(store_root, hexdigest)
-    if _trusted(_read_note(note_file), st):
+    return _trusted(_read_note(_note_path(store_root, hexdigest)), st)
+
+
+def note_hashed(store_root: Path, hexdigest: str, before: os.stat_result, after: os.stat_result,
+                noted_ns: int) -> None:
+    """Note a blob whose bytes were just hashed and found right: ``before``/``after`` its stat around the
+    reading, ``noted_ns`` the time before the first stat. A blob written to while it was read is not noted."""
+    if stat_key(before) == stat_key(after):
+        write_note(store_root, hexdigest, after, noted_ns)
+
+
+def blob_intact(store_root: Path, blob: Path, hexdigest: str, size: int | None = None) -> bool:
+    """True when ``blob`` is there and its bytes hash to ``hexdigest`` (and are ``size`` long).
+
+    From the stat alone when the note allows (module doc); else rehashed, and
+    noted when right.
+    """
+    if noted_intact(store_root, blob, hexdigest, size):
         return True
     noted_ns = time.time_ns()  # before the stat of the bytes hashed (a later change is newer than this)
     h = hashlib.sha256()
     try:
         with open(blob, "rb", buffering=0) as f:
             before = os.fstat(f.fileno())
+            if size is not None and before.st_size != size:
+                return False
             buf = bytearray(READ_SIZE)
             view = memoryview(buf)
             while n := f.readinto(buf):
@@ -102,8 +117,7 @@ def blob_intact(store_root: Path, blob: Path, hexdigest: str, size: int | None =
     if h.hexdigest() != hexdigest or (size is not None and after.st_size != size):
         forget(store_root, hexdigest)
         return False
-    if stat_key(before) == stat_key(after):  # not written to while hashed
-        write_note(store_root, hexdigest, after, noted_ns)
+    note_hashed(store_root, hexdigest, before, after, noted_ns)
     return True
 
 

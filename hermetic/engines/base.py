@@ -1,0 +1,187 @@
+"""What every engine is given and answers: the container's spec, its outcome, the engine's own facts.
+
+A run's container is described once (``ContainerSpec``) and each engine maps
+it to its own flags (hermetic.engines.docker, .podman, .charliecloud). What an
+engine cannot give the way Docker gives it is either given another way and
+said in ``EngineInfo.notes`` (the record's ``invocation.engine.notes``), or
+refused before anything exists (``check_spec``): never silently dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+ENGINES = ("docker", "podman", "charliecloud")
+DEFAULT_ENGINE = "docker"
+
+RUN_LABEL = "org.hermetic.run-id"
+DRIVER_LABEL = "org.hermetic.driver"  # "HOST:PID:START" of the process that created the container (liveness)
+RUN_DIR_LABEL = "org.hermetic.run-dir"  # the run directory whose record the container's end is sealed in
+PROBE_LABEL = "org.hermetic.probe"
+DEFAULT_PIDS_LIMIT = 4096  # run.pids's default (hermetic.config.RunConfig), also the probe's limit
+# The container's host name, the same every run (Docker's default is the container ID, new each time): a
+# framework that names files by host (the Trainer's logging_dir, TensorBoard's event files) then writes the
+# same names. With --network host the container keeps the host's own name, which a multi-node rendezvous
+# resolves.
+CONTAINER_HOSTNAME = "hermetic"
+LOG_FILES = ("stdout.log", "stderr.log", "combined.log")
+
+
+@dataclass
+class Mount:
+    source: Path
+    target: str
+    read_only: bool = True
+
+
+@dataclass
+class ContainerSpec:
+    image_id: str
+    command: list[str]
+    mounts: list[Mount]
+    env: dict[str, str]
+    user: str
+    workdir: str = "/workspace"
+    network: str = "none"
+    gpus: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    shm_size: str = "1g"
+    tmpfs_size: str = "4g"
+    pids_limit: int | None = DEFAULT_PIDS_LIMIT  # None: no limit (run.pids: null)
+    memory: str | None = None  # a Docker size ("16g"); also the swap limit, so it cannot swap around it
+    manifest_digest: str | None = None  # the image's manifest (engines that run from hermetic's store need it)
+
+    @property
+    def hostname(self) -> str | None:
+        return container_hostname(self.network)
+
+
+def container_hostname(network: str) -> str | None:
+    """The host name a container gets (the record's ``invocation.hostname``): CONTAINER_HOSTNAME, or None (the
+    host's own) with ``--network host``."""
+    return None if network == "host" else CONTAINER_HOSTNAME
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int | None
+    interrupted: bool
+    signal_name: str | None = None
+    stopped_because: str | None = None  # hermetic stopped the container (e.g. the working directory outgrew its limit)
+    oom_reason: str | None = None  # the kernel's OOM killer ended a process of it (State.OOMKilled): why, in words
+
+
+class Watch(Protocol):
+    """Something to check while the container runs (hermetic.run.workdir.SizeWatch)."""
+
+    def run_until(self, stop: threading.Event, on_exceeded: Callable[[str], None]) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """The engine a run used, as its record says it (``invocation.engine``)."""
+
+    name: str
+    version: str
+    rootless: bool  # the engine runs as the invoking user, without root anywhere
+    notes: tuple[str, ...] = ()  # hardening given another way than Docker gives it, in words
+
+    def section(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "rootless": self.rootless, "notes": list(self.notes)}
+
+
+class Engine(Protocol):
+    """What hermetic asks of the engine that runs its containers (one per run; docs/architecture.md)."""
+
+    name: str
+
+    def connect(self) -> None:
+        """Fail now (EngineError / Unavailable, with what to do) when this engine cannot be used here."""
+        ...
+
+    def info(self, spec: ContainerSpec | None = None) -> EngineInfo:
+        """The engine's name, version and what it gives differently (for ``spec``, when given)."""
+        ...
+
+    def engine_id(self) -> str:
+        """Which engine installation this is (the probe's cache key)."""
+        ...
+
+    def check_spec(self, spec: ContainerSpec) -> None:
+        """Refuse (EngineError / Unavailable naming the key) what this engine cannot give, before anything exists."""
+        ...
+
+    def check_gpus(self, gpus: str) -> None:
+        """Refuse before any container exists when ``--gpus`` cannot work with this engine."""
+        ...
+
+    def has_image(self, manifest_digest: str, image_id: str) -> bool: ...
+
+    def ensure_image(self, store: Any, manifest_digest: str, *,
+                     repo_tag: str | None = None) -> bool:
+        """The image made runnable from hermetic's OCI store, unless the engine has it; True when it was imported."""
+        ...
+
+    def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
+                      watch: Watch | None = None) -> RunOutcome: ...
+
+    def run_capture(self, spec: ContainerSpec) -> tuple[int, bytes, bytes]: ...
+
+    def containers_labelled(self, *labels: str) -> list[dict] | None:
+        """Every container (any state) with all ``labels``, as Docker lists them; None when it cannot be asked."""
+        ...
+
+    def container(self, container_id: str) -> Any:
+        """A handle (reload, attrs, stop, kill, remove, logs: docker-py's Container's) or None when gone."""
+        ...
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived while a container ran (raised by the handler a run installs)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interrupt_handlers() -> Iterator[None]:
+    """SIGINT and SIGTERM raise Interrupted while inside (main thread only), installed before the container
+    exists: a signal while it is created must not leave behind a container this process never heard of."""
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        def handler(signum, _frame):
+            raise Interrupted(signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
+def container_home_env(env: dict[str, str]) -> dict[str, str]:
+    """The container's variables: HOME on the /tmp tmpfs (the root filesystem is read-only) unless given."""
+    return {"HOME": "/tmp", **env}
+
+
+def user_ids(spec_user: str) -> tuple[int, int]:
+    uid, _, gid = spec_user.partition(":")
+    return int(uid), int(gid or uid)
+
+
+def open_log_files(log_dir: Path) -> list[Any]:
+    """stdout.log, stderr.log, combined.log, opened (truncated) before the container exists."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return [open(log_dir / n, "wb") for n in LOG_FILES]
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0

@@ -1,0 +1,420 @@
+"""Charliecloud: the training container through ``ch-run``, unprivileged, no daemon, no image import.
+
+The image is its layers as directories (hermetic.engines.unpack: each layer
+blob of hermetic's store unpacked once, verified against its digest, under
+``$HERMETIC_CACHE/charliecloud/layers``) and a small record of the image
+(``images/<manifest hex>.json``: the layer order, the config's Env and
+WorkingDir). A layer another image already has is not unpacked again; an
+image whose record and layers are there is never made again.
+
+Each container is one process tree, hermetic's child:
+
+    setpriv --pdeathsig KILL -- unshare [--user --map-root-user] --mount --net --pid --fork --kill-child
+        --mount-proc -- catatonit -- sh -c SETUP ... exec ch-run ...
+
+``SETUP`` (in the new mount namespace, seen by no other process) stacks the
+layers read-only as an overlay (``userxattr``) under an empty top layer of
+the mount points; makes the bind mounts read-only where the spec says so
+(``ch-run -b`` binds are writable), a tmpfs for /tmp (run.tmp_size) and one
+for /dev/shm (run.shm_size), and a /dev of null, zero, full, random, urandom
+and tty only; then ch-run enters the image as the spec's user with exactly
+the image's and the run's variables (``--unset-env='*' --set-env``). No
+network (a new network namespace holds only a loopback that is down), a PID
+namespace of its own (catatonit is its init: it forwards SIGTERM to the
+script and reaps), no capability (ch-run's user namespace maps the user to
+itself; no_new_privs), a read-only root. The pids limit is RLIMIT_NPROC of
+the container's user namespace (its processes and threads are counted there,
+not the user's others); a memory limit cannot be given without a cgroup and
+is refused. The capability bounding set is the user namespace's own full
+set: nothing in it is held, and with no_new_privs and no root in the
+namespace nothing can be gained; the record says so.
+
+When hermetic is root, the container still runs unprivileged: the namespaces
+and mounts are made as root (so a dataset under a 0700 home can be bound),
+then ``setpriv`` becomes the spec's user (the image's non-root user) before
+its own user namespace and ch-run.
+
+Its driver's death ends it: setpriv asks the kernel for SIGKILL when hermetic
+dies (PR_SET_PDEATHSIG, kept across unshare: no credential changes there),
+unshare's ``--kill-child`` passes it to the namespace's init, and a PID
+namespace whose init dies is emptied by the kernel. No orphan survives a
+SIGKILLed driver, so there is nothing for hermetic.run.orphans to reap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from hermetic.engines.base import ContainerSpec, EngineInfo, RunOutcome, Watch, container_home_env, open_log_files
+from hermetic.engines.process import signal_exit_code, stream_process
+from hermetic.errors import EngineError, Unavailable
+
+INSTALL_HINT = "install Charliecloud (Debian: apt-get install charliecloud-runtime catatonit)"
+INITS = ("catatonit", "tini-static", "docker-init", "tini")  # a static init, run as the PID namespace's init
+STOP_TIMEOUT = 10
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+CAPS_NOTE = ("capability bounding set: the user namespace's own (no capability is held: ch-run maps the user to "
+             "itself, no_new_privs)")
+PIDS_NOTE = "pids limit as RLIMIT_NPROC of the container's user namespace (no cgroup: Charliecloud is unprivileged)"
+DEV_NOTE = "/dev: null, zero, full, random, urandom, tty, a private /dev/shm and /dev/pts (no device cgroup)"
+
+
+def _which(name: str, hint: str) -> str:
+    found = shutil.which(name) or next((p for d in ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
+                                        if os.access(p := os.path.join(d, name), os.X_OK)), None)
+    if found is None:
+        raise Unavailable(f"`{name}` is not installed; {hint}")
+    return found
+
+
+def engine_root() -> Path:
+    from hermetic.paths import cache_root
+
+    return cache_root() / "charliecloud"
+
+
+class CharliecloudEngine:
+    """Charliecloud as hermetic.engines.base.Engine."""
+
+    name = "charliecloud"
+
+    def __init__(self, root: Path | None = None) -> None:
+        self._root = root
+        self._version: str | None = None
+
+    @property
+    def root(self) -> Path:
+        """Where the layers and image records are: the cache's (HERMETIC_CACHE may change in a Slurm task)."""
+        return self._root or engine_root()
+
+    # -- facts ---------------------------------------------------------------------------------------------
+
+    def ch_run(self) -> str:
+        return _which("ch-run", INSTALL_HINT)
+
+    def version(self) -> str:
+        if self._version is None:
+            proc = subprocess.run([self.ch_run(), "--version"], capture_output=True, text=True,
+                                  env={**os.environ, "USER": os.environ.get("USER") or _user_name()})
+            self._version = (proc.stdout.strip() or proc.stderr.strip() or "?").splitlines()[-1]
+        return self._version
+
+    def connect(self) -> None:
+        self.ch_run()
+        self.init()
+
+    def info(self, spec: ContainerSpec | None = None) -> EngineInfo:
+        notes = [CAPS_NOTE, DEV_NOTE]
+        if spec is None or spec.pids_limit is not None:
+            notes.insert(0, PIDS_NOTE)
+        return EngineInfo("charliecloud", self.version(), os.geteuid() != 0, tuple(notes))
+
+    def engine_id(self) -> str:
+        return f"charliecloud {self.version()} uid {os.geteuid()}"
+
+    def check_spec(self, spec: ContainerSpec) -> None:
+        if spec.memory is not None:
+            raise Unavailable(f"Charliecloud cannot hold the container to a memory limit (run.memory: {spec.memory}): "
+                              "it runs unprivileged, with no cgroup; set run.memory: null in hermetic.yaml to run "
+                              "without one, or use --engine podman or docker")
+        uid, _gid = _ids(spec.user)
+        if uid == 0:
+            raise EngineError("Charliecloud runs the script as a non-root user; the container user is root")
+        for k, v in spec.env.items():
+            if "\n" in v or "\n" in k:
+                raise EngineError(f"--env {k}: a value with a line break cannot be given to ch-run")
+        self.ch_run()
+        self.init()
+
+    def init(self) -> str:
+        for name in INITS:
+            found = shutil.which(name)
+            if found:
+                return found
+        raise Unavailable("no static init for the container (catatonit, tini-static): "
+                          "apt-get install catatonit")
+
+    def check_gpus(self, gpus: str) -> None:
+        from hermetic.engines.gpu import charliecloud_gpu_files, nvidia_device_nodes
+
+        charliecloud_gpu_files()  # raises Unavailable with what to install
+        nvidia_device_nodes(gpus)
+
+    def gpu_layer(self, rec: dict[str, Any]) -> Path:
+        """The image's layer of this host's NVIDIA driver files (ch-fromhost --nvidia), made once per driver."""
+        from hermetic.engines.gpu import driver_version, make_gpu_layer
+
+        dest = self.root / "gpu" / f"{rec['manifest_digest'].split(':', 1)[1]}-{driver_version()}"
+        if dest.is_dir():
+            return dest
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "USER": _user_name()}
+        return make_gpu_layer([self.root / "layers" / h for h in rec["layers"]], dest, env)
+
+    # -- images ----------------------------------------------------------------------------------------------
+
+    def image_record_path(self, manifest_digest: str) -> Path:
+        return self.root / "images" / f"{manifest_digest.split(':', 1)[1]}.json"
+
+    def image_record(self, manifest_digest: str) -> dict[str, Any] | None:
+        try:
+            rec = json.loads(self.image_record_path(manifest_digest).read_text())
+        except (OSError, ValueError):
+            return None
+        layers = self.root / "layers"
+        if not isinstance(rec, dict) or not all((layers / h).is_dir() for h in rec.get("layers", [])):
+            return None
+        return rec
+
+    def has_image(self, manifest_digest: str, image_id: str) -> bool:
+        return self.image_record(manifest_digest) is not None
+
+    def ensure_image(self, store: Any, manifest_digest: str, *,
+                     repo_tag: str | None = None) -> bool:
+        """Every layer unpacked (those missing), then the image's record; True when anything was unpacked."""
+        from hermetic.engines.unpack import ensure_layer
+        from hermetic.fsutil import atomic_write_bytes
+
+        if self.image_record(manifest_digest) is not None:
+            return False
+        manifest = store.read_json(manifest_digest)
+        config = store.read_json(manifest["config"]["digest"])
+        made = False
+        hexes = []
+        for layer in manifest["layers"]:
+            _path, now = ensure_layer(store, layer["digest"], layer.get("mediaType", ""), self.root / "layers")
+            made = made or now
+            hexes.append(layer["digest"].split(":", 1)[1])
+        cc = config.get("config") or {}
+        rec = {"manifest_digest": manifest_digest, "image_id": manifest["config"]["digest"], "layers": hexes,
+               "env": list(cc.get("Env") or []), "workdir": cc.get("WorkingDir") or "/"}
+        path = self.image_record_path(manifest_digest)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(rec, sort_keys=True).encode())
+        return True
+
+    # -- containers --------------------------------------------------------------------------------------
+
+    def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
+                      watch: Watch | None = None) -> RunOutcome:
+        self.check_spec(spec)
+        files = open_log_files(log_dir)
+        try:
+            with self._launch(spec) as (argv, env, tree):
+                end = stream_process(argv, files, stop=lambda p: _stop(p), echo=echo, watch=watch, env=env)
+        finally:
+            for f in files:
+                with contextlib.suppress(OSError):
+                    f.close()
+        if end.interrupted:
+            return RunOutcome(None, True, end.signal_name)
+        return RunOutcome(signal_exit_code(end.returncode or 0), False, None, end.stopped_because)
+
+    def run_capture(self, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
+        self.check_spec(spec)
+        with self._launch(spec) as (argv, env, _tree):
+            proc = subprocess.run(argv, capture_output=True, env=env, stdin=subprocess.DEVNULL)
+        return signal_exit_code(proc.returncode), proc.stdout, proc.stderr
+
+    def containers_labelled(self, *labels: str) -> list[dict] | None:
+        return []  # no container outlives its driver (module doc)
+
+    def container(self, container_id: str) -> None:
+        return None
+
+    @contextlib.contextmanager
+    def _launch(self, spec: ContainerSpec) -> Iterator[tuple[list[str], dict[str, str], Path]]:
+        """(argv, environment, scratch directory) of one container; the scratch directory goes afterwards."""
+        if not spec.manifest_digest:
+            raise EngineError("Charliecloud runs an image from hermetic's store: the spec names no manifest")
+        rec = self.image_record(spec.manifest_digest)
+        if rec is None:
+            raise EngineError(f"image {spec.image_id[:19]} is not unpacked for Charliecloud; run `hermetic build`")
+        uid, gid = _ids(spec.user)
+        as_root = os.geteuid() == 0
+        scratch = Path(_private_dir(uid, gid, as_root))
+        try:
+            for m in spec.mounts:  # a mount point inside another mount's source: made there (as docker does)
+                for other in spec.mounts:
+                    if other is not m and _inside(m.target, other.target):
+                        _mkdirs_beneath(Path(other.source), m.target[len(other.target):].strip("/"), uid, gid, as_root)
+            env_file = scratch / "env"  # the variables by file: a secret's value never on a command line
+            env = {**_image_env(rec["env"]), **container_home_env(spec.env)}
+            if spec.hostname:  # as Docker and Podman set it
+                env.setdefault("HOSTNAME", spec.hostname)
+            fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write("".join(f"{k}='{v}'\n" for k, v in env.items()))  # ch-run strips the outer quotes only
+            if as_root:
+                os.chown(env_file, uid, gid)
+            argv = self._argv(spec, rec, scratch, uid, gid, as_root, env_file)
+            chain_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "USER": _user_name(uid),
+                         "LANG": "C.UTF-8", "HOME": "/tmp"}
+            yield argv, chain_env, scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _argv(self, spec: ContainerSpec, rec: dict[str, Any], scratch: Path, uid: int, gid: int, as_root: bool,
+              env_file: Path) -> list[str]:
+        tools = {t: _which(t, "install util-linux") for t in ("setpriv", "unshare", "prlimit", "mount", "umount",
+                                                               "mkdir", "ln", "touch")}
+        if spec.hostname:
+            tools["hostname"] = _which("hostname", "install hostname")
+        q = shlex.quote
+        stage = str(scratch / "s")
+        os.mkdir(stage, 0o711)
+        if as_root:
+            os.chown(stage, uid, gid)
+        lines = ["set -eu", f"S={q(stage)}"]
+        if spec.hostname:  # in the container's own UTS namespace (unshare --uts), seen by nothing else
+            lines.append(f"{tools['hostname']} {q(spec.hostname)}")
+        lines += [f"{tools['mount']} -t tmpfs -o mode=0711,size=16m,nosuid,nodev tmpfs \"$S\"",
+                  f"{tools['mkdir']} \"$S/root\" \"$S/mp\" \"$S/l\" \"$S/tmp\" \"$S/dev\""]
+        targets = sorted({m.target for m in spec.mounts} | {"/tmp", spec.workdir})
+        for t in targets:  # the top layer: the mount points (made here, in a tmpfs that holds no link)
+            lines.append(f"{tools['mkdir']} -p \"$S/mp\"{q(t)}")
+        layer_paths = [self.root / "layers" / h for h in rec["layers"]]
+        if spec.gpus:
+            layer_paths.append(self.gpu_layer(rec))
+        for i, path in enumerate(reversed(layer_paths)):  # short names: lowerdir must fit in one page
+            lines.append(f"{tools['ln']} -s {q(str(path))} \"$S/l/{i}\"")
+        lowers = ":".join(["../mp"] + [str(i) for i in range(len(layer_paths))])
+        lines += [f"cd \"$S/l\"",
+                  f"{tools['mount']} -t overlay overlay -o ro,userxattr,lowerdir={lowers} \"$S/root\"",
+                  "cd /"]
+        binds = []
+        for i, m in enumerate(spec.mounts):
+            lines.append(f"{tools['mkdir']} \"$S/b{i}\"")
+            lines.append(f"{tools['mount']} --bind {q(str(m.source))} \"$S/b{i}\"")
+            if m.read_only:
+                lines.append(f"{tools['mount']} -o remount,bind,ro \"$S/b{i}\"")
+            binds += ["-b", f"{stage}/b{i}:{m.target}"]
+        lines.append(f"{tools['mount']} -t tmpfs -o size={q(spec.tmpfs_size)},mode=1777,nosuid,nodev tmpfs \"$S/tmp\"")
+        # A /dev of a few nodes in place of the host's (ch-run binds this namespace's /dev into the image).
+        lines.append(f"{tools['mount']} -t tmpfs -o mode=0755,size=1m,nosuid tmpfs \"$S/dev\"")
+        for n in DEV_NODES + tuple(_gpu_device_nodes(spec.gpus)):
+            lines.append(f"{tools['touch']} \"$S/dev/{n}\" && {tools['mount']} --bind /dev/{n} \"$S/dev/{n}\"")
+        lines += [f"{tools['mkdir']} \"$S/dev/shm\" \"$S/dev/pts\"",
+                  f"{tools['mount']} -t tmpfs -o size={q(spec.shm_size)},mode=1777,nosuid,nodev,noexec tmpfs "
+                  "\"$S/dev/shm\"",
+                  f"{tools['mount']} -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts \"$S/dev/pts\"",
+                  f"{tools['ln']} -s pts/ptmx \"$S/dev/ptmx\"",
+                  f"{tools['ln']} -s /proc/self/fd \"$S/dev/fd\"",
+                  f"{tools['ln']} -s /proc/self/fd/0 \"$S/dev/stdin\"",
+                  f"{tools['ln']} -s /proc/self/fd/1 \"$S/dev/stdout\"",
+                  f"{tools['ln']} -s /proc/self/fd/2 \"$S/dev/stderr\"",
+                  f"{tools['mount']} --rbind \"$S/dev\" /dev"]
+        ch = [self.ch_run(), "--uid", str(uid), "--gid", str(gid), "-c", spec.workdir, "--unset-env=*",
+              f"--set-env={env_file}", "--env-no-expand", *binds, "-b", f"{stage}/tmp:/tmp", f"{stage}/root", "--",
+              *spec.command]
+        limit = [tools["prlimit"], f"--nproc={spec.pids_limit}:{spec.pids_limit}", "--"] if spec.pids_limit else []
+        inner = limit + ch
+        if as_root:  # the namespaces and mounts as root; the container as the spec's user, in a namespace of its own
+            inner = [tools["setpriv"], f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
+                     tools["unshare"], "--user", "--map-root-user", "--", *inner]
+        lines.append("exec " + " ".join(q(a) for a in inner))
+        outer = [tools["setpriv"], "--pdeathsig", "KILL", "--", tools["unshare"]]
+        if not as_root:
+            outer += ["--user", "--map-root-user"]
+        outer += ["--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
+        if spec.hostname:
+            outer.append("--uts")
+        if spec.network == "none":
+            outer.append("--net")
+        outer += ["--", self.init(), "--", "/bin/sh", "-c", "\n".join(lines)]
+        return outer
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the container's init (it forwards it to the script); after STOP_TIMEOUT, SIGKILL to the
+    namespace (unshare's --kill-child takes its init with it, and the kernel the rest)."""
+    init = _child_of(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(init if init is not None else proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+
+def _child_of(pid: int) -> int | None:
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(kids[0]) if kids else None
+
+
+def _ids(user: str) -> tuple[int, int]:
+    uid, _, gid = user.partition(":")
+    return int(uid), int(gid or uid)
+
+
+def _user_name(uid: int | None = None) -> str:
+    import pwd
+
+    uid = os.geteuid() if uid is None else uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"u{uid}"
+
+
+def _image_env(entries: list[str]) -> dict[str, str]:
+    out = {}
+    for e in entries:
+        k, sep, v = e.partition("=")
+        if sep and k:
+            out[k] = v
+    return out
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path != parent and path.startswith(parent.rstrip("/") + "/")
+
+
+def _private_dir(uid: int, gid: int, as_root: bool) -> str:
+    """A fresh directory the container's user can reach (under /tmp: a cache in a 0700 home could not be)."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="hermetic-ch-")
+    os.chmod(d, 0o711)
+    return d
+
+
+def _mkdirs_beneath(root: Path, rel: str, uid: int, gid: int, as_root: bool) -> None:
+    """``rel``'s directories beneath ``root``, no link followed (the mount point of a nested mount)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, flags)
+    try:
+        for part in [p for p in rel.split("/") if p]:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                if as_root:
+                    os.chown(part, uid, gid, dir_fd=fd, follow_symlinks=False)
+            except FileExistsError:
+                pass
+            nxt = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    finally:
+        os.close(fd)
+
+
+def _gpu_device_nodes(gpus: str | None) -> list[str]:
+    if not gpus:
+        return []
+    from hermetic.engines.gpu import nvidia_device_nodes
+
+    return nvidia_device_nodes(gpus)

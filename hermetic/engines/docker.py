@@ -1,0 +1,390 @@
+"""The Docker Engine: the training container through docker-py (create, attach, wait, remove).
+
+The container runs the image by ID with: the source snapshot read-only at
+/workspace, datasets read-only at their mount points, /outputs writable, a
+non-root user, a read-only root filesystem with a tmpfs /tmp (HOME lives
+there), every capability dropped, no-new-privileges, no network unless
+asked, a pids limit (processes and threads together: a fork bomb fills the
+container, not the host) and, when hermetic.yaml sets one, a memory limit
+with no swap around it. Ctrl-C or SIGTERM stop and remove it; the caller
+still writes the record, with status ``interrupted``.
+
+Every container hermetic creates names its driver (DRIVER_LABEL: host, pid,
+start time) and a training container its run directory and the working
+directory it writes (RUN_DIR_LABEL, engine.HOLDS_LABEL): a driver killed
+with SIGKILL cannot remove its container, so hermetic.run.orphans finds it
+by these labels, stops it and seals the run's record. (Moved here from
+hermetic.run.container unchanged when the engines became three.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from hermetic.engines.base import (
+    DRIVER_LABEL, ContainerSpec, EngineInfo, Interrupted, RunOutcome, Watch, container_home_env,
+)
+from hermetic.errors import EngineError
+from hermetic.record.liveness import driver_token
+
+NO_GPU_RUNTIME = "this Docker Engine has no NVIDIA runtime: install nvidia-container-toolkit"
+
+
+def oom_reason(memory: str | None) -> str:
+    """The record's reason for a script that failed after the kernel's OOM killer ended a process of it
+    (the script itself: exit 137; a DataLoader worker: the script's own error)."""
+    if memory is not None:
+        return (f"the script ran out of memory: the kernel's OOM killer ended it at the container's limit "
+                f"(run.memory: {memory}); raise run.memory in hermetic.yaml, or use less")
+    return ("the script ran out of memory: the kernel's OOM killer ended it; run.memory in hermetic.yaml bounds "
+            "the container by itself, before the host runs short")
+
+
+def device_requests(gpus: str | None) -> list[Any]:
+    """docker-like --gpus: all | N | device=0,1 | "device=GPU-uuid" (the grammar: hermetic.gpus)."""
+    from hermetic.gpus import parse_gpus
+
+    request = parse_gpus(gpus)
+    if request is None:
+        return []
+    from docker.types import DeviceRequest
+
+    if request.device_ids:
+        return [DeviceRequest(device_ids=list(request.device_ids), capabilities=[["gpu"]])]
+    return [DeviceRequest(count=-1 if request.all else request.count, capabilities=[["gpu"]])]
+
+
+def check_gpu_runtime(client) -> None:
+    """Refuse before any container exists when --gpus cannot work on this engine."""
+    from hermetic.engine import gpu_runtime
+
+    if not gpu_runtime(client).available:
+        raise EngineError(NO_GPU_RUNTIME)
+
+
+def _host_config_kwargs(spec: ContainerSpec) -> dict[str, Any]:
+    from docker.types import Mount as DMount
+
+    limits: dict[str, Any] = {}
+    if spec.pids_limit is not None:
+        limits["pids_limit"] = spec.pids_limit
+    if spec.memory is not None:
+        limits.update(mem_limit=spec.memory, memswap_limit=spec.memory)
+    return {
+        **limits,
+        "mounts": [DMount(target=m.target, source=str(m.source), type="bind", read_only=m.read_only) for m in spec.mounts],
+        "read_only": True,
+        "tmpfs": {"/tmp": f"rw,nosuid,nodev,exec,size={spec.tmpfs_size},mode=1777"},
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "network_mode": spec.network,
+        "shm_size": spec.shm_size,
+        "device_requests": device_requests(spec.gpus),
+        "init": True,  # PID 1 forwards signals and reaps DataLoader workers
+    }
+
+
+def create(client, spec: ContainerSpec, name: str | None = None):
+    """The container, labelled with this process as its driver; refused (and removed) when the engine
+    dropped a limit it was given (a kernel without the pids or memory cgroup, a rootless engine on
+    cgroup v1): the limits are the host's protection, never silently off."""
+    import docker.errors
+
+    env = container_home_env(spec.env)
+    try:
+        container = client.containers.create(
+            spec.image_id, command=spec.command, environment=env, user=spec.user, working_dir=spec.workdir,
+            labels={**spec.labels, DRIVER_LABEL: driver_token()}, name=name, hostname=spec.hostname, detach=True,
+            stdin_open=False, tty=False, **_host_config_kwargs(spec),
+        )
+    except docker.errors.ImageNotFound:
+        raise EngineError(f"the Docker Engine has no image {spec.image_id}; run `hermetic build`") from None
+    except docker.errors.APIError as e:
+        msg = str(e.explanation or e)
+        if "capabilities: [[gpu]]" in msg or "nvidia" in msg.lower():
+            raise EngineError(NO_GPU_RUNTIME) from None
+        raise EngineError(f"the Docker Engine refused the container: {msg}") from None
+    dropped = _dropped_limit(container.attrs.get("HostConfig") or {}, spec)
+    if dropped is not None:
+        remove_container(container)
+        raise EngineError(f"the Docker Engine did not apply the container's {dropped} (its kernel or a rootless "
+                          f"engine cannot limit it); set it to null in hermetic.yaml to run without it")
+    return container
+
+
+def _dropped_limit(host_config: dict[str, Any], spec: ContainerSpec) -> str | None:
+    if spec.pids_limit is not None and (host_config.get("PidsLimit") or 0) != spec.pids_limit:
+        return f"pids limit (run.pids: {spec.pids_limit})"
+    if spec.memory is not None and not host_config.get("Memory"):
+        return f"memory limit (run.memory: {spec.memory})"
+    return None
+
+
+def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
+                  watch: Watch | None = None) -> RunOutcome:
+    """Create, start, stream logs to the terminal and to log_dir, wait, remove.
+
+    ``watch`` runs in a thread while the container does; when it reports a
+    reason, the container is stopped and the outcome says why.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    previous: dict[int, Any] = {}
+    main_thread = threading.current_thread() is threading.main_thread()
+
+    def handler(signum, _frame):
+        raise Interrupted(signum)
+
+    # Handlers go in before the container exists: a signal during create()
+    # must not leave behind a container this process never heard of.
+    if main_thread:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    container = None
+    outcome: RunOutcome
+    stopped: list[str] = []
+    done = threading.Event()
+    # Opened before the container exists: whatever it prints has a file to land in.
+    files = [open(log_dir / n, "wb") for n in ("stdout.log", "stderr.log", "combined.log")]
+    out_f, err_f, all_f = files
+    try:
+        try:
+            container = create(client, spec, name=name)
+            stream = container.attach(stdout=True, stderr=True, stream=True, logs=True, demux=True)
+            container.start()
+            if watch is not None:
+                def on_exceeded(reason: str, c=container) -> None:
+                    stopped.append(reason)
+                    stop_container(c)
+
+                threading.Thread(target=watch.run_until, args=(done, on_exceeded), daemon=True,
+                                 name="hermetic-watch").start()
+            streamed = [0, 0]  # bytes of stdout, stderr read from the attach stream
+            for out, err in stream:
+                if out:
+                    streamed[0] += len(out)
+                    _tee(out, out_f, all_f, sys.stdout.buffer if echo else None)
+                if err:
+                    streamed[1] += len(err)
+                    _tee(err, err_f, all_f, sys.stderr.buffer if echo else None)
+            result = container.wait()
+            done.set()
+            _complete_logs(container, files, streamed, echo)
+            code = int(result.get("StatusCode", 1))
+            # A script that survived the kill of a process of its own (and exited 0) is not failed for it.
+            oom = oom_reason(spec.memory) if code != 0 and _oom_killed(container) else None
+            outcome = RunOutcome(code, False, None, stopped[0] if stopped else None, oom_reason=oom)
+        except (Interrupted, KeyboardInterrupt) as e:
+            signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+            if container is not None:
+                stop_container(container)
+                rewrite_logs(container, files)  # what it printed but we had not read yet
+            outcome = RunOutcome(None, True, signal.Signals(signum).name)
+    finally:
+        done.set()
+        for f in files:
+            with contextlib.suppress(OSError):  # a full disk: what could not be flushed is lost, not the run
+                f.close()
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+        if container is not None:
+            remove_container(container)
+        elif spec.labels:  # interrupted inside create(): the engine may have made it anyway
+            _remove_labelled(client, {**spec.labels, DRIVER_LABEL: driver_token()})
+    return outcome
+
+
+def _oom_killed(container) -> bool:
+    try:
+        container.reload()
+        return bool((container.attrs.get("State") or {}).get("OOMKilled"))
+    except Exception:  # the engine lost it: nothing to tell
+        return False
+
+
+def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: bool) -> None:
+    """The attach stream can end before the engine delivered all of a container's output when it exits
+    quickly under load (moby#29285: attach and the log are two paths); its json-file log has it all. When
+    the log holds more than was streamed, the files are rewritten from it and the rest is echoed."""
+    try:
+        sizes = [sum(len(c) for c in container.logs(stdout=out, stderr=not out, stream=True)) for out in (True, False)]
+    except Exception:  # the engine lost it: keep what was streamed
+        return
+    if sizes[0] <= streamed[0] and sizes[1] <= streamed[1]:
+        return
+    try:
+        parts = [container.logs(stdout=True, stderr=False), container.logs(stdout=False, stderr=True)]
+    except Exception:
+        return
+    rewrite_logs(container, files)
+    if echo:
+        for data, n, term in zip(parts, streamed, (sys.stdout.buffer, sys.stderr.buffer)):
+            try:
+                term.write(data[n:])
+                term.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def rewrite_logs(container, files: list[BinaryIO]) -> None:
+    """The log files (stdout, stderr, combined) from the engine's own copy of the (stopped) container's
+    output, complete; each streamed from the engine (a long run's log need not fit in memory)."""
+    for f, (out, err) in zip(files, ((True, False), (False, True), (True, True))):
+        try:
+            chunks = container.logs(stdout=out, stderr=err, stream=True, follow=False)
+            first = next(chunks, b"")
+        except Exception:  # the engine lost it: keep what was streamed
+            continue
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(first)
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+        except Exception:  # the engine lost it mid-way, or a full disk: keep what fits
+            pass
+
+
+def _tee(data: bytes, f: BinaryIO, all_f: BinaryIO, term: BinaryIO | None) -> None:
+    try:
+        f.write(data)
+        all_f.write(data)
+        f.flush()  # `hermetic logs -f` reads these files while the run goes on
+        all_f.flush()
+    except OSError:  # a full disk: the run goes on; the engine's own log completes the files at the end
+        pass
+    if term is not None:
+        try:
+            term.write(data)
+            term.flush()
+        except (OSError, ValueError):  # a closed pipe (EPIPE), a hung-up terminal (EIO): the run goes on
+            pass
+
+
+def stop_container(container) -> None:
+    try:
+        container.stop(timeout=10)
+    except Exception:
+        try:
+            container.kill()
+        except Exception:
+            pass
+
+
+def remove_container(container) -> None:
+    for _ in range(3):
+        try:
+            container.remove(force=True)
+            return
+        except Exception:
+            continue
+
+
+def _remove_labelled(client, labels: dict[str, str]) -> None:
+    try:
+        found = client.containers.list(all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
+    except Exception:
+        return
+    for c in found:
+        remove_container(c)
+
+
+def run_capture(client, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
+    """Run to completion and return (exit code, stdout, stderr); for the probe."""
+    container = create(client, spec)
+    try:
+        container.start()
+        result = container.wait()
+        out = container.logs(stdout=True, stderr=False)
+        err = container.logs(stdout=False, stderr=True)
+        return int(result.get("StatusCode", 1)), out, err
+    finally:
+        remove_container(container)
+
+
+class DockerEngine:
+    """The Docker Engine as hermetic.engines.base.Engine (the client is made on first use)."""
+
+    name = "docker"
+
+    def __init__(self, client: Any = None) -> None:
+        self._client = client
+        self._version: str | None = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from hermetic.engine import engine_client
+
+            self._client = engine_client()
+        return self._client
+
+    def connect(self) -> None:
+        self.client  # noqa: B018 - engine_client(): "no Docker Engine answers at ..." with its fix
+
+    def info(self, spec: ContainerSpec | None = None) -> EngineInfo:
+        if self._version is None:
+            try:
+                self._version = str(self.client.version().get("Version", "?"))
+            except EngineError:
+                raise
+            except Exception:  # the daemon answered ping but not this: the run still says which engine
+                self._version = "?"
+        rootless = False
+        try:
+            rootless = any("rootless" in str(o) for o in (self.client.info().get("SecurityOptions") or []))
+        except Exception:
+            pass
+        return EngineInfo("docker", self._version, rootless)
+
+    def engine_id(self) -> str:
+        try:
+            return str(self.client.info().get("ID", ""))
+        except Exception:
+            return ""
+
+    def check_spec(self, spec: ContainerSpec) -> None:
+        """Nothing to refuse before: create() refuses a limit the engine dropped (and removes the container)."""
+
+    def check_gpus(self, gpus: str) -> None:
+        check_gpu_runtime(self.client)
+
+    def has_image(self, manifest_digest: str, image_id: str) -> bool:
+        from hermetic.engine import engine_has_image
+
+        return engine_has_image(image_id)
+
+    def ensure_image(self, store: Any, manifest_digest: str, *,
+                     repo_tag: str | None = None) -> bool:
+        from hermetic.engine import engine_has_image, load_image
+
+        image_id = store.read_json(manifest_digest)["config"]["digest"]
+        if engine_has_image(image_id):
+            return False
+        load_image(store, manifest_digest, repo_tag=repo_tag)
+        return True
+
+    def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
+                      watch: Watch | None = None) -> RunOutcome:
+        return run_streaming(self.client, spec, log_dir, echo=echo, name=name, watch=watch)
+
+    def run_capture(self, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
+        return run_capture(self.client, spec)
+
+    def containers_labelled(self, *labels: str) -> list[dict] | None:
+        from hermetic.engine import containers_labelled
+
+        return containers_labelled(*labels)
+
+    def container(self, container_id: str) -> Any:
+        import docker.errors
+
+        try:
+            return self.client.containers.get(container_id)
+        except (docker.errors.DockerException, OSError, EngineError):
+            return None

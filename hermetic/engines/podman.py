@@ -1,0 +1,453 @@
+"""Podman: the training container through the ``podman`` command, rootful or rootless, no daemon.
+
+The image comes straight from hermetic's OCI store into containers-storage
+with ``skopeo copy oci:… containers-storage:…`` (the containers/image
+library's own transport: it checks every blob against its digest on the way
+and keeps the config digest as the image ID, so the ID is the one Docker
+shows); an image Podman holds (``podman image exists ID``) is never copied
+again, and layers it holds are not copied either.
+
+The container gets Docker's hardening mapped to Podman's flags: ``--user``
+(rootless: ``--userns=keep-id``, so the script runs as the invoking user and
+what it writes is theirs), ``--read-only --read-only-tmpfs=false`` and a
+tmpfs /tmp, ``--cap-drop all``, ``no-new-privileges``, ``--network none``,
+``--init`` (catatonit), ``--pids-limit`` and ``--memory``/``--memory-swap``.
+Where no cgroup can hold the limits (rootless Podman on cgroup v1, as on
+these machines), the pids limit is RLIMIT_NPROC of the container's user
+namespace (``--ulimit nproc``: its processes and threads, counted for that
+container) and the record says so; a memory limit is then refused. Podman's
+default ulimits cannot be set without CAP_SYS_RESOURCE (runc: ``error
+setting rlimit type 7``), so the container is given the driver's own
+(nofile, and nproc no higher than pid_max), as Docker gives its own.
+
+Variables reach the container through a file only the user can read
+(``--env-file``, removed after the run): a secret's value never appears on a
+command line, and podman's own environment stays the driver's (the
+container's HOME=/tmp there would move rootless Podman's storage). Containers
+carry the same labels as Docker's (driver, run, run directory, working
+directory), and hermetic.run.orphans finds Podman's orphans by them too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hermetic.engines.base import (
+    DRIVER_LABEL, ContainerSpec, EngineInfo, RunOutcome, Watch, container_home_env, open_log_files,
+)
+from hermetic.engines.process import stream_process
+from hermetic.errors import EngineError, IntegrityError, Unavailable
+from hermetic.record.liveness import driver_token
+
+INSTALL_HINT = "install Podman (Debian: apt-get install podman catatonit uidmap skopeo)"
+CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+CDI_KIND = "nvidia.com/gpu"
+NO_CDI_SPEC = (f"Podman has no CDI spec for {CDI_KIND} (looked in {', '.join(map(str, CDI_DIRS))}): generate one "
+               "with the NVIDIA Container Toolkit: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+STOP_TIMEOUT = 10  # seconds between SIGTERM and SIGKILL, as docker stop
+
+
+def _cgroup_v2() -> bool:
+    try:
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            left, _, right = line.partition(" - ")
+            if left.split()[4:5] == ["/sys/fs/cgroup"]:
+                return right.split()[:1] == ["cgroup2"]
+    except OSError:
+        pass
+    return False
+
+
+def _pid_max() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return 32768
+
+
+class PodmanContainer:
+    """A Podman container as docker-py's Container looks to hermetic.run.orphans (attrs, reload, stop, ...)."""
+
+    def __init__(self, engine: "PodmanEngine", container_id: str, attrs: dict[str, Any]) -> None:
+        self.engine, self.id, self.attrs = engine, container_id, attrs
+
+    def reload(self) -> None:
+        found = self.engine.inspect(self.id)
+        if found is None:
+            raise EngineError(f"Podman has no container {self.id[:12]} any more")
+        self.attrs = found
+
+    def stop(self, timeout: int = STOP_TIMEOUT) -> None:
+        self.engine.podman("stop", "-t", str(timeout), self.id, timeout=timeout + 60)
+
+    def kill(self) -> None:
+        self.engine.podman("kill", self.id, check=False)
+
+    def remove(self, force: bool = False) -> None:
+        self.engine.podman("rm", *(["-f"] if force else []), self.id)
+
+    def logs(self, stdout: bool = True, stderr: bool = True, stream: bool = False, follow: bool = False):
+        data = self.engine.logs(self.id, stdout=stdout, stderr=stderr)
+        return iter([data]) if stream else data
+
+
+class PodmanEngine:
+    """Podman as hermetic.engines.base.Engine."""
+
+    name = "podman"
+
+    def __init__(self) -> None:
+        self._version: str | None = None
+        self.rootless = os.geteuid() != 0
+        # Rootless Podman on cgroup v1 has no cgroup it may write: the limits cannot be cgroup limits.
+        self.cgroup_limits = not self.rootless or _cgroup_v2()
+
+    # -- the command -------------------------------------------------------------------------------------
+
+    def binary(self) -> str:
+        found = shutil.which("podman")
+        if found is None:
+            raise Unavailable("Podman is not installed (no `podman` on PATH); " + INSTALL_HINT)
+        return found
+
+    def podman(self, *args: str, check: bool = True, timeout: float = 600, env: dict[str, str] | None = None,
+               text: bool = True) -> subprocess.CompletedProcess:
+        try:
+            proc = subprocess.run([self.binary(), *args], capture_output=True, text=text, timeout=timeout, env=env,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise EngineError(f"`podman {args[0]}` did not answer within {timeout:.0f} s") from None
+        if check and proc.returncode != 0:
+            err = proc.stderr if text else proc.stderr.decode("utf-8", "replace")
+            raise EngineError(f"`podman {' '.join(args[:2])}` failed (exit {proc.returncode}): {_last_error(err)}")
+        return proc
+
+    # -- facts ----------------------------------------------------------------------------------------------
+
+    def version(self) -> str:
+        if self._version is None:
+            self._version = self.podman("version", "--format", "{{.Client.Version}}").stdout.strip() or "?"
+        return self._version
+
+    def connect(self) -> None:
+        self.version()
+
+    def info(self, spec: ContainerSpec | None = None) -> EngineInfo:
+        notes = []
+        if not self.cgroup_limits and (spec is None or spec.pids_limit is not None):
+            notes.append("pids limit as RLIMIT_NPROC of the container's user namespace (--ulimit nproc): rootless "
+                         "Podman on cgroup v1 has no cgroup to hold it")
+        return EngineInfo("podman", self.version(), self.rootless, tuple(notes))
+
+    def engine_id(self) -> str:
+        return f"podman {self.version()} uid {os.geteuid()}"
+
+    def check_spec(self, spec: ContainerSpec) -> None:
+        if spec.memory is not None and not self.cgroup_limits:
+            raise Unavailable(f"rootless Podman on cgroup v1 cannot hold the container to a memory limit (run.memory: "
+                              f"{spec.memory}): no cgroup is delegated to this user; set run.memory: null in "
+                              f"hermetic.yaml to run without one, or run where cgroup v2 is delegated")
+        for k, v in spec.env.items():
+            if "\n" in v or "\n" in k or "=" in k:
+                raise EngineError(f"--env {k.split(chr(10))[0]}: a name with '=' or a line break, or a value with a "
+                                  "line break, cannot be given to Podman")
+        for m in spec.mounts:
+            for what in (str(m.source), m.target):
+                if "," in what:
+                    raise EngineError(f"{what}: Podman's --mount cannot name a path with a comma; rename it or "
+                                      "use another engine")
+        self.binary()
+
+    def check_gpus(self, gpus: str) -> None:
+        devices = cdi_devices(gpus)
+        known = cdi_device_names()
+        if not known:
+            raise Unavailable(NO_CDI_SPEC)
+        missing = [d for d in devices if d.split("=", 1)[1] not in known]
+        if missing:
+            raise Unavailable(f"Podman's CDI spec for {CDI_KIND} has no device {missing[0]} (it lists: "
+                              f"{', '.join(sorted(known)) or 'none'}); regenerate it with nvidia-ctk cdi generate")
+
+    # -- images ---------------------------------------------------------------------------------------------
+
+    def has_image(self, manifest_digest: str, image_id: str) -> bool:
+        return self.podman("image", "exists", image_id, check=False).returncode == 0
+
+    def ensure_image(self, store: Any, manifest_digest: str, *,
+                     repo_tag: str | None = None) -> bool:
+        """Copy the image into containers-storage unless Podman has it (by ID); True when it was copied."""
+        manifest_bytes = store.read_blob(manifest_digest)
+        image_id = json.loads(manifest_bytes)["config"]["digest"]
+        if self.has_image(manifest_digest, image_id):
+            if repo_tag:
+                self.point_tag(image_id, repo_tag)
+            return False
+        if shutil.which("skopeo") is None:
+            raise Unavailable("skopeo is not installed: Podman's images come from hermetic's store through it "
+                              "(Debian: apt-get install skopeo)")
+        dest = podman_tag(repo_tag) if repo_tag else f"localhost/hermetic/by-digest:{manifest_digest[7:27]}"
+        with tempfile.TemporaryDirectory(prefix="hermetic-oci-") as layout:
+            # A layout of one image whose blobs are the store's own: skopeo reads them in place.
+            root = Path(layout)
+            (root / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
+            desc = {"mediaType": json.loads(manifest_bytes).get("mediaType")
+                    or "application/vnd.oci.image.manifest.v1+json",
+                    "digest": manifest_digest, "size": len(manifest_bytes),
+                    "annotations": {"org.opencontainers.image.ref.name": "image"}}
+            (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [desc]}))
+            os.symlink(os.path.realpath(store.root / "blobs"), root / "blobs")
+            proc = subprocess.run(["skopeo", "copy", "--quiet", f"oci:{root}:image", f"containers-storage:{dest}"],
+                                  capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            err = _last_error(proc.stderr)
+            if "digest" in err.lower() and "match" in err.lower():
+                from hermetic.store.intact import REPAIR
+
+                raise IntegrityError(f"image {manifest_digest}: a blob in the store does not match its digest "
+                                     f"({err}); nothing was copied into Podman; run `{REPAIR}`, then build or pull "
+                                     "the image again")
+            raise EngineError(f"copying image {image_id[:19]} into Podman's storage failed: {err}")
+        if not self.has_image(manifest_digest, image_id):
+            raise EngineError(f"Podman did not keep image {image_id} after it was copied (it holds another ID)")
+        return True
+
+    def point_tag(self, image_id: str, repo_tag: str) -> None:
+        self.podman("tag", image_id, podman_tag(repo_tag), check=False)
+
+    # -- containers ---------------------------------------------------------------------------------------
+
+    def create_args(self, spec: ContainerSpec, name: str | None = None,
+                    env_file: Path | None = None) -> tuple[list[str], dict[str, str]]:
+        """(``podman run`` arguments, the podman process's own environment). The container's variables are in
+        ``env_file`` (``container_env_file``), never on a command line nor in podman's environment, where the
+        container's HOME would move rootless Podman's storage."""
+        args = ["run", "--log-driver", "k8s-file", "--init", "--read-only", "--read-only-tmpfs=false",
+                "--tmpfs", f"/tmp:rw,nosuid,nodev,exec,size={spec.tmpfs_size},mode=1777",
+                "--cap-drop", "all", "--security-opt", "no-new-privileges", "--network", spec.network,
+                "--shm-size", spec.shm_size, "--user", spec.user, "--workdir", _workdir(spec),
+                "--stop-timeout", str(STOP_TIMEOUT)]
+        if spec.hostname:
+            args += ["--hostname", spec.hostname]
+        if self.rootless:
+            args += ["--userns", "keep-id"]  # the script is the invoking user: what it writes is theirs
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+        nproc_hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        nproc = min(_pid_max(), nproc_hard if nproc_hard != resource.RLIM_INFINITY else _pid_max())
+        if spec.pids_limit is not None:
+            if self.cgroup_limits:
+                args += ["--pids-limit", str(spec.pids_limit)]
+            else:
+                nproc = min(nproc, spec.pids_limit)
+        elif self.cgroup_limits:
+            args += ["--pids-limit", "-1"]
+        args += ["--ulimit", f"nofile={_rlim(nofile[0])}:{_rlim(nofile[1])}", "--ulimit", f"nproc={nproc}:{nproc}"]
+        if spec.memory is not None:
+            args += ["--memory", spec.memory, "--memory-swap", spec.memory]
+        for k, v in {**spec.labels, DRIVER_LABEL: driver_token()}.items():
+            args += ["--label", f"{k}={v}"]
+        for m in spec.mounts:
+            args += ["--mount", f"type=bind,src={m.source},dst={m.target}" + (",ro=true" if m.read_only else "")]
+        for device in cdi_devices(spec.gpus):
+            args += ["--device", device]
+        if env_file is not None:
+            args += ["--env-file", str(env_file)]
+        if name:
+            args += ["--name", name]
+        args += [spec.image_id, *spec.command]
+        proc_env = {k: v for k, v in os.environ.items() if k in _PODMAN_ENV or k.startswith(("CONTAINERS_", "XDG_"))}
+        return args, proc_env
+
+    def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
+                      watch: Watch | None = None) -> RunOutcome:
+        self.check_spec(spec)
+        name = name or _unique_name()
+        files = open_log_files(log_dir)
+        try:
+            with container_env_file(spec) as env_file:
+                args, env = self.create_args(spec, name, env_file)
+                end = stream_process([self.binary(), *args], files, stop=lambda _p: self._stop(name), echo=echo,
+                                     watch=watch, env=env)
+            state = (self.inspect(name) or {}).get("State") or {}
+            if end.interrupted:
+                self._rewrite_logs(name, files)
+                return RunOutcome(None, True, end.signal_name)
+            if not state:
+                raise EngineError(f"Podman could not run the container: {_last_error(_tail(log_dir))}")
+            if state.get("Error") and not state.get("StartedAt", "").startswith(("2", "1")):
+                raise EngineError(f"Podman could not start the container: {state['Error']}")
+            self._complete_logs(name, files, end.streamed, echo)
+            code = int(state.get("ExitCode", end.returncode if end.returncode is not None else 1))
+            from hermetic.engines.docker import oom_reason
+
+            oom = oom_reason(spec.memory) if code != 0 and state.get("OOMKilled") else None
+            return RunOutcome(code, False, None, end.stopped_because, oom_reason=oom)
+        finally:
+            for f in files:
+                with contextlib.suppress(OSError):
+                    f.close()
+            self.podman("rm", "-f", name, check=False)
+
+    def run_capture(self, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
+        self.check_spec(spec)
+        name = _unique_name()
+        try:
+            with container_env_file(spec) as env_file:
+                args, env = self.create_args(spec, name, env_file)
+                proc = subprocess.run([self.binary(), args[0], "--rm", *args[1:]], capture_output=True, env=env,
+                                      stdin=subprocess.DEVNULL)
+        finally:
+            self.podman("rm", "-f", name, check=False)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def _stop(self, name: str) -> None:
+        self.podman("stop", "-t", str(STOP_TIMEOUT), name, check=False, timeout=STOP_TIMEOUT + 60)
+
+    def inspect(self, container: str) -> dict[str, Any] | None:
+        proc = self.podman("container", "inspect", container, check=False)
+        if proc.returncode != 0:
+            return None
+        try:
+            found = json.loads(proc.stdout)
+        except ValueError:
+            return None
+        return found[0] if isinstance(found, list) and found else None
+
+    def logs(self, container: str, *, stdout: bool = True, stderr: bool = True) -> bytes:
+        """What the container printed, from Podman's log (both streams: in the order it printed them)."""
+        cmd = [self.binary(), "logs", container]
+        if stdout and stderr:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            return proc.stdout
+        proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL)
+        return proc.stdout if stdout else proc.stderr
+
+    def _rewrite_logs(self, name: str, files: list[Any]) -> None:
+        for f, (out, err) in zip(files, ((True, False), (False, True), (True, True))):
+            data = self.logs(name, stdout=out, stderr=err)
+            with contextlib.suppress(OSError, ValueError):
+                f.seek(0)
+                f.truncate()
+                f.write(data)
+                f.flush()
+
+    def _complete_logs(self, name: str, files: list[Any], streamed: tuple[int, int], echo: bool) -> None:
+        """Podman's own log when it holds more than was read from the process (moby#29285's twin)."""
+        import sys
+
+        parts = [self.logs(name, stdout=True, stderr=False), self.logs(name, stdout=False, stderr=True)]
+        if len(parts[0]) <= streamed[0] and len(parts[1]) <= streamed[1]:
+            return
+        self._rewrite_logs(name, files)
+        if echo:
+            for data, n, term in zip(parts, streamed, (sys.stdout.buffer, sys.stderr.buffer)):
+                with contextlib.suppress(OSError, ValueError):
+                    term.write(data[n:])
+                    term.flush()
+
+    # -- orphans ---------------------------------------------------------------------------------------------
+
+    def containers_labelled(self, *labels: str) -> list[dict] | None:
+        from hermetic.engine import podman_containers_labelled
+
+        return podman_containers_labelled(*labels)
+
+    def container(self, container_id: str) -> PodmanContainer | None:
+        attrs = self.inspect(container_id)
+        return None if attrs is None else PodmanContainer(self, container_id, attrs)
+
+
+_PODMAN_ENV = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "LC_ALL")
+
+
+@contextlib.contextmanager
+def container_env_file(spec: ContainerSpec):
+    """The container's variables (``NAME=VALUE`` lines, podman's --env-file) in a file only this user can read,
+    in a directory of its own, removed afterwards: a secret's value is on no command line."""
+    d = tempfile.mkdtemp(prefix="hermetic-podman-env-")
+    try:
+        path = Path(d) / "env"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(f"{k}={v}\n" for k, v in container_home_env(spec.env).items()))
+        yield path
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def podman_tag(repo_tag: str) -> str:
+    """Docker's ``hermetic/NAME:latest`` as Podman names a local image (not docker.io's)."""
+    return repo_tag if repo_tag.split("/", 1)[0] in ("localhost",) or "." in repo_tag.split("/", 1)[0] \
+        else f"localhost/{repo_tag}"
+
+
+def cdi_devices(gpus: str | None) -> list[str]:
+    """``--gpus`` as CDI device names (NVIDIA's spec names each GPU by index and UUID, and ``all``)."""
+    from hermetic.gpus import parse_gpus
+
+    request = parse_gpus(gpus)
+    if request is None:
+        return []
+    if request.all:
+        return [f"{CDI_KIND}=all"]
+    if request.device_ids:
+        return [f"{CDI_KIND}={d}" for d in request.device_ids]
+    return [f"{CDI_KIND}={i}" for i in range(request.count)]
+
+
+def cdi_device_names() -> set[str]:
+    """The device names the CDI specs on this host give ``nvidia.com/gpu`` (an empty set: no spec)."""
+    import yaml
+
+    names: set[str] = set()
+    for d in CDI_DIRS:
+        try:
+            entries = sorted(d.iterdir())
+        except OSError:
+            continue
+        for p in entries:
+            if p.suffix not in (".yaml", ".yml", ".json"):
+                continue
+            try:
+                doc = yaml.safe_load(p.read_text())
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(doc, dict) and doc.get("kind") == CDI_KIND:
+                names.update(str(dev.get("name")) for dev in doc.get("devices") or [] if isinstance(dev, dict))
+                if names:
+                    names.add("all")
+    return names
+
+
+def _workdir(spec: ContainerSpec) -> str:
+    """The working directory; "/" when nothing is mounted there (the probe's): Podman, unlike Docker, does not
+    make a missing working directory in a read-only root."""
+    return spec.workdir if any(m.target == spec.workdir for m in spec.mounts) else "/"
+
+
+def _rlim(v: int) -> str:
+    return "-1" if v == resource.RLIM_INFINITY else str(v)
+
+
+def _unique_name() -> str:
+    return f"hermetic-{os.getpid()}-{time.monotonic_ns() % 10**12}"
+
+
+def _last_error(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip() and "not a shared mount" not in ln]
+    return lines[-1][:400] if lines else "(no message)"
+
+
+def _tail(log_dir: Path) -> str:
+    try:
+        return (log_dir / "stderr.log").read_text(errors="replace")[-2000:]
+    except OSError:
+        return ""

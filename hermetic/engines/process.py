@@ -1,0 +1,146 @@
+"""A container that is a child process (podman, ch-run): its output teed to the log files, its stop on a signal.
+
+Docker's container is driven through its API (hermetic.engines.docker); Podman
+and Charliecloud are driven as processes whose stdout and stderr are the
+container's. Both streams are read in threads, each byte written to its own
+log and, in arrival order, to combined.log (flushed as it comes: ``hermetic
+logs -f`` reads them while the run goes on) and echoed to the terminal when
+asked. SIGINT and SIGTERM stop the container through the engine's ``stop``
+and the outcome says ``interrupted``; a ``watch`` that reports a reason
+stops it the same way and the outcome names the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from typing import IO, Any, BinaryIO, Callable, Sequence
+
+from hermetic.engines.base import Interrupted, Watch, interrupt_handlers
+
+_READ = 1 << 16
+
+
+@dataclass
+class ProcessEnd:
+    returncode: int | None  # None: interrupted before it ended by itself
+    interrupted: bool
+    signal_name: str | None
+    stopped_because: str | None
+    streamed: tuple[int, int]  # bytes read from stdout, stderr
+
+
+class _Tee:
+    """One stream's bytes into its log, combined.log (one lock: whole chunks, in arrival order), the terminal."""
+
+    def __init__(self, own: BinaryIO, combined: BinaryIO, lock: threading.Lock, term: BinaryIO | None) -> None:
+        self.own, self.combined, self.lock, self.term = own, combined, lock, term
+        self.count = 0
+
+    def pump(self, stream: IO[bytes]) -> None:
+        while True:
+            try:
+                data = stream.read1(_READ)  # type: ignore[attr-defined]
+            except (OSError, ValueError):
+                return
+            if not data:
+                return
+            self.count += len(data)
+            with self.lock:
+                try:
+                    self.own.write(data)
+                    self.combined.write(data)
+                    self.own.flush()
+                    self.combined.flush()
+                except OSError:  # a full disk: the run goes on
+                    pass
+            if self.term is not None:
+                try:
+                    self.term.write(data)
+                    self.term.flush()
+                except (OSError, ValueError):  # a closed pipe, a hung-up terminal: the run goes on
+                    pass
+
+
+def stream_process(argv: Sequence[str], files: list[BinaryIO], *, stop: Callable[[subprocess.Popen], None],
+                   echo: bool = True, watch: Watch | None = None, env: dict[str, str] | None = None,
+                   pass_fds: Sequence[int] = (), popen_kwargs: dict[str, Any] | None = None,
+                   on_start: Callable[[subprocess.Popen], None] | None = None) -> ProcessEnd:
+    """Run ``argv`` to its end, its output teed into ``files`` (stdout.log, stderr.log, combined.log).
+
+    ``stop(proc)`` ends the container (called on SIGINT/SIGTERM and when ``watch`` reports); it must make
+    the process end. The handlers go in before the process exists."""
+    out_f, err_f, all_f = files
+    lock = threading.Lock()
+    tees = [_Tee(out_f, all_f, lock, sys.stdout.buffer if echo else None),
+            _Tee(err_f, all_f, lock, sys.stderr.buffer if echo else None)]
+    stopped: list[str] = []
+    done = threading.Event()
+    proc: subprocess.Popen | None = None
+    readers: list[threading.Thread] = []
+    with interrupt_handlers():
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=env, pass_fds=tuple(pass_fds),
+                                    **(popen_kwargs or {}))
+            if on_start is not None:
+                on_start(proc)
+            for tee, stream in zip(tees, (proc.stdout, proc.stderr)):
+                t = threading.Thread(target=tee.pump, args=(stream,), daemon=True, name="hermetic-tee")
+                t.start()
+                readers.append(t)
+            if watch is not None:
+                def on_exceeded(reason: str, p=proc) -> None:
+                    stopped.append(reason)
+                    stop(p)
+
+                threading.Thread(target=watch.run_until, args=(done, on_exceeded), daemon=True,
+                                 name="hermetic-watch").start()
+            code = proc.wait()
+            done.set()
+            for t in readers:
+                t.join()
+            return ProcessEnd(code, False, None, stopped[0] if stopped else None,
+                              (tees[0].count, tees[1].count))
+        except (Interrupted, KeyboardInterrupt) as e:
+            signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+            if proc is not None:
+                with _ignoring_interrupts():
+                    stop(proc)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=60)
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait()
+                    for t in readers:
+                        t.join(timeout=10)
+            return ProcessEnd(None, True, signal.Signals(signum).name, None, (tees[0].count, tees[1].count))
+        finally:
+            done.set()
+            if proc is not None:
+                for stream in (proc.stdout, proc.stderr):
+                    with contextlib.suppress(OSError, ValueError):
+                        stream.close()  # type: ignore[union-attr]
+
+
+@contextlib.contextmanager
+def _ignoring_interrupts():
+    """A second Ctrl-C while the container is being stopped does not leave it half-stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
+def signal_exit_code(returncode: int) -> int:
+    """A process's status as a shell gives it: 128+N for one killed by signal N (Popen says -N)."""
+    return 128 - returncode if returncode < 0 else returncode
