@@ -20,7 +20,12 @@ help:
 $(STAMP): requirements.lock pyproject.toml setup.py hermetic/data/_filehash.c
 	scripts/ensure-build-deps $(PY)
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --require-hashes --no-deps -r requirements.lock
+	@# uv (pinned in the lock, installed first by pip, hash-checked) installs the lock in seconds where
+	@# pip takes minutes; the hashes are required either way, and pip is the fallback should uv fail.
+	$(PY) scripts/lock-entry uv requirements.lock > $(VENV)/uv.lock.txt
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r $(VENV)/uv.lock.txt
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --require-hashes --no-deps -r requirements.lock \
+	  || $(BIN)/pip install --quiet --require-hashes --no-deps -r requirements.lock
 	@# setuptools announces every editable install with an "Editable installation." notice
 	@# (InformationOnly, which pip prints as a warning); it says nothing about this project.
 	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
