@@ -95,3 +95,21 @@ def test_trainer_metrics_from_log_history_and_results_and_a_seed_group(framework
     assert stats["n"] == 2 and stats["mean"] == pytest.approx(sum(finals) / 2)
     assert stats["ci95"] is not None and stats["ci95"][0] < stats["mean"] < stats["ci95"][1]
     assert "trainer/train_runtime" not in group["metrics"]
+
+
+def test_a_trainer_rerun_is_identical_except_wall_clock_fields_weights_first(frameworks):
+    """The issue's headline: two runs of the same Trainer script (same seed) differ only in the fields the
+    Trainer fills with times; the verdict names the weights identical first and the timing fields, exit 0."""
+    from run_support import diff_json
+
+    _, a = hermetic_run(frameworks, "trainer_gpt2.py", "--seed", "7", "--max_steps", "6", timeout=900)
+    _, b = hermetic_run(frameworks, "trainer_gpt2.py", "--seed", "7", "--max_steps", "6", timeout=900)
+    proc = run_cli("diff", str(run_dir_of(frameworks, a)), str(run_dir_of(frameworks, b)), cwd=frameworks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = proc.stdout.splitlines()[0]
+    assert line.startswith("identical except wall-clock fields: "), line
+    assert line.split("(", 1)[1].startswith("out/"), line  # the files bitwise identical, weights first
+    assert "model.safetensors" in line.split(")")[0] and "train_runtime" in line, line
+    assert "nondeterminism" not in proc.stdout
+    code, d = diff_json(run_dir_of(frameworks, a), run_dir_of(frameworks, b))
+    assert code == 0 and d["verdict"]["kind"] == "wall_clock", d["verdict"]
