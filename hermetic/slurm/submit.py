@@ -85,21 +85,6 @@ class SubmitResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def _mounts() -> list[tuple[str, str]]:
-    """(mount point, fs type) of this machine, from /proc/self/mountinfo."""
-    out = []
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        parts, rparts = left.split(), right.split()
-        if len(parts) >= 5 and rparts:
-            out.append((parts[4].replace("\\040", " "), rparts[0]))
-    return out
-
-
 def node_local_reason(path: Path, shared_roots: tuple[Path, ...]) -> str | None:
     """Why the nodes could not see ``path`` (None when nothing says they cannot).
 
@@ -113,7 +98,9 @@ def node_local_reason(path: Path, shared_roots: tuple[Path, ...]) -> str | None:
         roots = [Path(os.path.realpath(r)) for r in shared_roots]
         if not any(inside(str(real), str(r)) for r in roots):
             return f"{path} is outside every --shared-root ({', '.join(map(str, roots))})"
-    best = max((m for m in _mounts() if inside(str(real), m[0])), key=lambda m: len(m[0]), default=None)
+    from hermetic.slurm.shared import fs_of
+
+    best = fs_of(real)  # (mount point, fs type) of the mount holding it
     if best is not None and best[1] in NODE_LOCAL_FS:
         return f"{path} is on {best[1]} (mounted at {best[0]}), which only this machine sees"
     return None
