@@ -11,6 +11,7 @@ hermetic.runtime.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import hermetic
@@ -64,6 +65,12 @@ def _is_module(name: str, root: Path = PACKAGE) -> bool:
 
 
 def module_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """A copy of the graph (read once per root and test process: every file parsed, ~1 s)."""
+    return {k: set(v) for k, v in _module_graph(root).items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _module_graph(root: Path) -> dict[str, set[str]]:
     """module -> the modules of the package at ``root`` it imports, ``from package import name`` resolved to
     the submodule ``package.name`` when there is one (else the package's __init__, whose name it takes).
     The top package itself (hermetic/__init__.py: only the version) is left out."""
