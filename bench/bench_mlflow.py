@@ -140,7 +140,9 @@ def main() -> int:
         check(uri, ids, json.loads(proc.stdout), a.steps, names)
         hand_s = by_hand(uri, a.runs, a.steps, names)
     finally:
-        server.kill()
+        import signal
+
+        os.killpg(server.pid, signal.SIGKILL)  # mlflow server and the uvicorn workers it started
         server.wait()
     values = a.steps * (len(names) + 1)
     out = {"runs": a.runs, "values_per_run": values, "hermetic_s_per_run": hermetic_s / a.runs,
