@@ -210,24 +210,24 @@ def _shut(conn: HTTPConnection) -> None:
         pass
 
 
-class _WatchedHTTPConnection(HTTPConnection):
+class _Watched:
+    """Put before HTTPConnection or HTTPSConnection: each connect and request is under the deadline watch."""
+
     def connect(self) -> None:
-        _attach(self)
-        super().connect()
+        _attach(self)  # type: ignore[arg-type]
+        super().connect()  # type: ignore[misc]
 
-    def request(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        _attach(self)
-        super().request(*args, **kwargs)
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _attach(self)  # type: ignore[arg-type]
+        super().request(*args, **kwargs)  # type: ignore[misc]
 
 
-class _WatchedHTTPSConnection(HTTPSConnection):
-    def connect(self) -> None:
-        _attach(self)
-        super().connect()
+class _WatchedHTTPConnection(_Watched, HTTPConnection):
+    pass
 
-    def request(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        _attach(self)
-        super().request(*args, **kwargs)
+
+class _WatchedHTTPSConnection(_Watched, HTTPSConnection):
+    pass
 
 
 def _attach(conn: HTTPConnection) -> None:
