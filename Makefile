@@ -41,9 +41,13 @@ venv: $(STAMP)
 PYTEST  := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache $(BIN)/python -m pytest
 
 # The whole suite (CI's .ci/run): the 25 slowest steps are printed at the end (docs/testing.md).
+# Three workers on two cores (pytest-xdist), each test module whole on one of them (--dist loadfile,
+# so a module's fixtures are made once): most of an integration test is waiting on the engine, the
+# registry or Slurm, and a third worker fills those waits. TEST_WORKERS=0: one process, in order.
+TEST_WORKERS ?= 3
 test: $(STAMP)
 	scripts/ensure-test-deps
-	$(PYTEST) -ra --durations=25 $(PYTEST_ARGS)
+	$(PYTEST) -ra --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The tests that need nothing outside one process (tests/conftest.py marks the others
 # `integration`, from markers and fixtures), on every core (pytest-xdist: they are CPU-bound

@@ -128,18 +128,19 @@ class DiskFull(CannotCreate, OSError):
     naming the path. Raised by ``disk_full`` (and fsutil.naming_full_disk)."""
 
     def __init__(self, message: str, *, hint: str | None = None, errno: int = _errno.ENOSPC,
-                 filename: str | None = None, details: list[str] | None = None):
+                 filename: str | None = None, details: list[str] | None = None, needed: int | None = None):
         super().__init__(message, hint=hint, details=details)
         self.errno = errno
         self.filename = filename
+        self.needed = needed  # bytes the write needed, when known
 
     def __reduce__(self):  # across a process pool: OSError's own pickling would drop errno and filename
-        return (_rebuild_disk_full, (self.message, self.hint, self.errno, self.filename, self.details))
+        return (_rebuild_disk_full, (self.message, self.hint, self.errno, self.filename, self.details, self.needed))
 
 
 def _rebuild_disk_full(message: str, hint: str | None, errno: int, filename: str | None,
-                       details: list[str]) -> DiskFull:
-    return DiskFull(message, hint=hint, errno=errno, filename=filename, details=details)
+                       details: list[str], needed: int | None = None) -> DiskFull:
+    return DiskFull(message, hint=hint, errno=errno, filename=filename, details=details, needed=needed)
 
 
 DISK_FULL_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT})
@@ -181,7 +182,7 @@ def disk_full(e: OSError, path: object = None, *, what: str | None = None, writt
     if any(sizes):
         message += " (" + ", ".join(s for s in sizes if s) + ")"
     return DiskFull(message, hint=hint or DISK_FULL_HINT, errno=e.errno or _errno.ENOSPC,
-                    filename=where)
+                    filename=where, needed=needed)
 
 
 class ReadError(HermeticError):

@@ -50,6 +50,30 @@ def share_base(session_cache: Path, cache_dir: Path) -> None:
             store.remove_ref(name)  # only the bootstrapped base is shared
 
 
+# What clone_cache leaves out: lock files (a hardlinked lock is the same lock), temporary and in-use
+# markers, and Charliecloud's unpacked trees (a cache of the store, made again where wanted).
+CLONE_SKIP = ("tmp", "in-use", "charliecloud")
+CLONE_LINKED = (("oci", "blobs"), ("wheels", "sha256"))  # content-addressed, never written in place
+
+
+def clone_cache(src: Path, dst: Path) -> Path:
+    """A cache of its own holding what ``src`` holds: its blobs and wheels hardlinked (the same inodes,
+    files hermetic only ever creates by rename), the rest copied. For a module whose writes to a store
+    (where it pushed: pushed.json; a gc) must not reach the other modules' runs of the same images,
+    which run beside it under pytest-xdist. Returns ``dst``."""
+    for root, dirs, files in os.walk(src):
+        here = Path(root)
+        rel = here.relative_to(src)
+        dirs[:] = [d for d in dirs if d not in CLONE_SKIP]
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        link = rel.parts[:2] in CLONE_LINKED
+        for name in files:
+            if name.endswith(".lock"):
+                continue
+            (os.link if link else shutil.copy2)(here / name, dst / rel / name)
+    return dst
+
+
 def serve_wheels(src: Path, monkeypatch, **versions: str) -> dict[str, Path]:
     """Wheels NAME==VERSION in a local PEP 503 index that pip's config points at."""
     from wheelfactory import make_index, make_wheel

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -66,8 +67,13 @@ def pytest_collection_modifyitems(config, items):
         if outside := next((m for m in OUTSIDE if item.get_closest_marker(m)), None):
             item.add_marker(pytest.mark.integration(outside))
     # The others first (in their order): they fail fast, and they run while the integration tests'
-    # base image, example images and services are made (pytest_collection_finish).
-    items.sort(key=lambda item: item.get_closest_marker("integration") is not None)
+    # base image, example images and services are made (pytest_collection_finish). Then the integration
+    # modules that need no base (nor an example built on it), which need not wait for it either; a module
+    # stays in one piece, so that its module-scoped fixtures are made once.
+    integration = {id(item) for item in items if item.get_closest_marker("integration") is not None}
+    on_base = {item.module.__name__ for item in items
+               if id(item) in integration and "base_ref" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: (id(item) in integration, item.module.__name__ in on_base))
 
 
 @pytest.fixture
@@ -87,15 +93,21 @@ def isolated_pip(monkeypatch, tmp_path) -> None:
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = 900, base_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+            timeout: float = 900, base_env: dict[str, str] | None = None,
+            whole_env: bool = False) -> subprocess.CompletedProcess:
     """Run `hermetic ARGS` as users do (a new process), capturing text output.
 
     The environment is this process's (or ``base_env``: what work started early runs with, since
-    a test's monkeypatch may change this process's meanwhile) updated with ``env``."""
-    full_env = dict(os.environ if base_env is None else base_env)
+    a test's monkeypatch may change this process's meanwhile) updated with ``env``; with
+    ``whole_env``, ``env`` alone. The process is a fork of the CLI zygote where it can be
+    (tests/cli_zygote.py), else a new interpreter."""
+    full_env = {} if whole_env else dict(os.environ if base_env is None else base_env)
     if env:
         full_env.update(env)
     if base_env is None:
+        zygote = _cli_zygote()
+        if zygote is not None and zygote.serves(full_env):
+            return zygote.run(list(args), cwd=cwd, env=full_env, timeout=timeout)
         return subprocess.run([sys.executable, "-m", "hermetic", *args], cwd=cwd, env=full_env,
                               capture_output=True, text=True, timeout=timeout)
     with subprocess.Popen([sys.executable, "-m", "hermetic", *args], cwd=cwd, env=full_env, text=True,
@@ -106,6 +118,23 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
         finally:
             _early_procs.discard(p)
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+_zygote = None  # cli_zygote.Zygote, once started
+NO_ZYGOTE_ENV = "HERMETIC_TEST_NO_ZYGOTE"  # =1: every run_cli a new interpreter (cli_zygote.py)
+
+
+def _cli_zygote():
+    """This process's CLI zygote (tests/cli_zygote.py), started on first use; None when turned off."""
+    global _zygote
+    if _zygote is None and os.environ.get(NO_ZYGOTE_ENV) != "1":
+        import tempfile
+
+        from cli_zygote import Zygote
+
+        # a short directory of its own: a Unix socket's path has at most 107 bytes
+        _zygote = Zygote(Path(tempfile.mkdtemp(prefix="hermetic-zygote-")))
+    return _zygote
 
 
 def assert_clean_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
@@ -230,6 +259,26 @@ def _prepare_base_and_examples(tmp_path_factory, needed: set[str], base_env: dic
                 built_once(tmp_path_factory, cache, ref, example, base_env)
 
 
+# HERMETIC_TEST_TIMELINE=FILE: one JSON line per test (worker, test, start, end: wall-clock seconds),
+# appended, to see where a run's time goes and which worker waited (docs/testing.md).
+TIMELINE_ENV = "HERMETIC_TEST_TIMELINE"
+_started: dict[str, float] = {}
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if os.environ.get(TIMELINE_ENV):
+        _started[nodeid] = time.time()
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    path = os.environ.get(TIMELINE_ENV)
+    if path and nodeid in _started:
+        line = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "test": nodeid,
+                "start": round(_started.pop(nodeid), 3), "end": round(time.time(), 3)}
+        with open(path, "a") as f:  # one short line per write: appends from several workers stay whole
+            f.write(json.dumps(line) + "\n")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if not _integration_began.is_set() and item.get_closest_marker("integration") is not None:
@@ -238,13 +287,34 @@ def pytest_runtest_setup(item):
             pass
 
 
+_early_claim = None  # under pytest-xdist: the lock file of the worker that does the early work
+
+
+def _claim_early_work(factory) -> bool:
+    """Whether this session does the run's early work: always, but under pytest-xdist only the first
+    worker to ask (the others find its results through run_once, as they would find each other's)."""
+    global _early_claim
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return True
+    claim = open(run_root(factory) / "early.lock", "w")  # noqa: SIM115 - held until this process ends
+    try:
+        fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        claim.close()
+        return False
+    _early_claim = claim
+    return True
+
+
 def pytest_collection_finish(session):
     global _early_pool
-    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER") or not session.items:
+    if session.config.option.collectonly or not session.items:
         return
     needed = set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
     factory = session.config._tmp_path_factory  # the session's tmp_path_factory, before any fixture
     run_root(factory)  # made here, in this thread, before another one asks
+    if not _claim_early_work(factory):
+        return
     base_env = dict(os.environ)  # as it is now, before any test's monkeypatch
     _early_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hermetic-tests-early")
     if "base_ref" in needed:
@@ -256,6 +326,10 @@ def pytest_collection_finish(session):
 
 
 def pytest_unconfigure(config):
+    if _zygote is not None:
+        _zygote.stop()
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(_zygote.path))
     if _early_pool is None:
         return
     for p in list(_early_procs):  # a run that ends (or is interrupted) before its early work did

@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from buildsupport import build_json, make_project, serve_wheels
+from buildsupport import build_json, clone_cache, make_project, serve_wheels
 from conftest import assert_clean_error, run_cli
 
 pytestmark = [pytest.mark.docker]
@@ -26,8 +26,9 @@ def _run_alpha(docker_client, image_id: str) -> bytes:
 def test_base_from_a_registry_and_base_pin(tmp_path, session_cache, base_ref, registry, wheels, docker_client,
                                            cache_dir):
     digest = base_ref.split("@")[1]
+    # pushed from a clone of the session's store: the push is recorded there, not in the session's
     push = run_cli("push", f"{registry.host}/bases/debian:bookworm", "--image", digest, "--json",
-                   env={"HERMETIC_CACHE": str(session_cache)})
+                   env={"HERMETIC_CACHE": str(clone_cache(session_cache, tmp_path / "pusher"))})
     assert push.returncode == 0, push.stderr
     proj = make_project(tmp_path / "p", "hermetic/placeholder@sha256:" + "0" * 64, wheels)
     pin = run_cli("base", "pin", f"{registry.host}/bases/debian:bookworm", "-C", str(proj))

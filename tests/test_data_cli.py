@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
+
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -19,8 +21,7 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def hermetic(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hermetic", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
+    return run_cli(*args, cwd=cwd, timeout=120)
 
 
 def tricky_dataset(root: Path) -> dict[str, bytes]:

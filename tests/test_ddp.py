@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from buildsupport import clone_cache
 from conftest import run_cli
 from run_support import build, copy_example, diff_json, hermetic_run, material_causes, output_digests, run_dir_of
 
@@ -90,20 +91,15 @@ def test_a_replay_runs_the_recorded_layout_again(ddp, two_ranks):
 @pytest.mark.slurm
 @pytest.mark.registry
 def test_two_nodes_through_slurm_meet_at_the_first_and_match_one_node(ddp, two_ranks, registry, module_cache,
-                                                                      slurm_cluster):
-    record = module_cache / "oci" / "pushed.json"
-    saved = record.read_bytes() if record.exists() else None
-    try:
-        push = run_cli("push", f"{registry.host}/hermetic/torch-ddp", "-C", str(ddp), timeout=600)
-        assert push.returncode == 0, push.stderr
-        # -t 5: a hang (pytorch#75097) ends in minutes, not at the partition's limit
-        proc = run_cli("submit", "-N", "2", "--nproc-per-node", "1", "-t", "5", "--wait", "--json", "train.py",
-                       cwd=ddp, timeout=600)
-    finally:
-        if saved is None:
-            record.unlink(missing_ok=True)
-        else:
-            record.write_bytes(saved)
+                                                                      slurm_cluster, tmp_path):
+    # a clone of the store to push from: the push is recorded there (pushed.json), not in the session's,
+    # whose other runs of this image, beside this module under pytest-xdist, expect it never pushed
+    env = {"HERMETIC_CACHE": str(clone_cache(module_cache, tmp_path / "cache"))}
+    push = run_cli("push", f"{registry.host}/hermetic/torch-ddp", "-C", str(ddp), env=env, timeout=600)
+    assert push.returncode == 0, push.stderr
+    # -t 5: a hang (pytorch#75097) ends in minutes, not at the partition's limit
+    proc = run_cli("submit", "-N", "2", "--nproc-per-node", "1", "-t", "5", "--wait", "--json", "train.py",
+                   cwd=ddp, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rec = json.loads(proc.stdout)
     dist = rec["distributed"]

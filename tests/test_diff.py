@@ -5,9 +5,10 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import sys
 
 import pytest
+
+from conftest import run_cli
 
 from hermetic.data.manifest import parse_manifest
 from hermetic.diff import diff_records, diff_runs
@@ -19,7 +20,7 @@ B = "20261129-220000-bbbbbb"
 
 
 def hermetic(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hermetic", *args], capture_output=True, text=True, cwd=cwd)
+    return run_cli(*args, cwd=cwd)
 
 
 def pair(tmp_path, plant=None, manifest_b: str | None = None):

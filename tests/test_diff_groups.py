@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 
 import pytest
+
+from conftest import run_cli
 
 from hermetic.canonical import canonical_sha256
 from hermetic.diff import diff_paths
@@ -108,7 +109,7 @@ def test_write_group_refuses_foreign_members(tmp_path):
 
 
 def hermetic(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hermetic", *args], capture_output=True, text=True)
+    return run_cli(*args)
 
 
 def test_diff_groups_within_and_beyond_seed_noise(tmp_path):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
+
 from hermetic import errors
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,8 +104,7 @@ def test_no_literal_exit_code_outside_the_table():
 
 
 def _hermetic(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hermetic", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
+    return run_cli(*args, cwd=cwd, timeout=120)
 
 
 @pytest.mark.parametrize("args", [["build", "--no-such-option"], ["run"], ["diff", "only-one"], ["nonsense"]])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _init(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hermetic", "init", *args], capture_output=True, text=True,
-                          cwd=REPO_ROOT, timeout=60)
+    return run_cli("init", *args, cwd=REPO_ROOT, timeout=60)
 
 
 def _steps_text(doc: dict) -> str:

@@ -202,6 +202,45 @@ def test_the_figure_is_drawn_from_the_collected_series_without_reading_it_back(t
     assert (run_dir / "metrics.png").read_bytes() == from_file
 
 
+def test_the_figure_worker_draws_the_same_picture_and_a_dead_one_is_replaced(tmp_path):
+    """`hermetic run` forks the figure's worker at its start (record.figure.warm_up): it imports matplotlib
+    while the run goes on and draws when sent the final record. Its picture is the inline one's; a worker
+    that died meanwhile is replaced by one forked then, and the figure still exists when the record does."""
+    import os
+    import signal
+    from datetime import timedelta
+
+    from hermetic.record import figure, finish_record, write_record
+    from hermetic.record.rundir import create_run_dir
+    from hermetic.record.synthetic import T0, synthetic_record
+    from hermetic.run.collect import CollectPlan, collect_run
+
+    rid = "20261129-235600-0c0c0c"
+    run_dir = create_run_dir(tmp_path / "runs", rid)
+    with open(run_dir / "outputs" / "metrics.jsonl", "w") as f:
+        for s in range(1, 31):
+            f.write(json.dumps({"step": s, "loss": loss_curve(s)}) + "\n")
+    collected = collect_run(CollectPlan(str(run_dir), None, None), uid=os.getuid(), gid=os.getgid())
+    done = finish_record(synthetic_record(rid), run_dir, status="succeeded", exit_code=0,
+                         finished_at=T0 + timedelta(minutes=3), outputs=collected.outputs,
+                         metrics=collected.metrics, notes=collected.notes)
+    write_record(run_dir, done, series=collected.series)  # drawn in this process
+    inline = (run_dir / "metrics.png").read_bytes()
+    for kill in (False, True):
+        (run_dir / "metrics.png").unlink()
+        figure.warm_up()
+        worker = figure._worker
+        assert worker is not None and worker.parent == os.getpid()
+        if kill:
+            os.kill(worker.pid, signal.SIGKILL)
+            os.waitpid(worker.pid, 0)
+        drawing = figure.start_metrics_figure(run_dir, done, series=collected.series)
+        assert drawing is not None and (drawing.pid != worker.pid) == kill
+        assert figure._worker is None  # taken: the next run gets a worker of its own
+        write_record(run_dir, done, series=collected.series, figure=drawing)
+        assert (run_dir / "metrics.png").read_bytes() == inline, kill
+
+
 @pytest.mark.docker
 def test_two_real_runs_of_the_example_draw_one_curve_each(project, tmp_path):
     _, a = hermetic_run(project, "train.py", "--epochs", "3")

@@ -116,8 +116,7 @@ def _store_snapshot(store: OciStore) -> dict[str, bytes]:
 
 
 def _hermetic(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hermetic", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=REPO_ROOT)
+    return run_cli(*args, env=env, whole_env=True, timeout=timeout, cwd=REPO_ROOT)
 
 
 def _cli_env(cache: Path, **extra: str) -> dict[str, str]:

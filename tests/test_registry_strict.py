@@ -18,13 +18,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_clean_error
+from conftest import assert_clean_error, run_cli
 from hermetic.canonical import canonical_json, sha256_digest
 from hermetic.display import escape_controls
 from hermetic.errors import EXIT_USAGE, UsageError
@@ -64,8 +63,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def hermetic(*args: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hermetic", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd or REPO_ROOT, timeout=NO_HANG_S)
+    return run_cli(*args, env=env, whole_env=True, cwd=cwd or REPO_ROOT, timeout=NO_HANG_S)
 
 
 def store_of(env: dict[str, str]) -> OciStore:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 
 import pytest
+
+from conftest import run_cli
 
 from hermetic.canonical import pretty_json
 from hermetic.record import list_entries, load_record, resolve_run, seal, write_group
@@ -20,7 +21,7 @@ IDS = ["20261129-214500-aaaaaa", "20261129-220000-bbbbbb", "20261130-080000-cccc
 
 
 def hermetic(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hermetic", *args], capture_output=True, text=True, cwd=cwd)
+    return run_cli(*args, cwd=cwd)
 
 
 @pytest.fixture

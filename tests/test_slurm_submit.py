@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from buildsupport import clone_cache
 from conftest import assert_clean_error, run_cli
 from run_support import sha256_file
 from slurm_support import PARTITION
@@ -25,21 +26,23 @@ pytestmark = [pytest.mark.slurm, pytest.mark.docker, pytest.mark.registry]
 
 
 @pytest.fixture(scope="module")
-def pushed(logreg, registry, module_cache) -> dict:
-    """The numpy example's image pushed to the test registry (what the nodes pull it from).
+def module_cache(session_cache, tmp_path_factory):
+    """This module's own clone of the session cache, for every `hermetic` it starts: its push is recorded
+    in the store (pushed.json), and the records of this module's runs name it, but other modules' runs of
+    the same image, beside this one under pytest-xdist, expect it never pushed."""
+    cache = clone_cache(session_cache, tmp_path_factory.mktemp("slurm-submit") / "cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HERMETIC_CACHE", str(cache))
+    yield cache
+    mp.undo()
 
-    The push is recorded in the session's store (pushed.json); that record is put back as it was
-    afterwards: the registry is gone with this module, and other modules' runs of the same image
-    expect it never pushed."""
-    record = module_cache / "oci" / "pushed.json"
-    saved = record.read_bytes() if record.exists() else None
+
+@pytest.fixture(scope="module")
+def pushed(logreg, registry, module_cache) -> dict:
+    """The numpy example's image pushed to the test registry (what the nodes pull it from)."""
     proc = run_cli("push", f"{registry.host}/hermetic/logreg", "-C", str(logreg), "--json")
     assert proc.returncode == 0, proc.stderr
-    yield json.loads(proc.stdout)
-    if saved is None:
-        record.unlink(missing_ok=True)
-    else:
-        record.write_bytes(saved)
+    return json.loads(proc.stdout)
 
 
 def submit(project: Path, *args: str, expect: int | None = 0, env: dict | None = None,

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
+
 from hermetic.diff import contents, diff_runs
 from hermetic.diff.contents import compare_contents, read_pickle
 from hermetic.record.rundir import write_record
@@ -27,7 +29,7 @@ WEIGHTS = bytes(range(256)) * 64  # the same model in both runs
 
 
 def hermetic(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hermetic", *args], capture_output=True, text=True)
+    return run_cli(*args)
 
 
 def write_run(runs: Path, run_id: str, files: dict[str, bytes], *, minutes: int = 0, plant=None) -> Path:

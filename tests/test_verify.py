@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from buildsupport import clone_cache
 from conftest import assert_clean_error, run_cli
 from hermetic.provenance import MT_CYCLONEDX, MT_DSSE, MT_STATEMENT, PROVENANCE_FILE
 from hermetic.store.oci import MT_CONFIG, MT_MANIFEST, Descriptor, OciStore
@@ -38,17 +39,8 @@ def _no_ambient_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.fixture(scope="module")
 def publisher_cache(logreg: Path, module_cache: Path, tmp_path_factory) -> Path:
-    """The builder's store, hardlinked: pushes record where they went in its own files, not the session's."""
-    import os
-
-    dst = tmp_path_factory.mktemp("publisher") / "cache"
-    src = module_cache / "oci"
-    for p in src.rglob("*"):
-        rel = p.relative_to(src)
-        if p.is_file() and rel.parts[0] in ("blobs", "oci-layout", "index.json"):
-            (dst / "oci" / rel).parent.mkdir(parents=True, exist_ok=True)
-            os.link(p, dst / "oci" / rel) if rel.parts[0] == "blobs" else shutil.copy(p, dst / "oci" / rel)
-    return dst
+    """The builder's store, cloned: pushes record where they went in its own files, not the session's."""
+    return clone_cache(module_cache, tmp_path_factory.mktemp("publisher") / "cache")
 
 
 @pytest.fixture(scope="module")
@@ -348,12 +340,14 @@ def test_signed_provenance_verifies_with_the_key_and_not_without_it(pushed, regi
 
 def test_verify_of_an_image_in_the_local_store(pushed, module_cache, tmp_path):
     """A name without a host: the provenance, base and wheels come from the local store (read only)."""
-    before = sorted(p.name for p in (module_cache / "oci" / "blobs" / "sha256").iterdir())
+    cache = clone_cache(module_cache, tmp_path / "cache")  # its own: other modules write the session's meanwhile
+    before = sorted(p.name for p in (cache / "oci" / "blobs" / "sha256").iterdir())
     proc = run_cli("verify", f"numpy-logreg@{pushed['digest']}", cwd=tmp_path,
-                   env={"PIP_CONFIG_FILE": "/dev/null", "PIP_INDEX_URL": UNREACHABLE_INDEX, "PIP_FIND_LINKS": ""})
+                   env={"HERMETIC_CACHE": str(cache), "PIP_CONFIG_FILE": "/dev/null",
+                        "PIP_INDEX_URL": UNREACHABLE_INDEX, "PIP_FIND_LINKS": ""})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"reproduced: {pushed['digest']}")
-    assert sorted(p.name for p in (module_cache / "oci" / "blobs" / "sha256").iterdir()) == before
+    assert sorted(p.name for p in (cache / "oci" / "blobs" / "sha256").iterdir()) == before
 
 
 def test_verify_refuses_a_reference_without_digest(tmp_path):

@@ -16,29 +16,104 @@ from typing import Any
 FIGURE_NAME = "metrics.png"
 
 
-_warm: list = []
+class FigureWorker:
+    """A child process forked when a run's early record is written, which imports matplotlib (~0.4 s of
+    CPU, more than the drawing) while the container runs, then waits to be sent the final record; it then
+    draws ``metrics.png`` and exits. On two cores that leaves only the drawing itself (~0.15 s, beside the
+    record being sealed and written) to the end of the run, and the run's own process never imports
+    matplotlib. A worker that was never sent anything ends when this process does (its pipe's
+    end of file)."""
+
+    def __init__(self, pid: int, send_fd: int) -> None:
+        self.pid = pid
+        self._send_fd = send_fd
+        self.parent = os.getpid()  # a process forked from this one inherits the object, not the child
+
+    @classmethod
+    def fork(cls) -> "FigureWorker | None":
+        try:
+            read_fd, send_fd = os.pipe()
+            pid = os.fork()
+        except OSError:
+            return None
+        if pid == 0:  # the child: never returns into the run's code, nor runs its exit handlers
+            code = 1
+            try:
+                os.close(send_fd)
+                code = _serve_one(read_fd)
+            finally:
+                os._exit(code)
+        os.close(read_fd)
+        return cls(pid, send_fd)
+
+    def draw(self, run_dir: str | Path, record: dict[str, Any],
+             series: list[dict[str, Any]] | None) -> "FigureDrawing | None":
+        """Send the final record (and its series) to be drawn; None when the worker is gone."""
+        import pickle
+
+        job = pickle.dumps((str(run_dir), record, series), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            with os.fdopen(self._send_fd, "wb") as pipe:
+                pipe.write(len(job).to_bytes(8, "big") + job)
+        except OSError:  # it died (killed, or its warm-up failed): reaped, and the caller draws
+            _reap(self.pid)
+            return None
+        return FigureDrawing(self.pid)
+
+
+def _serve_one(read_fd: int) -> int:
+    """In the worker: import, wait for the job, draw it; the exit code FigureDrawing reads (0: drawn)."""
+    import pickle
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # not the run's handlers (they stop its container)
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.nice(5)  # the container, beside it on the other core, comes first
+    except OSError:
+        pass
+    from hermetic import plotting
+
+    try:
+        plotting.preload()
+    except Exception:  # noqa: BLE001 - best effort: the drawing below says whether it can draw
+        pass
+    with os.fdopen(read_fd, "rb") as pipe:
+        head = pipe.read(8)
+        if len(head) < 8:
+            return 4  # nothing was sent: no figure wanted
+        job = pipe.read(int.from_bytes(head, "big"))
+    run_dir, record, series = pickle.loads(job)
+    return 0 if write_metrics_figure(run_dir, record, series=series) else 3
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+_worker: FigureWorker | None = None
 
 
 def warm_up() -> None:
-    """Import matplotlib in a background thread (once per process), so that the final record's
-    figure costs only the drawing: called when a run's early record is written, the import
-    (~0.3 s of CPU) overlaps the container, which mostly waits on the engine."""
+    """Have a figure worker ready for this run's final record (called when its early record is written):
+    forked now unless one is waiting already (the previous run of this process ended without a figure);
+    nothing when matplotlib (``hermetic[plots]``) is not installed."""
+    global _worker
     from hermetic import plotting
 
-    if _warm or not plotting.available():
-        return
-    import threading
-
-    t = threading.Thread(target=plotting.preload, name="hermetic-figure-import", daemon=True)
-    _warm.append(t)
-    t.start()
+    if _worker is not None and _worker.parent != os.getpid():
+        _worker = None  # the worker of the process this one was forked from
+    if _worker is None and plotting.available():
+        _worker = FigureWorker.fork()
 
 
 class FigureDrawing:
-    """``metrics.png`` being drawn by a child process (fork), while the parent validates, seals and writes
-    the record: on two cores the drawing (~0.3 s of matplotlib) is off the run's critical path but for
-    what is left of it at ``join``. Joined before the README is written, so the figure exists when
-    ``hermetic run`` returns; a child that fails leaves no figure (best effort, as when drawn inline)."""
+    """``metrics.png`` being drawn by a child process, while the parent validates, seals and writes the
+    record. Joined before the README is written, so the figure exists when ``hermetic run`` returns; a
+    child that fails leaves no figure (best effort, as when drawn inline)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -59,30 +134,21 @@ class FigureDrawing:
 
 def start_metrics_figure(run_dir: str | Path, record: dict[str, Any], *,
                          series: list[dict[str, Any]] | None = None) -> FigureDrawing | None:
-    """Start drawing the final record's figure in a child process; None when there is nothing to draw
-    (no metrics, not final, no matplotlib) or no child could be started (the caller draws inline then)."""
+    """Start drawing the final record's figure in a child process: the waiting figure worker (warm_up),
+    else one forked now; None when there is nothing to draw (no metrics, not final, no matplotlib) or no
+    child could be started (the caller draws inline then)."""
+    global _worker
     from hermetic import plotting
 
     has_series = record["metrics"].get("series") or record["metrics"]["file"]
     if record["record"]["finished_at"] is None or not has_series or not plotting.available():
         return None
-    for t in _warm:  # no import half done in a thread at the fork: the child would inherit its lock held
-        t.join()
-    try:
-        pid = os.fork()
-    except OSError:
-        return None
-    if pid == 0:  # the child: draw, and leave without running the parent's exit handlers or flushing its files
-        code = 1
-        try:
-            import signal
-
-            for sig in (signal.SIGINT, signal.SIGTERM):  # not the run's handlers (they stop its container)
-                signal.signal(sig, signal.SIG_DFL)
-            code = 0 if write_metrics_figure(run_dir, record, series=series) else 3
-        finally:
-            os._exit(code)
-    return FigureDrawing(pid)
+    worker, _worker = _worker, None
+    drawing = worker.draw(run_dir, record, series) if worker is not None and worker.parent == os.getpid() else None
+    if drawing is None:  # none waiting (or it died): one forked now
+        worker = FigureWorker.fork()
+        drawing = worker.draw(run_dir, record, series) if worker is not None else None
+    return drawing
 
 
 def run_panels(series: dict[str, list[tuple[int, float]]], label: str):  # -> list[hermetic.plotting.Panel]

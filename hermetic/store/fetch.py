@@ -346,8 +346,10 @@ def fetch(lock: Lock, store: WheelStore, sources: PipSources, *, jobs: int = 4,
                     for other in futures:
                         other.cancel()
     if errors:
-        # Integrity failures first: they matter most.
-        errors.sort(key=lambda e: 0 if isinstance(e, IntegrityError) else 1)
+        # Integrity failures first: they matter most. Then, of downloads that found the disk full (they run
+        # side by side, so which fails first is chance), the one that needed the most: the one that did not fit.
+        errors.sort(key=lambda e: (0, 0) if isinstance(e, IntegrityError) else
+                    (1, -(e.needed or 0)) if isinstance(e, DiskFull) else (2, 0))
         first = errors[0]
         if len(errors) > 1:
             first.message += f" (and {len(errors) - 1} more package(s) failed)"
