@@ -40,14 +40,31 @@ venv: $(STAMP)
 # that selects nothing) fails the target like a failing test.
 PYTEST  := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache $(BIN)/python -m pytest
 
-# The whole suite (CI's .ci/run): the 25 slowest steps are printed at the end (docs/testing.md).
-# Three workers on two cores (pytest-xdist), each test module whole on one of them (--dist loadfile,
-# so a module's fixtures are made once): most of an integration test is waiting on the engine, the
-# registry or Slurm, and a third worker fills those waits. TEST_WORKERS=0: one process, in order.
+# The whole suite (CI's .ci/run), in two phases on one session cache (base, wheels, example images made
+# once): every test but the `serial` ones on TEST_WORKERS workers (pytest-xdist), each test module whole
+# on one worker (--dist loadfile: its fixtures made once) -- most of an integration test is waiting on the
+# engine, the registry or Slurm, and a third worker on two cores fills those waits; then the `serial`
+# ones, which need the engine to themselves, in one process. The 25 slowest steps are printed at the end
+# of the first phase (docs/testing.md). pytest's exit code 5 ("no tests collected") of one phase is no
+# failure when the other ran tests; of both, it is. TEST_WORKERS=0: the whole suite in one process, in
+# order (the way to give PYTEST_ARGS a -m of its own).
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	scripts/ensure-test-deps
-	$(PYTEST) -ra --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+ifeq ($(TEST_WORKERS),0)
+	$(PYTEST) -ra --durations=25 $(PYTEST_ARGS)
+else
+	@own=""; session="$${HERMETIC_TEST_SESSION_CACHE:-}"; \
+	if [ -z "$$session" ]; then own=1; session=$$(mktemp -d "$${TMPDIR:-/tmp}/hermetic-test-session.XXXXXX"); fi; \
+	export HERMETIC_TEST_SESSION_CACHE="$$session"; \
+	echo "$(PYTEST) -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile -m 'not serial' $(PYTEST_ARGS)"; \
+	$(PYTEST) -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS); first=$$?; \
+	echo "$(PYTEST) -ra -m serial $(PYTEST_ARGS)"; \
+	$(PYTEST) -ra -m serial $(PYTEST_ARGS); second=$$?; \
+	for rc in $$first $$second; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done; \
+	if [ $$first -eq 5 ] && [ $$second -eq 5 ]; then exit 5; fi; \
+	if [ -n "$$own" ]; then rm -rf "$$session"; fi
+endif
 
 # The tests that need nothing outside one process (tests/conftest.py marks the others
 # `integration`, from markers and fixtures), on every core (pytest-xdist: they are CPU-bound

@@ -24,7 +24,12 @@ SESSION_CACHE_ENV = "HERMETIC_TEST_SESSION_CACHE"
 pytest_plugins = ("buildsupport", "run_support", "slurm_support", "mlflow_support", "frameworks_support")
 
 
+_xdist_controller = False
+
+
 def pytest_configure(config):
+    global _xdist_controller
+    _xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not os.environ.get("PYTEST_XDIST_WORKER")
     # No __pycache__ in the tree or in the projects the tests copy, but bytecode all the same: each
     # `hermetic` a test starts would compile the package again without it (~0.3 s of CPU each).
     if not os.environ.get("PYTHONPYCACHEPREFIX"):
@@ -211,15 +216,24 @@ def session_cache(tmp_path_factory) -> Path:
     return session_cache_dir(tmp_path_factory)
 
 
+BOOTSTRAPPED = "bootstrapped-base-ref"  # in a session cache: the base an earlier run bootstrapped into it
+
+
 def bootstrap_once(tmp_path_factory, cache: Path, base_env: dict[str, str] | None = None) -> str:
-    """`hermetic base bootstrap` into ``cache``, once per run; its reference."""
+    """`hermetic base bootstrap` into ``cache``, once per run; its reference. A session cache kept across
+    runs (``HERMETIC_TEST_SESSION_CACHE``: `make test`'s two phases, local work) keeps its base: the
+    reference is noted beside the store, and taken again while the store still holds that image."""
     with run_once(tmp_path_factory, "base-ref") as known:
         if known.exists():
             return known.read_text()
-        proc = run_cli("base", "bootstrap", "--json", env={"HERMETIC_CACHE": str(cache)}, timeout=900,
-                       base_env=base_env)
-        assert proc.returncode == 0, proc.stderr
-        ref = json.loads(proc.stdout)["reference"]
+        noted = cache / BOOTSTRAPPED
+        ref = noted.read_text().strip() if noted.is_file() else ""
+        if not ref or not (cache / "oci" / "blobs" / "sha256" / ref.rpartition("@sha256:")[2]).is_file():
+            proc = run_cli("base", "bootstrap", "--json", env={"HERMETIC_CACHE": str(cache)}, timeout=900,
+                           base_env=base_env)
+            assert proc.returncode == 0, proc.stderr
+            ref = json.loads(proc.stdout)["reference"]
+            noted.write_text(ref)
         known.write_text(ref)
         return ref
 
@@ -266,7 +280,8 @@ _started: dict[str, float] = {}
 
 
 def pytest_runtest_logstart(nodeid, location):
-    if os.environ.get(TIMELINE_ENV):
+    # under pytest-xdist the controller hears of each test too, when a worker reports it: only workers time
+    if os.environ.get(TIMELINE_ENV) and (os.environ.get("PYTEST_XDIST_WORKER") or not _xdist_controller):
         _started[nodeid] = time.time()
 
 

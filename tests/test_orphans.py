@@ -20,6 +20,10 @@ from conftest import assert_clean_error, run_cli
 from kill_support import sigkill, start_hermetic, wait_for
 from run_support import build
 
+# Every `hermetic run` and `hermetic runs` on the machine reaps the orphans it finds: beside another
+# worker's, the orphans these tests make (and look at before they are reaped) would be taken by it.
+pytestmark = pytest.mark.serial
+
 RUN_LABEL = "org.hermetic.run-id"
 DRIVER_LABEL = "org.hermetic.driver"
 HOLDS_LABEL = "org.hermetic.holds"
