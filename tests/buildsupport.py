@@ -68,9 +68,12 @@ def clone_cache(src: Path, dst: Path) -> Path:
         (dst / rel).mkdir(parents=True, exist_ok=True)
         link = rel.parts[:2] in CLONE_LINKED
         for name in files:
-            if name.endswith(".lock"):
+            if name.endswith((".lock", ".tmp")):  # a lock, or a file being written (it is renamed when done)
                 continue
-            (os.link if link else shutil.copy2)(here / name, dst / rel / name)
+            try:
+                (os.link if link else shutil.copy2)(here / name, dst / rel / name)
+            except FileNotFoundError:  # removed meanwhile by a writer beside this (a temporary, a gc)
+                pass
     return dst
 
 

@@ -16,9 +16,20 @@ from pathlib import Path
 import pytest
 
 import conftest
-from cli_zygote import startup_env
+from cli_zygote import Zygote, startup_env
 
 CONFIG = "name: demo\nbase: hermetic/debian-bookworm-python3@sha256:" + "a" * 64 + "\n"
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    """A zygote of this module's own (run_cli's may be turned off: HERMETIC_TEST_NO_ZYGOTE)."""
+    import tempfile
+
+    z = Zygote(Path(tempfile.mkdtemp(prefix="hermetic-zygote-")))
+    yield z
+    z.stop()
+    os.rmdir(os.path.dirname(z.path))
 
 
 def fresh(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -28,20 +39,16 @@ def fresh(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPro
 
 @pytest.mark.parametrize("args", [["--version"], ["nonsense"], ["config", "show", "--json"], ["runs", "--json"],
                                   ["build", "-C", "no-such-dir"]])
-def test_a_forked_command_is_a_new_interpreters_command(args, tmp_path, monkeypatch):
+def test_a_forked_command_is_a_new_interpreters_command(args, zygote, tmp_path, monkeypatch):
     (tmp_path / "hermetic.yaml").write_text(CONFIG)
     monkeypatch.setenv("HERMETIC_CACHE", str(tmp_path / "cache"))
-    zygote = conftest._cli_zygote()
-    if zygote is None:
-        pytest.fail(f"{conftest.NO_ZYGOTE_ENV}=1 turns the zygote off; this test is about it")
     env = dict(os.environ)
     forked = zygote.run(args, cwd=tmp_path, env=env, timeout=120)
     new = fresh(*args, cwd=tmp_path, env=env)
     assert (forked.returncode, forked.stdout, forked.stderr) == (new.returncode, new.stdout, new.stderr)
 
 
-def test_the_working_directory_environment_and_umask_are_the_callers(tmp_path):
-    zygote = conftest._cli_zygote()
+def test_the_working_directory_environment_and_umask_are_the_callers(zygote, tmp_path):
     (tmp_path / "hermetic.yaml").write_text(CONFIG.replace("demo", "from-cwd"))
     old = os.umask(0o077)
     try:
@@ -54,10 +61,9 @@ def test_the_working_directory_environment_and_umask_are_the_callers(tmp_path):
     assert '"from-cwd"' in proc.stdout
 
 
-def test_an_environment_that_changes_the_interpreter_gets_a_new_one():
+def test_an_environment_that_changes_the_interpreter_gets_a_new_one(zygote):
     """PYTHON* and the locale are read at start-up: a fork would keep the zygote's, so run_cli starts
     a new interpreter for such an environment."""
-    zygote = conftest._cli_zygote()
     assert zygote.serves(dict(os.environ))
     assert not zygote.serves({**os.environ, "PYTHONHASHSEED": "123"})
     assert not zygote.serves({**os.environ, "LC_ALL": "C"})
@@ -67,8 +73,7 @@ def test_an_environment_that_changes_the_interpreter_gets_a_new_one():
     assert proc.returncode == 0 and proc.stdout.startswith("hermetic, version ")
 
 
-def test_a_command_past_its_timeout_is_killed_and_says_so(tmp_path):
-    zygote = conftest._cli_zygote()
+def test_a_command_past_its_timeout_is_killed_and_says_so(zygote, tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         # a timeout already past when the command starts: killed, as subprocess.run would
         zygote.run(["--help"], cwd=tmp_path, env=dict(os.environ), timeout=0)
