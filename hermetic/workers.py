@@ -30,13 +30,20 @@ def _prctl_pdeathsig(sig: int) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended. A zombie (ended, its parent has not reaped it
+    yet: a SIGKILLed command whose shell has not looked) is not alive."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            after_name = f.read().rpartition(b")")[2].split()
+    except OSError:  # no /proc: the pid alone says
         return True
-    return True
+    return not after_name or after_name[0] not in (b"Z", b"X")
 
 
 def die_with_parent(owner_pid: int) -> None:
