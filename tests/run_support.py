@@ -109,9 +109,19 @@ def output_digests(run_dir: Path) -> dict[str, str]:
 
 
 def labelled_containers(client, run_id_part: str) -> list[Any]:
-    """Containers (any state) whose run-id label contains run_id_part."""
-    found = client.containers.list(all=True, filters={"label": RUN_LABEL})
-    return [c for c in found if run_id_part in (c.labels.get(RUN_LABEL) or "")]
+    """Containers (any state) whose run-id label contains run_id_part. Listed without inspecting every
+    run's container (docker-py's containers.list does): another run's, beside this test, may be removed
+    between the listing and its inspection."""
+    import docker.errors
+
+    found = []
+    for row in client.api.containers(all=True, filters={"label": RUN_LABEL}):
+        if run_id_part in ((row.get("Labels") or {}).get(RUN_LABEL) or ""):
+            try:
+                found.append(client.containers.get(row["Id"]))
+            except docker.errors.NotFound:  # ended and removed since
+                pass
+    return found
 
 
 def containers_created_since(client, since: float, run_id_part: str) -> list[str]:

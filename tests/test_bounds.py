@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, assert_clean_error, run_cli
+from run_support import labelled_containers
 from hermetic.data.manifest import MANIFEST_LINE_MAX, ManifestError, parse_columns, parse_manifest
 from hermetic.errors import UsageError
 from hermetic.gpus import GpuRequest, gpu_count, parse_gpus
@@ -237,7 +238,7 @@ def test_a_killed_sweep_leaves_a_sealed_group_of_the_members_that_ran(logreg, tm
     """The first member's summary is always written (the write throttle only skips rewrites that would cost
     more than GROUP_WRITE_SHARE of the sweep), so SIGKILL of the driver mid-sweep leaves a valid group.json."""
     from kill_support import sigkill, start_hermetic, wait_for
-    from run_support import RUN_LABEL, copy_project
+    from run_support import copy_project
 
     from hermetic.record import load_group
 
@@ -260,9 +261,8 @@ def test_a_killed_sweep_leaves_a_sealed_group_of_the_members_that_ran(logreg, tm
     finally:
         if p.poll() is None:
             p.kill()
-        for c in docker_client.containers.list(all=True, filters={"label": RUN_LABEL}):
-            if "killed" in (c.labels.get(RUN_LABEL) or ""):  # the killed driver's container: ours to remove
-                c.remove(force=True)
+        for c in labelled_containers(docker_client, "killed"):  # the killed driver's container: ours to remove
+            c.remove(force=True)
     (gdir,) = groups()
     group = load_group(gdir)  # sealed and valid
     assert group["group"]["status"] == "interrupted" and group["group"]["seeds"] == [0, 1, 2]

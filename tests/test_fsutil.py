@@ -92,6 +92,25 @@ def test_a_lock_is_not_inherited_by_a_forked_child(tmp_path):
         os.kill(int(child), signal.SIGKILL)
 
 
+def test_a_zombie_is_not_alive():
+    """A command SIGKILLed and not yet reaped by its parent is a zombie: gone, for the workers that check."""
+    from hermetic.workers import pid_alive
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while _state(pid) != "Z":  # ended, not reaped
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not pid_alive(pid)
+        assert pid_alive(os.getpid())
+    finally:
+        os.waitpid(pid, 0)
+    assert not pid_alive(pid)
+
+
 def test_pool_workers_die_with_their_parent(tmp_path):
     """hermetic.workers.die_with_parent as a pool's initializer: SIGKILL the parent, the workers follow."""
     p, pids = start("""
