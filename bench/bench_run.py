@@ -64,8 +64,7 @@ def wrap(mod, name, label):
     setattr(mod, name, timed)
 import hermetic.cli
 t_cli = time.perf_counter()
-import hermetic.engine as en, hermetic.run.orphans as ro, hermetic.record.rundir as rd, hermetic.run.plan as pl
-import hermetic.run.runner as rr
+import hermetic.engine as en, hermetic.run.orphans as ro, hermetic.run.runner as rr
 t_imports = time.perf_counter()
 for mod, name, label in [
         (en, "engine_client", "engine connect (import docker, ping)"),

@@ -29,6 +29,16 @@ def _prctl_pdeathsig(sig: int) -> bool:
         return False
 
 
+def proc_stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat from field 3 (state) on; None when there is no such process (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()  # the command name (field 2) may hold spaces and parentheses
+
+
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists and has not ended. A zombie (ended, its parent has not reaped it
     yet: a SIGKILLed command whose shell has not looked) is not alive."""
@@ -38,12 +48,10 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         pass
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            after_name = f.read().rpartition(b")")[2].split()
-    except OSError:  # no /proc: the pid alone says
+    fields = proc_stat_fields(pid)
+    if fields is None:  # no /proc: the pid alone says
         return True
-    return not after_name or after_name[0] not in (b"Z", b"X")
+    return not fields or fields[0] not in ("Z", "X")
 
 
 def die_with_parent(owner_pid: int) -> None:

@@ -30,10 +30,12 @@ import json
 import locale
 import os
 import selectors
+import shutil
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -174,8 +176,10 @@ def serve(path: str) -> None:
 class Zygote:
     """The zygote of this pytest process: started on first use, ended with the process."""
 
-    def __init__(self, directory: Path) -> None:
-        self.path = str(directory / f"zygote-{os.getpid()}.sock")
+    def __init__(self) -> None:
+        # a short directory of its own: a Unix socket's path has at most 107 bytes
+        self._dir = tempfile.mkdtemp(prefix="hermetic-zygote-")
+        self.path = os.path.join(self._dir, "zygote.sock")
         self.env = dict(os.environ)
         self.proc = subprocess.Popen([sys.executable, __file__, self.path], env=self.env, stdout=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, text=True)
@@ -189,10 +193,7 @@ class Zygote:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def run(self, args: list[str], *, cwd: Path | str | None, env: dict[str, str], timeout: float | None,
             new_session: bool = False) -> subprocess.CompletedProcess:

@@ -133,12 +133,9 @@ def _cli_zygote():
     """This process's CLI zygote (tests/cli_zygote.py), started on first use; None when turned off."""
     global _zygote
     if _zygote is None and os.environ.get(NO_ZYGOTE_ENV) != "1":
-        import tempfile
-
         from cli_zygote import Zygote
 
-        # a short directory of its own: a Unix socket's path has at most 107 bytes
-        _zygote = Zygote(Path(tempfile.mkdtemp(prefix="hermetic-zygote-")))
+        _zygote = Zygote()
     return _zygote
 
 
@@ -343,8 +340,6 @@ def pytest_collection_finish(session):
 def pytest_unconfigure(config):
     if _zygote is not None:
         _zygote.stop()
-        with contextlib.suppress(OSError):
-            os.rmdir(os.path.dirname(_zygote.path))
     if _early_pool is None:
         return
     for p in list(_early_procs):  # a run that ends (or is interrupted) before its early work did

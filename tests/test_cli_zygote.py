@@ -24,12 +24,9 @@ CONFIG = "name: demo\nbase: hermetic/debian-bookworm-python3@sha256:" + "a" * 64
 @pytest.fixture(scope="module")
 def zygote():
     """A zygote of this module's own (run_cli's may be turned off: HERMETIC_TEST_NO_ZYGOTE)."""
-    import tempfile
-
-    z = Zygote(Path(tempfile.mkdtemp(prefix="hermetic-zygote-")))
+    z = Zygote()
     yield z
     z.stop()
-    os.rmdir(os.path.dirname(z.path))
 
 
 def fresh(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:

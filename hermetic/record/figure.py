@@ -17,8 +17,8 @@ FIGURE_NAME = "metrics.png"
 
 
 class FigureWorker:
-    """A child process forked when a run's early record is written, which imports matplotlib (~0.4 s of
-    CPU, more than the drawing) while the container runs, then waits to be sent the final record; it then
+    """A child process forked when ``hermetic run`` starts (warm_up), which imports matplotlib (~0.4 s of
+    CPU, more than the drawing) while the run goes on, then waits to be sent the final record; it then
     draws ``metrics.png`` and exits. On two cores that leaves only the drawing itself (~0.15 s, beside the
     record being sealed and written) to the end of the run, and the run's own process never imports
     matplotlib. A worker that was never sent anything ends when this process does (its pipe's
@@ -33,8 +33,13 @@ class FigureWorker:
     def fork(cls) -> "FigureWorker | None":
         try:
             read_fd, send_fd = os.pipe()
+        except OSError:
+            return None
+        try:
             pid = os.fork()
         except OSError:
+            os.close(read_fd)
+            os.close(send_fd)
             return None
         if pid == 0:  # the child: never returns into the run's code, nor runs its exit handlers
             code = 1
@@ -59,6 +64,14 @@ class FigureWorker:
             _reap(self.pid)
             return None
         return FigureDrawing(self.pid)
+
+    def forget(self) -> None:
+        """In a process forked from the worker's parent: close the inherited copy of the worker's pipe (its
+        end of file must not wait for this process too)."""
+        try:
+            os.close(self._send_fd)
+        except OSError:
+            pass
 
 
 def _serve_one(read_fd: int) -> int:
@@ -97,15 +110,25 @@ def _reap(pid: int) -> None:
 _worker: FigureWorker | None = None
 
 
+def _take_worker() -> FigureWorker | None:
+    """The waiting worker, taken (the next run gets one of its own); None when none waits, or when the one
+    there is the worker of the process this one was forked from."""
+    global _worker
+    worker, _worker = _worker, None
+    if worker is not None and worker.parent != os.getpid():
+        worker.forget()
+        return None
+    return worker
+
+
 def warm_up() -> None:
-    """Have a figure worker ready for this run's final record (called when its early record is written):
-    forked now unless one is waiting already (the previous run of this process ended without a figure);
-    nothing when matplotlib (``hermetic[plots]``) is not installed."""
+    """Have a figure worker ready for a run's final record (called when `hermetic run` starts, and again
+    when each run's early record is written): forked now unless one is waiting already (a previous run of
+    this process ended without a figure); nothing when matplotlib (``hermetic[plots]``) is not installed."""
     global _worker
     from hermetic import plotting
 
-    if _worker is not None and _worker.parent != os.getpid():
-        _worker = None  # the worker of the process this one was forked from
+    _worker = _take_worker()
     if _worker is None and plotting.available():
         _worker = FigureWorker.fork()
 
@@ -137,14 +160,13 @@ def start_metrics_figure(run_dir: str | Path, record: dict[str, Any], *,
     """Start drawing the final record's figure in a child process: the waiting figure worker (warm_up),
     else one forked now; None when there is nothing to draw (no metrics, not final, no matplotlib) or no
     child could be started (the caller draws inline then)."""
-    global _worker
     from hermetic import plotting
 
     has_series = record["metrics"].get("series") or record["metrics"]["file"]
     if record["record"]["finished_at"] is None or not has_series or not plotting.available():
         return None
-    worker, _worker = _worker, None
-    drawing = worker.draw(run_dir, record, series) if worker is not None and worker.parent == os.getpid() else None
+    worker = _take_worker()
+    drawing = worker.draw(run_dir, record, series) if worker is not None else None
     if drawing is None:  # none waiting (or it died): one forked now
         worker = FigureWorker.fork()
         drawing = worker.draw(run_dir, record, series) if worker is not None else None

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from hermetic.fsutil import file_lock, is_locked
+from hermetic.workers import pid_alive, proc_stat_fields
 
 LOCK_NAME = ".running.lock"
 PID_NAME = ".running.pid"
@@ -102,17 +103,8 @@ class Driver:
         return f"{self.host}:{self.pid}:{self.start}"
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat from field 3 (state) on; None when there is no such process (or no /proc)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()  # the command name (field 2) may hold spaces and parentheses
-
-
 def process_start(pid: int) -> str:
-    fields = _stat_fields(pid)
+    fields = proc_stat_fields(pid)
     return fields[19] if fields is not None and len(fields) > 19 else ""
 
 
@@ -139,10 +131,8 @@ def driver_gone(driver: Driver) -> bool:
     or another process's now (another start time). A driver on another host is never judged gone."""
     if driver.host != socket.gethostname():
         return False
-    fields = _stat_fields(driver.pid)
+    fields = proc_stat_fields(driver.pid)
     if fields is None:
-        from hermetic.workers import pid_alive
-
         return not pid_alive(driver.pid)  # no /proc: the pid alone says
     if fields[0] in ("Z", "X"):  # dead, not yet reaped by its parent
         return True
