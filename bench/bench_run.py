@@ -64,18 +64,20 @@ def wrap(mod, name, label):
     setattr(mod, name, timed)
 import hermetic.cli
 t_cli = time.perf_counter()
-import hermetic.engine as en, hermetic.run.orphans as ro, hermetic.run.runner as rr
+import hermetic.engine as en, hermetic.engines.docker as ed, hermetic.run.orphans as ro, hermetic.run.runner as rr
 t_imports = time.perf_counter()
 for mod, name, label in [
-        (en, "engine_client", "engine connect (import docker, ping)"),
+        (en, "engine_client", "engine connect (its API version)"),
         (ro, "reap_orphans", "orphans: runs whose driver died"),
         (rr, "plan_datasets", "datasets planned"), (rr, "check_source_links", "source links checked"),
         (rr, "prepare_image", "image: build no-op check, in the engine"),
         (rr, "verify_datasets", "data: verify against manifest (stat cache)"),
-        (rr, "open_run", "run dir and first record fields"),
-        (rr, "snapshot_code", "code snapshot (tar + hashes, working copy)"),
+        (rr, "open_run", "run dir"), (rr, "open_record", "first record fields (beside the container's start)"),
+        (rr, "snapshot_code", "code snapshot (tar + hashes, working copy; beside the start)"),
         (rr, "probe_image", "probe (cached)"), (rr, "write_record", "record written (validate, seal, README, index)"),
-        (rr, "run_container", "container create+start+run+wait+remove"),
+        (rr, "hand_over", "working copy and outputs made the script's user's"),
+        (ed.DockerLaunch, "_start", "container create+attach+start (a thread, beside the steps above)"),
+        (ed.DockerLaunch, "finish", "container: the rest of its start, the script, wait, remove"),
         (rr, "changed_during_run", "data: changed during the run (stat)"),
         (rr, "collect_outputs", "collect: working dir, hash outputs, metrics (as the container's user)"),
         (rr, "seal_run", "final record (figure drawn beside it, joined)")]:

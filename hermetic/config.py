@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -279,6 +279,7 @@ class LoadedConfig:
 
     model: HermeticConfig
     path: Path  # the hermetic.yaml file, absolute
+    source: bytes | None = field(default=None, repr=False, compare=False)  # the bytes it was read from
 
     @property
     def root(self) -> Path:
@@ -380,7 +381,7 @@ def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
             raise ConfigError(f"{where}: {key}: {msg}{more}") from None
         raise ConfigError(f"{where}: {msg}{more}") from None
     _refuse_secrets(model, node, cfg_path)
-    return LoadedConfig(model=model, path=cfg_path.resolve())
+    return LoadedConfig(model=model, path=cfg_path.resolve(), source=text.encode("utf-8", "surrogatepass"))
 
 
 # libyaml when PyYAML has it: ten times faster on a large file, and it bounds the nesting depth itself.

@@ -20,9 +20,10 @@ from typing import Any
 OUTPUTS_MOUNT = "/outputs"
 RUNTIME_MOUNT = "/run/hermetic"  # the runtime's report (HERMETIC_RUNTIME_REPORT) lives here
 PROBE_MOUNT = "/run/hermetic-probe"
+GATE_MOUNT = "/run/hermetic-gate"  # the door the command waits at while hermetic finishes its checks (engines.base)
 # What the image and hermetic need in place: a dataset may not be mounted there, inside, or over them.
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys",
-               "/usr", "/tmp", OUTPUTS_MOUNT, RUNTIME_MOUNT, PROBE_MOUNT)
+               "/usr", "/tmp", OUTPUTS_MOUNT, RUNTIME_MOUNT, PROBE_MOUNT, GATE_MOUNT)
 
 
 def inside(path: str, parent: str) -> bool:

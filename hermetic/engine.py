@@ -25,30 +25,36 @@ from typing import TYPE_CHECKING
 from hermetic.errors import EngineError, IntegrityError
 
 if TYPE_CHECKING:
-    import docker
-
+    from hermetic.dockerapi import DockerAPI
     from hermetic.store.oci import OciStore
 
 _client = None
 
 
-def engine_client(timeout: int = 600) -> "docker.DockerClient":
+def engine_client(timeout: int = 600) -> "DockerAPI":
+    """The Docker Engine's client (hermetic.dockerapi), made once per process: the engine pinged, which proves
+    it answers and picks the API version of every later call."""
     global _client
     if _client is not None:
         return _client
-    import docker
-    import docker.errors
+    client = _connect(timeout)
+    _client = client
+    return client
 
+
+def _connect(timeout: float) -> "DockerAPI":
+    import http.client
+
+    from hermetic.dockerapi import DockerAPI, DockerAPIError
+
+    client = DockerAPI.from_env(timeout=timeout)
     try:
-        client = docker.from_env(timeout=timeout)
-        client.ping()
-    except (docker.errors.DockerException, OSError) as e:
-        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        client.prefix()
+    except (DockerAPIError, OSError, http.client.HTTPException) as e:
         raise EngineError(
-            f"no Docker Engine answers at {host} ({e.__class__.__name__})",
+            f"no Docker Engine answers at {client.endpoint.url} ({e.__class__.__name__})",
             hint="start one with scripts/ensure-docker (Debian: installs docker.io and starts dockerd)",
         ) from None
-    _client = client
     return client
 
 
@@ -65,13 +71,13 @@ class GpuRuntime:
     default_runtime: str
 
 
-def gpu_runtime(client: "docker.DockerClient") -> GpuRuntime:
+def gpu_runtime(client: "DockerAPI") -> GpuRuntime:
     """Whether ``--gpus`` can work on this engine, and through what (what run and doctor both check)."""
     import shutil
 
     try:
         info = client.info()
-    except Exception as e:  # docker.errors.APIError or a transport error
+    except Exception as e:  # DockerAPIError or a transport error
         raise EngineError(f"cannot query the Docker Engine: {' '.join(str(e).split())}") from None
     runtimes = sorted((info.get("Runtimes") or {}).keys())
     default = str(info.get("DefaultRuntime", "?"))
@@ -82,58 +88,13 @@ def gpu_runtime(client: "docker.DockerClient") -> GpuRuntime:
     return GpuRuntime(bool(hook), hook or "", runtimes, default)
 
 
-def _socket_get(path: str, *, body: bool = False) -> tuple[int, bytes] | None:
-    """``GET path`` asked straight on the engine's unix socket: (status, body if asked); None if it cannot
-    be asked so.
-
-    For the questions on a no-op's path (is this image there? does this tag name it?): docker-py
-    and requests take ~0.1 s to import and http.client ~25 ms, the question
-    itself ~2 ms. Anything unusual (another DOCKER_HOST, no socket, an
-    unexpected answer) leaves the question to docker-py.
-    """
-    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if not host.startswith("unix://"):
-        return None
-    import socket
-
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(30)
-            sock.connect(host[len("unix://"):])
-            sock.sendall(f"GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
-            data = b""
-            while (body or b"\r\n" not in data) and len(data) < (1 << 24):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-    except OSError:
-        return None
-    head, _, rest = data.partition(b"\r\n\r\n")
-    parts = head.split(b"\r\n", 1)[0].split()
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
-        return None
-    return int(parts[1]), rest
-
-
-def _socket_status(path: str) -> int | None:
-    got = _socket_get(path)
-    return got[0] if got else None
-
-
 def engine_has_image(image_id: str) -> bool:
-    status = _socket_status(f"/images/{image_id}/json")
-    if status in (200, 404):
-        return status == 200
-    import docker.errors
+    from hermetic.dockerapi import DockerAPIError
 
     try:
-        engine_client().images.get(image_id)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-    except docker.errors.APIError as e:
-        raise EngineError(f"Docker Engine error: {e.explanation or e}") from None
+        return engine_client().has_image(image_id)
+    except DockerAPIError as e:
+        raise EngineError(f"Docker Engine error: {e.explanation}") from None
 
 
 class _PipeReader(io.RawIOBase):
@@ -162,7 +123,7 @@ def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: 
     wheels in common, read from their labels); the search stops at the first
     image that shares all of ``diff_ids``, and inspects at most 20.
     """
-    import docker.errors
+    from hermetic.dockerapi import DockerAPIError
 
     client = engine_client()
     ids = list(candidates) + ([prefer] if prefer else [])
@@ -170,8 +131,8 @@ def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: 
 
     def match(image_id: str) -> int:
         try:
-            have = client.api.inspect_image(image_id).get("RootFS", {}).get("Layers") or []
-        except docker.errors.APIError:
+            have = client.inspect_image(image_id).get("RootFS", {}).get("Layers") or []
+        except DockerAPIError:
             return 0
         n = 0
         for a, b in zip(have, diff_ids):
@@ -185,8 +146,8 @@ def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: 
         if best == len(diff_ids):
             return best
     try:
-        labelled = client.api.images(filters={"label": "org.hermetic.version"})
-    except docker.errors.APIError:
+        labelled = client.images(filters={"label": ["org.hermetic.version"]})
+    except DockerAPIError:
         return best
     labelled.sort(key=lambda img: -_likeness(img.get("Labels") or {}, like or {}))
     for img in labelled[:20]:
@@ -240,7 +201,7 @@ _CHUNK = 1 << 20
 
 
 def _chunks(reader: "_PipeReader"):
-    """The stream as ~1 MiB pieces (requests sends a generator as chunked transfer, one chunk each)."""
+    """The stream as ~1 MiB pieces (http.client sends a generator as chunked transfer, one chunk each)."""
     while True:
         data = reader.read(_CHUNK)
         if not data:
@@ -335,17 +296,14 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
 
     t = threading.Thread(target=writer, daemon=True)
     t.start()
-    import docker.errors
+    from hermetic.dockerapi import DockerAPIError
 
     reader = _PipeReader(rfd)
     refused: str | None = None
     try:
-        client = engine_client()
-        resp = client.api.load_image(_chunks(reader))
-        for _ in resp or []:
-            pass
-    except docker.errors.APIError as e:
-        refused = str(e.explanation or e)
+        engine_client().load_image(_chunks(reader))
+    except DockerAPIError as e:
+        refused = e.explanation
     finally:
         reader.close()
         t.join()
@@ -363,40 +321,28 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
 
 def ensure_tag(image_id: str, repo_tag: str) -> bool:
     """Point ``repo_tag`` at ``image_id`` when it names another image (or none); True when it changed."""
-    tagged = engine_tag_is(image_id, repo_tag)  # the usual answer, from one request on the socket
-    if tagged:
-        return False
-    import docker.errors
+    from hermetic.dockerapi import DockerAPIError
 
+    if engine_tag_is(image_id, repo_tag):
+        return False
     repo, _, tag = repo_tag.rpartition(":")
     try:
-        api = engine_client().api
-        if tagged is None:  # the socket could not be asked: docker-py asks
-            try:
-                if api.inspect_image(repo_tag)["Id"] == image_id:
-                    return False
-            except docker.errors.ImageNotFound:
-                pass
-        api.tag(image_id, repo, tag)
+        engine_client().tag_image(image_id, repo, tag)
         return True
-    except docker.errors.APIError as e:
-        raise EngineError(f"Docker Engine error: {e.explanation or e}") from None
+    except DockerAPIError as e:
+        raise EngineError(f"Docker Engine error: {e.explanation}") from None
 
 
-def engine_tag_is(image_id: str, repo_tag: str) -> bool | None:
-    """Whether ``repo_tag`` names ``image_id`` in the engine, asked on its socket (_socket_get); None when
-    it cannot be asked so (the caller then takes the full path)."""
-    from urllib.parse import quote
+def engine_tag_is(image_id: str, repo_tag: str) -> bool:
+    """Whether ``repo_tag`` names ``image_id`` in the engine."""
+    from hermetic.dockerapi import DockerAPIError, DockerNotFound
 
-    got = _socket_get(f"/images/{quote(repo_tag, safe='/:')}/json", body=True)
-    if got is None or got[0] not in (200, 404):
-        return None
-    if got[0] == 404:
-        return False
     try:
-        return json.loads(got[1]).get("Id") == image_id
-    except ValueError:
-        return None
+        return engine_client().inspect_image(repo_tag).get("Id") == image_id
+    except DockerNotFound:
+        return False
+    except DockerAPIError as e:
+        raise EngineError(f"Docker Engine error: {e.explanation}") from None
 
 
 # A host path a container uses (a run's working directory): no sweep of dead writers' temp files removes it
@@ -406,29 +352,17 @@ HOLDS_LABEL = "org.hermetic.holds"
 
 def containers_labelled(*labels: str) -> list[dict] | None:
     """Every container of the engine (any state) that has all ``labels`` ("KEY" or "KEY=VALUE"), as the
-    engine lists them (``Id``, ``Labels``, ``State``, ...); None when no engine can be asked.
+    engine lists them (``Id``, ``Labels``, ``State``, ...); None when no engine can be asked."""
+    import http.client
 
-    Asked on the socket first (_socket_get: ``hermetic runs`` asks this, and docker-py is ~0.1 s to import)."""
-    from urllib.parse import quote
-
-    filters = quote(json.dumps({"label": list(labels)}))
-    got = _socket_get(f"/containers/json?all=1&filters={filters}", body=True)
-    if got is not None and got[0] == 200:
-        try:
-            rows = json.loads(got[1])
-            if isinstance(rows, list):
-                return rows
-        except ValueError:
-            pass
-    import docker
-    import docker.errors
+    from hermetic.dockerapi import DockerAPIError
 
     try:
         # A short timeout when no client is open yet: `hermetic runs` must not wait minutes on an engine
         # that does not answer (a DOCKER_HOST that is gone); a command that runs containers has one already.
-        api = _client.api if _client is not None else docker.from_env(timeout=10).api
-        return api.containers(all=True, filters={"label": list(labels)})
-    except (docker.errors.DockerException, OSError):
+        client = _client if _client is not None else _connect(10)
+        return client.containers(all=True, filters={"label": list(labels)})
+    except (DockerAPIError, EngineError, OSError, http.client.HTTPException):
         return None
 
 
@@ -475,21 +409,20 @@ def held_paths() -> set[str] | None:
 
 def images_labelled(label: str) -> dict[str, str]:
     """Image ID -> the value of ``label``, for every image in the engine that has it."""
-    import docker.errors
+    from hermetic.dockerapi import DockerAPIError
 
     try:
-        api = engine_client().api
-        ids = api.images(filters={"label": label}, quiet=True)
-        return {i: ((api.inspect_image(i).get("Config") or {}).get("Labels") or {}).get(label, "") for i in ids}
-    except docker.errors.APIError:
+        rows = engine_client().images(filters={"label": [label]})
+    except DockerAPIError:
         return {}
+    return {row["Id"]: (row.get("Labels") or {}).get(label, "") for row in rows}
 
 
 def remove_image(image_id: str) -> None:
     """Remove an image by ID if nothing uses it (its layers stay while another image holds them)."""
-    import docker.errors
+    from hermetic.dockerapi import DockerAPIError
 
     try:
-        engine_client().api.remove_image(image_id, noprune=False)
-    except docker.errors.APIError:
+        engine_client().remove_image(image_id, noprune=False)
+    except DockerAPIError:
         pass

@@ -1,9 +1,10 @@
 """Figures of metric curves: panels of lines over steps, optional bands and marks, to PNG or SVG.
 
-The one place hermetic draws. It knows nothing of runs or records: callers
-(hermetic.record.figure for a run's README, hermetic.integrations.plots for
-``hermetic diff --plot`` and ``hermetic runs plot``) turn their data into
-``Panel``s. matplotlib is the optional extra ``hermetic[plots]``, imported
+The figure model and the matplotlib renderer. It knows nothing of runs or
+records: callers (hermetic.integrations.plots for ``hermetic diff --plot`` and
+``hermetic runs plot``) turn their data into ``Panel``s; the figure of every
+run's README is drawn from the same ``Panel``s by hermetic.rasterplot (Pillow,
+the same layout, a tenth of matplotlib's cost on each run). matplotlib is the optional extra ``hermetic[plots]``, imported
 here on first use only, through its object API (``Figure`` with the Agg
 canvas; never pyplot, so no GUI backend and no global figure state) and
 with matplotlib's default style, so a user's matplotlibrc cannot change
@@ -73,14 +74,6 @@ def require(feature: str) -> None:
     """Raise MissingExtra naming ``hermetic[plots]`` when matplotlib is not installed."""
     if not available():
         raise MissingExtra(feature, "plots", "matplotlib")
-
-
-def preload() -> None:
-    """Import what render() needs (hermetic.record.figure's worker does it while the run's container runs:
-    ~0.4 s of CPU, more than the drawing itself)."""
-    import matplotlib.style  # noqa: F401
-    from matplotlib.backends import backend_agg  # noqa: F401
-    from matplotlib import figure  # noqa: F401
 
 
 def figure_format(path: str | os.PathLike[str]) -> str:

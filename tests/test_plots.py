@@ -163,8 +163,8 @@ def test_a_finished_runs_readme_shows_its_metrics_figure(runs, tmp_path):
     write_record(plain_dir, plain)
     assert not (plain_dir / "metrics.png").exists()
 
-    # without matplotlib the record and README are written all the same, without the figure
-    script = ("import sys, json; sys.modules['matplotlib'] = None\n"
+    # without Pillow (hermetic[plots]) the record and README are written all the same, without the figure
+    script = ("import sys, json; sys.modules['PIL'] = None\n"
               "from pathlib import Path\nfrom hermetic.record import write_record, load_record\n"
               f"d = Path({str(runs / C)!r}); (d / 'metrics.png').unlink()\n"
               "write_record(d, load_record(d))\n")
@@ -203,7 +203,7 @@ def test_the_figure_is_drawn_from_the_collected_series_without_reading_it_back(t
 
 
 def test_the_figure_worker_draws_the_same_picture_and_a_dead_one_is_replaced(tmp_path):
-    """`hermetic run` forks the figure's worker at its start (record.figure.warm_up): it imports matplotlib
+    """`hermetic run` forks the figure's worker at its start (record.figure.warm_up): it imports Pillow
     while the run goes on and draws when sent the final record. Its picture is the inline one's; a worker
     that died meanwhile is replaced by one forked then, and the figure still exists when the record does."""
     import os

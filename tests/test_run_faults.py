@@ -226,17 +226,17 @@ def test_run_pids_and_run_memory_have_documented_defaults_and_clear_refusals(tmp
 
 
 def test_the_container_gets_the_limits_with_swap_bounded_by_memory_and_a_dropped_limit_is_named():
-    from hermetic.run.container import ContainerSpec, _dropped_limit, _host_config_kwargs
+    from hermetic.run.container import ContainerSpec, _dropped_limit, host_config
 
     spec = ContainerSpec(image_id="sha256:" + "0" * 64, command=["true"], mounts=[], env={}, user="1000:1000")
-    kw = _host_config_kwargs(spec)
-    assert kw["pids_limit"] == 4096 and "mem_limit" not in kw and "memswap_limit" not in kw
+    hc = host_config(spec)
+    assert hc["PidsLimit"] == 4096 and "Memory" not in hc and "MemorySwap" not in hc
     limited = ContainerSpec(image_id=spec.image_id, command=["true"], mounts=[], env={}, user="1000:1000",
                             pids_limit=64, memory="512m")
-    kw = _host_config_kwargs(limited)
-    assert (kw["pids_limit"], kw["mem_limit"], kw["memswap_limit"]) == (64, "512m", "512m")
+    hc = host_config(limited)
+    assert (hc["PidsLimit"], hc["Memory"], hc["MemorySwap"]) == (64, 512 << 20, 512 << 20)
     none = ContainerSpec(image_id=spec.image_id, command=["true"], mounts=[], env={}, user="1000:1000", pids_limit=None)
-    assert "pids_limit" not in _host_config_kwargs(none)
+    assert "PidsLimit" not in host_config(none)
     assert _dropped_limit({"PidsLimit": 64, "Memory": 512 << 20}, limited) is None
     assert _dropped_limit({"PidsLimit": None, "Memory": 512 << 20}, limited) == "pids limit (run.pids: 64)"
     assert _dropped_limit({"PidsLimit": 64, "Memory": 0}, limited) == "memory limit (run.memory: 512m)"

@@ -188,20 +188,23 @@ def import_from_engine(store: OciStore, image_id: str) -> str:
     """``docker save`` an engine image into the store as an OCI image; returns the manifest digest."""
     from hermetic.engine import engine_client
 
-    client = engine_client()
-    import docker.errors
+    from hermetic.dockerapi import DockerAPIError, DockerNotFound
 
+    client = engine_client()
     try:
-        image = client.images.get(image_id)
-    except docker.errors.ImageNotFound:
+        client.inspect_image(image_id)
+    except DockerNotFound:
         raise NotFound(f"base docker:{image_id}: the Docker Engine has no image with this ID") from None
-    except docker.errors.APIError as e:
-        raise EngineError(f"Docker Engine error: {e.explanation or e}") from None
+    except DockerAPIError as e:
+        raise EngineError(f"Docker Engine error: {e.explanation}") from None
     with owned_temp_dir(store.tmp, "docker-save.") as tmp:
         tarpath = Path(tmp) / "image.tar"
         with open(tarpath, "wb") as f:
-            for chunk in image.save(chunk_size=1 << 20):
-                f.write(chunk)
+            try:
+                for chunk in client.save_image(image_id):
+                    f.write(chunk)
+            except DockerAPIError as e:
+                raise EngineError(f"Docker Engine error: {e.explanation}") from None
         with tarfile.open(tarpath) as tf:
             tf.extractall(tmp, filter="data")  # type: ignore[call-arg]
         manifest = json.loads((Path(tmp) / "manifest.json").read_text())[0]

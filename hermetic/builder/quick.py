@@ -84,14 +84,20 @@ def remember_inputs(cfg: "LoadedConfig", lock: "Lock", paths: CachePaths, build_
     write_if_changed(path, canonical_json(note))  # canonical bytes: equal bytes are an equal note
 
 
-def quick_noop(config_path: str | None, paths: CachePaths, *, load: bool) -> "BuildResult | None":
-    """The no-op build's result when the inputs are the noted ones and every check passes, else None."""
+def quick_noop(config_path: str | None, paths: CachePaths, *, load: bool, config_bytes: bytes | None = None,
+               claim: bool = False) -> "BuildResult | None":
+    """The no-op build's result when the inputs are the noted ones and every check passes, else None.
+
+    ``config_bytes``: what the caller read hermetic.yaml as (a run, which goes on with that config), instead
+    of reading it again; ``claim``: keep the image from ``cache gc`` while this process lives (a run uses
+    it after this), claimed before it is checked."""
     t0 = time.monotonic()
     config_file = _config_file(config_path)
     if config_file is None:
         return None
     try:
-        note: dict[str, Any] = json.loads(_note_path(paths, config_file, config_file.read_bytes()).read_bytes())
+        data = config_file.read_bytes() if config_bytes is None else config_bytes
+        note: dict[str, Any] = json.loads(_note_path(paths, config_file, data).read_bytes())
         lock_bytes = Path(note["lock_file"]).read_bytes()
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -101,6 +107,13 @@ def quick_noop(config_path: str | None, paths: CachePaths, *, load: bool) -> "Bu
 
     store = OciStore(paths.oci)
     key, digest = note["build_key"], note["manifest_digest"]
+    if claim:
+        from hermetic.store.inuse import claim_image
+
+        try:
+            claim_image(store, digest)
+        except ValueError:  # not a digest: a note that is not ours
+            return None
     try:
         built = json.loads((paths.builds / f"{key}.json").read_bytes())["manifest_digest"]
     except (OSError, ValueError, KeyError, TypeError):

@@ -90,8 +90,13 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The console entry point: every way out is one of hermetic.errors' exit codes (README: Exit codes)."""
+    import os
+
     from hermetic import errors
 
+    # hermetic's schemas take no pydantic plugin (logfire and the like are for a program's own models), and
+    # looking for one reads every installed distribution's entry points: ~10 ms of each command.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     fast = argv is None
     try:
         rv: Any = cli.main(args=argv, prog_name="hermetic", standalone_mode=False)

@@ -53,6 +53,7 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
             click.echo(f"  layer {b.descriptor.digest[7:19]}  {human_bytes(b.descriptor.size):>9}  {state:<16} {b.spec.description}", err=True)
 
     from hermetic.builder.build import build as do_build
+    from hermetic.registry import pull_base
 
     cache = None
     if cache_repo:
@@ -60,15 +61,8 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
 
         cache = RegistryCache(cache_repo)
     result = do_build(cfg, paths, offline=offline, load=not no_load, log=log, on_layer=on_layer,
-                      cache=cache, pull_base=_pull_base)
+                      cache=cache, pull_base=pull_base)
     _report(result, as_json)
-
-
-def _pull_base(store, ref: str) -> str:
-    """A base the store lacks, pulled from its registry (the registry client is imported only then)."""
-    from hermetic.registry import ensure_image
-
-    return ensure_image(store, ref)
 
 
 def _report(result, as_json: bool) -> None:

@@ -131,6 +131,15 @@ class Engine(Protocol):
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                       watch: Watch | None = None) -> RunOutcome: ...
 
+    starts_early: bool
+    """Whether ``launch`` starts the container at once (its command held at a Gate until the run opens it);
+    False: the container is started by ``finish``, after the run's last checks."""
+
+    def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
+               name: str | None = None) -> "Launched":
+        """The container on its way (see Launched); ``run_streaming`` is ``launch`` then ``finish``."""
+        ...
+
     def run_capture(self, spec: ContainerSpec) -> tuple[int, bytes, bytes]: ...
 
     def containers_labelled(self, *labels: str) -> list[dict] | None:
@@ -140,6 +149,81 @@ class Engine(Protocol):
     def container(self, container_id: str) -> Any:
         """A handle (reload, attrs, stop, kill, remove, logs: docker-py's Container's) or None when gone."""
         ...
+
+
+class Launched(Protocol):
+    """A training container launched: ``finish`` streams its output until it ends (it starts it first when
+    the engine does not start early), waits and removes it; ``cancel`` removes it unfinished (its command
+    never ran: the run failed before opening its gate). One of them, once."""
+
+    def finish(self, watch: Watch | None = None) -> RunOutcome: ...
+
+    def cancel(self) -> None: ...
+
+
+@dataclass
+class DeferredLaunch:
+    """``launch`` of an engine that does not start early: nothing exists until ``finish``."""
+
+    engine: Any
+    spec: ContainerSpec
+    log_dir: Path
+    echo: bool = True
+    name: str | None = None
+
+    def finish(self, watch: Watch | None = None) -> RunOutcome:
+        return self.engine.run_streaming(self.spec, self.log_dir, echo=self.echo, name=self.name, watch=watch)
+
+    def cancel(self) -> None:
+        pass
+
+
+GATE_FIFO = "open"
+# Run by the image's own interpreter as the container's command, ahead of the script's: it waits for one
+# byte on the gate (EOF: hermetic gave up or died, and the container ends with 70, EX_SOFTWARE), then
+# becomes the script's command (exec: same process, arguments, environment). -I -S: nothing of the image's
+# site-packages or of the run's environment is read before the script's own interpreter starts.
+GATE_CODE = ("import os,sys\n"
+             "f=os.open(sys.argv[1],os.O_RDONLY)\n"
+             "if os.read(f,1)!=b'g':raise SystemExit(70)\n"
+             "os.close(f)\n"
+             "os.execvp(sys.argv[2],sys.argv[2:])")
+
+
+class Gate:
+    """The door a container that starts early (``Engine.starts_early``) keeps its command behind while the
+    run's last steps (its record, code snapshot, probe) are done beside the engine's start of it.
+
+    A FIFO in a directory of hermetic's, mounted read-only at GATE_MOUNT. hermetic holds it open from the
+    start (O_RDWR, close-on-exec), so the command's open never blocks; ``open`` writes the one byte the
+    command reads before it execs the script. If hermetic closes it (``close``) or dies first, the command
+    reads end of file and the container ends without running anything."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        fifo = directory / GATE_FIFO
+        os.mkfifo(fifo, 0o644)
+        os.chmod(fifo, 0o644)  # whatever the umask: the container's user opens it for reading
+        self._fd: int | None = os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def command(self, python: str, command: list[str]) -> list[str]:
+        from hermetic.containerpaths import GATE_MOUNT
+
+        return [python, "-I", "-S", "-c", GATE_CODE, f"{GATE_MOUNT}/{GATE_FIFO}", *command]
+
+    def mount(self) -> Mount:
+        from hermetic.containerpaths import GATE_MOUNT
+
+        return Mount(self.directory, GATE_MOUNT, True)
+
+    def open(self) -> None:
+        if self._fd is not None:
+            os.write(self._fd, b"g")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class Interrupted(Exception):

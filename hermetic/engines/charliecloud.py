@@ -54,7 +54,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from hermetic.engines.base import ContainerSpec, EngineInfo, RunOutcome, Watch, container_home_env, open_log_files
+from hermetic.engines.base import (
+    ContainerSpec, DeferredLaunch, EngineInfo, RunOutcome, Watch, container_home_env, open_log_files,
+)
 from hermetic.engines.process import signal_exit_code, stream_process
 from hermetic.errors import EngineError, Unavailable
 
@@ -203,6 +205,12 @@ class CharliecloudEngine:
         return True
 
     # -- containers --------------------------------------------------------------------------------------
+
+    starts_early = False  # its container is a child process, started by finish (engines.base.DeferredLaunch)
+
+    def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
+               name: str | None = None) -> DeferredLaunch:
+        return DeferredLaunch(self, spec, log_dir, echo=echo, name=name)
 
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                       watch: Watch | None = None) -> RunOutcome:

@@ -1,4 +1,4 @@
-"""The Docker Engine: the training container through docker-py (create, attach, wait, remove).
+"""The Docker Engine: the training container through its API (hermetic.dockerapi: create, attach, wait, remove).
 
 The container runs the image by ID with: the source snapshot read-only at
 /workspace, datasets read-only at their mount points, /outputs writable, a
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hermetic.engines.base import (
-    DRIVER_LABEL, ContainerSpec, EngineInfo, Interrupted, RunOutcome, Watch, container_home_env,
+    DRIVER_LABEL, LOG_FILES, ContainerSpec, EngineInfo, Interrupted, RunOutcome, Watch, container_home_env,
 )
 from hermetic.errors import EngineError
 from hermetic.record.liveness import driver_token
@@ -45,18 +45,19 @@ def oom_reason(memory: str | None) -> str:
             "the container by itself, before the host runs short")
 
 
-def device_requests(gpus: str | None) -> list[Any]:
-    """docker-like --gpus: all | N | device=0,1 | "device=GPU-uuid" (the grammar: hermetic.gpus)."""
+def device_requests(gpus: str | None) -> list[dict[str, Any]]:
+    """docker-like --gpus: all | N | device=0,1 | "device=GPU-uuid" (the grammar: hermetic.gpus), as the
+    Engine API's HostConfig.DeviceRequests."""
     from hermetic.gpus import parse_gpus
 
     request = parse_gpus(gpus)
     if request is None:
         return []
-    from docker.types import DeviceRequest
-
     if request.device_ids:
-        return [DeviceRequest(device_ids=list(request.device_ids), capabilities=[["gpu"]])]
-    return [DeviceRequest(count=-1 if request.all else request.count, capabilities=[["gpu"]])]
+        return [{"Driver": "", "Count": 0, "DeviceIDs": list(request.device_ids), "Capabilities": [["gpu"]],
+                 "Options": {}}]
+    return [{"Driver": "", "Count": -1 if request.all else request.count, "DeviceIDs": None,
+             "Capabilities": [["gpu"]], "Options": {}}]
 
 
 def check_gpu_runtime(client) -> None:
@@ -67,25 +68,27 @@ def check_gpu_runtime(client) -> None:
         raise EngineError(NO_GPU_RUNTIME)
 
 
-def _host_config_kwargs(spec: ContainerSpec) -> dict[str, Any]:
-    from docker.types import Mount as DMount
+def host_config(spec: ContainerSpec) -> dict[str, Any]:
+    """The container's HostConfig (Engine API): the lock-down every training container gets."""
+    from hermetic.config import size_bytes
 
     limits: dict[str, Any] = {}
     if spec.pids_limit is not None:
-        limits["pids_limit"] = spec.pids_limit
+        limits["PidsLimit"] = spec.pids_limit
     if spec.memory is not None:
-        limits.update(mem_limit=spec.memory, memswap_limit=spec.memory)
+        limits.update(Memory=size_bytes(spec.memory), MemorySwap=size_bytes(spec.memory))  # no swap around it
     return {
         **limits,
-        "mounts": [DMount(target=m.target, source=str(m.source), type="bind", read_only=m.read_only) for m in spec.mounts],
-        "read_only": True,
-        "tmpfs": {"/tmp": f"rw,nosuid,nodev,exec,size={spec.tmpfs_size},mode=1777"},
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
-        "network_mode": spec.network,
-        "shm_size": spec.shm_size,
-        "device_requests": device_requests(spec.gpus),
-        "init": True,  # PID 1 forwards signals and reaps DataLoader workers
+        "Mounts": [{"Type": "bind", "Source": str(m.source), "Target": m.target, "ReadOnly": m.read_only}
+                   for m in spec.mounts],
+        "ReadonlyRootfs": True,
+        "Tmpfs": {"/tmp": f"rw,nosuid,nodev,exec,size={spec.tmpfs_size},mode=1777"},
+        "CapDrop": ["ALL"],
+        "SecurityOpt": ["no-new-privileges"],
+        "NetworkMode": spec.network,
+        "ShmSize": size_bytes(spec.shm_size),
+        "DeviceRequests": device_requests(spec.gpus),
+        "Init": True,  # PID 1 forwards signals and reaps DataLoader workers
     }
 
 
@@ -93,19 +96,25 @@ def create(client, spec: ContainerSpec, name: str | None = None):
     """The container, labelled with this process as its driver; refused (and removed) when the engine
     dropped a limit it was given (a kernel without the pids or memory cgroup, a rootless engine on
     cgroup v1): the limits are the host's protection, never silently off."""
-    import docker.errors
+    from hermetic.dockerapi import DockerAPIError, DockerNotFound
 
     env = container_home_env(spec.env)
+    config = {
+        "Image": spec.image_id, "Cmd": list(spec.command), "Env": [f"{k}={v}" for k, v in env.items()],
+        "User": spec.user, "WorkingDir": spec.workdir or "", "Hostname": spec.hostname or "",
+        "Labels": {**spec.labels, DRIVER_LABEL: driver_token()},
+        "AttachStdin": False, "AttachStdout": True, "AttachStderr": True, "OpenStdin": False, "Tty": False,
+        "HostConfig": host_config(spec),
+    }
     try:
-        container = client.containers.create(
-            spec.image_id, command=spec.command, environment=env, user=spec.user, working_dir=spec.workdir,
-            labels={**spec.labels, DRIVER_LABEL: driver_token()}, name=name, hostname=spec.hostname, detach=True,
-            stdin_open=False, tty=False, **_host_config_kwargs(spec),
-        )
-    except docker.errors.ImageNotFound:
-        raise EngineError(f"the Docker Engine has no image {spec.image_id}; run `hermetic build`") from None
-    except docker.errors.APIError as e:
-        msg = str(e.explanation or e)
+        container = client.create_container(config, name=name)
+        container.reload()
+    except DockerNotFound as e:
+        if "image" in e.explanation.lower() or "No such image" in e.explanation:
+            raise EngineError(f"the Docker Engine has no image {spec.image_id}; run `hermetic build`") from None
+        raise EngineError(f"the Docker Engine refused the container: {e.explanation}") from None
+    except DockerAPIError as e:
+        msg = e.explanation
         if "capabilities: [[gpu]]" in msg or "nvidia" in msg.lower():
             raise EngineError(NO_GPU_RUNTIME) from None
         raise EngineError(f"the Docker Engine refused the container: {msg}") from None
@@ -127,75 +136,119 @@ def _dropped_limit(host_config: dict[str, Any], spec: ContainerSpec) -> str | No
 
 def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                   watch: Watch | None = None) -> RunOutcome:
-    """Create, start, stream logs to the terminal and to log_dir, wait, remove.
+    """Create, start, stream logs to the terminal and to log_dir, wait, remove (DockerLaunch, finished at once).
 
     ``watch`` runs in a thread while the container does; when it reports a
     reason, the container is stopped and the outcome says why.
     """
-    log_dir.mkdir(parents=True, exist_ok=True)
-    previous: dict[int, Any] = {}
-    main_thread = threading.current_thread() is threading.main_thread()
-
-    def handler(signum, _frame):
-        raise Interrupted(signum)
-
-    # Handlers go in before the container exists: a signal during create()
-    # must not leave behind a container this process never heard of.
-    if main_thread:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, handler)
-    container = None
-    outcome: RunOutcome
-    stopped: list[str] = []
-    done = threading.Event()
-    # Opened before the container exists: whatever it prints has a file to land in.
-    files = [open(log_dir / n, "wb") for n in ("stdout.log", "stderr.log", "combined.log")]
-    out_f, err_f, all_f = files
+    launched = DockerLaunch(client, spec, log_dir, echo=echo, name=name)
     try:
-        try:
-            container = create(client, spec, name=name)
-            stream = container.attach(stdout=True, stderr=True, stream=True, logs=True, demux=True)
-            container.start()
-            if watch is not None:
-                def on_exceeded(reason: str, c=container) -> None:
-                    stopped.append(reason)
-                    stop_container(c)
+        return launched.finish(watch)
+    except BaseException:
+        launched.cancel()
+        raise
 
-                threading.Thread(target=watch.run_until, args=(done, on_exceeded), daemon=True,
-                                 name="hermetic-watch").start()
-            streamed = [0, 0]  # bytes of stdout, stderr read from the attach stream
-            for out, err in stream:
-                if out:
-                    streamed[0] += len(out)
-                    _tee(out, out_f, all_f, sys.stdout.buffer if echo else None)
-                if err:
-                    streamed[1] += len(err)
-                    _tee(err, err_f, all_f, sys.stderr.buffer if echo else None)
-            result = container.wait()
+
+class DockerLaunch:
+    """A container created, attached and started by a thread of its own (the engine's create and start take
+    ~0.2 s, mostly runc's) while the caller goes on with the run's last steps; its command waits at the
+    run's Gate meanwhile (hermetic.engines.base). ``finish`` streams its output until it ends, waits and
+    removes it; ``cancel`` removes it unfinished."""
+
+    def __init__(self, client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
+                 name: str | None = None) -> None:
+        self.client, self.spec, self.echo = client, spec, echo
+        log_dir.mkdir(parents=True, exist_ok=True)
+        # Opened before the container exists: whatever it prints has a file to land in.
+        self.files = [open(log_dir / n, "wb") for n in LOG_FILES]
+        self.container = None
+        self._stream = None
+        self._error: BaseException | None = None
+        self._ended = False
+        self._thread = threading.Thread(target=self._start, args=(name,), name="hermetic-launch", daemon=True)
+        self._thread.start()
+
+    def _start(self, name: str | None) -> None:
+        try:
+            self.container = create(self.client, self.spec, name=name)
+            self._stream = self.container.attach(logs=True)  # before start: nothing it prints is missed
+            self.container.start()
+        except BaseException as e:  # raised by finish, in the caller's thread
+            self._error = e
+
+    def finish(self, watch: Watch | None = None) -> RunOutcome:
+        previous: dict[int, Any] = {}
+
+        def handler(signum, _frame):
+            raise Interrupted(signum)
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, handler)
+        stopped: list[str] = []
+        done = threading.Event()
+        out_f, err_f, all_f = self.files
+        outcome: RunOutcome
+        try:
+            try:
+                self._thread.join()
+                if self._error is not None:
+                    raise self._error
+                container, stream = self.container, self._stream
+                if watch is not None:
+                    def on_exceeded(reason: str, c=container) -> None:
+                        stopped.append(reason)
+                        stop_container(c)
+
+                    threading.Thread(target=watch.run_until, args=(done, on_exceeded), daemon=True,
+                                     name="hermetic-watch").start()
+                streamed = [0, 0]  # bytes of stdout, stderr read from the attach stream
+                for out, err in stream:
+                    if out:
+                        streamed[0] += len(out)
+                        _tee(out, out_f, all_f, sys.stdout.buffer if self.echo else None)
+                    if err:
+                        streamed[1] += len(err)
+                        _tee(err, err_f, all_f, sys.stderr.buffer if self.echo else None)
+                result = container.wait()
+                done.set()
+                _complete_logs(container, self.files, streamed, self.echo)
+                code = int(result.get("StatusCode", 1))
+                # A script that survived the kill of a process of its own (and exited 0) is not failed for it.
+                oom = oom_reason(self.spec.memory) if code != 0 and _oom_killed(container) else None
+                outcome = RunOutcome(code, False, None, stopped[0] if stopped else None, oom_reason=oom)
+            except (Interrupted, KeyboardInterrupt) as e:
+                signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+                self._thread.join()  # a container being made is made: then stopped
+                if self.container is not None:
+                    stop_container(self.container)
+                    rewrite_logs(self.container, self.files)  # what it printed but we had not read yet
+                outcome = RunOutcome(None, True, signal.Signals(signum).name)
+        finally:
             done.set()
-            _complete_logs(container, files, streamed, echo)
-            code = int(result.get("StatusCode", 1))
-            # A script that survived the kill of a process of its own (and exited 0) is not failed for it.
-            oom = oom_reason(spec.memory) if code != 0 and _oom_killed(container) else None
-            outcome = RunOutcome(code, False, None, stopped[0] if stopped else None, oom_reason=oom)
-        except (Interrupted, KeyboardInterrupt) as e:
-            signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
-            if container is not None:
-                stop_container(container)
-                rewrite_logs(container, files)  # what it printed but we had not read yet
-            outcome = RunOutcome(None, True, signal.Signals(signum).name)
-    finally:
-        done.set()
-        for f in files:
+            for sig, h in previous.items():
+                signal.signal(sig, h)
+            self._end()
+        return outcome
+
+    def cancel(self) -> None:
+        self._thread.join()
+        self._end()
+
+    def _end(self) -> None:
+        """Close the log files and remove the container (once)."""
+        if self._ended:
+            return
+        self._ended = True
+        for f in self.files:
             with contextlib.suppress(OSError):  # a full disk: what could not be flushed is lost, not the run
                 f.close()
-        for sig, h in previous.items():
-            signal.signal(sig, h)
-        if container is not None:
-            remove_container(container)
-        elif spec.labels:  # interrupted inside create(): the engine may have made it anyway
-            _remove_labelled(client, {**spec.labels, DRIVER_LABEL: driver_token()})
-    return outcome
+        if self._stream is not None:
+            self._stream.close()
+        if self.container is not None:
+            remove_container(self.container)
+        elif self._error is not None and self.spec.labels:  # create() failed on the way: made anyway?
+            _remove_labelled(self.client, {**self.spec.labels, DRIVER_LABEL: driver_token()})
 
 
 def _oom_killed(container) -> bool:
@@ -210,8 +263,13 @@ def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: 
     """The attach stream can end before the engine delivered all of a container's output when it exits
     quickly under load (moby#29285: attach and the log are two paths); its json-file log has it all. When
     the log holds more than was streamed, the files are rewritten from it and the rest is echoed."""
+    sizes = [0, 0]
     try:
-        sizes = [sum(len(c) for c in container.logs(stdout=out, stderr=not out, stream=True)) for out in (True, False)]
+        from hermetic.dockerapi import demux
+
+        for kind, data in demux(container.api.stream("GET", f"/containers/{container.id}/logs",
+                                                     params={"stdout": True, "stderr": True})):
+            sizes[kind == "stderr"] += len(data)
     except Exception:  # the engine lost it: keep what was streamed
         return
     if sizes[0] <= streamed[0] and sizes[1] <= streamed[1]:
@@ -286,12 +344,14 @@ def remove_container(container) -> None:
 
 
 def _remove_labelled(client, labels: dict[str, str]) -> None:
+    from hermetic.dockerapi import Container
+
     try:
-        found = client.containers.list(all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
+        found = client.containers(all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
     except Exception:
         return
-    for c in found:
-        remove_container(c)
+    for row in found:
+        remove_container(Container(client, row["Id"]))
 
 
 def run_capture(client, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
@@ -315,6 +375,7 @@ class DockerEngine:
     def __init__(self, client: Any = None) -> None:
         self._client = client
         self._version: str | None = None
+        self._info: dict[str, Any] | None = None
 
     @property
     def client(self) -> Any:
@@ -330,21 +391,28 @@ class DockerEngine:
     def info(self, spec: ContainerSpec | None = None) -> EngineInfo:
         if self._version is None:
             try:
-                self._version = str(self.client.version().get("Version", "?"))
+                self._version = self.client.engine_version()
             except EngineError:
                 raise
             except Exception:  # the daemon answered ping but not this: the run still says which engine
                 self._version = "?"
         rootless = False
         try:
-            rootless = any("rootless" in str(o) for o in (self.client.info().get("SecurityOptions") or []))
+            rootless = any("rootless" in str(o) for o in (self.engine_info().get("SecurityOptions") or []))
         except Exception:
             pass
         return EngineInfo("docker", self._version, rootless)
 
+    def engine_info(self) -> dict[str, Any]:
+        """``GET /info``, asked once per process (the engine's ID and security options do not change
+        under a running command)."""
+        if self._info is None:
+            self._info = self.client.info()
+        return self._info
+
     def engine_id(self) -> str:
         try:
-            return str(self.client.info().get("ID", ""))
+            return str(self.engine_info().get("ID", ""))
         except Exception:
             return ""
 
@@ -373,6 +441,12 @@ class DockerEngine:
                       watch: Watch | None = None) -> RunOutcome:
         return run_streaming(self.client, spec, log_dir, echo=echo, name=name, watch=watch)
 
+    starts_early = True
+
+    def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
+               name: str | None = None) -> DockerLaunch:
+        return DockerLaunch(self.client, spec, log_dir, echo=echo, name=name)
+
     def run_capture(self, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
         return run_capture(self.client, spec)
 
@@ -382,9 +456,11 @@ class DockerEngine:
         return containers_labelled(*labels)
 
     def container(self, container_id: str) -> Any:
-        import docker.errors
+        import http.client
+
+        from hermetic.dockerapi import DockerAPIError
 
         try:
-            return self.client.containers.get(container_id)
-        except (docker.errors.DockerException, OSError, EngineError):
+            return self.client.container(container_id)
+        except (DockerAPIError, OSError, http.client.HTTPException, EngineError):
             return None

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.engines.base import (
-    DRIVER_LABEL, ContainerSpec, EngineInfo, RunOutcome, Watch, container_home_env, open_log_files,
+    DRIVER_LABEL, ContainerSpec, DeferredLaunch, EngineInfo, RunOutcome, Watch, container_home_env, open_log_files,
 )
 from hermetic.engines.process import stream_process
 from hermetic.errors import EngineError, IntegrityError, Unavailable
@@ -265,6 +265,12 @@ class PodmanEngine:
         args += [spec.image_id, *spec.command]
         proc_env = {k: v for k, v in os.environ.items() if k in _PODMAN_ENV or k.startswith(("CONTAINERS_", "XDG_"))}
         return args, proc_env
+
+    starts_early = False  # its container is a child process, started by finish (engines.base.DeferredLaunch)
+
+    def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
+               name: str | None = None) -> DeferredLaunch:
+        return DeferredLaunch(self, spec, log_dir, echo=echo, name=name)
 
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                       watch: Watch | None = None) -> RunOutcome:

@@ -17,22 +17,37 @@ The public entry points are re-exported here.
 
 from __future__ import annotations
 
-from hermetic.registry.cache import RegistryCache, cache_fetch, cache_lookup, cache_publish, cache_tag
-from hermetic.registry.locations import repo_digests
-from hermetic.registry.pull import PullResult, ensure_image, pull_image, resolve_tag
-from hermetic.registry.push import PushResult, push_image
+from typing import Any
 
-__all__ = [
-    "PullResult",
-    "PushResult",
-    "RegistryCache",
-    "cache_fetch",
-    "cache_lookup",
-    "cache_publish",
-    "cache_tag",
-    "ensure_image",
-    "pull_image",
-    "push_image",
-    "repo_digests",
-    "resolve_tag",
-]
+# name -> the module that defines it; imported on first use (PEP 562): the client imports requests and
+# urllib3 (~0.1 s), which a `hermetic run` that only reads where its image was pushed never needs.
+_EXPORTS = {
+    "RegistryCache": "cache", "cache_fetch": "cache", "cache_lookup": "cache", "cache_publish": "cache",
+    "cache_tag": "cache", "repo_digests": "locations", "PullResult": "pull", "ensure_image": "pull",
+    "pull_image": "pull", "resolve_tag": "pull", "PushResult": "push", "push_image": "push",
+}
+
+__all__ = sorted([*_EXPORTS, "pull_base"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module == "cache":
+        from hermetic.registry import cache as m
+    elif module == "locations":
+        from hermetic.registry import locations as m
+    elif module == "pull":
+        from hermetic.registry import pull as m
+    elif module == "push":
+        from hermetic.registry import push as m
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(m, name)
+
+
+def pull_base(store: Any, ref: str) -> str:
+    """A build's ``pull_base``: a base the store lacks, pulled from its registry (the client is imported only
+    when a base is missing)."""
+    from hermetic.registry.pull import ensure_image
+
+    return ensure_image(store, ref)

@@ -25,11 +25,11 @@ from typing import Any
 from hermetic.engine import HOLDS_LABEL
 from hermetic.engines import get_engine
 from hermetic.engines.base import (  # noqa: F401 - the names the run's modules and tests use
-    CONTAINER_HOSTNAME, DEFAULT_PIDS_LIMIT, DRIVER_LABEL, RUN_DIR_LABEL, RUN_LABEL, ContainerSpec, Engine, Mount,
-    RunOutcome, Watch, container_hostname,
+    CONTAINER_HOSTNAME, DEFAULT_PIDS_LIMIT, DRIVER_LABEL, RUN_DIR_LABEL, RUN_LABEL, ContainerSpec, Engine, Gate,
+    Mount, RunOutcome, Watch, container_hostname,
 )
 from hermetic.engines.docker import (  # noqa: F401 - Docker's own, named here as before
-    NO_GPU_RUNTIME, _dropped_limit, _host_config_kwargs, check_gpu_runtime, create, device_requests, oom_reason,
+    NO_GPU_RUNTIME, _dropped_limit, check_gpu_runtime, create, device_requests, host_config, oom_reason,
     remove_container, rewrite_logs, run_capture, run_streaming, stop_container,
 )
 

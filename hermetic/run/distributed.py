@@ -28,7 +28,6 @@ from typing import Any, Mapping
 from hermetic.containerpaths import RUNTIME_MOUNT
 from hermetic.errors import UsageError
 from hermetic.gpus import gpu_count
-from hermetic.runtime.distributed import BACKEND_ENV, RANK_OUTPUTS_ENV, RANK_SEED_RULE, rank_seed
 
 # torchrun's per-rank logs and the other ranks' outputs: inside the runtime directory,
 # which the container already has writable at RUNTIME_MOUNT (no extra mount to collide with).
@@ -112,6 +111,9 @@ def container_env(plan: DistributedPlan) -> dict[str, str]:
     """What the container gets under the run's env (the user's --env wins): the backend, the other
     ranks' outputs dir and, on one node, gloo on the loopback (a container without a network has no
     other interface, and gloo would first try the host name, which does not resolve there)."""
+    # the image's runtime package (hermetic_runtime), imported where it is used: its package imports all of it
+    from hermetic.runtime.distributed import BACKEND_ENV, RANK_OUTPUTS_ENV
+
     env = {BACKEND_ENV: plan.backend, RANK_OUTPUTS_ENV: posixpath.join(RUNTIME_MOUNT, RANK_OUTPUTS_DIR)}
     if plan.nnodes == 1 and plan.backend == "gloo":
         env["GLOO_SOCKET_IFNAME"] = "lo"
@@ -142,6 +144,8 @@ def backend_version(backend: str, software: Mapping[str, Any]) -> str | None:
 def distributed_section(plan: DistributedPlan, *, seed: int, env: Mapping[str, str], software: Mapping[str, Any],
                         hardware: Mapping[str, Any]) -> dict[str, Any]:
     """The record's ``distributed`` section as planned: world, backend, each rank's seed and device."""
+    from hermetic.runtime.distributed import RANK_SEED_RULE, rank_seed
+
     ranks = []
     for node in range(plan.nnodes):
         for local in range(plan.nproc_per_node):

@@ -1,13 +1,17 @@
-"""The order of a run: image -> data -> run dir -> code -> probe -> container -> record.
+"""The order of a run: image -> data -> run dir -> container (at its gate) -> code -> probe -> record -> run.
 
-Every input is pinned or verified before the container exists: the image is
+Every input is pinned or verified before the script can start: the image is
 built (a no-op when up to date) or, for a replay, taken by digest; each
 dataset is checked against its manifest (a failure stops here, before any
-run directory or container); the code is snapshotted into the new,
-never-reused run directory; the probe runs in the same image with the same
-devices. The record is written early (status ``interrupted``) and again at
-the end, so even a hard kill leaves a record behind; Ctrl-C and SIGTERM end
-with status ``interrupted``.
+run directory or container); the run directory is new, never reused. Then
+the container is started where the engine can (Docker: its create and start
+take ~0.2 s, mostly runc's), its command held at a gate (engines.base.Gate)
+while the code is snapshotted into its working directory, the probe runs in
+the same image with the same devices and the record is written; the gate
+opens when all of that is done, and a failure on the way removes the
+container with its command never run. The record is written early (status
+``interrupted``) and again at the end, so even a hard kill leaves a record
+behind; Ctrl-C and SIGTERM end with status ``interrupted``.
 
 Nothing here prints: progress messages go to ``log`` (the CLI's), the
 container's output is streamed by hermetic.run.container when asked.
@@ -35,7 +39,7 @@ from hermetic.record import (
     adopt_run_dir, begin_record, create_run_dir, env_section, finish_record, new_run_id, seed_section, write_record,
 )
 from hermetic.run.container import (
-    ContainerSpec, Mount, RunOutcome, container_hostname, engine_for, limits_section, run_labels,
+    ContainerSpec, Gate, Mount, RunOutcome, container_hostname, engine_for, limits_section, run_labels,
 )
 from hermetic.record import liveness
 from hermetic.run.data import DataChanged, VerifiedDataset, changed_during_run, record_data_changes, verify_datasets
@@ -108,46 +112,70 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
               if req.resume_from is not None else None)
     for warning in resume.warnings() if resume is not None else []:  # it failed, it left nothing: say what it means
         log(f"warning: {warning}")
-    run_id, run_dir, rec, env = open_run(cfg, store, req, info, datasets, script, passed)  # 3. the run directory
+    run_id, run_dir = open_run(cfg, req)  # 3. the run directory
+    opened = Opened()
     with liveness.hold(run_dir):  # `hermetic stop`, `logs -f`, `runs wait` find the run's process by this
         try:
             if announce("run", run_id, run_dir, run_dir / "logs"):  # --detach: the terminal is gone from here on
                 req = dataclasses.replace(req, echo=False)
-            return _run_in_dir(engine, cfg, paths, req, info, datasets, resume, script, run_id, run_dir, rec, env,
-                               log)
+            return _run_in_dir(engine, cfg, paths, store, req, info, datasets, resume, script, passed, run_id,
+                               run_dir, opened, log)
         except BaseException as e:
-            raised = after_failure(cfg, req, run_dir, rec, e, log)
+            raised = after_failure(cfg, req, run_dir, opened.record, e, log)
             if raised is None:
                 raise
             raise raised from None
 
 
-def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, req: RunRequest, info: ImageInfo,
-                datasets: list[VerifiedDataset], resume: ResumeSource | None, script: str, run_id: str,
-                run_dir: Path, rec: dict[str, Any], env: RunEnvironment, log: Log) -> RunResult:
+@dataclass
+class Opened:
+    """The run's record once it exists: what a failure seals (after_failure)."""
+
+    record: dict[str, Any] | None = None
+
+
+def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: RunRequest, info: ImageInfo,
+                datasets: list[VerifiedDataset], resume: ResumeSource | None, script: str, passed: dict[str, str],
+                run_id: str, run_dir: Path, opened: Opened, log: Log) -> RunResult:
+    m = cfg.model
     user = container_user(cfg)
-    rec["invocation"]["user"] = user.spec  # who the script ran as: the run README's by-hand command says it
-    rec["invocation"]["limits"] = limits_section(cfg.model.run.pids, cfg.model.run.memory)
-    rec["invocation"]["engine"] = engine.info(limits_spec(cfg)).section()  # which engine, its version, its notes
-    rec["invocation"]["hostname"] = container_hostname(req.network)  # fixed: files named by host match
-    python = f"{cfg.model.build.prefix}/bin/python"
-    with _workspace(paths, run_id) as workspace:
-        rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log)  # 4. the code
-        probe = probe_image(engine, info, python, user, req.gpus, paths, env)  # 5. the probe: same image, devices, env
-        rec["software"], rec["hardware"] = probe.get("software", {}), probe.get("hardware", {})
-        if req.distributed is not None:  # world size, backend, each rank's seed and device
-            rec["distributed"] = plan_section(req.distributed, rec, env)
-        write_record(run_dir, rec)  # early: a hard kill still leaves a record
-        if req.gpus:
-            refuse_unfit_gpu(rec, run_dir, probe, info)
-        outcome = run_container(engine, cfg, rec, req, info, datasets, resume, env, run_dir, workspace,  # 6. the run
-                                script, python, user, log)
-        data_changes = changed_during_run(datasets)  # 6b. the data, by stat, against what was verified
-        # 7. what the script left (outputs, working directory, the runtime's report), as its user, no link followed
+    seed = run_seed(cfg, req)
+    env = run_environment(info, run_id, seed, passed)
+    python = f"{m.build.prefix}/bin/python"
+    command = script_command(req, script, script_args(req.args, seed), python, run_id)
+    with _workspace(paths, run_id) as workspace, _gate(engine, paths, run_id) as gate:
+        spec = container_spec(cfg, req, info, datasets, env, command, python, user, run_id, run_dir, workspace, gate)
+        # 4. the container, started now where the engine can (its command waiting at the gate), while the
+        # record, the code snapshot and the probe are made beside the engine's start of it (~0.2 s: runc)
+        launched = engine.launch(spec, run_dir / "logs", echo=req.echo)
+        try:
+            rec = opened.record = open_record(cfg, store, req, info, datasets, script, run_id, run_dir, env, seed)
+            rec["invocation"]["user"] = user.spec  # who the script ran as: the run README's by-hand command says it
+            rec["invocation"]["limits"] = limits_section(m.run.pids, m.run.memory)
+            rec["invocation"]["engine"] = engine.info(limits_spec(cfg)).section()  # which engine, its version, notes
+            rec["invocation"]["hostname"] = container_hostname(req.network)  # fixed: files named by host match
+            rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log)  # 5. the code
+            probe = probe_image(engine, info, python, user, req.gpus, paths, env)  # 6. same image, devices, env
+            rec["software"], rec["hardware"] = probe.get("software", {}), probe.get("hardware", {})
+            if req.distributed is not None:  # world size, backend, each rank's seed and device
+                rec["distributed"] = plan_section(req.distributed, rec, env)
+            write_record(run_dir, rec)  # early: a hard kill still leaves a record
+            if req.gpus:
+                refuse_unfit_gpu(rec, run_dir, probe, info)
+            hand_over(workspace, run_dir, resume, user)
+        except BaseException:
+            launched.cancel()  # its command never ran: the gate was never opened
+            raise
+        log(f"run {run_id}: {' '.join(command)}")
+        if gate is not None:
+            gate.open()  # 7. the run
+        outcome = launched.finish(SizeWatch(workspace, size_bytes(m.run.workdir_size), m.run.workdir_size))
+        data_changes = changed_during_run(datasets)  # 7b. the data, by stat, against what was verified
+        # 8. what the script left (outputs, working directory, the runtime's report), as its user, no link followed
         collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, user, req.distributed)
         if req.distributed is not None:  # per-rank logs kept, what each rank reported
             rec["distributed"] = finish_section(rec["distributed"], collected.runtime_report, collected.rank_logs or {})
-    return seal_run(req, run_id, run_dir, rec, outcome, collected, log, data_changes)  # 8. the record
+    return seal_run(req, run_id, run_dir, rec, outcome, collected, log, data_changes)  # 9. the record
 
 
 def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: RunRequest, log: Log,
@@ -172,10 +200,19 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
             engine.ensure_image(store, req.image_manifest)
             log(f"image {info.image_id[:19]}: loaded in {time.monotonic() - t:.1f} s")
         return info
-    from hermetic.builder.build import build
-    from hermetic.registry import ensure_image
+    from hermetic.builder.quick import quick_noop
 
-    res = build(cfg, paths, log=log, pull_base=ensure_image, engine=engine.name)
+    # Up to date by its inputs' bytes (builder.quick: the lock is not parsed again), in the engine too; else
+    # the full build, which is also what says why not.
+    res = quick_noop(str(cfg.path), paths, load=engine.name == "docker", config_bytes=cfg.source, claim=True)
+    if res is not None and engine.name != "docker" and not engine.has_image(res.info.manifest_digest,
+                                                                            res.info.image_id):
+        res = None
+    if res is None:
+        from hermetic.builder.build import build
+        from hermetic.registry import pull_base
+
+        res = build(cfg, paths, log=log, pull_base=pull_base, engine=engine.name)
     if not res.noop:
         log(f"built image {res.image_id}")
     for note in res.notes:  # what `hermetic build` warns about (a torchvision for the other torch): said here too
@@ -183,11 +220,9 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
     return res.info
 
 
-def open_run(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInfo,
-             datasets: list[VerifiedDataset], script: str,
-             passed: dict[str, str]) -> tuple[str, Path, dict[str, Any], RunEnvironment]:
-    """A new run directory with the record's input sections filled and the files that define the run
-    (a failure on the way leaves no run directory: after_failure)."""
+def open_run(cfg: LoadedConfig, req: RunRequest) -> tuple[str, Path]:
+    """A new run directory (or the one `hermetic submit` prepared), room set aside in it for the final record;
+    nothing left behind when that fails."""
     if req.run_dir is not None:  # prepared by `hermetic submit`
         run_id, run_dir = req.run_dir.name, adopt_run_dir(req.run_dir)
     else:
@@ -195,21 +230,26 @@ def open_run(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInf
         run_dir = create_run_dir(cfg.runs_path, run_id)
     try:
         reserve_space(run_dir)  # the final record is written even when the script filled the disk
-        return (run_id, run_dir, *_open_record(cfg, store, req, info, datasets, script, passed, run_id, run_dir))
     except BaseException as e:
         raised = after_failure(cfg, req, run_dir, None, e, _quiet)
         if raised is None:
             raise
         raise raised from None
+    return run_id, run_dir
 
 
-def _open_record(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInfo,
-                 datasets: list[VerifiedDataset], script: str, passed: dict[str, str], run_id: str,
-                 run_dir: Path) -> tuple[dict[str, Any], RunEnvironment]:
+def run_seed(cfg: LoadedConfig, req: RunRequest) -> int:
+    """The run's seed: ``--seed`` (or its member's, in a seed group), else hermetic.yaml's."""
+    return req.seed if req.seed is not None else cfg.model.determinism.seed
+
+
+def open_record(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInfo,
+                 datasets: list[VerifiedDataset], script: str, run_id: str, run_dir: Path, env: RunEnvironment,
+                 seed: int) -> dict[str, Any]:
+    """The record's input sections, and the files beside it that define the run."""
     from hermetic.registry import repo_digests
 
     m = cfg.model
-    seed = req.seed if req.seed is not None else m.determinism.seed
     argv = redact_argv(req.argv)
     rec = begin_record(run_id, argv=argv, script=script, args=script_args(req.args, seed), config=cfg.resolved(),
                        config_sha256=cfg.sha256, name=req.name, replay_of=req.replay_of, group=req.group,
@@ -219,13 +259,28 @@ def _open_record(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: Imag
         rec["invocation"]["args_template"] = list(req.args)
     rec["image"] = image_section(info, repo_digests(store, info.manifest_digest), m.base)
     rec["data"] = data_section(run_dir, datasets)
-    env = run_environment(info, run_id, seed, passed)
     rec["seed"] = seed_section(seed, req.seed_policy)
     rec["env"] = env_section(env.determinism, env.passed)
     if req.slurm is not None:
         rec["slurm"] = dict(req.slurm)
     write_run_files(run_dir, cfg, argv)
-    return rec, env
+    return rec
+
+
+@contextlib.contextmanager
+def _gate(engine, paths: CachePaths, run_id: str) -> Iterator[Gate | None]:
+    """The gate a container that starts early waits at (engines.base.Gate), in a directory tied to this
+    process; None for an engine that starts it only when the run is ready."""
+    if not engine.starts_early:
+        yield None
+        return
+    with owned_temp_dir(paths.tmpdir(), f"gate-{run_id}.") as where:
+        os.chmod(where, 0o755)  # the container's (non-root) user opens the FIFO in it
+        gate = Gate(where)
+        try:
+            yield gate
+        finally:
+            gate.close()
 
 
 @contextlib.contextmanager
@@ -286,37 +341,44 @@ def refuse_unfit_gpu(rec: dict[str, Any], run_dir: Path, probe: dict[str, Any], 
         raise refusal
 
 
-def run_container(engine, cfg: LoadedConfig, rec: dict[str, Any], req: RunRequest, info: ImageInfo,
-                  datasets: list[VerifiedDataset], resume: ResumeSource | None, env: RunEnvironment, run_dir: Path,
-                  workspace: Path, script: str, python: str, user: ContainerUser, log: Log) -> RunOutcome:
-    """The locked-down training container: a writable copy of the code as the working directory, the
-    datasets read-only (at their project paths in it and their mounts), outputs/ and the runtime's report."""
+def script_command(req: RunRequest, script: str, args: list[str], python: str, run_id: str) -> list[str]:
+    """What the container runs: the script with its arguments (torchrun around it for ``--nproc-per-node``)."""
+    if req.distributed is not None:
+        return launch_command(req.distributed, python, script, args, run_id)
+    return ([python, script] if script.endswith(".py") else [f"./{script}"]) + args
+
+
+def container_spec(cfg: LoadedConfig, req: RunRequest, info: ImageInfo, datasets: list[VerifiedDataset],
+                   env: RunEnvironment, command: list[str], python: str, user: ContainerUser, run_id: str,
+                   run_dir: Path, workspace: Path, gate: Gate | None) -> ContainerSpec:
+    """The locked-down training container: a writable copy of the code as the working directory (filled
+    before the gate opens), the datasets read-only (at their project paths in it and their mounts),
+    outputs/ and the runtime's report; behind ``gate`` when the engine starts it early."""
     m = cfg.model
-    run_id = rec["record"]["run_id"]
-    outputs = run_dir / "outputs"
     meta = run_dir / RUNTIME_DIR
     meta.mkdir()
-    for tree in (workspace, outputs, meta):
-        _chown_tree(tree, user.uid, user.gid)
-    if resume is not None:  # as the container's user, into trees that are now its own
-        seed_outputs(resume, outputs, workspace, uid=user.uid, gid=user.gid)
-    if req.distributed is not None:
-        command = launch_command(req.distributed, python, script, rec["invocation"]["args"], run_id)
-    else:
-        command = ([python, script] if script.endswith(".py") else [f"./{script}"]) + rec["invocation"]["args"]
-    mounts = [Mount(workspace, m.build.workdir, False), Mount(outputs, OUTPUTS_MOUNT, False),
+    mounts = [Mount(workspace, m.build.workdir, False), Mount(run_dir / "outputs", OUTPUTS_MOUNT, False),
               Mount(meta, RUNTIME_MOUNT, False)]
     # The directory that was verified (symlinks resolved then), not the path again: it could point elsewhere now.
     mounts += [Mount(Path(d.report.root), where, True) for d in datasets for where in d.plan.container_paths]
+    if gate is not None:
+        mounts.append(gate.mount())
     container_env = {**(dist_container_env(req.distributed) if req.distributed else {}), **env.container}
-    spec = ContainerSpec(image_id=info.image_id, command=command, mounts=mounts, env=container_env,
-                         user=user.spec, workdir=m.build.workdir, network=req.network, gpus=req.gpus,
-                         labels=run_labels(run_id, run_dir, workspace), shm_size=m.run.shm_size,
-                         tmpfs_size=m.run.tmp_size, pids_limit=m.run.pids, memory=m.run.memory,
-                         manifest_digest=info.manifest_digest)
-    watch = SizeWatch(workspace, size_bytes(m.run.workdir_size), m.run.workdir_size)
-    log(f"run {run_id}: {' '.join(command)}")
-    return engine.run_streaming(spec, run_dir / "logs", echo=req.echo, watch=watch)
+    return ContainerSpec(image_id=info.image_id, command=command if gate is None else gate.command(python, command),
+                         mounts=mounts, env=container_env, user=user.spec, workdir=m.build.workdir,
+                         network=req.network, gpus=req.gpus, labels=run_labels(run_id, run_dir, workspace),
+                         shm_size=m.run.shm_size, tmpfs_size=m.run.tmp_size, pids_limit=m.run.pids,
+                         memory=m.run.memory, manifest_digest=info.manifest_digest)
+
+
+def hand_over(workspace: Path, run_dir: Path, resume: ResumeSource | None, user: ContainerUser) -> None:
+    """The trees the script writes made its user's (the snapshot's working copy, outputs/, the runtime's
+    report directory), and a resumed run's earlier outputs put in place as that user."""
+    outputs = run_dir / "outputs"
+    for tree in (workspace, outputs, run_dir / RUNTIME_DIR):
+        _chown_tree(tree, user.uid, user.gid)
+    if resume is not None:  # as the container's user, into trees that are now its own
+        seed_outputs(resume, outputs, workspace, uid=user.uid, gid=user.gid)
 
 
 def limits_spec(cfg: LoadedConfig) -> ContainerSpec:

@@ -62,7 +62,8 @@ def _probe(run_dir: Path) -> dict[str, Any]:
 def begin(submission_path: Path, *, log: Log) -> Path:
     from hermetic.record import write_record
     from hermetic.run.data import verify_datasets
-    from hermetic.run.runner import RUNTIME_DIR, open_run, snapshot_code
+    from hermetic.run.recording import run_environment
+    from hermetic.run.runner import RUNTIME_DIR, open_record, open_run, run_seed, snapshot_code
     from hermetic.store.oci import OciStore
     from hermetic.paths import cache_paths
 
@@ -73,8 +74,10 @@ def begin(submission_path: Path, *, log: Log) -> Path:
     req = sub.run_request(member, slurm=slurm, distributed=None)
     datasets = verify_datasets(plan_datasets(cfg, req.data_paths, req.manifest_paths), progress=False, log=log)
     info = sub.image_info()
-    _, run_dir, rec, _env = open_run(cfg, OciStore(cache_paths().oci), req, info, datasets, req.script,
-                                     passed_env(req.env))
+    run_id, run_dir = open_run(cfg, req)
+    seed = run_seed(cfg, req)
+    env = run_environment(info, run_id, seed, passed_env(req.env))
+    rec = open_record(cfg, OciStore(cache_paths().oci), req, info, datasets, req.script, run_id, run_dir, env, seed)
     rec["image"]["repo_digests"] = list(sub.repo_digests)
     workspace = run_dir / WORKSPACE
     workspace.mkdir()

@@ -206,7 +206,7 @@ def image_source(store, paths: CachePaths, info, opts: "SlurmOptions") -> tuple[
 def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: list[int] | None,
            opts: SlurmOptions, *, log: Log, progress: bool = False) -> SubmitResult:
     from hermetic.builder.build import build
-    from hermetic.registry import ensure_image
+    from hermetic.registry import pull_base
     from hermetic.run.data import verify_datasets
     from hermetic.store.oci import OciStore
 
@@ -249,7 +249,7 @@ def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: li
     verified = verify_datasets(plans, progress=progress, log=log)
     store = OciStore(paths.oci)
     # built (a no-op when up to date) but not loaded: the login node needs no Docker Engine; the nodes load it
-    built = build(cfg, paths, log=log, pull_base=ensure_image, load=False)
+    built = build(cfg, paths, log=log, pull_base=pull_base, load=False)
     if not built.noop:
         log(f"built image {built.image_id}")
     info = built.info
