@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hermetic.canonical import canonical_json, sha256_hex
+from hermetic.configview import (  # noqa: F401 - names hermetic.config has always given
+    ConfigView, LoadedConfig, find_config, in_project, is_env_name, keep_config, read_config_bytes, size_bytes,
+    too_big,
+)
 from hermetic.errors import ConfigError
-from hermetic.paths import CONFIG_FILENAME, CONFIG_MAX_BYTES, name_pattern, norm_relpath
+from hermetic.paths import CONFIG_FILENAME, CONFIG_MAX_BYTES, name_pattern, norm_relpath  # noqa: F401
 from hermetic.reference import parse_base_reference
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(rf"^{name_pattern()}$")
 
 
@@ -30,10 +31,6 @@ def _check_name(v: str) -> str:
     if not _NAME.match(v):
         raise ValueError("must be lowercase letters, digits, '.', '_' or '-'")
     return v
-
-
-def is_env_name(name: str) -> bool:
-    return bool(_ENV_NAME.match(name))
 
 
 def _check_env_names(v: dict[str, str]) -> dict[str, str]:
@@ -71,13 +68,6 @@ def _check_size(v: str) -> str:
     if not _SIZE.fullmatch(v):
         raise ValueError("must be a size such as 512m or 8g (a whole number, then b, k, m or g)")
     return v
-
-
-def size_bytes(size: str) -> int:
-    """A validated size ("512m", "4g") in bytes, as Docker reads it (k, m, g are powers of 1024)."""
-    unit = size[-1] if size[-1] in "bkmg" else "b"
-    number = int(size[:-1] if size[-1] in "bkmg" else size)
-    return number * {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
 
 
 Name = Annotated[str, AfterValidator(_check_name)]
@@ -134,7 +124,7 @@ class DatasetConfig(_Strict):
     @property
     def in_project(self) -> bool:
         """Whether ``path`` lies inside the project (then the script finds it where it is there)."""
-        return not (self.path.startswith("/") or self.path == ".." or self.path.startswith("../"))
+        return in_project(self.path)
 
 
 class BuildConfig(_Strict):
@@ -273,72 +263,14 @@ class HermeticConfig(_Strict):
         return self
 
 
-@dataclass(frozen=True)
-class LoadedConfig:
-    """A validated config plus where it came from."""
-
-    model: HermeticConfig
-    path: Path  # the hermetic.yaml file, absolute
-    source: bytes | None = field(default=None, repr=False, compare=False)  # the bytes it was read from
-
-    @property
-    def root(self) -> Path:
-        return self.path.parent
-
-    def resolve(self, rel: str) -> Path:
-        """A path from the config, made absolute against the config's directory."""
-        return (self.root / rel).resolve() if not rel.startswith("/") else Path(rel)
-
-    @property
-    def lock_path(self) -> Path:
-        return self.resolve(self.model.lock)
-
-    @property
-    def runs_path(self) -> Path:
-        return self.resolve(self.model.runs_dir)
-
-    def resolved(self) -> dict[str, Any]:
-        return self.model.model_dump(mode="json")
-
-    def canonical_bytes(self) -> bytes:
-        return canonical_json(self.resolved())
-
-    @property
-    def sha256(self) -> str:
-        return sha256_hex(self.canonical_bytes())
-
-
-def find_config(path: str | Path | None) -> Path:
-    """``-C`` may name the file or its directory; without it, ./hermetic.yaml or the nearest one in a
-    parent directory (so that commands work from anywhere in the project, as git's do)."""
-    if not path:
-        from hermetic.paths import find_upward
-
-        found = find_upward(Path.cwd(), CONFIG_FILENAME)
-        if found is None:
-            raise ConfigError(f"{Path.cwd() / CONFIG_FILENAME}: no such config file, here or in a parent "
-                              "directory (make one: hermetic init; or pass -C PATH)")
-        return found
-    p = Path(path)
-    if p.is_dir():
-        p = p / CONFIG_FILENAME
-    if not p.is_file():
-        raise ConfigError(f"{p}: no such config file (make one: hermetic init; or pass -C PATH)")
-    return p.resolve()
-
-
 def load_config(path: str | Path | None = None) -> LoadedConfig:
-    """The config at ``path`` (see find_config), read only up to CONFIG_MAX_BYTES (hermetic.paths, 1 MiB):
-    hermetic.yaml is a page of settings (the examples' are under 1 kB), and parsing a 100 MB file would
-    take minutes, so a larger one is refused unread."""
+    """The config at ``path`` (see find_config), read only up to CONFIG_MAX_BYTES (1 MiB: larger is refused
+    unread), validated."""
     cfg_path = find_config(path)
-    try:
-        with open(cfg_path, "rb") as f:
-            raw = f.read(CONFIG_MAX_BYTES + 1)  # never more than the bound, whatever the file is
-    except OSError as e:
-        raise ConfigError(f"{cfg_path}: cannot read: {e}") from None
-    if len(raw) > CONFIG_MAX_BYTES:
-        raise _too_big(cfg_path)
+    return parse_bytes(read_config_bytes(cfg_path), cfg_path)
+
+
+def parse_bytes(raw: bytes, cfg_path: Path) -> LoadedConfig:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -346,19 +278,53 @@ def load_config(path: str | Path | None = None) -> LoadedConfig:
     return parse_config(text, cfg_path)
 
 
-def _too_big(cfg_path: Path, size: int | None = None) -> ConfigError:
-    if size is None:
-        try:
-            size = cfg_path.stat().st_size
-        except OSError:
-            size = CONFIG_MAX_BYTES + 1
-    return ConfigError(f"{cfg_path}: {size} bytes; a hermetic.yaml may hold at most {CONFIG_MAX_BYTES} bytes "
-                       "(1 MiB): not read")
+def model_shape(model: BaseModel, where: str = "", shape: dict[str, dict[str, Any]] | None = None
+                ) -> dict[str, dict[str, Any]]:
+    """Where a config's sections and datasets are (``run``, ``run.outputs``, ``datasets[0]``, ...), each
+    with the values of its model's own properties: what a ConfigView needs to answer as the models do."""
+    shape = {} if shape is None else shape
+    props: dict[str, Any] = {}
+    for cls in type(model).__mro__:
+        if cls.__module__ == __name__:
+            props.update({n: getattr(model, n) for n, v in vars(cls).items() if isinstance(v, property)})
+    shape[where] = props
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        at = f"{where}.{name}" if where else name
+        if isinstance(value, BaseModel):
+            model_shape(value, at, shape)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    model_shape(item, f"{at}[{i}]", shape)
+    return shape
+
+
+def keep_for_runs(cfg: LoadedConfig) -> None:
+    """Keep a config just loaded for the next `hermetic run` of the same bytes (hermetic.configview)."""
+    from hermetic.paths import cache_root
+
+    keep_config(cfg, model_shape(cfg.model), cache_root())
+
+
+def confirm_config(cfg: LoadedConfig) -> LoadedConfig:
+    """The config validated: ``cfg`` itself when its model is the schema's; a ConfigView's bytes validated now
+    (the errors any load gives), and refused unless they give the very config the view held."""
+    if not isinstance(cfg.model, ConfigView):
+        return cfg
+    real = parse_bytes(cfg.source or b"", cfg.path)
+    if real.resolved() != cfg.resolved() or model_shape(real.model) != object.__getattribute__(cfg.model, "_shape"):
+        from hermetic.paths import cache_root
+
+        raise ConfigError(f"{cfg.path}: validated again, it is not the config this hermetic kept for the same "
+                          f"bytes (in {cache_root() / 'configs'})",
+                          hint="remove that directory (it is only a cache) and run again")
+    return real
 
 
 def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
     if len(text) > CONFIG_MAX_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > CONFIG_MAX_BYTES:
-        raise _too_big(cfg_path, len(text.encode("utf-8", "surrogatepass")))
+        raise too_big(cfg_path, len(text.encode("utf-8", "surrogatepass")))
     node, data = _load_yaml(text, cfg_path)
     if not isinstance(data, dict):
         raise ConfigError(f"{cfg_path}: top level must be a mapping of keys (name, base, lock, ...)")

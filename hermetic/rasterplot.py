@@ -19,13 +19,15 @@ import io
 import math
 import textwrap
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from hermetic.errors import NotFound
-from hermetic.plotting import DPI, Panel, colour
+
+if TYPE_CHECKING:  # the model and its palette are hermetic.plotting's, imported where drawn (the run's own
+    from hermetic.plotting import Panel  # process only asks whether Pillow is there: `available`)
 
 SCALE = 2  # drawn at twice the size, then reduced: smooth lines without an antialiasing renderer
-PT = DPI / 72  # pixels per point
+PT = 100 / 72  # pixels per point at hermetic.plotting's DPI (100; tests/test_plots.py holds them together)
 GRID = (235, 235, 235)
 INK = (0, 0, 0)
 
@@ -115,10 +117,12 @@ def _span(values: Sequence[float]) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def render_png(panels: Sequence[Panel], *, title: str) -> bytes:
+def render_png(panels: Sequence["Panel"], *, title: str) -> bytes:
     """The figure as PNG bytes: one panel per entry, two columns when there are several (plotting.render's
     layout and size)."""
     from PIL import Image, ImageDraw
+
+    from hermetic.plotting import DPI
 
     panels = [p for p in panels if p.curves]
     if not panels:
@@ -150,8 +154,10 @@ def render_png(panels: Sequence[Panel], *, title: str) -> bytes:
     return buf.getvalue()
 
 
-def _draw_panel(draw, img, panel: Panel, box: tuple[float, float, float, float], font, small) -> None:  # noqa: ANN001
+def _draw_panel(draw, img, panel: "Panel", box: tuple[float, float, float, float], font, small) -> None:  # noqa: ANN001
     from PIL import Image, ImageDraw
+
+    from hermetic.plotting import colour
 
     x0, y0, x1, y1 = box
     steps = [float(s) for c in panel.curves for s in c.steps] + [float(m.step) for m in panel.marks]
@@ -219,8 +225,10 @@ def _draw_panel(draw, img, panel: Panel, box: tuple[float, float, float, float],
         _legend(draw, panel, (x0, y0, x1, y1), small)
 
 
-def _legend(draw, panel: Panel, box: tuple[float, float, float, float], font) -> None:  # noqa: ANN001
+def _legend(draw, panel: "Panel", box: tuple[float, float, float, float], font) -> None:  # noqa: ANN001
     """The curves' and marks' labels in a box at the panel's top right."""
+    from hermetic.plotting import colour
+
     x0, y0, x1, y1 = box
     entries = [(c.label, colour(c.colour), False) for c in panel.curves] + \
               [(m.label, colour(m.colour), True) for m in panel.marks]
@@ -242,7 +250,7 @@ def _legend(draw, panel: Panel, box: tuple[float, float, float, float], font) ->
         draw.text((bx + pad * 2 + swatch, ly - font.size * 0.6), label, fill=INK, font=font)
 
 
-def save_png(panels: Sequence[Panel], path: str | Path, *, title: str) -> Path:
+def save_png(panels: Sequence["Panel"], path: str | Path, *, title: str) -> Path:
     """Render and write atomically."""
     from hermetic.fsutil import atomic_write_bytes
 

@@ -4,6 +4,7 @@ README. Every figure is read back: its size, that it is not blank, which colours
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -136,6 +137,20 @@ def test_bad_output_unknown_metric_and_no_matplotlib(runs, tmp_path):
     assert_clean_error(proc, 69, "pip install 'hermetic[plots]'")
 
 
+def test_the_runs_own_figure_draws_at_the_plots_resolution_with_nice_ticks():
+    """hermetic.rasterplot (the README's figure, Pillow) keeps plotting's DPI, and its ticks are matplotlib's
+    kind: 1, 2, 2.5 or 5 times a power of ten, labelled with as few decimals as tell them apart."""
+    from hermetic import plotting, rasterplot
+
+    assert rasterplot.PT == plotting.DPI / 72
+    assert rasterplot.nice_ticks(2, 838, 9) == [100, 200, 300, 400, 500, 600, 700, 800]
+    assert rasterplot.tick_labels(rasterplot.nice_ticks(0.8197, 0.8323, 8)) == [
+        "0.820", "0.822", "0.824", "0.826", "0.828", "0.830", "0.832"]
+    assert rasterplot.tick_labels([0.0, 0.25, 0.5]) == ["0.00", "0.25", "0.50"]
+    assert rasterplot.tick_labels([-0.0, 1.0]) == ["0", "1"] and rasterplot.nice_ticks(3.0, 3.0) == [3.0]
+    assert rasterplot.tick_labels([0.0, 2e6, 4e6]) == ["0", "2e+06", "4e+06"]
+
+
 def test_a_finished_runs_readme_shows_its_metrics_figure(runs, tmp_path):
     from hermetic.record import begin_record, write_record
     from hermetic.record.rundir import create_run_dir
@@ -202,15 +217,16 @@ def test_the_figure_is_drawn_from_the_collected_series_without_reading_it_back(t
     assert (run_dir / "metrics.png").read_bytes() == from_file
 
 
-def test_the_figure_worker_draws_the_same_picture_and_a_dead_one_is_replaced(tmp_path):
-    """`hermetic run` forks the figure's worker at its start (record.figure.warm_up): it imports Pillow
-    while the run goes on and draws when sent the final record. Its picture is the inline one's; a worker
-    that died meanwhile is replaced by one forked then, and the figure still exists when the record does."""
+def test_the_record_worker_draws_the_same_picture_and_a_dead_one_is_replaced(tmp_path):
+    """`hermetic run` forks the record worker at its start (record.worker.warm_up): it imports Pillow (and the
+    record schema) while the run goes on, checks the run's records and draws when sent the final one. Its
+    picture is the inline one's; a worker that died meanwhile is replaced by one forked then, and the
+    figure still exists when the record does; a waiting worker draws the final record written."""
     import os
     import signal
     from datetime import timedelta
 
-    from hermetic.record import figure, finish_record, write_record
+    from hermetic.record import figure, finish_record, worker as workers, write_record
     from hermetic.record.rundir import create_run_dir
     from hermetic.record.synthetic import T0, synthetic_record
     from hermetic.run.collect import CollectPlan, collect_run
@@ -228,17 +244,68 @@ def test_the_figure_worker_draws_the_same_picture_and_a_dead_one_is_replaced(tmp
     inline = (run_dir / "metrics.png").read_bytes()
     for kill in (False, True):
         (run_dir / "metrics.png").unlink()
-        figure.warm_up()
-        worker = figure._worker
+        workers.warm_up()
+        worker = workers.current()
         assert worker is not None and worker.parent == os.getpid()
         if kill:
             os.kill(worker.pid, signal.SIGKILL)
             os.waitpid(worker.pid, 0)
         drawing = figure.start_metrics_figure(run_dir, done, series=collected.series)
         assert drawing is not None and (drawing.pid != worker.pid) == kill
-        assert figure._worker is None  # taken: the next run gets a worker of its own
+        assert workers.current() is None  # taken: the next run gets a worker of its own
         write_record(run_dir, done, series=collected.series, figure=drawing)
         assert (run_dir / "metrics.png").read_bytes() == inline, kill
+    (run_dir / "metrics.png").unlink()
+    workers.warm_up()
+    pid = workers.current().pid
+    write_record(run_dir, done, series=collected.series)  # checked, then drawn, by the waiting worker
+    assert workers.current() is None and (run_dir / "metrics.png").read_bytes() == inline
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # it ended, and was reaped
+
+
+def test_the_record_worker_gives_the_schemas_verdicts_and_its_absence_changes_nothing(tmp_path):
+    """What the worker says of a record is what hermetic.record.schema says in this process: valid, or the same
+    RecordError message; killed, the caller validates itself."""
+    import os
+    import signal
+
+    from hermetic.record import worker as workers
+    from hermetic.record.schema import RecordError, validate_record
+    from hermetic.record.synthetic import synthetic_record
+
+    good = synthetic_record("20261129-235500-0b0b0b")
+    bad = json.loads(json.dumps(good))
+    bad["seed"]["value"] = "forty-two"
+    with pytest.raises(RecordError) as here:
+        validate_record(bad, source="x/run.json", sealed=False)
+    workers.warm_up()
+    try:
+        w = workers.current()
+        assert w.validate(good, source="x/run.json", sealed=False) is None
+        assert w.validate(bad, source="x/run.json", sealed=False) == here.value.message
+        with pytest.raises(RecordError, match=re.escape(here.value.message)):
+            workers.validate_record(bad, source="x/run.json", sealed=False)
+        os.kill(w.pid, signal.SIGKILL)
+        os.waitpid(w.pid, 0)
+        with pytest.raises(RecordError, match=re.escape(here.value.message)):
+            workers.validate_record(bad, source="x/run.json", sealed=False)  # validated here instead
+        assert workers.current() is None  # the dead one let go
+        workers.validate_record(good, source="x/run.json", sealed=False)
+    finally:
+        gone = workers.take()
+        if gone is not None:
+            gone.close()
+            os.waitpid(gone.pid, 0)
+
+
+def test_a_runs_process_imports_no_pydantic_nor_pillow_before_its_container():
+    """What the record worker and the kept config are for (docs/benchmarks.md, "Run overhead")."""
+    code = ("import sys, hermetic.cli, hermetic.cli.run_cmd, hermetic.run.runner, hermetic.engines.docker, "
+            "hermetic.configview, hermetic.record.worker, hermetic.record.figure; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'PIL', 'yaml', 'docker', 'requests'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 @pytest.mark.docker

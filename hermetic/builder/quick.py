@@ -32,7 +32,7 @@ from hermetic import __version__
 from hermetic.builder.inputs import COMPILER_FORMAT, LAYER_FORMAT, engine_tag, runtime_sha256
 from hermetic.canonical import canonical_json, canonical_sha256
 from hermetic.fsutil import write_if_changed
-from hermetic.paths import CONFIG_FILENAME, CachePaths, find_upward
+from hermetic.paths import CachePaths
 
 if TYPE_CHECKING:
     from hermetic.builder.result import BuildResult
@@ -42,13 +42,14 @@ if TYPE_CHECKING:
 
 
 def _config_file(config_path: str | None) -> Path | None:
-    """hermetic.config.find_config's answer (without its import), or None where it would refuse."""
-    if not config_path:
-        return find_upward(Path.cwd(), CONFIG_FILENAME)
-    p = Path(config_path)
-    if p.is_dir():
-        p = p / CONFIG_FILENAME
-    return p.resolve() if p.is_file() else None
+    """hermetic.configview.find_config's answer, or None where it would refuse (the full path says why)."""
+    from hermetic.configview import find_config
+    from hermetic.errors import ConfigError
+
+    try:
+        return find_config(config_path)
+    except ConfigError:
+        return None
 
 
 def _note_path(paths: CachePaths, config_file: Path, config_bytes: bytes) -> Path:

@@ -96,7 +96,7 @@ def inspect_image(image: str | None, config_path: str | None, as_json: bool) -> 
     """
     from hermetic.builder.image_record import recorded_manifest_digest
     from hermetic.builder.inspect import describe, find_image
-    from hermetic.config import find_config
+    from hermetic.configview import find_config
     from hermetic.paths import cache_paths
     from hermetic.store.oci import OciStore
 

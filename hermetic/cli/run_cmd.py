@@ -57,14 +57,14 @@ def run(mlflow_uri, detach, as_json, script, args, **shared) -> int:
     if detach:
         return _start_detached(script, as_json)
     keep_running_without_a_terminal()
-    from hermetic.record.figure import warm_up
+    from hermetic.record.worker import warm_up
 
-    warm_up()  # the figure's worker imports matplotlib now, beside this process's own start
+    warm_up()  # the record worker imports the record schema and Pillow now, beside this process's own start
     from hermetic.paths import cache_paths
     from hermetic.run.runner import execute
 
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "run", script, *args]
-    made = request_template(shared, script=script, args=args, argv=argv, echo=not as_json)
+    made = request_template(shared, script=script, args=args, argv=argv, echo=not as_json, kept_config=True)
     cfg, template, seeds_list = made.cfg, made.request, made.seeds
     mlflow = mlflow_target(mlflow_uri)  # checked before the run: a URI, and hermetic[mlflow] installed
     paths = cache_paths()

@@ -70,7 +70,7 @@ def check_gpu_runtime(client) -> None:
 
 def host_config(spec: ContainerSpec) -> dict[str, Any]:
     """The container's HostConfig (Engine API): the lock-down every training container gets."""
-    from hermetic.config import size_bytes
+    from hermetic.configview import size_bytes
 
     limits: dict[str, Any] = {}
     if spec.pids_limit is not None:
@@ -195,6 +195,17 @@ class DockerLaunch:
                 if self._error is not None:
                     raise self._error
                 container, stream = self.container, self._stream
+                # asked now, answered as the container ends (as the docker CLI does): no round trip after it
+                waited: dict[str, Any] = {}
+
+                def wait() -> None:
+                    try:
+                        waited["result"] = container.wait()
+                    except BaseException as e:  # raised below, in this thread
+                        waited["error"] = e
+
+                waiter = threading.Thread(target=wait, name="hermetic-wait", daemon=True)
+                waiter.start()
                 if watch is not None:
                     def on_exceeded(reason: str, c=container) -> None:
                         stopped.append(reason)
@@ -210,7 +221,10 @@ class DockerLaunch:
                     if err:
                         streamed[1] += len(err)
                         _tee(err, err_f, all_f, sys.stderr.buffer if self.echo else None)
-                result = container.wait()
+                waiter.join()
+                if "error" in waited:
+                    raise waited["error"]
+                result = waited["result"]
                 done.set()
                 _complete_logs(container, self.files, streamed, self.echo)
                 code = int(result.get("StatusCode", 1))

@@ -118,14 +118,15 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any], *,
     being drawn (hermetic.record.figure.start_metrics_figure, from this
     record), joined here instead of drawing it again.
     """
-    from hermetic.record.figure import warm_up, write_metrics_figure
+    from hermetic.record.errors import RecordError
+    from hermetic.record.figure import start_metrics_figure, write_metrics_figure
     from hermetic.record.readme import render_readme
-    from hermetic.record.schema import RecordError, validate_record
+    from hermetic.record.worker import validate_record
 
     run_dir = Path(run_dir)
     source = str(run_dir / RUN_JSON)
     clean = redact_secrets(record)
-    validate_record(clean, source=source, sealed=False)
+    validate_record(clean, source=source, sealed=False)  # by the record worker when one waits (`hermetic run`)
     run_id = clean["record"]["run_id"]
     if run_dir.name != run_id:
         raise RecordError(f"{source}: record.run_id: {run_id!r} does not match the directory name {run_dir.name!r}")
@@ -133,11 +134,15 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any], *,
         sealed = seal(clean)
     except ValueError as e:  # NaN/Infinity somewhere: JSON cannot hold them
         raise RecordError(f"{source}: {e} (store non-finite numbers as 'NaN'/'Infinity' strings)") from None
-    atomic_write_text(run_dir / RUN_JSON, pretty_json(sealed))
-    if sealed["record"]["finished_at"] is None:
-        warm_up()  # the early record: the run is about to start; its figure will be drawn at the end
-    # final records with metrics only, when matplotlib is there
-    drawn = figure.join() if figure is not None else write_metrics_figure(run_dir, sealed, series=series)
+    # final records with metrics only, when Pillow is there: drawn by the waiting record worker (a run's) while
+    # this process writes the record, joined before the README; else here
+    figure = figure if figure is not None else start_metrics_figure(run_dir, sealed, series=series, fork=False)
+    try:
+        atomic_write_text(run_dir / RUN_JSON, pretty_json(sealed))
+        drawn = figure.join() if figure is not None else write_metrics_figure(run_dir, sealed, series=series)
+    finally:
+        if figure is not None:
+            figure.join()  # never a child left behind, whatever the write raised
     atomic_write_text(run_dir / README_NAME, render_readme(sealed, figure=drawn))
     update_index(run_dir.parent, run_entry(sealed, run_dir.name))
     return sealed

@@ -13,10 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hermetic.builder.image_record import ImageInfo
-from hermetic.config import LoadedConfig
+from hermetic.configview import LoadedConfig
 from hermetic.determinism import is_knob
 from hermetic.fsutil import atomic_write_text
 from hermetic.run.container import RunOutcome
@@ -79,6 +77,8 @@ def write_run_files(run_dir: Path, cfg: LoadedConfig, argv: list[str]) -> None:
         shutil.copyfile(cfg.lock_path, run_dir / Path(cfg.model.lock).name)
     except FileNotFoundError:
         pass
+    import yaml  # here: written beside the container's start, not before it
+
     atomic_write_text(run_dir / "config.resolved.yaml", yaml.safe_dump(redact_tree(cfg.resolved()), sort_keys=True))
     atomic_write_text(run_dir / "argv.txt", "\n".join(argv) + "\n")
 

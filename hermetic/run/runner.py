@@ -27,10 +27,10 @@ import posixpath
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from hermetic.builder.image_record import ImageInfo
-from hermetic.config import LoadedConfig, size_bytes
+from hermetic.configview import LoadedConfig, size_bytes
 from hermetic.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT, inside
 from hermetic.errors import EXIT_SOFTWARE, CannotCreate, NotFound, Unavailable
 from hermetic.fsutil import owned_temp_dir
@@ -51,12 +51,14 @@ from hermetic.run.plan import (
     ContainerUser, RunRequest, check_source_links, container_user, has_placeholder, passed_env, plan_datasets,
     redact_argv, resolve_script, script_args, snapshot_excludes,
 )
-from hermetic.run.collect import Collected
 from hermetic.run.workdir import SizeWatch, WorkdirResult
 from hermetic.run.recording import (
     RunEnvironment, data_section, image_section, outcome_status, run_environment, write_run_files,
 )
 from hermetic.store.oci import OciStore
+
+if TYPE_CHECKING:
+    from hermetic.run.collect import Collected  # imported by collect_outputs, after the container
 
 Log = Callable[[str], None]
 NODES_DIR = "nodes"  # in a multi-node run's dir: the other nodes' run directories (hermetic.slurm.task)
@@ -85,8 +87,10 @@ def _quiet(_msg: str) -> None:
 
 def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log | None = None,
             progress: bool = False) -> RunResult:
+    from hermetic.record.worker import warm_up
     from hermetic.run.orphans import reap_orphans
 
+    warm_up()  # the record worker, forked before this run's threads (each run of a seed group gets one)
     log = log or _quiet
     engine = engine_for(req.engine or cfg.model.run.engine)  # hermetic.yaml's run.engine, or --engine
     engine.connect()
@@ -210,9 +214,11 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
         res = None
     if res is None:
         from hermetic.builder.build import build
+        from hermetic.config import confirm_config
         from hermetic.registry import pull_base
 
-        res = build(cfg, paths, log=log, pull_base=pull_base, engine=engine.name)
+        # a build reads the config validated again (a run's may be the one its last run kept: configview)
+        res = build(confirm_config(cfg), paths, log=log, pull_base=pull_base, engine=engine.name)
     if not res.noop:
         log(f"built image {res.image_id}")
     for note in res.notes:  # what `hermetic build` warns about (a torchvision for the other torch): said here too
@@ -389,7 +395,7 @@ def limits_spec(cfg: LoadedConfig) -> ContainerSpec:
 
 
 def collect_outputs(cfg: LoadedConfig, rec: dict[str, Any], datasets: Sequence[Any], workspace: Path | None,
-                    run_dir: Path, user: ContainerUser, distributed: Any = None) -> Collected:
+                    run_dir: Path, user: ContainerUser, distributed: Any = None) -> "Collected":
     """What the script left (hermetic.run.collect: as ``user``, no link followed), then the run directory
     given back to hermetic's own user. ``datasets``: anything with a ``plan`` (a DatasetPlan).
 
@@ -456,7 +462,7 @@ def failure_reason(outcome: RunOutcome, kept: WorkdirResult) -> str | None:
 
 
 def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], outcome: RunOutcome,
-             collected: Collected, log: Log, data_changes: dict | None = None) -> RunResult:
+             collected: "Collected", log: Log, data_changes: dict | None = None) -> RunResult:
     """What the runtime applied, the outcome, output hashes and metrics: the final, sealed record.
     ``data_changes``: the datasets that changed after they were verified (hermetic.run.data)."""
     meta = run_dir / RUNTIME_DIR
@@ -476,18 +482,11 @@ def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], o
     rec = finish_record(rec, run_dir, status=status, exit_code=None if outcome.interrupted else outcome.exit_code,
                         reason=reason, workdir=kept.section(), outputs=collected.outputs, metrics=collected.metrics,
                         notes=collected.notes, hermetic_exit_code=None if code == outcome.exit_code else code)
-    from hermetic.record.figure import start_metrics_figure
-
-    # metrics.png drawn by a child while this process validates, seals and writes the record
-    figure = start_metrics_figure(run_dir, rec, series=collected.series)
     for note in collected.notes:
         log(f"note: {note}")
     release_space(run_dir)
-    try:
-        sealed = write_record(run_dir, rec, series=collected.series, figure=figure)
-    finally:
-        if figure is not None:
-            figure.join()  # never a child left behind, whatever write_record raised
+    # validated by the record worker, which then draws metrics.png while this process seals and writes it
+    sealed = write_record(run_dir, rec, series=collected.series)
     log(f"run {run_id} {status} (exit {code}); record: {run_dir / 'run.json'}")
     return RunResult(run_id, run_dir, status, code, sealed, reason)
 

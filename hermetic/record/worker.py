@@ -1,0 +1,216 @@
+"""The record's worker: a child process `hermetic run` forks as it starts, which checks its records and draws
+the last one's figure, so that the run's own process imports neither pydantic nor Pillow.
+
+Forked before the run's heavy work (`warm_up`), it imports the record schema (pydantic: ~0.1 s of CPU) and
+Pillow with its fonts on the core the run's own start leaves idle, then answers over a pipe: ``validate``
+a record (the schema's verdict, or its RecordError's message; ~1 ms once imported), any number of times,
+then ``draw`` the final record's figure, its last job (hermetic.record.figure). On two cores this takes
+the schema's import off the critical path twice: before the run's container is started, and beside its
+start, where the early record is checked (hermetic.run.runner). A worker that died or was never there
+changes nothing but the speed: the caller validates or draws in its own process.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+_QUIT_CODE = 4  # the worker's exit code when it was never sent a figure to draw
+
+
+class WorkerGone(Exception):
+    """The worker is not there to answer (killed, its start failed): the caller does the work itself."""
+
+
+class RecordWorker:
+    """The parent's handle on the worker: a request pipe, an answer pipe, its pid."""
+
+    def __init__(self, pid: int, send_fd: int, answer_fd: int) -> None:
+        self.pid = pid
+        self._send_fd: int | None = send_fd
+        self._answer_fd: int | None = answer_fd
+        self.parent = os.getpid()  # a process forked from this one inherits the object, not the worker
+
+    @classmethod
+    def fork(cls) -> "RecordWorker | None":
+        fds: list[int] = []
+        try:
+            req_r, req_w = os.pipe()
+            fds += [req_r, req_w]
+            ans_r, ans_w = os.pipe()
+            fds += [ans_r, ans_w]
+            pid = os.fork()
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            return None
+        if pid == 0:  # the worker: never returns into the run's code, nor runs its exit handlers
+            code = 1
+            try:
+                os.close(req_w)
+                os.close(ans_r)
+                code = _serve(req_r, ans_w)
+            finally:
+                os._exit(code)
+        os.close(req_r)
+        os.close(ans_w)
+        return cls(pid, req_w, ans_r)
+
+    def _send(self, request: tuple[Any, ...]) -> None:
+        if self._send_fd is None:
+            raise WorkerGone("no request pipe")
+        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            _write_all(self._send_fd, len(data).to_bytes(8, "big") + data)
+        except OSError:
+            self.close()
+            raise WorkerGone("it died") from None
+
+    def validate(self, record: dict[str, Any], *, source: str, sealed: bool) -> str | None:
+        """The schema's verdict on ``record``: None (valid) or RecordError's message; WorkerGone when it
+        cannot answer."""
+        self._send(("validate", record, source, sealed))
+        answer = _read_message(self._answer_fd) if self._answer_fd is not None else None
+        if answer is None:
+            self.close()
+            raise WorkerGone("it died")
+        kind, message = answer
+        if kind == "crashed":  # the schema failed to import there: the caller's own validation says why
+            self.close()
+            raise WorkerGone(message)
+        return message if kind == "invalid" else None
+
+    def draw(self, run_dir: str | Path, record: dict[str, Any], series: list[dict[str, Any]] | None) -> int:
+        """Send the final record (and its series) to be drawn, the worker's last job; its pid, to wait for
+        (hermetic.record.figure.FigureDrawing)."""
+        self._send(("draw", str(run_dir), record, series))
+        self.close()
+        return self.pid
+
+    def close(self) -> None:
+        """Close this side's pipes: a worker with nothing (more) to do ends at their end of file."""
+        for attr in ("_send_fd", "_answer_fd"):
+            fd = getattr(self, attr)
+            if fd is not None:
+                setattr(self, attr, None)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_exactly(fd: int, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        piece = os.read(fd, n - got)
+        if not piece:
+            return None
+        chunks.append(piece)
+        got += len(piece)
+    return b"".join(chunks)
+
+
+def _read_message(fd: int) -> Any:
+    head = _read_exactly(fd, 8)
+    if head is None:
+        return None
+    body = _read_exactly(fd, int.from_bytes(head, "big"))
+    return None if body is None else pickle.loads(body)
+
+
+def _serve(req_fd: int, ans_fd: int) -> int:
+    """In the worker: import, then answer until told to draw (its exit code: 0 drawn) or the pipe ends."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # not the run's handlers (they stop its container)
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.nice(5)  # the run's own process and its container come first
+    except OSError:
+        pass
+    schema_error = None
+    try:
+        from hermetic.record import schema
+    except Exception as e:  # noqa: BLE001 - said to the caller, which validates itself
+        schema, schema_error = None, f"{type(e).__name__}: {e}"
+    try:
+        from hermetic import rasterplot
+
+        rasterplot.preload()
+    except Exception:  # noqa: BLE001 - best effort: the drawing says whether it can draw
+        pass
+    while True:
+        request = _read_message(req_fd)
+        if request is None:
+            return _QUIT_CODE
+        if request[0] == "validate":
+            _, record, source, sealed = request
+            if schema is None:
+                answer: tuple[str, str | None] = ("crashed", schema_error)
+            else:
+                try:
+                    schema.validate_record(record, source=source, sealed=sealed)
+                    answer = ("valid", None)
+                except schema.RecordError as e:
+                    answer = ("invalid", e.message)
+            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+            _write_all(ans_fd, len(data).to_bytes(8, "big") + data)
+        elif request[0] == "draw":
+            from hermetic.record.drawing import write_metrics_figure
+
+            _, run_dir, record, series = request
+            return 0 if write_metrics_figure(run_dir, record, series=series) else 3
+
+
+_worker: RecordWorker | None = None
+
+
+def warm_up() -> None:
+    """Have a worker ready for the run's records (called when `hermetic run` starts and when each run of it
+    starts, before its threads): forked now unless one is waiting already."""
+    global _worker
+    if _worker is not None and _worker.parent != os.getpid():
+        _worker = None  # a process forked from the worker's parent: not its worker
+    if _worker is None:
+        _worker = RecordWorker.fork()
+
+
+def current() -> RecordWorker | None:
+    """The waiting worker of this process, if any."""
+    return _worker if _worker is not None and _worker.parent == os.getpid() else None
+
+
+def take() -> RecordWorker | None:
+    """The waiting worker, taken for its last job (the next run gets one of its own)."""
+    global _worker
+    worker = current()
+    _worker = None
+    return worker
+
+
+def validate_record(record: dict[str, Any], *, source: str, sealed: bool) -> None:
+    """hermetic.record.schema.validate_record, answered by the waiting worker when there is one."""
+    worker = current()
+    if worker is not None:
+        try:
+            message = worker.validate(record, source=source, sealed=sealed)
+        except WorkerGone:
+            take()  # gone: the next run forks another
+        else:
+            if message is not None:
+                from hermetic.record.errors import RecordError
+
+                raise RecordError(message)
+            return
+    from hermetic.record.schema import validate_record as validate
+
+    validate(record, source=source, sealed=sealed)
