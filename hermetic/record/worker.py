@@ -133,10 +133,6 @@ def _serve(req_fd: int, ans_fd: int) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # not the run's handlers (they stop its container)
         signal.signal(sig, signal.SIG_DFL)
-    try:
-        os.nice(5)  # the run's own process and its container come first
-    except OSError:
-        pass
     schema_error = None
     try:
         from hermetic.record import schema
@@ -147,6 +143,10 @@ def _serve(req_fd: int, ans_fd: int) -> int:
 
         rasterplot.preload()
     except Exception:  # noqa: BLE001 - best effort: the drawing says whether it can draw
+        pass
+    try:  # imported (on the core the run's own start leaves idle): from now on the run and its container first
+        os.nice(5)
+    except OSError:
         pass
     while True:
         request = _read_message(req_fd)
