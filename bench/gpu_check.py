@@ -48,6 +48,8 @@ PROBE = REPO / "hermetic" / "probe" / "probe.py"
 SOURCES = ("pynvml", "nvml", "nvidia-smi", "cuda")
 REPEATS = 5
 DEVICE = "cuda"  # --rehearse-on-cpu: "cpu", to try every section here before the GPU machine's few minutes
+OPS_SIZE = 1 << 22  # elements added by index_add_/scatter_add_ (a rehearsal: fewer; it proves the code, not the GPU)
+TRAIN_ARGS: list[str] = []  # a rehearsal: one epoch of the example, which shows the same things
 # The image's strict-mode environment (hermetic.determinism.knob_env("strict", 1, 0, {})), as a
 # `hermetic run` container would have it; the runtime reads these as the process sees them.
 STRICT_ENV = {
@@ -139,8 +141,8 @@ def nondeterministic_ops() -> dict:
     def once(op: str, strict: bool) -> str:
         torch.use_deterministic_algorithms(strict)
         g = torch.Generator(device=DEVICE).manual_seed(0)
-        src = torch.randn(1 << 22, device=DEVICE, generator=g)
-        index = torch.randint(0, 1 << 10, (1 << 22,), device=DEVICE, generator=g)
+        src = torch.randn(OPS_SIZE, device=DEVICE, generator=g)
+        index = torch.randint(0, 1 << 10, (OPS_SIZE,), device=DEVICE, generator=g)
         if op == "index_add_":
             out = torch.zeros(1 << 10, device=DEVICE).index_add_(0, index, src)
         else:
@@ -171,7 +173,8 @@ def train_loops(tmp: Path) -> dict:
             env = {**{k: v for k, v in os.environ.items() if k not in STRICT_ENV}, **knobs,
                    "PYTHONPATH": str(_runtime_dir()), "HERMETIC_OUTPUTS": str(outputs), "HERMETIC_SEED": "1234"}
             t = time.monotonic()
-            p = subprocess.run([sys.executable, str(EXAMPLE / "train.py"), "--data", str(data), "--device", DEVICE],
+            p = subprocess.run([sys.executable, str(EXAMPLE / "train.py"), "--data", str(data), "--device", DEVICE,
+                                *TRAIN_ARGS],
                                env=env, capture_output=True, text=True, timeout=240)
             seconds = time.monotonic() - t
             files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
@@ -198,9 +201,10 @@ def main() -> int:
                     help="run every section on the CPU (in the torch example's image, say): proves the script "
                          "works before it spends GPU time; its figures say nothing about a GPU")
     args = ap.parse_args()
-    global DEVICE
+    global DEVICE, OPS_SIZE
     if args.rehearse_on_cpu:
-        DEVICE = "cpu"
+        DEVICE, OPS_SIZE = "cpu", 1 << 18
+        TRAIN_ARGS[:] = ["--epochs", "1"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget)
