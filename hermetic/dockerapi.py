@@ -221,7 +221,12 @@ class DockerAPI:
         """The whole answer's body; DockerAPIError (DockerNotFound for 404) when the engine says no."""
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
-        conn, resp = self._send(method, self._url(path, params, versioned), data, headers, timeout)
+        return self._exchange(method, self._url(path, params, versioned), data, headers, timeout)[1]
+
+    def _exchange(self, method: str, url: str, data: bytes | None = None, headers: dict[str, str] | None = None,
+                  timeout: float | None = None) -> tuple[http.client.HTTPResponse, bytes]:
+        """One request and its whole answer (the connection kept for the next); an error status raised."""
+        conn, resp = self._send(method, url, data, headers, timeout)
         try:
             payload = resp.read()
         except BaseException:
@@ -230,7 +235,7 @@ class DockerAPI:
         self._done(conn, resp)
         if resp.status >= 400:
             raise _error(resp.status, payload)
-        return payload
+        return resp, payload
 
     def json(self, method: str, path: str, **kw: Any) -> Any:
         payload = self.request(method, path, **kw)
@@ -273,15 +278,7 @@ class DockerAPI:
     def ping(self) -> dict[str, str]:
         """``GET /_ping``'s headers, lower-cased (asked once): the engine answers, and says its API version."""
         if self._ping is None:
-            conn, resp = self._send("GET", "/_ping")
-            try:
-                payload = resp.read()
-            except BaseException:
-                conn.close()
-                raise
-            self._done(conn, resp)
-            if resp.status >= 400:
-                raise _error(resp.status, payload)
+            resp, _ = self._exchange("GET", "/_ping")
             self._ping = {k.lower(): v for k, v in resp.getheaders()}
         return self._ping
 

@@ -233,6 +233,19 @@ class Interrupted(Exception):
         self.signum = signum
 
 
+def watch_beside(watch: Watch | None, done: threading.Event, stop: Callable[[], None], stopped: list[str]) -> None:
+    """Run ``watch`` in a thread while the container runs (until ``done``): a reason it reports is appended to
+    ``stopped`` and ``stop`` ends the container (the outcome then names the reason)."""
+    if watch is None:
+        return
+
+    def on_exceeded(reason: str) -> None:
+        stopped.append(reason)
+        stop()
+
+    threading.Thread(target=watch.run_until, args=(done, on_exceeded), daemon=True, name="hermetic-watch").start()
+
+
 @contextlib.contextmanager
 def interrupt_handlers() -> Iterator[None]:
     """SIGINT and SIGTERM raise Interrupted while inside (main thread only), installed before the container

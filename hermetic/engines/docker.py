@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 
 from hermetic.engines.base import (
     DRIVER_LABEL, LOG_FILES, ContainerSpec, EngineInfo, Interrupted, RunOutcome, Watch, container_home_env,
+    watch_beside,
 )
 from hermetic.errors import EngineError
 from hermetic.record.liveness import driver_token
@@ -206,13 +207,7 @@ class DockerLaunch:
 
                 waiter = threading.Thread(target=wait, name="hermetic-wait", daemon=True)
                 waiter.start()
-                if watch is not None:
-                    def on_exceeded(reason: str, c=container) -> None:
-                        stopped.append(reason)
-                        stop_container(c)
-
-                    threading.Thread(target=watch.run_until, args=(done, on_exceeded), daemon=True,
-                                     name="hermetic-watch").start()
+                watch_beside(watch, done, lambda c=container: stop_container(c), stopped)
                 streamed = [0, 0]  # bytes of stdout, stderr read from the attach stream
                 for out, err in stream:
                     if out:

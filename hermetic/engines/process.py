@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, Callable, Sequence
 
-from hermetic.engines.base import Interrupted, Watch, interrupt_handlers
+from hermetic.engines.base import Interrupted, Watch, interrupt_handlers, watch_beside
 
 _READ = 1 << 16
 
@@ -93,13 +93,7 @@ def stream_process(argv: Sequence[str], files: list[BinaryIO], *, stop: Callable
                 t = threading.Thread(target=tee.pump, args=(stream,), daemon=True, name="hermetic-tee")
                 t.start()
                 readers.append(t)
-            if watch is not None:
-                def on_exceeded(reason: str, p=proc) -> None:
-                    stopped.append(reason)
-                    stop(p)
-
-                threading.Thread(target=watch.run_until, args=(done, on_exceeded), daemon=True,
-                                 name="hermetic-watch").start()
+            watch_beside(watch, done, lambda p=proc: stop(p), stopped)
             code = proc.wait()
             done.set()
             for t in readers:
