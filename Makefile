@@ -42,7 +42,8 @@ PYTEST  := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/p
 
 # The whole suite (CI's .ci/run), in two phases on one session cache (base, wheels, example images made
 # once): every test but the `serial` ones on TEST_WORKERS workers (pytest-xdist), each test module whole
-# on one worker (--dist loadfile: its fixtures made once) -- most of an integration test is waiting on the
+# on one worker (--dist loadfile: its fixtures made once), handed out in conftest's order (--no-loadscope-reorder:
+# the quick ones first, then the longest modules first) -- most of an integration test is waiting on the
 # engine, the registry or Slurm, and a third worker on two cores fills those waits; then the `serial`
 # ones, which need the engine to themselves, in one process. A test that failed in the first phase is run
 # again alone before the second: passing then, it is reported as a race (loudly) and does not fail the
@@ -59,8 +60,8 @@ else
 	@own=""; session="$${HERMETIC_TEST_SESSION_CACHE:-}"; \
 	if [ -z "$$session" ]; then own=1; session=$$(mktemp -d "$${TMPDIR:-/tmp}/hermetic-test-session.XXXXXX"); fi; \
 	export HERMETIC_TEST_SESSION_CACHE="$$session"; \
-	echo "$(PYTEST) -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile -m 'not serial' $(PYTEST_ARGS)"; \
-	$(PYTEST) -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS); first=$$?; \
+	echo "$(PYTEST) -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not serial' $(PYTEST_ARGS)"; \
+	$(PYTEST) -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" $(PYTEST_ARGS); first=$$?; \
 	if [ $$first -eq 1 ]; then \
 	  echo "make test: tests failed beside other workers; each again, alone (a failure there is a failure):"; \
 	  $(PYTEST) -ra --lf --last-failed-no-failures none -m "not serial" $(PYTEST_ARGS); again=$$?; \

@@ -75,10 +75,35 @@ def pytest_collection_modifyitems(config, items):
     # base image, example images and services are made (pytest_collection_finish). Then the integration
     # modules that need no base (nor an example built on it), which need not wait for it either; a module
     # stays in one piece, so that its module-scoped fixtures are made once.
+    # Within each, the longest modules first (make test passes --no-loadscope-reorder, so pytest-xdist hands
+    # the workers whole modules in this order): the longest last would leave the other workers idle at the end.
     integration = {id(item) for item in items if item.get_closest_marker("integration") is not None}
     on_base = {item.module.__name__ for item in items
                if id(item) in integration and "base_ref" in getattr(item, "fixturenames", ())}
-    items.sort(key=lambda item: (id(item) in integration, item.module.__name__ in on_base))
+    items.sort(key=lambda item: (id(item) in integration, item.module.__name__ in on_base,
+                                 LONGEST_FIRST.get(item.module.__name__, len(LONGEST_FIRST))))
+
+
+# The modules that take longest on their worker, longest first (seconds on 3 Dec 2026, HERMETIC_TEST_TIMELINE:
+# docs/testing.md). Only an order: a module missing here, or a figure out of date, costs balance, never a test.
+LONGEST_FIRST = {name: rank for rank, name in enumerate([
+    "test_frameworks",  # 264 s: the framework image, Lightning (a group and a replay), the Trainer
+    "test_ci_templates",  # 122: the first GitLab pipeline bootstraps a base
+    "test_ddp",  # 102
+    "test_build",  # 101: a second bootstrap, checkouts, caches, time zones
+    "test_examples",  # 97
+    "test_rootless",  # 92
+    "test_runtime",  # 85
+    "test_verify",  # 79
+    "test_store_faults",  # 75
+    "test_mlflow_export",  # 74
+    "test_byo_script",  # 73
+    "test_kill_build",  # 67
+    "test_run",  # 45
+    "test_slurm_submit",  # 40
+    "test_bounds",  # 39
+    "test_slurm_engines",  # 36
+])}
 
 
 @pytest.fixture
