@@ -131,7 +131,8 @@ def test_a_killed_builds_prefix_images_are_removed_by_the_next_feed_and_a_live_o
         loaded[who] = load_layers(store, config, [(d.digest, d.size) for d in base.layers + [layer]], None, 0)
     try:
         removed = sweep_stale_partials()
-        assert loaded["dead"] in removed and loaded["alive"] not in removed and loaded["elsewhere"] not in removed
+        # a build on another worker sweeps too, and may have been first to the dead one
+        assert loaded["alive"] not in removed and loaded["elsewhere"] not in removed
         with pytest.raises(docker.errors.ImageNotFound):
             docker_client.images.get(loaded["dead"])
         docker_client.images.get(loaded["alive"])
