@@ -405,10 +405,14 @@ class Container:
              follow: bool = False) -> bytes | Iterator[bytes]:
         """The container's output from the engine's log (stdout and/or stderr, in order): all of it, or
         as it comes (``stream``)."""
-        chunks = self.api.stream("GET", f"/containers/{self.id}/logs",
-                                 params={"stdout": stdout, "stderr": stderr, "follow": follow})
-        payloads = (data for _, data in demux(chunks))
+        payloads = (data for _, data in self.frames(stdout=stdout, stderr=stderr, follow=follow))
         return payloads if stream else b"".join(payloads)
+
+    def frames(self, *, stdout: bool = True, stderr: bool = True,
+               follow: bool = False) -> Iterator[tuple[str, bytes]]:
+        """The engine's log of the container as (``stdout`` | ``stderr``, bytes) frames, in order."""
+        return demux(self.api.stream("GET", f"/containers/{self.id}/logs",
+                                     params={"stdout": stdout, "stderr": stderr, "follow": follow}))
 
     def attach(self, *, logs: bool = True) -> "AttachStream":
         """The container's stdout and stderr from now on (and, with ``logs``, what it printed before):

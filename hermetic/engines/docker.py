@@ -274,10 +274,7 @@ def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: 
     the log holds more than was streamed, the files are rewritten from it and the rest is echoed."""
     sizes = [0, 0]
     try:
-        from hermetic.dockerapi import demux
-
-        for kind, data in demux(container.api.stream("GET", f"/containers/{container.id}/logs",
-                                                     params={"stdout": True, "stderr": True})):
+        for kind, data in container.frames():
             sizes[kind == "stderr"] += len(data)
     except Exception:  # the engine lost it: keep what was streamed
         return
