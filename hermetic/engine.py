@@ -296,6 +296,8 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
 
     t = threading.Thread(target=writer, daemon=True)
     t.start()
+    import http.client
+
     from hermetic.dockerapi import DockerAPIError
 
     reader = _PipeReader(rfd)
@@ -304,6 +306,8 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
         engine_client().load_image(_chunks(reader))
     except DockerAPIError as e:
         refused = e.explanation
+    except (OSError, http.client.HTTPException) as e:  # the engine closed the stream before reading it all
+        refused = f"the connection broke while the image was sent ({type(e).__name__}: {e})"
     finally:
         reader.close()
         t.join()

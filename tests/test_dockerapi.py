@@ -79,8 +79,18 @@ class FakeEngine:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding") == "chunked":  # read all of it, as an engine does
+                    data = b""
+                    while size := int(self.rfile.readline().strip(), 16):
+                        data += self.rfile.read(size)
+                        self.rfile.readline()
+                    self.rfile.readline()
+                    return data
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
             def _any(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self._body()
                 fake.requests.append((self.command, self.path, body))
                 if self.path == "/_ping":
                     hdrs = {"Server": "Docker/99.1.2 (linux)"}

@@ -10,6 +10,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -412,6 +413,8 @@ def test_a_trainer_like_rerun_is_identical_except_wall_clock_fields(project):
 
     (project / "trainer_like.py").write_text(TRAINER_LIKE)
     _, a = hermetic_run(project, "trainer_like.py")
+    # a second apart at least, as two training runs are: the Trainer names its logging_dir by the second
+    time.sleep(1.0 - time.time() % 1.0 + 0.01)
     _, b = hermetic_run(project, "trainer_like.py")
     da, db = run_dir_of(project, a), run_dir_of(project, b)
     # the container's host name is fixed and recorded: what names files by host names them alike
