@@ -13,9 +13,11 @@ from conftest import run_cli
 from wheelfactory import requirements_lock, sha256_of
 
 
-def make_project(root: Path, base: str, pins: dict[str, Path], *, extra: str = "") -> Path:
+def make_project(root: Path, base: str, pins: dict[str, Path], *, extra: str = "", name: str = "demo") -> Path:
+    """``name``: the image's, which names its tag in the engine too (hermetic/NAME:latest), one per engine: a
+    module that asserts what that tag names gives its projects a name of its own."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "hermetic.yaml").write_text(f"name: demo\nbase: {base}\n{extra}")
+    (root / "hermetic.yaml").write_text(f"name: {name}\nbase: {base}\n{extra}")
     rows = []
     for name, f in sorted(pins.items()):
         dist, version = f.name.split("-")[:2]

@@ -21,7 +21,12 @@ def proj(tmp_path, cache_dir, session_cache, base_ref, isolated_pip, monkeypatch
     files = {"alpha": make_wheel(src, "alpha", "1.0"), "beta": make_wheel(src, "beta", "2.0")}
     monkeypatch.setenv("PIP_INDEX_URL", make_index(src / "index", list(files.values())))
     share_base(session_cache, cache_dir)
-    return make_project(tmp_path / "p", base_ref, files)
+    return make_project(tmp_path / "p", base_ref, files, name=NAME)
+
+
+# What the engine's hermetic/NAME:latest names is asserted here: not the other modules' "demo", which their
+# builds on other workers move meanwhile.
+NAME = "quick-noop"
 
 
 def _quick(proj, cache_dir, load: bool = False):
@@ -102,15 +107,16 @@ def test_the_quick_answer_is_the_full_answer(proj, cache_dir):
 
 def test_a_noop_points_the_name_back_at_its_image_in_the_store_and_the_engine(proj, cache_dir, tmp_path, base_ref,
                                                                              docker_client):
-    # Two projects of one name in one cache (the tests' "demo", or two clones): building the other one
+    # Two projects of one name in one cache (this module's NAME, or two clones): building the other one
     # moves NAME:latest; a no-op of the first must point it back, in the store and in the engine.
     from hermetic.store.oci import OciStore
 
     first = build_json(proj)
-    other = make_project(tmp_path / "other", base_ref, {"alpha": next((tmp_path / "wheels").glob("alpha-*.whl"))})
+    other = make_project(tmp_path / "other", base_ref, {"alpha": next((tmp_path / "wheels").glob("alpha-*.whl"))},
+                         name=NAME)
     second = build_json(other)
     assert second["manifest_digest"] != first["manifest_digest"]
-    name = "demo"  # buildsupport.make_project's
+    name = NAME
     store = OciStore(cache_dir / "oci")
     assert store.resolve(f"{name}:latest").digest == second["manifest_digest"]
     again = build_json(proj)
