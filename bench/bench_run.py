@@ -168,6 +168,7 @@ def bench_example(example: str, n: int, workdir: Path, env: dict, base_ref: str)
     herm, dock, pairs = [], [], []
     for i in range(n + 1):  # the first docker run warms the page cache for it too; dropped
         outputs = workdir / f"{example}-docker-out-{i}"
+        shutil.rmtree(outputs, ignore_errors=True)  # a --keep'd or interrupted invocation's
         outputs.mkdir()
         os.chmod(outputs, 0o777)
         h = timed([*HERMETIC, "run", "train.py"], cwd=proj, env=env)

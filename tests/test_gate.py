@@ -111,6 +111,7 @@ def test_a_docker_container_waits_at_its_gate_and_a_closed_one_runs_nothing(dock
             outcomes[opened] = launched.finish()
         finally:
             launched.cancel()
+            launched.close()  # the removal finish began: done when close returns
             gate.close()
         assert (logs / "stdout.log").read_bytes() == (b"ran\n" if opened else b"")
         assert not [c for c in docker_client.api.containers(all=True, filters={"id": launched.container.id})]

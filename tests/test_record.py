@@ -237,3 +237,19 @@ def test_readme_explains_how_to_reproduce(tmp_path):
     assert written["code"]["git"]["commit"] in text
     assert "-e WANDB_API_KEY \\" in text and "s3cret" not in text
     assert "$" + "{" not in text and "$run_id" not in text  # every placeholder filled
+
+
+def test_the_package_imports_its_modules_on_first_use():
+    """`import hermetic.record` costs nothing before a run's container starts: each public name is imported from
+    its module when first asked for, and names that are also a module's (seal) stay the function."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hermetic.record as r\n"
+            "before = sorted(m for m in sys.modules if m.startswith('hermetic.record.'))\n"
+            "import hermetic.record.rundir\n"
+            "assert callable(r.seal) and callable(r.verify_seal), r.seal\n"
+            "missing = [n for n in r.__all__ if not callable(getattr(r, n))]\n"
+            "print(before, missing)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['hermetic.record.seal'] []"

@@ -91,3 +91,50 @@ def test_a_repository_nested_in_a_plain_directory_is_still_taken(tmp_path):
     (root / "train.py").write_text("print(1)\n")
     paths, _ = list_source_files(root, [])
     assert paths == ["train.py", "vendor/lib/lib.py"]
+
+
+def test_a_project_in_a_subdirectory_records_its_commit_branch_and_untracked_files(tmp_path):
+    # The git state in one `rev-parse` (commit, branch, the project's place in the work tree): a project below
+    # the repository's top names its untracked files relative to itself, as the snapshot does.
+    repo = tmp_path / "repo"
+    root = repo / "papers" / "proj"
+    root.mkdir(parents=True)
+    (root / "train.py").write_text("print(1)\n")
+    (repo / "README.md").write_text("top\n")
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "x")
+    (root / "new.py").write_text("print(2)\n")
+    snap = take_snapshot(root, tmp_path / "run", [])
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert sorted(snap.files) == ["new.py", "train.py"]
+    assert snap.git == {"commit": head, "branch": "main", "dirty": True, "diff_sha256": None, "diff_file": None,
+                        "untracked": {"new.py": snap.files["new.py"]}}
+    _git(repo, "checkout", "-q", "--detach")
+    assert take_snapshot(root, tmp_path / "run2", []).git["branch"] is None  # detached: no branch
+
+
+def test_a_repository_without_commits_has_no_commit_and_no_branch(tmp_path):
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "train.py").write_text("print(1)\n")
+    _git(root, "init", "-q", "-b", "main")
+    snap = take_snapshot(root, tmp_path / "run", [])
+    assert snap.git is not None and snap.git["commit"] is None and snap.git["branch"] is None
+    assert snap.git["untracked"] == {"train.py": snap.files["train.py"]} and snap.git["dirty"]
+
+
+def test_the_links_check_and_the_snapshot_read_one_listing(tmp_path, monkeypatch):
+    """`hermetic run` lists the source files once: the snapshot takes the list the links check made."""
+    from hermetic.run import snapshot
+
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "train.py").write_text("print(1)\n")
+    (root / "extra.py").write_text("print(2)\n")
+    listed = list_source_files(root, [])
+    assert listed == (["extra.py", "train.py"], False)
+    calls = []
+    monkeypatch.setattr(snapshot, "list_source_files", lambda *a, **k: calls.append(a) or listed)
+    snap = take_snapshot(root, tmp_path / "run", [], listed=(["train.py"], False))
+    assert sorted(snap.files) == ["train.py"] and calls == []

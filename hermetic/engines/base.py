@@ -154,11 +154,14 @@ class Engine(Protocol):
 class Launched(Protocol):
     """A training container launched: ``finish`` streams its output until it ends (it starts it first when
     the engine does not start early), waits and removes it; ``cancel`` removes it unfinished (its command
-    never ran: the run failed before opening its gate). One of them, once."""
+    never ran: the run failed before opening its gate). One of them, once; then ``close``, which returns
+    when the container is gone (an engine may remove it while the caller collects the run's outputs)."""
 
     def finish(self, watch: Watch | None = None) -> RunOutcome: ...
 
     def cancel(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -176,6 +179,9 @@ class DeferredLaunch:
 
     def cancel(self) -> None:
         pass
+
+    def close(self) -> None:
+        pass  # run_streaming removed it before it returned
 
 
 GATE_FIFO = "open"

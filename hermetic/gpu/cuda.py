@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Union
+from typing import TYPE_CHECKING, Iterable, Union
 
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
-
-from hermetic.lock.model import LockedWheel, ResolvedWheel
+# packaging and the lock's model (~15 ms of imports) are imported where a lock's wheels are read: a run reads
+# its image's labels only (cuda_info_from_labels), beside its container's start
+if TYPE_CHECKING:
+    from hermetic.lock.model import LockedWheel, ResolvedWheel
 
 SCHEME_SUFFIXED = "cu{major}-suffixed"  # "cu12-suffixed", "cu11-suffixed"
 SCHEME_TOOLKIT = "cuda-toolkit-unsuffixed"
@@ -117,6 +117,8 @@ def variant_cuda_version(variant: str | None) -> tuple[int, int] | None:
 
 def torch_variant(version: str) -> str | None:
     """ "2.9.1+cu128" -> "cu128"; "2.9.1+cpu" -> "cpu"; "2.9.1" -> None (PyPI)."""
+    from packaging.version import InvalidVersion, Version
+
     try:
         local = Version(version).local
     except InvalidVersion:
@@ -125,6 +127,8 @@ def torch_variant(version: str) -> str | None:
 
 
 def cuda_wheel(name: str, version: str) -> CudaWheel | None:
+    from packaging.utils import canonicalize_name
+
     m = _NVIDIA_NAME.match(canonicalize_name(name))
     if not m or m.group("component") not in CUDA_COMPONENTS:
         return None
@@ -132,10 +136,14 @@ def cuda_wheel(name: str, version: str) -> CudaWheel | None:
     return CudaWheel(canonicalize_name(name), version, m.group("component"), int(cu) if cu else None)
 
 
-Pin = Union[LockedWheel, ResolvedWheel, str, tuple[str, str]]
+Pin = Union["LockedWheel", "ResolvedWheel", str, tuple[str, str]]
 
 
 def _name_version(pin: Pin) -> tuple[str, str] | None:
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+    from hermetic.lock.model import LockedWheel, ResolvedWheel
+
     if isinstance(pin, LockedWheel):
         return pin.name, pin.version
     if isinstance(pin, ResolvedWheel):

@@ -12,19 +12,52 @@ Public API (what ``hermetic run`` / ``replay`` call):
 - groups: ``write_group``, ``load_group``
 - listing: ``list_entries`` (hermetic.record.index)
 
-Only standard-library modules are imported here; pydantic is imported when a
-record is validated.
+Each is imported from its module on first use (nothing but this file is
+imported with the package); pydantic is imported when a record is validated.
 """
 
-from hermetic.record.build import begin_record, env_section, finish_record, seed_section
-from hermetic.record.group import load_group, write_group
-from hermetic.record.ids import is_run_id, iso_utc, new_group_id, new_run_id
-from hermetic.record.index import list_entries
-from hermetic.record.outputs import hash_outputs, metrics_summary
-from hermetic.record.readme import render_readme
-from hermetic.record.rundir import adopt_run_dir, create_run_dir, load_record, resolve_run, write_record
+from __future__ import annotations
+
+from typing import Any
+
+# imported now, not on first use: the function has its module's name, and a submodule once imported is the
+# package's attribute of that name (`from hermetic.record import seal` must stay the function)
 from hermetic.record.seal import seal, verify_seal
-from hermetic.record.secrets_policy import is_secret_name
+
+# name -> the module that defines it; imported on first use (PEP 562): `hermetic run` needs the run dir and
+# the worker before its container starts, and the rest of the package (the record's building, README, groups,
+# index: ~15 ms of imports) only beside the container's start.
+_EXPORTS = {
+    "begin_record": "build", "env_section": "build", "finish_record": "build", "seed_section": "build",
+    "load_group": "group", "write_group": "group",
+    "is_run_id": "ids", "iso_utc": "ids", "new_group_id": "ids", "new_run_id": "ids",
+    "list_entries": "index", "hash_outputs": "outputs", "metrics_summary": "outputs", "render_readme": "readme",
+    "adopt_run_dir": "rundir", "create_run_dir": "rundir", "load_record": "rundir", "resolve_run": "rundir",
+    "write_record": "rundir", "is_secret_name": "secrets_policy",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module == "build":
+        from hermetic.record import build as m
+    elif module == "group":
+        from hermetic.record import group as m
+    elif module == "ids":
+        from hermetic.record import ids as m
+    elif module == "index":
+        from hermetic.record import index as m
+    elif module == "outputs":
+        from hermetic.record import outputs as m
+    elif module == "readme":
+        from hermetic.record import readme as m
+    elif module == "rundir":
+        from hermetic.record import rundir as m
+    elif module == "secrets_policy":
+        from hermetic.record import secrets_policy as m
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(m, name)
 
 
 def validate_record(record, *, source="run.json", sealed=True):  # noqa: ANN001 - thin lazy wrapper

@@ -26,7 +26,6 @@ from typing import Any, Mapping, Sequence
 
 from hermetic import __version__
 from hermetic.record.ids import iso_utc
-from hermetic.record.outputs import hash_outputs, volatile_globs, volatile_paths
 from hermetic.record.secrets_policy import is_secret_name
 
 METRICS_FILE = "outputs/metrics.jsonl"
@@ -143,6 +142,10 @@ def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, e
     it returned for it then (not the script's); ``workdir`` is what was
     collected from the script's working directory (hermetic.run.workdir).
     """
+    # (the outputs' hashing, with safetree's ctypes, imported here: a run begins its record beside its
+    # container's start, and imports what its end needs while the script runs)
+    from hermetic.record.outputs import hash_outputs, volatile_globs, volatile_paths
+
     rec = copy.deepcopy(record)
     run_dir = Path(run_dir)
     rec["record"].update(status=status, exit_code=exit_code, finished_at=iso_utc(finished_at))

@@ -8,8 +8,8 @@ runs started in the same second on different machines apart.
 
 from __future__ import annotations
 
+import os
 import re
-import secrets
 from datetime import datetime, timezone
 
 from hermetic.paths import name_pattern
@@ -39,7 +39,7 @@ def slug(name: str) -> str:
 def new_run_id(now: datetime | None = None, name: str | None = None) -> str:
     """A fresh run ID; ``name`` (slugged) is appended when it is not empty."""
     t = utc(now)
-    rid = t.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    rid = t.strftime("%Y%m%d-%H%M%S-") + os.urandom(3).hex()  # secrets.token_hex's own source, without its imports
     s = slug(name) if name else ""
     return f"{rid}-{s}" if s else rid
 

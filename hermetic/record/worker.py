@@ -139,7 +139,8 @@ def _serve(req_fd: int, ans_fd: int) -> int:
     except Exception as e:  # noqa: BLE001 - said to the caller, which validates itself
         schema, schema_error = None, f"{type(e).__name__}: {e}"
     try:
-        from hermetic import rasterplot
+        from hermetic import plotting, rasterplot  # noqa: F401
+        from hermetic.record import drawing, metrics  # noqa: F401 - what drawing the figure imports (~15 ms)
 
         rasterplot.preload()
     except Exception:  # noqa: BLE001 - best effort: the drawing says whether it can draw

@@ -121,16 +121,18 @@ def snapshot_excludes(cfg: LoadedConfig, datasets: list[DatasetPlan]) -> list[st
     return sorted(ex)
 
 
-def check_source_links(cfg: LoadedConfig, datasets: list[DatasetPlan]) -> None:
+def check_source_links(cfg: LoadedConfig, datasets: list[DatasetPlan]) -> tuple[list[str], bool]:
     """DataError naming the first symbolic link of the code that the snapshot could not hold (absolute, or
     out of the project: the container's working directory is the project's copy, and nothing else), and the
-    dataset it leads into when it does; before anything is built or a run directory made."""
+    dataset it leads into when it does; before anything is built or a run directory made. Returns the source
+    files as listed for it (hermetic.run.snapshot.list_source_files), which the run's snapshot takes."""
     from hermetic.errors import DataError
-    from hermetic.run.snapshot import links_out
+    from hermetic.run.snapshot import links_out, list_source_files
 
-    bad = links_out(cfg.root, snapshot_excludes(cfg, datasets))
+    listed = list_source_files(cfg.root, snapshot_excludes(cfg, datasets))
+    bad = links_out(cfg.root, listed[0])
     if not bad:
-        return
+        return listed
     rel, target = bad[0]
     real = (cfg.root / rel).resolve()
     into = next((d for d in datasets if real == d.host_path or d.host_path in real.parents), None)

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import posixpath
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
@@ -35,15 +37,13 @@ from hermetic.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT, inside
 from hermetic.errors import EXIT_SOFTWARE, CannotCreate, NotFound, Unavailable
 from hermetic.fsutil import owned_temp_dir
 from hermetic.paths import CachePaths
-from hermetic.record import (
-    adopt_run_dir, begin_record, create_run_dir, env_section, finish_record, new_run_id, seed_section, write_record,
-)
+from hermetic.record.ids import new_run_id
+from hermetic.record.rundir import adopt_run_dir, create_run_dir, write_record
 from hermetic.run.container import (
     ContainerSpec, Gate, Mount, RunOutcome, container_hostname, engine_for, limits_section, run_labels,
 )
 from hermetic.record import liveness
 from hermetic.run.data import DataChanged, VerifiedDataset, changed_during_run, record_data_changes, verify_datasets
-from hermetic.run.resume import ResumeSource, check_resume_source, seed_outputs
 from hermetic.run.detach import announce
 from hermetic.run.distributed import container_env as dist_container_env
 from hermetic.run.distributed import finish_section, launch_command, plan_section
@@ -51,14 +51,16 @@ from hermetic.run.plan import (
     ContainerUser, RunRequest, check_source_links, container_user, has_placeholder, passed_env, plan_datasets,
     redact_argv, resolve_script, script_args, snapshot_excludes,
 )
-from hermetic.run.workdir import SizeWatch, WorkdirResult
 from hermetic.run.recording import (
-    RunEnvironment, data_section, image_section, outcome_status, run_environment, write_run_files,
+    CONFIG_COPY, RunEnvironment, data_section, image_section, outcome_status, run_environment, write_config_copy,
+    write_run_files,
 )
 from hermetic.store.oci import OciStore
 
 if TYPE_CHECKING:
     from hermetic.run.collect import Collected  # imported by collect_outputs, after the container
+    from hermetic.run.resume import ResumeSource  # imported when a run resumes from another's outputs
+    from hermetic.run.workdir import WorkdirResult
 
 Log = Callable[[str], None]
 NODES_DIR = "nodes"  # in a multi-node run's dir: the other nodes' run directories (hermetic.slurm.task)
@@ -105,15 +107,19 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     store = OciStore(paths.oci)
 
     plans = plan_datasets(cfg, req.data_paths, req.manifest_paths)
+    listed = None  # the source files, listed once: for the links check here, for the snapshot later
     if not req.source_tar:  # a link the code snapshot could not hold: refused before anything is built or made
-        check_source_links(cfg, plans)
+        listed = check_source_links(cfg, plans)
     info = prepare_image(cfg, paths, store, req, log, engine)  # 1. the image
     reader = container_user(cfg)
     datasets = verify_datasets(plans, progress=progress, log=log,  # 2. the data
                                say_how_to_accept=not req.manifest_paths, reader=reader)
     # 2b. the earlier run's outputs, as its record says: an input too
-    resume = (check_resume_source(req.resume_from, uid=reader.uid, gid=reader.gid)
-              if req.resume_from is not None else None)
+    resume = None
+    if req.resume_from is not None:
+        from hermetic.run.resume import check_resume_source
+
+        resume = check_resume_source(req.resume_from, uid=reader.uid, gid=reader.gid)
     for warning in resume.warnings() if resume is not None else []:  # it failed, it left nothing: say what it means
         log(f"warning: {warning}")
     run_id, run_dir = open_run(cfg, req)  # 3. the run directory
@@ -123,7 +129,7 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
             if announce("run", run_id, run_dir, run_dir / "logs"):  # --detach: the terminal is gone from here on
                 req = dataclasses.replace(req, echo=False)
             return _run_in_dir(engine, cfg, paths, store, req, info, datasets, resume, script, passed, run_id,
-                               run_dir, opened, log)
+                               run_dir, opened, log, listed)
         except BaseException as e:
             raised = after_failure(cfg, req, run_dir, opened.record, e, log)
             if raised is None:
@@ -140,25 +146,30 @@ class Opened:
 
 def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: RunRequest, info: ImageInfo,
                 datasets: list[VerifiedDataset], resume: ResumeSource | None, script: str, passed: dict[str, str],
-                run_id: str, run_dir: Path, opened: Opened, log: Log) -> RunResult:
+                run_id: str, run_dir: Path, opened: Opened, log: Log,
+                listed: tuple[list[str], bool] | None = None) -> RunResult:
     m = cfg.model
     user = container_user(cfg)
     seed = run_seed(cfg, req)
     env = run_environment(info, run_id, seed, passed)
     python = f"{m.build.prefix}/bin/python"
     command = script_command(req, script, script_args(req.args, seed), python, run_id)
-    with _workspace(paths, run_id) as workspace, _gate(engine, paths, run_id) as gate:
+    # (closing: the container's removal, which goes on while the outputs are collected, is awaited last)
+    with contextlib.ExitStack() as closing, _workspace(paths, run_id) as workspace, \
+            _gate(engine, paths, run_id) as gate:
         spec = container_spec(cfg, req, info, datasets, env, command, python, user, run_id, run_dir, workspace, gate)
         # 4. the container, started now where the engine can (its command waiting at the gate), while the
         # record, the code snapshot and the probe are made beside the engine's start of it (~0.2 s: runc)
         launched = engine.launch(spec, run_dir / "logs", echo=req.echo)
+        closing.callback(launched.close)
         try:
-            rec = opened.record = open_record(cfg, store, req, info, datasets, script, run_id, run_dir, env, seed)
+            rec = opened.record = open_record(cfg, store, req, info, datasets, script, run_id, run_dir, env, seed,
+                                              config_copy=gate is None)
             rec["invocation"]["user"] = user.spec  # who the script ran as: the run README's by-hand command says it
             rec["invocation"]["limits"] = limits_section(m.run.pids, m.run.memory)
             rec["invocation"]["engine"] = engine.info(limits_spec(cfg)).section()  # which engine, its version, notes
             rec["invocation"]["hostname"] = container_hostname(req.network)  # fixed: files named by host match
-            rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log)  # 5. the code
+            rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log, listed)  # 5. the code
             probe = probe_image(engine, info, python, user, req.gpus, paths, env)  # 6. same image, devices, env
             rec["software"], rec["hardware"] = probe.get("software", {}), probe.get("hardware", {})
             if req.distributed is not None:  # world size, backend, each rank's seed and device
@@ -173,13 +184,28 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
         log(f"run {run_id}: {' '.join(command)}")
         if gate is not None:
             gate.open()  # 7. the run
+            # what the run's end imports (PyYAML for the config's copy, the outputs' collection: ~30 ms) imported
+            # by a thread as the script starts, on the core it leaves: not beside the engine's start, nor after
+            threading.Thread(target=_import_for_the_end, name="hermetic-imports", daemon=True).start()
+        from hermetic.run.workdir import SizeWatch
+
         outcome = launched.finish(SizeWatch(workspace, size_bytes(m.run.workdir_size), m.run.workdir_size))
+        if gate is not None:
+            write_config_copy(run_dir, cfg)
         data_changes = changed_during_run(datasets)  # 7b. the data, by stat, against what was verified
         # 8. what the script left (outputs, working directory, the runtime's report), as its user, no link followed
         collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, user, req.distributed)
         if req.distributed is not None:  # per-rank logs kept, what each rank reported
             rec["distributed"] = finish_section(rec["distributed"], collected.runtime_report, collected.rank_logs or {})
     return seal_run(req, run_id, run_dir, rec, outcome, collected, log, data_changes)  # 9. the record
+
+
+def _import_for_the_end() -> None:
+    for name in ("yaml", "hermetic.run.collect"):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the import where the module is used says what is wrong
+            return
 
 
 def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: RunRequest, log: Log,
@@ -251,8 +277,10 @@ def run_seed(cfg: LoadedConfig, req: RunRequest) -> int:
 
 def open_record(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInfo,
                  datasets: list[VerifiedDataset], script: str, run_id: str, run_dir: Path, env: RunEnvironment,
-                 seed: int) -> dict[str, Any]:
-    """The record's input sections, and the files beside it that define the run."""
+                 seed: int, *, config_copy: bool = True) -> dict[str, Any]:
+    """The record's input sections, and the files beside it that define the run (``config_copy=False``: all
+    but the config's copy, recording.write_config_copy)."""
+    from hermetic.record.build import begin_record, env_section, seed_section
     from hermetic.registry import repo_digests
 
     m = cfg.model
@@ -269,7 +297,7 @@ def open_record(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: Image
     rec["env"] = env_section(env.determinism, env.passed)
     if req.slurm is not None:
         rec["slurm"] = dict(req.slurm)
-    write_run_files(run_dir, cfg, argv)
+    write_run_files(run_dir, cfg, argv, config_copy=config_copy)
     return rec
 
 
@@ -300,8 +328,10 @@ def _workspace(paths: CachePaths, run_id: str) -> Iterator[Path]:
 
 
 def snapshot_code(cfg: LoadedConfig, req: RunRequest, run_dir: Path, workspace: Path,
-                  datasets: list[VerifiedDataset], script: str, log: Log) -> dict[str, Any]:
-    """The code section; the snapshot (the recorded one for a replay) extracted into ``workspace``."""
+                  datasets: list[VerifiedDataset], script: str, log: Log,
+                  listed: tuple[list[str], bool] | None = None) -> dict[str, Any]:
+    """The code section; the snapshot (the recorded one for a replay) extracted into ``workspace``.
+    ``listed``: the source files as the links check listed them (else listed here)."""
     from hermetic.run.snapshot import extract_snapshot, take_snapshot
 
     if req.source_tar:
@@ -311,7 +341,7 @@ def snapshot_code(cfg: LoadedConfig, req: RunRequest, run_dir: Path, workspace: 
         snap = take_snapshot(workspace, run_dir, [], use_git=False)
         code = {"git": req.replay_git, "snapshot": snap.section()["snapshot"]}
     else:
-        snap = take_snapshot(cfg.root, run_dir, snapshot_excludes(cfg, [d.plan for d in datasets]))
+        snap = take_snapshot(cfg.root, run_dir, snapshot_excludes(cfg, [d.plan for d in datasets]), listed=listed)
         for w in snap.warnings:
             log(f"warning: {w}")
         extract_snapshot(snap.tar_path, workspace)
@@ -338,6 +368,7 @@ def refuse_unfit_gpu(rec: dict[str, Any], run_dir: Path, probe: dict[str, Any], 
     """Refuse, and record the refusal, when the probed GPU or driver cannot run the image."""
     from hermetic.gpu.findings import failures
     from hermetic.gpu.runtime import run_checks
+    from hermetic.record.build import finish_record
 
     fails = failures(run_checks(probe, info.labels, strict=True))
     if fails:
@@ -384,6 +415,8 @@ def hand_over(workspace: Path, run_dir: Path, resume: ResumeSource | None, user:
     for tree in (workspace, outputs, run_dir / RUNTIME_DIR):
         _chown_tree(tree, user.uid, user.gid)
     if resume is not None:  # as the container's user, into trees that are now its own
+        from hermetic.run.resume import seed_outputs
+
         seed_outputs(resume, outputs, workspace, uid=user.uid, gid=user.gid)
 
 
@@ -465,6 +498,8 @@ def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], o
              collected: "Collected", log: Log, data_changes: dict | None = None) -> RunResult:
     """What the runtime applied, the outcome, output hashes and metrics: the final, sealed record.
     ``data_changes``: the datasets that changed after they were verified (hermetic.run.data)."""
+    from hermetic.record.build import finish_record, seed_section
+
     meta = run_dir / RUNTIME_DIR
     kept = collected.workdir
     rec["seed"] = seed_section(rec["seed"]["value"], req.seed_policy, collected.runtime_report)
@@ -498,6 +533,7 @@ def after_failure(cfg: LoadedConfig, req: RunRequest, run_dir: Path, rec: dict[s
     SIGTERM) with the reason. Returns the exception to raise instead of ``exc`` (a full disk as one
     line, exit 73), or None to re-raise ``exc``."""
     from hermetic.errors import HermeticError
+    from hermetic.record.build import finish_record
     from hermetic.record.index import RUN_JSON
 
     error = no_space_error(exc) or (exc if isinstance(exc, HermeticError) else None)
@@ -514,6 +550,8 @@ def after_failure(cfg: LoadedConfig, req: RunRequest, run_dir: Path, rec: dict[s
     reason = error.message if error is not None else f"hermetic failed: {type(exc).__name__}: {exc}"
     code = error.exit_code if error is not None else EXIT_SOFTWARE
     try:
+        if not (run_dir / CONFIG_COPY).exists():  # failed before its gate opened: the copy was not written yet
+            write_config_copy(run_dir, cfg)
         collected = collect_outputs(cfg, rec, [], None, run_dir, container_user(cfg))
         release_space(run_dir)
         sealed = finish_record(rec, run_dir, status="interrupted" if interrupted else "failed", exit_code=None,

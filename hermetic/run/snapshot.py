@@ -24,14 +24,15 @@ import hashlib
 import os
 import posixpath
 import subprocess
-import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hermetic.builder.tarlayer import Entry, complete_parents, normalized_mode, write_layer
 from hermetic.errors import DataError
 from hermetic.fsutil import sha256_file
+
+if TYPE_CHECKING:
+    from hermetic.builder.tarlayer import Entry  # imported by take_snapshot: the links check lists files only
 
 SNAPSHOT_FILE = "code/source.tar"
 DIFF_FILE = "code/diff.patch"
@@ -67,11 +68,11 @@ def _excluded(rel: str, excludes: list[str]) -> bool:
 
 def list_source_files(root: Path, excludes: list[str], use_git: bool = True) -> tuple[list[str], bool]:
     """(relative paths, in_git). Paths are files or symlinks, sorted."""
-    top = _git(root, "rev-parse", "--show-toplevel") if use_git else None
-    if top is not None:
+    # one question tells a work tree (its prefix: where root lies in it) from no repository at all
+    prefix = _git(root, "rev-parse", "--show-prefix") if use_git else None
+    if prefix is not None:
         out = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".")
         if out is not None:
-            prefix = _git(root, "rev-parse", "--show-prefix") or ""
             prefix = prefix.strip()
             paths = []
             for p in out.split("\0"):
@@ -123,8 +124,12 @@ def _not_ignored_outside_git(root: Path, excludes: list[str]) -> list[str] | Non
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="hermetic-gitignore-") as empty:
-        if _git(Path(empty), "init", "-q", "--bare") is None:
-            return None
+        # what git takes for a repository (HEAD, objects/, refs/): `git init` would also write its sample
+        # hooks and config, ~10 ms of a run's start for a question about .gitignore files
+        os.mkdir(os.path.join(empty, "objects"))
+        os.mkdir(os.path.join(empty, "refs"))
+        with open(os.path.join(empty, "HEAD"), "w") as f:
+            f.write("ref: refs/heads/main\n")
         # the excluded trees (datasets, runs/) are not walked at all
         out = _git(root, f"--git-dir={empty}", f"--work-tree={root}", "ls-files", "-z", "--others",
                    "--exclude-standard", "--", ".", *(f":(exclude,literal){e}" for e in excludes))
@@ -133,11 +138,12 @@ def _not_ignored_outside_git(root: Path, excludes: list[str]) -> list[str] | Non
     return [p.rstrip("/") for p in out.split("\0") if p and os.path.lexists(root / p.rstrip("/"))]
 
 
-def links_out(root: Path, excludes: list[str], use_git: bool = True) -> list[tuple[str, str]]:
-    """(path, target) of each symbolic link of the source tree that the snapshot could not hold: an absolute
-    target, or one that leads out of the project (extracting it is refused: tarfile's ``data`` filter)."""
+def links_out(root: Path, paths: list[str]) -> list[tuple[str, str]]:
+    """(path, target) of each symbolic link among the source tree's ``paths`` (list_source_files) that the
+    snapshot could not hold: an absolute target, or one that leads out of the project (extracting it is
+    refused: tarfile's ``data`` filter)."""
     out = []
-    for rel in list_source_files(root, excludes, use_git)[0]:
+    for rel in paths:
         full = root / rel
         if not full.is_symlink():
             continue
@@ -149,18 +155,18 @@ def links_out(root: Path, excludes: list[str], use_git: bool = True) -> list[tup
 
 
 def git_state(root: Path, run_dir: Path, untracked_hashes: dict[str, str]) -> dict[str, Any] | None:
-    commit = _git(root, "rev-parse", "HEAD")
-    if commit is None:
+    head = _git(root, "rev-parse", "HEAD", "--abbrev-ref", "HEAD", "--show-prefix")  # one git for the three
+    if head is None:
         if _git(root, "rev-parse", "--show-toplevel") is None:
             return None
-        commit_s = None  # a repository with no commits yet
+        commit_s, branch = None, None  # a repository with no commits yet
+        prefix = (_git(root, "rev-parse", "--show-prefix") or "").strip()
     else:
-        commit_s = commit.strip()
-    branch = (_git(root, "rev-parse", "--abbrev-ref", "HEAD") or "").strip() or None
+        commit_s, branch, prefix = ([*head.split("\n"), "", ""])[:3]
+        commit_s, branch, prefix = commit_s.strip(), branch.strip() or None, prefix.strip()
     diff = _git(root, "diff", "--binary", "HEAD", "--", ".") if commit_s else ""
     diff = diff or ""
     untracked_out = _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".") or ""
-    prefix = (_git(root, "rev-parse", "--show-prefix") or "").strip()
     untracked = {}
     for p in untracked_out.split("\0"):
         if p:
@@ -180,8 +186,13 @@ def git_state(root: Path, run_dir: Path, untracked_hashes: dict[str, str]) -> di
             "diff_sha256": diff_sha, "diff_file": diff_file, "untracked": dict(sorted(untracked.items()))}
 
 
-def take_snapshot(root: Path, run_dir: Path, excludes: list[str], *, use_git: bool = True) -> Snapshot:
-    paths, in_git = list_source_files(root, excludes, use_git)
+def take_snapshot(root: Path, run_dir: Path, excludes: list[str], *, use_git: bool = True,
+                  listed: tuple[list[str], bool] | None = None) -> Snapshot:
+    """The snapshot of ``root``'s code; ``listed``: list_source_files' answer for the same root and excludes
+    when the caller has it (`hermetic run` lists once, for the links check and the snapshot)."""
+    from hermetic.builder.tarlayer import Entry, complete_parents, normalized_mode, write_layer
+
+    paths, in_git = listed if listed is not None else list_source_files(root, excludes, use_git)
     entries: list[Entry] = []
     files: dict[str, str] = {}
     total = 0
@@ -223,6 +234,8 @@ def take_snapshot(root: Path, run_dir: Path, excludes: list[str], *, use_git: bo
 
 
 def extract_snapshot(tar_path: Path, dest: Path) -> None:
+    import tarfile
+
     dest.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(tar_path) as tf:
