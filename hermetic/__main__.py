@@ -1,4 +1,4 @@
-from hermetic.cli import main
+from hermetic.entry import main
 
 if __name__ == "__main__":
     main()

@@ -133,6 +133,7 @@ def _serve(req_fd: int, ans_fd: int) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # not the run's handlers (they stop its container)
         signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal ends neither the run nor its worker
     schema_error = None
     try:
         from hermetic.record import schema
