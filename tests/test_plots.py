@@ -322,3 +322,15 @@ def test_two_real_runs_of_the_example_draw_one_curve_each(project, tmp_path):
     assert set(out["plot"]["metrics"]) == {"test_acc", "test_loss", "train_acc", "train_loss"}
     img = Image.open(tmp_path / "real.png")
     assert non_white(img) > 0.02 and pixels_near(img, BLUE) > 200 and pixels_near(img, RED) == 0
+
+
+def test_what_only_a_runs_end_needs_is_not_imported_before_its_container():
+    """hermetic.record's building, a resumed run's, the snapshot's tar writer, the lock's CUDA reading, the
+    collection: imported beside the container's start or as the script runs (docs/benchmarks.md)."""
+    code = ("import sys, hermetic.cli, hermetic.cli.run_cmd, hermetic.run.runner, hermetic.engines.docker, "
+            "hermetic.configview, hermetic.record.worker, hermetic.run.snapshot, hermetic.builder.quick; "
+            "print(sorted(set(sys.modules) & {'hermetic.record.build', 'hermetic.record.group', "
+            "'hermetic.run.resume', 'hermetic.builder.tarlayer', 'hermetic.gpu.cuda', 'packaging', "
+            "'hermetic.run.collect', 'hermetic.safetree', 'secrets'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
