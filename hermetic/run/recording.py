@@ -69,29 +69,18 @@ def run_environment(info: ImageInfo, run_id: str, seed: int, passed: dict[str, s
                           dict(passed))
 
 
-CONFIG_COPY = "config.resolved.yaml"  # in the run dir: the config as validated, secrets redacted
+def write_run_files(run_dir: Path, cfg: LoadedConfig, argv: list[str]) -> None:
+    """Copies of what defines the run, beside the record: the lock, the resolved config, argv."""
+    from hermetic.record.rundir import redact_tree
 
-
-def write_run_files(run_dir: Path, cfg: LoadedConfig, argv: list[str], *, config_copy: bool = True) -> None:
-    """Copies of what defines the run, beside the record: the lock, the resolved config, argv.
-    ``config_copy=False``: the config's copy is left to write_config_copy (`hermetic run` writes it as the
-    script starts: PyYAML's import is ~20 ms of CPU the engine's start of the container would share)."""
     try:
         shutil.copyfile(cfg.lock_path, run_dir / Path(cfg.model.lock).name)
     except FileNotFoundError:
         pass
+    import yaml  # here: written beside the container's start, not before it
+
+    atomic_write_text(run_dir / "config.resolved.yaml", yaml.safe_dump(redact_tree(cfg.resolved()), sort_keys=True))
     atomic_write_text(run_dir / "argv.txt", "\n".join(argv) + "\n")
-    if config_copy:
-        write_config_copy(run_dir, cfg)
-
-
-def write_config_copy(run_dir: Path, cfg: LoadedConfig) -> None:
-    """run_dir/config.resolved.yaml: the config as validated, every secret-looking value redacted."""
-    import yaml
-
-    from hermetic.record.rundir import redact_tree
-
-    atomic_write_text(run_dir / CONFIG_COPY, yaml.safe_dump(redact_tree(cfg.resolved()), sort_keys=True))
 
 
 def outcome_status(outcome: RunOutcome) -> tuple[str, int]:

@@ -52,8 +52,7 @@ from hermetic.run.plan import (
     redact_argv, resolve_script, script_args, snapshot_excludes,
 )
 from hermetic.run.recording import (
-    CONFIG_COPY, RunEnvironment, data_section, image_section, outcome_status, run_environment, write_config_copy,
-    write_run_files,
+    RunEnvironment, data_section, image_section, outcome_status, run_environment, write_run_files,
 )
 from hermetic.store.oci import OciStore
 
@@ -163,8 +162,7 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
         launched = engine.launch(spec, run_dir / "logs", echo=req.echo)
         closing.callback(launched.close)
         try:
-            rec = opened.record = open_record(cfg, store, req, info, datasets, script, run_id, run_dir, env, seed,
-                                              config_copy=gate is None)
+            rec = opened.record = open_record(cfg, store, req, info, datasets, script, run_id, run_dir, env, seed)
             rec["invocation"]["user"] = user.spec  # who the script ran as: the run README's by-hand command says it
             rec["invocation"]["limits"] = limits_section(m.run.pids, m.run.memory)
             rec["invocation"]["engine"] = engine.info(limits_spec(cfg)).section()  # which engine, its version, notes
@@ -184,14 +182,12 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
         log(f"run {run_id}: {' '.join(command)}")
         if gate is not None:
             gate.open()  # 7. the run
-            # what the run's end imports (PyYAML for the config's copy, the outputs' collection: ~30 ms) imported
-            # by a thread as the script starts, on the core it leaves: not beside the engine's start, nor after
+            # what the run's end imports (the outputs' collection: safetree, the metrics' reading) imported by a
+            # thread as the script starts, on the core it leaves: not after it
             threading.Thread(target=_import_for_the_end, name="hermetic-imports", daemon=True).start()
         from hermetic.run.workdir import SizeWatch
 
         outcome = launched.finish(SizeWatch(workspace, size_bytes(m.run.workdir_size), m.run.workdir_size))
-        if gate is not None:
-            write_config_copy(run_dir, cfg)
         data_changes = changed_during_run(datasets)  # 7b. the data, by stat, against what was verified
         # 8. what the script left (outputs, working directory, the runtime's report), as its user, no link followed
         collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, user, req.distributed)
@@ -201,7 +197,7 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
 
 
 def _import_for_the_end() -> None:
-    for name in ("yaml", "hermetic.run.collect"):
+    for name in ("hermetic.run.collect",):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the import where the module is used says what is wrong
@@ -277,9 +273,8 @@ def run_seed(cfg: LoadedConfig, req: RunRequest) -> int:
 
 def open_record(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: ImageInfo,
                  datasets: list[VerifiedDataset], script: str, run_id: str, run_dir: Path, env: RunEnvironment,
-                 seed: int, *, config_copy: bool = True) -> dict[str, Any]:
-    """The record's input sections, and the files beside it that define the run (``config_copy=False``: all
-    but the config's copy, recording.write_config_copy)."""
+                 seed: int) -> dict[str, Any]:
+    """The record's input sections, and the files beside it that define the run."""
     from hermetic.record.build import begin_record, env_section, seed_section
     from hermetic.registry import repo_digests
 
@@ -297,7 +292,7 @@ def open_record(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: Image
     rec["env"] = env_section(env.determinism, env.passed)
     if req.slurm is not None:
         rec["slurm"] = dict(req.slurm)
-    write_run_files(run_dir, cfg, argv, config_copy=config_copy)
+    write_run_files(run_dir, cfg, argv)
     return rec
 
 
@@ -550,8 +545,6 @@ def after_failure(cfg: LoadedConfig, req: RunRequest, run_dir: Path, rec: dict[s
     reason = error.message if error is not None else f"hermetic failed: {type(exc).__name__}: {exc}"
     code = error.exit_code if error is not None else EXIT_SOFTWARE
     try:
-        if not (run_dir / CONFIG_COPY).exists():  # failed before its gate opened: the copy was not written yet
-            write_config_copy(run_dir, cfg)
         collected = collect_outputs(cfg, rec, [], None, run_dir, container_user(cfg))
         release_space(run_dir)
         sealed = finish_record(rec, run_dir, status="interrupted" if interrupted else "failed", exit_code=None,
