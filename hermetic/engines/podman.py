@@ -37,9 +37,11 @@ import resource
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hermetic.engines.base import (
     DRIVER_LABEL, ContainerSpec, DeferredLaunch, EngineInfo, RunOutcome, Watch, container_home_env, open_log_files,
@@ -269,11 +271,17 @@ class PodmanEngine:
     starts_early = False  # its container is a child process, started by finish (engines.base.DeferredLaunch)
 
     def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
-               name: str | None = None) -> DeferredLaunch:
-        return DeferredLaunch(self, spec, log_dir, echo=echo, name=name)
+               name: str | None = None) -> "PodmanLaunch":
+        return PodmanLaunch(self, spec, log_dir, echo=echo, name=name)
 
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                       watch: Watch | None = None) -> RunOutcome:
+        return self.run_until_removed(spec, log_dir, echo=echo, name=name, watch=watch,
+                                      remove=lambda n: self.podman("rm", "-f", n, check=False))
+
+    def run_until_removed(self, spec: ContainerSpec, log_dir: Path, *, echo: bool, name: str | None,
+                          watch: Watch | None, remove: Callable[[str], None]) -> RunOutcome:
+        """run_streaming, its container handed to ``remove`` (by name) at the end, whatever happened."""
         self.check_spec(spec)
         name = name or _unique_name()
         files = open_log_files(log_dir)
@@ -282,11 +290,13 @@ class PodmanEngine:
                 args, env = self.create_args(spec, name, env_file)
                 end = stream_process([self.binary(), *args], files, stop=lambda _p: self._stop(name), echo=echo,
                                      watch=watch, env=env)
-            state = (self.inspect(name) or {}).get("State") or {}
             if end.interrupted:
                 self._rewrite_logs(name, files)
                 return RunOutcome(None, True, end.signal_name)
-            if not state:
+            # `podman run` exits with the container's status; Podman's record of it is read only when the
+            # script did not exit 0 (an OOM kill, a start that failed): ~0.05 s of a podman process
+            state = {} if end.returncode == 0 else (self.inspect(name) or {}).get("State") or {}
+            if end.returncode != 0 and not state:
                 raise EngineError(f"Podman could not run the container: {_last_error(_tail(log_dir))}")
             if state.get("Error") and not state.get("StartedAt", "").startswith(("2", "1")):
                 raise EngineError(f"Podman could not start the container: {state['Error']}")
@@ -300,7 +310,7 @@ class PodmanEngine:
             for f in files:
                 with contextlib.suppress(OSError):
                     f.close()
-            self.podman("rm", "-f", name, check=False)
+            remove(name)
 
     def run_capture(self, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
         self.check_spec(spec)
@@ -333,23 +343,27 @@ class PodmanEngine:
         if stdout and stderr:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             return proc.stdout
-        proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL)
-        return proc.stdout if stdout else proc.stderr
+        out, err = self.log_streams(container)
+        return out if stdout else err
+
+    def log_streams(self, container: str) -> tuple[bytes, bytes]:
+        """(stdout, stderr) the container printed, from one `podman logs` (it writes each to its own)."""
+        proc = subprocess.run([self.binary(), "logs", container], capture_output=True, stdin=subprocess.DEVNULL)
+        return proc.stdout, proc.stderr
 
     def _rewrite_logs(self, name: str, files: list[Any]) -> None:
-        for f, (out, err) in zip(files, ((True, False), (False, True), (True, True))):
-            data = self.logs(name, stdout=out, stderr=err)
+        out, err = self.log_streams(name)
+        for f, data in zip(files, (out, err, self.logs(name))):
             with contextlib.suppress(OSError, ValueError):
                 f.seek(0)
                 f.truncate()
                 f.write(data)
-                f.flush()
 
     def _complete_logs(self, name: str, files: list[Any], streamed: tuple[int, int], echo: bool) -> None:
         """Podman's own log when it holds more than was read from the process (moby#29285's twin)."""
         import sys
 
-        parts = [self.logs(name, stdout=True, stderr=False), self.logs(name, stdout=False, stderr=True)]
+        parts = self.log_streams(name)
         if len(parts[0]) <= streamed[0] and len(parts[1]) <= streamed[1]:
             return
         self._rewrite_logs(name, files)
@@ -369,6 +383,30 @@ class PodmanEngine:
     def container(self, container_id: str) -> PodmanContainer | None:
         attrs = self.inspect(container_id)
         return None if attrs is None else PodmanContainer(self, container_id, attrs)
+
+
+@dataclass
+class PodmanLaunch(DeferredLaunch):
+    """DeferredLaunch, its container removed by a thread (a `podman rm`, ~0.05 s) while the run's outputs are
+    collected; ``close`` joins it (not a daemon: the interpreter waits for it should a caller never close)."""
+
+    _removal: threading.Thread | None = field(default=None, init=False, repr=False)
+
+    def finish(self, watch: Watch | None = None) -> RunOutcome:
+        def remove(name: str) -> None:
+            with contextlib.suppress(EngineError):  # did not answer: the orphan sweep removes it later
+                self.engine.podman("rm", "-f", name, check=False)
+
+        def remove_beside(name: str) -> None:
+            self._removal = threading.Thread(target=remove, args=(name,), name="hermetic-remove")
+            self._removal.start()
+
+        return self.engine.run_until_removed(self.spec, self.log_dir, echo=self.echo, name=self.name, watch=watch,
+                                             remove=remove_beside)
+
+    def close(self) -> None:
+        if self._removal is not None:
+            self._removal.join()
 
 
 _PODMAN_ENV = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "LC_ALL")
