@@ -180,13 +180,14 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
             launched.cancel()  # its command never ran: the gate was never opened
             raise
         log(f"run {run_id}: {' '.join(command)}")
+        from hermetic.run.workdir import SizeWatch
+
         if gate is not None:
             gate.open()  # 7. the run
             # what the run's end imports (the outputs' collection: safetree, the metrics' reading) imported by a
-            # thread as the script starts, on the core it leaves: not after it
+            # thread as the script starts, on the core it leaves: not after it (no module cycle, so no deadlock
+            # between this import and one of the main thread's: tests/test_architecture.py)
             threading.Thread(target=_import_for_the_end, name="hermetic-imports", daemon=True).start()
-        from hermetic.run.workdir import SizeWatch
-
         outcome = launched.finish(SizeWatch(workspace, size_bytes(m.run.workdir_size), m.run.workdir_size))
         data_changes = changed_during_run(datasets)  # 7b. the data, by stat, against what was verified
         # 8. what the script left (outputs, working directory, the runtime's report), as its user, no link followed
@@ -197,11 +198,8 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
 
 
 def _import_for_the_end() -> None:
-    for name in ("hermetic.run.collect",):
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the import where the module is used says what is wrong
-            return
+    with contextlib.suppress(Exception):  # the import where the module is used says what is wrong
+        importlib.import_module("hermetic.run.collect")
 
 
 def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: RunRequest, log: Log,
