@@ -1,13 +1,16 @@
 """The record's worker: a child process `hermetic run` forks as it starts, which checks its records and draws
 the last one's figure, so that the run's own process imports neither pydantic nor Pillow.
 
-Forked before the run's heavy work (`warm_up`), it imports the record schema (pydantic: ~0.1 s of CPU) and
-Pillow with its fonts on the core the run's own start leaves idle, then answers over a pipe: ``validate``
-a record (the schema's verdict, or its RecordError's message; ~1 ms once imported), any number of times,
-then ``draw`` the final record's figure, its last job (hermetic.record.figure). On two cores this takes
-the schema's import off the critical path twice: before the run's container is started, and beside its
-start, where the early record is checked (hermetic.run.runner). A worker that died or was never there
-changes nothing but the speed: the caller validates or draws in its own process.
+Forked before the run's heavy work (`warm_up`, by the console script itself: hermetic.entry), it imports
+the record schema (pydantic: ~0.1 s of CPU) on the core the run's own start leaves idle, then answers over a
+pipe: ``validate`` a record (the schema's verdict, or its RecordError's message; ~1 ms once imported), any
+number of times, then ``draw`` the final record's figure, its last job (hermetic.record.figure). Pillow, its
+fonts and the figure's modules are imported after the first answer (the early record's), while the script
+runs: an engine that starts the container only once that record is written (Podman, Charliecloud) waits for
+the schema alone. On two cores this takes the schema's import off the critical path twice: before the run's
+container is started, and beside its start, where the early record is checked (hermetic.run.runner). A
+worker that died or was never there changes nothing but the speed: the caller validates or draws in its
+own process.
 """
 
 from __future__ import annotations
@@ -139,17 +142,11 @@ def _serve(req_fd: int, ans_fd: int) -> int:
         from hermetic.record import schema
     except Exception as e:  # noqa: BLE001 - said to the caller, which validates itself
         schema, schema_error = None, f"{type(e).__name__}: {e}"
-    try:
-        from hermetic import plotting, rasterplot  # noqa: F401
-        from hermetic.record import drawing, metrics  # noqa: F401 - what drawing the figure imports (~15 ms)
-
-        rasterplot.preload()
-    except Exception:  # noqa: BLE001 - best effort: the drawing says whether it can draw
-        pass
     try:  # imported (on the core the run's own start leaves idle): from now on the run and its container first
         os.nice(5)
     except OSError:
         pass
+    drawing_ready = False
     while True:
         request = _read_message(req_fd)
         if request is None:
@@ -166,11 +163,26 @@ def _serve(req_fd: int, ans_fd: int) -> int:
                     answer = ("invalid", e.message)
             data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
             _write_all(ans_fd, len(data).to_bytes(8, "big") + data)
+            if not drawing_ready:  # after the run's first record, not before it: the script runs meanwhile
+                drawing_ready = True
+                _preload_drawing()
         elif request[0] == "draw":
             from hermetic.record.drawing import write_metrics_figure
 
             _, run_dir, record, series = request
             return 0 if write_metrics_figure(run_dir, record, series=series) else 3
+
+
+def _preload_drawing() -> None:
+    """Pillow, its fonts and what drawing the figure imports (~50 ms), so that the final figure is drawn at once.
+    Best effort: the drawing itself says whether it can draw."""
+    try:
+        from hermetic import plotting, rasterplot  # noqa: F401
+        from hermetic.record import drawing, metrics  # noqa: F401
+
+        rasterplot.preload()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 _worker: RecordWorker | None = None
