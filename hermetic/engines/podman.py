@@ -276,8 +276,11 @@ class PodmanEngine:
 
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                       watch: Watch | None = None) -> RunOutcome:
-        return self.run_until_removed(spec, log_dir, echo=echo, name=name, watch=watch,
-                                      remove=lambda n: self.podman("rm", "-f", n, check=False))
+        return self.run_until_removed(spec, log_dir, echo=echo, name=name, watch=watch, remove=self.remove)
+
+    def remove(self, name: str) -> None:
+        """Remove a container of this process's by name (gone already: nothing to do)."""
+        self.podman("rm", "-f", name, check=False)
 
     def run_until_removed(self, spec: ContainerSpec, log_dir: Path, *, echo: bool, name: str | None,
                           watch: Watch | None, remove: Callable[[str], None]) -> RunOutcome:
@@ -321,7 +324,7 @@ class PodmanEngine:
                 proc = subprocess.run([self.binary(), args[0], "--rm", *args[1:]], capture_output=True, env=env,
                                       stdin=subprocess.DEVNULL)
         finally:
-            self.podman("rm", "-f", name, check=False)
+            self.remove(name)
         return proc.returncode, proc.stdout, proc.stderr
 
     def _stop(self, name: str) -> None:
@@ -358,6 +361,7 @@ class PodmanEngine:
                 f.seek(0)
                 f.truncate()
                 f.write(data)
+                f.flush()
 
     def _complete_logs(self, name: str, files: list[Any], streamed: tuple[int, int], echo: bool) -> None:
         """Podman's own log when it holds more than was read from the process (moby#29285's twin)."""
@@ -395,7 +399,7 @@ class PodmanLaunch(DeferredLaunch):
     def finish(self, watch: Watch | None = None) -> RunOutcome:
         def remove(name: str) -> None:
             with contextlib.suppress(EngineError):  # did not answer: the orphan sweep removes it later
-                self.engine.podman("rm", "-f", name, check=False)
+                self.engine.remove(name)
 
         def remove_beside(name: str) -> None:
             self._removal = threading.Thread(target=remove, args=(name,), name="hermetic-remove")

@@ -157,10 +157,11 @@ def links_out(root: Path, paths: list[str]) -> list[tuple[str, str]]:
 def git_state(root: Path, run_dir: Path, untracked_hashes: dict[str, str]) -> dict[str, Any] | None:
     head = _git(root, "rev-parse", "HEAD", "--abbrev-ref", "HEAD", "--show-prefix")  # one git for the three
     if head is None:
-        if _git(root, "rev-parse", "--show-toplevel") is None:
+        where = _git(root, "rev-parse", "--show-toplevel", "--show-prefix")  # fails outside a work tree
+        if where is None:
             return None
         commit_s, branch = None, None  # a repository with no commits yet
-        prefix = (_git(root, "rev-parse", "--show-prefix") or "").strip()
+        prefix = ([*where.split("\n"), ""])[1].strip()
     else:
         commit_s, branch, prefix = ([*head.split("\n"), "", ""])[:3]
         commit_s, branch, prefix = commit_s.strip(), branch.strip() or None, prefix.strip()
