@@ -60,6 +60,10 @@ PYTEST  := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/p
 # of the first phase (docs/testing.md). pytest's exit code 5 ("no tests collected") of one phase is no
 # failure when the other ran tests; of both, it is. TEST_WORKERS=0: the whole suite in one process, in
 # order (the way to give PYTEST_ARGS a -m of its own).
+# The tests' files (gigabytes: caches, cold builds) go to one directory per run (--basetemp), not pytest's
+# numbered ones, whose cleanup removed an earlier run's at the first phase's exit (~15 s of disk between the
+# phases): the first phase's are removed beside the second phase when it passed, the rest at the end; a
+# failed run keeps them and says where.
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	scripts/ensure-test-deps
@@ -69,18 +73,24 @@ else
 	@own=""; session="$${HERMETIC_TEST_SESSION_CACHE:-}"; \
 	if [ -z "$$session" ]; then own=1; session=$$(mktemp -d "$${TMPDIR:-/tmp}/hermetic-test-session.XXXXXX"); fi; \
 	export HERMETIC_TEST_SESSION_CACHE="$$session"; \
-	echo "$(PYTEST) -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not serial' $(PYTEST_ARGS)"; \
-	$(PYTEST) -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" $(PYTEST_ARGS); first=$$?; \
+	files=$$(mktemp -d "$${TMPDIR:-/tmp}/hermetic-test-files.XXXXXX"); cleaner=""; \
+	echo "$(PYTEST) -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not serial' --basetemp=$$files/parallel $(PYTEST_ARGS)"; \
+	$(PYTEST) -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" --basetemp="$$files/parallel" $(PYTEST_ARGS); first=$$?; \
 	if [ $$first -eq 1 ]; then \
 	  echo "make test: tests failed beside other workers; each again, alone (a failure there is a failure):"; \
-	  $(PYTEST) -ra --lf --last-failed-no-failures none -m "not serial" $(PYTEST_ARGS); again=$$?; \
+	  $(PYTEST) -ra --lf --last-failed-no-failures none -m "not serial" --basetemp="$$files/alone" $(PYTEST_ARGS); again=$$?; \
 	  if [ $$again -eq 0 ]; then first=0; \
 	    echo "make test: WARNING: the tests above failed beside other workers and passed alone: a race between tests, or in hermetic, to look into (docs/testing.md)"; \
 	  else first=$$again; fi; \
+	elif [ $$first -eq 0 ] || [ $$first -eq 5 ]; then \
+	  { rm -rf "$$files/parallel" & cleaner=$$!; }; \
 	fi; \
-	echo "$(PYTEST) -ra -m serial $(PYTEST_ARGS)"; \
-	$(PYTEST) -ra -m serial $(PYTEST_ARGS); second=$$?; \
-	for rc in $$first $$second; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done; \
+	echo "$(PYTEST) -ra -m serial --basetemp=$$files/serial $(PYTEST_ARGS)"; \
+	$(PYTEST) -ra -m serial --basetemp="$$files/serial" $(PYTEST_ARGS); second=$$?; \
+	if [ -n "$$cleaner" ]; then wait $$cleaner; fi; \
+	for rc in $$first $$second; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then \
+	  echo "make test: the tests' files are kept in $$files"; exit $$rc; fi; done; \
+	rm -rf "$$files"; \
 	if [ $$first -eq 5 ] && [ $$second -eq 5 ]; then exit 5; fi; \
 	if [ -n "$$own" ]; then rm -rf "$$session"; fi
 endif
