@@ -14,10 +14,12 @@ off          nothing is touched; the run record says so.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _optional
+from ._onimport import after_import
 from ._env import STRICT_ENV_EXPECTED, resolve_mode
 from ._io import warn
 from .report import record
@@ -83,7 +85,7 @@ def enable_determinism(mode: Optional[str] = None) -> DeterminismResult:
             _torch_strict(torch)
         elif value == "statistical":
             # Fast kernels allowed, even if an earlier call turned strict on.
-            torch.use_deterministic_algorithms(False)
+            use_deterministic_algorithms(torch, False)
             torch.backends.cudnn.deterministic = False
         flags = torch_flags(torch)
 
@@ -113,8 +115,35 @@ def _new_precision_api(torch: Any) -> bool:
     return hasattr(torch.backends, "fp32_precision") and hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
 
+# What torch.use_deterministic_algorithms does since torch 2.? (its code's names, exactly): TorchInductor's
+# `deterministic` flag, for which it imports torch._inductor.config (and torch._dynamo with it), then the C
+# flag. The import is ~1.1 s of CPU at every start (torch 2.13 on the CPU: as much as `import torch`) for
+# scripts that never compile.
+_TORCH_UDA_NAMES = ("torch._inductor.config", "_inductor", "config", "deterministic", "_C",
+                    "_set_deterministic_algorithms")
+INDUCTOR_CONFIG = "torch._inductor.config"
+
+
+def use_deterministic_algorithms(torch: Any, mode: bool) -> None:
+    """``torch.use_deterministic_algorithms(mode, warn_only=False)``, with TorchInductor's flag set when its
+    config is first imported (by torch.compile, say) rather than now.
+
+    Only where torch's function is the one known (its code names exactly the two flags): the C flag is set
+    now, and the inductor flag is set to the C flag's value at the moment its module is executed: what
+    torch's function would have left there, since any later call of it imports the module first. Any other
+    torch (older: no inductor flag; a newer one that does more) gets torch's own function."""
+    fn = torch.use_deterministic_algorithms
+    code = getattr(fn, "__code__", None)
+    if code is None or tuple(code.co_names) != _TORCH_UDA_NAMES or INDUCTOR_CONFIG in sys.modules:
+        fn(mode, warn_only=False)
+        return
+    torch._C._set_deterministic_algorithms(mode, warn_only=False)
+    after_import(INDUCTOR_CONFIG, lambda config: setattr(
+        config, "deterministic", bool(torch.are_deterministic_algorithms_enabled())))
+
+
 def _torch_strict(torch: Any) -> None:
-    torch.use_deterministic_algorithms(True, warn_only=False)
+    use_deterministic_algorithms(torch, True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     deterministic_mod = getattr(getattr(torch, "utils", None), "deterministic", None)

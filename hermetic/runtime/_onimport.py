@@ -1,0 +1,82 @@
+"""Run a function right after a module is first executed, without importing it now.
+
+A meta-path finder that answers nothing itself: for the one name it watches it
+asks the other finders, wraps the loader of the spec they return, and calls
+the function with the fresh module once the loader has executed it (as
+``_hermetic_startup``'s seeding hook does for random, numpy and torch). Then it
+leaves ``sys.meta_path``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Dict, Optional, Set
+
+
+class _ThenLoader:
+    def __init__(self, loader: Any, then: Callable[[Any], None]) -> None:
+        self._loader = loader
+        self._then = then
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        self._then(module)
+
+    def __getattr__(self, name: str) -> Any:  # is_package, get_resource_reader, ...: the real loader's
+        return getattr(self._loader, name)
+
+
+class _AfterImport:
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name = name
+        self._then = then
+        self._finding: Set[str] = set()  # a lookup under way (another finder may ask sys.meta_path again)
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name or fullname in self._finding:
+            return None
+        self._finding.add(fullname)
+        try:
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._finding.discard(fullname)
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ThenLoader(spec.loader, self._fire)
+        return spec
+
+    def _fire(self, module: Any) -> None:
+        # Not removed in find_spec: the import system is iterating sys.meta_path there.
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        _pending.pop(self.name, None)
+        self._then(module)
+
+
+_pending: Dict[str, _AfterImport] = {}
+
+
+def after_import(name: str, then: Callable[[Any], None]) -> None:
+    """Call ``then(module)`` when ``name`` is next executed (once); at once if it is imported already.
+
+    A second call for a name still waited for replaces the first's function."""
+    module: Optional[Any] = sys.modules.get(name)
+    if module is not None:
+        then(module)
+        return
+    hook = _pending.get(name)
+    if hook is not None:
+        hook._then = then
+        return
+    hook = _pending[name] = _AfterImport(name, then)
+    sys.meta_path.insert(0, hook)
