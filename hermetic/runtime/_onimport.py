@@ -2,9 +2,12 @@
 
 A meta-path finder that answers nothing itself: for the one name it watches it
 asks the other finders, wraps the loader of the spec they return, and calls
-the function with the fresh module once the loader has executed it (as
-``_hermetic_startup``'s seeding hook does for random, numpy and torch). Then it
+the function with the fresh module once the loader has executed it. Then it
 leaves ``sys.meta_path``. Standard library only.
+
+``_startup.py``'s seeding hook (random, numpy, torch) is the same finder, kept
+apart on purpose: that file is imported at every interpreter start as
+``_hermetic_startup``, alone, and must not import this package there.
 """
 
 from __future__ import annotations
