@@ -222,7 +222,7 @@ def print_report(results: list[dict], info: dict) -> None:
             continue
         print(f"\nwhere a hermetic run of {r['example']} spends its time (one run, in process):")
         print(f"  {'import hermetic.cli':<48} {p['import hermetic.cli']:.3f} s")
-        print(f"  {'import the run modules (pydantic, yaml, ...)':<48} {p['import run modules']:.3f} s")
+        print(f"  {'import the run modules (runner, engine client)':<48} {p['import run modules']:.3f} s")
         for label, sec in p["marks"]:
             print(f"  {label:<48} {sec:.3f} s")
         print(f"  {'total in process (plus interpreter start)':<48} {p['total in process']:.3f} s")

@@ -115,10 +115,10 @@ def _new_precision_api(torch: Any) -> bool:
     return hasattr(torch.backends, "fp32_precision") and hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
 
-# What torch.use_deterministic_algorithms does since torch 2.? (its code's names, exactly): TorchInductor's
-# `deterministic` flag, for which it imports torch._inductor.config (and torch._dynamo with it), then the C
-# flag. The import is ~1.1 s of CPU at every start (torch 2.13 on the CPU: as much as `import torch`) for
-# scripts that never compile.
+# What torch.use_deterministic_algorithms does in recent torch (2.13 here; its code's names, exactly):
+# TorchInductor's `deterministic` flag, for which it imports torch._inductor.config (and torch._dynamo with
+# it), then the C flag. The import is ~1.1 s of CPU at every start (torch 2.13 on the CPU: as much as
+# `import torch`) for scripts that never compile.
 _TORCH_UDA_NAMES = ("torch._inductor.config", "_inductor", "config", "deterministic", "_C",
                     "_set_deterministic_algorithms")
 INDUCTOR_CONFIG = "torch._inductor.config"
