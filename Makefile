@@ -73,7 +73,7 @@ else
 	@own=""; session="$${HERMETIC_TEST_SESSION_CACHE:-}"; \
 	if [ -z "$$session" ]; then own=1; session=$$(mktemp -d "$${TMPDIR:-/tmp}/hermetic-test-session.XXXXXX"); fi; \
 	export HERMETIC_TEST_SESSION_CACHE="$$session"; \
-	files=$$(mktemp -d "$${TMPDIR:-/tmp}/hermetic-test-files.XXXXXX"); cleaner=""; \
+	files=$$(mktemp -d "$${TMPDIR:-/tmp}/hermetic-test-files.XXXXXX") || exit 1; cleaner=""; \
 	echo "$(PYTEST) -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not serial' --basetemp=$$files/parallel $(PYTEST_ARGS)"; \
 	$(PYTEST) -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" --basetemp="$$files/parallel" $(PYTEST_ARGS); first=$$?; \
 	if [ $$first -eq 1 ]; then \
@@ -89,7 +89,7 @@ else
 	$(PYTEST) -ra -m serial --basetemp="$$files/serial" $(PYTEST_ARGS); second=$$?; \
 	if [ -n "$$cleaner" ]; then wait $$cleaner; fi; \
 	for rc in $$first $$second; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then \
-	  echo "make test: the tests' files are kept in $$files"; exit $$rc; fi; done; \
+	  echo "make test: the files of the tests that failed are kept in $$files"; exit $$rc; fi; done; \
 	rm -rf "$$files"; \
 	if [ $$first -eq 5 ] && [ $$second -eq 5 ]; then exit 5; fi; \
 	if [ -n "$$own" ]; then rm -rf "$$session"; fi

@@ -672,6 +672,10 @@ assert config.deterministic is True and torch.are_deterministic_algorithms_enabl
 later = "import torch, hermetic_runtime as hr; hr.enable_determinism('statistical'); import torch._inductor.config as c; print(c.deterministic, torch.are_deterministic_algorithms_enabled())"
 out = subprocess.run([sys.executable, "-c", later], env={"TORCHINDUCTOR_DETERMINISTIC": "1"}, capture_output=True, text=True)
 assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr  # as torch's call would: off, the env's 1 overridden
+# torch.set_deterministic_debug_mode sets the C flag alone: inductor's stays as the last use_deterministic_algorithms left it
+debug = "import torch, hermetic_runtime as hr; hr.enable_determinism('strict'); torch.set_deterministic_debug_mode(0); import torch._inductor.config as c; print(c.deterministic, torch.are_deterministic_algorithms_enabled())"
+out = subprocess.run([sys.executable, "-c", debug], env={}, capture_output=True, text=True)
+assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr
 print("ok")
 """
 
@@ -683,3 +687,31 @@ def test_strict_sets_torchs_flags_without_importing_inductor_and_inductor_gets_i
     proc = subprocess.run(["docker", "run", "--rm", "--network", "none", "--user", "1000:1000", built["image_id"],
                            "/opt/venv/bin/python", "-c", INDUCTOR_LATER], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr[-3000:]
+
+
+def test_after_import_fires_once_on_execution_not_on_a_probe_and_never_breaks_the_import(tmp_path, monkeypatch,
+                                                                                          capsys):
+    import importlib.util
+
+    from hermetic.runtime._onimport import after_import
+
+    (tmp_path / "hr_watched.py").write_text("x = 1\n")
+    (tmp_path / "hr_failing_hook.py").write_text("y = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("hr_watched", "hr_failing_hook"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    calls = []
+    after_import("hr_watched", lambda m: calls.append(m.x))
+    spec = importlib.util.find_spec("hr_watched")  # a probe (datasets does this for torch): nothing yet
+    assert calls == []
+    module = importlib.import_module("hr_watched")
+    assert calls == [1]
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # the probe's spec executed later: once only
+    assert calls == [1]
+    after_import("hr_watched", lambda m: calls.append("at once"))  # imported already
+    assert calls == [1, "at once"] and module.x == 1
+    after_import("hr_failing_hook", lambda m: 1 / 0)
+    assert importlib.import_module("hr_failing_hook").y == 2  # the import itself goes on
+    assert "after importing hr_failing_hook: ZeroDivisionError" in capsys.readouterr().err
+    for name in ("hr_watched", "hr_failing_hook"):
+        sys.modules.pop(name, None)

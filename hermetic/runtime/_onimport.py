@@ -2,8 +2,8 @@
 
 A meta-path finder that answers nothing itself: for the one name it watches it
 asks the other finders, wraps the loader of the spec they return, and calls
-the function with the fresh module once the loader has executed it. Then it
-leaves ``sys.meta_path``. Standard library only.
+the function with the fresh module once the loader has executed it, once; then
+it answers nothing. Standard library only.
 
 ``_startup.py``'s seeding hook (random, numpy, torch) is the same finder, kept
 apart on purpose: that file is imported at every interpreter start as
@@ -13,7 +13,10 @@ apart on purpose: that file is imported at every interpreter start as
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, Optional, Set
+import threading
+from typing import Any, Callable, Dict, Optional, Set, Tuple
+
+from ._io import warn
 
 
 class _ThenLoader:
@@ -36,12 +39,16 @@ class _AfterImport:
     def __init__(self, name: str, then: Callable[[Any], None]) -> None:
         self.name = name
         self._then = then
-        self._finding: Set[str] = set()  # a lookup under way (another finder may ask sys.meta_path again)
+        self.fired = False
+        # lookups under way, per thread (another finder may ask sys.meta_path again; another thread's
+        # find_spec probe must not make this one's import pass us by)
+        self._finding: Set[Tuple[int, str]] = set()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name or fullname in self._finding:
+        key = (threading.get_ident(), fullname)
+        if self.fired or fullname != self.name or key in self._finding:
             return None
-        self._finding.add(fullname)
+        self._finding.add(key)
         try:
             for finder in list(sys.meta_path):
                 find = getattr(finder, "find_spec", None)
@@ -53,17 +60,23 @@ class _AfterImport:
             else:
                 return None
         finally:
-            self._finding.discard(fullname)
+            self._finding.discard(key)
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _ThenLoader(spec.loader, self._fire)
         return spec
 
     def _fire(self, module: Any) -> None:
-        # Not removed in find_spec: the import system is iterating sys.meta_path there.
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
+        # Once: a second spec of ours executed later (a probe's) does nothing. The finder stays in
+        # sys.meta_path, answering nothing: removing it could make another thread's import, iterating
+        # the list, skip a finder.
+        if self.fired:
+            return
+        self.fired = True
         _pending.pop(self.name, None)
-        self._then(module)
+        try:
+            self._then(module)
+        except Exception as e:  # never break the import (torch.compile's, say): say what was not done
+            warn("after importing %s: %s: %s" % (self.name, type(e).__name__, e))
 
 
 _pending: Dict[str, _AfterImport] = {}

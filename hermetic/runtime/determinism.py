@@ -129,17 +129,17 @@ def use_deterministic_algorithms(torch: Any, mode: bool) -> None:
     config is first imported (by torch.compile, say) rather than now.
 
     Only where torch's function is the one known (its code names exactly the two flags): the C flag is set
-    now, and the inductor flag is set to the C flag's value at the moment its module is executed: what
-    torch's function would have left there, since any later call of it imports the module first. Any other
-    torch (older: no inductor flag; a newer one that does more) gets torch's own function."""
+    now, and the inductor flag to ``mode`` when its module is executed: what torch's function would have
+    left there (a later call of it imports the module first, so its own value wins; the C flag alone, as
+    torch.set_deterministic_debug_mode sets it, never touched inductor's). Any other torch (older: no
+    inductor flag; a newer one that does more) gets torch's own function."""
     fn = torch.use_deterministic_algorithms
     code = getattr(fn, "__code__", None)
     if code is None or tuple(code.co_names) != _TORCH_UDA_NAMES or INDUCTOR_CONFIG in sys.modules:
         fn(mode, warn_only=False)
         return
     torch._C._set_deterministic_algorithms(mode, warn_only=False)
-    after_import(INDUCTOR_CONFIG, lambda config: setattr(
-        config, "deterministic", bool(torch.are_deterministic_algorithms_enabled())))
+    after_import(INDUCTOR_CONFIG, lambda config, mode=bool(mode): setattr(config, "deterministic", mode))
 
 
 def _torch_strict(torch: Any) -> None:
