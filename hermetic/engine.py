@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import tarfile
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -65,6 +64,8 @@ GPU_HOOKS = ("nvidia-container-runtime-hook", "nvidia-ctk", "nvidia-container-to
 
 @dataclass(frozen=True)
 class GpuRuntime:
+    """How the engine can give a container GPUs: the NVIDIA runtime or hook it has, if any."""
+
     available: bool
     via: str  # "nvidia runtime", or the hook's path; "" when unavailable
     runtimes: list[str]  # the engine's registered runtimes
@@ -251,6 +252,8 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
     except OSError:
         pass
     errors: list[BaseException] = []
+
+    import tarfile  # here, not at the module's top: a run's start, which loads nothing, does not need it
 
     def writer() -> None:
         try:

@@ -63,6 +63,8 @@ def cache_root() -> Path:
 
 @dataclass(frozen=True)
 class CachePaths:
+    """Where each part of hermetic's cache lies under its root (HERMETIC_CACHE)."""
+
     root: Path
 
     @property

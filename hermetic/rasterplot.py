@@ -18,6 +18,7 @@ import importlib.util
 import io
 import math
 import textwrap
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -150,7 +151,9 @@ def render_png(panels: Sequence["Panel"], *, title: str) -> bytes:
         _draw_panel(draw, img, panel, (x0, y0, x0 + aw, y0 + ah), label_font, small_font)
     img = img.reduce(SCALE)
     buf = io.BytesIO()
-    img.save(buf, format="PNG", compress_level=1)  # zlib's fastest level, as plotting.render
+    # zlib's fastest level, as plotting.render, with its fixed Huffman codes (Pillow passes compress_type to
+    # zlib as the strategy): a quarter less time than its default strategy here, a file ~15 % larger
+    img.save(buf, format="PNG", compress_level=1, compress_type=zlib.Z_FIXED)
     return buf.getvalue()
 
 

@@ -124,6 +124,8 @@ def parse_image_name(ref: str) -> ImageName:
 
 @dataclass(frozen=True)
 class BaseReference:
+    """A base image reference as hermetic.yaml writes it, parsed: by name, OCI layout, archive or engine ID."""
+
     kind: Literal["name", "oci", "oci-archive", "docker"]
     digest: str  # "sha256:<hex>": manifest digest, or image ID for kind "docker"
     name: ImageName | None = None  # kind "name"

@@ -227,6 +227,7 @@ def test_the_record_worker_draws_the_same_picture_and_a_dead_one_is_replaced(tmp
     from datetime import timedelta
 
     from hermetic.record import figure, finish_record, worker as workers, write_record
+    from hermetic.record.errors import RecordError
     from hermetic.record.rundir import create_run_dir
     from hermetic.record.synthetic import T0, synthetic_record
     from hermetic.run.collect import CollectPlan, collect_run
@@ -262,6 +263,23 @@ def test_the_record_worker_draws_the_same_picture_and_a_dead_one_is_replaced(tmp
     assert workers.current() is None and (run_dir / "metrics.png").read_bytes() == inline
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # it ended, and was reaped
+    # asked to check and draw in one exchange, a worker that finds the final record invalid draws nothing
+    # and keeps waiting; the record is not written
+    (run_dir / "metrics.png").unlink()
+    bad = json.loads(json.dumps(done))
+    bad["seed"]["value"] = "forty-two"
+    workers.warm_up()
+    try:
+        with pytest.raises(RecordError, match="seed"):
+            write_record(run_dir, bad, series=collected.series)
+        assert not (run_dir / "metrics.png").exists() and workers.current() is not None
+        write_record(run_dir, done, series=collected.series)
+        assert workers.current() is None and (run_dir / "metrics.png").read_bytes() == inline
+    finally:
+        gone = workers.take()
+        if gone is not None:
+            gone.close()
+            os.waitpid(gone.pid, 0)
 
 
 def test_the_record_worker_gives_the_schemas_verdicts_and_its_absence_changes_nothing(tmp_path):

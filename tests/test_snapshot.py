@@ -114,6 +114,25 @@ def test_a_project_in_a_subdirectory_records_its_commit_branch_and_untracked_fil
     assert take_snapshot(root, tmp_path / "run2", []).git["branch"] is None  # detached: no branch
 
 
+def test_a_project_with_a_directory_named_as_its_place_in_the_repository_keeps_it(tmp_path):
+    # repo/proj/ holds proj/model.py: git's paths are relative to the project already; taking the project's
+    # place ("proj/") off them again dropped proj/model.py from the snapshot and the untracked list.
+    repo = tmp_path / "repo"
+    root = repo / "proj"
+    (root / "proj").mkdir(parents=True)
+    (root / "train.py").write_text("import proj.model\n")
+    (root / "proj" / "model.py").write_text("M = 1\n")
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "x")
+    (root / "proj" / "layers.py").write_text("L = 2\n")
+    paths, in_git = list_source_files(root, [])
+    assert in_git and paths == ["proj/layers.py", "proj/model.py", "train.py"]
+    snap = take_snapshot(root, tmp_path / "run", [])
+    assert sorted(snap.files) == paths
+    assert snap.git["untracked"] == {"proj/layers.py": snap.files["proj/layers.py"]} and snap.git["dirty"]
+
+
 def test_a_repository_without_commits_has_no_commit_and_no_branch(tmp_path):
     root = tmp_path / "proj"
     root.mkdir()

@@ -53,6 +53,8 @@ def image_env(cfg: HermeticConfig, base_env: list[str], venv_bin: str, venv_pref
 
 @dataclass(frozen=True)
 class LayerRef:
+    """A layer of the image: its blob's descriptor, its uncompressed digest, the step that made it."""
+
     descriptor: Descriptor
     diff_id: str
     created_by: str

@@ -27,6 +27,8 @@ BUILD_RECORD = "hermetic.image.json"
 
 @dataclass(frozen=True)
 class ImageInfo:
+    """A built image as the store and hermetic.image.json know it: its IDs, layers and labels."""
+
     image_id: str  # sha256 of the config: what `docker image inspect` shows as Id
     manifest_digest: str
     build_key: str  # "" when unknown (an image found by digest, e.g. for a replay)

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class BuildResult:
+    """What a build made: the image, its layers, whether it was a no-op or loaded, how long it took."""
+
     info: ImageInfo
     layers: list[dict[str, Any]]
     noop: bool

@@ -377,6 +377,8 @@ def build_manifest(
 
 @dataclass(frozen=True)
 class DatasetReport:
+    """One dataset's verification report, with its name and mount."""
+
     name: str
     mount: str
     report: VerifyReport

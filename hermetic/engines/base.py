@@ -35,6 +35,8 @@ LOG_FILES = ("stdout.log", "stderr.log", "combined.log")
 
 @dataclass
 class Mount:
+    """A host path bound into the container (read-only unless said)."""
+
     source: Path
     target: str
     read_only: bool = True
@@ -42,6 +44,8 @@ class Mount:
 
 @dataclass
 class ContainerSpec:
+    """The training container as any engine is asked to run it: image, command, mounts, user, limits."""
+
     image_id: str
     command: list[str]
     mounts: list[Mount]
@@ -70,6 +74,8 @@ def container_hostname(network: str) -> str | None:
 
 @dataclass
 class RunOutcome:
+    """How the container ended: its exit code, or interrupted, and why hermetic stopped it if it did."""
+
     exit_code: int | None
     interrupted: bool
     signal_name: str | None = None

@@ -29,13 +29,15 @@ def write_metrics_figure(run_dir: str | Path, record: dict[str, Any], *,
     draw it (an unwritable directory, a series that is not what the record says) leaves no figure rather
     than failing the run.
     """
+    has_series = record["metrics"].get("series") or record["metrics"]["file"]
+    if record["record"]["finished_at"] is None or not has_series:
+        return None  # before importing anything: every early record of a run comes here
     from hermetic import rasterplot
     from hermetic.errors import HermeticError
     from hermetic.record.metrics import load_series, run_series
 
     run_dir = Path(run_dir)
-    has_series = record["metrics"].get("series") or record["metrics"]["file"]
-    if record["record"]["finished_at"] is None or not has_series or not rasterplot.available():
+    if not rasterplot.available():
         return None
     try:
         found = (run_series(series) if series is not None and record["metrics"].get("series")

@@ -39,17 +39,28 @@ class FigureDrawing:
         return self._name
 
 
+def figure_wanted(record: dict[str, Any]) -> bool:
+    """Whether ``record`` gets a figure: final, with metrics, and Pillow installed (not imported here)."""
+    try:
+        has_series = record["metrics"].get("series") or record["metrics"]["file"]
+        if record["record"]["finished_at"] is None or not has_series:
+            return False
+    except (KeyError, TypeError, AttributeError):
+        return False  # not a record: its validation says why
+    from hermetic import rasterplot
+
+    return rasterplot.available()
+
+
 def start_metrics_figure(run_dir: str | Path, record: dict[str, Any], *,
                          series: list[dict[str, Any]] | None = None, fork: bool = True) -> FigureDrawing | None:
     """Start drawing the final record's figure in a child process: the waiting record worker
     (hermetic.record.worker), else (``fork``) one forked now; None when there is nothing to draw (no
     metrics, not final, no Pillow) or no child could be started (the caller draws inline then)."""
-    from hermetic import rasterplot
+    if not figure_wanted(record):
+        return None
     from hermetic.record import worker as workers
 
-    has_series = record["metrics"].get("series") or record["metrics"]["file"]
-    if record["record"]["finished_at"] is None or not has_series or not rasterplot.available():
-        return None
     for worker in (workers.take(), None):
         worker = worker or (workers.RecordWorker.fork() if fork else None)  # none waiting, or it died
         if worker is None:

@@ -119,23 +119,42 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any], *,
     record), joined here instead of drawing it again.
     """
     from hermetic.record.errors import RecordError
-    from hermetic.record.figure import start_metrics_figure, write_metrics_figure
+    from hermetic.record.figure import (FIGURE_NAME, FigureDrawing, figure_wanted, start_metrics_figure,
+                                        write_metrics_figure)
     from hermetic.record.readme import render_readme
-    from hermetic.record.worker import validate_record
+    from hermetic.record import worker as workers
 
     run_dir = Path(run_dir)
     source = str(run_dir / RUN_JSON)
     clean = redact_secrets(record)
-    validate_record(clean, source=source, sealed=False)  # by the record worker when one waits (`hermetic run`)
+    meta = clean.get("record")
+    # A final record's figure is drawn by the waiting record worker (a run's) as soon as it found the record
+    # valid, one exchange with it, while this process seals and writes the record; joined before the README.
+    drawer = workers.current() if figure is None and isinstance(meta, dict) and meta.get("run_id") == run_dir.name \
+        and figure_wanted(clean) else None
+    if drawer is not None:
+        try:
+            message = drawer.validate(clean, source=source, sealed=False, draw=(str(run_dir), series))
+        except workers.WorkerGone:
+            workers.take()  # gone: validated and drawn here
+            drawer = None
+        else:
+            if message is not None:
+                raise RecordError(message)
+            workers.take()
+            figure = FigureDrawing(drawer.pid)
+    if drawer is None:
+        workers.validate_record(clean, source=source, sealed=False)  # by the record worker when one waits
     run_id = clean["record"]["run_id"]
     if run_dir.name != run_id:
         raise RecordError(f"{source}: record.run_id: {run_id!r} does not match the directory name {run_dir.name!r}")
     try:
-        sealed = seal(clean)
+        sealed = seal(clean, copy=False)  # clean is this call's own copy already
     except ValueError as e:  # NaN/Infinity somewhere: JSON cannot hold them
+        if figure is not None and figure.join():
+            (run_dir / FIGURE_NAME).unlink(missing_ok=True)  # no figure of a record that was not written
         raise RecordError(f"{source}: {e} (store non-finite numbers as 'NaN'/'Infinity' strings)") from None
-    # final records with metrics only, when Pillow is there: drawn by the waiting record worker (a run's) while
-    # this process writes the record, joined before the README; else here
+    # (no worker was asked above: a worker waiting now, else drawn here)
     figure = figure if figure is not None else start_metrics_figure(run_dir, sealed, series=series, fork=False)
     try:
         atomic_write_text(run_dir / RUN_JSON, pretty_json(sealed))

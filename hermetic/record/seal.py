@@ -7,7 +7,7 @@ seal and changing any value does.
 
 from __future__ import annotations
 
-import copy
+import copy as _copy
 from typing import Any
 
 from hermetic.canonical import canonical_sha256
@@ -23,9 +23,10 @@ def record_digest(record: dict[str, Any]) -> str:
     return canonical_sha256(blank)
 
 
-def seal(record: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy of ``record`` with ``record.record_sha256`` filled in."""
-    sealed = copy.deepcopy(record)
+def seal(record: dict[str, Any], *, copy: bool = True) -> dict[str, Any]:
+    """A deep copy of ``record`` with ``record.record_sha256`` filled in (``copy=False``: ``record`` itself,
+    for a caller whose record is its own copy already)."""
+    sealed = _copy.deepcopy(record) if copy else record
     sealed["record"]["record_sha256"] = record_digest(sealed)
     return sealed
 

@@ -71,10 +71,12 @@ class RecordWorker:
             self.close()
             raise WorkerGone("it died") from None
 
-    def validate(self, record: dict[str, Any], *, source: str, sealed: bool) -> str | None:
+    def validate(self, record: dict[str, Any], *, source: str, sealed: bool,
+                 draw: tuple[str, list[dict[str, Any]] | None] | None = None) -> str | None:
         """The schema's verdict on ``record``: None (valid) or RecordError's message; WorkerGone when it
-        cannot answer."""
-        self._send(("validate", record, source, sealed))
+        cannot answer. ``draw`` (the run directory, the series): a final record's figure, drawn by the worker
+        as its last job once it found the record valid (``pid`` to wait for), in one exchange instead of two."""
+        self._send(("validate", record, source, sealed, draw))
         answer = _read_message(self._answer_fd) if self._answer_fd is not None else None
         if answer is None:
             self.close()
@@ -83,7 +85,11 @@ class RecordWorker:
         if kind == "crashed":  # the schema failed to import there: the caller's own validation says why
             self.close()
             raise WorkerGone(message)
-        return message if kind == "invalid" else None
+        if kind == "invalid":
+            return message
+        if draw is not None:
+            self.close()  # drawing: its last job
+        return None
 
     def draw(self, run_dir: str | Path, record: dict[str, Any], series: list[dict[str, Any]] | None) -> int:
         """Send the final record (and its series) to be drawn, the worker's last job; its pid, to wait for
@@ -152,7 +158,7 @@ def _serve(req_fd: int, ans_fd: int) -> int:
         if request is None:
             return _QUIT_CODE
         if request[0] == "validate":
-            _, record, source, sealed = request
+            _, record, source, sealed, draw = request
             if schema is None:
                 answer: tuple[str, str | None] = ("crashed", schema_error)
             else:
@@ -163,6 +169,10 @@ def _serve(req_fd: int, ans_fd: int) -> int:
                     answer = ("invalid", e.message)
             data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
             _write_all(ans_fd, len(data).to_bytes(8, "big") + data)
+            if draw is not None and answer[0] == "valid":  # its last job, begun as the caller writes the record
+                from hermetic.record.drawing import write_metrics_figure
+
+                return 0 if write_metrics_figure(draw[0], record, series=draw[1]) else 3
             if not drawing_ready:  # after the run's first record, not before it: the script runs meanwhile
                 drawing_ready = True
                 _preload_drawing()

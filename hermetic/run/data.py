@@ -39,6 +39,8 @@ class DataChanged(DataError):
 
 @dataclass(frozen=True)
 class VerifiedDataset:
+    """A dataset that passed verification against its manifest: its plan and report."""
+
     plan: DatasetPlan
     report: VerifyReport
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,8 @@ HERMETIC_LOG = "hermetic.log"  # in runs/<id>/logs/: what the detached process i
 
 @dataclass(frozen=True)
 class Announced:
+    """What a detached `hermetic run` (or group) said it started: its kind, ID and directory."""
+
     kind: str  # "run" | "group"
     ident: str
     path: Path
@@ -62,6 +63,8 @@ def announce(kind: str, ident: str, path: Path, log_dir: Path) -> bool:
 
 def start_detached(argv: list[str]) -> Announced:
     """Start ``hermetic ARGV`` detached; return what it announced, or raise the error it refused with."""
+    import tempfile  # here: not on every run's start
+
     rfd, wfd = os.pipe()
     with tempfile.TemporaryFile() as errors:
         proc = subprocess.Popen(

@@ -45,6 +45,8 @@ class DistributedConfigError(UsageError):
 
 @dataclass(frozen=True)
 class DistributedPlan:
+    """A distributed run's shape: processes per node, backend, nodes, this node's rank and rendezvous."""
+
     nproc_per_node: int
     backend: str  # "gloo" or "nccl"
     nnodes: int = 1

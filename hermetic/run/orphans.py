@@ -59,6 +59,8 @@ class Orphan:
 
 @dataclass(frozen=True)
 class Reaped:
+    """An orphaned container removed, and what was done for its run's record."""
+
     container: str  # its ID, short
     run_id: str | None
     run_dir: Path | None

@@ -26,6 +26,8 @@ RUNTIME_REPORT = f"{RUNTIME_MOUNT}/runtime.json"
 
 @dataclass
 class RunRequest:
+    """What `hermetic run` (or submit, replay, a group's member) was asked to run, as parsed from its command line."""
+
     script: str
     args: list[str]
     argv: list[str]
@@ -55,6 +57,8 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class DatasetPlan:
+    """A dataset as the run will mount it: where it is here, its manifest, where the container sees it."""
+
     name: str
     host_path: Path  # absolute, on this machine
     manifest_path: Path
@@ -193,6 +197,8 @@ def redact_argv(argv: list[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class ContainerUser:
+    """The user the script runs as in the container, as docker takes it and as numbers."""
+
     spec: str  # "UID:GID" as docker takes it
     uid: int
     gid: int

@@ -55,6 +55,8 @@ def data_section(run_dir: Path, verified: list[VerifiedDataset]) -> dict[str, An
 
 @dataclass(frozen=True)
 class RunEnvironment:
+    """The variables a run's container gets, and how the record tells them apart."""
+
     container: dict[str, str]  # what the container gets on top of the image's Env
     determinism: dict[str, str]  # every knob in effect, whoever set it (record: env.determinism)
     passed: dict[str, str]  # the other variables the user passed (record: env.passed)

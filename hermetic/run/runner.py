@@ -69,6 +69,8 @@ ENGINE_NAMES = {"docker": "the Docker Engine", "podman": "Podman's storage", "ch
 
 @dataclass
 class RunResult:
+    """A finished run as `hermetic run` reports it: its ID, directory, status, exit code and sealed record."""
+
     run_id: str
     run_dir: Path
     status: str

@@ -50,6 +50,8 @@ INDEX_TYPES = (MT_INDEX, MT_DOCKER_LIST)
 
 @dataclass(frozen=True)
 class Descriptor:
+    """An OCI content descriptor: media type, digest, size (and annotations, platform)."""
+
     media_type: str
     digest: str
     size: int
