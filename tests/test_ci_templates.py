@@ -87,13 +87,18 @@ def ci_project(tmp_path_factory, base_ref) -> Path:
     return proj
 
 
-def gitlab_pipeline(project: Path, workdir: Path, registry) -> tuple[subprocess.CompletedProcess, Path]:
-    """One pipeline of the generated .gitlab-ci.yml in a fresh clone (so a fresh $CI_PROJECT_DIR/.hermetic/cache)."""
+def gitlab_pipeline(project: Path, workdir: Path, registry, *, elsewhere: bool = False
+                    ) -> tuple[subprocess.CompletedProcess, Path]:
+    """One pipeline of the generated .gitlab-ci.yml in a fresh clone (so a fresh $CI_PROJECT_DIR/.hermetic/cache);
+    ``elsewhere``: under another time zone and umask than the suite's (TZ a job variable, umask 002 inherited:
+    077 would leave the data the job makes unreadable to the container's user, which hermetic refuses)."""
     checkout = clone(project, workdir / "checkout")
+    where = ["--variable", "TZ=Pacific/Kiritimati"] if elsewhere else []
     proc = subprocess.run(
         [str(node_tool("gitlab-ci-local")), "--variable", "HERMETIC_EXECUTOR=shell",
-         "--variable", f"REGISTRY={registry.host}"],
-        cwd=checkout, env=tool_env(workdir / "home"), capture_output=True, text=True, timeout=900)
+         "--variable", f"REGISTRY={registry.host}", *where],
+        cwd=checkout, env=tool_env(workdir / "home"), capture_output=True, text=True, timeout=900,
+        umask=0o002 if elsewhere else -1)
     return proc, checkout
 
 
@@ -106,14 +111,16 @@ def artifact_record(checkout: Path, job: str = "hermetic-shell") -> dict:
 
 @pytest.fixture(scope="module")
 def first_pipeline(ci_project, registry, tmp_path_factory):
-    """The first GitLab pipeline: an empty cache registry and an empty hermetic cache."""
+    """The first GitLab pipeline: an empty cache registry and an empty hermetic cache, another TZ and umask
+    (its base bootstrap is the suite's check that bootstrapping is reproducible there: the project pins the
+    session's base by digest)."""
     with pytest.raises(urllib.error.HTTPError, match="404"):
         registry_tags(registry)  # nothing pushed yet
-    proc, checkout = gitlab_pipeline(ci_project, tmp_path_factory.mktemp("pipeline1"), registry)
+    proc, checkout = gitlab_pipeline(ci_project, tmp_path_factory.mktemp("pipeline1"), registry, elsewhere=True)
     return proc, checkout
 
 
-def test_gitlab_first_pipeline_bootstraps_the_base_misses_and_publishes(first_pipeline, registry):
+def test_gitlab_first_pipeline_bootstraps_the_base_misses_and_publishes(first_pipeline, registry, base_ref):
     proc, checkout = first_pipeline
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
@@ -122,6 +129,9 @@ def test_gitlab_first_pipeline_bootstraps_the_base_misses_and_publishes(first_pi
     assert "cache miss: published" in log
     rec = artifact_record(checkout)
     assert rec["record"]["status"] == "succeeded" and rec["metrics"]["final"]["epoch"] == 19
+    # bootstrapped in an empty cache, TZ Pacific/Kiritimati, umask 002: the digest the suite's own base has
+    assert rec["image"]["base"] == base_ref, (rec["image"]["base"], base_ref)
+    assert (checkout / "data" / "meta.json").stat().st_mode & 0o777 == 0o664  # the job's files: its umask, 002
     base_digest = rec["image"]["base"].split("@")[1]
     tags = registry_tags(registry)
     assert f"base-{base_digest.removeprefix('sha256:')}" in tags
