@@ -33,23 +33,21 @@ def build_json(proj: Path, *args: str, env: dict | None = None) -> dict:
 
 
 def share_base(session_cache: Path, cache_dir: Path) -> None:
-    """Give a fresh cache the session's bootstrapped base (hardlinked blobs, same digests)."""
-    src = session_cache / "oci"
-    dst = cache_dir / "oci"
-    for p in src.rglob("*"):
-        rel = p.relative_to(src)
-        if p.is_dir():
-            (dst / rel).mkdir(parents=True, exist_ok=True)
-        elif rel.parts[0] in ("blobs", "oci-layout", "index.json"):
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            if not (dst / rel).exists():
-                os.link(p, dst / rel) if rel.parts[0] == "blobs" else shutil.copy(p, dst / rel)
+    """Give a fresh cache the session's bootstrapped base and nothing else of the session's store: the blobs
+    its refs reach (hardlinked: the same digests) and its refs. (Not every blob of the session's store: a
+    cache holding gigabytes of other images made each `cache verify` here rehash them all.)"""
     from hermetic.store.oci import OciStore
 
-    store = OciStore(dst)
-    for name in store.refs():
+    src = OciStore(session_cache / "oci")
+    dst = OciStore(cache_dir / "oci").ensure()
+    for name, desc in src.refs().items():
         if not name.startswith("hermetic/"):
-            store.remove_ref(name)  # only the bootstrapped base is shared
+            continue
+        for digest in sorted(src.live_blobs_from(desc.digest)):
+            target = dst.blob_path(digest)
+            if not target.exists():
+                os.link(src.blob_path(digest), target)
+        dst.set_ref(name, desc)
 
 
 # What clone_cache leaves out: lock files (a hardlinked lock is the same lock), temporary and in-use

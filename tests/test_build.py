@@ -175,6 +175,9 @@ def test_missing_wheel_offline_names_it(tmp_path, use_session_cache, base_ref, w
 
 def test_tampered_wheel_in_store_is_refused(tmp_path, cache_dir, session_cache, base_ref, wheels):
     _share_base(session_cache, cache_dir)
+    # the layers no wheel decides (the runtime's, the interpreter's) made first, by another project: the refused
+    # build may not add a blob of its own (a fresh cache's build makes those beside the wheels' and keeps them)
+    build_json(make_project(tmp_path / "warm", base_ref, {"beta": wheels["beta"]}), "--no-load")
     proj = make_project(tmp_path / "p", base_ref, {"alpha": wheels["alpha"]})
     assert run_cli("fetch", "-C", str(proj)).returncode == 0
     stored = next((cache_dir / "wheels").rglob("alpha-1.0-*.whl"))
