@@ -93,6 +93,9 @@ def gitlab_pipeline(project: Path, workdir: Path, registry, *, elsewhere: bool =
     ``elsewhere``: under another time zone and umask than the suite's (TZ a job variable, umask 002 inherited:
     077 would leave the data the job makes unreadable to the container's user, which hermetic refuses)."""
     checkout = clone(project, workdir / "checkout")
+    # as root the template's as_root is nothing; through sudo (another user) TZ and the umask would not reach
+    # the bootstrap, and the check would check nothing
+    assert not elsewhere or os.geteuid() == 0, "the suite runs as root (make test)"
     where = ["--variable", "TZ=Pacific/Kiritimati"] if elsewhere else []
     proc = subprocess.run(
         [str(node_tool("gitlab-ci-local")), "--variable", "HERMETIC_EXECUTOR=shell",
@@ -129,7 +132,8 @@ def test_gitlab_first_pipeline_bootstraps_the_base_misses_and_publishes(first_pi
     assert "cache miss: published" in log
     rec = artifact_record(checkout)
     assert rec["record"]["status"] == "succeeded" and rec["metrics"]["final"]["epoch"] == 19
-    # bootstrapped in an empty cache, TZ Pacific/Kiritimati, umask 002: the digest the suite's own base has
+    # bootstrapped in an empty cache, TZ Pacific/Kiritimati, umask 002: the digest the suite's own base has (the
+    # template itself stops on another digest; this says which one it was)
     assert rec["image"]["base"] == base_ref, (rec["image"]["base"], base_ref)
     assert (checkout / "data" / "meta.json").stat().st_mode & 0o777 == 0o664  # the job's files: its umask, 002
     base_digest = rec["image"]["base"].split("@")[1]

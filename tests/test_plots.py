@@ -269,12 +269,25 @@ def test_the_record_worker_draws_the_same_picture_and_a_dead_one_is_replaced(tmp
     bad = json.loads(json.dumps(done))
     bad["seed"]["value"] = "forty-two"
     workers.warm_up()
+    pid = workers.current().pid
     try:
         with pytest.raises(RecordError, match="seed"):
             write_record(run_dir, bad, series=collected.series)
-        assert not (run_dir / "metrics.png").exists() and workers.current() is not None
+        waiting = workers.current()
+        assert not (run_dir / "metrics.png").exists() and waiting is not None and waiting.pid == pid
         write_record(run_dir, done, series=collected.series)
         assert workers.current() is None and (run_dir / "metrics.png").read_bytes() == inline
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # the worker drew it: it ended, and was reaped
+        # a worker that died before the final record: checked and drawn here, the dead one reaped
+        (run_dir / "metrics.png").unlink()
+        workers.warm_up()
+        dead = workers.current().pid
+        os.kill(dead, signal.SIGKILL)
+        write_record(run_dir, done, series=collected.series)
+        assert workers.current() is None and (run_dir / "metrics.png").read_bytes() == inline
+        with pytest.raises(ChildProcessError):
+            os.waitpid(dead, os.WNOHANG)
     finally:
         gone = workers.take()
         if gone is not None:

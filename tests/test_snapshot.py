@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tarfile
 from pathlib import Path
+
+import pytest
 
 from hermetic.run.snapshot import list_source_files, take_snapshot
 
@@ -157,3 +160,35 @@ def test_the_links_check_and_the_snapshot_read_one_listing(tmp_path, monkeypatch
     monkeypatch.setattr(snapshot, "list_source_files", lambda *a, **k: calls.append(a) or listed)
     snap = take_snapshot(root, tmp_path / "run", [], listed=(["train.py"], False))
     assert sorted(snap.files) == ["train.py"] and calls == []
+
+
+def test_what_a_script_left_in_runs_is_not_opened_by_git(tmp_path):
+    """A run's outputs live under runs/, inside the project: a script can leave a FIFO there. Named .gitignore,
+    git's walk for untracked files would open it and wait forever (the next `hermetic run`, often root, hung):
+    the excluded trees are kept out of git's walk, in and outside a repository, and out of the git state's."""
+    import threading
+
+    for in_git in (True, False):
+        root = tmp_path / ("repo" if in_git else "plain") / "proj"
+        root.mkdir(parents=True)
+        (root / "train.py").write_text("print(1)\n")
+        if in_git:
+            _git(root, "init", "-q", "-b", "main")
+            _git(root, "add", "-A")
+            _git(root, "commit", "-q", "-m", "x")
+        left = root / "runs" / "20261203-190000-abcdef" / "outputs"
+        left.mkdir(parents=True)
+        fifo = left / ".gitignore"
+        os.mkfifo(fifo)
+        done: list = []
+        worker = threading.Thread(target=lambda: done.append(take_snapshot(root, tmp_path / f"run-{in_git}", ["runs"])),
+                                  daemon=True)
+        worker.start()
+        worker.join(60)
+        if worker.is_alive():  # let the blocked git go (a writer opens the FIFO), then fail
+            fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+            worker.join(30)
+            os.close(fd)
+            pytest.fail(f"git opened {fifo} (in a repository: {in_git})")
+        assert sorted(done[0].files) == ["train.py"]
+        assert (done[0].git is not None) == in_git

@@ -130,38 +130,41 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any], *,
     meta = clean.get("record")
     # A final record's figure is drawn by the waiting record worker (a run's) as soon as it found the record
     # valid, one exchange with it, while this process seals and writes the record; joined before the README.
+    given = figure  # one the caller started: joined here, whatever happens, and left as drawn
     drawer = workers.current() if figure is None and isinstance(meta, dict) and meta.get("run_id") == run_dir.name \
         and figure_wanted(clean) else None
     if drawer is not None:
         try:
             message = drawer.validate(clean, source=source, sealed=False, draw=(str(run_dir), series))
         except workers.WorkerGone:
-            workers.take()  # gone: validated and drawn here
+            workers.discard(drawer)  # gone: validated and drawn here
             drawer = None
         else:
             if message is not None:
                 raise RecordError(message)
             workers.take()
             figure = FigureDrawing(drawer.pid)
-    if drawer is None:
-        workers.validate_record(clean, source=source, sealed=False)  # by the record worker when one waits
-    run_id = clean["record"]["run_id"]
-    if run_dir.name != run_id:
-        raise RecordError(f"{source}: record.run_id: {run_id!r} does not match the directory name {run_dir.name!r}")
+    written = False
     try:
-        sealed = seal(clean, copy=False)  # clean is this call's own copy already
-    except ValueError as e:  # NaN/Infinity somewhere: JSON cannot hold them
-        if figure is not None and figure.join():
-            (run_dir / FIGURE_NAME).unlink(missing_ok=True)  # no figure of a record that was not written
-        raise RecordError(f"{source}: {e} (store non-finite numbers as 'NaN'/'Infinity' strings)") from None
-    # (no worker was asked above: a worker waiting now, else drawn here)
-    figure = figure if figure is not None else start_metrics_figure(run_dir, sealed, series=series, fork=False)
-    try:
+        if drawer is None:
+            workers.validate_record(clean, source=source, sealed=False)  # by the record worker when one waits
+        run_id = clean["record"]["run_id"]
+        if run_dir.name != run_id:
+            raise RecordError(f"{source}: record.run_id: {run_id!r} does not match the directory name "
+                              f"{run_dir.name!r}")
+        try:
+            sealed = seal(clean, copy=False)  # clean is this call's own copy already
+        except ValueError as e:  # NaN/Infinity somewhere: JSON cannot hold them
+            raise RecordError(f"{source}: {e} (store non-finite numbers as 'NaN'/'Infinity' strings)") from None
+        # (no worker was asked above: a worker waiting now, else drawn here)
+        figure = figure if figure is not None else start_metrics_figure(run_dir, sealed, series=series, fork=False)
         atomic_write_text(run_dir / RUN_JSON, pretty_json(sealed))
+        written = True
         drawn = figure.join() if figure is not None else write_metrics_figure(run_dir, sealed, series=series)
     finally:
-        if figure is not None:
-            figure.join()  # never a child left behind, whatever the write raised
+        # never a child left behind, whatever was raised; nor a figure this call drew for a record not written
+        if figure is not None and figure.join() and not written and figure is not given:
+            (run_dir / FIGURE_NAME).unlink(missing_ok=True)
     atomic_write_text(run_dir / README_NAME, render_readme(sealed, figure=drawn))
     update_index(run_dir.parent, run_entry(sealed, run_dir.name))
     return sealed

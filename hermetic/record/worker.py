@@ -221,6 +221,18 @@ def take() -> RecordWorker | None:
     return worker
 
 
+def discard(worker: RecordWorker) -> None:
+    """Let go of a worker that cannot answer (WorkerGone): no longer this process's, its pipes closed, and
+    reaped (at the end of its request pipe it exits, if it is not dead already)."""
+    if current() is worker:
+        take()
+    worker.close()
+    try:
+        os.waitpid(worker.pid, 0)
+    except ChildProcessError:
+        pass
+
+
 def validate_record(record: dict[str, Any], *, source: str, sealed: bool) -> None:
     """hermetic.record.schema.validate_record, answered by the waiting worker when there is one."""
     worker = current()
@@ -228,7 +240,7 @@ def validate_record(record: dict[str, Any], *, source: str, sealed: bool) -> Non
         try:
             message = worker.validate(record, source=source, sealed=sealed)
         except WorkerGone:
-            take()  # gone: the next run forks another
+            discard(worker)  # gone: the next run forks another
         else:
             if message is not None:
                 from hermetic.record.errors import RecordError

@@ -68,12 +68,18 @@ def _excluded(rel: str, excludes: list[str]) -> bool:
     return any(rel == e or rel.startswith(e + "/") for e in excludes)
 
 
+def _exclude_specs(excludes: list[str]) -> list[str]:
+    """git pathspecs that keep the excluded trees (runs/, the datasets) out of git's own walk: what a script
+    left there (a FIFO named .gitignore would block git's read of it) is never opened, not just filtered."""
+    return [f":(exclude,literal){e}" for e in excludes if e not in ("", ".")]
+
+
 def _may_be_in_work_tree(root: Path) -> bool:
     """False only where git could not find a repository for ``root``: no ``.git`` in it or above it, and
     none named by the environment. Saves a git process (~5 ms of a run's start) outside repositories."""
     if os.environ.get("GIT_DIR") or os.environ.get("GIT_WORK_TREE"):
         return True
-    here = root.absolute()
+    here = root.resolve()  # git looks from the real directory, whatever link led to it
     return any(os.path.lexists(d / ".git") for d in (here, *here.parents))
 
 
@@ -81,8 +87,8 @@ def list_source_files(root: Path, excludes: list[str], use_git: bool = True) -> 
     """(relative paths, in_git). Paths are files or symlinks, sorted."""
     # One git question: ls-files fails outside a work tree (and is not asked where no .git could make one).
     # Its paths are relative to ``root`` (git's current directory), not to the work tree's top.
-    out = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".") \
-        if use_git and _may_be_in_work_tree(root) else None
+    out = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".",
+               *_exclude_specs(excludes)) if use_git and _may_be_in_work_tree(root) else None
     if out is not None:
         paths = []
         for rel in out.split("\0"):
@@ -139,7 +145,7 @@ def _not_ignored_outside_git(root: Path, excludes: list[str]) -> list[str] | Non
             f.write("ref: refs/heads/main\n")
         # the excluded trees (datasets, runs/) are not walked at all
         out = _git(root, f"--git-dir={empty}", f"--work-tree={root}", "ls-files", "-z", "--others",
-                   "--exclude-standard", "--", ".", *(f":(exclude,literal){e}" for e in excludes))
+                   "--exclude-standard", "--", ".", *_exclude_specs(excludes))
     if out is None:
         return None
     return [p.rstrip("/") for p in out.split("\0") if p and os.path.lexists(root / p.rstrip("/"))]
@@ -161,7 +167,8 @@ def links_out(root: Path, paths: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def git_state(root: Path, run_dir: Path, untracked_hashes: dict[str, str]) -> dict[str, Any] | None:
+def git_state(root: Path, run_dir: Path, untracked_hashes: dict[str, str],
+              excludes: list[str] = ()) -> dict[str, Any] | None:  # type: ignore[assignment]
     head = _git(root, "rev-parse", "HEAD", "--abbrev-ref", "HEAD")  # one git for the two
     if head is None:
         if _git(root, "rev-parse", "--show-toplevel") is None:  # fails outside a work tree
@@ -172,7 +179,8 @@ def git_state(root: Path, run_dir: Path, untracked_hashes: dict[str, str]) -> di
         commit_s, branch = commit_s.strip(), branch.strip() or None
     diff = _git(root, "diff", "--binary", "HEAD", "--", ".") if commit_s else ""
     diff = diff or ""
-    untracked_out = _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".") or ""
+    untracked_out = _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".",
+                         *_exclude_specs(list(excludes))) or ""
     untracked = {}
     for p in untracked_out.split("\0"):
         if p:
@@ -234,7 +242,7 @@ def take_snapshot(root: Path, run_dir: Path, excludes: list[str], *, use_git: bo
     warnings = []
     if total > 200 * 1024 * 1024:
         warnings.append(f"the source snapshot is {total / 1e6:.0f} MB; large data belongs in a dataset (hermetic.yaml datasets:)")
-    git = git_state(root, run_dir, files) if in_git else None
+    git = git_state(root, run_dir, files, excludes) if in_git else None
     return Snapshot(git, files, h.hexdigest(), tar_path, total, warnings)
 
 
