@@ -19,6 +19,12 @@ def run_panels(series: dict[str, list[tuple[int, float]]], label: str):  # -> li
             for n in names]
 
 
+def is_figured(record: dict[str, Any]) -> bool:
+    """Whether ``record`` is one that gets a figure: final, with metrics (whether Pillow is there aside)."""
+    has_series = record["metrics"].get("series") or record["metrics"]["file"]
+    return record["record"]["finished_at"] is not None and bool(has_series)
+
+
 def write_metrics_figure(run_dir: str | Path, record: dict[str, Any], *,
                          series: list[dict[str, Any]] | None = None) -> str | None:
     """Draw ``run_dir/metrics.png`` for a finished run with metrics; its name, or None when there is none.
@@ -29,8 +35,7 @@ def write_metrics_figure(run_dir: str | Path, record: dict[str, Any], *,
     draw it (an unwritable directory, a series that is not what the record says) leaves no figure rather
     than failing the run.
     """
-    has_series = record["metrics"].get("series") or record["metrics"]["file"]
-    if record["record"]["finished_at"] is None or not has_series:
+    if not is_figured(record):
         return None  # before importing anything: every early record of a run comes here
     from hermetic import rasterplot
     from hermetic.errors import HermeticError

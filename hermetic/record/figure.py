@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hermetic.record.drawing import FIGURE_NAME, run_panels, write_metrics_figure  # noqa: F401 - its API
+from hermetic.record.drawing import FIGURE_NAME, is_figured, run_panels, write_metrics_figure  # noqa: F401 - its API
 
 
 class FigureDrawing:
@@ -42,8 +42,7 @@ class FigureDrawing:
 def figure_wanted(record: dict[str, Any]) -> bool:
     """Whether ``record`` gets a figure: final, with metrics, and Pillow installed (not imported here)."""
     try:
-        has_series = record["metrics"].get("series") or record["metrics"]["file"]
-        if record["record"]["finished_at"] is None or not has_series:
+        if not is_figured(record):
             return False
     except (KeyError, TypeError, AttributeError):
         return False  # not a record: its validation says why

@@ -170,17 +170,20 @@ def _serve(req_fd: int, ans_fd: int) -> int:
             data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
             _write_all(ans_fd, len(data).to_bytes(8, "big") + data)
             if draw is not None and answer[0] == "valid":  # its last job, begun as the caller writes the record
-                from hermetic.record.drawing import write_metrics_figure
-
-                return 0 if write_metrics_figure(draw[0], record, series=draw[1]) else 3
+                return _draw(draw[0], record, draw[1])
             if not drawing_ready:  # after the run's first record, not before it: the script runs meanwhile
                 drawing_ready = True
                 _preload_drawing()
         elif request[0] == "draw":
-            from hermetic.record.drawing import write_metrics_figure
-
             _, run_dir, record, series = request
-            return 0 if write_metrics_figure(run_dir, record, series=series) else 3
+            return _draw(run_dir, record, series)
+
+
+def _draw(run_dir: str, record: dict[str, Any], series: list[dict[str, Any]] | None) -> int:
+    """The worker's last job: the final record's figure; its exit code (0: drawn, 3: nothing drawn)."""
+    from hermetic.record.drawing import write_metrics_figure
+
+    return 0 if write_metrics_figure(run_dir, record, series=series) else 3
 
 
 def _preload_drawing() -> None:

@@ -168,7 +168,7 @@ def links_out(root: Path, paths: list[str]) -> list[tuple[str, str]]:
 
 
 def git_state(root: Path, run_dir: Path, untracked_hashes: dict[str, str],
-              excludes: list[str] = ()) -> dict[str, Any] | None:  # type: ignore[assignment]
+              excludes: list[str]) -> dict[str, Any] | None:
     head = _git(root, "rev-parse", "HEAD", "--abbrev-ref", "HEAD")  # one git for the two
     if head is None:
         if _git(root, "rev-parse", "--show-toplevel") is None:  # fails outside a work tree
@@ -180,7 +180,7 @@ def git_state(root: Path, run_dir: Path, untracked_hashes: dict[str, str],
     diff = _git(root, "diff", "--binary", "HEAD", "--", ".") if commit_s else ""
     diff = diff or ""
     untracked_out = _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".",
-                         *_exclude_specs(list(excludes))) or ""
+                         *_exclude_specs(excludes)) or ""
     untracked = {}
     for p in untracked_out.split("\0"):
         if p:
