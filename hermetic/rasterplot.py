@@ -15,8 +15,8 @@ panels give the same bytes.
 from __future__ import annotations
 
 import importlib.util
-import io
 import math
+import struct
 import textwrap
 import zlib
 from pathlib import Path
@@ -149,12 +149,27 @@ def render_png(panels: Sequence["Panel"], *, title: str) -> bytes:
         x0 = left + col * aw * 1.2
         y0 = top + row * ah * 1.32
         _draw_panel(draw, img, panel, (x0, y0, x0 + aw, y0 + ah), label_font, small_font)
-    img = img.reduce(SCALE)
-    buf = io.BytesIO()
-    # zlib's fastest level, as plotting.render, with its fixed Huffman codes (Pillow passes compress_type to
-    # zlib as the strategy): a quarter less time than its default strategy here, a file ~15 % larger
-    img.save(buf, format="PNG", compress_level=1, compress_type=zlib.Z_FIXED)
-    return buf.getvalue()
+    return _png(img.reduce(SCALE))
+
+
+def _png(img) -> bytes:  # noqa: ANN001 - a PIL.Image.Image, RGB
+    """``img`` as a PNG: every row unfiltered, deflated at zlib's fastest level (as plotting.render).
+
+    Pillow's PNG encoder tries all five of PNG's row filters on every row and keeps the best (libpng's
+    heuristic), which is half its encoding time for this figure (18.6 ms of 1120x690; 9.6 ms here); a
+    figure of flat colours deflates as well unfiltered (78 kB here, 65 kB Pillow's). Written as the PNG
+    specification's three chunks: IHDR (8-bit RGB, not interlaced), one IDAT, IEND; the same image gives
+    the same bytes."""
+    width, height = img.size
+    raw = img.tobytes()
+    stride = width * 3
+    rows = b"".join(b"\0" + raw[i:i + stride] for i in range(0, len(raw), stride))  # filter byte 0: none
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows, 1)) + chunk(b"IEND", b""))
 
 
 def _draw_panel(draw, img, panel: "Panel", box: tuple[float, float, float, float], font, small) -> None:  # noqa: ANN001
