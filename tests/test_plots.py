@@ -174,6 +174,17 @@ def test_the_runs_own_figure_is_a_png_whose_pixels_are_the_drawn_ones():
     assert len(rows) == 37 * (1 + 53 * 3) and all(rows[r * (1 + 53 * 3)] == 0 for r in range(37))
 
 
+def test_the_workers_rehearsal_draws_a_figure_the_size_of_a_runs_usual_one(runs):
+    """The record worker rehearses the drawing while the script runs, so that the final figure finds its
+    memory touched already: that only helps when the rehearsal is the size of a real run's figure (four
+    metrics: 2x2 panels, as make_run's)."""
+    from hermetic import rasterplot
+
+    rehearsed = Image.open(io.BytesIO(rasterplot.rehearse()))
+    drawn = Image.open(runs / A / "metrics.png")
+    assert rehearsed.size == drawn.size == (1120, 690) and non_white(rehearsed) > 0.02
+
+
 def test_a_finished_runs_readme_shows_its_metrics_figure(runs, tmp_path):
     from hermetic.record import begin_record, write_record
     from hermetic.record.rundir import create_run_dir
