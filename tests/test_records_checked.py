@@ -285,6 +285,28 @@ def test_a_dataset_linked_from_outside_the_project_runs_and_is_kept_out_of_the_s
     assert rec["data"]["logreg"]["count"] > 0
 
 
+def test_the_source_listing_beside_the_image_check_answers_and_refuses_in_the_callers_thread():
+    """`hermetic run` lists the code (git) in a thread beside the image's no-op check: its answer, or its
+    refusal (the DataError of a link out of the project), comes out of ``result`` in the caller's thread, as
+    often as asked (before a build, then before the run directory)."""
+    import threading
+
+    from hermetic.errors import DataError
+    from hermetic.run.runner import _Beside
+
+    seen = []
+    listed = _Beside(lambda a, b: (seen.append(threading.current_thread()), [a, b])[1], "x", "y")
+    assert listed.result() == ["x", "y"] == listed.result() and seen[0] is not threading.current_thread()
+
+    def refuse():
+        raise DataError("ckpt: a symbolic link with an absolute target (/tmp); nothing was started")
+
+    refused = _Beside(refuse)
+    for _ in range(2):
+        with pytest.raises(DataError, match="ckpt: a symbolic link"):
+            refused.result()
+
+
 @pytest.mark.docker
 @pytest.mark.timeout(900)
 def test_a_link_out_of_the_project_is_refused_before_any_run_directory(project, tmp_path):
