@@ -22,21 +22,38 @@ class FigureDrawing:
     and writes the record. Joined before the README is written, so the figure exists when ``hermetic run`` returns; a
     child that fails leaves no figure (best effort, as when drawn inline)."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, worker: Any = None) -> None:
         self.pid = pid
+        self._worker = worker  # the record worker that says when it has drawn (RecordWorker.drawn), if any
         self._name: str | None = None
         self._joined = False
 
     def join(self) -> str | None:
-        """The figure's name once the child has drawn it, or None (nothing to draw, or it failed)."""
+        """The figure's name once the child has drawn it, or None (nothing to draw, or it failed). A worker that
+        says when it has drawn is not waited for beyond that: ``reap`` it."""
         if not self._joined:
             self._joined = True
+            said = self._worker.drawn() if self._worker is not None else None
+            if said is not None:
+                self._name = FIGURE_NAME if said else None
+                return self._name
             try:
                 _, status = os.waitpid(self.pid, 0)
             except ChildProcessError:
                 return None
             self._name = FIGURE_NAME if os.waitstatus_to_exitcode(status) == 0 else None
         return self._name
+
+    def reap(self) -> None:
+        """After ``join``: the child reaped (waited for, unless it said it had drawn: then once it has exited,
+        hermetic.record.worker.reap_later), so that none is left a zombie."""
+        self.join()
+        if self._worker is not None:
+            from hermetic.record.worker import reap_later
+
+            reap_later(self.pid)
+        else:
+            _reap(self.pid)
 
 
 def figure_wanted(record: dict[str, Any]) -> bool:

@@ -143,7 +143,7 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any], *,
             if message is not None:
                 raise RecordError(message)
             workers.take()
-            figure = FigureDrawing(drawer.pid)
+            figure = FigureDrawing(drawer.pid, drawer)
     written = False
     try:
         if drawer is None:
@@ -161,12 +161,19 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any], *,
         atomic_write_text(run_dir / RUN_JSON, pretty_json(sealed))
         written = True
         drawn = figure.join() if figure is not None else write_metrics_figure(run_dir, sealed, series=series)
-    finally:
+    except BaseException:
         # never a child left behind, whatever was raised; nor a figure this call drew for a record not written
-        if figure is not None and figure.join() and not written and figure is not given:
-            (run_dir / FIGURE_NAME).unlink(missing_ok=True)
-    atomic_write_text(run_dir / README_NAME, render_readme(sealed, figure=drawn))
-    update_index(run_dir.parent, run_entry(sealed, run_dir.name))
+        if figure is not None:
+            if figure.join() and not written and figure is not given:
+                (run_dir / FIGURE_NAME).unlink(missing_ok=True)
+            figure.reap()
+        raise
+    try:
+        atomic_write_text(run_dir / README_NAME, render_readme(sealed, figure=drawn))
+        update_index(run_dir.parent, run_entry(sealed, run_dir.name))
+    finally:
+        if figure is not None:
+            figure.reap()  # a worker that said it had drawn: reaped once it has exited, not waited for
     return sealed
 
 

@@ -87,9 +87,17 @@ class RecordWorker:
             raise WorkerGone(message)
         if kind == "invalid":
             return message
-        if draw is not None:
-            self.close()  # drawing: its last job
+        if draw is not None:  # drawing: its last job, whose end it says on the answer pipe (``drawn``)
+            self._close_fd("_send_fd")
         return None
+
+    def drawn(self) -> bool | None:
+        """After ``validate(..., draw=...)``: wait for the worker to say it has drawn; whether it drew a figure
+        (None: it died first). It exits after saying so (``reap_later``)."""
+        answer = _read_message(self._answer_fd) if self._answer_fd is not None else None
+        self.close()
+        return None if answer is None else answer[1] == 0
+
 
     def draw(self, run_dir: str | Path, record: dict[str, Any], series: list[dict[str, Any]] | None) -> int:
         """Send the final record (and its series) to be drawn, the worker's last job; its pid, to wait for
@@ -101,13 +109,16 @@ class RecordWorker:
     def close(self) -> None:
         """Close this side's pipes: a worker with nothing (more) to do ends at their end of file."""
         for attr in ("_send_fd", "_answer_fd"):
-            fd = getattr(self, attr)
-            if fd is not None:
-                setattr(self, attr, None)
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            self._close_fd(attr)
+
+    def _close_fd(self, attr: str) -> None:
+        fd = getattr(self, attr)
+        if fd is not None:
+            setattr(self, attr, None)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -170,7 +181,13 @@ def _serve(req_fd: int, ans_fd: int) -> int:
             data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
             _write_all(ans_fd, len(data).to_bytes(8, "big") + data)
             if draw is not None and answer[0] == "valid":  # its last job, begun as the caller writes the record
-                return _draw(draw[0], record, draw[1])
+                code = _draw(draw[0], record, draw[1])
+                data = pickle.dumps(("drawn", code), protocol=pickle.HIGHEST_PROTOCOL)
+                try:  # said before the exit, which the caller need not wait for (~5 ms: the address space)
+                    _write_all(ans_fd, len(data).to_bytes(8, "big") + data)
+                except OSError:
+                    pass
+                return code
             if not drawing_ready:  # after the run's first record, not before it: the script runs meanwhile
                 drawing_ready = True
                 _preload_drawing()
@@ -201,12 +218,32 @@ def _preload_drawing() -> None:
 
 
 _worker: RecordWorker | None = None
+_exiting: list[int] = []  # workers that said they had drawn and are exiting: reaped once they have
+
+
+def reap_later(pid: int) -> None:
+    """Reap worker ``pid`` now if it has exited, else at the next ``warm_up`` of this process (a seed group's
+    next run) or never, when the process ends first (its children go to init, which reaps them): a worker
+    that said it had drawn only tears its address space down (~6 ms), which no run waits for."""
+    _exiting.append(pid)
+    _reap_exited()
+
+
+def _reap_exited() -> None:
+    for pid in list(_exiting):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid  # not ours (a forked copy of this process), or reaped already
+        if done:
+            _exiting.remove(pid)
 
 
 def warm_up() -> None:
     """Have a worker ready for the run's records (called when `hermetic run` starts and when each run of it
     starts, before its threads): forked now unless one is waiting already."""
     global _worker
+    _reap_exited()
     if _worker is not None and _worker.parent != os.getpid():
         _worker = None  # a process forked from the worker's parent: not its worker
     if _worker is None:
