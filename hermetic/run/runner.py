@@ -181,7 +181,8 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
     env = run_environment(info, run_id, seed, passed)
     python = f"{m.build.prefix}/bin/python"
     command = script_command(req, script, script_args(req.args, seed), python, run_id)
-    # (closing: the container's removal, which goes on while the outputs are collected, is awaited last)
+    # (closing: the container's removal, which goes on while the outputs are collected and the record sealed,
+    # is awaited last)
     with contextlib.ExitStack() as closing, _workspace(paths, run_id) as workspace, \
             _gate(engine, paths, run_id) as gate:
         spec = container_spec(cfg, req, info, datasets, env, command, python, user, run_id, run_dir, workspace, gate)
@@ -222,7 +223,9 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
         collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, user, req.distributed)
         if req.distributed is not None:  # per-rank logs kept, what each rank reported
             rec["distributed"] = finish_section(rec["distributed"], collected.runtime_report, collected.rank_logs or {})
-    return seal_run(req, run_id, run_dir, rec, outcome, collected, log, data_changes)  # 9. the record
+        # 9. the record, sealed while the engine removes the container and the working copy is removed (both
+        # awaited as this block ends: the container is gone when the run returns, as after `docker run --rm`)
+        return seal_run(req, run_id, run_dir, rec, outcome, collected, log, data_changes)
 
 
 def _import_for_the_end() -> None:
