@@ -177,6 +177,8 @@ def _png(img) -> bytes:  # noqa: ANN001 - a PIL.Image.Image, RGB
     figure of flat colours deflates as well unfiltered (78 kB here, 65 kB Pillow's). Written as the PNG
     specification's three chunks: IHDR (8-bit RGB, not interlaced), one IDAT, IEND; the same image gives
     the same bytes."""
+    if img.mode != "RGB":
+        raise ValueError(f"a {img.mode} image: this PNG writer writes 8-bit RGB only")
     width, height = img.size
     raw = img.tobytes()
     stride = width * 3

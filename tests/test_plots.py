@@ -169,6 +169,8 @@ def test_the_runs_own_figure_is_a_png_whose_pixels_are_the_drawn_ones():
     back.load()  # a chunk's CRC or the deflate stream wrong: Pillow refuses here
     assert back.format == "PNG" and back.mode == "RGB" and back.size == (53, 37)
     assert back.tobytes() == img.tobytes()
+    with pytest.raises(ValueError, match="RGBA"):
+        rasterplot._png(img.convert("RGBA"))  # not written wrong: refused (the figure's drawing then has none)
     # IHDR: 8-bit truecolour, no interlace; every row's filter byte is 0
     assert data[12:16] == b"IHDR" and data[24:29] == bytes([8, 2, 0, 0, 0])
     idat = data.index(b"IDAT")
@@ -259,7 +261,7 @@ def reaped(pid: int) -> None:
     from hermetic.record import worker as workers
 
     for _ in range(500):
-        workers._reap_exited()
+        workers.warm_up()  # what a seed group's next run does first (it may fork that run's worker)
         if pid not in workers._exiting:
             break
         time.sleep(0.01)

@@ -309,6 +309,24 @@ def test_the_source_listing_beside_the_image_check_answers_and_refuses_in_the_ca
 
 @pytest.mark.docker
 @pytest.mark.timeout(900)
+def test_a_link_out_of_the_project_is_refused_before_a_build_the_config_asks_for(project, tmp_path):
+    """The code is listed (git) beside the image's no-op check; when the config asks for a build, a link the
+    snapshot could not hold is refused before it: no image built, hermetic.image.json as it was."""
+    git_commit_all(project)
+    cfg = project / "hermetic.yaml"
+    cfg.write_text(cfg.read_text().replace("threads: 1", "threads: 2"))  # OMP_NUM_THREADS: another image
+    assert "threads: 2" in cfg.read_text()
+    os.symlink(tmp_path, project / "ckpt")
+    recorded = (project / "hermetic.image.json").read_bytes()
+    before = run_dirs(project)
+    proc = run_cli("run", "train.py", cwd=project)
+    assert_clean_error(proc, 65, "ckpt: a symbolic link with an absolute target", "nothing was started")
+    assert "built image" not in proc.stderr and (project / "hermetic.image.json").read_bytes() == recorded
+    assert run_dirs(project) == before
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(900)
 def test_a_link_out_of_the_project_is_refused_before_any_run_directory(project, tmp_path):
     git_commit_all(project)
     (tmp_path / "scratch").mkdir()

@@ -192,3 +192,18 @@ def test_what_a_script_left_in_runs_is_not_opened_by_git(tmp_path):
             pytest.fail(f"git opened {fifo} (in a repository: {in_git})")
         assert sorted(done[0].files) == ["train.py"]
         assert (done[0].git is not None) == in_git
+
+
+def test_a_listed_file_gone_before_the_snapshot_is_left_out(tmp_path):
+    """`hermetic run` lists the code beside the image's no-op check, which may rewrite hermetic.image.json
+    through a temp file beside it: a name listed then renamed away is not part of the code, not an error."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "train.py").write_text("print('x')\n")
+    (run_dir := tmp_path / "run").mkdir()
+    listed = list_source_files(root, [])
+    assert listed[0] == ["train.py"]
+    snap = take_snapshot(root, run_dir, [], listed=(["train.py", ".hermetic.image.json.x1y2.tmp"], listed[1]))
+    assert list(snap.files) == ["train.py"]
+    with tarfile.open(snap.tar_path) as tar:
+        assert [m.name for m in tar.getmembers() if m.isfile()] == ["train.py"]

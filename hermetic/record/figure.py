@@ -27,6 +27,7 @@ class FigureDrawing:
         self._worker = worker  # the record worker that says when it has drawn (RecordWorker.drawn), if any
         self._name: str | None = None
         self._joined = False
+        self._reaped = False  # waited for by join: not again (its pid may be another child's by then)
 
     def join(self) -> str | None:
         """The figure's name once the child has drawn it, or None (nothing to draw, or it failed). A worker that
@@ -37,6 +38,7 @@ class FigureDrawing:
             if said is not None:
                 self._name = FIGURE_NAME if said else None
                 return self._name
+            self._reaped = True
             try:
                 _, status = os.waitpid(self.pid, 0)
             except ChildProcessError:
@@ -45,15 +47,14 @@ class FigureDrawing:
         return self._name
 
     def reap(self) -> None:
-        """After ``join``: the child reaped (waited for, unless it said it had drawn: then once it has exited,
-        hermetic.record.worker.reap_later), so that none is left a zombie."""
+        """After ``join``: the child reaped (``join`` waited for it, or it said it had drawn: then once it has
+        exited, hermetic.record.worker.reap_later), so that none is left a zombie."""
         self.join()
-        if self._worker is not None:
+        if not self._reaped:
             from hermetic.record.worker import reap_later
 
+            self._reaped = True
             reap_later(self.pid)
-        else:
-            _reap(self.pid)
 
 
 def figure_wanted(record: dict[str, Any]) -> bool:

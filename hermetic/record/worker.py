@@ -94,8 +94,10 @@ class RecordWorker:
     def drawn(self) -> bool | None:
         """After ``validate(..., draw=...)``: wait for the worker to say it has drawn; whether it drew a figure
         (None: it died first). It exits after saying so (``reap_later``)."""
-        answer = _read_message(self._answer_fd) if self._answer_fd is not None else None
-        self.close()
+        try:
+            answer = _read_message(self._answer_fd) if self._answer_fd is not None else None
+        finally:
+            self.close()  # also when interrupted: asked once (FigureDrawing.join), then the pid is waited for
         return None if answer is None else answer[1] == 0
 
 

@@ -112,8 +112,13 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     # the image's no-op check (~5 ms of git's own); a link the code snapshot could not hold is refused before
     # anything is built or a run directory made.
     listing = _Beside(check_source_links, cfg, plans) if not req.source_tar else None
-    info = prepare_image(cfg, paths, store, req, log, engine,  # 1. the image
-                         before_build=listing.result if listing is not None else None)
+    try:
+        info = prepare_image(cfg, paths, store, req, log, engine,  # 1. the image
+                             before_build=listing.result if listing is not None else None)
+    except BaseException:
+        if listing is not None:
+            listing.result()  # a link refused is said first, as when it was checked first
+        raise
     listed = listing.result() if listing is not None else None
     reader = container_user(cfg)
     datasets = verify_datasets(plans, progress=progress, log=log,  # 2. the data
@@ -182,7 +187,7 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
     python = f"{m.build.prefix}/bin/python"
     command = script_command(req, script, script_args(req.args, seed), python, run_id)
     # (closing: the container's removal, which goes on while the outputs are collected and the record sealed,
-    # is awaited last)
+    # is awaited last, after the working copy is removed)
     with contextlib.ExitStack() as closing, _workspace(paths, run_id) as workspace, \
             _gate(engine, paths, run_id) as gate:
         spec = container_spec(cfg, req, info, datasets, env, command, python, user, run_id, run_dir, workspace, gate)
@@ -223,8 +228,8 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
         collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, user, req.distributed)
         if req.distributed is not None:  # per-rank logs kept, what each rank reported
             rec["distributed"] = finish_section(rec["distributed"], collected.runtime_report, collected.rank_logs or {})
-        # 9. the record, sealed while the engine removes the container and the working copy is removed (both
-        # awaited as this block ends: the container is gone when the run returns, as after `docker run --rm`)
+        # 9. the record, sealed while the engine removes the container (awaited as this block ends, after the
+        # working copy's removal: the container is gone when the run returns, as after `docker run --rm`)
         return seal_run(req, run_id, run_dir, rec, outcome, collected, log, data_changes)
 
 

@@ -211,7 +211,10 @@ def take_snapshot(root: Path, run_dir: Path, excludes: list[str], *, use_git: bo
     total = 0
     for rel in paths:
         full = root / rel
-        st = os.lstat(full)
+        try:
+            st = os.lstat(full)
+        except FileNotFoundError:  # gone since it was listed: an atomic write's temp file (hermetic.image.json's)
+            continue
         if os.path.islink(full):
             target = os.readlink(full)
             entries.append(Entry(rel, "symlink", 0o777, linkname=target))
