@@ -345,6 +345,36 @@ def test_the_record_worker_draws_the_same_picture_and_a_dead_one_is_replaced(tmp
             os.waitpid(gone.pid, 0)
 
 
+def test_a_wait_for_the_workers_verdict_interrupted_leaves_no_answer_for_the_next_record(tmp_path, monkeypatch):
+    """Ctrl-C while the run waits for the worker's verdict on a record: the worker is let go, so that its
+    late answer ("valid", for that record) is never read as the verdict on the next one (the sealing of the
+    interrupted run's record, say), which is then checked by a worker of its own or inline."""
+    import os
+
+    from hermetic.record import worker as workers
+    from hermetic.record.errors import RecordError
+    from hermetic.record.synthetic import synthetic_record
+
+    rid = "20261129-235800-0e0e0e"
+    good = synthetic_record(rid)
+    bad = json.loads(json.dumps(good))
+    bad["seed"]["value"] = "forty-two"
+    workers.warm_up()
+    worker = workers.current()
+    real_read = workers._read_message
+    monkeypatch.setattr(workers, "_read_message", lambda fd: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        workers.validate_record(good, source="run.json", sealed=False)
+    monkeypatch.setattr(workers, "_read_message", real_read)
+    with pytest.raises(RecordError, match="seed"):  # not the stale "valid" of the interrupted request
+        workers.validate_record(bad, source="run.json", sealed=False)
+    assert workers.current() is None or workers.current().pid != worker.pid
+    try:
+        os.waitpid(worker.pid, 0)  # it ended at the end of its request pipe, and is reaped here or was
+    except ChildProcessError:
+        pass
+
+
 def test_the_record_worker_gives_the_schemas_verdicts_and_its_absence_changes_nothing(tmp_path):
     """What the worker says of a record is what hermetic.record.schema says in this process: valid, or the same
     RecordError message; killed, the caller validates itself."""

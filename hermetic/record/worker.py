@@ -70,6 +70,9 @@ class RecordWorker:
         except OSError:
             self.close()
             raise WorkerGone("it died") from None
+        except BaseException:  # interrupted (Ctrl-C) part-way: the pipe holds half a request, so it is done
+            self.close()
+            raise
 
     def validate(self, record: dict[str, Any], *, source: str, sealed: bool,
                  draw: tuple[str, list[dict[str, Any]] | None] | None = None) -> str | None:
@@ -77,7 +80,11 @@ class RecordWorker:
         cannot answer. ``draw`` (the run directory, the series): a final record's figure, drawn by the worker
         as its last job once it found the record valid (``pid`` to wait for), in one exchange instead of two."""
         self._send(("validate", record, source, sealed, draw))
-        answer = _read_message(self._answer_fd) if self._answer_fd is not None else None
+        try:
+            answer = _read_message(self._answer_fd) if self._answer_fd is not None else None
+        except BaseException:  # interrupted (Ctrl-C): its answer, unread, must never be taken for the next request's
+            self.close()
+            raise
         if answer is None:
             self.close()
             raise WorkerGone("it died")
