@@ -408,11 +408,12 @@ class Container:
         payloads = (data for _, data in self.frames(stdout=stdout, stderr=stderr, follow=follow))
         return payloads if stream else b"".join(payloads)
 
-    def frames(self, *, stdout: bool = True, stderr: bool = True,
-               follow: bool = False) -> Iterator[tuple[str, bytes]]:
-        """The engine's log of the container as (``stdout`` | ``stderr``, bytes) frames, in order."""
+    def frames(self, *, stdout: bool = True, stderr: bool = True, follow: bool = False,
+               tail: int | None = None) -> Iterator[tuple[str, bytes]]:
+        """The engine's log of the container as (``stdout`` | ``stderr``, bytes) frames, in order; ``tail``: its
+        last so many lines only (the engine reads them from the end of its file)."""
         return demux(self.api.stream("GET", f"/containers/{self.id}/logs",
-                                     params={"stdout": stdout, "stderr": stderr, "follow": follow}))
+                                     params={"stdout": stdout, "stderr": stderr, "follow": follow, "tail": tail}))
 
     def attach(self, *, logs: bool = True) -> "AttachStream":
         """The container's stdout and stderr from now on (and, with ``logs``, what it printed before):

@@ -220,3 +220,52 @@ def test_nothing_of_docker_py_or_requests_is_imported_by_a_run():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.docker
+def test_a_long_output_is_checked_by_its_tail_and_a_lost_end_is_taken_from_the_log(logreg_built, tmp_path):
+    """The attach stream can lose the end of a container's output (moby#29285); the run's logs are then
+    rewritten from the engine's log. Counting that whole log took the engine ~3 s for 50 MB, so past
+    FULL_COUNT_BYTES its last lines are compared with the end of what was streamed instead: a complete
+    stream leaves the files alone after one tail request, a lost end is found and taken from the log."""
+    from hermetic.engine import engine_client
+    from hermetic.engines import docker as engine
+
+    api = engine_client()
+    script = ("import sys\n"
+              "for i in range(20000): sys.stdout.write('line %06d ' % i + 'x' * 80 + '\\n')\n"
+              "sys.stderr.write('the end\\n')")
+    c = api.create_container({"Image": logreg_built[1]["image_id"], "Cmd": ["/opt/venv/bin/python", "-c", script],
+                              "User": "1000:1000", "Labels": {"org.hermetic.test": "dockerapi"},
+                              "HostConfig": {"NetworkMode": "none", "ReadonlyRootfs": True}})
+    try:
+        c.start()
+        assert c.wait()["StatusCode"] == 0
+        out, err = c.logs(stdout=True, stderr=False), c.logs(stdout=False, stderr=True)
+        assert len(out) > engine.FULL_COUNT_BYTES and err == b"the end\n"
+        asked = []
+        real_frames = c.frames
+        c.frames = lambda **kw: (asked.append(kw.get("tail")), real_frames(**kw))[1]
+
+        def files(n: int = 3):
+            return [open(tmp_path / f"log{i}", "w+b") for i in range(n)]
+
+        streamed = files()
+        for f in streamed:
+            f.write(b"as streamed")
+        engine._complete_logs(c, streamed, [len(out), len(err)], False,
+                              [bytearray(out[-engine.KEPT_END_BYTES:]), bytearray(err)])
+        assert asked == [engine.TAIL_LINES]  # the tail only, and nothing rewritten
+        assert all(f.seek(0) == 0 and f.read() == b"as streamed" for f in streamed)
+
+        asked.clear()
+        lost = files()  # the attach stream lost the last 1000 bytes of stdout, and stderr's line
+        engine._complete_logs(c, lost, [len(out) - 1000, 0], False, [bytearray(out[:-1000][-engine.KEPT_END_BYTES:]),
+                                                                      bytearray()])
+        assert asked[0] == engine.TAIL_LINES and None in asked[1:]  # the tail differed: counted in full
+        got = [(f.seek(0), f.read())[1] for f in lost]
+        assert got[0] == out and got[1] == err and len(got[2]) == len(out) + len(err)
+        for f in streamed + lost:
+            f.close()
+    finally:
+        c.remove(force=True)
