@@ -305,16 +305,16 @@ def _tail_streamed(container, ends: list[bytearray]) -> bool:
     tails = [bytearray(), bytearray()]
     for kind, data in container.frames(tail=TAIL_LINES):
         tails[kind == "stderr"] += data
-    return all(len(tail) <= len(end) and end.endswith(tail) for tail, end in zip(tails, ends))
+    return all(end.endswith(tail) for tail, end in zip(tails, ends))
 
 
 def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: bool,
-                   ends: list[bytearray] | None = None) -> None:
+                   ends: list[bytearray]) -> None:
     """The attach stream can end before the engine delivered all of a container's output when it exits
     quickly under load (moby#29285: attach and the log are two paths); its json-file log has it all. When
     the log holds more than was streamed, the files are rewritten from it and the rest is echoed. A long
     output (FULL_COUNT_BYTES) is checked by its tail first (``ends``: the end of each stream as streamed)."""
-    if ends is not None and streamed[0] + streamed[1] > FULL_COUNT_BYTES:
+    if streamed[0] + streamed[1] > FULL_COUNT_BYTES:
         try:
             if _tail_streamed(container, ends):
                 return

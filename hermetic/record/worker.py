@@ -64,9 +64,9 @@ class RecordWorker:
     def _send(self, request: tuple[Any, ...]) -> None:
         if self._send_fd is None:
             raise WorkerGone("no request pipe")
-        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        data = _message(request)
         try:
-            _write_all(self._send_fd, len(data).to_bytes(8, "big") + data)
+            _write_all(self._send_fd, data)
         except OSError:
             self.close()
             raise WorkerGone("it died") from None
@@ -107,7 +107,6 @@ class RecordWorker:
             self.close()  # also when interrupted: asked once (FigureDrawing.join), then the pid is waited for
         return None if answer is None else answer[1] == 0
 
-
     def draw(self, run_dir: str | Path, record: dict[str, Any], series: list[dict[str, Any]] | None) -> int:
         """Send the final record (and its series) to be drawn, the worker's last job; its pid, to wait for
         (hermetic.record.figure.FigureDrawing)."""
@@ -128,6 +127,12 @@ class RecordWorker:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _message(obj: Any) -> bytes:
+    """``obj`` framed for the pipe: its pickle's length (8 bytes), then the pickle (``_read_message``)."""
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return len(data).to_bytes(8, "big") + data
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -187,13 +192,11 @@ def _serve(req_fd: int, ans_fd: int) -> int:
                     answer = ("valid", None)
                 except schema.RecordError as e:
                     answer = ("invalid", e.message)
-            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
-            _write_all(ans_fd, len(data).to_bytes(8, "big") + data)
+            _write_all(ans_fd, _message(answer))
             if draw is not None and answer[0] == "valid":  # its last job, begun as the caller writes the record
                 code = _draw(draw[0], record, draw[1])
-                data = pickle.dumps(("drawn", code), protocol=pickle.HIGHEST_PROTOCOL)
                 try:  # said before the exit, which the caller need not wait for (~5 ms: the address space)
-                    _write_all(ans_fd, len(data).to_bytes(8, "big") + data)
+                    _write_all(ans_fd, _message(("drawn", code)))
                 except OSError:
                     pass
                 return code
