@@ -28,6 +28,7 @@ from hermetic.errors import ConfigError, DataError, EngineError, HermeticError, 
 from hermetic.fsutil import atomic_write_bytes, owned_temp_dir
 from hermetic.reference import BaseReference, parse_base_reference
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
+from hermetic.tarextract import extract_all
 
 FACTS_VERSION = 1
 _CAPTURE = ("var/lib/dpkg/status", "etc/os-release", "usr/lib/os-release")
@@ -152,8 +153,11 @@ def import_oci(store: OciStore, path: Path, manifest_digest: str, *, archive: bo
         if not path.is_file():
             raise NotFound(f"oci-archive {path}: no such file")
         with owned_temp_dir(store.tmp, "oci-archive.") as tmp:  # a killed import's files go with its lock
-            with tarfile.open(path) as tf:
-                tf.extractall(tmp, filter="data")  # type: ignore[call-arg]
+            try:
+                with tarfile.open(path) as tf:
+                    extract_all(tf, tmp)
+            except tarfile.TarError as e:
+                raise DataError(f"oci-archive {path}: {e}; not imported") from None
             import_oci(store, Path(tmp), manifest_digest, archive=False)
         return
     if not (path / "oci-layout").is_file():
@@ -205,8 +209,11 @@ def import_from_engine(store: OciStore, image_id: str) -> str:
                     f.write(chunk)
             except DockerAPIError as e:
                 raise EngineError(f"Docker Engine error: {e.explanation}") from None
-        with tarfile.open(tarpath) as tf:
-            tf.extractall(tmp, filter="data")  # type: ignore[call-arg]
+        try:
+            with tarfile.open(tarpath) as tf:
+                extract_all(tf, tmp)
+        except tarfile.TarError as e:
+            raise DataError(f"docker:{image_id}: the engine's saved image: {e}; not imported") from None
         manifest = json.loads((Path(tmp) / "manifest.json").read_text())[0]
         config_bytes = (Path(tmp) / manifest["Config"]).read_bytes()
         config_digest = store.put_bytes(config_bytes)

@@ -252,9 +252,11 @@ def take_snapshot(root: Path, run_dir: Path, excludes: list[str], *, use_git: bo
 def extract_snapshot(tar_path: Path, dest: Path) -> None:
     import tarfile
 
+    from hermetic.tarextract import extract_all
+
     dest.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(tar_path) as tf:
-            tf.extractall(dest, filter="data")  # type: ignore[call-arg]
+            extract_all(tf, dest)
     except (tarfile.TarError, OSError) as e:
         raise DataError(f"{tar_path}: cannot extract the source snapshot: {e}") from None
