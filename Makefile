@@ -5,12 +5,13 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv test test-quick demo lock bench clean
+.PHONY: help venv test test-quick test-pythons demo lock bench clean
 
 help:
 	@echo "make demo        build the torch example and run it twice; show the runs are bitwise identical"
 	@echo "make test        the whole test suite on a real Docker Engine, registry and Slurm (installs what it needs)"
 	@echo "make test-quick  the inner loop: the tests that need no engine, base image, service or network"
+	@echo "make test-pythons  test-quick on every CPython 3.10-3.13 found here, the OS's python3 included"
 	@echo "make lock        re-resolve requirements.lock (the project's own environment)"
 	@echo "make bench       the benchmarks in bench/ (figures for docs/benchmarks.md)"
 
@@ -101,6 +102,11 @@ endif
 test-quick: $(STAMP)
 	DOCKER_HOST=unix:///nonexistent/make-test-quick-starts-no-engine $(PYTEST) -ra -n auto -m "not integration" $(PYTEST_ARGS)
 
+# test-quick again on each admitted CPython this machine has (scripts/test-pythons: which it ran, which it did
+# not find), each in its own venv under .venvs/ from the same lock.
+test-pythons:
+	scripts/test-pythons $(PYTEST_ARGS)
+
 demo: $(STAMP)
 	scripts/ensure-test-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/demo
@@ -114,4 +120,4 @@ bench: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venvs .pytest_cache build *.egg-info

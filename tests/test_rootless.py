@@ -1,16 +1,14 @@
-"""hermetic without root: a plain user account (no docker group, no sudo) builds, runs, diffs and replays.
+"""hermetic without root: a plain user account (no docker group, no sudo) on a cluster node's terms.
 
 The account is made here (useradd, with the /etc/subuid and /etc/subgid ranges rootless Podman maps its
-containers into) and removed afterwards. Its cache starts with only the session's base image and the
-locked wheels (copied in, as `hermetic base` and `hermetic fetch` would have put them there); then, as that
-user: `hermetic build` (the builder is daemonless; hermetic.yaml's run.engine is podman, so the build copies
-the image into the user's own containers-storage), `hermetic run` on rootless Podman and on Charliecloud
-(the same hardening checked from inside, as test_run's lockdown test does), `hermetic diff` of the two and
+containers into) and removed afterwards. It has what such a user has: the OS's own python3 (Debian 12's
+3.11.2, no tarfile extraction filter) with hermetic in a venv of the account's own, the default `ulimit -n`
+of 1024, an empty cache of its own, a registry holding the base and a directory of the locked wheels (a
+site's wheelhouse, named by pip's find-links). As that user: `hermetic pull` of the base, `hermetic fetch`,
+`hermetic build` (the builder is daemonless; hermetic.yaml's run.engine is podman, so the build copies the
+image into the user's own containers-storage), `hermetic run` on rootless Podman and on Charliecloud (the
+same hardening checked from inside, as test_run's lockdown test does), `hermetic diff` of the two and
 `hermetic replay` of the first. What the containers wrote belongs to the user.
-
-The session's interpreter may live where another user cannot reach it (a pyenv under /root): the account
-then runs hermetic with the system's python3 of the same minor version and the session's packages on
-PYTHONPATH (the compiled ones are for that ABI).
 """
 
 from __future__ import annotations
@@ -27,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_cli
+from hermetic.reference import parse_base_reference
 from run_support import copy_example
 from test_run import LOCKDOWN
 
@@ -109,89 +108,123 @@ def account():
     _remove_account(ACCOUNT)
 
 
-def _interpreter(pw) -> tuple[list[str], dict[str, str]]:
-    """How the account runs hermetic: this interpreter if it can reach it, else a copy of it (hard links: the
-    standard library and the interpreter, not its site-packages) in the account's home, with the session's
-    packages on PYTHONPATH. (Not the system's python3: Debian 12's 3.11.2 has no tarfile extraction filter.)"""
-    try:
-        probe = subprocess.run([sys.executable, "-c", "import hermetic"], user=pw.pw_uid, group=pw.pw_gid,
-                               extra_groups=[], capture_output=True, env={"PATH": "/usr/bin:/bin"})
-        if probe.returncode == 0:
-            return [sys.executable, "-m", "hermetic"], {}
-    except PermissionError:  # the interpreter itself is out of its reach (a pyenv under /root)
-        pass
-    base = Path(sys.base_prefix)
-    mm = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    dest = Path(pw.pw_dir) / "python"
+OS_PYTHON = "/usr/bin/python3"  # Debian's own (3.11.2 on Debian 12: no tarfile extraction filter)
+USER_NOFILE = 1024  # a plain account's default `ulimit -n`; root's is higher here
 
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
 
-    shutil.copytree(base / "lib" / mm, dest / "lib" / mm, copy_function=link,
-                    ignore=lambda d, names: [n for n in names if n in ("site-packages", "test")
-                                             and Path(d) == base / "lib" / mm])
-    for lib in (base / "lib").glob(f"lib{mm}*.so*"):
-        link(str(lib), str(dest / "lib" / lib.name))
-    (dest / "bin").mkdir()
-    link(os.path.realpath(sys.executable), str(dest / "bin" / mm))
-    site = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir() and p.startswith(sys.prefix))
-    return [str(dest / "bin" / mm), "-m", "hermetic"], {"PYTHONPATH": f"{REPO}:{site}",
-                                                        "LD_LIBRARY_PATH": str(dest / "lib")}
+def _as_account(pw):
+    """subprocess.run's arguments that make a child the account, with its limits (no extra groups)."""
+    import resource
+
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (USER_NOFILE, USER_NOFILE))
+
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [], "preexec_fn": limits}
+
+
+def _install_into_account_venv(pw, home: Path) -> Path:
+    """hermetic in a venv of the account's own, made by the account with the OS's python3 (root's interpreter is
+    not the account's to run). The packages are the project's lock, hashes required, copied from the session's
+    uv cache (the test stays offline; the account's own `pip install` would download the same files), and
+    hermetic built from a copy of the source with that python3 (its C extension for that interpreter)."""
+    venv = home / "venv"
+    subprocess.run([OS_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True,
+                   env={"PATH": "/usr/bin:/bin", "HOME": str(home)}, **_as_account(pw))
+    uv = REPO / ".venv" / "bin" / "uv"
+    uv = uv if uv.exists() else Path(shutil.which("uv") or "uv")
+    source = home / "hermetic-src"
+    for part in ("hermetic", "setup.py", "pyproject.toml", "README.md"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy2)(
+            REPO / part, source / part, **({"ignore": shutil.ignore_patterns("__pycache__", "*.so")}
+                                           if (REPO / part).is_dir() else {}))
+    py = str(venv / "bin" / "python")
+    for args in (["--require-hashes", "--no-deps", "-r", str(REPO / "requirements.lock")],
+                 ["--no-deps", "--no-build-isolation", str(source)]):
+        proc = subprocess.run([str(uv), "pip", "install", "--quiet", "--link-mode", "copy", "--python", py, *args],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.rmtree(source)
+    subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(venv)], check=True)
+    return venv
 
 
 @pytest.fixture(scope="module")
-def as_user(account, tmp_path_factory, session_cache, base_ref):
-    """(run hermetic as the account, its project dir, its cache): the cache holding only the base and wheels."""
+def as_user(account, tmp_path_factory, session_cache, base_ref, registry, logreg_built):
+    """(run hermetic as the account, its project dir, its cache): the account's own venv on the OS's python3,
+    its own empty cache, ulimit -n 1024; the base is in a registry (pushed there by root), the locked wheels in a
+    directory of files (what a site's wheelhouse is) that pip's find-links names (taken from the session's wheel
+    store, which the example's build filled: logreg_built)."""
     pw = account
     home = Path(pw.pw_dir)
+    venv = _install_into_account_venv(pw, home)
     project = copy_example("numpy-logreg", home / "numpy-logreg", base_ref)
     cfg = project / "hermetic.yaml"
     cfg.write_text(cfg.read_text() + "run:\n  engine: podman\n")
+    base_digest = parse_base_reference(base_ref).digest
+    base_in_registry = _push_base(session_cache, tmp_path_factory.mktemp("base-pusher"), base_digest, registry)
+    wheelhouse = _wheelhouse(session_cache, project, home / "wheelhouse")
+    subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(project), str(wheelhouse)], check=True)
     cache = home / "cache"
-    _seed_cache(session_cache, cache, base_ref, project)
-    subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(project), str(cache)], check=True)
-    cmd, extra = _interpreter(pw)
-    env = {"HOME": str(home), "USER": ACCOUNT, "LOGNAME": ACCOUNT, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-           "HERMETIC_CACHE": str(cache), "LANG": "C.UTF-8", **extra}
+    env = {"HOME": str(home), "USER": ACCOUNT, "LOGNAME": ACCOUNT, "LANG": "C.UTF-8",
+           "PATH": f"{venv}/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HERMETIC_CACHE": str(cache),
+           "PIP_FIND_LINKS": str(wheelhouse), "PIP_NO_INDEX": "1"}
 
     def hermetic(*args: str, expect: int | None = 0, timeout: float = 600) -> subprocess.CompletedProcess:
-        proc = subprocess.run([*cmd, *args], cwd=project, env=env, user=pw.pw_uid, group=pw.pw_gid,
-                              extra_groups=[], capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run([str(venv / "bin" / "hermetic"), *args], cwd=project, env=env, capture_output=True,
+                              text=True, timeout=timeout, **_as_account(pw))
         if expect is not None:
             assert proc.returncode == expect, (args, proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
         assert "Traceback" not in proc.stderr, proc.stderr
         return proc
 
+    hermetic.base_in_registry = base_in_registry  # type: ignore[attr-defined]
     return hermetic, project, cache, pw
 
 
-def _seed_cache(session_cache: Path, cache: Path, base_ref: str, project: Path) -> None:
-    """The base image and the project's locked wheels, copied from the session's cache (nothing else)."""
+def _push_base(session_cache: Path, pusher: Path, digest: str, registry) -> str:
+    """The session's base pushed to the test registry from a store of its own; returns the pull reference."""
+    from hermetic.slurm.shared import copy_image
+    from hermetic.store.oci import OciStore
+
+    copy_image(OciStore(session_cache / "oci"), OciStore(pusher / "oci"), digest, "base:rootless")
+    ref = f"{registry.host}/bases/rootless"
+    proc = run_cli("push", f"{ref}:bookworm", "--image", digest, env={"HERMETIC_CACHE": str(pusher)})
+    assert proc.returncode == 0, proc.stderr
+    return f"{ref}@{digest}"
+
+
+def _wheelhouse(session_cache: Path, project: Path, dest: Path) -> Path:
+    """The project's locked wheels as plain files in ``dest``, copied from the session's wheel store."""
     from hermetic.lock.model import Target
     from hermetic.lock.read import read_lock
-    from hermetic.reference import parse_base_reference
-    from hermetic.slurm.shared import copy_image
     from hermetic.store.fetch import resolve_from_store
-    from hermetic.store.oci import OciStore
     from hermetic.store.wheels import WheelStore
 
-    copy_image(OciStore(session_cache / "oci"), OciStore(cache / "oci"), parse_base_reference(base_ref).digest,
-               "base:rootless")
     lock = read_lock(project / "requirements.lock", Target(python_version="3.11"))
     found, missing = resolve_from_store(lock, WheelStore(session_cache / "wheels"))
     assert not missing, missing
-    store = WheelStore(cache / "wheels")
+    dest.mkdir()
     for w in found:
-        store.admit_file(Path(w.url or ""), {w.sha256})
+        shutil.copy2(w.url or "", dest / w.filename)
+    return dest
 
 
 def test_a_plain_user_builds_runs_diffs_and_replays_without_root_or_docker(as_user):
     hermetic, project, cache, pw = as_user
     groups = subprocess.run(["id", "-Gn", ACCOUNT], capture_output=True, text=True, check=True).stdout.split()
     assert "docker" not in groups and "sudo" not in groups and "root" not in groups
+    # hermetic runs on the OS's python3 from the account's venv, under the account's limit on descriptors
+    venv_python = Path(pw.pw_dir) / "venv" / "bin" / "python"
+    seen = subprocess.run([str(venv_python), "-c", "import hermetic, resource, sys; print(sys.base_prefix, "
+                           "resource.getrlimit(resource.RLIMIT_NOFILE)[0], hermetic.__file__)"],
+                          capture_output=True, text=True, check=True, cwd=pw.pw_dir, env={"PATH": "/usr/bin:/bin"},
+                          **_as_account(pw)).stdout.split()
+    assert seen[:2] == ["/usr", str(USER_NOFILE)] and seen[2].startswith(str(venv_python.parent.parent)), seen
+    assert not cache.exists()  # nothing in its cache but what it pulls and fetches itself
+    pulled = json.loads(hermetic("pull", hermetic.base_in_registry, "--json").stdout)
+    assert pulled["manifest_digest"] == hermetic.base_in_registry.rsplit("@", 1)[1], pulled
+    fetched = json.loads(hermetic("fetch", "--json").stdout)  # PIP_NO_INDEX: the wheelhouse alone
+    assert len(fetched["downloaded"]) == len(fetched["wheels"]) > 0, fetched
     built = json.loads(hermetic("build", "--json").stdout)  # daemonless; the load step copies it into Podman's
     assert built["loaded"] is True
     (project / "lockdown.py").write_text(LOCKDOWN)
