@@ -3,8 +3,11 @@
 The runtime ships into images as the top-level package ``hermetic_runtime``,
 so some tests copy it under that name and import it in a fresh interpreter
 started with ``-S -I`` (no site-packages: no hermetic, numpy or torch), the
-situation of an image without numpy. The last tests (marked docker) run
-scripts that reseed, or probe for torch before importing it, in real images.
+situation of an image without numpy. They start it through the ``run_python``
+fixture: here this interpreter; test_runtime_pythons.py runs the same tests on
+each catalog Python inside a container of the base. The last tests (marked
+docker) run scripts that reseed, or probe for torch before importing it, in
+real images.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -46,11 +50,27 @@ def image_copy(tmp_path_factory) -> Path:
     return root
 
 
+def isolated_command(python: str, site: Path, code: str) -> list[str]:
+    """``python -I -S -c code`` with only ``site`` added to sys.path."""
+    return [python, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {str(site)!r})\n" + textwrap.dedent(code)]
+
+
 def run_isolated(site: Path, code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``code`` in ``python -I -S`` with only ``site`` added to sys.path."""
-    prog = f"import sys; sys.path.insert(0, {str(site)!r})\n" + textwrap.dedent(code)
-    return subprocess.run([sys.executable, "-I", "-S", "-c", prog], capture_output=True, text=True,
+    """``code`` in this interpreter, ``-I -S``, with only ``site`` added to sys.path and only ``env`` (and PATH)."""
+    return subprocess.run(isolated_command(sys.executable, site, code), capture_output=True, text=True,
                           env={"PATH": os.environ.get("PATH", ""), **(env or {})}, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def run_python():
+    """run_isolated's signature: how a test runs the image's copy in a fresh interpreter (another module may
+    give the same tests another Python)."""
+    return run_isolated
+
+
+def python_version(text: str) -> tuple[int, ...]:
+    """``"3.10"`` -> (3, 10): what a test's code printed of the interpreter it ran on."""
+    return tuple(int(part) for part in text.strip().split("."))
 
 
 # --- packaging constraints -------------------------------------------------
@@ -77,8 +97,8 @@ def test_runtime_imports_only_stdlib_and_itself():
                     f"{path.name}:{node.lineno}: {name} is not in the standard library"
 
 
-def test_image_copy_imports_without_site_packages(image_copy):
-    proc = run_isolated(image_copy, """
+def test_image_copy_imports_without_site_packages(image_copy, run_python):
+    proc = run_python(image_copy, """
         import hermetic_runtime as hr, random
         r = hr.seed_everything(5)
         print(r.seeded, r.numpy_generator, r.jax_key)
@@ -164,8 +184,8 @@ def test_mode_defaults_to_strict_and_reads_env(monkeypatch):
         hr.enable_determinism("nope")
 
 
-def test_strict_warns_on_missing_image_knobs(image_copy):
-    proc = run_isolated(image_copy, """
+def test_strict_warns_on_missing_image_knobs(image_copy, run_python):
+    proc = run_python(image_copy, """
         import os, hermetic_runtime as hr
         r = hr.enable_determinism("strict")
         print(sorted(r.env_missing), os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
@@ -177,9 +197,9 @@ def test_strict_warns_on_missing_image_knobs(image_copy):
     assert any("PYTHONHASHSEED" in w for w in warnings)
 
 
-def test_strict_is_quiet_when_the_image_sets_the_knobs(image_copy):
+def test_strict_is_quiet_when_the_image_sets_the_knobs(image_copy, run_python):
     env = {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
-    proc = run_isolated(image_copy, """
+    proc = run_python(image_copy, """
         import os, hermetic_runtime as hr
         r = hr.enable_determinism()
         print(r.mode, r.env_missing, r.env_set_in_process, os.environ["CUBLAS_WORKSPACE_CONFIG"])
@@ -190,8 +210,8 @@ def test_strict_is_quiet_when_the_image_sets_the_knobs(image_copy):
 
 
 @pytest.mark.parametrize("mode", ["statistical", "off"])
-def test_non_strict_modes_check_nothing(image_copy, mode):
-    proc = run_isolated(image_copy, f"""
+def test_non_strict_modes_check_nothing(image_copy, mode, run_python):
+    proc = run_python(image_copy, f"""
         import os, hermetic_runtime as hr
         r = hr.enable_determinism({mode!r})
         print(r.mode, r.warnings, "CUBLAS_WORKSPACE_CONFIG" in os.environ)
@@ -204,8 +224,8 @@ def test_non_strict_modes_check_nothing(image_copy, mode):
 # --- RNG state and checkpoints -------------------------------------------------
 
 
-def test_rng_state_roundtrip_with_random_only(image_copy):
-    proc = run_isolated(image_copy, """
+def test_rng_state_roundtrip_with_random_only(image_copy, run_python):
+    proc = run_python(image_copy, """
         import json, random, hermetic_runtime as hr
         random.seed(3); random.random(); random.gauss(0, 1)  # gauss leaves a cached value
         state = hr.rng_state()
@@ -219,9 +239,9 @@ def test_rng_state_roundtrip_with_random_only(image_copy):
     assert proc.stdout.strip() == "['python'] True"
 
 
-def test_checkpoint_without_torch_resumes_python_rng(image_copy, tmp_path):
+def test_checkpoint_without_torch_resumes_python_rng(image_copy, tmp_path, run_python):
     ck = tmp_path / "out" / "ck.bin"
-    proc = run_isolated(image_copy, f"""
+    proc = run_python(image_copy, f"""
         import random, hermetic_runtime as hr
         hr.seed_everything(11)
         random.random()
@@ -316,14 +336,17 @@ def test_report_unset_writes_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_report_merges_sections_and_keeps_foreign_keys(tmp_path, monkeypatch):
+def test_report_merges_sections_and_keeps_foreign_keys(image_copy, tmp_path, run_python):
     path = tmp_path / "rt" / "runtime.json"
     path.parent.mkdir()
     path.write_text(json.dumps({"written_by": "hermetic run", "seed": {"policy": "fixed"}}))
-    monkeypatch.setenv("HERMETIC_RUNTIME_REPORT", str(path))
-    monkeypatch.setenv("HERMETIC_SEED", "5")
-    hr.seed_everything()
-    hr.enable_determinism("statistical")
+    proc = run_python(image_copy, """
+        import platform, hermetic_runtime as hr
+        hr.seed_everything()
+        hr.enable_determinism("statistical")
+        print(platform.python_version())
+    """, {"HERMETIC_RUNTIME_REPORT": str(path), "HERMETIC_SEED": "5"})
+    assert proc.returncode == 0, proc.stderr
     doc = json.loads(path.read_text())
     assert doc["written_by"] == "hermetic run"
     assert doc["seed"]["policy"] == "fixed"  # merged, not replaced
@@ -331,11 +354,11 @@ def test_report_merges_sections_and_keeps_foreign_keys(tmp_path, monkeypatch):
     assert doc["seed"]["seeded"][0] == "python"
     assert doc["determinism"]["mode"] == "statistical"
     assert doc["schema"] == "hermetic-runtime-report/1"
-    assert doc["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert doc["versions"]["python"] == proc.stdout.strip()
     assert sorted(p.name for p in path.parent.iterdir()) == ["runtime.json"]  # no temp or lock file
 
 
-def test_report_is_identical_for_identical_runs(image_copy, tmp_path):
+def test_report_is_identical_for_identical_runs(image_copy, tmp_path, run_python):
     code = """
         import hermetic_runtime as hr
         hr.enable_determinism()
@@ -345,7 +368,7 @@ def test_report_is_identical_for_identical_runs(image_copy, tmp_path):
     for name in ("a.json", "b.json"):
         env = {"HERMETIC_RUNTIME_REPORT": str(tmp_path / name), "HERMETIC_SEED": "3", "PYTHONHASHSEED": "0",
                "OMP_NUM_THREADS": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-        proc = run_isolated(image_copy, code, env)
+        proc = run_python(image_copy, code, env)
         assert proc.returncode == 0, proc.stderr
         docs.append((tmp_path / name).read_bytes())
     assert docs[0] == docs[1]
@@ -426,8 +449,8 @@ STARTUP_PROBE = """
 """
 
 
-def test_startup_seeds_random_after_its_first_import_and_then_leaves(startup_site):
-    proc = run_isolated(startup_site, STARTUP_PROBE, env={"HERMETIC_SEED": "77"})
+def test_startup_seeds_random_after_its_first_import_and_then_leaves(startup_site, run_python):
+    proc = run_python(startup_site, STARTUP_PROBE, env={"HERMETIC_SEED": "77"})
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
     assert seen["draw"] == seen["expected"]
@@ -437,17 +460,17 @@ def test_startup_seeds_random_after_its_first_import_and_then_leaves(startup_sit
 
 @pytest.mark.parametrize("env", [{}, {"HERMETIC_SEED": "77", "HERMETIC_STARTUP_SEEDING": "0"},
                                  {"HERMETIC_SEED": "not-a-seed"}], ids=["outside-a-run", "switched-off", "bad-seed"])
-def test_startup_does_nothing_outside_a_run_or_when_switched_off(startup_site, env):
-    proc = run_isolated(startup_site, STARTUP_PROBE, env=env)
+def test_startup_does_nothing_outside_a_run_or_when_switched_off(startup_site, env, run_python):
+    proc = run_python(startup_site, STARTUP_PROBE, env=env)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
     assert seen["hooked"] is False and seen["draw"] != seen["expected"]
 
 
-def test_startup_reports_what_it_seeded_at_exit(startup_site, tmp_path):
+def test_startup_reports_what_it_seeded_at_exit(startup_site, tmp_path, run_python):
     report = tmp_path / "runtime.json"
-    proc = run_isolated(startup_site, "import _hermetic_startup, random\n",
-                        env={"HERMETIC_SEED": "5", "HERMETIC_RUNTIME_REPORT": str(report)})
+    proc = run_python(startup_site, "import _hermetic_startup, random\n",
+                      env={"HERMETIC_SEED": "5", "HERMETIC_RUNTIME_REPORT": str(report)})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(report.read_text())["startup"] == {"seed": 5, "seeded": ["random"]}
 
@@ -479,14 +502,15 @@ def _with_paths(*paths: Path | str) -> str:
 
 
 @pytest.mark.parametrize("probe", [False, True], ids=["plain-import", "find_spec-then-import"])
-def test_startup_seeds_torch_on_its_import_even_after_a_find_spec_probe(startup_site, fake_torch_site, probe):
+def test_startup_seeds_torch_on_its_import_even_after_a_find_spec_probe(startup_site, fake_torch_site, probe,
+                                                                         run_python):
     # The datasets library asks importlib.util.find_spec("torch") long before it imports torch: the probe
     # must not use up the hook (it did: torch then ran with its own default seed).
     code = _with_paths(fake_torch_site) + "import _hermetic_startup, importlib.util\n"
     if probe:
         code += "assert importlib.util.find_spec('torch') is not None\nassert 'torch' not in sys.modules\n"
     code += "import torch\nprint(torch.initial_seed())\n"
-    proc = run_isolated(startup_site, "import sys\n" + code, env={"HERMETIC_SEED": "77"})
+    proc = run_python(startup_site, "import sys\n" + code, env={"HERMETIC_SEED": "77"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "77"
 
@@ -552,22 +576,72 @@ def test_the_report_keeps_the_seeds_the_generators_ended_with(reseed_site, tmp_p
     assert reseeded_text(entropy["reseeded"]) == "the script reseeded random from the OS's entropy (not repeatable)"
 
 
-def test_seed_wrappers_pass_through_and_note_only_what_they_were_given(startup_site):
-    code = """import _hermetic_startup, pickle, random
+# random.seed applies an int without its sign and seeds with the hash of a float or, on Python 3.10 only, of any
+# other hashable (deprecated since 3.9; 3.11+ raise TypeError): its wrapper notes the seed applied. The draws after
+# each call check that the noted seed is the one that seeded.
+SEED_WRAPPERS = """import _hermetic_startup, pickle, random, sys
 assert random.seed.__name__ == "seed" and random.seed.__wrapped__ is not None and random.seed.__doc__
 random.seed(5)
 a = random.random()
 random.Random(5).random() == a or sys.exit("the wrapped seed() seeded differently")
-try:
-    random.seed(object())
-except TypeError:
-    pass
 assert pickle.loads(pickle.dumps(random.seed)) is random.seed  # a spawn worker's target still pickles
-print(_hermetic_startup._hook.last_seed["random"])
+last = _hermetic_startup._hook.last_seed
+word = sys.maxsize * 2 + 1  # CPython seeds with a hash as an unsigned machine word
+random.seed(-7)
+print(last["random"], random.random() == random.Random(7).random())
+random.seed(2.5)
+print(last["random"] == "hash %d of a float" % hash(2.5), random.random() == random.Random(hash(2.5)).random())
+given = object()
+try:
+    random.seed(given)
+except TypeError:
+    print("raised", last["random"] == "hash %d of a float" % hash(2.5))
+else:
+    print("hashed", last["random"] == "hash %d of a object (deprecated)" % (hash(given) & word),
+          random.random() == random.Random(hash(given) & word).random())
+print("%d.%d" % sys.version_info[:2])
 """
-    proc = run_isolated(startup_site, "import sys\n" + code, env={"HERMETIC_SEED": "1"})
+
+
+def test_seed_wrappers_pass_through_and_note_the_seed_applied(startup_site, run_python):
+    proc = run_python(startup_site, SEED_WRAPPERS, env={"HERMETIC_SEED": "1"})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "5"  # the call that raised noted nothing
+    *lines, version = proc.stdout.splitlines()
+    assert lines[:2] == ["7 True", "True True"]
+    if python_version(version) >= (3, 11):
+        assert lines[2:] == ["raised True"]  # the call that raised noted nothing
+        assert proc.stderr == ""
+    else:  # 3.10 seeded with the object's hash, and its warning still names the script's line, not the wrapper's
+        assert lines[2:] == ["hashed True True"]
+        assert re.match(r"<string>:\d+: DeprecationWarning: Seeding based on hashing is deprecated", proc.stderr), \
+            proc.stderr
+
+
+def test_the_report_says_which_seed_a_script_reseeded_random_with(startup_site, tmp_path, run_python):
+    from hermetic.record.build import reseeded_text, seed_section
+
+    report = tmp_path / "runtime.json"
+    code = """import _hermetic_startup, random, sys
+random.random()
+given = frozenset({1})
+try:
+    random.seed(given)
+    print(hash(given) & (sys.maxsize * 2 + 1))
+except TypeError:
+    random.seed(-42)
+print("%d.%d" % sys.version_info[:2])
+"""
+    proc = run_python(startup_site, code, env={"HERMETIC_SEED": "0", "HERMETIC_RUNTIME_REPORT": str(report)})
+    assert proc.returncode == 0, proc.stderr
+    *hashed, version = proc.stdout.splitlines()
+    section = seed_section(0, "config", json.loads(report.read_text()))
+    if python_version(version) >= (3, 11):
+        assert hashed == [] and section["reseeded"] == {"random": 42}
+        assert reseeded_text(section["reseeded"]) == "the script reseeded random to 42"
+    else:
+        assert section["reseeded"] == {"random": f"hash {hashed[0]} of a frozenset (deprecated)"}
+        assert reseeded_text(section["reseeded"]) == \
+            f"the script reseeded random with hash {hashed[0]} of a frozenset (deprecated)"
 
 
 def test_seed_section_reads_the_runtime_report_defensively():

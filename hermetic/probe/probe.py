@@ -61,7 +61,10 @@ if __package__:  # imported from hermetic (doctor, tests)
     from hermetic.probe.probe_nvml import gpus_from_nvml, open_nvml
     from hermetic.probe.probe_smi import gpus_from_nvidia_smi
     from hermetic.probe.probe_util import read_text, reason, safe
-else:  # run as a script inside the container: this directory is sys.path[0]
+else:  # run as a script inside the container: its siblings are imported from this directory
+    _here = os.path.dirname(os.path.abspath(__file__))
+    if _here not in sys.path:  # Python 3.11+ leave it out under PYTHONSAFEPATH (the image's or the run's env)
+        sys.path.insert(0, _here)
     from probe_cuda import (
         attach_sm_counts, cuda_devices_from_libcuda, cuda_devices_from_torch, gpus_from_cuda, libcuda_driver_version,
     )
@@ -78,6 +81,7 @@ ENV_EXACT = (
     "NVIDIA_TF32_OVERRIDE", "XLA_FLAGS", "TF_DETERMINISTIC_OPS", "TF_CUDNN_DETERMINISTIC",
     "TZ", "LC_ALL", "LANG", "MKL_CBWR", "KMP_AFFINITY", "OMP_PROC_BIND", "OMP_PLACES",
     "PYTORCH_CUDA_ALLOC_CONF", "TORCH_CUDNN_V8_API_DISABLED", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "PYTHON_CPU_COUNT",  # Python 3.13+: os.cpu_count() and the default sizes of process and thread pools
 )
 ENV_PREFIXES = ("HERMETIC_", "NCCL_", "CUDA_", "NVIDIA_", "CUBLAS_", "CUDNN_")
 ENV_SUFFIXES = ("_NUM_THREADS",)
@@ -295,10 +299,19 @@ def _cpu_info(errors):
         "model": model,
         "vendor": fields.get("vendor_id") or fields.get("CPU implementer"),
         "flags_of_interest": interesting if flags else None,
-        "logical_cores": os.cpu_count(),
+        "logical_cores": _logical_cores(),
         "affinity": safe(errors, "hardware.cpu.affinity", lambda: len(os.sched_getaffinity(0))),
         "cgroup_cpus": safe(errors, "hardware.cpu.cgroup_cpus", _cgroup_cpus),
     }
+
+
+def _logical_cores():
+    # What os.cpu_count() reads, but without Python 3.13's override (PYTHON_CPU_COUNT, -X cpu_count): the machine's.
+    try:
+        n = os.sysconf("SC_NPROCESSORS_ONLN")
+    except (ValueError, OSError, AttributeError):  # no such sysconf name here
+        return os.cpu_count()
+    return n if n >= 1 else None
 
 
 def _mem_total():

@@ -22,7 +22,11 @@ importing it (``datasets`` does) gets a spec whose loader seeds, and the real
 import, which asks again, gets one too; whichever runs seeds, once.
 
 ``random.seed`` and ``numpy.random.seed`` are wrapped so that the last seed
-given to them is known at exit (torch keeps its own: ``torch.initial_seed()``).
+given to them is known at exit (torch keeps its own: ``torch.initial_seed()``):
+for ``random``, the seed CPython applied (``random_seed_label``), which differs
+by version for a value of another type than None, int, float, str, bytes or
+bytearray: Python 3.10 seeds with its hash (deprecated since 3.9, and noted
+so), 3.11+ raise TypeError (nothing noted).
 At exit the main process writes into the runtime report what was seeded
 (``startup``) and ``final``: the seed each generator ended with and a digest
 of its state (``final.seeds``, so a script that reseeds, as Hugging Face's
@@ -41,6 +45,9 @@ SWITCH_ENV = "HERMETIC_STARTUP_SEEDING"
 TARGETS = ("random", "numpy.random", "torch")  # modules watched
 LABELS = {"numpy.random": "numpy"}  # what the record calls them
 SEED_MAX = 2**32 - 1
+# What random.seed takes. Python 3.10 seeds with the hash of anything else (with a DeprecationWarning);
+# 3.11+ raise TypeError.
+RANDOM_SEED_TYPES = (type(None), int, float, str, bytes, bytearray)
 
 
 def _seed_value():
@@ -82,8 +89,21 @@ def seed_label(value):
     return "a %s" % type(value).__name__
 
 
+def random_seed_label(value):
+    """What ``random.seed(value)`` applied, as the record keeps it: an int without its sign (random.seed
+    drops it), ``hash N of a <type>`` for a value CPython seeds with its hash (N, as the unsigned
+    machine word it uses: a float; on Python 3.10 anything else it was given, marked ``(deprecated)``),
+    else ``seed_label``'s."""
+    if isinstance(value, int):  # bool too
+        return abs(int(value))
+    if isinstance(value, float) or not isinstance(value, RANDOM_SEED_TYPES):
+        note = "" if isinstance(value, float) else " (deprecated)"
+        return "hash %d of a %s%s" % (hash(value) & (sys.maxsize * 2 + 1), type(value).__name__, note)
+    return seed_label(value)
+
+
 class _RecordingSeed:
-    """``module.seed`` in place of the original: calls it, then notes what it was given."""
+    """``module.seed`` in place of the original: calls it, then notes the seed it applied."""
 
     def __init__(self, module_name, label, original, last_seed):
         self._module_name = module_name
@@ -93,9 +113,25 @@ class _RecordingSeed:
         self.__doc__ = getattr(original, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
-        result = self.__wrapped__(*args, **kwargs)  # a bad argument raises as it always did, and is not noted
         given = args[0] if args else kwargs.get("a", kwargs.get("seed"))
-        self._last_seed[self._label] = seed_label(given)
+        if self._label == "random" and not isinstance(given, RANDOM_SEED_TYPES):
+            return self._hashed(given, args, kwargs)
+        result = self.__wrapped__(*args, **kwargs)  # a bad argument raises as it always did, and is not noted
+        self._last_seed[self._label] = random_seed_label(given) if self._label == "random" else seed_label(given)
+        return result
+
+    def _hashed(self, given, args, kwargs):
+        """random.seed given another type: Python 3.10 seeds with its hash and warns (deprecated) at the
+        line that called it, in this module, where the default filters would hide what the script's own
+        line shows; caught here, the warning is given again there. 3.11+ raise TypeError, as always."""
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = self.__wrapped__(*args, **kwargs)
+        self._last_seed[self._label] = random_seed_label(given)
+        for w in caught:
+            warnings.warn(w.message, w.category, stacklevel=3)  # 3: the caller of __call__
         return result
 
     def __getattr__(self, name):  # __name__, __qualname__, ...: the original's
