@@ -80,7 +80,7 @@ for mod, name, label in [
         (ed.DockerLaunch, "finish", "container: the rest of its start, the script, wait, remove"),
         (rr, "changed_during_run", "data: changed during the run (stat)"),
         (rr, "collect_outputs", "collect: working dir, hash outputs, metrics (as the container's user)"),
-        (rr, "seal_run", "final record (figure drawn beside it, joined)")]:
+        (rr, "seal_run", "final record (validate, seal, README, index)")]:
     wrap(mod, name, label)  # a name that is gone fails the bench here, loudly
 def report():
     out = {"import hermetic.cli": t_cli - t0, "import run modules": t_imports - t_cli, "marks": marks,

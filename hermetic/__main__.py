@@ -1,4 +1,4 @@
-from hermetic.entry import main
+from hermetic.cli import main
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,7 @@
 """`hermetic ARGS` for the tests, forked from a process that has imported hermetic already.
 
 Each `python -m hermetic …` a test starts spends 0.1-0.4 s of CPU starting the
-interpreter and importing click, pydantic's schemas, Pillow and hermetic's
+interpreter and importing click, pydantic's schemas and hermetic's
 own modules before it does anything; the suite starts a few thousand, which on
 two cores is minutes. The zygote does that once: it is started (per pytest
 process) with the test run's environment, imports hermetic's modules, and forks
@@ -53,9 +53,8 @@ def startup_env(env: dict[str, str]) -> dict[str, str]:
 
 def _preload() -> None:
     """Import what commands import: the CLI and every command module (their module-level imports), and what
-    they import later and a `hermetic run` has its record worker import: the config and record schemas
-    (pydantic, PyYAML), Pillow and the run figure's fonts. Imports only (and the fonts read): no command's
-    function runs, so no cache is filled from the zygote's environment."""
+    they import later: the config and record schemas (pydantic, PyYAML). Imports only: no command's function
+    runs, so no cache is filled from the zygote's environment."""
     import importlib
 
     from hermetic import cli
@@ -64,9 +63,6 @@ def _preload() -> None:
         importlib.import_module(target.partition(":")[0])
     import hermetic.config  # noqa: F401
     import hermetic.record.schema  # noqa: F401
-    from hermetic import rasterplot
-
-    rasterplot.preload()
 
 
 def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:

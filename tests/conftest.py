@@ -51,7 +51,7 @@ FIXTURE_MARKS = {
     "registry": "registry", "slurm_cluster": "slurm", "mlflow_server": "mlflow",
 }
 # Markers of what lies outside one process: each makes a test an integration test.
-OUTSIDE = ("docker", "registry", "slow", "slurm", "mlflow", "base", "network", "engines")
+OUTSIDE = ("docker", "registry", "slow", "slurm", "mlflow", "base", "network", "engines", "mounts")
 
 
 def _shared_fixture_marks(item) -> list[str]:

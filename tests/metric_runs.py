@@ -2,7 +2,7 @@
 
 The record is the synthetic one (hermetic.record.synthetic) finished the way
 ``hermetic run`` finishes one: outputs hashed, metrics summarized from the
-file, then ``write_record`` (which also draws the README's figure).
+file, then ``write_record``.
 """
 
 from __future__ import annotations

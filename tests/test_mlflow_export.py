@@ -69,6 +69,11 @@ def test_a_run_becomes_one_mlflow_run_with_everything_and_exporting_again_adds_n
     assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == ["README.md", "metrics.png", "run.json"]
     local = Path(client.download_artifacts(run.info.run_id, "run.json", str(tmp_path / "dl")))
     assert json.loads(local.read_text()) == rec
+    figure = Path(client.download_artifacts(run.info.run_id, "metrics.png", str(tmp_path / "dl")))
+    drawn = run_cli("runs", "--runs-dir", str(root), "plot", RID, "-o", str(tmp_path / "plot.png"))
+    assert drawn.returncode == 0, drawn.stderr
+    assert figure.read_bytes() == (tmp_path / "plot.png").read_bytes()  # the figure `runs plot RUN` draws
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (root / RID / "metrics.png").exists()
     assert run.info.status == "FINISHED" and run.info.run_name == RID
     assert run.info.end_time - run.info.start_time == 3 * 60 * 1000
 
@@ -191,8 +196,9 @@ def test_a_real_run_and_its_replay_in_mlflow(project, mlflow_server, tmp_path):
     assert ds.dataset.digest == rec["data"]["logreg"]["manifest_sha256"][:36]
     assert json.loads(ds.dataset.source)["uri"] == str((project / "data").resolve())
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert artifacts == {"README.md", "metrics.png", "run.json"}
-    assert "![The run's metrics over steps](metrics.png)" in (run_dir_of(project, rec) / "README.md").read_text()
+    assert artifacts == {"README.md", "metrics.png", "run.json"}  # the figure drawn for the export
+    assert not (run_dir_of(project, rec) / "metrics.png").exists()  # not by the run, nor into its directory
+    assert f"hermetic runs plot {rid} -o runs/{rid}/metrics.png" in (run_dir_of(project, rec) / "README.md").read_text()
     assert run.info.status == "FINISHED"
 
     replay = run_cli("replay", str(run_dir_of(project, rec)), "--json", cwd=project)

@@ -57,9 +57,6 @@ def run(mlflow_uri, detach, as_json, script, args, **shared) -> int:
     if detach:
         return _start_detached(script, as_json)
     keep_running_without_a_terminal()
-    from hermetic.record.worker import warm_up
-
-    warm_up()  # the record worker imports the record schema and Pillow now, beside this process's own start
     from hermetic.paths import cache_paths
     from hermetic.run.runner import execute
 

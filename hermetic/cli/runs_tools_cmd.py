@@ -3,7 +3,8 @@
 Added to the ``runs`` group by hermetic/cli/runs_cmd.py (this module does
 not import that one). Only click is imported until a command runs; mlflow
 and matplotlib (the extras hermetic[mlflow] and hermetic[plots]) are
-imported by hermetic.integrations when an export or a figure starts.
+imported by hermetic.integrations and hermetic.figures when an export or a
+figure starts.
 """
 
 from __future__ import annotations
@@ -106,8 +107,9 @@ def plot_cmd(ctx: click.Context, refs: tuple[str, ...], output: str, metrics: tu
     --metric); a seed group is drawn as the mean over its seeds with the 95%
     interval of the mean as a band. Runs with the same curve are drawn once and labelled
     together, so two bitwise-identical runs show one line; the first step
-    where a run's curve parts from the first run's is marked. Needs
-    hermetic[plots].
+    where a run's curve parts from the first run's is marked. A run's own
+    figure is drawn this way, on demand: its README.md gives the command.
+    Needs hermetic[plots].
 
     \b
     Examples:
@@ -130,10 +132,10 @@ def plot_option(f: F) -> F:
 def check_plot_file(plot_file: str | None) -> None:
     """Refuse a bad suffix or a missing matplotlib before any work is done."""
     if plot_file is not None:
-        from hermetic import plotting
+        from hermetic.figures import render
 
-        plotting.figure_format(plot_file)
-        plotting.require("--plot")
+        render.figure_format(plot_file)
+        render.require("--plot")
 
 
 def plot_or_note(paths: list[Path], output: str) -> dict[str, Any]:
@@ -150,7 +152,7 @@ def plot_or_note(paths: list[Path], output: str) -> dict[str, Any]:
 
 
 def write_plot(paths: list[Path], output: str, *, metrics: list[str] | None = None):  # -> PlotResult
-    from hermetic.integrations.plots import plot
+    from hermetic.figures.runs import plot
 
     result = plot(paths, output, metrics=metrics)
     curves = ", ".join(f"{m}: {n}" for m, n in result.to_json()["curves"].items())

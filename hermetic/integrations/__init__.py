@@ -1,7 +1,6 @@
-"""What hermetic's runs look like to other tools: MLflow (``mlflow.py``) and figures (``plots.py``).
+"""What hermetic's runs look like to other tools: MLflow (``mlflow.py``).
 
-Each module imports its optional package (``hermetic[mlflow]``,
-``hermetic[plots]``) on first use only, so no other command pays for it;
-when it is missing the error names the extra to install
-(hermetic.errors.MissingExtra, exit 69).
+It imports its optional package (``hermetic[mlflow]``) on first use only, so
+no other command pays for it; when it is missing the error names the extra
+to install (hermetic.errors.MissingExtra, exit 69).
 """

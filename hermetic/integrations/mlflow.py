@@ -10,7 +10,9 @@ too, which MLflow users expect); tags for what makes
 the run repeatable (image ID, manifest and repo digests, lock sha256, git
 commit and dirty flag, hermetic version, status, and for a replay the diff
 verdict against its original); each dataset as an MLflow dataset input; and
-run.json, README.md and the metrics figure as artifacts. A seed group is a
+run.json, README.md and the metrics figure as artifacts (the figure drawn for
+the export, as ``hermetic runs plot RUN`` draws it, when hermetic[plots] is
+installed and the run logged metrics). A seed group is a
 parent run holding the summary of each metric (mean, SD, 95% interval) with
 its members as child runs.
 
@@ -38,12 +40,13 @@ import json
 import os
 import re
 import shlex
+import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hermetic.errors import DataError, HermeticError, MissingExtra, Unavailable, UsageError
+from hermetic.errors import DataError, HermeticError, MissingExtra, NotFound, Unavailable, UsageError
 from hermetic.record.outputs import nan_key
 
 RUN_ID_TAG = "hermetic.run_id"
@@ -223,6 +226,21 @@ def millis(iso: str | None) -> int | None:
     return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
 
 
+def run_figure(run_dir: Path, into: Path) -> Path | None:
+    """The run's figure as ``hermetic runs plot RUN`` draws it, written to ``into``/metrics.png; None when
+    matplotlib (hermetic[plots]) is not installed or there is nothing to draw."""
+    from hermetic.figures import render
+    from hermetic.figures.runs import plot
+    from hermetic.record.readme import FIGURE_NAME
+
+    if not render.available():
+        return None
+    try:
+        return plot([run_dir], into / FIGURE_NAME).path
+    except NotFound:  # no metric values (all of them wall-clock times, say)
+        return None
+
+
 # -- the exporter (talks to the tracking server) -------------------------------------------------
 
 class MlflowExporter:
@@ -283,7 +301,6 @@ class MlflowExporter:
     def _export_run(self, run_dir: Path, experiment: str | None, *, parent: str | None = None,
                     exp_id: str | None = None, rec: dict[str, Any] | None = None) -> Exported:
         """``rec``: the run's record when the caller loaded it already (a group's first member)."""
-        from hermetic.record.figure import FIGURE_NAME
         from hermetic.record.metrics import load_series
         from hermetic.record.rundir import README_NAME, load_record
 
@@ -302,10 +319,11 @@ class MlflowExporter:
         if parent is not None:
             tags[PARENT_TAG] = parent
         run, created = self._find_or_create(exp_id, meta["run_id"], meta["started_at"], tags)
-        with self._ends_failed(run):
+        with self._ends_failed(run), tempfile.TemporaryDirectory(prefix="hermetic-figure-") as tmp:
             logged = self._log(run, created, run_params(rec), tags, series, millis(meta["started_at"]) or 0)
             self._log_datasets(run, datasets)
-            self._log_artifacts(run, created, [run_dir / n for n in ("run.json", README_NAME, FIGURE_NAME)])
+            figure = run_figure(run_dir, Path(tmp)) if series else None
+            self._log_artifacts(run, created, [run_dir / "run.json", run_dir / README_NAME, *filter(None, [figure])])
             self.client.set_terminated(run.info.run_id, STATUS.get(meta["status"], "FAILED"),
                                        end_time=millis(meta["finished_at"]) or millis(meta["started_at"]))
         return Exported(meta["run_id"], "run", run.info.run_id, exp_id, created, logged, self._url(exp_id, run))

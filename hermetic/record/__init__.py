@@ -24,9 +24,9 @@ from typing import Any
 # package's attribute of that name (`from hermetic.record import seal` must stay the function)
 from hermetic.record.seal import seal, verify_seal
 
-# name -> the module that defines it; imported on first use (PEP 562): `hermetic run` needs the run dir and
-# the worker before its container starts, and the rest of the package (the record's building, README, groups,
-# index: ~15 ms of imports) only beside the container's start.
+# name -> the module that defines it; imported on first use (PEP 562): `hermetic run` needs the run dir
+# before its container starts, and the rest of the package (the record's building, README, groups, index, the
+# schema: pydantic) only beside the container's start.
 _EXPORTS = {
     "begin_record": "build", "env_section": "build", "finish_record": "build", "seed_section": "build",
     "load_group": "group", "write_group": "group",

@@ -9,13 +9,11 @@ from typing import Any
 from hermetic.resources import read_template
 
 TEMPLATE_NAME = "run-README.md"
+FIGURE_NAME = "metrics.png"  # where the README's command draws the run's figure: beside run.json
 
 
-def render_readme(record: dict[str, Any], *, run_dir: str | None = None, figure: str | None = None) -> str:
-    """The README text for a (sealed) record; ``run_dir`` defaults to ``runs/<id>``.
-
-    ``figure``: the name of the metrics figure beside it (hermetic.record.figure), shown under the status.
-    """
+def render_readme(record: dict[str, Any], *, run_dir: str | None = None) -> str:
+    """The README text for a (sealed) record; ``run_dir`` defaults to ``runs/<id>``."""
     meta, inv, image, code = record["record"], record["invocation"], record["image"], record["code"]
     run_id = meta["run_id"]
     cfg = inv.get("config") or {}
@@ -24,7 +22,7 @@ def render_readme(record: dict[str, Any], *, run_dir: str | None = None, figure:
         "run_id": run_id,
         "run_dir": run_dir,
         "status_line": _status_line(meta),
-        "figure_text": f"\n\n![The run's metrics over steps]({figure})\n" if figure else "",
+        "figure_text": _figure_text(record, run_id, run_dir),
         "tool": meta["tool"],
         "record_sha256": meta["record_sha256"] or "(not sealed)",
         "image_id": f"`{image['id']}`",
@@ -50,6 +48,16 @@ def _status_line(meta: dict[str, Any]) -> str:
     code = "" if meta["exit_code"] is None else f", exit code {meta['exit_code']}"
     end = f", finished {meta['finished_at']}" if meta["finished_at"] else ""
     return f"Status: **{meta['status']}**{code}. Started {meta['started_at']}{end}."
+
+
+def _figure_text(record: dict[str, Any], run_id: str, run_dir: str) -> str:
+    """Under the status line of a finished run that logged metrics: the command that draws them. On demand:
+    matplotlib's import and drawing would add most of a second to every run."""
+    metrics = record["metrics"]
+    if record["record"]["finished_at"] is None or not (metrics.get("series") or metrics["file"]):
+        return ""
+    return (f"\n\nTo draw its metrics over steps (from the project directory; needs `hermetic[plots]`):\n\n"
+            f"    hermetic runs plot {run_id} -o {run_dir}/{FIGURE_NAME}\n")
 
 
 def _code_text(code: dict[str, Any], run_id: str, run_dir: str) -> str:

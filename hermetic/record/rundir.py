@@ -103,77 +103,33 @@ def redact_tree(node: Any) -> Any:
     return node
 
 
-def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any], *,
-                 series: list[dict[str, Any]] | None = None, figure: Any = None) -> dict[str, Any]:
+def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> dict[str, Any]:
     """Validate, redact, seal and write ``run_dir/run.json`` (+ README.md, + index line).
 
     Returns the sealed record as written. May be called more than once for a
     run (e.g. an early record with status ``interrupted``, then the final
     one): each call replaces run.json atomically and the index keeps the
     latest. Raises RecordError naming the key when the record is malformed;
-    nothing is written then. ``series``: the entries of the series file the
-    record's ``metrics.series`` names, as the collection wrote them
-    (hermetic.run.collect.Collected.series), so that the figure is drawn
-    from them instead of the file read back. ``figure``: the figure already
-    being drawn (hermetic.record.figure.start_metrics_figure, from this
-    record), joined here instead of drawing it again.
+    nothing is written then.
     """
-    from hermetic.record.errors import RecordError
-    from hermetic.record.figure import (FIGURE_NAME, FigureDrawing, figure_wanted, start_metrics_figure,
-                                        write_metrics_figure)
     from hermetic.record.readme import render_readme
-    from hermetic.record import worker as workers
+    from hermetic.record.schema import RecordError, validate_record
 
     run_dir = Path(run_dir)
     source = str(run_dir / RUN_JSON)
     clean = redact_secrets(record)
-    meta = clean.get("record")
-    # A final record's figure is drawn by the waiting record worker (a run's) as soon as it found the record
-    # valid, one exchange with it, while this process seals and writes the record; joined before the README.
-    given = figure  # one the caller started: joined here, whatever happens, and left as drawn
-    drawer = workers.current() if figure is None and isinstance(meta, dict) and meta.get("run_id") == run_dir.name \
-        and figure_wanted(clean) else None
-    if drawer is not None:
-        try:
-            message = drawer.validate(clean, source=source, sealed=False, draw=(str(run_dir), series))
-        except workers.WorkerGone:
-            workers.discard(drawer)  # gone: validated and drawn here
-            drawer = None
-        else:
-            if message is not None:
-                raise RecordError(message)
-            workers.take()
-            figure = FigureDrawing(drawer.pid, drawer)
-    written = False
+    validate_record(clean, source=source, sealed=False)
+    run_id = clean["record"]["run_id"]
+    if run_dir.name != run_id:
+        raise RecordError(f"{source}: record.run_id: {run_id!r} does not match the directory name "
+                          f"{run_dir.name!r}")
     try:
-        if drawer is None:
-            workers.validate_record(clean, source=source, sealed=False)  # by the record worker when one waits
-        run_id = clean["record"]["run_id"]
-        if run_dir.name != run_id:
-            raise RecordError(f"{source}: record.run_id: {run_id!r} does not match the directory name "
-                              f"{run_dir.name!r}")
-        try:
-            sealed = seal(clean, copy=False)  # clean is this call's own copy already
-        except ValueError as e:  # NaN/Infinity somewhere: JSON cannot hold them
-            raise RecordError(f"{source}: {e} (store non-finite numbers as 'NaN'/'Infinity' strings)") from None
-        # (no worker was asked above: a worker waiting now, else drawn here)
-        figure = figure if figure is not None else start_metrics_figure(run_dir, sealed, series=series, fork=False)
-        atomic_write_text(run_dir / RUN_JSON, pretty_json(sealed))
-        written = True
-        drawn = figure.join() if figure is not None else write_metrics_figure(run_dir, sealed, series=series)
-    except BaseException:
-        # never a child left behind, whatever was raised; nor a figure this call drew for a record not written
-        if figure is not None:
-            if figure.join() and not written and figure is not given:
-                (run_dir / FIGURE_NAME).unlink(missing_ok=True)
-            figure.reap()
-        raise
-    try:
-        atomic_write_text(run_dir / README_NAME, render_readme(sealed, figure=drawn))
-        update_index(run_dir.parent, run_entry(sealed, run_dir.name))
-    finally:
-        if figure is not None:
-            figure.reap()  # a worker that said it had drawn: reaped once it has exited, not waited for
+        sealed = seal(clean, copy=False)  # clean is this call's own copy already
+    except ValueError as e:  # NaN/Infinity somewhere: JSON cannot hold them
+        raise RecordError(f"{source}: {e} (store non-finite numbers as 'NaN'/'Infinity' strings)") from None
+    atomic_write_text(run_dir / RUN_JSON, pretty_json(sealed))
+    atomic_write_text(run_dir / README_NAME, render_readme(sealed))
+    update_index(run_dir.parent, run_entry(sealed, run_dir.name))
     return sealed
 
 

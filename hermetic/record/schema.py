@@ -17,8 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, StrictFloat, ValidationError
 
 from hermetic.canonical import is_sha256_hex
-from hermetic.errors import DataError  # noqa: F401
-from hermetic.record.errors import RecordError  # noqa: F401 - schema.RecordError, as it always was
+from hermetic.errors import DataError
 from hermetic.paths import name_pattern
 from hermetic.record.ids import RUN_ID_RE
 from hermetic.record.secrets_policy import is_secret_name
@@ -26,6 +25,10 @@ from hermetic.record.secrets_policy import is_secret_name
 SCHEMA_VERSION = 1
 _ISO_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|\+00:00)$")
 _DATASET_FILE = re.compile(rf"^data/({name_pattern()})\.sha256$")
+
+
+class RecordError(DataError):
+    """run.json (or group.json) does not have the documented shape."""
 
 
 def _hex64(v: str) -> str:

@@ -77,9 +77,6 @@ class Collected:
     runtime_report: dict[str, Any]
     rank_logs: dict[str, dict[str, str]] | None
     notes: list[str]
-    # The series file's entries as written (metrics.series): for the record's figure, which then need not
-    # read back and parse what was just written (write_record's ``series``). Empty when none was written.
-    series: list[dict[str, Any]] = field(default_factory=list)
 
 
 def collect_run(plan: CollectPlan, *, uid: int, gid: int) -> Collected:
@@ -101,16 +98,14 @@ def collect_run(plan: CollectPlan, *, uid: int, gid: int) -> Collected:
     assembled = mx.assemble(parts, readers=readers)
     metrics = assembled.section
     notes += assembled.notes
-    written: list[dict[str, Any]] = []
     if assembled.series:
         try:
             metrics["series"] = mx.write_series(plan.run_dir, assembled.series)
-            written = assembled.series
         except (OSError, safetree.UnsafePath) as e:
             notes.append(f"the metric series was not written ({mx.SERIES_FILE}): "
                          f"{getattr(e, 'message', None) or getattr(e, 'strerror', None) or e}")
     return Collected(WorkdirResult.from_json(doc["workdir"]), doc["outputs"], metrics,
-                     doc["runtime_report"], doc["rank_logs"], notes, written)
+                     doc["runtime_report"], doc["rank_logs"], notes)
 
 
 @dataclass(frozen=True)

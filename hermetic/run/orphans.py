@@ -204,8 +204,7 @@ def _seal(run_dir: Path, reason: str, workspace: Path | None) -> tuple[bool, str
             os.unlink(run_dir / ".space-reserve")  # hermetic.run.runner.RESERVE_NAME: room for this record
         write_record(run_dir, finish_record(rec, run_dir, status="interrupted", exit_code=None, reason=reason,
                                             workdir=collected.workdir.section(), outputs=collected.outputs,
-                                            metrics=collected.metrics, notes=collected.notes),
-                     series=collected.series)
+                                            metrics=collected.metrics, notes=collected.notes))
     except Exception as e:  # whatever the script left in outputs/: the container still goes
         return False, f"its record was not sealed: {getattr(e, 'message', None) or ' '.join(str(e).split())[:200]}"
     return True, ""

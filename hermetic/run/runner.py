@@ -90,10 +90,8 @@ def _quiet(_msg: str) -> None:
 
 def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log | None = None,
             progress: bool = False) -> RunResult:
-    from hermetic.record.worker import warm_up
     from hermetic.run.orphans import reap_orphans
 
-    warm_up()  # the record worker, forked before this run's threads (each run of a seed group gets one)
     log = log or _quiet
     engine = engine_for(req.engine or cfg.model.run.engine)  # hermetic.yaml's run.engine, or --engine
     engine.connect()
@@ -552,8 +550,7 @@ def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], o
     for note in collected.notes:
         log(f"note: {note}")
     release_space(run_dir)
-    # validated by the record worker, which then draws metrics.png while this process seals and writes it
-    sealed = write_record(run_dir, rec, series=collected.series)
+    sealed = write_record(run_dir, rec)
     log(f"run {run_id} {status} (exit {code}); record: {run_dir / 'run.json'}")
     return RunResult(run_id, run_dir, status, code, sealed, reason)
 
@@ -588,7 +585,7 @@ def after_failure(cfg: LoadedConfig, req: RunRequest, run_dir: Path, rec: dict[s
                                reason=None if interrupted else reason, outputs=collected.outputs,
                                metrics=collected.metrics, notes=collected.notes,
                                hermetic_exit_code=None if interrupted else code)
-        write_record(run_dir, sealed, series=collected.series)
+        write_record(run_dir, sealed)
         log(f"run {run_dir.name} {'interrupted' if interrupted else 'failed'}; record: {run_dir / RUN_JSON}")
     except Exception:  # sealing failed too (the disk is still full): the early record says interrupted
         pass

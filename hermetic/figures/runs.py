@@ -1,4 +1,4 @@
-"""Figures of runs and seed groups: ``hermetic runs plot`` and ``hermetic diff --plot``.
+"""Figures of runs and seed groups: ``hermetic runs plot`` (a run's own figure too), ``hermetic diff --plot``.
 
 One panel per metric, one curve per run over its steps (from the run's
 metric series, runs/<id>/metrics/series.jsonl, which hermetic wrote from
@@ -120,7 +120,7 @@ def group_curve(members: list[Series], name: str) -> tuple[list[int], list[float
 
 def build_panels(entries: Sequence[Entry], metrics: Sequence[str] | None = None):
     """(panels, metric names, shared curves, first differences) for ``entries`` (see the module doc)."""
-    from hermetic.plotting import Curve, Mark, Panel
+    from hermetic.figures.render import Curve, Mark, Panel
     from hermetic.record.metrics import is_counter
 
     available = sorted(set().union(*(e.metric_names() for e in entries)))
@@ -179,14 +179,14 @@ def build_panels(entries: Sequence[Entry], metrics: Sequence[str] | None = None)
 def plot(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
          metrics: Sequence[str] | None = None, title: str | None = None) -> PlotResult:
     """Draw the runs/groups at ``paths`` into ``out`` (.png or .svg)."""
-    from hermetic import plotting
+    from hermetic.figures import render
 
-    fmt = plotting.figure_format(out)
-    plotting.require("plotting runs")
+    fmt = render.figure_format(out)
+    render.require("plotting runs")
     entries = [load_entry(p) for p in paths]
     panels, names, shared, firsts = build_panels(entries, metrics)
     if title is None:
         ids = [e.id for e in entries]
         title = " vs ".join(ids) if len(ids) <= 3 else f"{', '.join(ids[:3])} and {len(ids) - 3} more"
-    path = plotting.save(panels, out, title=title)
+    path = render.save(panels, out, title=title)
     return PlotResult(path, fmt, entries, names, shared, firsts)

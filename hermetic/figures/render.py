@@ -1,15 +1,12 @@
 """Figures of metric curves: panels of lines over steps, optional bands and marks, to PNG or SVG.
 
-The figure model and the matplotlib renderer. It knows nothing of runs or
-records: callers (hermetic.integrations.plots for ``hermetic diff --plot`` and
-``hermetic runs plot``) turn their data into ``Panel``s; the figure of every
-run's README is drawn from the same ``Panel``s by hermetic.rasterplot (Pillow,
-the same layout, a tenth of matplotlib's cost on each run). matplotlib is the optional extra ``hermetic[plots]``, imported
-here on first use only, through its object API (``Figure`` with the Agg
-canvas; never pyplot, so no GUI backend and no global figure state) and
-with matplotlib's default style, so a user's matplotlibrc cannot change
-the picture. The same panels give the same bytes: no date in the SVG,
-fixed SVG ids.
+The figure model and its renderer. It knows nothing of runs or records:
+callers (hermetic.figures.runs) turn their data into ``Panel``s. matplotlib
+is the optional extra ``hermetic[plots]``, imported here on first use only,
+through its object API (``Figure`` with the Agg canvas; never pyplot, so no
+GUI backend and no global figure state) and with matplotlib's default style,
+so a user's matplotlibrc cannot change the picture. The same panels give the
+same bytes: no date in the SVG, fixed SVG ids.
 """
 
 from __future__ import annotations
