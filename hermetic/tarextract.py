@@ -39,11 +39,13 @@ def extract_all(tf: tarfile.TarFile, dest: str | os.PathLike[str], *, use_filter
         safe = copy.copy(member)
         for key, value in _checked_attrs(member, dest_path).items():
             setattr(safe, key, value)
+        # the checks are made: where tarfile has filters (the tests run this path there too), say so, or it warns
+        trusted = {"filter": "fully_trusted"} if HAS_DATA_FILTER else {}
         if safe.isdir():
             directories.append(safe)
-            tf.extract(safe, dest_path, set_attrs=False)  # made 0700; its mode and time once its contents are in
+            tf.extract(safe, dest_path, set_attrs=False, **trusted)  # 0700 now; mode and time once its contents are in
         else:
-            tf.extract(safe, dest_path, set_attrs=True, numeric_owner=True)
+            tf.extract(safe, dest_path, set_attrs=True, numeric_owner=True, **trusted)
     umask = os.umask(0)
     os.umask(umask)
     for d in sorted(directories, key=lambda m: m.name, reverse=True):  # the deepest first, as extractall does

@@ -213,7 +213,8 @@ class Seed(_Strict):
     applied: dict[str, Any]
     # Generators hermetic seeded with ``value`` that the script then seeded otherwise (HF's set_seed,
     # Lightning's seed_everything): name -> the seed they ended with, or "entropy" (seed() with no
-    # argument) / "a <type>". Absent when the runtime reported no final state (older records too).
+    # argument), "hash N of a <type>" (what random seeds a float with; on 3.10 any other hashable, marked
+    # "(deprecated)") or "a <type>". Absent when the runtime reported no final state (older records too).
     reseeded: Optional[dict[str, Union[NonNegInt, str]]] = None
 
 
