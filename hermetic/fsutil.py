@@ -84,6 +84,171 @@ def is_racy(mtime_ns: int, ctime_ns: int, recorded_ns: int) -> bool:
     return newest + 2 * granularity + _COARSE_CLOCK_NS >= recorded_ns
 
 
+# ---------------------------------------------------------------- filesystems that refuse (issue 38)
+# A cache or project on a filesystem that lacks what a local Linux one has ends in one line naming the path,
+# the filesystem and what to do: no file locks (NFS without its lock daemon, Lustre without -o flock), no
+# writes (a store every node mounts read-only; another user's cache; root on an NFS export that maps root
+# to nobody, root_squash), one rename across two filesystems (a part of the cache mounted or symlinked
+# elsewhere). What such a filesystem merely lacks (permission bits, hard links, xattrs, O_TMPFILE, which
+# hermetic's stores do not use) is no error: set_mode leaves the bits to the mount.
+
+from hermetic.errors import CannotCreate, HermeticError, Unavailable  # noqa: E402
+
+# Filesystems that are, by their nature, mounted by more than one machine.
+NETWORK_FS = frozenset({
+    "nfs", "nfs4", "lustre", "gpfs", "beegfs", "fuse.beegfs", "cephfs", "ceph", "glusterfs", "fuse.glusterfs",
+    "cifs", "smb3", "fuse.sshfs", "panfs", "wekafs", "orangefs", "pvfs2", "fuse.juicefs", "virtiofs", "9p",
+})
+
+
+def filesystem_of(path: str | os.PathLike[str]) -> tuple[str, str] | None:
+    """(mount point, filesystem type) of the mount holding ``path`` (/proc/self/mountinfo); None where unknown."""
+    real = os.path.realpath(path)
+    best: tuple[str, str] | None = None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        parts, rparts = left.split(), right.split()
+        if len(parts) >= 5 and rparts:
+            point = parts[4].replace("\\040", " ")
+            below = real == point or real.startswith(point.rstrip("/") + "/")
+            if below and (best is None or len(point) >= len(best[0])):
+                best = (point, rparts[0])
+    return best
+
+
+def _on(path: str | os.PathLike[str]) -> str:
+    found = filesystem_of(path)
+    return f"{found[1]} at {found[0]}" if found is not None else "a filesystem not in /proc/self/mountinfo"
+
+
+def _in_cache(path: str | os.PathLike[str]) -> bool:
+    from hermetic.paths import cache_root
+
+    root, real = str(cache_root()), os.path.realpath(path)
+    return real == root or real.startswith(root.rstrip("/") + "/")
+
+
+_REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+class NotWritable(CannotCreate, OSError):
+    """A directory hermetic must write in refuses it (read-only filesystem, permission denied): one line,
+    exit 73. Also an OSError with the original errno, so that code which takes a failed write as "not kept"
+    (a cache note, a claim on a read-only store) goes on doing so, as with errors.DiskFull."""
+
+    def __init__(self, message: str, *, hint: str | None = None, errno: int = errno.EACCES,
+                 filename: str | None = None):
+        super().__init__(message, hint=hint)
+        self.errno = errno
+        self.filename = filename
+
+    def __reduce__(self):  # across a process pool (layer workers): OSError's own pickling would drop the rest
+        return (_rebuild_not_writable, (self.message, self.hint, self.errno, self.filename))
+
+
+def _rebuild_not_writable(message: str, hint: str | None, errno: int, filename: str | None) -> NotWritable:
+    return NotWritable(message, hint=hint, errno=errno, filename=filename)
+
+
+def not_writable(e: OSError, directory: str | os.PathLike[str]) -> NotWritable:
+    """The one-line error for a refused write (errno EROFS, EACCES or EPERM) in ``directory``."""
+    where = Path(directory)
+    found = filesystem_of(where)
+    fs = f"{found[1]} at {found[0]}" if found is not None else "a filesystem not in /proc/self/mountinfo"
+    owner = None
+    if e.errno == errno.EROFS:
+        reason = f"read-only file system ({fs})"
+    else:
+        probe = where  # the directory, or its nearest parent that exists (the one that refused)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        try:
+            st = probe.stat()
+            owner = st.st_uid
+            fs += f"; {probe} is uid {st.st_uid}'s, mode {st.st_mode & 0o7777:04o}"
+        except OSError:
+            pass
+        if os.geteuid() == 0:
+            if found is not None and found[1] in NETWORK_FS:
+                fs += "; a network filesystem that maps root to nobody, as NFS's root_squash does"
+            reason = f"permission denied, even to root ({fs})"
+        else:
+            reason = f"permission denied to uid {os.geteuid()} ({fs})"
+    hint = "make it writable for this user, or work in a copy that is"
+    if _in_cache(where):
+        hint = ("set HERMETIC_CACHE to a directory of this user's on a writable local filesystem (the cache's "
+                "stores, locks and scratch space are written there)")
+    if owner is not None and owner != os.geteuid():
+        hint = f"run hermetic as its owner (uid {owner}), or {hint}"
+    return NotWritable(f"{where}: {reason}: hermetic cannot write there", hint=hint,
+                       errno=e.errno or errno.EACCES, filename=str(where))
+
+
+@contextlib.contextmanager
+def naming_unwritable(directory: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn a write refused in the block (EROFS, EACCES, EPERM) into ``NotWritable`` naming ``directory``."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _REFUSED or isinstance(e, HermeticError):
+            raise
+        raise not_writable(e, directory) from None
+
+
+class NoLocks(Unavailable):
+    """The filesystem cannot lock files (flock): hermetic's stores need locks, so this is one line, exit 69."""
+
+
+# flock's answers where the filesystem has no locks: NFS without its lock daemon (ENOLCK), Lustre mounted
+# without -o flock (ENOSYS), a filesystem without the operation (EOPNOTSUPP).
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
+
+
+def _flock(fd: int, operation: int, path: str | os.PathLike[str]) -> None:
+    try:
+        fcntl.flock(fd, operation)
+    except OSError as e:
+        if e.errno not in _NO_LOCKS:
+            raise
+        raise NoLocks(f"{path}: cannot lock it ({os.strerror(e.errno)}; {_on(path)}): hermetic's stores need "
+                      "file locks", hint="on NFS, run its lock daemon (rpc.statd; NFSv4 has locks built in), or mount "
+                      "with local_lock=flock where one machine uses it; on Lustre, mount with -o flock; or keep the "
+                      "directory on a local filesystem (HERMETIC_CACHE for the cache)") from None
+
+
+def not_one_filesystem(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> CannotCreate:
+    """The one-line error for a rename that crossed filesystems (EXDEV): a store's tmp/ and what it keeps apart."""
+    return CannotCreate(f"{dst}: cannot be renamed into place from {src}: they are on different filesystems "
+                        f"({_on(dst)}; {_on(src)})",
+                        hint="keep the whole cache on one filesystem (each store writes in its tmp/ and renames "
+                        "into place): move all of it and set HERMETIC_CACHE there, instead of mounting or "
+                        "symlinking a part of it elsewhere")
+
+
+def unfit_for_runs(path: str | os.PathLike[str], what: str, e: OSError) -> CannotCreate:
+    """The one-line error for a run's scratch space on a filesystem that cannot hold it: no FIFOs (the gate)
+    or no owners to give (FAT and exFAT; root on an export that maps root to nobody, as root_squash does)."""
+    return CannotCreate(f"{path}: cannot {what}: {os.strerror(e.errno or errno.EPERM)} ({_on(path)}): a run's "
+                        "scratch space (in the cache's tmp/) needs FIFOs and file owners",
+                        hint="set HERMETIC_CACHE to a directory on a local Linux filesystem (ext4, xfs, tmpfs), "
+                        "not FAT or exFAT, nor an export that maps root to nobody")
+
+
+def replace_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """``os.replace``; across two filesystems, ``not_one_filesystem``."""
+    try:
+        os.replace(src, dst)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        raise not_one_filesystem(src, dst) from None
+
+
 # ---------------------------------------------------------------- locks a fork does not share
 
 _held: set[int] = set()  # descriptors through which this process holds flock locks
@@ -139,11 +304,9 @@ def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     so a SIGKILLed holder never leaves a stale lock behind, even while
     workers it forked are still alive.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = _open_held(path, os.O_RDWR | os.O_CREAT)
+    fd = _flock_fd(Path(path))
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _flock(fd, fcntl.LOCK_EX, path)
         yield
     finally:
         _close_held(fd)  # closing the only descriptor of the open file releases the lock
@@ -156,7 +319,7 @@ def is_locked(path: str | os.PathLike[str]) -> bool:
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        _flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, path)
     except BlockingIOError:
         return True
     finally:
@@ -178,14 +341,22 @@ class OwnedTemp:
 
     def __init__(self, directory: str | os.PathLike[str], prefix: str, suffix: str = "", *, mode: int = 0o600):
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        with naming_unwritable(directory):  # a read-only store, another user's: one line (NotWritable)
+            directory.mkdir(parents=True, exist_ok=True)
         while True:
             path = directory / f"{prefix}{os.urandom(6).hex()}{suffix}"
             try:
-                fd = _open_held(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+                with naming_unwritable(directory):
+                    fd = _open_held(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
             except FileExistsError:
                 continue
-            fcntl.flock(fd, fcntl.LOCK_EX)  # at most a sweeper's instant (see sweep_dead)
+            try:
+                _flock(fd, fcntl.LOCK_EX, path)  # at most a sweeper's instant (see sweep_dead)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                _close_held(fd)
+                raise
             if os.fstat(fd).st_nlink:
                 break
             _close_held(fd)  # a sweeper took it between create and lock: it is gone, make another
@@ -259,17 +430,23 @@ def _if_dead(path: str, remove: bool) -> int | None:
     another (OwnedTemp); a file renamed into place meanwhile is no longer at
     ``path`` and is left alone.
     """
-    try:
-        fd = _open_held(Path(path), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
+    # Open for writing where it may be: over NFS, flock is a lock on the server's byte ranges, and an
+    # exclusive one needs a file open for writing (flock(2)). Read-only where not (another user's claim,
+    # a read-only store): then a lock that cannot be had there leaves the file as it is.
+    fd = None
+    for flags in (os.O_RDWR, os.O_RDONLY):
+        try:
+            fd = _open_held(Path(path), flags | os.O_NOFOLLOW)
+            break
+        except OSError:
+            continue
+    if fd is None:
         return None  # gone, or not a file we may read
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return None  # its writer is alive
-            raise
+        except OSError:
+            return None  # its writer is alive (EWOULDBLOCK), or no lock tells here (EBADF, ENOLCK): left alone
         st = os.fstat(fd)
         try:
             now = os.lstat(path)
@@ -284,7 +461,10 @@ def _if_dead(path: str, remove: bool) -> int | None:
             if remove:
                 shutil.rmtree(owned_dir, ignore_errors=True)
         if remove:
-            os.unlink(path)
+            try:
+                os.unlink(path)
+            except OSError:
+                return None  # removed by another sweeper, or a store this process may not change
         return size
     finally:
         _close_held(fd)
@@ -335,6 +515,26 @@ def is_atomic_temp(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
+# ---------------------------------------------------------------- permission bits
+
+# What chmod answers on a filesystem that keeps no permission bits of its own (vfat, exFAT, a FUSE
+# filesystem without chmod, an SMB share without Unix extensions): refused or not implemented. There,
+# a file's mode is whatever the mount gives every file, so there is nothing for hermetic to set.
+_NO_MODES = frozenset({errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP})
+
+
+def set_mode(file: int | str | os.PathLike[str], mode: int) -> None:
+    """``os.chmod`` (or ``os.fchmod`` for a descriptor), left out where the filesystem keeps no modes."""
+    try:
+        if isinstance(file, int):
+            os.fchmod(file, mode)
+        else:
+            os.chmod(file, mode)
+    except OSError as e:
+        if e.errno not in _NO_MODES:
+            raise
+
+
 # ---------------------------------------------------------------- atomic writes
 
 
@@ -344,13 +544,13 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *, fsync: bool
     path = Path(path)
     tmp = OwnedTemp(path.parent, f".{path.name}.", ".tmp")
     try:
-        os.fchmod(tmp.fd, 0o666 & ~_UMASK)  # the result should read like any new file
+        set_mode(tmp.fd, 0o666 & ~_UMASK)  # the result should read like any new file
         with tmp.open(mode) as f:
             yield f
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
-        os.replace(tmp.path, path)
+        replace_file(tmp.path, path)
         tmp.close()
     except BaseException as e:
         tmp.discard()
@@ -409,8 +609,9 @@ def naming_full_disk(path: str | os.PathLike[str], what: str | None = None, *,
 
 
 def _flock_fd(path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return _open_held(path, os.O_RDWR | os.O_CREAT)
+    with naming_unwritable(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return _open_held(path, os.O_RDWR | os.O_CREAT)
 
 
 @contextlib.contextmanager
@@ -419,7 +620,7 @@ def shared_file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     ``exclusive_file_lock`` is held. Not shared with a fork, gone when the holder dies (file_lock)."""
     fd = _flock_fd(Path(path))
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        _flock(fd, fcntl.LOCK_SH, path)
         yield
     finally:
         _close_held(fd)
@@ -433,11 +634,11 @@ def exclusive_file_lock(path: str | os.PathLike[str],
     fd = _flock_fd(Path(path))
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, path)
         except BlockingIOError:
             if on_wait is not None:
                 on_wait()
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _flock(fd, fcntl.LOCK_EX, path)
         yield
     finally:
         _close_held(fd)

@@ -25,8 +25,10 @@ the wheel once; the tar's .py entries reuse those bytes.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import posixpath
 import subprocess
 import threading
@@ -37,6 +39,7 @@ from typing import Callable
 
 from hermetic.builder.baseinterp import NO_BYTECODE_HINT, BaseInterpreter, BytecodeError, check_maps
 from hermetic.builder.tarlayer import Entry
+from hermetic.fsutil import filesystem_of
 
 MODES = ("unchecked-hash", "checked-hash")
 SERVER = Path(__file__).with_name("pyc_server.py")
@@ -66,6 +69,24 @@ class BytecodeSpec:
         return {"mode": self.mode, "compiler": self.interpreter.identity}
 
 
+def _cannot_start(interp: BaseInterpreter, e: OSError) -> BytecodeError:
+    """Why the copy of the base's interpreter (under HERMETIC_CACHE/bases) did not start: a cache on a
+    filesystem mounted noexec (a hardened home or /tmp) is named as such."""
+    try:
+        noexec = e.errno in (errno.EACCES, errno.EPERM) and bool(os.statvfs(interp.root).f_flag & os.ST_NOEXEC)
+    except OSError:
+        noexec = False
+    if noexec:
+        found = filesystem_of(interp.root)
+        where = f"{found[1]} at {found[0]}" if found is not None else "its filesystem"
+        return BytecodeError(f"cannot run the base's interpreter /{interp.executable} on this host: its copy in "
+                             f"{interp.root} is on a filesystem mounted noexec ({where})",
+                             hint="set HERMETIC_CACHE to a directory on a filesystem that allows running programs, "
+                             "or " + NO_BYTECODE_HINT)
+    return BytecodeError(f"cannot run the base's interpreter /{interp.executable} on this host: {e}",
+                         hint=NO_BYTECODE_HINT)
+
+
 class Compiler:
     """One compiler process of the base's interpreter; sources in, .pyc bytes out, pipelined."""
 
@@ -89,8 +110,7 @@ class Compiler:
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=interp.env(),
                                     cwd=str(interp.root), close_fds=True)
         except OSError as e:
-            raise BytecodeError(f"cannot run the base's interpreter /{interp.executable} on this host: {e}",
-                                hint=NO_BYTECODE_HINT) from None
+            raise _cannot_start(interp, e) from None
         return cls(interp, mode, proc)
 
     def _read_exact(self, n: int) -> bytes:

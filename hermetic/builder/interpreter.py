@@ -22,6 +22,7 @@ the build's own privileges; ``build.bytecode: none`` builds without it.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import json
@@ -36,7 +37,7 @@ from typing import Any
 from hermetic.builder.base import BaseFacts, BaseImage, member_path, open_layer
 from hermetic.builder.baseinterp import _LIBDIR, INTERPRETER_FORMAT, NO_BYTECODE_HINT, BaseInterpreter, BytecodeError
 from hermetic.errors import ConfigError
-from hermetic.fsutil import atomic_write_bytes, owned_temp_dir
+from hermetic.fsutil import atomic_write_bytes, naming_unwritable, not_one_filesystem, owned_temp_dir, set_mode
 from hermetic.store.oci import OciStore
 
 _DEFAULT_LIB_DIRS = ("lib64", "usr/lib64", "lib", "usr/lib", "lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
@@ -177,7 +178,7 @@ def _copy_pass(store: OciStore, base: BaseImage, wanted: dict[str, list[Path]]) 
 def _write(dest: Path, data: bytes, m: tarfile.TarInfo) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(data)
-    dest.chmod(0o755 if m.mode & 0o111 else 0o644)
+    set_mode(dest, 0o755 if m.mode & 0o111 else 0o644)
     os.utime(dest, (int(m.mtime), int(m.mtime)))  # the base's .pyc of a module names its source's mtime
 
 
@@ -272,7 +273,8 @@ def base_interpreter(store: OciStore, base: BaseImage, facts: BaseFacts, python_
     # strings are interned, so how marshal writes them) must be what it is in the image.
     startup = {f for f in facts.files if posixpath.dirname(f) in (stdlib, f"{stdlib}/__pycache__")}
     startup |= {f for f in facts.files if f.startswith(f"{stdlib}/encodings/")}
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    with naming_unwritable(cache_dir):
+        cache_dir.mkdir(parents=True, exist_ok=True)
     layers = _Layers(store, base)
     try:
         with owned_temp_dir(tmp_dir, "interpreter.") as tmp:
@@ -331,7 +333,9 @@ def base_interpreter(store: OciStore, base: BaseImage, facts: BaseFacts, python_
             atomic_write_bytes(root / "interpreter.json", json.dumps(interp.to_json(), sort_keys=True).encode(), fsync=False)
             try:
                 os.rename(root, final)
-            except OSError:
+            except OSError as e:
+                if e.errno == errno.EXDEV:  # bases/ mounted or symlinked apart from the cache's tmp/
+                    raise not_one_filesystem(root, final) from None
                 if _current(final) is None:  # a stale copy (an older format): ours replaces it
                     os.rename(final, Path(tmp) / "stale")
                     os.rename(root, final)

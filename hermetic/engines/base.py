@@ -10,6 +10,7 @@ refused before anything exists (``check_spec``): never silently dropped.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import threading
@@ -212,11 +213,18 @@ class Gate:
     reads end of file and the container ends without running anything."""
 
     def __init__(self, directory: Path) -> None:
+        from hermetic.fsutil import unfit_for_runs
+
         self.directory = directory
         fifo = directory / GATE_FIFO
-        os.mkfifo(fifo, 0o644)
-        os.chmod(fifo, 0o644)  # whatever the umask: the container's user opens it for reading
-        self._fd: int | None = os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            os.mkfifo(fifo, 0o644)
+            os.chmod(fifo, 0o644)  # whatever the umask: the container's user opens it for reading
+            self._fd: int | None = os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:  # exFAT answers EIO, FAT EPERM, others ENOSYS or EOPNOTSUPP
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise unfit_for_runs(fifo, "make the run's gate (a FIFO) there", e) from None
 
     def command(self, python: str, command: list[str]) -> list[str]:
         from hermetic.containerpaths import GATE_MOUNT

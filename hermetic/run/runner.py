@@ -630,6 +630,10 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
     fd = safetree.open_root(root)
     try:
         safetree.lchown_tree(fd, uid, gid)
+    except PermissionError as e:  # root that may not give owners: FAT, exFAT, an export with root_squash
+        from hermetic.fsutil import unfit_for_runs
+
+        raise unfit_for_runs(root, f"give it to the container's user (uid {uid})", e) from None
     finally:
         os.close(fd)
 

@@ -22,14 +22,9 @@ from pathlib import Path
 
 from hermetic.containerpaths import inside
 from hermetic.errors import IntegrityError, NotFound
+from hermetic.fsutil import NETWORK_FS  # noqa: F401 (the network filesystems, named here as before)
+from hermetic.fsutil import filesystem_of as fs_of  # (mount point, fs type) of the mount holding a path
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
-
-# Filesystems that are, by their nature, mounted by more than one machine.
-NETWORK_FS = frozenset({
-    "nfs", "nfs4", "lustre", "gpfs", "beegfs", "fuse.beegfs", "cephfs", "ceph", "glusterfs", "fuse.glusterfs",
-    "cifs", "smb3", "fuse.sshfs", "panfs", "wekafs", "orangefs", "pvfs2", "fuse.juicefs", "virtiofs", "9p",
-})
-
 
 @dataclass(frozen=True)
 class ImageSource:
@@ -42,24 +37,6 @@ class ImageSource:
 
     def to_json(self) -> dict[str, str | None]:
         return {"kind": self.kind, "store": self.store, "pull_from": self.pull_from}
-
-
-def fs_of(path: Path) -> tuple[str, str] | None:
-    """(mount point, filesystem type) of the mount holding ``path`` (/proc/self/mountinfo)."""
-    real = os.path.realpath(path)
-    best: tuple[str, str] | None = None
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        parts, rparts = left.split(), right.split()
-        if len(parts) >= 5 and rparts:
-            point = parts[4].replace("\\040", " ")
-            if inside(real, point) and (best is None or len(point) >= len(best[0])):
-                best = (point, rparts[0])
-    return best
 
 
 def shared_because(path: Path, shared_roots: tuple[Path, ...]) -> str | None:

@@ -28,7 +28,8 @@ from typing import Any, BinaryIO, Iterator
 
 from hermetic.canonical import canonical_json
 from hermetic.errors import DiskFull, HermeticError, IntegrityError, NotFound, disk_full, is_disk_full
-from hermetic.fsutil import OwnedTemp, atomic_write_bytes, file_lock, naming_full_disk, sha256_file, sweep_dead_once
+from hermetic.fsutil import (OwnedTemp, atomic_write_bytes, file_lock, naming_full_disk, naming_unwritable,
+                             replace_file, set_mode, sha256_file, sweep_dead_once)
 from hermetic.reference import check_digest
 from hermetic.store import intact
 
@@ -154,8 +155,8 @@ class BlobWriter:
             dest = self._store.blob_path(digest)
             with naming_full_disk(self._store.root, self.WHAT):
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                os.fchmod(self._owner.fd, 0o644)
-                os.replace(self._tmp, dest)
+                set_mode(self._owner.fd, 0o644)
+                replace_file(self._tmp, dest)
             # The bytes just hashed are the blob's: note its stat (taken after the rename, which
             # changes ctime) for intact.py.
             noted_ns = time.time_ns()
@@ -207,8 +208,9 @@ class OciStore:
         sweep_dead_once(self.tmp)
 
     def ensure(self) -> "OciStore":
-        (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir(parents=True, exist_ok=True)
+        with naming_unwritable(self.root):  # another user's store, a read-only one: one line (fsutil)
+            (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+            self.tmp.mkdir(parents=True, exist_ok=True)
         layout = self.root / "oci-layout"
         if not layout.exists():
             atomic_write_bytes(layout, json.dumps(OCI_LAYOUT).encode())

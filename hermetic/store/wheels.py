@@ -22,7 +22,8 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 
 from hermetic.canonical import is_sha256_hex
 from hermetic.errors import IntegrityError, disk_full, is_disk_full
-from hermetic.fsutil import READ_SIZE, OwnedTemp, naming_full_disk, sha256_file, sweep_dead_once
+from hermetic.fsutil import (READ_SIZE, OwnedTemp, naming_full_disk, replace_file, set_mode, sha256_file,
+                             sweep_dead_once)
 
 
 
@@ -107,9 +108,9 @@ class WheelStore:
                 return existing
             d = self._dir(actual)
             d.mkdir(parents=True, exist_ok=True)
-            os.fchmod(owner.fd, 0o644)
+            set_mode(owner.fd, 0o644)
             dest = d / filename
-            os.replace(tmp, dest)
+            replace_file(tmp, dest)
             owner.close()
             return StoredWheel(actual, dest)
         except BaseException as e:
