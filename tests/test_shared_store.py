@@ -12,7 +12,8 @@ import pytest
 
 from hermetic.canonical import canonical_json
 from hermetic.errors import IntegrityError
-from hermetic.slurm.shared import copy_image, fs_of, shared_because
+from hermetic.fsutil import filesystem_of
+from hermetic.slurm.shared import copy_image, shared_because
 from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 
 
@@ -32,7 +33,7 @@ def small_image(store: OciStore) -> tuple[str, str]:
 
 
 def test_tmpfs_is_no_nodes_filesystem_and_a_shared_root_is():
-    assert fs_of(Path("/dev/shm")) is not None and fs_of(Path("/dev/shm"))[1] == "tmpfs"
+    assert filesystem_of(Path("/dev/shm")) is not None and filesystem_of(Path("/dev/shm"))[1] == "tmpfs"
     assert shared_because(Path("/dev/shm/x"), ()) is None
     assert shared_because(Path("/dev/shm/x"), (Path("/dev/shm"),)) == "below --shared-root /dev/shm"
 

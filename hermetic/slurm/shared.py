@@ -22,9 +22,9 @@ from pathlib import Path
 
 from hermetic.containerpaths import inside
 from hermetic.errors import IntegrityError, NotFound
-from hermetic.fsutil import NETWORK_FS  # noqa: F401 (the network filesystems, named here as before)
-from hermetic.fsutil import filesystem_of as fs_of  # (mount point, fs type) of the mount holding a path
+from hermetic.fsutil import NETWORK_FS, filesystem_of
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
+
 
 @dataclass(frozen=True)
 class ImageSource:
@@ -45,7 +45,7 @@ def shared_because(path: Path, shared_roots: tuple[Path, ...]) -> str | None:
     for r in shared_roots:
         if inside(real, os.path.realpath(r)):
             return f"below --shared-root {r}"
-    found = fs_of(path)
+    found = filesystem_of(path)
     if found is not None and found[1] in NETWORK_FS:
         return f"on {found[1]} (mounted at {found[0]})"
     return None

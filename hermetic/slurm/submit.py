@@ -98,9 +98,9 @@ def node_local_reason(path: Path, shared_roots: tuple[Path, ...]) -> str | None:
         roots = [Path(os.path.realpath(r)) for r in shared_roots]
         if not any(inside(str(real), str(r)) for r in roots):
             return f"{path} is outside every --shared-root ({', '.join(map(str, roots))})"
-    from hermetic.slurm.shared import fs_of
+    from hermetic.fsutil import filesystem_of
 
-    best = fs_of(real)  # (mount point, fs type) of the mount holding it
+    best = filesystem_of(real)  # (mount point, fs type) of the mount holding it
     if best is not None and best[1] in NODE_LOCAL_FS:
         return f"{path} is on {best[1]} (mounted at {best[0]}), which only this machine sees"
     return None
