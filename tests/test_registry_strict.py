@@ -29,7 +29,7 @@ from hermetic.display import escape_controls
 from hermetic.errors import EXIT_USAGE, UsageError
 from hermetic.provenance import MT_CYCLONEDX, MT_DSSE, MT_STATEMENT
 from hermetic.registry import RegistryCache
-from hermetic.registry.client import REQUEST_TIMEOUT_ENV, TOTAL_TIMEOUT_ENV, Timeouts
+from hermetic.registry.deadlines import REQUEST_TIMEOUT_ENV, TOTAL_TIMEOUT_ENV, Timeouts
 from hermetic.store.oci import MT_INDEX, MT_MANIFEST, Descriptor, OciStore
 from hermetic.store.referrers import add_referrers, artifact_manifest
 from registry_support import (
@@ -242,7 +242,8 @@ def test_trickled_headers_cannot_hold_a_request_past_its_deadline(env) -> None:
 
 def test_the_deadline_holds_over_tls(tmp_path, monkeypatch) -> None:
     """Real registries speak HTTPS: the watchdog shuts a TLS socket down just the same."""
-    from hermetic.registry.client import RegistryClient, RegistryTimeout
+    from hermetic.registry.client import RegistryClient
+    from hermetic.registry.deadlines import RegistryTimeout
 
     cert, key = self_signed_cert(tmp_path / "tls")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))

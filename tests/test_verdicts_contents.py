@@ -3,11 +3,13 @@ wall-clock fields (a Trainer's train_runtime, a time in logging_dir) from a diff
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import json
 import os
 import pickle
+import pickletools
 import subprocess
 import sys
 import time
@@ -19,8 +21,9 @@ import pytest
 
 from conftest import run_cli
 
-from hermetic.diff import contents, diff_runs
-from hermetic.diff.contents import compare_contents, read_pickle
+from hermetic.diff import contents, diff_runs, pickles, trees
+from hermetic.diff.contents import compare_contents
+from hermetic.diff.pickles import read_pickle
 from hermetic.record.rundir import write_record
 from hermetic.record.synthetic import h, synthetic_record, write_synthetic_run
 
@@ -178,7 +181,7 @@ def test_a_pickle_is_read_without_unpickling(tmp_path):
 def test_every_pickle_protocol_names_the_field(protocol):
     a = pickle.dumps(TrainingArgs("out", "runs/Dec01_22-35-39_hermetic", 5e-4, 42), protocol=protocol)
     b = pickle.dumps(TrainingArgs("out", "runs/Dec01_22-36-02_hermetic", 5e-4, 43), protocol=protocol)
-    changes = list(contents.diff_trees(read_pickle(a), read_pickle(b)))
+    changes = list(trees.diff_trees(read_pickle(a), read_pickle(b)))
     assert [(c.key, c.wall_clock) for c in changes] == [("logging_dir", "a time"), ("seed", "")]
 
 
@@ -189,9 +192,172 @@ def test_a_cycle_and_a_memo_bomb_stay_bounded(monkeypatch):
     shared = ["x" * 10]
     for _ in range(30):  # 2**30 leaves by reference, a few hundred bytes of pickle
         shared = [shared, shared]
-    monkeypatch.setattr(contents, "MAX_VALUES", 10_000)
-    with pytest.raises(contents._Unreadable, match="more than 10000 values"):
+    monkeypatch.setattr(pickles, "MAX_VALUES", 10_000)
+    with pytest.raises(trees.Unreadable, match="more than 10000 values"):
         read_pickle(pickle.dumps(shared))
+
+
+def _ops(value) -> bytes:
+    """The opcodes that push ``value`` (protocol 2, no memo), to splice into a pickle written by hand."""
+    return pickletools.optimize(pickle.dumps(value, protocol=2))[2:-1]
+
+
+def _calls_pickle(logging_dir: str, calls: list[tuple[str, str, tuple]]) -> bytes:
+    """``{"logging_dir": ..., "payload": [module.name(*args), ...]}``: each call a GLOBAL and a REDUCE, what a
+    plain pickle.loads imports and runs."""
+    payload = b"".join(b"c" + f"{module}\n{name}\n".encode() + _ops(args) + b"R" for module, name, args in calls)
+    return (b"\x80\x02}(" + _ops("logging_dir") + _ops(logging_dir) + _ops("payload") + b"(" + payload + b"lu.")
+
+
+def test_nothing_in_a_pickle_runs_or_is_imported(tmp_path, monkeypatch):
+    marker = tmp_path / "RAN"
+    # a module a plain pickle.loads would import (it is on the path): importing it writes the marker too
+    (tmp_path / "hermetic_marker_zz.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef boom():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    calls = [("os", "system", (f"touch {marker}",)),
+             ("subprocess", "call", (["touch", str(marker)],)),
+             ("builtins", "exec", (f"open({str(marker)!r}, 'w').close()",)),
+             ("builtins", "eval", (f"open({str(marker)!r}, 'w').close()",)),
+             ("hermetic_marker_zz", "boom", ())]
+    runs = tmp_path / "runs"
+    da = write_run(runs, A, {"model.safetensors": WEIGHTS, "args.pkl": _calls_pickle("runs/Dec01_22-35-39_x", calls)})
+    db = write_run(runs, B, {"model.safetensors": WEIGHTS, "args.pkl": _calls_pickle("runs/Dec01_22-41-07_x", calls)},
+                   minutes=15)
+    assert "hermetic_marker_zz" not in sys.modules
+    d = diff_runs(da, db)
+    assert not marker.exists()
+    assert "hermetic_marker_zz" not in sys.modules
+    # and the verdict is made all the same: only the time in logging_dir differs
+    inside = d.outputs.contents["args.pkl"]
+    assert inside.format == "pickle" and inside.wall_clock_only, inside
+    assert d.verdict.kind == "wall_clock"
+    assert read_pickle((da / "outputs" / "args.pkl").read_bytes())["payload"] == [
+        f"os.system('touch {marker}')", f"subprocess.call(['touch', '{marker}'])",
+        f"builtins.exec(\"open('{marker}', 'w').close()\")", f"builtins.eval(\"open('{marker}', 'w').close()\")",
+        "hermetic_marker_zz.boom()"]
+    assert not marker.exists()
+    # the same bytes through a plain pickle.loads (another process) do run: the payload is live
+    subprocess.run([sys.executable, "-c", "import pickle, sys; sys.path.insert(0, sys.argv[1]); "
+                    "pickle.loads(open(sys.argv[2], 'rb').read())", str(tmp_path), str(da / "outputs" / "args.pkl")],
+                   check=True, capture_output=True)
+    assert marker.exists()
+
+
+def test_every_opcode_that_would_build_or_call_is_recorded():
+    # protocol 0/1's INST and OBJ, NEWOBJ_EX (protocol 4), BUILD with __dict__ and __slots__ state, SETITEMS
+    # and APPENDS on what a call made: the names and arguments, nothing built
+    assert read_pickle(b"(S'x'\nimymod\nKlass\n.") == "mymod.Klass('x')"
+    assert read_pickle(b"(cmymod\nKlass\nS'x'\no.") == "mymod.Klass('x')"
+    newobj_ex = b"\x80\x04\x8c\x05mymod\x8c\x05Klass\x93)}\x8c\x01b\x94K\x03s\x92}\x8c\x01z\x94K\x01sb."
+    assert read_pickle(newobj_ex) == {"__class__": "mymod.Klass", "b": 3, "z": 1}
+    slots = b"\x80\x02cmymod\nKlass\n)\x81N}X\x01\x00\x00\x00aK\x01s\x86b."
+    assert read_pickle(slots) == {"__class__": "mymod.Klass", "a": 1}
+    items = b"\x80\x02cmymod\nD\n)R(X\x01\x00\x00\x00kK\x01ucmymod\nL\n)R(K\x01K\x02e\x86."
+    assert read_pickle(items) == [{"__class__": "mymod.D", "k": 1}, {"__class__": "mymod.L", "__items__": [1, 2]}]
+
+
+@pytest.mark.parametrize("data, note", [
+    # a tuple nested 200,000 deep as a dict key: hashing it would overflow the C stack
+    (b"\x80\x04}" + b")" + b"\x85" * 200_000 + b"Ns.", "tuples nested more than 10000 deep"),
+    (b"\x80\x04Nr\xff\xff\xff\xff.", "a malformed pickle (memo index 4294967295)"),  # a 64 GiB memo array
+    (b"\x80\x04\x8e" + (1 << 40).to_bytes(8, "little") + b"abc.", "not a readable pickle (expected 1099511627776"),
+    (b"\x80\x02\x82\x01.", "pickle opcode EXT1 is not read"),  # copyreg's registry is the process's
+    (b"\x80\x02cm\nf\n)R)\x81.", "a pickle this reader cannot rebuild (NEWOBJ class argument"),
+    (b"\x80\x02K\x01)R.", "a pickle this reader cannot rebuild ('int' object is not callable)"),
+    (b"\x80\x02h\x05.", "a malformed pickle (unknown memo)"),
+    (b"\x80\x02(.", "an empty pickle"),
+    (b"\x80\x02N", "not a readable pickle (pickle exhausted before seeing STOP)"),
+])
+def test_what_the_reader_refuses_is_named(data, note):
+    with pytest.raises(trees.Unreadable) as e:
+        read_pickle(data)
+    assert str(e.value).startswith(note)
+
+
+def test_opcodes_and_stand_ins_are_bounded(monkeypatch):
+    monkeypatch.setattr(pickles, "MAX_PICKLE_OPS", 1000)
+    with pytest.raises(trees.Unreadable, match="more than 1000 pickle opcodes"):
+        read_pickle(pickle.dumps(list(range(2000)), protocol=0))
+    monkeypatch.setattr(pickles, "MAX_GLOBALS", 10)
+    many = b"\x80\x02(" + b"".join(b"cm\nf%d\n" % i for i in range(11)) + b"l."
+    with pytest.raises(trees.Unreadable, match="more than 10 classes and functions"):
+        read_pickle(many)
+
+
+class FloatStorage:  # torch.FloatStorage, by name only once written
+    pass
+
+
+def _rebuild_tensor_v2(*args):  # torch._utils._rebuild_tensor_v2, by name only once written
+    raise AssertionError("never called")
+
+
+@dataclass(frozen=True)
+class _Storage:
+    key: str
+    numel: int
+
+
+class _Tensor:
+    def __init__(self, storage: _Storage, offset: int, shape: tuple[int, int]):
+        self.storage, self.offset, self.shape = storage, offset, shape
+
+    def __reduce__(self):
+        return _rebuild_tensor_v2, (self.storage, self.offset, self.shape, (self.shape[1], 1), False,
+                                    collections.OrderedDict())
+
+
+def _torch_checkpoint(storages: dict[str, bytes], shapes: dict[str, tuple[int, int]], saved_at: str) -> bytes:
+    """What torch.save writes, by hand: a zip whose data.pkl (protocol 2) names each storage by a persistent id
+    ("storage", torch.FloatStorage, key, location, numel), the storages beside it as data/<key>."""
+    class Saver(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", FloatStorage, obj.key, "cpu", obj.numel) if isinstance(obj, _Storage) else None
+
+    state = collections.OrderedDict((name, _Tensor(_Storage(str(i), 6), 0, shape))
+                                    for i, (name, shape) in enumerate(shapes.items()))
+    buf = io.BytesIO()
+    Saver(buf, protocol=2).dump({"state_dict": state, "epoch": 3, "saved_at": saved_at})
+    pkl = buf.getvalue()
+    for name, module in ((b"_rebuild_tensor_v2", b"torch._utils"), (b"FloatStorage", b"torch")):
+        pkl = pkl.replace(b"c" + __name__.encode() + b"\n" + name + b"\n", b"c" + module + b"\n" + name + b"\n")
+    assert __name__.encode() not in pkl
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", pkl)
+        for key, data in storages.items():
+            zf.writestr(f"archive/data/{key}", data)
+        zf.writestr("archive/version", b"3\n")
+    return out.getvalue()
+
+
+def test_a_torch_checkpoint_with_persistent_ids_is_compared_inside(tmp_path):
+    storages = {"0": b"\x00" * 24, "1": b"\x01" * 24}
+    shapes = {"weight": (2, 3), "bias": (1, 6)}
+    ckpt = _torch_checkpoint(storages, shapes, "2026-11-29 21:45:00")
+    tree = read_pickle(zipfile.ZipFile(io.BytesIO(ckpt)).read("archive/data.pkl"))
+    assert tree["state_dict"] == {
+        "__class__": "collections.OrderedDict",
+        "weight": "torch._utils._rebuild_tensor_v2(<persistent ('storage', torch.FloatStorage, '0', 'cpu', 6)>, "
+                  "0, (2, 3), (3, 1), False, collections.OrderedDict())",
+        "bias": "torch._utils._rebuild_tensor_v2(<persistent ('storage', torch.FloatStorage, '1', 'cpu', 6)>, "
+                "0, (1, 6), (6, 1), False, collections.OrderedDict())"}
+    runs = tmp_path / "runs"
+    da = write_run(runs, A, {"model.pt": ckpt})
+    db = write_run(runs, B, {"model.pt": _torch_checkpoint(storages, shapes, "2026-11-29 22:01:13")}, minutes=15)
+    d = diff_runs(da, db)
+    inside = d.outputs.contents["model.pt"]
+    assert inside.format == "torch archive" and inside.wall_clock_only, inside
+    assert [c.key for c in inside.changes] == ["<data.pkl>.saved_at"] and d.verdict.kind == "wall_clock"
+    # a storage's bytes, or a tensor's shape over the same bytes: the computation, never the clock
+    for i, (other_storages, other_shapes, says) in enumerate((
+            ({**storages, "1": b"\x02" * 24}, shapes, "values differ: <data/1> sha256:"),
+            (storages, {**shapes, "bias": (2, 3)}, "values differ: <data.pkl>.state_dict.bias torch._utils."))):
+        dc = write_run(tmp_path / f"other{i}", B, {"model.pt": _torch_checkpoint(other_storages, other_shapes,
+                                                                                 "2026-11-29 21:45:00")})
+        d = diff_runs(da, dc)
+        assert d.verdict.kind == "nondeterminism" and d.outputs.contents["model.pt"].real == 1
+        assert d.outputs.contents["model.pt"].summary().startswith(says), d.outputs.contents["model.pt"].summary()
 
 
 def _torch_like_archive(logging_dir: str, serialization_id: str, storage: bytes = b"\x00" * 64) -> bytes:
@@ -304,7 +470,7 @@ def test_a_yaml_alias_bomb_is_bounded(tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     da = write_run(runs, A, {"b.yaml": bomb.encode()})
     db = write_run(runs, B, {"b.yaml": bomb.replace("[x,", "[y,").encode()}, minutes=15)
-    monkeypatch.setattr(contents, "MAX_VALUES", 50_000)
+    monkeypatch.setattr(trees, "MAX_VALUES", 50_000)
     d = diff_runs(da, db)
     assert d.outputs.contents["b.yaml"].note == "more than 50000 values"
 

@@ -7,8 +7,9 @@ Entry points:
   (hermetic.record.verify: a changed or missing output refuses, exit 65); ``diff_records(rec_a, rec_b, ...)``
   (pure).
 - ``diff_runs`` also reads, for each output file whose bytes differ and whose name says JSON, YAML or a pickle,
-  what differs inside it (hermetic.diff.contents: through hermetic.safetree, bounded, a pickle never
-  unpickled), so the verdict can tell wall-clock fields (``train_runtime``) from a different computation.
+  what differs inside it (hermetic.diff.contents: through hermetic.safetree, bounded, a pickle read with every
+  class a name, nothing of it imported or called), so the verdict can tell wall-clock fields
+  (``train_runtime``) from a different computation.
 - ``result.verdict`` (kind, line, causes, knobs_not_set, exit_code), ``result.to_json()``,
   ``hermetic.diff.render.render(result)`` for the terminal.
 """

@@ -127,7 +127,7 @@ class OutputsDiff:
     @property
     def wall_clock_metrics(self) -> list[MetricComparison]:
         """Metrics that differ and measure time by their name (train_runtime, samples_per_second)."""
-        from hermetic.diff.contents import is_wall_clock_name
+        from hermetic.diff.wallclock import is_wall_clock_name
 
         return [m for m in self.metrics if m.status in ("close", "different") and is_wall_clock_name(m.name)]
 

@@ -4,8 +4,14 @@ One module per job:
 
 - ``auth``: where credentials come from (environment, ~/.docker/config.json,
   credential helpers) and how a WWW-Authenticate challenge becomes a header.
-- ``client``: one repository on one registry over HTTP (blobs, manifests,
-  uploads), counting the bytes it sends.
+- ``deadlines``: the time a push or pull and each request may take, and the
+  watchdog that shuts a stalled socket down when it has passed.
+- ``transport``: HTTP with one registry host under those deadlines: retries
+  where safe, answers read up to a size limit, the bytes counted.
+- ``tokens``: the registry's challenge, met with Basic credentials or a
+  Bearer token per set of scopes.
+- ``client``: the Distribution API on that transport (blobs, uploads,
+  manifests), each refusal a one-line error.
 - ``locations``: the small records in the store dir of where images and blobs
   were pushed or pulled from (repo digests for run records, mount sources).
 - ``push`` / ``pull``: an image from / into the local OCI store, every digest

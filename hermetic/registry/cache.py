@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from hermetic.canonical import is_sha256_hex, sha256_digest
 from hermetic.errors import HermeticError, UsageError
 from hermetic.reference import ImageName, parse_image_name
-from hermetic.registry.client import RegistryClient, TransferStats
+from hermetic.registry.client import RegistryClient
 from hermetic.registry.locations import record_image_location
 from hermetic.registry.progress import TransferProgress
 from hermetic.registry.pull import PullResult, pull_image
 from hermetic.registry.push import push_image
+from hermetic.registry.transport import TransferStats
 from hermetic.store.oci import OciStore
 
 CACHE_TAG_PREFIX = "hk-"

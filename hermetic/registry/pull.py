@@ -25,10 +25,12 @@ from hermetic.canonical import sha256_digest
 from hermetic.display import escape_controls
 from hermetic.errors import DataError, HermeticError, IntegrityError, NotFound, ProtocolError, UsageError
 from hermetic.reference import ImageName, parse_image_name
-from hermetic.registry.client import RegistryClient, RegistryError, Timeouts, TransferStats
+from hermetic.registry.client import RegistryClient
+from hermetic.registry.deadlines import Timeouts
 from hermetic.registry.documents import descriptor, image_blobs, parse_document
 from hermetic.registry.locations import record_blob_locations, record_image_location
 from hermetic.registry.progress import NoProgress, TransferProgress
+from hermetic.registry.transport import RegistryError, TransferStats
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, BlobWriter, Descriptor, OciStore
 
 DEFAULT_PLATFORM = ("linux", "amd64")

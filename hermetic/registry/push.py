@@ -23,10 +23,12 @@ from typing import Literal
 
 from hermetic.errors import DataError, IntegrityError, NotFound, UsageError
 from hermetic.reference import ImageName, parse_image_name
-from hermetic.registry.client import RegistryClient, RegistryError, Timeouts, TransferStats
+from hermetic.registry.client import RegistryClient
+from hermetic.registry.deadlines import Timeouts
 from hermetic.registry.documents import descriptor, image_blobs
 from hermetic.registry.locations import blob_locations, record_blob_locations, record_image_location
 from hermetic.registry.progress import NoProgress, TransferProgress
+from hermetic.registry.transport import RegistryError, TransferStats
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, Descriptor, OciStore
 
 # Blobs above this go up in PATCH chunks: a broken connection then costs one

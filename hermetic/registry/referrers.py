@@ -33,8 +33,9 @@ from hermetic.canonical import canonical_json, sha256_digest
 from hermetic.display import escape_controls
 from hermetic.errors import IntegrityError
 from hermetic.reference import is_digest
-from hermetic.registry.client import RegistryClient, RegistryError
+from hermetic.registry.client import RegistryClient
 from hermetic.registry.documents import descriptor, parse_document
+from hermetic.registry.transport import RegistryError
 from hermetic.store.oci import MT_INDEX, MT_MANIFEST, OciStore
 from hermetic.store.referrers import (
     EMPTY_DIGEST, TITLE_ANNOTATION, Artifact, check_artifact, list_referrers, merge_referrers, referrers_tag,

@@ -1,0 +1,309 @@
+"""One registry host over HTTP: each exchange under the deadlines, retried where that is safe.
+
+This module speaks HTTP and nothing else (what to ask for is client.py's,
+how to authenticate tokens.py's). ``Transport.exchange`` sends one request
+under the deadlines of hermetic.registry.deadlines (the clock of the whole
+transfer starts at ``begin``; each request has a Watch), retries what is safe
+to send again (a request that never reached the server; a GET or HEAD that
+broke off or was answered 429/502/503/504, after its Retry-After when that
+is short), and reads the answer up to a size limit: a document over
+MAX_DOCUMENT_BYTES is refused, of an error answer only the start is kept.
+Text from the registry (error bodies, headers) has its control characters
+escaped before it goes into a message (hermetic/display.py); the bytes that
+cross the wire are counted (TransferStats) for the benchmarks.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Any, Iterator
+
+import requests
+from urllib3.exceptions import ConnectTimeoutError, ReadTimeoutError
+
+from hermetic.display import escape_controls
+from hermetic.errors import EXIT_UNAVAILABLE, IntegrityError, ProtocolError, UsageError
+from hermetic.registry.deadlines import (CONNECT_TIMEOUT_S, MAX_TIMEOUT_S, REQUEST_TIMEOUT_ENV, TOTAL_TIMEOUT_ENV,
+                                         RegistryTimeout, Timeouts, Watch, new_session, watch_requests)
+
+# Distribution refuses manifests over 4 MiB, containerd will not read them: a bigger answer is not a document.
+MAX_DOCUMENT_BYTES = 4 << 20
+MAX_ERROR_BODY_BYTES = 64 << 10  # of an error answer, only the start is read (for its code and message)
+MAX_SHOWN = 200  # characters of registry text in one message
+# Attempts of a request: one that could not connect (any method) or broke off (GET/HEAD), and of a GET/HEAD
+# answered 429/502/503/504 (what urllib3's Retry(connect=2, read=2, status=3) did).
+ATTEMPTS = 3
+STATUS_ATTEMPTS = 4
+RETRY_STATUSES = (429, 502, 503, 504)
+MAX_RETRY_WAIT_S = 10.0  # a Retry-After longer than this is not waited for
+
+
+class RegistryError(ProtocolError):
+    """The registry answered something we cannot use (one line, names host and request);
+    one that cannot be reached at all is EXIT_UNAVAILABLE."""
+    code: str = ""  # the Distribution error code (e.g. DIGEST_INVALID), when the registry sent one
+
+
+@dataclass
+class TransferStats:
+    """What crossed the wire; thread-safe counters for parallel transfers."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    blobs_uploaded: int = 0
+    blobs_mounted: int = 0
+    blobs_skipped: int = 0
+    blobs_downloaded: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def to_json(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in (
+            "bytes_sent", "bytes_received", "blobs_uploaded", "blobs_mounted", "blobs_skipped", "blobs_downloaded")}
+
+
+class Transport:
+    """HTTP with one registry host under the deadlines; safe to share between threads."""
+
+    def __init__(self, host: str, *, stats: TransferStats | None = None, session: requests.Session | None = None,
+                 timeouts: Timeouts | None = None):
+        self.host = host
+        self.stats = stats or TransferStats()
+        self.session = session or new_session()
+        self.timeouts = timeouts or Timeouts.from_env()
+        self.begin("transfer")
+
+    def begin(self, operation: str, total: float | None = None) -> None:
+        """Start the clock of one push or pull (``operation`` names it in messages): every request the
+        client makes from now on ends by ``total`` seconds (default: ``timeouts.total``) from now."""
+        total = total if total is not None else self.timeouts.total
+        if not (math.isfinite(total) and 0 < total <= MAX_TIMEOUT_S):
+            raise UsageError(f"a registry deadline of {total!r} s: not a number of seconds above 0 "
+                             f"(at most {MAX_TIMEOUT_S:g})")
+        self.operation = operation
+        self._total = total
+        self._ends_at = time.monotonic() + self._total
+
+    def _timeout_error(self, what: str, which: str) -> RegistryTimeout:
+        hint = (f"the registry is stalled or too slow; try again later, or allow more time "
+                f"(--timeout SECONDS, {TOTAL_TIMEOUT_ENV}, {REQUEST_TIMEOUT_ENV})")
+        if which == "total":
+            return RegistryTimeout(f"registry {self.host}: {what}: not done when the {self._total:g} s deadline "
+                                   f"of the {self.operation} ran out ({TOTAL_TIMEOUT_ENV})", hint=hint)
+        if which == "stall":
+            return RegistryTimeout(f"registry {self.host}: {what}: nothing received for {self.timeouts.request:g} s "
+                                   f"({REQUEST_TIMEOUT_ENV})", hint=hint)
+        return RegistryTimeout(f"registry {self.host}: {what}: no complete answer within "
+                               f"{self.timeouts.request:g} s ({REQUEST_TIMEOUT_ENV})", hint=hint)
+
+    def _deadline(self, bulk: bool, started: float) -> tuple[float, str]:
+        """(monotonic time the request must end by, which limit that is)."""
+        if bulk:
+            return self._ends_at, "total"
+        own = started + self.timeouts.request
+        return (own, "request") if own < self._ends_at else (self._ends_at, "total")
+
+    def check_deadline(self, what: str) -> None:
+        if time.monotonic() >= self._ends_at:
+            raise self._timeout_error(what, "total")
+
+    def exchange(self, method: str, url: str, *, what: str, headers: dict[str, str], body: Any,
+                 bulk: bool = False, stream: bool = False, allow_redirects: bool = True,
+                 params: Any = None) -> requests.Response:
+        """One HTTP exchange under the deadlines, retried where that is safe; raises requests' errors
+        (other than timeouts, which are RegistryTimeout). Without ``stream`` the answer is read here,
+        up to MAX_DOCUMENT_BYTES (an error answer: its first MAX_ERROR_BODY_BYTES).
+
+        ``body`` may be a factory, called once per attempt. ``bulk``: a blob's bytes, bounded by the
+        whole transfer's deadline and the longest pause, not by the one-request deadline."""
+        idempotent = method in ("GET", "HEAD")
+        for attempt in range(1, STATUS_ATTEMPTS + 1):
+            started = time.monotonic()
+            ends_at, which = self._deadline(bulk, started)
+            left = ends_at - started
+            if left <= 0:
+                raise self._timeout_error(what, which)
+            watch = Watch(ends_at)
+            watch_requests(watch)
+            resp = None
+            try:
+                resp = self.session.request(
+                    method, url, headers=headers, data=body() if callable(body) else body, params=params,
+                    stream=True, allow_redirects=allow_redirects,
+                    timeout=(min(CONNECT_TIMEOUT_S, left), min(self.timeouts.request, left)))
+                if not stream:
+                    read_answer(resp, self.host, what)
+                if watch.fired:  # a shut socket can also look like an answer that ended early
+                    raise _DeadlinePassed()
+            except _DeadlinePassed:
+                watch.close()
+                if resp is not None:
+                    resp.close()
+                raise self._timeout_error(what, which) from None
+            except requests.RequestException as e:
+                watch.close()
+                if resp is not None:
+                    resp.close()
+                if watch.fired:
+                    raise self._timeout_error(what, which) from None
+                if _is_read_timeout(e):
+                    raise self._timeout_error(what, "total" if time.monotonic() >= self._ends_at else
+                                              ("stall" if bulk else which)) from None
+                retry = (_failed_to_connect(e) or idempotent) and attempt < ATTEMPTS
+                if not retry or not self._wait(_backoff(attempt), ends_at):
+                    raise
+                continue
+            except BaseException:
+                watch.close()
+                if resp is not None:
+                    resp.close()
+                raise
+            finally:
+                watch_requests(None)
+            if stream:
+                resp.hermetic_watch = watch  # type: ignore[attr-defined]  # closed when the body is read
+            else:
+                watch.close()
+            if idempotent and resp.status_code in RETRY_STATUSES and attempt < STATUS_ATTEMPTS:
+                wait = _retry_after(resp.headers.get("Retry-After"), _backoff(attempt))
+                if wait <= MAX_RETRY_WAIT_S and self._wait(wait, ends_at):
+                    close_answer(resp)
+                    continue
+            return resp
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _wait(seconds: float, ends_at: float) -> bool:
+        """Sleep before a retry, if the retry can still start before ``ends_at``."""
+        if time.monotonic() + seconds >= ends_at:
+            return False
+        time.sleep(seconds)
+        return True
+
+    def send(self, method: str, url: str, *, headers: dict[str, str], body: Any, what: str,
+             bulk: bool = False, stream: bool = False, allow_redirects: bool = True) -> requests.Response:
+        """``exchange``, a failure to reach the registry a RegistryError (exit 69) naming the request."""
+        try:
+            return self.exchange(method, url, what=what, headers=headers, body=body, bulk=bulk, stream=stream,
+                                 allow_redirects=allow_redirects)
+        except requests.RequestException as e:
+            raise RegistryError(f"registry {self.host}: {method} {what} failed: {short_reason(e)}",
+                                exit_code=EXIT_UNAVAILABLE) from None
+
+    def iter_answer(self, resp: requests.Response, what: str, chunk: int = 1 << 20) -> Iterator[bytes]:
+        """The body of a streamed answer, under its deadlines; closes it."""
+        watch: Watch | None = getattr(resp, "hermetic_watch", None)
+        try:
+            for data in resp.iter_content(chunk):
+                self.stats.add(bytes_received=len(data))
+                self.check_deadline(what)
+                yield data
+            if watch is not None and watch.fired:  # a body read until the close ends early when its socket is shut
+                raise self._timeout_error(what, "total")
+        except requests.RequestException as e:
+            if (watch is not None and watch.fired) or time.monotonic() >= self._ends_at:
+                raise self._timeout_error(what, "total") from None
+            if _is_read_timeout(e):
+                raise self._timeout_error(what, "stall") from None
+            raise RegistryError(f"registry {self.host}: download of {what} broke off: {short_reason(e)}",
+                                exit_code=EXIT_UNAVAILABLE) from None
+        finally:
+            close_answer(resp)
+
+
+def read_answer(resp: requests.Response, host: str, what: str) -> None:
+    """Read the answer's body into ``resp.content`` (what requests does itself for a non-streamed answer),
+    up to a limit: a document over MAX_DOCUMENT_BYTES is refused; of an error answer only the start is kept."""
+    limit = MAX_ERROR_BODY_BYTES if resp.status_code >= 400 else MAX_DOCUMENT_BYTES
+    data = bytearray()
+    for chunk in resp.iter_content(64 << 10):
+        data += chunk
+        if len(data) > limit:
+            resp.raw.close()  # unread bytes: the connection must not go back to the pool
+            if resp.status_code >= 400:
+                del data[limit:]
+                break
+            raise IntegrityError(f"registry {host}: {what}: the answer is over {limit} bytes; refused")
+    resp._content = bytes(data)  # type: ignore[attr-defined]
+    resp._content_consumed = True  # type: ignore[attr-defined]
+    close_answer(resp)
+
+
+class _DeadlinePassed(Exception):
+    pass
+
+
+def close_answer(resp: requests.Response) -> None:
+    """Close an answer, and the Watch a streamed one keeps until its body is read."""
+    watch = getattr(resp, "hermetic_watch", None)
+    if watch is not None:
+        watch.close()
+    resp.close()
+
+
+def _is_read_timeout(e: BaseException) -> bool:
+    if isinstance(e, requests.ConnectTimeout):
+        return False
+    if isinstance(e, requests.ReadTimeout):
+        return True
+    return any(isinstance(x, ReadTimeoutError) for x in _causes(e))
+
+
+def _failed_to_connect(e: BaseException) -> bool:
+    """The request never reached the server (refused, unreachable, name unknown): safe to send again."""
+    return isinstance(e, requests.ConnectTimeout) or any(isinstance(x, ConnectTimeoutError) for x in _causes(e))
+
+
+def _causes(e: BaseException) -> list[Any]:
+    out: list[Any] = []
+    stack: list[Any] = [e]
+    while stack and len(out) < 16:
+        x = stack.pop()
+        out.append(x)
+        stack += [a for a in getattr(x, "args", ()) if isinstance(a, BaseException)]
+        for attr in ("reason", "__cause__", "__context__"):
+            nxt = getattr(x, attr, None)
+            if isinstance(nxt, BaseException):
+                stack.append(nxt)
+    return out
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds before attempt ``attempt + 1``: 0, 1, 2 (urllib3's backoff_factor 0.5)."""
+    return 0.0 if attempt == 1 else 0.5 * 2 ** (attempt - 1)
+
+
+def _retry_after(value: str | None, default: float) -> float:
+    """Seconds a Retry-After header asks for (delta-seconds or an HTTP date); ``default`` without one."""
+    if not value:
+        return default
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return default
+
+
+def short_reason(e: BaseException) -> str:
+    """Why a request failed, in a few words: the errno's text, a phrase requests uses, or the error's type."""
+    text = str(e)
+    m = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    if m:
+        return escape_controls(m.group(1).strip(), MAX_SHOWN)
+    for phrase in ("Connection refused", "timed out", "Connection reset", "Name or service not known",
+                   "certificate verify failed", "Connection aborted", "IncompleteRead", "Read timed out"):
+        if phrase.lower() in text.lower():
+            return phrase
+    return type(e).__name__
