@@ -561,7 +561,7 @@ def compare_sections(a: Json, b: Json, manifests_a: Manifests, manifests_b: Mani
         compare_code(a["code"], b["code"], _restated_files(a, b)),
         compare_config(a["invocation"], b["invocation"], a["seed"]["value"], b["seed"]["value"],
                        both_succeeded=a["record"]["status"] == b["record"]["status"] == "succeeded"),
-        compare_distributed(a, b),  # issue 16: world size, backend, rank map (hermetic.diff.distributed)
+        compare_distributed(a, b),  # world size, backend, rank map (hermetic.diff.distributed)
         compare_data(a["data"], b["data"], manifests_a, manifests_b),
         compare_seed(a["seed"], b["seed"]),
         compare_env(a["env"], b["env"]),

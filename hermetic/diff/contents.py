@@ -1,24 +1,21 @@
 """What differs inside two output files whose bytes differ: JSON, YAML and pickles compared as structures.
 
-Two runs of Hugging Face's Trainer differ in ``train_runtime`` and
-``*_per_second`` (wall-clock figures in ``trainer_state.json`` and
-``*_results.json``) and in ``training_args.bin`` (a pickle whose
-``logging_dir`` holds the start time), while every weight is bitwise
-identical. Comparing bytes alone says "6 files differ"; this module says which
-keys, and which of them are wall-clock by nature (hermetic.diff.wallclock), so
-the verdict can tell a timing figure from a different computation.
+Two runs of Hugging Face's Trainer differ in wall-clock figures
+(``train_runtime``, ``*_per_second``, the start time in ``training_args.bin``)
+while every weight is bitwise identical. Bytes alone say "6 files differ";
+this module says which keys, and which of them are wall-clock by nature
+(hermetic.diff.wallclock), so the verdict can tell a timing figure from a
+different computation.
 
 A script wrote these files, so they are untrusted: each is opened only through
 hermetic.safetree (regular files only, no link followed, at most
-MAX_CONTENT_BYTES read), checked against the sha256 its record holds, and only
-when that sha256 differs between the runs and its name says JSON, YAML or a
-pickle. The bytes decide the format of a name torch and others use for any
-binary (``.pt``, ``.bin``): a pickle is read by hermetic.diff.pickles (every
-class and function a name, nothing imported, nothing called), torch.save's
-zip archives (``data.pkl`` beside the tensors' storages) are opened with
-zipfile, bounded the same way. The two structures are compared by
-hermetic.diff.trees. Whatever cannot be read that way is compared as bytes,
-with a note saying why.
+MAX_CONTENT_BYTES), checked against the sha256 its record holds, and read
+only when that sha256 differs between the runs and its name says JSON, YAML or
+a pickle (``.pt`` and ``.bin``: the bytes decide). A pickle is read by
+hermetic.diff.pickles (nothing imported, nothing called), torch.save's zip
+archives with zipfile, bounded the same way; the structures are compared by
+hermetic.diff.trees. Whatever cannot be read so is compared as bytes, with a
+note saying why.
 """
 
 from __future__ import annotations

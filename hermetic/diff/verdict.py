@@ -1,33 +1,14 @@
 """The verdict: one line that says whether two runs are the same and, if not, the likeliest why.
 
-- ``bitwise identical (N files and M metrics compared: ...)``: no input
-  differs, at least one output file or metric was compared, and every one is
-  equal (the machine may differ: that is then noted, and is the good news).
-- ``identical except wall-clock fields: N files bitwise identical (...); in M
-  files only timing fields differ (train_runtime, ...)``: no input differs,
-  and every output is the same but for fields that measure time or name a
-  host (a run's duration and throughput, a time in a path: hermetic.diff.contents
-  read them); exit 0, with the ``run.outputs.volatile`` line that keeps those
-  files without comparing them.
-- ``nothing to compare: ...``: no input differs, but neither run has an
-  output file or a metric, so nothing could match or differ (its own exit
-  code, EXIT_NOTHING_COMPARED: never a success).
-- ``same inputs, outputs differ: nondeterminism (knobs not set: ...)``: the
-  same inputs on the same kind of machine gave different bits; the knobs
-  named are the determinism settings at least one run did not have.
-- ``same inputs on different hardware, outputs differ: ...``: inputs equal,
-  the machine (GPU, driver, CPU, BLAS, software build) differs.
-- ``data changed during run A: logreg: 1 changed (x.f32)``: a dataset
-  changed after that run verified it, while its script read it
-  (``data.<name>.changed_during_run``): the one cause named, never
-  nondeterminism, whatever the outputs say.
-- ``inputs differ: ...``: the first cause is the most likely one, in causal
-  order (image, code, config, data, seed, environment variables), then the
-  rest; what the runtime reported (which modules it seeded, torch's flags at
-  exit: consequences) comes after every real input, as ``and what the runtime
-  reported: ...``; machine differences follow. When the seed is the only input that
-  differs and the outputs are bitwise identical all the same, a note says the
-  seed had no effect (a script that seeds itself with a constant).
+The kinds (docs/run-record.md, "Verdicts", has every line and its exit
+code): a dataset that changed while a run read it is the one cause named,
+whatever the outputs say. With equal inputs: ``bitwise identical``,
+``identical except wall-clock fields`` (with the ``run.outputs.volatile``
+line that keeps those files without comparing them), ``nothing to compare``
+(never a success), files that differ only in their names, nondeterminism
+(naming the knobs not set) or different hardware. Otherwise ``inputs
+differ``, the likeliest cause first in causal order and what the runtime
+reported (consequences) after every real input.
 
 Exit code: 0 for identical (wall-clock fields aside), EXIT_NOTHING_COMPARED
 when nothing was compared, 1 (EXIT_DIFFERENT) for anything else.

@@ -1,21 +1,18 @@
 """Which CUDA a lock pins: read from the locked nvidia-* wheels, never guessed.
 
-torch has pinned its CUDA libraries through PyPI wheels in two naming schemes
-(both checked against the wheels' real metadata):
+torch pins its CUDA libraries through PyPI wheels in two naming schemes (both
+checked against the wheels' real metadata):
 
-- suffixed: torch 2.9.1 requires ``nvidia-cuda-runtime-cu12==12.8.90``,
-  ``nvidia-cudnn-cu12==9.10.2.21``, ``nvidia-cublas-cu12==12.8.4.1``,
-  ``nvidia-nccl-cu12==2.27.5``, ``nvidia-cuda-nvrtc-cu12==12.8.93`` ...
-  (older torch: ``-cu11``);
-- cuda-toolkit: torch 2.11.0 / 2.12.0 / 2.14.1 require the metapackage
-  ``cuda-toolkit[cublas,cudart,...]==13.0.x``, which pulls UNsuffixed
-  ``nvidia-cuda-runtime==13.0.96``, ``nvidia-cublas``, ``nvidia-cuda-nvrtc``...,
-  while cuDNN and NCCL stay suffixed: ``nvidia-cudnn-cu13``, ``nvidia-nccl-cu13``.
+- suffixed (CUDA 12 and older): ``nvidia-cuda-runtime-cu12==12.8.90``,
+  ``nvidia-cudnn-cu12``, ``nvidia-cublas-cu12``, ... (``-cu11`` for CUDA 11);
+- cuda-toolkit (CUDA 13): the metapackage ``cuda-toolkit[cublas,cudart,...]``
+  pulls UNsuffixed ``nvidia-cuda-runtime==13.0.96``, ``nvidia-cublas``...,
+  while cuDNN and NCCL stay suffixed (``nvidia-cudnn-cu13``).
 
-The CUDA line of the image is the runtime wheel's MAJOR.MINOR (12.8.90 -> 12.8;
-13.0.96 -> 13.0); torch's local version tag (``+cu128``, ``+cpu``) is its own
-claim, checked against it in hermetic.gpu.wheels. torch from PyPI has no tag:
-on Linux it is a CUDA build whose CUDA is whatever its nvidia deps are.
+The image's CUDA line is the runtime wheel's MAJOR.MINOR (12.8.90 -> 12.8);
+torch's local version tag (``+cu128``, ``+cpu``) is its own claim, checked
+against it in hermetic.gpu.wheels. torch from PyPI has no tag: on Linux it is
+a CUDA build whose CUDA is whatever its nvidia deps are.
 """
 
 from __future__ import annotations
@@ -24,8 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Union
 
-# packaging and the lock's model (~15 ms of imports) are imported where a lock's wheels are read: a run reads
-# its image's labels only (cuda_info_from_labels), beside its container's start
+# packaging and the lock's model are imported only where a lock's wheels are read: a run reads its image's
+# labels only (cuda_info_from_labels), beside its container's start
 if TYPE_CHECKING:
     from hermetic.lock.model import LockedWheel, ResolvedWheel
 

@@ -1,35 +1,17 @@
 """hermetic runs as MLflow runs: ``hermetic runs export --mlflow`` and ``hermetic run --mlflow``.
 
-Each run becomes one MLflow run in an experiment (default: the project's
-``name`` from hermetic.yaml): params from the resolved config (dotted keys,
-``config.determinism.mode``), the script and its arguments and the seed;
-every metric with its steps from the run's metric series (metrics.jsonl,
-TensorBoard's event files, Lightning's metrics.csv, the Trainer's files:
-hermetic.record.metrics; wall-clock figures such as ``trainer/train_runtime``
-too, which MLflow users expect); tags for what makes
-the run repeatable (image ID, manifest and repo digests, lock sha256, git
-commit and dirty flag, hermetic version, status, and for a replay the diff
-verdict against its original); each dataset as an MLflow dataset input; and
-run.json, README.md and the metrics figure as artifacts (the figure drawn for
-the export, as ``hermetic runs plot RUN`` draws it, when hermetic[plots] is
-installed and the run logged metrics). A seed group is a
-parent run holding the summary of each metric (mean, SD, 95% interval) with
-its members as child runs.
+Each run becomes one MLflow run (params from the resolved config, metrics
+from the run's metric series, tags for what makes it repeatable, each
+dataset as an input, run.json, README.md and the figure as artifacts); a
+seed group is a parent run holding each metric's summary, its members child
+runs. docs/integrations.md, "MLflow", has the mapping.
 
-Exports are keyed by hermetic's run ID (the tag ``hermetic.run_id``): the
-same run exported again finds its MLflow run and adds only what is missing
-(params already there are kept, metric points already logged are not logged
-twice), so exporting is safe to repeat. MLflow caps a dataset digest at 36
-characters: the digest is the first 36 hex digits of the manifest's sha256,
-and the whole sha256 is in the input's tags and in its source.
-
-mlflow (``hermetic[mlflow]``, the ``mlflow-skinny`` client, without numpy or
-pandas) is imported on first use only; only ``mlflow.entities`` and the
-tracking client are used (``mlflow.data`` needs numpy). Few requests per run:
-an experiment's exported runs are looked up once, tags go with
-``create_run``, params and metric points share ``log_batch`` calls, and
-artifacts already uploaded are not sent again. An MLflow run this export
-leaves behind is never RUNNING: a failure part-way ends it FAILED.
+Exports are keyed by hermetic's run ID (the tag ``hermetic.run_id``), so
+exporting again adds only what is missing and is safe to repeat. mlflow
+(``hermetic[mlflow]``: mlflow-skinny, without numpy) is imported on first use
+only, and only ``mlflow.entities`` and the tracking client are used
+(``mlflow.data`` needs numpy). An MLflow run this export leaves behind is
+never RUNNING: a failure part-way ends it FAILED.
 """
 
 from __future__ import annotations

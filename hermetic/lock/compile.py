@@ -1,26 +1,21 @@
 """``hermetic lock``: resolve requirements for the image's platform with uv.
 
 uv resolves for a platform other than the host's (``--python-platform``,
-``--python-version``), in well under a second for typical sets, and writes
-every file hash of each pinned release. pip-tools is the alternative resolver
-where the host interpreter *is* the image's Python version (it can only
-resolve for the running interpreter).
+``--python-version``) and writes every file hash of each pinned release.
+pip-tools is the alternative where the host interpreter *is* the image's
+Python version (it can only resolve for the running interpreter).
 
 Index lines in the input are kept in the lock (users elsewhere fetch from
 them). An index that does not answer here is left out of *this* resolution
-with a warning; the packages must then come from another source (pip's
-configured find-links or indexes), and their hashes make that safe.
+with a warning; the packages must then come from another source, and their
+hashes make that safe.
 
-The lock is a function of the input's content, the target, and the
-resolver and hermetic versions, byte for byte: the pins of an existing lock
-are kept unless ``--upgrade`` (the resolver is given them as preferences),
-and neither the input file's name nor its location appears in the lock
-(the input's own requirements are annotated ``# via -r <input>``), so
-moving or renaming requirements.in, or locking it from another directory,
-changes nothing -- and neither does the image, whose identity includes the
-lock's sha256. The resolver runs in the input's directory, so relative
-paths in the input (``-c constraints.txt``, ``--find-links wheels/``) mean
-what pip would make of them.
+The lock is a function of the input's content, the target, and the resolver
+and hermetic versions, byte for byte (the image's identity includes its
+sha256): an existing lock's pins are kept unless ``--upgrade`` (given to the
+resolver as preferences), and the input's name and location never appear in
+it (``# via -r <input>``). The resolver runs in the input's directory, so
+relative paths in it (``-c constraints.txt``) mean what pip would make of them.
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ from pathlib import Path
 from hermetic.errors import LockError, NotFound, ReadError
 from hermetic.lock.model import Lock, Target
 
-# A lock larger than this is refused unread. The largest real ones are a few hundred kB (a torch CUDA
-# requirements lock: 27 kB; a workspace's uv.lock: 60 kB in tests/fixtures/locks); 16 MiB leaves room for
-# monorepos a hundred times that, not for a file that would take minutes to parse.
+# A lock larger than this is refused unread: far above any real lock (tests/fixtures/locks), far below a
+# file that would take minutes to parse.
 LOCK_MAX_BYTES = 16 << 20
 
 

@@ -3,23 +3,10 @@
 Pure: ``BuildFacts`` (gathered by hermetic/builder/attest.py) -> statement
 bytes, and statement bytes -> ``BuildFacts`` (strict, for ``hermetic
 verify``). The statement carries everything a rebuild needs without the
-project checkout:
-
-- ``buildDefinition.externalParameters``: the resolved hermetic.yaml parts
-  that decide the image (hermetic/builder/key.py ``image_config_part``) and
-  the lock's path;
-- ``buildDefinition.internalParameters``: the build key, the target, the
-  layer format;
-- ``buildDefinition.resolvedDependencies``: the lock file itself (its bytes
-  as ``content``: the image label ``org.hermetic.lock.sha256`` is their
-  sha256), the base image by manifest digest, every wheel by name, version,
-  filename, size and sha256 (with the layer it went into), and the hermetic
-  runtime by the sha256 of its sources;
-- ``runDetails.builder``: hermetic's version and the installer's (another
-  version of hermetic labels the image differently, so it cannot reproduce
-  it: ``hermetic verify`` says so before it builds);
-- ``runDetails.byproducts``: the image config, every layer with its
-  contents, and the SBOM, each by digest.
+project checkout: the resolved config, the lock's own bytes, the base and
+every wheel by digest, the layer plan, and hermetic's and the installer's
+versions (another hermetic labels the image differently, so it cannot
+reproduce it). docs/provenance.md, "The provenance", lists every field.
 
 No timestamps, no invocation IDs (``runDetails.metadata`` is left out): the
 bytes are a function of the build's inputs, so a rebuild, a no-op build and a

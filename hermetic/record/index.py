@@ -115,7 +115,7 @@ def read_index(runs_root: str | os.PathLike[str]) -> tuple[dict[str, dict[str, A
         return {}, 0
     entries: dict[str, dict[str, Any]] = {}
     lines = data.split(b"\n")
-    try:  # one parse for the whole file is ~2x faster than one per line
+    try:  # one parse for the whole file is faster than one per line
         parsed = json.loads(b"[" + b",".join(ln for ln in lines if ln) + b"]")
     except ValueError:  # a torn line from a killed writer: parse line by line, skip it
         parsed = []

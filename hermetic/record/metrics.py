@@ -17,33 +17,23 @@ trainer        ``trainer_state.json``'s ``log_history`` and     ``trainer/<key>`
                ``*_results.json`` (the Trainer)
 =============  ==============================================  ==========================
 
-When one source has files in more than one directory (two Lightning
-``version_N`` directories, Keras's ``train/`` and ``validation/``), each name
-carries the directory, relative to the directories' common parent, as
-TensorBoard names its runs: ``tensorboard/train/epoch_loss``. Files of one
-directory are one run (TensorBoard merges a directory's event files, in name
-order). The Trainer's checkpoints hold earlier copies of its state: a
-``checkpoint-N/trainer_state.json`` is read only when its parent has none,
-the highest N then. ``*_results.json`` values are the run's final figures
-(``all_results.json``, then the others by name, last wins) and a point at the
-run's last step.
-
-Wall-clock figures (``train_runtime``, ``*_per_second``, ``*_time``,
-timestamps; ``is_wall_clock``) of these sources are not metrics: they are kept
-in ``metrics.wall_clock`` and in the series, marked, and nothing compares them.
-metrics.jsonl keeps its own rule (hermetic.record.outputs: only its top-level
-``step`` and time keys are left out), so its names and values are what they
-always were.
+A source with files in several directories (two Lightning ``version_N``,
+Keras's ``train/`` and ``validation/``) puts each directory, relative to their
+common parent, into the names, as TensorBoard names its runs:
+``tensorboard/train/epoch_loss``. A Trainer checkpoint's state is read only
+when its run directory has none (the highest N). Wall-clock figures
+(``train_runtime``, ``*_per_second``; ``is_wall_clock``) are kept in
+``metrics.wall_clock`` and in the series, marked, and never compared;
+metrics.jsonl keeps its own rule (hermetic.record.outputs), so its names and
+values stay what they always were.
 
 Every file here was written by an untrusted script: it is read only in the
 collection step (hermetic.run.collect, as the container's user), through
-hermetic.safetree (no link followed, regular files only), bounded in size,
-with the standard library's csv and json; TensorBoard's event files (protocol
-buffers) are read by TensorBoard's own reader (hermetic.record.tb_scalars),
-never parsed here. What they held is written once, by hermetic, to
+hermetic.safetree, bounded in size, with the standard library's csv and json;
+TensorBoard's event files are read by TensorBoard's own reader
+(hermetic.record.tb_scalars). What they held is written once, by hermetic, to
 ``runs/<id>/metrics/series.jsonl`` (``SERIES_FILE``), whose sha256 the record
-keeps; plots, the run's figure and MLflow read that file (``load_series``),
-never the script's files again.
+keeps; plots, the figure and MLflow read that file, never the script's again.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def _status_line(meta: dict[str, Any]) -> str:
 
 def _figure_text(record: dict[str, Any], run_id: str, run_dir: str) -> str:
     """Under the status line of a finished run that logged metrics: the command that draws them. On demand:
-    matplotlib's import and drawing would add most of a second to every run."""
+    matplotlib's import and drawing are too slow to pay on every run."""
     metrics = record["metrics"]
     if record["record"]["finished_at"] is None or not (metrics.get("series") or metrics["file"]):
         return ""

@@ -278,7 +278,7 @@ class Metrics(_Strict):
     final: dict[str, Number]
     steps: Optional[NonNegInt]
     file: Optional[Literal["outputs/metrics.jsonl"]]
-    # Absent in records from before issue 25 (metrics.jsonl only, read from the outputs when drawn).
+    # Absent in older records (metrics.jsonl only, read from the outputs when drawn).
     sources: Optional[dict[MetricSourceName, MetricSource]] = None
     wall_clock: Optional[dict[str, Number]] = None  # kept, never compared (train_runtime, *_per_second)
     series: Optional[MetricSeries] = None
@@ -347,7 +347,7 @@ class Record(_Strict):
     hardware: dict[str, Any]
     outputs: Outputs
     metrics: Metrics
-    # Optional sections (absent in records of runs that had neither): issue 16.
+    # Optional sections (absent in records of runs that had neither).
     slurm: Optional[SlurmJob] = None
     distributed: Optional[Distributed] = None
 
@@ -516,7 +516,7 @@ class Group(_Strict):
     metrics: dict[str, MetricStats]
     method: str
     flags: list[str] = []  # what makes the summary suspect (e.g. every member's outputs identical)
-    slurm: Optional[GroupSlurm] = None  # issue 16: a group submitted as a Slurm array
+    slurm: Optional[GroupSlurm] = None  # a group submitted as a Slurm array
 
 
 def validate_group(doc: Any, *, source: str = "group.json") -> dict[str, Any]:

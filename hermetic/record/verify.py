@@ -1,31 +1,22 @@
 """A run directory checked against its sealed record: records are checked, not trusted.
 
 ``run.json``'s seal proves that the record is what hermetic wrote; it says
-nothing of the files beside it. Anyone may change an output after the run, or
-rename the directory. So what compares or reuses a run checks those files
-again first:
+nothing of the files beside it, which anyone may change (or rename the
+directory). So what compares or reuses a run checks them again first:
 
 - ``check_outputs``: every file under ``outputs/`` rehashed as the run hashed
-  them (hermetic.record.outputs.hash_outputs_at: through hermetic.safetree,
-  no link followed, special files by kind) and compared with
-  ``outputs.files``: changed, missing, added. ``hermetic diff`` and
-  ``hermetic replay`` refuse a changed or missing one (``require_as_recorded``).
-- ``verify_run``: everything the record holds a digest of that lives in the
-  run directory -- its name (load_record), the seal, every output, the
-  dataset manifest copies under ``data/``, the source snapshot, the git patch,
-  the metric series hermetic wrote (``metrics/series.jsonl``: what plots and
-  MLflow read) and, with ``run.outputs.stdout``, ``logs/stdout.log``
-  (``hermetic runs verify``). ``require_as_recorded`` checks the series and
-  the stdout log too: diff and replay compare them.
+  them (hash_outputs_at: through hermetic.safetree) against
+  ``outputs.files``; ``require_as_recorded`` (diff, replay) refuses a changed
+  or missing one, and checks the series and stdout log they compare too.
+- ``verify_run`` (``hermetic runs verify``): everything the record holds a
+  digest of that lives in the run directory (docs/run-record.md, "Checked,
+  not trusted").
 
-Rehashing is stat-cached, so a second look is cheap: ``runs/<id>/.outputs.statcache``
-(hermetic.data.statcache: keyed by (dev, ino, size, mtime_ns, ctime_ns) with
-git's racy-clean rule) remembers each file's digest with the stat key it had
-before and after it was read; a file whose key changed since is read again.
-The cache is written by the first look, never by the run (the collection
-hands the files back to hermetic's user, which changes every ctime), and
-only speeds up a look: a file it does not vouch for is hashed. Writing it
-may fail (a read-only run directory): then every look hashes.
+Rehashing is stat-cached (``runs/<id>/.outputs.statcache``, hermetic.data.statcache's
+format and git's racy-clean rule). The cache is written by the first look,
+never by the run (the collection hands the files back to hermetic's user,
+which changes every ctime), and only saves reading: a file it does not vouch
+for is hashed, and a cache that cannot be written means every look hashes.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 # name -> the module that defines it; imported on first use (PEP 562): the client imports requests and
-# urllib3 (~0.1 s), which a `hermetic run` that only reads where its image was pushed never needs.
+# urllib3, which a `hermetic run` that only reads where its image was pushed never needs.
 _EXPORTS = {
     "RegistryCache": "cache", "cache_fetch": "cache", "cache_lookup": "cache", "cache_publish": "cache",
     "cache_tag": "cache", "repo_digests": "locations", "PullResult": "pull", "ensure_image": "pull",

@@ -1,25 +1,20 @@
 """OCI 1.1 referrers over the Distribution API: attach an image's attestations, fetch them back.
 
-Push (distribution-spec 1.1, "Pushing Manifests with Subject"): each
-artifact manifest of the store's referrers list for the image is pushed by
-digest (its blobs first, as for any manifest). Where the registry has the
-referrers API (``GET /v2/<name>/referrers/<digest>`` answers anything but
-404) that is all; otherwise (Debian's docker-registry 2.8) the client keeps
-the list itself, as an image index under the tag ``sha256-<hex>``: read it
-(a 404 starts an empty one), add what is missing, put it back. The base
-image's manifest goes along too, by digest (its layers are the image's first
-layers, so only the manifest and config cross the wire): a machine that never
-saw the project can then pull the base from the same repository to rebuild.
+Push (distribution-spec 1.1, "Pushing Manifests with Subject"): each artifact
+manifest the store lists for the image is pushed by digest. Where the registry
+has the referrers API (``GET /v2/<name>/referrers/<digest>`` answers anything
+but 404) that is all; otherwise (Debian's docker-registry 2.8) the client
+keeps the list itself, as an image index under the tag ``sha256-<hex>``. The
+base image's manifest goes along too (its layers are the image's first
+layers), so a machine that never saw the project can pull the base from the
+same repository to rebuild.
 
-Fetch: the referrers API, else the tag; only artifacts of the types asked
-for; every descriptor of the list is checked (digest, size, media type), every
-manifest and blob against the digest that names it, and every artifact must
-name the image as its ``subject``. Attestations are documents: one bigger than
-``MAX_ARTIFACT_BYTES`` is refused, not buffered. For a pull, what they say is
-checked too (``check_attestations``: the provenance's statement, the SBOM it
-names, the signed envelopes' payloads), all in memory and before the pull
-puts anything into the store; the base's manifest and config are fetched
-the same way (``fetch_base``).
+Fetch: the referrers API, else the tag; only the artifact types asked for;
+every descriptor, manifest and blob checked against its digest, every
+artifact's ``subject`` the image, and nothing bigger than
+``MAX_ARTIFACT_BYTES`` buffered. For a pull, what they say is checked too
+(``check_attestations``), all in memory before the pull stores anything; the
+base's manifest and config are fetched the same way (``fetch_base``).
 """
 
 from __future__ import annotations

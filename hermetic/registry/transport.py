@@ -36,7 +36,7 @@ MAX_DOCUMENT_BYTES = 4 << 20
 MAX_ERROR_BODY_BYTES = 64 << 10  # of an error answer, only the start is read (for its code and message)
 MAX_SHOWN = 200  # characters of registry text in one message
 # Attempts of a request: one that could not connect (any method) or broke off (GET/HEAD), and of a GET/HEAD
-# answered 429/502/503/504 (what urllib3's Retry(connect=2, read=2, status=3) did).
+# answered 429/502/503/504 (the counts of urllib3's Retry(connect=2, read=2, status=3)).
 ATTEMPTS = 3
 STATUS_ATTEMPTS = 4
 RETRY_STATUSES = (429, 502, 503, 504)

@@ -1,23 +1,20 @@
 """Rebuild an image from its provenance alone, in a scratch cache.
 
-The scratch directory holds a project (hermetic.yaml written from the
-provenance's resolved config, the lock written from its bytes) and a cache
-(``HERMETIC_CACHE`` layout). Nothing is written to the user's store and the
-image is never loaded into the engine. The build is hermetic's own build
-(hermetic/builder/build.py), run offline once its inputs are in place:
+The scratch directory holds a project (hermetic.yaml and the lock, written
+from the provenance) and a cache (``HERMETIC_CACHE`` layout); nothing is
+written to the user's store and the image is never loaded into the engine.
+The build is hermetic's own (hermetic/builder/build.py), offline once its
+inputs are in place:
 
-- the base, by manifest digest: copied (verified) from the user's store when
-  it holds it, else pulled from the image's own repository (``hermetic push``
-  sends the base manifest along), else from the registry its reference names;
-- every wheel, by the exact sha256 the provenance names: copied from the
-  user's wheel store when it holds a good copy, else fetched from the lock's
-  indexes and URLs and pip's configured indexes and find-links, by filename.
-  A file whose bytes do not hash to the provenance's sha256 is refused, and
-  the refusal names the wheel and the layer it would have gone into.
+- the base, by manifest digest: from the user's store (verified), else the
+  image's own repository (``hermetic push`` sends the base manifest along),
+  else the registry its reference names;
+- every wheel, by the exact sha256 the provenance names: from the user's wheel
+  store, else the lock's indexes and URLs and pip's configured sources. A file
+  with another sha256 is refused, naming the wheel and its layer.
 
-A provenance made by another hermetic version cannot be reproduced here (the
-version is an image label, and the runtime is a layer): that is refused
-before anything is built, saying which versions.
+A provenance made by another hermetic version is refused before anything is
+built (the version is an image label, and the runtime is a layer).
 """
 
 from __future__ import annotations

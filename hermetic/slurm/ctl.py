@@ -2,7 +2,7 @@
 
 Every failure a user can cause is one line naming it and what fixes it:
 no Slurm client installed, no controller answering (``scontrol ping`` answers
-at once, where sbatch would retry for ~10 s first), an unknown partition.
+at once, where sbatch would retry for a while first), an unknown partition.
 There is no slurmdbd on many small clusters (and on the test cluster), so a
 finished job's state comes from ``scontrol -o show job`` (kept for MinJobAge)
 and, once slurmctld has purged it, from the jobcomp/filetxt log when the
@@ -56,7 +56,7 @@ def parse_record(line: str) -> dict[str, str]:
 
 
 def ping() -> None:
-    """SlurmUnavailable unless the controller answers (a fraction of a second either way)."""
+    """SlurmUnavailable unless the controller answers."""
     proc = _run("scontrol", "ping", timeout=30)
     if proc.returncode != 0 or "is UP" not in proc.stdout:
         said = (proc.stdout.strip() or proc.stderr.strip()).splitlines()[:1] or ["no answer"]

@@ -7,7 +7,7 @@ hermetic.store.intact) and no registry is needed: ``--shared-store DIR``
 names such a cache (the image is copied there first when it is not in it), or
 ``HERMETIC_CACHE`` itself counts as one when it lies below a ``--shared-root``
 or on a network filesystem (NFS, Lustre, GPFS, BeeGFS, CephFS...). Otherwise
-the tasks pull the image by digest from where it was pushed, as before. The
+the tasks pull the image by digest from where it was pushed. The
 choice, and why, is said before anything is submitted.
 
 A node with its own cache (``--node-cache``) copies the image from the shared

@@ -6,14 +6,13 @@ index.json whose entries carry ``org.opencontainers.image.ref.name``.
 
 Blobs enter only through ``BlobWriter``: bytes are hashed while written to a
 temp file in the store's own tmp/, checked against the expected digest, and
-renamed into place; a crash leaves at most a stray temp file, never a wrong
-blob, and a full disk (ENOSPC, EDQUOT) not even that: the writer removes its
-temp file and raises errors.DiskFull naming the store, how much it wrote and,
-when known, how much it needed. The temp file is locked by its writer (fsutil.OwnedTemp), so the next
-writer removes a dead writer's file and never a live one's. The writer notes
-the blob's stat for intact.py, which answers "is this blob still right?"
-from a stat where that is safe. index.json is rewritten atomically under an
-flock, so concurrent builders and pullers cannot lose each other's refs.
+renamed into place, so a crash leaves at most a stray temp file, never a
+wrong blob. A full disk removes the temp file at once (errors.DiskFull). The
+temp file is locked by its writer (fsutil.OwnedTemp), so the next writer
+removes a dead writer's file and never a live one's. The writer notes the
+blob's stat for intact.py, which answers "is this blob still right?" from a
+stat where that is safe. index.json is rewritten atomically under an flock,
+so concurrent builders and pullers cannot lose each other's refs.
 """
 
 from __future__ import annotations
