@@ -27,6 +27,11 @@ are mostly syscalls, and this is the fewest there are. Larger files are read
 in 1 MiB chunks into a reused buffer. The ``fstat`` key is exactly that of the
 bytes hashed, so the caller need not stat files it hands out.
 
+An account's limits bound the workers: no more than a quarter of ``ulimit -n``
+(each costs this process a pipe), and where a fork, a pipe or the pool's
+start is refused (``ulimit -u``: hermetic.workers.no_more_workers) the work
+goes on with the workers already started, or in this process alone.
+
 That loop runs in C (``_filehash.c``, built by setup.py where a compiler and
 OpenSSL's headers are found) for every file up to _NATIVE_MAX bytes: on
 100,000 files of 1-16 KiB the Python version spends about as long in
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import stat as statmod
 import struct
 import sys
@@ -53,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from hermetic.errors import ReadError, WorkerDied
+from hermetic.workers import no_more_workers
 
 _native: Any
 try:  # the C loop, built with the package where a compiler and OpenSSL's headers were found (setup.py)
@@ -140,6 +147,13 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def affordable_workers(workers: int) -> int:
+    """``workers``, or fewer where ``ulimit -n`` is low: each costs this process a descriptor (its pipe), and
+    three quarters of the limit stay for the files being hashed and the rest of the command."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return workers if soft == resource.RLIM_INFINITY else max(1, min(workers, soft // 4))
+
+
 def hash_files(
     paths: Sequence[str],
     sizes: Sequence[int] | None = None,
@@ -162,7 +176,7 @@ def hash_files(
     from hermetic.data.progress import ByteProgress
 
     n = len(paths)
-    workers = workers or available_cpus()
+    workers = affordable_workers(workers or available_cpus())
     total = sum(sizes) if sizes is not None else None
     bar = ByteProgress(progress_label, total, n)
     try:
@@ -178,7 +192,12 @@ def hash_files(
             if method == "fork":
                 keys, digests, errors = _hash_forked(paths, batches, workers, bar, while_hashing)
             else:
-                keys, digests, errors = _hash_pool(paths, batches, workers, bar, while_hashing, method)
+                pooled = _hash_pool(paths, batches, workers, bar, while_hashing, method)
+                if pooled is None:  # no worker could be started: all of it here
+                    if while_hashing is not None:
+                        while_hashing()
+                    pooled = _hash_inline(paths, bar)
+                keys, digests, errors = pooled
     finally:
         bar.close()
     vanished = [i for i, msg in errors if msg is None]
@@ -458,6 +477,20 @@ def fork_child(body: Callable[[], None], control: Control) -> int:
         os._exit(code)
 
 
+def start_worker(body: Callable[[int], None], control: Control) -> tuple[int, int]:
+    """A forked child running ``body(err_w)``, err_w the write end of a pipe for what it reports: (its pid, the
+    read end). Where the pipe or the fork is refused (an OSError), nothing is left open."""
+    err_r, err_w = os.pipe()
+    try:
+        pid = fork_child(lambda: body(err_w), control)
+    except BaseException:
+        os.close(err_r)
+        raise
+    finally:
+        os.close(err_w)  # the child's
+    return pid, err_r
+
+
 def reap(pid: int) -> None:
     """Wait for a worker; HermeticError if it did not exit cleanly."""
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
@@ -483,16 +516,20 @@ def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: 
 
     try:
         for slot in range(1, workers):
-            err_r, err_w = os.pipe()
-
-            def body(slot: int = slot, err_w: int = err_w) -> None:
+            def body(err_w: int, slot: int = slot) -> None:
                 os.close(queue_w)
+                for sibling in children.values():  # its elder siblings' pipes, copied by the fork
+                    os.close(sibling)
                 errors = drain(paths, queue, control, slot, digests_out, keys_out)
                 if errors:
                     _write_all(err_w, marshal.dumps(errors))
 
-            pid = fork_child(body, control)
-            os.close(err_w)
+            try:
+                pid, err_r = start_worker(body, control)
+            except OSError as e:
+                if not no_more_workers(e):
+                    raise
+                break  # at the account's limit: those started, and this process, take every batch
             children[pid] = err_r
         feed(queue_w, batches)
         queue_w = -1
@@ -511,12 +548,12 @@ def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: 
         control.stop()
         raise
     finally:
+        if queue_w != -1:  # first: a child waiting for a batch sees the end (else both would wait forever)
+            os.close(queue_w)
         for pid, err_r in children.items():
-            os.close(err_r)  # first: a child blocked writing its errors gets EPIPE and exits
+            os.close(err_r)  # a child blocked writing its errors gets EPIPE and exits
             os.waitpid(pid, 0)
-        for fd in (queue, queue_w):
-            if fd != -1:
-                os.close(fd)
+        os.close(queue)
         digests_out.release()
         keys_out.release()
         out.close()
@@ -585,22 +622,35 @@ def _hash_batch(paths: list[str]) -> _Result:
 
 
 def _hash_pool(paths: Sequence[str], batches: list[tuple[int, int]], workers: int, bar: Any,
-               while_hashing: Callable[[], None] | None, method: str) -> _Result:
+               while_hashing: Callable[[], None] | None, method: str) -> _Result | None:
+    """The batches hashed by a pool of ``workers`` processes; None where the pool could not start (the
+    account's limits, hermetic.workers): then the caller hashes them all itself."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload([__name__])
-    counter = ctx.Value("q", 0)
-    stop = ctx.RawValue("b", 0)
     parts: dict[int, tuple[bytes, bytes]] = {}
     errors: _Errors = []
     files_done = 0
-    ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(counter, stop, os.getpid()))
+    stop = ctx.RawValue("b", 0)
+    ex = None
     try:
+        # Each of these may start a process (the resource tracker, the fork server, a worker) or a thread.
+        counter = ctx.Value("q", 0)
+        ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(counter, stop, os.getpid()))
         futures = {ex.submit(_hash_batch, list(paths[s:e])): (s, e) for s, e in batches}
+    except (OSError, RuntimeError, EOFError) as e:
+        # (EOFError: the fork server, refused a fork, hung up without the worker's pid)
+        if not (no_more_workers(e) or isinstance(e, EOFError)):
+            raise
+        stop.value = 1
+        if ex is not None:
+            ex.shutdown(wait=True, cancel_futures=True)
+        return None
+    try:
         if while_hashing is not None:
             while_hashing()
         pending = set(futures)

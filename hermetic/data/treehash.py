@@ -13,6 +13,9 @@ counting. Both open files relative to the root's descriptor, so nobody builds
 Digests and stat keys go straight into the shared file, at each file's index,
 as in hashing.py. A scan that fails reports its TreeError to the caller, who
 raises it -- before any error of its own, as if the scan had come first.
+Where the account's limits refuse the scanning worker (hermetic.workers), the
+scan runs here and hash_files takes over; where they refuse a helper, those
+started do the hashing.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ import struct
 from typing import Callable, Iterable
 
 from hermetic.data.hashing import (
-    OUTPUT_BYTES_PER_FILE, Control, Hashed, _default_start_method, _plan, _write_all, available_cpus, drain,
-    feed, fork_child, hash_files, output_views, read_all, reap,
+    OUTPUT_BYTES_PER_FILE, Control, Hashed, _default_start_method, _plan, _write_all, affordable_workers,
+    available_cpus, drain, feed, fork_child, hash_files, output_views, read_all, reap, start_worker,
 )
 from hermetic.data.scan import Tree, TreeError, scan_tree
 from hermetic.errors import ReadError, WorkerDied
+from hermetic.workers import no_more_workers
 
 _READY, _REFUSED, _DONE = b"R", b"T", b"D"  # message kinds, worker -> caller
 _HEADER = struct.Struct("=cQ")  # kind, payload length
@@ -52,21 +56,29 @@ def scan_and_hash(
     functions raise. With one CPU, or with threads running (no fork), scans
     and then hashes as they do.
     """
-    workers = workers or available_cpus()
+    workers = affordable_workers(workers or available_cpus())
     exclude = set(exclude)
-    if workers <= 1 or _default_start_method() != "fork":
-        tree = scan_tree(real_root, exclude=exclude, stat=False)
+    if workers > 1 and _default_start_method() == "fork":
+        with contextlib.ExitStack() as stack:
+            try:
+                pipeline = _Pipeline(real_root, exclude, workers, stack)
+                pid = fork_child(pipeline.worker, pipeline.control)
+            except OSError as e:
+                if not no_more_workers(e):
+                    raise
+            else:
+                return pipeline.run(pid, progress_label, while_scanning, while_hashing)
+    # One CPU, threads running (no fork), or no worker to be had: scan, then hash as hash_files does.
+    tree = scan_tree(real_root, exclude=exclude, stat=False)
 
-        def meanwhile() -> None:
-            if while_scanning is not None:
-                while_scanning()
-            if while_hashing is not None:
-                while_hashing(tree)
+    def meanwhile() -> None:
+        if while_scanning is not None:
+            while_scanning()
+        if while_hashing is not None:
+            while_hashing(tree)
 
-        return tree, hash_files(tree.abs_paths, None, workers=workers, progress_label=progress_label,
-                                while_hashing=meanwhile)
-    with contextlib.ExitStack() as stack:
-        return _Pipeline(real_root, exclude, workers, stack).run(progress_label, while_scanning, while_hashing)
+    return tree, hash_files(tree.abs_paths, None, workers=workers, progress_label=progress_label,
+                            while_hashing=meanwhile)
 
 
 class _Pipeline:
@@ -99,12 +111,12 @@ class _Pipeline:
         for fd in self.pipe_ends:
             os.close(fd)
 
-    def run(self, label: str | None, while_scanning: Callable[[], None] | None,
+    def run(self, pid: int, label: str | None, while_scanning: Callable[[], None] | None,
             while_hashing: Callable[[Tree], None] | None) -> tuple[Tree, Hashed]:
+        """The caller's side, once ``pid`` (forked to run ``worker``) is scanning."""
         from hermetic.data.progress import ByteProgress
 
         control = self.control
-        pid = fork_child(self._worker, control)
         self._close(self.messages_w)  # (the worker's now: EOF when it exits)
         self._close(self.queue_w)
         try:
@@ -170,7 +182,7 @@ class _Pipeline:
 
     # ------------------------------------------------------------ in the forked worker
 
-    def _worker(self) -> None:
+    def worker(self) -> None:
         """Scan, hand the paths over, fork the other helpers, hash, report errors."""
         control, messages_w, queue, queue_w = self.control, self.messages_w, self.queue, self.queue_w
         os.close(self.messages)
@@ -193,16 +205,21 @@ class _Pipeline:
         digests_out, keys_out = output_views(out, n)
         helpers: dict[int, int] = {}  # pid -> read end of its error pipe
         for slot in range(2, self.workers):
-            err_r, err_w = os.pipe()
-
-            def helper(slot: int = slot, err_w: int = err_w) -> None:
+            def helper(err_w: int, slot: int = slot) -> None:
                 os.close(queue_w)
                 os.close(messages_w)
+                for sibling in helpers.values():  # its elder siblings' pipes, copied by the fork
+                    os.close(sibling)
                 errors = drain(tree.paths, queue, control, slot, digests_out, keys_out, None, self.root_fd)
                 _write_all(err_w, marshal.dumps(errors))
 
-            helpers[fork_child(helper, control)] = err_r
-            os.close(err_w)
+            try:
+                pid, err_r = start_worker(helper, control)
+            except OSError as e:
+                if not no_more_workers(e):
+                    raise
+                break  # at the account's limit: those started, the caller and this worker do it all
+            helpers[pid] = err_r
         feed(queue_w, _plan(None, n, self.workers))
         errors = drain(tree.paths, queue, control, 1, digests_out, keys_out, None, self.root_fd)
         for pid, err_r in helpers.items():

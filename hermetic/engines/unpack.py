@@ -7,7 +7,8 @@ reader that trusts nothing in the tar:
 * every entry is written beneath the layer's directory through directory
   descriptors, never by path: no parent component may be a link (``O_NOFOLLOW``
   on each), so nothing is written through a link; ``..`` and absolute names
-  are refused;
+  are refused; a handful of descriptors are open at a time, however deep or
+  wide the tree (a plain account's ``ulimit -n`` bounds no layer);
 * regular files, directories and symbolic links are made (a link's target is
   kept as written: it is resolved inside the container, never here); a hard
   link must name a file already unpacked in the same layer; device nodes and
@@ -89,8 +90,7 @@ def unpack_tar(stream, dest: Path, *, gzip: bool = False, what: str = "layer") -
 
     An uncompressed tar in a file is read in place: each file's bytes are copied by the kernel
     (copy_file_range), not through Python."""
-    dirs = _DirCache(os.open(dest, _DIR_FLAGS), what)
-    modes: dict[str, int] = {}  # a directory's path -> its final mode, set once everything is in
+    dirs = _Dirs(os.open(dest, _DIR_FLAGS), what)
     seekable = not gzip and hasattr(stream, "fileno")
     try:
         with tarfile.open(fileobj=stream, mode="r:" if seekable else ("r|gz" if gzip else "r|")) as tf:
@@ -102,54 +102,93 @@ def unpack_tar(stream, dest: Path, *, gzip: bool = False, what: str = "layer") -
                 parts = name.split("/")
                 if parts[0] == "dev" and (member.ischr() or member.isblk() or member.isfifo()):
                     continue
-                parent_fd = dirs.open("/".join(parts[:-1]), name)
-                _make(tf, member, parent_fd, parts[-1], dirs, name, what, modes, src_fd)
-        for path, mode in sorted(modes.items(), key=lambda kv: -kv[0].count("/")):
-            os.fchmod(dirs.open(path, path), mode)
+                parent_fd = dirs.get("/".join(parts[:-1]), name)
+                _make(tf, member, parent_fd, parts[-1], dirs, name, what, src_fd)
+        dirs.close_last()
+        # Deepest first: a directory's mode may take away the search permission that reaching those beneath
+        # it needs.
+        for path, mode in sorted(dirs.modes.items(), key=lambda kv: -kv[0].count("/")):
+            fd = dirs.open(path, path, create=False)
+            try:
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
     except tarfile.TarError as e:
         raise LayerRefused(f"{what}: not a tar archive hermetic can read ({e})") from None
     finally:
         dirs.close()
 
 
-class _DirCache:
-    """Open descriptors of the layer's directories by path ("" is the root), each opened from its parent
-    with O_NOFOLLOW: a path with a link (or a file) among its parents is refused, never followed."""
+class _Dirs:
+    """The layer's directories by path ("" is the root), each reached from the root one component at a
+    time with O_NOFOLLOW: a path with a link (or a file) among its parents is refused, never followed.
+
+    Only the root's descriptor and the last directory's stay open, so an unpack holds a handful of
+    descriptors however deep or wide the tree (one per directory ran past `ulimit -n` 1024 on Debian's base
+    layer). A tar lists a directory's entries together, so the last directory is mostly the next one's.
+    ``modes``: each directory's final mode, set once everything is in."""
 
     def __init__(self, root_fd: int, what: str) -> None:
-        self.fds: dict[str, int] = {"": root_fd}
+        self.root_fd = root_fd
         self.what = what
+        self.modes: dict[str, int] = {}
+        self._last: tuple[str, int] | None = None  # (path, descriptor) of the directory ``get`` gave last
+
+    def get(self, path: str, name: str) -> int:
+        """The directory ``path`` (made, with its parents, where missing), open until the next ``get``."""
+        if self._last is not None:
+            if self._last[0] == path:
+                return self._last[1]
+            self.close_last()
+        fd = self.open(path, name)
+        self._last = (path, fd)
+        return fd
 
     def open(self, path: str, name: str, create: bool = True) -> int:
-        fd = self.fds.get(path)
-        if fd is not None:
+        """A new descriptor of the directory ``path`` (the caller closes it); FileNotFoundError where a part
+        is missing and not ``create``. ``name`` is the entry it is for, for the error."""
+        fd = os.dup(self.root_fd)
+        if not path:
             return fd
-        parent, _, leaf = path.rpartition("/")
-        pfd = self.open(parent, name, create)
         try:
-            fd = os.open(leaf, _DIR_FLAGS, dir_fd=pfd)
-        except FileNotFoundError:
-            if not create:
-                raise
-            os.mkdir(leaf, 0o755, dir_fd=pfd)
-            fd = os.open(leaf, _DIR_FLAGS, dir_fd=pfd)
-        except OSError as e:
-            if e.errno not in (errno.ENOTDIR, errno.ELOOP):
-                raise
-            raise LayerRefused(f"{self.what}: entry {name!r} lies beneath {path!r}, which is not a directory in "
-                               "the layer (a link or a file): not unpacked through it") from None
-        self.fds[path] = fd
+            parts = path.split("/")
+            for i, part in enumerate(parts):
+                try:
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                        raise
+                    raise LayerRefused(f"{self.what}: entry {name!r} lies beneath {'/'.join(parts[:i + 1])!r}, which "
+                                       "is not a directory in the layer (a link or a file): not unpacked through "
+                                       "it") from None
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def forget(self, path: str) -> None:
         """A directory removed (and everything under it)."""
-        for p in [p for p in self.fds if p == path or p.startswith(path + "/")]:
-            os.close(self.fds.pop(p))
+        beneath = path + "/"
+        if self._last is not None and (self._last[0] == path or self._last[0].startswith(beneath)):
+            self.close_last()
+        for p in [p for p in self.modes if p == path or p.startswith(beneath)]:
+            del self.modes[p]
+
+    def close_last(self) -> None:
+        if self._last is not None:
+            os.close(self._last[1])
+            self._last = None
 
     def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
+        self.close_last()
+        os.close(self.root_fd)
 
 
 def _normal_name(raw: str, what: str) -> str | None:
@@ -165,62 +204,68 @@ def _normal_name(raw: str, what: str) -> str | None:
     return "/".join(p for p in parts if p != ".")
 
 
-def _clear(parent_fd: int, leaf: str, keep_dir: bool = False, dirs: "_DirCache | None" = None,
-           path: str = "") -> None:
-    """Whatever an earlier entry of the same name left (a tar may hold a name twice: the last wins)."""
+def _clear(dirs: _Dirs, parent_fd: int, leaf: str, path: str, keep_dir: bool = False) -> None:
+    """Whatever an earlier entry of the same name (``path``) left: a tar may hold a name twice, the last wins."""
     try:
         st = os.stat(leaf, dir_fd=parent_fd, follow_symlinks=False)
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(st.st_mode):
-        if keep_dir:
-            return
-        if dirs is not None:
-            dirs.forget(path)
-        fd = os.open(leaf, _DIR_FLAGS, dir_fd=parent_fd)
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(leaf, dir_fd=parent_fd)
+    elif not keep_dir:
+        dirs.forget(path)
+        _remove_tree(dirs, path)
+
+
+def _remove_tree(dirs: _Dirs, path: str) -> None:
+    """The directory ``path`` and everything in it, depth first, each directory reached again from the root:
+    a descriptor or two at a time however deep it goes. (Every directory is writable until the unpack ends:
+    modes are set last.)"""
+    todo = [path]
+    while todo:
+        here = todo[-1]
+        fd = dirs.open(here, here, create=False)
         try:
-            _remove_tree_at(fd)
+            with os.scandir(fd) as it:
+                entries = list(it)
+            subdirs = [f"{here}/{e.name}" for e in entries if e.is_dir(follow_symlinks=False)]
+            for e in entries:
+                if not e.is_dir(follow_symlinks=False):
+                    os.unlink(e.name, dir_fd=fd)
         finally:
             os.close(fd)
-        os.rmdir(leaf, dir_fd=parent_fd)
-    else:
-        os.unlink(leaf, dir_fd=parent_fd)
+        if subdirs:  # emptied first; ``here`` comes up again after them
+            todo += subdirs
+            continue
+        todo.pop()
+        parent, _, leaf = here.rpartition("/")
+        pfd = dirs.open(parent, here, create=False)
+        try:
+            os.rmdir(leaf, dir_fd=pfd)
+        finally:
+            os.close(pfd)
 
 
-def _remove_tree_at(fd: int) -> None:
-    os.fchmod(fd, 0o700)
-    for entry in os.scandir(fd):
-        if entry.is_dir(follow_symlinks=False):
-            sub = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
-            try:
-                _remove_tree_at(sub)
-            finally:
-                os.close(sub)
-            os.rmdir(entry.name, dir_fd=fd)
-        else:
-            os.unlink(entry.name, dir_fd=fd)
-
-
-def _make(tf: tarfile.TarFile, m: tarfile.TarInfo, parent_fd: int, leaf: str, dirs: _DirCache, name: str, what: str,
-          modes: dict[str, int], src_fd: int | None) -> None:
+def _make(tf: tarfile.TarFile, m: tarfile.TarInfo, parent_fd: int, leaf: str, dirs: _Dirs, name: str, what: str,
+          src_fd: int | None) -> None:
     if leaf == OPAQUE_MARKER:
         os.setxattr(parent_fd, OPAQUE_XATTR, b"y")
         return
     if leaf.startswith(WHITEOUT_PREFIX):
         hidden = leaf[len(WHITEOUT_PREFIX):]
-        _clear(parent_fd, hidden, dirs=dirs, path=name.rpartition("/")[0] + "/" + hidden if "/" in name else hidden)
+        _clear(dirs, parent_fd, hidden, name.rpartition("/")[0] + "/" + hidden if "/" in name else hidden)
         os.mknod(hidden, stat.S_IFCHR | 0o600, os.makedev(0, 0), dir_fd=parent_fd)
         return
     mode = m.mode & _MODE_BITS
     if m.isdir():
-        _clear(parent_fd, leaf, keep_dir=True)
+        _clear(dirs, parent_fd, leaf, name, keep_dir=True)
         try:
             os.mkdir(leaf, 0o755, dir_fd=parent_fd)
         except FileExistsError:
             pass
-        modes[name] = mode  # set last: a directory without write permission still gets its entries
+        dirs.modes[name] = mode  # set last: a directory without write permission still gets its entries
         return
-    _clear(parent_fd, leaf, dirs=dirs, path=name)
+    _clear(dirs, parent_fd, leaf, name)
     if m.isreg():
         fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=parent_fd)
@@ -241,18 +286,20 @@ def _make(tf: tarfile.TarFile, m: tarfile.TarInfo, parent_fd: int, leaf: str, di
         target = _normal_name(m.linkname, what)
         if target is None:
             raise LayerRefused(f"{what}: hard link {name!r} names no file")
-        tparts = target.split("/")
+        tdir_path, _, tleaf = target.rpartition("/")
         try:
-            tdir = dirs.open("/".join(tparts[:-1]), target, create=False)
+            tdir = dirs.open(tdir_path, target, create=False)
         except FileNotFoundError:
             raise LayerRefused(f"{what}: hard link {name!r} -> {m.linkname!r}: no such file in the layer") from None
         try:
-            st = os.stat(tparts[-1], dir_fd=tdir, follow_symlinks=False)
+            st = os.stat(tleaf, dir_fd=tdir, follow_symlinks=False)
             if not stat.S_ISREG(st.st_mode):
                 raise LayerRefused(f"{what}: hard link {name!r} -> {m.linkname!r} names no regular file")
-            os.link(tparts[-1], leaf, src_dir_fd=tdir, dst_dir_fd=parent_fd, follow_symlinks=False)
+            os.link(tleaf, leaf, src_dir_fd=tdir, dst_dir_fd=parent_fd, follow_symlinks=False)
         except FileNotFoundError:
             raise LayerRefused(f"{what}: hard link {name!r} -> {m.linkname!r}: no such file in the layer") from None
+        finally:
+            os.close(tdir)
     elif m.ischr() or m.isblk() or m.isfifo():
         kind = "FIFO" if m.isfifo() else "device node"
         raise LayerRefused(f"{what}: entry {name!r} is a {kind}; hermetic unpacks no {kind}s outside dev/")

@@ -28,6 +28,7 @@ from hermetic.indexes import PipSources
 from hermetic.lock.model import Lock, LockedWheel, ResolvedWheel, Target
 from hermetic.lock.tags import parse_wheel_name_version, wheel_priority
 from hermetic.store.wheels import StoredWheel, WheelStore
+from hermetic.workers import limit_reached
 
 _SDIST_SUFFIXES = (".tar.gz", ".zip", ".tar.bz2", ".tgz")
 _JSON_ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
@@ -334,7 +335,10 @@ def fetch(lock: Lock, store: WheelStore, sources: PipSources, *, jobs: int = 4,
 
     errors: list[HermeticError] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(one, w): w for w in missing}
+        try:
+            futures = {pool.submit(one, w): w for w in missing}  # (each submit may start a thread)
+        except RuntimeError as e:  # the downloads already started end first (the pool's exit waits for them)
+            raise limit_reached(e, "cannot start a download") or e
         for fut in as_completed(futures):
             if fut.cancelled():
                 continue
