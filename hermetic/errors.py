@@ -29,7 +29,7 @@ EXIT_NOINPUT = 66        # EX_NOINPUT: a named thing does not exist (run, image,
 EXIT_UNAVAILABLE = 69    # EX_UNAVAILABLE: a service or tool is missing or unreachable (Docker Engine, GPU runtime,
                          # registry, MLflow, mmdebstrap, an optional extra), or the GPU cannot run the image
 EXIT_SOFTWARE = 70       # EX_SOFTWARE: a bug in hermetic, or an incomplete installation (traceback printed)
-EXIT_OSERR = 71          # EX_OSERR: a worker process died (out of memory?)
+EXIT_OSERR = 71          # EX_OSERR: no process, thread or descriptor to be had (ulimit -u, -n), or a worker died
 EXIT_CANTCREAT = 73      # EX_CANTCREAT: an output cannot be created or kept: a file exists (--force), the disk
                          # (or the quota) is full, or hermetic failed a run the script finished (limit broken,
                          # outputs not kept as written)

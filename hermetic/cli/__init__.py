@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         _exit(errors.EXIT_BROKEN_PIPE, fast)
     except OSError as e:
+        if limited := _limit_reached(e):
+            _print_error(limited.message, limited.hint)
+            _exit(limited.exit_code, fast)
         if not errors.is_disk_full(e):
             _internal_error()
             _exit(errors.EXIT_SOFTWARE, fast)
@@ -128,10 +131,20 @@ def main(argv: list[str] | None = None) -> None:
         _print_error(full.message if full.filename else f"{full.message} (the write that failed named no file)",
                      full.hint)
         _exit(full.exit_code, fast)
-    except Exception:
+    except Exception as e:
+        if limited := _limit_reached(e):  # threading's "can't start new thread"
+            _print_error(limited.message, limited.hint)
+            _exit(limited.exit_code, fast)
         _internal_error()
         _exit(errors.EXIT_SOFTWARE, fast)
     _exit(rv if isinstance(rv, int) else 0, fast)
+
+
+def _limit_reached(e: BaseException):
+    """A process or descriptor limit no code path named (``ulimit -n``, ``ulimit -u``): one line, exit 71."""
+    from hermetic.workers import limit_reached
+
+    return limit_reached(e, "hermetic")
 
 
 def _internal_error() -> None:
