@@ -121,11 +121,8 @@ def test_cpu_torch_with_gpus_warns():
 
 # -- comparing two runs' hardware (hermetic.diff.compare judges it) ----------------------
 
-INV = {"gpus": "all"}
-
-
 def gpu_diff(a: dict, b: dict):
-    return compare_gpu(a["hardware"], b["hardware"], INV, INV)
+    return compare_gpu(a["hardware"], b["hardware"], "all", "all")  # both with --gpus all
 
 
 def test_same_hardware_has_no_differences():

@@ -220,78 +220,78 @@ def _line(label: str, text: str) -> str:
     return f"  {click.style(label.ljust(9), bold=True)} {text}"
 
 
-def format_record(r: dict[str, Any], run_dir: Path, check: Any = None) -> str:
+def format_record(record: dict[str, Any], run_dir: Path, check: Any = None) -> str:
     """The record in lines; ``check``: what rehashing the outputs found (hermetic.record.verify.OutputsCheck),
     None when they were not rehashed."""
-    meta, inv, img, code = r["record"], r["invocation"], r["image"], r["code"]
-    colour = _STATUS_COLOUR.get(meta["status"])
-    exit_text = f", exit {meta['exit_code']}" if meta["exit_code"] is not None else ""
-    lines = [click.style(f"run {meta['run_id']}", bold=True) + "  "
-             + click.style(f"{meta['status']}{exit_text}", fg=colour)]
-    finished = f"   finished {meta['finished_at']}" if meta["finished_at"] else ""
-    lines.append(_line("started", meta["started_at"] + finished))
-    if meta.get("reason"):
-        lines.append(_line("reason", meta["reason"]))
-    limits = inv.get("limits")
-    if limits:
-        lines.append(_line("limits", f"pids {limits['pids'] or 'unlimited'}, memory {limits['memory'] or 'unlimited'}"
+    from hermetic.record.view import view
+
+    r = view(record)
+    meta, inv, img, code = r.record, r.invocation, r.image, r.code
+    exit_text = f", exit {meta.exit_code}" if meta.exit_code is not None else ""
+    lines = [click.style(f"run {meta.run_id}", bold=True) + "  "
+             + click.style(f"{meta.status}{exit_text}", fg=_STATUS_COLOUR.get(meta.status))]
+    finished = f"   finished {meta.finished_at}" if meta.finished_at else ""
+    lines.append(_line("started", meta.started_at + finished))
+    if meta.reason:
+        lines.append(_line("reason", meta.reason))
+    if inv.limits:
+        lines.append(_line("limits", f"pids {inv.limits.pids or 'unlimited'}, memory {inv.limits.memory or 'unlimited'}"
                            " (run.pids, run.memory)"))
-    extra = "".join(f"  [{k} {inv[k]}]" for k in ("name", "group", "replay_of") if inv[k])
-    lines.append(_line("command", " ".join(inv["argv"]) + extra))
-    cuda = ", ".join(f"{k} {v}" for k, v in img["cuda"].items() if v)
-    lines.append(_line("image", f"{img['id']}  ({len(img['packages'])} packages, base {img['base']}"
+    extra = "".join(f"  [{k} {v}]" for k, v in (("name", inv.name), ("group", inv.group), ("replay_of", inv.replay_of))
+                    if v)
+    lines.append(_line("command", " ".join(inv.argv) + extra))
+    cuda = ", ".join(f"{k} {v}" for k, v in img.cuda.items() if v)
+    lines.append(_line("image", f"{img.id}  ({len(img.packages)} packages, base {img.base}"
                        + (f"; {cuda}" if cuda else "") + ")"))
-    lines.append(_line("", f"manifest {img['manifest_digest']}" + "".join(f"; {d}" for d in img["repo_digests"])))
-    snap, git = code["snapshot"], code["git"]
+    lines.append(_line("", f"manifest {img.manifest_digest}" + "".join(f"; {d}" for d in img.repo_digests)))
+    snap, git = code.snapshot, code.git
     git_text = "not a git checkout" if git is None else (
-        f"commit {str(git['commit'])[:12]}" + (f" on {git['branch']}" if git["branch"] else "")
-        + (f", dirty ({git['diff_file'] or 'no patch'}; {len(git['untracked'])} untracked)" if git["dirty"]
-           else ", clean"))
-    lines.append(_line("code", f"source {snap['sha256'][:16]} ({len(snap['files'])} files); {git_text}"))
-    lines.append(_line("config", f"sha256 {inv['config_sha256'][:16]}; {inv['script']} {' '.join(inv['args'])}"
-                       + f"; network {inv['network']}" + (f"; --gpus {inv['gpus']}" if inv["gpus"] else "")))
-    if not r["data"]:
+        f"commit {str(git.commit)[:12]}" + (f" on {git.branch}" if git.branch else "")
+        + (f", dirty ({git.diff_file or 'no patch'}; {len(git.untracked)} untracked)" if git.dirty else ", clean"))
+    lines.append(_line("code", f"source {snap.sha256[:16]} ({len(snap.files)} files); {git_text}"))
+    lines.append(_line("config", f"sha256 {inv.config_sha256[:16]}; {inv.script} {' '.join(inv.args)}"
+                       + f"; network {inv.network}" + (f"; --gpus {inv.gpus}" if inv.gpus else "")))
+    if not r.data:
         lines.append(_line("data", "none"))
-    for name, ds in sorted(r["data"].items()):
-        lines.append(_line("data", f"{name} {ds['manifest_sha256'][:16]}  {ds['count']} files, {ds['bytes']} bytes, "
-                           f"{ds['path']} -> {', '.join(ds.get('mounts') or [ds['mount']])} ({ds['verify_mode']})"))
-    if inv.get("resume_from"):
-        lines.append(_line("resumed", f"from run {inv['resume_from']}'s outputs (checked against its record)"))
+    for name, ds in sorted(r.data.items()):
+        lines.append(_line("data", f"{name} {ds.manifest_sha256[:16]}  {ds.count} files, {ds.bytes} bytes, "
+                           f"{ds.path} -> {', '.join(map(str, ds.seen_at))} ({ds.verify_mode})"))
+    if inv.resume_from:
+        lines.append(_line("resumed", f"from run {inv.resume_from}'s outputs (checked against its record)"))
     from hermetic.record.build import reseeded_text
 
-    reseed = reseeded_text(r["seed"].get("reseeded") or {})  # the seed used, when the script chose its own
-    lines.append(_line("seed", f"{r['seed']['value']} (from {r['seed']['policy']}); " + (f"{reseed}; " if reseed else "")
-                       + _seeded_text(r["seed"]["applied"])))
-    env = r["env"]
-    env_text = " ".join(f"{k}={v}" for k, v in sorted({**env["determinism"], **env["passed"]}.items())) or "-"
-    if env["secrets"]:
-        env_text += f"  secrets (names only): {', '.join(env['secrets'])}"
+    seed = r.seed
+    reseed = reseeded_text(seed.reseeded or {})  # the seed used, when the script chose its own
+    lines.append(_line("seed", f"{seed.value} (from {seed.policy}); " + (f"{reseed}; " if reseed else "")
+                       + _seeded_text(seed.applied)))
+    env_text = " ".join(f"{k}={v}" for k, v in sorted({**r.env.determinism, **r.env.passed}.items())) or "-"
+    if r.env.secrets:
+        env_text += f"  secrets (names only): {', '.join(r.env.secrets)}"
     lines.append(_line("env", env_text))
-    if r.get("distributed"):
-        d = r["distributed"]
-        seeds = ", ".join(f"{x['rank']}:{x['seed']}@{x['device']}" for x in d["ranks"][:4])
-        lines.append(_line("ranks", f"world size {d['world_size']} ({d['nnodes']} node(s) x {d['nproc_per_node']}), "
-                           f"{d['backend']} {d['backend_version'] or ''}".rstrip() + f"; rank:seed@device {seeds}"
-                           + (" ..." if len(d["ranks"]) > 4 else "")))
-    if r.get("slurm"):
-        sl = r["slurm"]
+    if r.distributed:
+        d = r.distributed
+        seeds = ", ".join(f"{x.rank}:{x.seed}@{x.device}" for x in d.ranks[:4])
+        lines.append(_line("ranks", f"world size {d.world_size} ({d.nnodes} node(s) x {d.nproc_per_node}), "
+                           f"{d.backend} {d.backend_version or ''}".rstrip() + f"; rank:seed@device {seeds}"
+                           + (" ..." if len(d.ranks) > 4 else "")))
+    if r.slurm:
+        sl = r.slurm
         array = f" (array {sl['array_job_id']}_{sl['array_task_id']})" if sl["array_job_id"] is not None else ""
         pulled = f"; image pulled from {sl['image_pulled_from']}" if sl.get("image_pulled_from") else ""
         lines.append(_line("slurm", f"job {sl['job_id']}{array} on {sl['node']}, partition {sl['partition']}, "
                            f"{sl['container']}{pulled}"))
-    lines.append(_line("software", _software_text(r["software"], r["seed"]["applied"])))
-    lines.append(_line("hardware", _hardware_text(r["hardware"])))
-    files = r["outputs"]["files"]
-    volatile = set(r["outputs"].get("volatile") or [])
+    lines.append(_line("software", _software_text(r.software, seed.applied)))
+    lines.append(_line("hardware", _hardware_text(r.hardware)))
+    files, volatile = r.outputs.files, set(r.outputs.volatile or [])
     names = sorted(files, key=lambda p: (p in volatile, p))
     shown = ", ".join(p + (" (volatile)" if p in volatile else "") for p in names[:4])
     shown += f", +{len(names) - 4} more" if len(names) > 4 else ""
-    lines.append(_line("outputs", f"{len(files)} files, {sum(f['size'] for f in files.values())} bytes"
+    lines.append(_line("outputs", f"{len(files)} files, {sum(f.size for f in files.values())} bytes"
                        + (f": {shown}" if names else "")))
-    m = r["metrics"]
-    metric_text = ", ".join(f"{k}={_num(v)}" for k, v in m["final"].items()) or "none"
-    lines.append(_line("metrics", metric_text + (f"  (steps {m['steps']})" if m["steps"] is not None else "")))
-    lines.append(_line("record", f"{run_dir}/run.json  sha256 {meta['record_sha256'][:16]}  (seal verified; "
+    metric_text = ", ".join(f"{k}={_num(v)}" for k, v in r.metrics.final.items()) or "none"
+    steps = r.metrics.steps
+    lines.append(_line("metrics", metric_text + (f"  (steps {steps})" if steps is not None else "")))
+    lines.append(_line("record", f"{run_dir}/run.json  sha256 {meta.record_sha256[:16]}  (seal verified; "
                        + _rehash_text(check) + ")"))
     return "\n".join(lines)
 

@@ -24,30 +24,32 @@ from hermetic.diff.groups import GroupDiff, compare_group_metrics, decide_groups
 from hermetic.diff.manifests import read_manifest_file
 from hermetic.diff.model import LogsDiff, RunDiff
 from hermetic.diff.verdict import decide
+from hermetic.record.view import Run, view
 
 DEFAULT_RTOL = 1e-5  # numpy.isclose's defaults
 DEFAULT_ATOL = 1e-8
 
 
-def diff_records(a: dict[str, Any], b: dict[str, Any], *, manifests_a: dict[str, Any] | None = None,
+def diff_records(a: dict[str, Any] | Run, b: dict[str, Any] | Run, *, manifests_a: dict[str, Any] | None = None,
                  manifests_b: dict[str, Any] | None = None, rtol: float = DEFAULT_RTOL,
                  atol: float = DEFAULT_ATOL, label_a: str | None = None, label_b: str | None = None,
                  read_contents: Callable[[Iterable[str]], dict[str, Any]] | None = None) -> RunDiff:
-    """Compare two loaded records; ``manifests_*`` map dataset name -> {path: sha256} (per-file detail);
-    ``read_contents(paths)``: what differs inside the changed output files (hermetic.diff.contents), when the
-    run directories are at hand."""
+    """Compare two loaded records (or their views, hermetic.record.view); ``manifests_*`` map dataset name ->
+    {path: sha256} (per-file detail); ``read_contents(paths)``: what differs inside the changed output files
+    (hermetic.diff.contents), when the run directories are at hand."""
+    a, b = (r if isinstance(r, Run) else view(r) for r in (a, b))
     sections = compare_sections(a, b, manifests_a or {}, manifests_b or {})
     outputs = compare_outputs(a, b, rtol=rtol, atol=atol)
     if read_contents is not None:
         outputs.contents = read_contents([f.path for f in outputs.files if f.status == "changed"])
     verdict = decide(sections, outputs, a, b)
-    return RunDiff(label_a or a["record"]["run_id"], label_b or b["record"]["run_id"], sections, outputs, verdict,
+    return RunDiff(label_a or a.record.run_id, label_b or b.record.run_id, sections, outputs, verdict,
                    {"rtol": rtol, "atol": atol})
 
 
-def run_manifests(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+def run_manifests(run_dir: Path, record: Run) -> dict[str, Any]:
     """The dataset manifest copies kept in the run dir (None for a missing one)."""
-    return {name: read_manifest_file(run_dir / ds["manifest_file"]) for name, ds in record["data"].items()}
+    return {name: read_manifest_file(run_dir / ds.manifest_file) for name, ds in record.data.items()}
 
 
 def diff_runs(dir_a: str | Path, dir_b: str | Path, *, rtol: float = DEFAULT_RTOL,
@@ -65,8 +67,9 @@ def diff_runs(dir_a: str | Path, dir_b: str | Path, *, rtol: float = DEFAULT_RTO
 
         return compare_contents(da, db, a["outputs"]["files"], b["outputs"]["files"], paths)
 
-    d = diff_records(a, b, manifests_a=run_manifests(da, a), manifests_b=run_manifests(db, b), rtol=rtol, atol=atol,
-                     read_contents=read_contents)
+    va, vb = view(a), view(b)
+    d = diff_records(va, vb, manifests_a=run_manifests(da, va), manifests_b=run_manifests(db, vb), rtol=rtol,
+                     atol=atol, read_contents=read_contents)
     d.logs = compare_logs(da, db)
     return d
 
@@ -99,8 +102,8 @@ def diff_groups(dir_a: str | Path, dir_b: str | Path) -> GroupDiff:
     inputs = []
     ra, rb = _first_member(da, ga, notes), _first_member(db, gb, notes)
     if ra is not None and rb is not None:
-        ma = run_manifests(da.parent / ra["record"]["run_id"], ra)
-        mb = run_manifests(db.parent / rb["record"]["run_id"], rb)
+        ma = run_manifests(da.parent / ra.record.run_id, ra)
+        mb = run_manifests(db.parent / rb.record.run_id, rb)
         inputs = [s for s in compare_sections(ra, rb, ma, mb) if s.name != "seed"]
     for g, label in ((ga, "A"), (gb, "B")):
         if g["inputs"]["mixed"]:
@@ -113,13 +116,13 @@ def diff_groups(dir_a: str | Path, dir_b: str | Path) -> GroupDiff:
     return GroupDiff(ga["group"]["group_id"], gb["group"]["group_id"], metrics, inputs, verdict, notes)
 
 
-def _first_member(group_dir: Path, group: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
+def _first_member(group_dir: Path, group: dict[str, Any], notes: list[str]) -> Run | None:
     from hermetic.errors import HermeticError
     from hermetic.record.rundir import load_record
 
     members = [m for m in group["members"] if m["status"] == "succeeded"] or group["members"]
     try:
-        return load_record(group_dir.parent / members[0]["run_id"])
+        return view(load_record(group_dir.parent / members[0]["run_id"]))
     except HermeticError as e:
         notes.append(f"inputs not compared: {e}")
         return None

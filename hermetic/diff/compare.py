@@ -22,6 +22,7 @@ from hermetic.determinism import SEED_KEY
 from hermetic.diff.distributed import compare_distributed
 from hermetic.diff.manifests import compare_manifests
 from hermetic.diff.model import Change, FileComparison, MetricComparison, OutputsDiff, SectionDiff
+from hermetic.record.view import Code, DataChanged, Env, Image, Invocation, Run, Seed
 from hermetic.seedargs import differ_only_by_seed, filled_template, has_placeholder
 
 INPUT_SECTIONS = ("image", "code", "config", "data", "seed", "env")
@@ -130,48 +131,43 @@ def files_changes(section: str, a: dict[str, str], b: dict[str, str], *, what: s
 
 # --- inputs ---------------------------------------------------------------------------------------
 
-def compare_image(a: Json, b: Json) -> SectionDiff:
-    s = SectionDiff("image", TITLES["image"], "input", same_as=short(a["id"]))
-    pa = {p["name"].lower(): p for p in a["packages"]}
-    pb = {p["name"].lower(): p for p in b["packages"]}
+def compare_image(a: Image, b: Image) -> SectionDiff:
+    s = SectionDiff("image", TITLES["image"], "input", same_as=short(a.id))
+    pa = {p.name.lower(): p for p in a.packages}
+    pb = {p.name.lower(): p for p in b.packages}
     for name in sorted(pa.keys() | pb.keys()):
         x, y = pa.get(name), pb.get(name)
         if x and y:
-            if x["version"] != y["version"]:
+            if x.version != y.version:
                 s.changes.append(Change("image", f"packages.{name}", "changed", x, y,
-                                        f"{name} {x['version']} -> {y['version']}"))
-            elif x["sha256"] != y["sha256"] or x["filename"] != y["filename"]:
-                s.changes.append(Change("image", f"packages.{name}", "changed", x, y,
-                                        f"{name} {x['version']} other wheel ({short(x['sha256'], 8)} -> "
-                                        f"{short(y['sha256'], 8)})"))
+                                        f"{name} {x.version} -> {y.version}"))
+            elif x.sha256 != y.sha256 or x.filename != y.filename:
+                s.changes.append(Change("image", f"packages.{name}", "changed", x, y, f"{name} {x.version} other "
+                                        f"wheel ({short(x.sha256, 8)} -> {short(y.sha256, 8)})"))
         elif y:
-            s.changes.append(Change("image", f"packages.{name}", "added", None, y, f"{name} {y['version']} added"))
+            s.changes.append(Change("image", f"packages.{name}", "added", None, y, f"{name} {y.version} added"))
         elif x:
-            s.changes.append(Change("image", f"packages.{name}", "removed", x, None,
-                                    f"{name} {x['version']} removed"))
-    if a["base"] != b["base"]:
-        s.changes.append(Change("image", "base", "changed", a["base"], b["base"],
-                                f"base {short(a['base'])} -> {short(b['base'])}"))
-    if a["lock_sha256"] != b["lock_sha256"]:
-        s.changes.append(Change("image", "lock_sha256", "changed", a["lock_sha256"], b["lock_sha256"],
-                                f"lock {short(a['lock_sha256'])} -> {short(b['lock_sha256'])}",
-                                headline=not s.changes))
-    s.changes += diff_flat("image", a["cuda"], b["cuda"], prefix="cuda")
+            s.changes.append(Change("image", f"packages.{name}", "removed", x, None, f"{name} {x.version} removed"))
+    if a.base != b.base:
+        s.changes.append(Change("image", "base", "changed", a.base, b.base, f"base {short(a.base)} -> {short(b.base)}"))
+    if a.lock_sha256 != b.lock_sha256:
+        s.changes.append(Change("image", "lock_sha256", "changed", a.lock_sha256, b.lock_sha256,
+                                f"lock {short(a.lock_sha256)} -> {short(b.lock_sha256)}", headline=not s.changes))
+    s.changes += diff_flat("image", a.cuda, b.cuda, prefix="cuda")
     # Labels that restate another section are listed, not causes: the config's hash (the config section
     # names the key that changed), the lock's and the base's digests (said above).
-    s.changes += diff_flat("image", a["labels"], b["labels"], prefix="labels",
-                           material=lambda k: k not in _RESTATING_LABELS)
-    same_id = a["id"] == b["id"]
+    s.changes += diff_flat("image", a.labels, b.labels, prefix="labels", material=lambda k: k not in _RESTATING_LABELS)
+    same_id = a.id == b.id
     if not same_id:
-        s.changes.append(Change("image", "id", "changed", a["id"], b["id"],
-                                f"image {short(a['id'])} -> {short(b['id'])}", headline=False))
-    if a["manifest_digest"] != b["manifest_digest"]:
+        s.changes.append(Change("image", "id", "changed", a.id, b.id, f"image {short(a.id)} -> {short(b.id)}",
+                                headline=False))
+    if a.manifest_digest != b.manifest_digest:
         # Same config (ID) but another manifest: the same image stored another way (e.g. compressed).
-        s.changes.append(Change("image", "manifest_digest", "changed", a["manifest_digest"], b["manifest_digest"],
-                                f"manifest {short(a['manifest_digest'])} -> {short(b['manifest_digest'])}",
+        s.changes.append(Change("image", "manifest_digest", "changed", a.manifest_digest, b.manifest_digest,
+                                f"manifest {short(a.manifest_digest)} -> {short(b.manifest_digest)}",
                                 material=not same_id, headline=False))
-    if sorted(a["repo_digests"]) != sorted(b["repo_digests"]):
-        s.changes.append(Change("image", "repo_digests", "changed", a["repo_digests"], b["repo_digests"],
+    if sorted(a.repo_digests) != sorted(b.repo_digests):
+        s.changes.append(Change("image", "repo_digests", "changed", a.repo_digests, b.repo_digests,
                                 "pushed under other names", material=False))
     if same_id:
         # The ID is the digest of the image config, which names every layer: equal IDs mean
@@ -190,63 +186,63 @@ def _only_config_changed(changes: list[Change]) -> bool:
     return "labels.org.hermetic.config.sha256" in {c.key for c in changes} and keys <= {"id", "manifest_digest"}
 
 
-def compare_code(a: Json, b: Json, restated: frozenset[str] = frozenset()) -> SectionDiff:
+def compare_code(a: Code, b: Code, restated: frozenset[str] = frozenset()) -> SectionDiff:
     """``restated``: files in the tree whose content other sections judge (hermetic.yaml
     is the config section, the lock and hermetic.image.json are the image section)."""
-    sa, sb = a["snapshot"], b["snapshot"]
-    s = SectionDiff("code", TITLES["code"], "input", same_as=f"source {short(sa['sha256'])}")
+    sa, sb = a.snapshot, b.snapshot
+    s = SectionDiff("code", TITLES["code"], "input", same_as=f"source {short(sa.sha256)}")
     files = [dataclasses.replace(c, material=c.key not in restated)
-             for c in files_changes("code", sa["files"], sb["files"], prefix="")]
+             for c in files_changes("code", sa.files, sb.files, prefix="")]
     # The code differs when a file other sections do not judge differs (or the tree does, with no file
     # named): a commit that changed only hermetic.yaml's run.outputs.volatile is the config's change, not code.
-    tree_differs = any(c.material for c in files) or (not files and sa["sha256"] != sb["sha256"])
+    tree_differs = any(c.material for c in files) or (not files and sa.sha256 != sb.sha256)
     s.changes += files
-    if sa["sha256"] != sb["sha256"]:
+    if sa.sha256 != sb.sha256:
         # The tree's digest restates its files: when only restated ones changed (hermetic.yaml's run.pids,
         # say), the config or image section names the change, not the code.
         restating = bool(files) and not any(c.material for c in files)
-        s.changes.append(Change("code", "snapshot.sha256", "changed", sa["sha256"], sb["sha256"],
-                                f"source tree {short(sa['sha256'])} -> {short(sb['sha256'])}", not restating,
+        s.changes.append(Change("code", "snapshot.sha256", "changed", sa.sha256, sb.sha256,
+                                f"source tree {short(sa.sha256)} -> {short(sb.sha256)}", not restating,
                                 headline=False))
     # Git says where the bytes came from; the snapshot is the bytes. Git differences matter
     # only when the trees differ (an amended commit message changes nothing that runs).
-    ga, gb = a["git"], b["git"]
-    if (ga is None) != (gb is None):
-        s.changes.append(Change("code", "git", "changed", ga, gb,
-                                "git checkout -> no git" if gb is None else "no git -> git checkout", tree_differs))
-    elif ga is not None:
-        for key in ("commit", "dirty", "diff_sha256", "branch"):
-            if ga[key] != gb[key]:
-                label = {"commit": "commit", "dirty": "uncommitted changes", "diff_sha256": "patch",
-                         "branch": "branch"}[key]
-                s.changes.append(Change("code", f"git.{key}", "changed", ga[key], gb[key],
-                                        f"{label} {short(ga[key], 10)} -> {short(gb[key], 10)}",
-                                        tree_differs and key != "branch"))
-        s.changes += files_changes("code", ga["untracked"], gb["untracked"], what="untracked ",
-                                   material=tree_differs, prefix="git.untracked.")
-    if ga and ga.get("commit"):
-        s.same_as += f", commit {str(ga['commit'])[:10]}"
+    ga, gb = a.git, b.git
+    if ga and ga.commit:
+        s.same_as += f", commit {str(ga.commit)[:10]}"
+    if ga is None or gb is None:
+        if ga is not gb:
+            s.changes.append(Change("code", "git", "changed", ga, gb,
+                                    "git checkout -> no git" if gb is None else "no git -> git checkout", tree_differs))
+        return s
+    fields = (("commit", "commit", ga.commit, gb.commit), ("dirty", "uncommitted changes", ga.dirty, gb.dirty),
+              ("diff_sha256", "patch", ga.diff_sha256, gb.diff_sha256), ("branch", "branch", ga.branch, gb.branch))
+    for key, label, x, y in fields:
+        if x != y:
+            s.changes.append(Change("code", f"git.{key}", "changed", x, y, f"{label} {short(x, 10)} -> {short(y, 10)}",
+                                    tree_differs and key != "branch"))
+    s.changes += files_changes("code", ga.untracked, gb.untracked, what="untracked ", material=tree_differs,
+                               prefix="git.untracked.")
     return s
 
 
-def _restated_files(a: Json, b: Json) -> frozenset[str]:
+def _restated_files(a: Run, b: Run) -> frozenset[str]:
     from hermetic.provenance import PROVENANCE_FILE
 
     names = {"hermetic.yaml", "hermetic.image.json", PROVENANCE_FILE}  # the provenance restates the image
     for rec in (a, b):
-        lock = (rec.get("invocation", {}).get("config") or {}).get("lock")
+        lock = rec.invocation.config.get("lock")
         if isinstance(lock, str):
             names.add(lock)
     return frozenset(names)
 
 
-def compare_config(a_inv: Json, b_inv: Json, seed_a: Any = None, seed_b: Any = None, *,
+def compare_config(a_inv: Invocation, b_inv: Invocation, seed_a: Any = None, seed_b: Any = None, *,
                    both_succeeded: bool = False) -> SectionDiff:
     """``seed_a``/``seed_b``: the runs' seeds. Arguments that are one template (``--seed {seed}``) filled in
     with each run's own seed are compared by the template: the seed section says how they differ.
     ``both_succeeded``: a changed limit (run.pids, run.memory) is then listed, not a cause."""
-    s = SectionDiff("config", TITLES["config"], "input", same_as=f"config {short(a_inv['config_sha256'])}")
-    for c in diff_flat("config", a_inv["config"], b_inv["config"], material=lambda k: not _CONFIG_RESTATED.match(k)):
+    s = SectionDiff("config", TITLES["config"], "input", same_as=f"config {short(a_inv.config_sha256)}")
+    for c in diff_flat("config", a_inv.config, b_inv.config, material=lambda k: not _CONFIG_RESTATED.match(k)):
         if _COMPARISON_KEYS.match(c.key):
             c = dataclasses.replace(c, material=False, note=c.note + " (steers hermetic's comparison, not the script)")
         elif c.key in _LIMIT_KEYS:
@@ -255,42 +251,42 @@ def compare_config(a_inv: Json, b_inv: Json, seed_a: Any = None, seed_b: Any = N
                                     note=note + (" (a limit: both runs succeeded within it)" if both_succeeded else
                                                  " (the container's limit)"))
         s.changes.append(c)
-    if a_inv["args"] != b_inv["args"] and not differ_only_by_seed(a_inv, seed_a, b_inv, seed_b):
-        def tokens(inv: Json, seed: Any) -> tuple[list[str], str]:  # as typed: `--seed {seed}`, not `--seed 0`
-            template = filled_template(inv, seed)
+    if a_inv.args != b_inv.args and not differ_only_by_seed(_args(a_inv), seed_a, _args(b_inv), seed_b):
+        def tokens(inv: Invocation, seed: Any) -> tuple[list[str], str]:  # as typed: `--seed {seed}`, not `--seed 0`
+            template = filled_template(_args(inv), seed)
             if template is not None and has_placeholder(template):
                 return list(template), " ".join(a if "{" in a else shlex.quote(a) for a in template)
-            return list(inv["args"]), shlex.join(inv["args"])
+            return list(inv.args), shlex.join(inv.args)
 
         (ta, whole_a), (tb, whole_b) = tokens(a_inv, seed_a), tokens(b_inv, seed_b)
         note = (f"arguments '{whole_a}' -> '{whole_b}'" if len(whole_a) + len(whole_b) <= ARGS_SHOWN_WHOLE
                 else f"arguments: {changed_tokens(ta, tb)}")
-        s.changes.append(Change("config", "args", "changed", a_inv["args"], b_inv["args"], note))
-    for key in ("script", "network", "resume_from"):
-        if a_inv.get(key) != b_inv.get(key):
-            s.changes.append(Change("config", key, "changed", a_inv.get(key), b_inv.get(key),
-                                    f"{key} {short(a_inv.get(key))} -> {short(b_inv.get(key))}"))
-    if a_inv["config_sha256"] != b_inv["config_sha256"] and not s.changes:
-        s.changes.append(Change("config", "config_sha256", "changed", a_inv["config_sha256"],
-                                b_inv["config_sha256"], "config sha256 differs", False))
+        s.changes.append(Change("config", "args", "changed", a_inv.args, b_inv.args, note))
+    for key, x, y in (("script", a_inv.script, b_inv.script), ("network", a_inv.network, b_inv.network),
+                      ("resume_from", a_inv.resume_from, b_inv.resume_from)):
+        if x != y:
+            s.changes.append(Change("config", key, "changed", x, y, f"{key} {short(x)} -> {short(y)}"))
+    if a_inv.config_sha256 != b_inv.config_sha256 and not s.changes:
+        s.changes.append(Change("config", "config_sha256", "changed", a_inv.config_sha256, b_inv.config_sha256,
+                                "config sha256 differs", False))
     return s
 
 
-def _engine_change(a_inv: Json, b_inv: Json) -> Change | None:
+def _args(inv: Invocation) -> dict[str, Any]:
+    """The arguments as hermetic.seedargs reads them."""
+    return {"args": inv.args, "args_template": inv.args_template}
+
+
+def _engine_change(a_inv: Invocation, b_inv: Invocation) -> Change | None:
     """The engine that ran the container (invocation.engine; a record without one ran on the Docker Engine), as a
     difference of the host: another engine is one (the machine differs), another version of it is listed only."""
-    def said(inv: Json) -> tuple[str, str]:
-        e = inv.get("engine") or {}
-        return str(e.get("name") or "docker"), str(e.get("version") or "?")
-
-    (an, av), (bn, bv) = said(a_inv), said(b_inv)
-    if (an, av) == (bn, bv) or (not a_inv.get("engine") and not b_inv.get("engine")):
+    ea, eb = a_inv.engine, b_inv.engine
+    (an, av), (bn, bv) = [(str(e.name or "docker"), str(e.version or "?")) if e else ("docker", "?") for e in (ea, eb)]
+    if (an, av) == (bn, bv) or (not ea and not eb):
         return None
-    if not a_inv.get("engine") or not b_inv.get("engine"):
-        if an == bn:
-            return None  # an older record: Docker, version not recorded
-    return Change("cpu", "engine", "changed", a_inv.get("engine"), b_inv.get("engine"),
-                  f"engine {an} {av} -> {bn} {bv}", an != bn)
+    if (not ea or not eb) and an == bn:
+        return None  # an older record: Docker, version not recorded
+    return Change("cpu", "engine", "changed", ea, eb, f"engine {an} {av} -> {bn} {bv}", an != bn)
 
 
 def changed_tokens(a: list[str], b: list[str]) -> str:
@@ -316,81 +312,79 @@ def changed_tokens(a: list[str], b: list[str]) -> str:
     return "; ".join(parts) + f" (the other {same} token{'s' if same != 1 else ''} the same)"
 
 
-def compare_data(a: Json, b: Json, manifests_a: Manifests, manifests_b: Manifests) -> SectionDiff:
-    s = SectionDiff("data", TITLES["data"], "input",
-                    same_as=", ".join(f"{n} {short(d['manifest_sha256'], 8)}" for n, d in sorted(a.items())) or "none")
-    for name in sorted(a.keys() | b.keys()):
-        x, y = a.get(name), b.get(name)
+def compare_data(a: Run, b: Run, manifests_a: Manifests, manifests_b: Manifests) -> SectionDiff:
+    s = SectionDiff("data", TITLES["data"], "input", same_as=", ".join(
+        f"{n} {short(d.manifest_sha256, 8)}" for n, d in sorted(a.data.items())) or "none")
+    for name in sorted(a.data.keys() | b.data.keys()):
+        x, y = a.data.get(name), b.data.get(name)
         if x is None or y is None:
             kind = "added" if x is None else "removed"
-            s.changes.append(Change("data", name, kind, x, y, f"dataset {name} {kind}"))
+            # the dataset as recorded (asdict of its view would add the optional keys an older record lacks)
+            s.changes.append(Change("data", name, kind, a.json["data"].get(name), b.json["data"].get(name),
+                                    f"dataset {name} {kind}"))
             continue
-        if x["manifest_sha256"] != y["manifest_sha256"]:
+        if x.manifest_sha256 != y.manifest_sha256:
             ma, mb = manifests_a.get(name), manifests_b.get(name)
             if ma is not None and mb is not None:
                 per_file = files_changes("data", ma, mb, what=f"{name}: ", prefix=f"{name}/")
-                s.changes += per_file or [Change("data", f"{name}.manifest_sha256", "changed", x["manifest_sha256"],
-                                                 y["manifest_sha256"], f"{name}: manifest differs (same files)")]
+                s.changes += per_file or [Change("data", f"{name}.manifest_sha256", "changed", x.manifest_sha256,
+                                                 y.manifest_sha256, f"{name}: manifest differs (same files)")]
             else:
-                s.changes.append(Change("data", f"{name}.manifest_sha256", "changed", x["manifest_sha256"],
-                                        y["manifest_sha256"],
-                                        f"{name}: manifest {short(x['manifest_sha256'], 8)} -> "
-                                        f"{short(y['manifest_sha256'], 8)} ({x['count']} -> {y['count']} files; "
+                s.changes.append(Change("data", f"{name}.manifest_sha256", "changed", x.manifest_sha256,
+                                        y.manifest_sha256,
+                                        f"{name}: manifest {short(x.manifest_sha256, 8)} -> "
+                                        f"{short(y.manifest_sha256, 8)} ({x.count} -> {y.count} files; "
                                         "manifest copies not found, no per-file detail)"))
-        for label, ds in (("A", x), ("B", y)):
-            during = ds.get("changed_during_run")
+        for label, during in (("A", x.changed_during_run), ("B", y.changed_during_run)):
             if during:  # what that run read is not what its manifest says: a cause, whatever else differs
-                s.changes.append(Change("data", f"{name}.changed_during_run", "changed", x.get("changed_during_run"),
-                                        y.get("changed_during_run"),
+                s.changes.append(Change("data", f"{name}.changed_during_run", "changed", x.changed_during_run,
+                                        y.changed_during_run,
                                         f"{name} changed during run {label}: {during_run_text(during)}"))
-        where_a, where_b = x.get("mounts") or [x["mount"]], y.get("mounts") or [y["mount"]]
-        if where_a != where_b:
-            s.changes.append(Change("data", f"{name}.mounts", "changed", where_a, where_b,
-                                    f"{name} seen at {', '.join(map(str, where_a))} -> {', '.join(map(str, where_b))}"))
-        for key in ("path", "verify_mode"):
-            if x[key] != y[key]:
-                s.changes.append(Change("data", f"{name}.{key}", "changed", x[key], y[key],
-                                        f"{name}.{key} {x[key]} -> {y[key]}", material=False))
+        if x.seen_at != y.seen_at:
+            s.changes.append(Change("data", f"{name}.mounts", "changed", x.seen_at, y.seen_at,
+                                    f"{name} seen at {', '.join(map(str, x.seen_at))} -> "
+                                    f"{', '.join(map(str, y.seen_at))}"))
+        for key, p, q in (("path", x.path, y.path), ("verify_mode", x.verify_mode, y.verify_mode)):
+            if p != q:
+                s.changes.append(Change("data", f"{name}.{key}", "changed", p, q, f"{name}.{key} {p} -> {q}",
+                                        material=False))
     return s
 
 
-def during_run_text(during: Json) -> str:
+def during_run_text(during: DataChanged) -> str:
     """A record's ``data.<name>.changed_during_run`` in words: ``1 changed (train-x.f32)``."""
-    if during.get("error"):
-        return str(during["error"])
+    if during.error:
+        return str(during.error)
     parts = []
-    for kind in ("changed", "missing", "added"):
-        paths = during.get(kind) or []
+    for kind, paths in (("changed", during.changed), ("missing", during.missing), ("added", during.added)):
         if paths:
             parts.append(f"{len(paths)} {kind} ({', '.join(paths[:3])}" + (", ..." if len(paths) > 3 else "") + ")")
-    named = sum(len(during.get(k) or []) for k in ("changed", "missing", "added"))
-    more = int(during.get("count") or 0) - named
+    more = int(during.count or 0) - len(during.changed) - len(during.missing) - len(during.added)
     return "; ".join(parts) + (f"; +{more} more" if more > 0 else "")
 
 
-def data_changed_during(record: Json, label: str) -> list[str]:
+def data_changed_during(record: Run, label: str) -> list[str]:
     """``data changed during run A: logreg: 1 changed (x.f32)``: one per dataset that changed while the run
     read it."""
-    return [f"data changed during run {label}: {name}: {during_run_text(ds['changed_during_run'])}"
-            for name, ds in sorted((record.get("data") or {}).items()) if ds.get("changed_during_run")]
+    return [f"data changed during run {label}: {name}: {during_run_text(ds.changed_during_run)}"
+            for name, ds in sorted(record.data.items()) if ds.changed_during_run]
 
 
-def compare_seed(a: Json, b: Json) -> SectionDiff:
-    s = SectionDiff("seed", TITLES["seed"], "input", same_as=str(a["value"]))
-    if a["value"] != b["value"]:
-        s.changes.append(Change("seed", "value", "changed", a["value"], b["value"],
-                                f"seed {a['value']} -> {b['value']}"))
-    if a["policy"] != b["policy"]:
-        s.changes.append(Change("seed", "policy", "changed", a["policy"], b["policy"],
-                                f"seed chosen by {a['policy']} -> {b['policy']}", material=False))
+def compare_seed(a: Seed, b: Seed) -> SectionDiff:
+    s = SectionDiff("seed", TITLES["seed"], "input", same_as=str(a.value))
+    if a.value != b.value:
+        s.changes.append(Change("seed", "value", "changed", a.value, b.value, f"seed {a.value} -> {b.value}"))
+    if a.policy != b.policy:
+        s.changes.append(Change("seed", "policy", "changed", a.policy, b.policy,
+                                f"seed chosen by {a.policy} -> {b.policy}", material=False))
     # The seed the script set itself (HF's set_seed, Lightning's seed_everything) is the seed that was used.
     from hermetic.record.build import reseeded_text
 
-    ra, rb = a.get("reseeded"), b.get("reseeded")
+    ra, rb = a.reseeded, b.reseeded
     if ra is not None and rb is not None and ra != rb:
         s.changes.append(Change("seed", "reseeded", "changed", ra, rb,
-                                f"{reseeded_text(ra) or 'the script kept seed ' + str(a['value'])} -> "
-                                f"{reseeded_text(rb) or 'the script kept seed ' + str(b['value'])}"))
+                                f"{reseeded_text(ra) or 'the script kept seed ' + str(a.value)} -> "
+                                f"{reseeded_text(rb) or 'the script kept seed ' + str(b.value)}"))
     elif ra and ra == rb:
         s.same_as += f" ({reseeded_text(ra)} in both)"
     # Only what the runtime applied as seeding or determinism can explain other outputs; the rest of its
@@ -400,7 +394,7 @@ def compare_seed(a: Json, b: Json) -> SectionDiff:
     # what the script imported (code, environment), the flags at exit from what it set. Consequences, so
     # ranked after every real input (Change.effect).
     s.changes += [dataclasses.replace(c, effect=True)
-                  for c in diff_flat("seed", a["applied"], b["applied"], prefix="applied",
+                  for c in diff_flat("seed", a.applied, b.applied, prefix="applied",
                                      material=lambda k: k.startswith(("applied.seed", "applied.determinism",
                                                                       "applied.dataloader", "applied.startup",
                                                                       "applied.final"))
@@ -408,12 +402,11 @@ def compare_seed(a: Json, b: Json) -> SectionDiff:
     return s
 
 
-def compare_env(a: Json, b: Json) -> SectionDiff:
-    s = SectionDiff("env", TITLES["env"], "input",
-                    same_as=f"{len(a['determinism'])} determinism, {len(a['passed'])} passed")
-    s.changes += diff_flat("env", a["determinism"], b["determinism"])
-    s.changes += diff_flat("env", a["passed"], b["passed"])
-    sa, sb = set(a["secrets"]), set(b["secrets"])
+def compare_env(a: Env, b: Env) -> SectionDiff:
+    s = SectionDiff("env", TITLES["env"], "input", same_as=f"{len(a.determinism)} determinism, {len(a.passed)} passed")
+    s.changes += diff_flat("env", a.determinism, b.determinism)
+    s.changes += diff_flat("env", a.passed, b.passed)
+    sa, sb = set(a.secrets), set(b.secrets)
     for name in sorted(sa ^ sb):
         s.changes.append(Change("env", f"secrets.{name}", "added" if name in sb else "removed", name in sa,
                                 name in sb, f"secret {name} {'passed' if name in sb else 'not passed'}",
@@ -456,7 +449,8 @@ def _gpu_key_material(key: str) -> bool:
     return not (m and m.group(2) in _GPU_CONTEXT_KEYS)
 
 
-def compare_gpu(a_hw: Json, b_hw: Json, a_inv: Json, b_inv: Json) -> SectionDiff:
+def compare_gpu(a_hw: Json, b_hw: Json, a_option: str | None, b_option: str | None) -> SectionDiff:
+    """``*_option``: the runs' --gpus (invocation.gpus)."""
     ga, gb = _gpu_part(a_hw), _gpu_part(b_hw)
     gpus_a, gpus_b = ga.get("gpus") or [], gb.get("gpus") or []
     s = SectionDiff("gpu", TITLES["gpu"], "environment", same_as=_gpu_line(gpus_a, ga.get("gpu_note")))
@@ -467,9 +461,9 @@ def compare_gpu(a_hw: Json, b_hw: Json, a_inv: Json, b_inv: Json) -> SectionDiff
         s.changes = [c for c in s.changes if c.key != "gpus" and not _gpu_index_at_least(c.key, common)]
         s.changes.insert(0, Change("gpu", "gpus", "changed", len(gpus_a), len(gpus_b),
                                    f"{len(gpus_a)} GPU(s) -> {len(gpus_b)} GPU(s)"))
-    if a_inv["gpus"] != b_inv["gpus"]:
-        s.changes.append(Change("gpu", "invocation.gpus", "changed", a_inv["gpus"], b_inv["gpus"],
-                                f"--gpus {a_inv['gpus']} -> {b_inv['gpus']}", material=False))
+    if a_option != b_option:
+        s.changes.append(Change("gpu", "invocation.gpus", "changed", a_option, b_option,
+                                f"--gpus {a_option} -> {b_option}", material=False))
     for i, (x, y) in enumerate(zip(gpus_a, gpus_b, strict=False)):  # extra GPUs: counted above
         if not (isinstance(x, dict) and isinstance(y, dict)):
             continue
@@ -506,34 +500,32 @@ def compare_cpu(a_hw: Json, b_hw: Json, a_sw: Json, b_sw: Json) -> SectionDiff:
 
 # --- outputs ------------------------------------------------------------------------------------
 
-def compare_outputs(a: Json, b: Json, *, rtol: float, atol: float) -> OutputsDiff:
-    fa, fb = a["outputs"]["files"], b["outputs"]["files"]
+def compare_outputs(a: Run, b: Run, *, rtol: float, atol: float) -> OutputsDiff:
+    fa, fb = a.outputs.files, b.outputs.files
     # Volatile in either run (run.outputs.volatile: a TensorBoard event file, say): listed, never compared.
-    volatile = set(a["outputs"].get("volatile") or []) | set(b["outputs"].get("volatile") or [])
+    volatile = set(a.outputs.volatile or []) | set(b.outputs.volatile or [])
     files = []
     for path in sorted(fa.keys() | fb.keys()):
         x, y = fa.get(path), fb.get(path)
         if path in volatile:
             status = "not_compared"
         elif x and y:
-            status = "equal" if x["sha256"] == y["sha256"] else "changed"
+            status = "equal" if x.sha256 == y.sha256 else "changed"
         else:
             status = "only_a" if x else "only_b"
-        files.append(FileComparison(path, status, x and x["sha256"], y and y["sha256"]))
-    sa, sb = a["outputs"].get("stdout"), b["outputs"].get("stdout")
+        files.append(FileComparison(path, status, x and x.sha256, y and y.sha256))
+    sa, sb = a.outputs.stdout, b.outputs.stdout
     if sa or sb:  # run.outputs.stdout: what the script printed is an output too
-        status = ("equal" if sa["sha256"] == sb["sha256"] else "changed") if sa and sb else \
-            ("only_a" if sa else "only_b")
-        files.append(FileComparison((sa or sb)["file"], status, sa and sa["sha256"], sb and sb["sha256"]))
+        status = ("equal" if sa.sha256 == sb.sha256 else "changed") if sa and sb else ("only_a" if sa else "only_b")
+        files.append(FileComparison((sa or sb).file, status, sa and sa.sha256, sb and sb.sha256))
     # Every metric's final value, whatever its source (a volatile event file's scalars are compared here
     # although its bytes are not); wall-clock figures (metrics.wall_clock) never.
-    ma, mb = a["metrics"]["final"], b["metrics"]["final"]
+    ma, mb = a.metrics.final, b.metrics.final
     metrics = [compare_metric(name, ma.get(name), mb.get(name), rtol=rtol, atol=atol,
                               present=(name in ma, name in mb)) for name in sorted(ma.keys() | mb.keys())]
     return OutputsDiff(files=files, metrics=metrics,
-                       status=((a["record"]["status"], a["record"]["exit_code"]),
-                               (b["record"]["status"], b["record"]["exit_code"])),
-                       steps=(a["metrics"]["steps"], b["metrics"]["steps"]))
+                       status=((a.record.status, a.record.exit_code), (b.record.status, b.record.exit_code)),
+                       steps=(a.metrics.steps, b.metrics.steps))
 
 
 def compare_metric(name: str, a: Any, b: Any, *, rtol: float, atol: float,
@@ -554,25 +546,24 @@ def compare_metric(name: str, a: Any, b: Any, *, rtol: float, atol: float,
     return MetricComparison(name, status, a, b, diff, rel if math.isfinite(rel) else None)
 
 
-def compare_sections(a: Json, b: Json, manifests_a: Manifests, manifests_b: Manifests) -> list[SectionDiff]:
+def compare_sections(a: Run, b: Run, manifests_a: Manifests, manifests_b: Manifests) -> list[SectionDiff]:
     """All sections, in causal order."""
     return [
-        compare_image(a["image"], b["image"]),
-        compare_code(a["code"], b["code"], _restated_files(a, b)),
-        compare_config(a["invocation"], b["invocation"], a["seed"]["value"], b["seed"]["value"],
-                       both_succeeded=a["record"]["status"] == b["record"]["status"] == "succeeded"),
+        compare_image(a.image, b.image),
+        compare_code(a.code, b.code, _restated_files(a, b)),
+        compare_config(a.invocation, b.invocation, a.seed.value, b.seed.value,
+                       both_succeeded=a.record.status == b.record.status == "succeeded"),
         compare_distributed(a, b),  # world size, backend, rank map (hermetic.diff.distributed)
-        compare_data(a["data"], b["data"], manifests_a, manifests_b),
-        compare_seed(a["seed"], b["seed"]),
-        compare_env(a["env"], b["env"]),
-        compare_software(a["software"], b["software"]),
-        compare_gpu(a["hardware"], b["hardware"], a["invocation"], b["invocation"]),
-        _with_engine(compare_cpu(a["hardware"], b["hardware"], a["software"], b["software"]), a["invocation"],
-                     b["invocation"]),
+        compare_data(a, b, manifests_a, manifests_b),
+        compare_seed(a.seed, b.seed),
+        compare_env(a.env, b.env),
+        compare_software(a.software, b.software),
+        compare_gpu(a.hardware, b.hardware, a.invocation.gpus, b.invocation.gpus),
+        _with_engine(compare_cpu(a.hardware, b.hardware, a.software, b.software), a.invocation, b.invocation),
     ]
 
 
-def _with_engine(host: SectionDiff, a_inv: Json, b_inv: Json) -> SectionDiff:
+def _with_engine(host: SectionDiff, a_inv: Invocation, b_inv: Invocation) -> SectionDiff:
     """The host section, with the engine when it changed (hermetic.engines: docker, podman, charliecloud)."""
     change = _engine_change(a_inv, b_inv)
     if change is not None:

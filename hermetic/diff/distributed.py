@@ -15,42 +15,42 @@ from __future__ import annotations
 from typing import Any
 
 from hermetic.diff.model import Change, SectionDiff
+from hermetic.record.view import Distributed, Rank, Run
 
 TITLE = "processes and ranks"
-ONE_PROCESS = {"world_size": 1, "nnodes": 1, "nproc_per_node": 1, "backend": None, "backend_version": None,
-               "env": {}, "ranks": [{"rank": 0, "node_rank": 0, "local_rank": 0, "device": None}]}
+ONE_PROCESS = Distributed(launcher=None, world_size=1, nnodes=1, nproc_per_node=1, node_rank=0, backend=None,
+                          backend_version=None, rendezvous=None, seed_rule="", env={}, outputs_from=0, logs={},
+                          ranks=[Rank(rank=0, local_rank=0, node_rank=0, seed=0, device=None, gpu=None,
+                                      reported=None)])
 
 
-def _view(rec: dict[str, Any]) -> dict[str, Any]:
-    return rec.get("distributed") or ONE_PROCESS
-
-
-def _describe(d: dict[str, Any]) -> str:
-    if d is ONE_PROCESS or d.get("launcher") is None:
+def _describe(d: Distributed) -> str:
+    if d.launcher is None:
         return "one process"
-    shape = f"{d['nnodes']} nodes x {d['nproc_per_node']}" if d["nnodes"] > 1 else f"{d['nproc_per_node']} processes"
-    return f"world size {d['world_size']} ({shape}, {d['backend']})"
+    shape = f"{d.nnodes} nodes x {d.nproc_per_node}" if d.nnodes > 1 else f"{d.nproc_per_node} processes"
+    return f"world size {d.world_size} ({shape}, {d.backend})"
 
 
-def rank_map(d: dict[str, Any]) -> dict[int, tuple[Any, Any, Any]]:
-    return {int(r["rank"]): (r.get("node_rank"), r.get("local_rank"), r.get("device")) for r in d["ranks"]}
+def rank_map(d: Distributed) -> dict[int, tuple[Any, Any, Any]]:
+    return {int(r.rank): (r.node_rank, r.local_rank, r.device) for r in d.ranks}
 
 
-def compare_distributed(a_rec: dict[str, Any], b_rec: dict[str, Any]) -> SectionDiff:
-    a, b = _view(a_rec), _view(b_rec)
+def compare_distributed(a_rec: Run, b_rec: Run) -> SectionDiff:
+    a, b = a_rec.distributed or ONE_PROCESS, b_rec.distributed or ONE_PROCESS
     s = SectionDiff("distributed", TITLE, "input", same_as=_describe(a))
-    if a["world_size"] != b["world_size"]:
-        s.changes.append(Change("distributed", "world_size", "changed", a["world_size"], b["world_size"],
-                                f"world size {a['world_size']} -> {b['world_size']}"))
-    for key, label in (("nnodes", "nodes"), ("nproc_per_node", "processes per node")):
-        if a[key] != b[key]:
-            s.changes.append(Change("distributed", key, "changed", a[key], b[key], f"{label} {a[key]} -> {b[key]}",
-                                    headline=a["world_size"] == b["world_size"]))
-    for key, label in (("backend", "backend"), ("backend_version", "backend version")):
-        if a.get(key) != b.get(key):
-            s.changes.append(Change("distributed", key, "changed", a.get(key), b.get(key),
-                                    f"{label} {a.get(key) or 'none'} -> {b.get(key) or 'none'}"))
-    if a["world_size"] == b["world_size"]:
+    if a.world_size != b.world_size:
+        s.changes.append(Change("distributed", "world_size", "changed", a.world_size, b.world_size,
+                                f"world size {a.world_size} -> {b.world_size}"))
+    for key, label, x, y in (("nnodes", "nodes", a.nnodes, b.nnodes),
+                             ("nproc_per_node", "processes per node", a.nproc_per_node, b.nproc_per_node)):
+        if x != y:
+            s.changes.append(Change("distributed", key, "changed", x, y, f"{label} {x} -> {y}",
+                                    headline=a.world_size == b.world_size))
+    for key, label, x, y in (("backend", "backend", a.backend, b.backend),
+                             ("backend_version", "backend version", a.backend_version, b.backend_version)):
+        if x != y:
+            s.changes.append(Change("distributed", key, "changed", x, y, f"{label} {x or 'none'} -> {y or 'none'}"))
+    if a.world_size == b.world_size:
         ma, mb = rank_map(a), rank_map(b)
         moved = [r for r in sorted(ma) if ma[r] != mb.get(r)]
         if moved:
@@ -61,15 +61,15 @@ def compare_distributed(a_rec: dict[str, Any], b_rec: dict[str, Any]) -> Section
                                     "rank map: " + "; ".join(f"rank {r} {place(ma[r])} -> {place(mb[r])}"
                                                              for r in moved[:3])
                                     + (f"; +{len(moved) - 3} more" if len(moved) > 3 else "")))
-    ea, eb = a.get("env") or {}, b.get("env") or {}
+    ea, eb = a.env or {}, b.env or {}
     for k in sorted(ea.keys() | eb.keys()):
         if ea.get(k) != eb.get(k):
             # The env section judges these variables too; named here so the cause reads as the collectives'.
             s.changes.append(Change("distributed", f"env.{k}", "changed", ea.get(k), eb.get(k),
                                     f"{k} {ea.get(k) or 'unset'} -> {eb.get(k) or 'unset'}", material=False))
-    ra, rb = a.get("rendezvous"), b.get("rendezvous")
+    ra, rb = a.rendezvous, b.rendezvous
     if ra != rb and ra is not None and rb is not None:
         s.changes.append(Change("distributed", "rendezvous", "changed", ra, rb,
-                                f"rendezvous {ra['backend']} {ra['endpoint']} -> {rb['backend']} {rb['endpoint']}",
+                                f"rendezvous {ra.backend} {ra.endpoint} -> {rb.backend} {rb.endpoint}",
                                 material=False))
     return s

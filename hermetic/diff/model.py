@@ -28,7 +28,7 @@ class Change:
     section: str
     key: str
     kind: Literal["added", "removed", "changed"]
-    a: Any
+    a: Any  # a JSON value, or a part of the record as its view (hermetic.record.view: JSON again through asdict)
     b: Any
     note: str
     material: bool = True

@@ -23,10 +23,11 @@ from hermetic.diff.compare import data_changed_during, short
 from hermetic.diff.contents import names_text, volatile_globs_for, weights_first
 from hermetic.errors import EXIT_DIFFERENT, EXIT_NOTHING_COMPARED
 from hermetic.diff.model import OutputsDiff, SectionDiff, Verdict
+from hermetic.record.view import Run
 from hermetic.seedargs import has_placeholder
 
 
-def knobs_not_set(record: dict[str, Any]) -> list[str]:
+def knobs_not_set(record: Run) -> list[str]:
     """The determinism settings this run lacked (empty when all the known ones were set).
 
     Environment: CUBLAS_WORKSPACE_CONFIG (:4096:8 or :16:8), PYTHONHASHSEED
@@ -34,9 +35,9 @@ def knobs_not_set(record: dict[str, Any]) -> list[str]:
     counts. In-process, when the run used torch: deterministic algorithms on,
     cudnn.benchmark off; and any in-process seeding at all (seed.applied).
     """
-    missing = env_knobs_not_set({**record["env"]["passed"], **record["env"]["determinism"]})
-    torch = record["software"].get("torch")
-    applied = record["seed"]["applied"]
+    missing = env_knobs_not_set({**record.env.passed, **record.env.determinism})
+    torch = record.software.get("torch")
+    applied = record.seed.applied
     final = applied.get("final") if isinstance(applied.get("final"), dict) else {}
     at_exit = final.get("torch") if isinstance(final.get("torch"), dict) else {}
     if isinstance(torch, dict):
@@ -79,7 +80,7 @@ def ranked_inputs(sections: list[SectionDiff]) -> list[SectionDiff]:
     return [s for s in inputs if not s.only_effects] + [s for s in inputs if s.only_effects]
 
 
-def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: dict[str, Any], b: dict[str, Any]) -> Verdict:
+def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: Run, b: Run) -> Verdict:
     inputs = ranked_inputs(sections)
     machine = [s for s in sections if s.role == "environment" and s.differs]
     warnings = [w for s in sections for w in s.warnings]
@@ -207,7 +208,7 @@ def wall_clock_text(outputs: OutputsDiff) -> str:
     return "; ".join(parts) + outputs.not_compared_note()
 
 
-def suggested_volatile(outputs: OutputsDiff, a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def suggested_volatile(outputs: OutputsDiff, a: Run, b: Run) -> list[str]:
     """run.outputs.volatile that would keep the files differing only in wall-clock fields without comparing
     them: the run's own globs (B's, the later run's, else A's; the default for records without), then globs
     for those files (numbered directories folded into one glob where no compared file would match it)."""
@@ -216,8 +217,8 @@ def suggested_volatile(outputs: OutputsDiff, a: dict[str, Any], b: dict[str, Any
     clock = [f.path for f in outputs.wall_clock_files]
     if not clock:
         return []
-    current = volatile_globs(b) or volatile_globs(a)
-    if not current and "run" not in ((b.get("invocation") or {}).get("config") or {}):
+    current = volatile_globs(b.invocation.config) or volatile_globs(a.invocation.config)
+    if not current and "run" not in b.invocation.config:
         from hermetic.config import DEFAULT_VOLATILE
 
         current = list(DEFAULT_VOLATILE)
@@ -235,14 +236,14 @@ def volatile_note(outputs: OutputsDiff, suggested: list[str]) -> str:
             f"the default)  volatile: {json.dumps(suggested)}")
 
 
-def seed_had_no_effect(a: dict[str, Any], b: dict[str, Any]) -> str:
+def seed_had_no_effect(a: Run, b: Run) -> str:
     """The note for two runs that differ in the seed alone and came out bitwise identical: the verdict is
     still "inputs differ" (exit 1, as diff(1): they do), but a seed that changes nothing never reached
     what the script draws -- the usual reason being a script that seeds itself with a constant."""
-    template = next((r["invocation"].get("args_template") for r in (a, b)
-                     if has_placeholder(r["invocation"].get("args_template") or [])), None)
-    reseeds = a["seed"].get("reseeded")
-    if reseeds and reseeds == b["seed"].get("reseeded"):
+    template = next((r.invocation.args_template for r in (a, b) if has_placeholder(r.invocation.args_template or [])),
+                    None)
+    reseeds = a.seed.reseeded
+    if reseeds and reseeds == b.seed.reseeded:
         from hermetic.record.build import reseeded_text
 
         return (f"the seed did not change the outputs: {reseeded_text(reseeds)} in both runs, so the run's seed "

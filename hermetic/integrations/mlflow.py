@@ -30,6 +30,7 @@ from typing import Any
 
 from hermetic.errors import DataError, HermeticError, MissingExtra, NotFound, Unavailable, UsageError
 from hermetic.record.outputs import nan_key
+from hermetic.record.view import Dataset as DatasetRecord, Run, view
 
 RUN_ID_TAG = "hermetic.run_id"
 KIND_TAG = "hermetic.kind"
@@ -107,56 +108,55 @@ def flatten(node: Any, prefix: str) -> dict[str, Any]:
     return {prefix: node}
 
 
-def run_params(record: dict[str, Any], *, without_seed: bool = False) -> dict[str, str]:
+def run_params(r: Run, *, without_seed: bool = False) -> dict[str, str]:
     """The resolved config (flattened), script, arguments and seed; ``without_seed`` for a group's parent."""
-    inv = record["invocation"]
-    params: dict[str, Any] = {"script": inv["script"], "args": shlex.join(inv["args"]), "network": inv["network"]}
-    if inv["gpus"]:
-        params["gpus"] = inv["gpus"]
-    config = flatten(inv["config"] or {}, "config")
+    inv = r.invocation
+    params: dict[str, Any] = {"script": inv.script, "args": shlex.join(inv.args), "network": inv.network}
+    if inv.gpus:
+        params["gpus"] = inv.gpus
+    config = flatten(inv.config or {}, "config")
     if without_seed:
         config.pop("config.determinism.seed", None)
     else:
-        params["seed"] = record["seed"]["value"]
+        params["seed"] = r.seed.value
     params.update(config)
     return {safe_key(k): _text(v, MAX_PARAM_VALUE) for k, v in params.items()}
 
 
-def run_tags(record: dict[str, Any], *, verdict: Any = None) -> dict[str, str]:
+def run_tags(r: Run, *, verdict: Any = None) -> dict[str, str]:
     """What identifies the run's inputs and result; ``verdict`` is a replay's diff verdict (hermetic.diff)."""
-    meta, inv, image, code = record["record"], record["invocation"], record["image"], record["code"]
-    git = code["git"] or {}
+    meta, inv, image, git = r.record, r.invocation, r.image, r.code.git
     tags: dict[str, Any] = {
-        RUN_ID_TAG: meta["run_id"],
+        RUN_ID_TAG: meta.run_id,
         KIND_TAG: "run",
-        "hermetic.version": meta["tool"],
-        "hermetic.status": meta["status"],
-        "hermetic.exit_code": "" if meta["exit_code"] is None else str(meta["exit_code"]),
-        "hermetic.record_sha256": meta["record_sha256"],
-        "hermetic.image.id": image["id"],
-        "hermetic.image.manifest_digest": image["manifest_digest"],
-        "hermetic.image.repo_digests": ", ".join(image["repo_digests"]),
-        "hermetic.image.base": image["base"],
-        "hermetic.lock_sha256": image["lock_sha256"],
-        "hermetic.config_sha256": inv["config_sha256"],
-        "hermetic.code.sha256": code["snapshot"]["sha256"],
-        "hermetic.git.commit": git.get("commit") or "",
-        "hermetic.git.dirty": "" if not git else str(bool(git.get("dirty"))).lower(),
-        "hermetic.seed": str(record["seed"]["value"]),
-        "mlflow.source.name": inv["script"],
-        "mlflow.note.content": (f"hermetic run `{meta['run_id']}`: {meta['status']}. Reproduce it with "
-                                f"`hermetic replay runs/{meta['run_id']}` (README.md and run.json are artifacts)."),
+        "hermetic.version": meta.tool,
+        "hermetic.status": meta.status,
+        "hermetic.exit_code": "" if meta.exit_code is None else str(meta.exit_code),
+        "hermetic.record_sha256": meta.record_sha256,
+        "hermetic.image.id": image.id,
+        "hermetic.image.manifest_digest": image.manifest_digest,
+        "hermetic.image.repo_digests": ", ".join(image.repo_digests),
+        "hermetic.image.base": image.base,
+        "hermetic.lock_sha256": image.lock_sha256,
+        "hermetic.config_sha256": inv.config_sha256,
+        "hermetic.code.sha256": r.code.snapshot.sha256,
+        "hermetic.git.commit": (git and git.commit) or "",
+        "hermetic.git.dirty": "" if not git else str(bool(git.dirty)).lower(),
+        "hermetic.seed": str(r.seed.value),
+        "mlflow.source.name": inv.script,
+        "mlflow.note.content": (f"hermetic run `{meta.run_id}`: {meta.status}. Reproduce it with "
+                                f"`hermetic replay runs/{meta.run_id}` (README.md and run.json are artifacts)."),
     }
-    if git.get("commit"):
-        tags["mlflow.source.git.commit"] = git["commit"]
-    for name, ds in sorted(record["data"].items()):
-        tags[f"hermetic.data.{name}.manifest_sha256"] = ds["manifest_sha256"]
-    gpus = [g.get("name") for g in (record["hardware"].get("gpus") or []) if isinstance(g, dict)]
+    if git and git.commit:
+        tags["mlflow.source.git.commit"] = git.commit
+    for name, ds in sorted(r.data.items()):
+        tags[f"hermetic.data.{name}.manifest_sha256"] = ds.manifest_sha256
+    gpus = [g.get("name") for g in (r.hardware.get("gpus") or []) if isinstance(g, dict)]
     if gpus:
         tags["hermetic.hardware.gpus"] = ", ".join(str(g) for g in gpus)
-    for key in ("replay_of", "group", "name"):
-        if inv[key]:
-            tags[f"hermetic.{key}"] = inv[key]
+    for key, value in (("replay_of", inv.replay_of), ("group", inv.group), ("name", inv.name)):
+        if value:
+            tags[f"hermetic.{key}"] = value
     if verdict is not None:
         tags["hermetic.verdict"] = verdict.line
         tags["hermetic.verdict.kind"] = verdict.kind
@@ -288,27 +288,27 @@ class MlflowExporter:
 
         if rec is None:
             rec = load_record(run_dir)
-        meta = rec["record"]
+        r = view(rec)
+        meta, config = r.record, r.invocation.config or {}
         series = load_series(run_dir, rec).series  # checked against the record before MLflow hears of the run
-        datasets = [(name, ds, manifest_dataset(name, ds, project_dir(run_dir, rec["invocation"]["config"] or {})))
-                    for name, ds in sorted(rec["data"].items())]
-        exp_id = exp_id or self._experiment(experiment or self.experiment_name
-                                            or rec["invocation"]["config"].get("name"))
-        tags = run_tags(rec, verdict=self._replay_verdict(run_dir, rec))
-        if parent is None and rec["invocation"]["group"]:
-            found = self._find(exp_id, rec["invocation"]["group"])
+        datasets = [(name, ds, manifest_dataset(name, ds, project_dir(run_dir, config)))
+                    for name, ds in sorted(r.data.items())]
+        exp_id = exp_id or self._experiment(experiment or self.experiment_name or config.get("name"))
+        tags = run_tags(r, verdict=self._replay_verdict(run_dir, r))
+        if parent is None and r.invocation.group:
+            found = self._find(exp_id, r.invocation.group)
             parent = found.info.run_id if found is not None else None
         if parent is not None:
             tags[PARENT_TAG] = parent
-        run, created = self._find_or_create(exp_id, meta["run_id"], meta["started_at"], tags)
+        run, created = self._find_or_create(exp_id, meta.run_id, meta.started_at, tags)
         with self._ends_failed(run), tempfile.TemporaryDirectory(prefix="hermetic-figure-") as tmp:
-            logged = self._log(run, created, run_params(rec), tags, series, millis(meta["started_at"]) or 0)
+            logged = self._log(run, created, run_params(r), tags, series, millis(meta.started_at) or 0)
             self._log_datasets(run, datasets)
             figure = run_figure(run_dir, Path(tmp)) if series else None
             self._log_artifacts(run, created, [run_dir / "run.json", run_dir / README_NAME, *filter(None, [figure])])
-            self.client.set_terminated(run.info.run_id, STATUS.get(meta["status"], "FAILED"),
-                                       end_time=millis(meta["finished_at"]) or millis(meta["started_at"]))
-        return Exported(meta["run_id"], "run", run.info.run_id, exp_id, created, logged, self._url(exp_id, run))
+            self.client.set_terminated(run.info.run_id, STATUS.get(meta.status, "FAILED"),
+                                       end_time=millis(meta.finished_at) or millis(meta.started_at))
+        return Exported(meta.run_id, "run", run.info.run_id, exp_id, created, logged, self._url(exp_id, run))
 
     def _export_group(self, gdir: Path, experiment: str | None) -> Exported:
         from hermetic.record.group import load_group
@@ -318,11 +318,12 @@ class MlflowExporter:
         meta = group["group"]
         members = [gdir.parent / m["run_id"] for m in group["members"]]
         first = load_record(members[0])
-        exp_id = self._experiment(experiment or self.experiment_name or first["invocation"]["config"].get("name"))
+        first_run = view(first)
+        exp_id = self._experiment(experiment or self.experiment_name or first_run.invocation.config.get("name"))
         tags = group_tags(group)
         run, created = self._find_or_create(exp_id, meta["group_id"], meta["started_at"], tags)
         with self._ends_failed(run):
-            params = run_params(first, without_seed=True)
+            params = run_params(first_run, without_seed=True)
             params["seeds"] = ",".join(str(m["seed"]) for m in group["members"])
             logged = self._log(run, created, params, tags, group_summary_metrics(group),
                                millis(meta["written_at"]) or 0)
@@ -401,7 +402,7 @@ class MlflowExporter:
             self.client.log_batch(rid, **batch)
         return len(metrics)
 
-    def _log_datasets(self, run, datasets: list[tuple[str, dict[str, Any], Any]]) -> None:  # noqa: ANN001 - a Run
+    def _log_datasets(self, run, datasets: list[tuple[str, DatasetRecord, Any]]) -> None:  # noqa: ANN001 - a Run
         from mlflow.entities import DatasetInput, InputTag
 
         have = {(d.dataset.name, d.dataset.digest) for d in (run.inputs.dataset_inputs if run.inputs else [])}
@@ -409,9 +410,9 @@ class MlflowExporter:
         for name, ds, entity in datasets:
             if (entity.name, entity.digest) in have:
                 continue
-            tags = [InputTag("mlflow.data.context", name), InputTag("hermetic.manifest_sha256", ds["manifest_sha256"])]
-            if ds.get("mount"):  # hermetic.yaml's mount:, when it has one (`hermetic init` writes none)
-                tags.append(InputTag("hermetic.mount", ds["mount"]))
+            tags = [InputTag("mlflow.data.context", name), InputTag("hermetic.manifest_sha256", ds.manifest_sha256)]
+            if ds.mount:  # hermetic.yaml's mount:, when it has one (`hermetic init` writes none)
+                tags.append(InputTag("hermetic.mount", ds.mount))
             inputs.append(DatasetInput(entity, tags=tags))
         if inputs:
             self.client.log_inputs(run.info.run_id, datasets=inputs)
@@ -425,9 +426,9 @@ class MlflowExporter:
             if path.is_file() and have.get(path.name, -1) != path.stat().st_size:
                 self.client.log_artifact(run.info.run_id, str(path))
 
-    def _replay_verdict(self, run_dir: Path, rec: dict[str, Any]):  # -> hermetic.diff.model.Verdict | None
+    def _replay_verdict(self, run_dir: Path, r: Run):  # -> hermetic.diff.model.Verdict | None
         """A replay's verdict against its original, when the original is still beside it."""
-        original = rec["invocation"]["replay_of"]
+        original = r.invocation.replay_of
         if not original or not (run_dir.parent / original).is_dir():
             return None
         from hermetic.diff import diff_runs
@@ -458,7 +459,7 @@ def batches(params: list[Any], tags: list[Any], metrics: list[Any]) -> list[dict
     return out
 
 
-def manifest_dataset(name: str, ds: dict[str, Any], project_dir: Path | None):  # -> mlflow.entities.Dataset
+def manifest_dataset(name: str, ds: DatasetRecord, project_dir: Path | None):  # -> mlflow.entities.Dataset
     """A dataset of the record as an MLflow dataset entity: its source the data's local path (what MLflow's
     own ``local`` source writes, ``{"uri": path}``, so ``mlflow.data.get_source(...)`` reads it back), its
     digest the manifest sha256 (the first 36 hex digits: MLflow's limit), its profile the file count,
@@ -466,11 +467,11 @@ def manifest_dataset(name: str, ds: dict[str, Any], project_dir: Path | None):  
     mlflow-skinny (hermetic[mlflow]) does not bring."""
     from mlflow.entities import Dataset
 
-    path = Path(ds["path"])
+    path = Path(ds.path)
     if not path.is_absolute() and project_dir is not None:
         path = project_dir / path
-    profile = {"files": ds["count"], "bytes": ds["bytes"], "manifest_sha256": ds["manifest_sha256"]}
-    return Dataset(name=name, digest=ds["manifest_sha256"][:MAX_DIGEST], source_type="local",
+    profile = {"files": ds.count, "bytes": ds.bytes, "manifest_sha256": ds.manifest_sha256}
+    return Dataset(name=name, digest=ds.manifest_sha256[:MAX_DIGEST], source_type="local",
                    source=json.dumps({"uri": str(path)}), profile=json.dumps(profile, sort_keys=True))
 
 

@@ -156,7 +156,7 @@ def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, e
     rec["outputs"] = copy.deepcopy(outputs) if outputs is not None else hash_outputs(run_dir / "outputs")
     if workdir is not None:
         rec["outputs"]["workdir"] = workdir
-    volatile = volatile_paths(rec["outputs"]["files"], volatile_globs(rec))
+    volatile = volatile_paths(rec["outputs"]["files"], volatile_globs(rec["invocation"].get("config") or {}))
     if volatile:  # kept and hashed, not compared (run.outputs.volatile)
         rec["outputs"]["volatile"] = volatile
     if notes:

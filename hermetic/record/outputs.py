@@ -41,9 +41,10 @@ def nan_key(v: float) -> Any:
     return "nan" if v != v else v
 
 
-def volatile_globs(record: dict[str, Any]) -> list[str]:
-    """``run.outputs.volatile`` as the run had it (hermetic.config.OutputsConfig); none for older records."""
-    run = ((record.get("invocation") or {}).get("config") or {}).get("run") or {}
+def volatile_globs(config: dict[str, Any]) -> list[str]:
+    """``run.outputs.volatile`` of a run's resolved config (``invocation.config``; hermetic.config.OutputsConfig);
+    none for older records."""
+    run = config.get("run") or {}
     return list((run.get("outputs") or {}).get("volatile") or [])
 
 

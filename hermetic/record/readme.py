@@ -6,6 +6,7 @@ import shlex
 from string import Template
 from typing import Any
 
+from hermetic.record.view import Code, Dataset, Env, Meta, Run, view
 from hermetic.resources import read_template
 
 TEMPLATE_NAME = "run-README.md"
@@ -14,69 +15,66 @@ FIGURE_NAME = "metrics.png"  # where the README's command draws the run's figure
 
 def render_readme(record: dict[str, Any], *, run_dir: str | None = None) -> str:
     """The README text for a (sealed) record; ``run_dir`` defaults to ``runs/<id>``."""
-    meta, inv, image, code = record["record"], record["invocation"], record["image"], record["code"]
-    run_id = meta["run_id"]
-    cfg = inv.get("config") or {}
-    run_dir = run_dir or f"{cfg.get('runs_dir') or 'runs'}/{run_id}"
+    r = view(record)
+    meta, image = r.record, r.image
+    run_dir = run_dir or f"{r.invocation.config.get('runs_dir') or 'runs'}/{meta.run_id}"
     values = {
-        "run_id": run_id,
+        "run_id": meta.run_id,
         "run_dir": run_dir,
         "status_line": _status_line(meta),
-        "figure_text": _figure_text(record, run_id, run_dir),
-        "tool": meta["tool"],
-        "record_sha256": meta["record_sha256"] or "(not sealed)",
-        "image_id": f"`{image['id']}`",
-        "manifest_digest": f"`{image['manifest_digest']}`",
-        "repo_digests": "".join(f", pushed as `{d}`" for d in image["repo_digests"]),
-        "base": image["base"],
-        "lock_sha256": f"`{image['lock_sha256']}`",
-        "package_count": len(image["packages"]),
-        "code_text": _code_text(code, run_id, run_dir),
-        "data_text": _data_text(record["data"], run_dir),
-        "seed": record["seed"]["value"],
+        "figure_text": _figure_text(r, run_dir),
+        "tool": meta.tool,
+        "record_sha256": meta.record_sha256 or "(not sealed)",
+        "image_id": f"`{image.id}`",
+        "manifest_digest": f"`{image.manifest_digest}`",
+        "repo_digests": "".join(f", pushed as `{d}`" for d in image.repo_digests),
+        "base": image.base,
+        "lock_sha256": f"`{image.lock_sha256}`",
+        "package_count": len(image.packages),
+        "code_text": _code_text(r.code, meta.run_id, run_dir),
+        "data_text": _data_text(r.data, run_dir),
+        "seed": r.seed.value,
         "seed_policy": {"config": "hermetic.yaml", "cli": "the --seed option",
-                        "group": "a --seeds group"}.get(record["seed"]["policy"], record["seed"]["policy"]),
-        "env_text": _env_text(record["env"]),
-        "docker_run": _indent(docker_run_command(record), 7),
-        "prepare_text": _prepare_text(record),
-        "output_count": len(record["outputs"]["files"]),
+                        "group": "a --seeds group"}.get(r.seed.policy, r.seed.policy),
+        "env_text": _env_text(r.env),
+        "docker_run": _indent(docker_run_command(r), 7),
+        "prepare_text": _prepare_text(r),
+        "output_count": len(r.outputs.files),
     }
     return Template(read_template(TEMPLATE_NAME)).substitute(values)
 
 
-def _status_line(meta: dict[str, Any]) -> str:
-    code = "" if meta["exit_code"] is None else f", exit code {meta['exit_code']}"
-    end = f", finished {meta['finished_at']}" if meta["finished_at"] else ""
-    return f"Status: **{meta['status']}**{code}. Started {meta['started_at']}{end}."
+def _status_line(meta: Meta) -> str:
+    code = "" if meta.exit_code is None else f", exit code {meta.exit_code}"
+    end = f", finished {meta.finished_at}" if meta.finished_at else ""
+    return f"Status: **{meta.status}**{code}. Started {meta.started_at}{end}."
 
 
-def _figure_text(record: dict[str, Any], run_id: str, run_dir: str) -> str:
+def _figure_text(r: Run, run_dir: str) -> str:
     """Under the status line of a finished run that logged metrics: the command that draws them. On demand:
     matplotlib's import and drawing are too slow to pay on every run."""
-    metrics = record["metrics"]
-    if record["record"]["finished_at"] is None or not (metrics.get("series") or metrics["file"]):
+    if r.record.finished_at is None or not (r.metrics.series or r.metrics.file):
         return ""
     return (f"\n\nTo draw its metrics over steps (from the project directory; needs `hermetic[plots]`):\n\n"
-            f"    hermetic runs plot {run_id} -o {run_dir}/{FIGURE_NAME}\n")
+            f"    hermetic runs plot {r.record.run_id} -o {run_dir}/{FIGURE_NAME}\n")
 
 
-def _code_text(code: dict[str, Any], run_id: str, run_dir: str) -> str:
-    snap = code["snapshot"]
-    lines = [f"`{run_dir}/code/source.tar` ({len(snap['files'])} files, sha256",
-             f"   `{snap['sha256']}`) is the exact source tree the run saw. Extract it:",
+def _code_text(code: Code, run_id: str, run_dir: str) -> str:
+    snap, git = code.snapshot, code.git
+    lines = [f"`{run_dir}/code/source.tar` ({len(snap.files)} files, sha256",
+             f"   `{snap.sha256}`) is the exact source tree the run saw. Extract it:",
              "",
              f"       mkdir code-{run_id} && tar -xf {run_dir}/code/source.tar -C code-{run_id}"]
-    git = code["git"]
     if git is None:
         lines += ["", "   The project was not a git checkout; the snapshot is the only copy."]
         return "\n".join(lines)
-    lines += ["", f"   Or from git: commit `{git['commit']}`" + (f" (branch {git['branch']})" if git["branch"] else "")]
-    if git["dirty"]:
+    lines += ["", f"   Or from git: commit `{git.commit}`" + (f" (branch {git.branch})" if git.branch else "")]
+    if git.dirty:
         extra = []
-        if git["diff_file"]:
-            extra.append(f"apply `{git['diff_file']}` (`git apply`, sha256 `{git['diff_sha256']}`)")
-        if git["untracked"]:
-            extra.append(f"add the {len(git['untracked'])} untracked files (their sha256s are in "
+        if git.diff_file:
+            extra.append(f"apply `{git.diff_file}` (`git apply`, sha256 `{git.diff_sha256}`)")
+        if git.untracked:
+            extra.append(f"add the {len(git.untracked)} untracked files (their sha256s are in "
                          "`code.git.untracked`; their bytes are in the snapshot)")
         lines.append("   with uncommitted changes: " + ("; ".join(extra) if extra else "see the snapshot") + ".")
     else:
@@ -84,32 +82,32 @@ def _code_text(code: dict[str, Any], run_id: str, run_dir: str) -> str:
     return "\n".join(lines)
 
 
-def _data_text(data: dict[str, Any], run_dir: str) -> str:
+def _data_text(data: dict[str, Dataset], run_dir: str) -> str:
     if not data:
         return "\n   (this run used no datasets)"
     out = []
     for name, ds in sorted(data.items()):
-        where = ", ".join(f"`{w}`" for w in ds.get("mounts") or [ds["mount"]])
-        out.append(f"   - `{name}`: `{ds['path']}` mounted read-only at {where}; {ds['count']} files, "
-                   f"{ds['bytes']} bytes; manifest `{ds['manifest_file']}` (sha256 `{ds['manifest_sha256']}`,"
+        where = ", ".join(f"`{w}`" for w in ds.seen_at)
+        out.append(f"   - `{name}`: `{ds.path}` mounted read-only at {where}; {ds.count} files, "
+                   f"{ds.bytes} bytes; manifest `{ds.manifest_file}` (sha256 `{ds.manifest_sha256}`,"
                    " the dataset's ID). Check it with:")
         out.append("")
-        out.append(f"         (cd {shlex.quote(ds['path'])} && sha256sum -c --quiet "
-                   f"\"$OLDPWD/{run_dir}/{ds['manifest_file']}\")")
+        out.append(f"         (cd {shlex.quote(ds.path)} && sha256sum -c --quiet "
+                   f"\"$OLDPWD/{run_dir}/{ds.manifest_file}\")")
         out.append("")
     return "\n" + "\n".join(out).rstrip()
 
 
-def _env_text(env: dict[str, Any]) -> str:
-    lines = [f"   - `{k}={v}` (determinism)" for k, v in sorted(env["determinism"].items())]
-    lines += [f"   - `{k}={v}`" for k, v in sorted(env["passed"].items())]
-    lines += [f"   - `{k}` (a secret: recorded by name only; supply your own value)" for k in env["secrets"]]
+def _env_text(env: Env) -> str:
+    lines = [f"   - `{k}={v}` (determinism)" for k, v in sorted(env.determinism.items())]
+    lines += [f"   - `{k}={v}`" for k, v in sorted(env.passed.items())]
+    lines += [f"   - `{k}` (a secret: recorded by name only; supply your own value)" for k in env.secrets]
     return "\n".join(lines) if lines else "   (nothing)"
 
 
-def _prepare_text(record: dict[str, Any]) -> str:
+def _prepare_text(r: Run) -> str:
     """Step 5's first lines: who the script ran as, and ./outputs and the code made writable for that user."""
-    run_id, user = record["record"]["run_id"], record["invocation"].get("user")
+    run_id, user = r.record.run_id, r.invocation.user
     if not user:  # an older record: it does not say; run as yourself
         return ("With the code extracted to `./code-" + run_id + "` (the script's working\n"
                 "   directory: it may write there) and an empty `./outputs`, made writable for\n"
@@ -123,7 +121,7 @@ def _prepare_text(record: dict[str, Any]) -> str:
             f"   this `docker run` is equivalent to the container hermetic started:")
 
 
-def docker_run_command(record: dict[str, Any]) -> str:
+def docker_run_command(r: Run) -> str:
     """A ``docker run`` line equivalent to the run's container (for a person to read and paste).
 
     Built from the record: the same locked-down container (read-only root,
@@ -135,36 +133,34 @@ def docker_run_command(record: dict[str, Any]) -> str:
     (``invocation.user``: the image's user when hermetic ran as root); an
     older record, which does not say, runs as the caller (``id -u``).
     """
-    inv = record["invocation"]
-    cfg = inv.get("config") or {}
-    build = cfg.get("build") or {}
-    run = cfg.get("run") or {}
+    inv, env = r.invocation, r.env
+    build = inv.config.get("build") or {}
+    run = inv.config.get("run") or {}
     workdir = build.get("workdir", "/workspace")
     python = f"{build.get('prefix', '/opt/venv')}/bin/python"
-    env = record["env"]
-    groups: list[list[str]] = [["docker", "run", "--rm", "--network", inv["network"], "--read-only",
+    groups: list[list[str]] = [["docker", "run", "--rm", "--network", inv.network, "--read-only",
                                 "--tmpfs", f"/tmp:rw,exec,size={run.get('tmp_size', '4g')}",
                                 "--shm-size", run.get("shm_size", "1g"), "--cap-drop", "ALL",
                                 "--security-opt", "no-new-privileges", "--init"]]
-    limits = inv.get("limits") or {}
-    if limits.get("pids") or limits.get("memory"):  # run.pids, run.memory (absent from older records)
-        groups.append((["--pids-limit", str(limits["pids"])] if limits.get("pids") else [])
-                      + (["--memory", limits["memory"], "--memory-swap", limits["memory"]] if limits.get("memory") else []))
-    if inv["gpus"]:
-        groups.append(["--gpus", inv["gpus"]])
-    if inv.get("hostname"):  # fixed, so that files named by host come out the same (absent in older records)
-        groups.append(["--hostname", inv["hostname"]])
-    groups.append(["--user", inv.get("user") or "$(id -u):$(id -g)", "--workdir", workdir, "-e", "HOME=/tmp"])
-    run_env = {"HERMETIC_SEED": str(record["seed"]["value"]), "HERMETIC_OUTPUTS": "/outputs"}
-    groups += [["-e", f"{k}={v}"] for k, v in sorted({**run_env, **env["determinism"], **env["passed"]}.items())]
-    groups += [["-e", k] for k in env["secrets"]]
-    groups.append(["-v", f"$PWD/code-{record['record']['run_id']}:{workdir}"])
+    limits = inv.limits
+    if limits and (limits.pids or limits.memory):  # run.pids, run.memory (absent from older records)
+        groups.append((["--pids-limit", str(limits.pids)] if limits.pids else [])
+                      + (["--memory", limits.memory, "--memory-swap", limits.memory] if limits.memory else []))
+    if inv.gpus:
+        groups.append(["--gpus", inv.gpus])
+    if inv.hostname:  # fixed, so that files named by host come out the same (absent in older records)
+        groups.append(["--hostname", inv.hostname])
+    groups.append(["--user", inv.user or "$(id -u):$(id -g)", "--workdir", workdir, "-e", "HOME=/tmp"])
+    run_env = {"HERMETIC_SEED": str(r.seed.value), "HERMETIC_OUTPUTS": "/outputs"}
+    groups += [["-e", f"{k}={v}"] for k, v in sorted({**run_env, **env.determinism, **env.passed}.items())]
+    groups += [["-e", k] for k in env.secrets]
+    groups.append(["-v", f"$PWD/code-{r.record.run_id}:{workdir}"])
     # docker takes a relative host path for a volume name: make data paths absolute
-    for _, ds in sorted(record["data"].items()):
-        groups += [["-v", f"{_host_path(ds['path'])}:{where}:ro"] for where in ds.get("mounts") or [ds["mount"]]]
+    for _, ds in sorted(r.data.items()):
+        groups += [["-v", f"{_host_path(ds.path)}:{where}:ro"] for where in ds.seen_at]
     groups.append(["-v", "$PWD/outputs:/outputs"])
-    groups.append([record["image"]["id"]])
-    groups.append([python, inv["script"], *inv["args"]])
+    groups.append([r.image.id])
+    groups.append([python, inv.script, *inv.args])
     return " \\\n    ".join(" ".join(_quote(a) for a in g) for g in groups)
 
 
