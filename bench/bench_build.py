@@ -223,7 +223,7 @@ def docker_context(project: Path, seed: Path, pip_whl: Path, dest: Path) -> Path
 
 
 def load_base(seed: Path, base_digest: str) -> None:
-    from hermetic.engine import load_image
+    from hermetic.engines.dockerimages import load_image
 
     load_image(OciStore(seed / "oci"), base_digest, repo_tag=BASE_TAG)
 

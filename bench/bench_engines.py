@@ -59,9 +59,9 @@ HELLO = "print('first step', flush=True)\n"
 ENGINE_START = r"""
 import json, sys, time
 from hermetic.engines.base import ContainerSpec
-from hermetic.run.container import engine_for
+from hermetic.engines import get_engine
 name, image_id, manifest, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-engine = engine_for(name)
+engine = get_engine(name)
 spec = ContainerSpec(image_id=image_id, command=["/opt/venv/bin/python", "-c", "print('first step', flush=True)"],
                      mounts=[], env={"HOME": "/tmp"}, user="1000:1000", manifest_digest=manifest)
 times = []

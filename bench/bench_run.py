@@ -18,7 +18,7 @@ verified once (stat cache warm), the probe answer is cached. The pairs are
 interleaved (hermetic, docker, hermetic, ...) so load drifts hit both alike.
 Printed: median and range of each, the difference of medians, the median of
 the paired differences, the ratio, and whether the overhead is within the
-target (1.0 s). Then one extra hermetic run with timestamps on each phase
+budget (+0.5 s). Then one extra hermetic run with timestamps on each phase
 (where the overhead goes).
 
 Usage: bench/bench_run.py [--examples numpy-logreg,torch-mlp] [-n 5]
@@ -45,7 +45,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 HERMETIC = [sys.executable, "-m", "hermetic"]
-TARGET_S = 0.3  # issue 27, item 4 (issue 5 asked for 1.0 s)
+TARGET_S = 0.5  # issue 39's budget (issue 27's 0.3 s target withdrawn; issue 5 asked for 1.0 s)
 
 # Wraps the run's phases with timers and prints them as JSON on stderr at exit.
 PHASES = r"""
@@ -64,10 +64,10 @@ def wrap(mod, name, label):
     setattr(mod, name, timed)
 import hermetic.cli
 t_cli = time.perf_counter()
-import hermetic.engine as en, hermetic.engines.docker as ed, hermetic.run.orphans as ro, hermetic.run.runner as rr
+import hermetic.engines.dockerclient as en, hermetic.engines.dockercontainer as ed, hermetic.run.orphans as ro, hermetic.run.runner as rr
 t_imports = time.perf_counter()
 for mod, name, label in [
-        (en, "engine_client", "engine connect (its API version)"),
+        (en, "engine_client", "engine connect (docker-py imported, its API version)"),
         (ro, "reap_orphans", "orphans: runs whose driver died"),
         (rr, "plan_datasets", "datasets planned"), (rr, "check_source_links", "source links checked"),
         (rr, "prepare_image", "image: build no-op check, in the engine"),

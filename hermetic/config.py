@@ -1,30 +1,47 @@
-"""hermetic.yaml: the schema, its loader, and the config's canonical identity.
+"""hermetic.yaml: finding and reading it, the schema, its loader, and the config's canonical identity.
 
-The file is small on purpose. Everything not written in it has a default here,
-and the *resolved* config (defaults filled, paths as written relative to the
-file) is what gets hashed: the same settings in another key order, quoting or
-flow style give the same sha256, and two checkouts at different paths agree.
+The one loader of hermetic.yaml: every command that reads the file (a run, a build and its no-op, the runs
+listing) goes through ``load_config``. The file is small on purpose. Everything not written in it has a
+default here, and the *resolved* config (defaults filled, paths as written relative to the file) is what
+gets hashed: the same settings in another key order, quoting or flow style give the same sha256, and two
+checkouts at different paths agree.
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hermetic.configview import (  # noqa: F401 - names hermetic.config has always given
-    ConfigView, LoadedConfig, find_config, in_project, is_env_name, keep_config, read_config_bytes, size_bytes,
-    too_big,
-)
+from hermetic.canonical import canonical_json, sha256_hex
 from hermetic.errors import ConfigError
-from hermetic.paths import CONFIG_FILENAME, CONFIG_MAX_BYTES, name_pattern, norm_relpath  # noqa: F401
+from hermetic.paths import CONFIG_FILENAME, find_upward, name_pattern, norm_relpath
 from hermetic.reference import parse_base_reference
 
+CONFIG_MAX_BYTES = 1 << 20  # 1 MiB: a larger hermetic.yaml is refused unread
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(rf"^{name_pattern()}$")
+
+
+def is_env_name(name: str) -> bool:
+    return bool(_ENV_NAME.match(name))
+
+
+def size_bytes(size: str) -> int:
+    """A validated size ("512m", "4g") in bytes, as Docker reads it (k, m, g are powers of 1024)."""
+    unit = size[-1] if size[-1] in "bkmg" else "b"
+    number = int(size[:-1] if size[-1] in "bkmg" else size)
+    return number * {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
+
+
+def in_project(path: str) -> bool:
+    """Whether a dataset's ``path`` (as validated: relative paths normalized) lies inside the project."""
+    return not (path.startswith("/") or path == ".." or path.startswith("../"))
 
 
 def _check_name(v: str) -> str:
@@ -263,6 +280,80 @@ class HermeticConfig(_Strict):
         return self
 
 
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated config plus where it came from."""
+
+    model: HermeticConfig
+    path: Path  # the hermetic.yaml file, absolute
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    def resolve(self, rel: str) -> Path:
+        """A path from the config, made absolute against the config's directory."""
+        return (self.root / rel).resolve() if not rel.startswith("/") else Path(rel)
+
+    @property
+    def lock_path(self) -> Path:
+        return self.resolve(self.model.lock)
+
+    @property
+    def runs_path(self) -> Path:
+        return self.resolve(self.model.runs_dir)
+
+    def resolved(self) -> dict[str, Any]:
+        return self.model.model_dump(mode="json")
+
+    def canonical_bytes(self) -> bytes:
+        return canonical_json(self.resolved())
+
+    @property
+    def sha256(self) -> str:
+        return sha256_hex(self.canonical_bytes())
+
+
+def find_config(path: str | Path | None) -> Path:
+    """``-C`` may name the file or its directory; without it, ./hermetic.yaml or the nearest one in a
+    parent directory (so that commands work from anywhere in the project, as git's do)."""
+    if not path:
+        found = find_upward(Path.cwd(), CONFIG_FILENAME)
+        if found is None:
+            raise ConfigError(f"{Path.cwd() / CONFIG_FILENAME}: no such config file, here or in a parent "
+                              "directory (make one: hermetic init; or pass -C PATH)")
+        return found
+    p = Path(path)
+    if p.is_dir():
+        p = p / CONFIG_FILENAME
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such config file (make one: hermetic init; or pass -C PATH)")
+    return p.resolve()
+
+
+def read_config_bytes(cfg_path: Path) -> bytes:
+    """The file's bytes, read only up to CONFIG_MAX_BYTES (1 MiB): hermetic.yaml is a page of settings, so a
+    larger one is refused unread rather than parsed."""
+    try:
+        with open(cfg_path, "rb") as f:
+            raw = f.read(CONFIG_MAX_BYTES + 1)  # never more than the bound, whatever the file is
+    except OSError as e:
+        raise ConfigError(f"{cfg_path}: cannot read: {e}") from None
+    if len(raw) > CONFIG_MAX_BYTES:
+        raise too_big(cfg_path)
+    return raw
+
+
+def too_big(cfg_path: Path, size: int | None = None) -> ConfigError:
+    if size is None:
+        try:
+            size = cfg_path.stat().st_size
+        except OSError:
+            size = CONFIG_MAX_BYTES + 1
+    return ConfigError(f"{cfg_path}: {size} bytes; a hermetic.yaml may hold at most {CONFIG_MAX_BYTES} bytes "
+                       "(1 MiB): not read")
+
+
 def load_config(path: str | Path | None = None) -> LoadedConfig:
     """The config at ``path`` (see find_config), read only up to CONFIG_MAX_BYTES (1 MiB: larger is refused
     unread), validated."""
@@ -276,50 +367,6 @@ def parse_bytes(raw: bytes, cfg_path: Path) -> LoadedConfig:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{cfg_path}: cannot read: {e}") from None
     return parse_config(text, cfg_path)
-
-
-def model_shape(model: BaseModel, where: str = "", shape: dict[str, dict[str, Any]] | None = None
-                ) -> dict[str, dict[str, Any]]:
-    """Where a config's sections and datasets are (``run``, ``run.outputs``, ``datasets[0]``, ...), each
-    with the values of its model's own properties: what a ConfigView needs to answer as the models do."""
-    shape = {} if shape is None else shape
-    props: dict[str, Any] = {}
-    for cls in type(model).__mro__:
-        if cls.__module__ == __name__:
-            props.update({n: getattr(model, n) for n, v in vars(cls).items() if isinstance(v, property)})
-    shape[where] = props
-    for name in type(model).model_fields:
-        value = getattr(model, name)
-        at = f"{where}.{name}" if where else name
-        if isinstance(value, BaseModel):
-            model_shape(value, at, shape)
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if isinstance(item, BaseModel):
-                    model_shape(item, f"{at}[{i}]", shape)
-    return shape
-
-
-def keep_for_runs(cfg: LoadedConfig) -> None:
-    """Keep a config just loaded for the next `hermetic run` of the same bytes (hermetic.configview)."""
-    from hermetic.paths import cache_root
-
-    keep_config(cfg, model_shape(cfg.model), cache_root())
-
-
-def confirm_config(cfg: LoadedConfig) -> LoadedConfig:
-    """The config validated: ``cfg`` itself when its model is the schema's; a ConfigView's bytes validated now
-    (the errors any load gives), and refused unless they give the very config the view held."""
-    if not isinstance(cfg.model, ConfigView):
-        return cfg
-    real = parse_bytes(cfg.source or b"", cfg.path)
-    if real.resolved() != cfg.resolved() or model_shape(real.model) != object.__getattribute__(cfg.model, "_shape"):
-        from hermetic.paths import cache_root
-
-        raise ConfigError(f"{cfg.path}: validated again, it is not the config this hermetic kept for the same "
-                          f"bytes (in {cache_root() / 'configs'})",
-                          hint="remove that directory (it is only a cache) and run again")
-    return real
 
 
 def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
@@ -347,7 +394,7 @@ def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
             raise ConfigError(f"{where}: {key}: {msg}{more}") from None
         raise ConfigError(f"{where}: {msg}{more}") from None
     _refuse_secrets(model, node, cfg_path)
-    return LoadedConfig(model=model, path=cfg_path.resolve(), source=text.encode("utf-8", "surrogatepass"))
+    return LoadedConfig(model=model, path=cfg_path.resolve())
 
 
 # libyaml when PyYAML has it: ten times faster on a large file, and it bounds the nesting depth itself.

@@ -125,7 +125,7 @@ class DiskFull(CannotCreate, OSError):
     Also an OSError with the original errno, so that code which already treats
     a failed write as "not kept" (``except OSError``: a cache note, a stat
     cache) goes on doing so; everywhere else it reaches the CLI as one line
-    naming the path. Raised by ``disk_full`` (and fsutil.naming_full_disk)."""
+    naming the path. Raised by ``disk_full`` (and filesystems.naming_full_disk)."""
 
     def __init__(self, message: str, *, hint: str | None = None, errno: int = _errno.ENOSPC,
                  filename: str | None = None, details: list[str] | None = None, needed: int | None = None):

@@ -1,21 +1,15 @@
-"""Filesystem edges: atomic writes, locks a fork does not share, temp files tied
-to their writer, stat keys with git's racy-clean rule, streaming hashes.
+"""Writing files so that nothing is ever half there: atomic writes, temp files tied to their writer,
+stat keys with git's racy-clean rule, streaming hashes.
 
-Nothing hermetic writes is ever half there: content goes to a temporary file in
-the destination's directory and is renamed into place (rename is atomic on
-POSIX within one filesystem), so an interrupted process leaves either the old
-state or the new one -- plus, if it was killed, its temporary file. Each such
-file is tied to its writer: the writer holds an flock on it for as long as it
-writes, the kernel drops that lock when the writer dies, so the next writer
-(``sweep_dead``) can tell a dead writer's leftover from a live writer's work
-without guessing by age.
-
-Locks (``file_lock``, and the locks on temp files) belong to the process that
-took them alone. flock locks belong to an open file, which a fork shares: a
-worker forked while a lock is held would keep it after the holder dies. So
-every lock descriptor is close-on-exec (a program we start never gets it), and
-a forked child lets go of its copies at once (``os.register_at_fork``): a
-SIGKILLed holder never leaves a stale lock behind, whatever it started.
+Content goes to a temporary file in the destination's directory and is
+renamed into place (rename is atomic on POSIX within one filesystem), so an
+interrupted process leaves either the old state or the new one -- plus, if it
+was killed, its temporary file. Each such file is tied to its writer: the
+writer holds an flock on it for as long as it writes (hermetic.filelocks:
+never shared with a fork), the kernel drops that lock when the writer dies,
+so the next writer (``sweep_dead``) can tell a dead writer's leftover from a
+live writer's work without guessing by age. What a filesystem refuses on the
+way is one line naming it (hermetic.filesystems).
 """
 
 from __future__ import annotations
@@ -26,10 +20,13 @@ import fcntl
 import hashlib
 import os
 import shutil
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterator
+
+from hermetic.errors import disk_full, is_disk_full
+from hermetic.filelocks import close_held, flock, open_held
+from hermetic.filesystems import naming_unwritable, not_one_filesystem
 
 # Read once: os.umask can only be read by setting it, which is not thread-safe.
 _UMASK = os.umask(0o022)
@@ -84,249 +81,6 @@ def is_racy(mtime_ns: int, ctime_ns: int, recorded_ns: int) -> bool:
     return newest + 2 * granularity + _COARSE_CLOCK_NS >= recorded_ns
 
 
-# ---------------------------------------------------------------- filesystems that refuse (issue 38)
-# A cache or project on a filesystem that lacks what a local Linux one has ends in one line naming the path,
-# the filesystem and what to do: no file locks (NFS without its lock daemon, Lustre without -o flock), no
-# writes (a store every node mounts read-only; another user's cache; root on an NFS export that maps root
-# to nobody, root_squash), one rename across two filesystems (a part of the cache mounted or symlinked
-# elsewhere). What such a filesystem merely lacks (permission bits, hard links, xattrs, O_TMPFILE, which
-# hermetic's stores do not use) is no error: set_mode leaves the bits to the mount.
-
-from hermetic.errors import CannotCreate, HermeticError, Unavailable  # noqa: E402
-
-# Filesystems that are, by their nature, mounted by more than one machine.
-NETWORK_FS = frozenset({
-    "nfs", "nfs4", "lustre", "gpfs", "beegfs", "fuse.beegfs", "cephfs", "ceph", "glusterfs", "fuse.glusterfs",
-    "cifs", "smb3", "fuse.sshfs", "panfs", "wekafs", "orangefs", "pvfs2", "fuse.juicefs", "virtiofs", "9p",
-})
-
-
-def filesystem_of(path: str | os.PathLike[str]) -> tuple[str, str] | None:
-    """(mount point, filesystem type) of the mount holding ``path`` (/proc/self/mountinfo); None where unknown."""
-    real = os.path.realpath(path)
-    best: tuple[str, str] | None = None
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        parts, rparts = left.split(), right.split()
-        if len(parts) >= 5 and rparts:
-            point = parts[4].replace("\\040", " ")
-            below = real == point or real.startswith(point.rstrip("/") + "/")
-            if below and (best is None or len(point) >= len(best[0])):
-                best = (point, rparts[0])
-    return best
-
-
-def _on(path: str | os.PathLike[str]) -> str:
-    found = filesystem_of(path)
-    return f"{found[1]} at {found[0]}" if found is not None else "a filesystem not in /proc/self/mountinfo"
-
-
-def _in_cache(path: str | os.PathLike[str]) -> bool:
-    from hermetic.paths import cache_root
-
-    root, real = str(cache_root()), os.path.realpath(path)
-    return real == root or real.startswith(root.rstrip("/") + "/")
-
-
-_REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
-
-
-class NotWritable(CannotCreate, OSError):
-    """A directory hermetic must write in refuses it (read-only filesystem, permission denied): one line,
-    exit 73. Also an OSError with the original errno, so that code which takes a failed write as "not kept"
-    (a cache note, a claim on a read-only store) goes on doing so, as with errors.DiskFull."""
-
-    def __init__(self, message: str, *, hint: str | None = None, errno: int = errno.EACCES,
-                 filename: str | None = None):
-        super().__init__(message, hint=hint)
-        self.errno = errno
-        self.filename = filename
-
-    def __reduce__(self):  # across a process pool (layer workers): OSError's own pickling would drop the rest
-        return (_rebuild_not_writable, (self.message, self.hint, self.errno, self.filename))
-
-
-def _rebuild_not_writable(message: str, hint: str | None, errno: int, filename: str | None) -> NotWritable:
-    return NotWritable(message, hint=hint, errno=errno, filename=filename)
-
-
-def not_writable(e: OSError, directory: str | os.PathLike[str]) -> NotWritable:
-    """The one-line error for a refused write (errno EROFS, EACCES or EPERM) in ``directory``."""
-    where = Path(directory)
-    found = filesystem_of(where)
-    fs = f"{found[1]} at {found[0]}" if found is not None else "a filesystem not in /proc/self/mountinfo"
-    owner = None
-    if e.errno == errno.EROFS:
-        reason = f"read-only file system ({fs})"
-    else:
-        probe = where  # the directory, or its nearest parent that exists (the one that refused)
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        try:
-            st = probe.stat()
-            owner = st.st_uid
-            fs += f"; {probe} is uid {st.st_uid}'s, mode {st.st_mode & 0o7777:04o}"
-        except OSError:
-            pass
-        if os.geteuid() == 0:
-            if found is not None and found[1] in NETWORK_FS:
-                fs += "; a network filesystem that maps root to nobody, as NFS's root_squash does"
-            reason = f"permission denied, even to root ({fs})"
-        else:
-            reason = f"permission denied to uid {os.geteuid()} ({fs})"
-    hint = "make it writable for this user, or work in a copy that is"
-    if _in_cache(where):
-        hint = ("set HERMETIC_CACHE to a directory of this user's on a writable local filesystem (the cache's "
-                "stores, locks and scratch space are written there)")
-    if owner is not None and owner != os.geteuid():
-        hint = f"run hermetic as its owner (uid {owner}), or {hint}"
-    return NotWritable(f"{where}: {reason}: hermetic cannot write there", hint=hint,
-                       errno=e.errno or errno.EACCES, filename=str(where))
-
-
-@contextlib.contextmanager
-def naming_unwritable(directory: str | os.PathLike[str]) -> Iterator[None]:
-    """Turn a write refused in the block (EROFS, EACCES, EPERM) into ``NotWritable`` naming ``directory``."""
-    try:
-        yield
-    except OSError as e:
-        if e.errno not in _REFUSED or isinstance(e, HermeticError):
-            raise
-        raise not_writable(e, directory) from None
-
-
-class NoLocks(Unavailable):
-    """The filesystem cannot lock files (flock): hermetic's stores need locks, so this is one line, exit 69."""
-
-
-# flock's answers where the filesystem has no locks: NFS without its lock daemon (ENOLCK), Lustre mounted
-# without -o flock (ENOSYS), a filesystem without the operation (EOPNOTSUPP).
-_NO_LOCKS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
-
-
-def _flock(fd: int, operation: int, path: str | os.PathLike[str]) -> None:
-    try:
-        fcntl.flock(fd, operation)
-    except OSError as e:
-        if e.errno not in _NO_LOCKS:
-            raise
-        raise NoLocks(f"{path}: cannot lock it ({os.strerror(e.errno)}; {_on(path)}): hermetic's stores need "
-                      "file locks", hint="on NFS, run its lock daemon (rpc.statd; NFSv4 has locks built in), or mount "
-                      "with local_lock=flock where one machine uses it; on Lustre, mount with -o flock; or keep the "
-                      "directory on a local filesystem (HERMETIC_CACHE for the cache)") from None
-
-
-def not_one_filesystem(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> CannotCreate:
-    """The one-line error for a rename that crossed filesystems (EXDEV): a store's tmp/ and what it keeps apart."""
-    return CannotCreate(f"{dst}: cannot be renamed into place from {src}: they are on different filesystems "
-                        f"({_on(dst)}; {_on(src)})",
-                        hint="keep the whole cache on one filesystem (each store writes in its tmp/ and renames "
-                        "into place): move all of it and set HERMETIC_CACHE there, instead of mounting or "
-                        "symlinking a part of it elsewhere")
-
-
-def unfit_for_runs(path: str | os.PathLike[str], what: str, e: OSError) -> CannotCreate:
-    """The one-line error for a run's scratch space on a filesystem that cannot hold it: no FIFOs (the gate)
-    or no owners to give (FAT and exFAT; root on an export that maps root to nobody, as root_squash does)."""
-    return CannotCreate(f"{path}: cannot {what}: {os.strerror(e.errno or errno.EPERM)} ({_on(path)}): a run's "
-                        "scratch space (in the cache's tmp/) needs FIFOs and file owners",
-                        hint="set HERMETIC_CACHE to a directory on a local Linux filesystem (ext4, xfs, tmpfs), "
-                        "not FAT or exFAT, nor an export that maps root to nobody")
-
-
-def replace_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-    """``os.replace``; across two filesystems, ``not_one_filesystem``."""
-    try:
-        os.replace(src, dst)
-    except OSError as e:
-        if e.errno != errno.EXDEV:
-            raise
-        raise not_one_filesystem(src, dst) from None
-
-
-# ---------------------------------------------------------------- locks a fork does not share
-
-_held: set[int] = set()  # descriptors through which this process holds flock locks
-_held_mu = threading.Lock()  # held from open() until the fd is in _held, and across fork()
-
-
-def _open_held(path: Path, flags: int, mode: int = 0o644) -> int:
-    """open() a descriptor that will carry a lock; no fork can copy it before it is known."""
-    with _held_mu:
-        fd = os.open(path, flags | os.O_CLOEXEC, mode)
-        _held.add(fd)
-    return fd
-
-
-def _close_held(fd: int) -> None:
-    _held.discard(fd)
-    os.close(fd)
-
-
-def _before_fork() -> None:
-    _held_mu.acquire()
-
-
-def _after_fork_in_parent() -> None:
-    _held_mu.release()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child lets go of the parent's locks: its copies of their descriptors now
-    point at /dev/null (dup2, not close: objects it inherited may still close those numbers)."""
-    global _held_mu
-    _held_mu = threading.Lock()
-    if _held:
-        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        for fd in _held:
-            with contextlib.suppress(OSError):
-                os.dup2(null, fd, inheritable=False)
-        os.close(null)
-        _held.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
-
-
-@contextlib.contextmanager
-def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """An exclusive advisory lock (flock) held for the block's duration.
-
-    The kernel drops it when the holder dies, and no other process ever
-    shares it (close-on-exec, and let go of in forked children: module doc),
-    so a SIGKILLed holder never leaves a stale lock behind, even while
-    workers it forked are still alive.
-    """
-    fd = _flock_fd(Path(path))
-    try:
-        _flock(fd, fcntl.LOCK_EX, path)
-        yield
-    finally:
-        _close_held(fd)  # closing the only descriptor of the open file releases the lock
-
-
-def is_locked(path: str | os.PathLike[str]) -> bool:
-    """Whether some process holds ``path``'s file_lock now (False when there is no such file)."""
-    try:
-        fd = _open_held(Path(path), os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        _flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, path)
-    except BlockingIOError:
-        return True
-    finally:
-        _close_held(fd)
-    return False
-
-
 # ---------------------------------------------------------------- temp files tied to their writer
 
 
@@ -347,19 +101,19 @@ class OwnedTemp:
             path = directory / f"{prefix}{os.urandom(6).hex()}{suffix}"
             try:
                 with naming_unwritable(directory):
-                    fd = _open_held(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+                    fd = open_held(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
             except FileExistsError:
                 continue
             try:
-                _flock(fd, fcntl.LOCK_EX, path)  # at most a sweeper's instant (see sweep_dead)
+                flock(fd, fcntl.LOCK_EX, path)  # at most a sweeper's instant (see sweep_dead)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
-                _close_held(fd)
+                close_held(fd)
                 raise
             if os.fstat(fd).st_nlink:
                 break
-            _close_held(fd)  # a sweeper took it between create and lock: it is gone, make another
+            close_held(fd)  # a sweeper took it between create and lock: it is gone, make another
         self.fd = fd
         self.path = path
 
@@ -369,7 +123,7 @@ class OwnedTemp:
 
     def close(self) -> None:
         if self.fd >= 0:
-            _close_held(self.fd)
+            close_held(self.fd)
             self.fd = -1
 
     def discard(self) -> None:
@@ -436,7 +190,7 @@ def _if_dead(path: str, remove: bool) -> int | None:
     fd = None
     for flags in (os.O_RDWR, os.O_RDONLY):
         try:
-            fd = _open_held(Path(path), flags | os.O_NOFOLLOW)
+            fd = open_held(Path(path), flags | os.O_NOFOLLOW)
             break
         except OSError:
             continue
@@ -467,7 +221,7 @@ def _if_dead(path: str, remove: bool) -> int | None:
                 return None  # removed by another sweeper, or a store this process may not change
         return size
     finally:
-        _close_held(fd)
+        close_held(fd)
 
 
 def sweep_dead(directory: str | os.PathLike[str], match: Callable[[str], bool] | None = None, *,
@@ -538,6 +292,16 @@ def set_mode(file: int | str | os.PathLike[str], mode: int) -> None:
 # ---------------------------------------------------------------- atomic writes
 
 
+def replace_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """``os.replace``; across two filesystems, ``not_one_filesystem``."""
+    try:
+        os.replace(src, dst)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        raise not_one_filesystem(src, dst) from None
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike[str], mode: str = "wb", *, fsync: bool = True) -> Iterator[IO]:
     """Write to a temp file beside ``path`` (held by this process); rename over it only on success."""
@@ -580,86 +344,3 @@ def write_if_changed(path: str | os.PathLike[str], data: bytes) -> bool:
         pass
     atomic_write_bytes(path, data)
     return True
-
-
-# ================================================================ full disks, and the shared lock
-# (issue 24: a full disk ends in one line naming the path; `cache gc` waits for the store's writers)
-
-from hermetic.errors import DiskFull, disk_full, is_disk_full  # noqa: E402 (re-exported: one place to import from)
-
-
-@contextlib.contextmanager
-def naming_full_disk(path: str | os.PathLike[str], what: str | None = None, *,
-                     needed: int | None = None) -> Iterator[None]:
-    """Turn ENOSPC or EDQUOT raised in the block into ``errors.DiskFull`` naming ``path``.
-
-    For the writers (and, wrapped around a whole command, as the last resort):
-    an OSError that names its own file keeps that name (it is the more precise
-    one), a DiskFull raised deeper passes unchanged, any other error is left
-    alone. The block's own cleanup (temp files, ``finally``) has run by then.
-    """
-    try:
-        yield
-    except DiskFull:
-        raise
-    except OSError as e:
-        if not is_disk_full(e):
-            raise
-        raise disk_full(e, e.filename if e.filename is not None else path, what=what, needed=needed) from None
-
-
-def _flock_fd(path: Path) -> int:
-    with naming_unwritable(path.parent):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return _open_held(path, os.O_RDWR | os.O_CREAT)
-
-
-@contextlib.contextmanager
-def shared_file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """A shared flock on ``path`` for the block: any number of holders together, none while
-    ``exclusive_file_lock`` is held. Not shared with a fork, gone when the holder dies (file_lock)."""
-    fd = _flock_fd(Path(path))
-    try:
-        _flock(fd, fcntl.LOCK_SH, path)
-        yield
-    finally:
-        _close_held(fd)
-
-
-@contextlib.contextmanager
-def exclusive_file_lock(path: str | os.PathLike[str],
-                        on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-    """``file_lock``, calling ``on_wait()`` once first when the lock is held by someone else (to say
-    what it waits for) before it blocks."""
-    fd = _flock_fd(Path(path))
-    try:
-        try:
-            _flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, path)
-        except BlockingIOError:
-            if on_wait is not None:
-                on_wait()
-            _flock(fd, fcntl.LOCK_EX, path)
-        yield
-    finally:
-        _close_held(fd)
-
-
-def lock_holders(path: str | os.PathLike[str]) -> list[int]:
-    """The pids that hold (or wait for) an flock on ``path``, from /proc/locks; [] where it cannot be read."""
-    try:
-        st = os.stat(path)
-        text = Path("/proc/locks").read_text()
-    except OSError:
-        return []
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    pids = []
-    for line in text.splitlines():
-        fields = line.split()
-        # "1: FLOCK  ADVISORY  READ  1234 08:01:5678 0 EOF" (a waiter's line starts "1: -> FLOCK ...")
-        if "->" in fields:
-            fields.remove("->")
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
-            pid = int(fields[4])
-            if pid != os.getpid() and pid not in pids:
-                pids.append(pid)
-    return sorted(pids)

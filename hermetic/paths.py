@@ -39,8 +39,7 @@ def slug(text: str, max_len: int) -> str:
     return s[:max_len].rstrip("-._")
 
 
-CONFIG_FILENAME = "hermetic.yaml"  # here, not in hermetic.config: the fast paths (listing, no-op) need it without pydantic
-CONFIG_MAX_BYTES = 1 << 20  # 1 MiB: a larger hermetic.yaml is refused unread (hermetic.config; the fast paths too)
+CONFIG_FILENAME = "hermetic.yaml"  # here, not in hermetic.config: the runs listing and `init` need it without the schema
 
 
 def find_upward(start: Path, name: str) -> Path | None:

@@ -9,27 +9,23 @@ keeps one capability, CAP_DAC_READ_SEARCH (read and search any file, nothing
 else), for reading what an earlier run sealed as the invoking user
 (``--resume-from``); it still writes only as the container's user.
 
-The child answers through a pipe with JSON: the function's result, or the
-HermeticError it raised (re-raised here as the same class), or a bug's
-traceback (a RuntimeError here, exit 70). It dies with the parent
-(PR_SET_PDEATHSIG). When hermetic is not root, or the target is root, the
-function simply runs in this process (there is nothing to drop).
+The child is a hermetic.workers worker: its answer (JSON: the function's
+result must be JSON-serializable) comes back through a pipe, its
+HermeticError is re-raised here as the same class, a bug's traceback as a
+RuntimeError (exit 70); it dies with the parent, which ends it on Ctrl-C.
+When hermetic is not root, or the target is root, the function simply runs
+in this process (there is nothing to drop).
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import os
-import signal
-import sys
-import traceback
 from typing import Any, Callable, Sequence
 
-from hermetic import errors
-from hermetic.errors import HermeticError, WorkerDied
+from hermetic import errors, workers
+from hermetic.errors import HermeticError
 
-_PR_SET_PDEATHSIG = 1
 _PR_SET_KEEPCAPS = 8
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 CAP_DAC_READ_SEARCH = 2
@@ -60,44 +56,12 @@ def call_as(uid: int, gid: int, fn: Callable[..., Any], *args: Any, open_dirs: S
     try:
         if not will_drop(uid):
             return fn(fds, *args)
-        r, w = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            os.close(r)
-            _child(w, uid, gid, read_any, fn, args, fds)
-        os.close(w)
-        with os.fdopen(r, "rb") as f:
-            payload = f.read()
-        _, status = os.waitpid(pid, 0)
+        with workers.start(f"the process collecting as uid {uid}", _as_user, os.getpid(), uid, gid, read_any,
+                           fn, fds, args) as child:
+            return child.result()
     finally:
         for fd in fds.values():
             os.close(fd)
-    if not payload:
-        how = (f"signal {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
-               else f"exit {os.WEXITSTATUS(status)}")
-        raise WorkerDied(f"the process collecting as uid {uid} ended without an answer ({how})")
-    doc = json.loads(payload)
-    if "ok" in doc:
-        return doc["ok"]
-    if "error" in doc:
-        e = doc["error"]
-        cls = getattr(errors, e["type"], None)
-        if not (isinstance(cls, type) and issubclass(cls, HermeticError)):
-            cls = HermeticError
-        exc = _rebuild(cls, e)
-        raise exc
-    raise RuntimeError(f"in the process collecting as uid {uid}:\n{doc.get('bug')}")
-
-
-def _rebuild(cls: type[HermeticError], e: dict[str, Any]) -> HermeticError:
-    try:
-        exc = cls(e["message"], hint=e.get("hint"), details=e.get("details"))
-    except TypeError:  # a subclass with its own constructor
-        exc = HermeticError(e["message"], hint=e.get("hint"), details=e.get("details"), exit_code=e["exit_code"])
-    exc.exit_code = e["exit_code"]
-    return exc
 
 
 def _open_dirs(paths: Sequence[str]) -> dict[str, int]:
@@ -112,45 +76,20 @@ def _open_dirs(paths: Sequence[str]) -> dict[str, int]:
     return fds
 
 
-def _child(w: int, uid: int, gid: int, read_any: bool, fn: Callable[..., Any], args: tuple,
-           fds: dict[str, int]) -> None:
-    code = 0
+def _as_user(owner: int, uid: int, gid: int, read_any: bool, fn: Callable[..., Any], fds: dict[str, int],
+             args: tuple) -> Any:
+    """In the child: become ``uid:gid``, then ``fn(fds, *args)``."""
     try:
-        try:
-            try:
-                _become(uid, gid, read_any)
-            except OSError as e:  # never carry on as root
-                raise HermeticError(f"cannot drop from root to uid {uid} gid {gid} before reading what the "
-                                    f"script wrote: {e}", exit_code=errors.EXIT_OSERR) from None
-            doc: dict[str, Any] = {"ok": fn(fds, *args)}
-        except HermeticError as e:
-            cls = type(e)
-            name = cls.__name__ if getattr(errors, cls.__name__, None) is cls else _errors_base(cls).__name__
-            doc = {"error": {"type": name, "message": e.message, "hint": e.hint, "details": e.details,
-                             "exit_code": e.exit_code}}
-        except BaseException:
-            doc = {"bug": traceback.format_exc()}
-        data = json.dumps(doc).encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(w, view):]
-    except BaseException:
-        code = 1
-    finally:
-        os._exit(code)
-
-
-def _errors_base(cls: type) -> type:
-    """The nearest class of hermetic.errors that ``cls`` derives from (a module's own subclass travels as it)."""
-    for base in cls.__mro__:
-        if getattr(errors, base.__name__, None) is base:
-            return base
-    return HermeticError
+        _become(uid, gid, read_any)
+    except OSError as e:  # never carry on as root
+        raise HermeticError(f"cannot drop from root to uid {uid} gid {gid} before reading what the "
+                            f"script wrote: {e}", exit_code=errors.EXIT_OSERR) from None
+    workers.die_with_parent(owner)  # again: a change of user clears the parent-death signal
+    return fn(fds, *args)
 
 
 def _become(uid: int, gid: int, read_any: bool) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     if read_any:

@@ -7,24 +7,39 @@ for is still there (it may have died before the request was made). Workers
 started from a fork server have the server as their parent, which exits when
 the command does; the check then looks at the command's own pid.
 
-Locks are the other half: fsutil's locks are never shared with a worker (see
-its module doc), so even a worker that lived on could not hold one.
+Locks are the other half: hermetic.filelocks' locks are never shared with a
+worker (see its module doc), so even a worker that lived on could not hold one.
+
+``start`` is the one way hermetic forks a worker of its own (data hashing,
+the tree hash's scan, the collection as another user): ``fn(*args)`` runs in
+the child, which dies with its parent and leaves Ctrl-C to it; what ``fn``
+returns, what it sends on the way (``send``) and the HermeticError it raises
+come back through a pipe as JSON (never pickle: the child may have dropped
+root), and ``Worker`` reads them, reaps the child, and ends it at once when
+the parent gives up on it. A child closes its copies of the parent's worker
+pipes (its elder siblings', and the parent's own answer pipe), so every pipe
+ends when its one writer does, and a reader never waits for a dead worker.
 
 An account may be refused another worker where root never is: at its limit
 of processes (``ulimit -u``, which counts threads too) or of open files
-(``ulimit -n``: each worker costs its parent a pipe). ``no_more_workers``
-says so of an error, and a command that wanted helpers goes on with those it
-got (hashing: with its own process at least); one that cannot do without
-says so in one line (``limit_reached``).
+(``ulimit -n``: each worker costs its parent a pipe, so no more than a
+quarter of the limit are started: ``affordable``). ``no_more_workers`` says
+so of an error, and a command that wanted helpers goes on with those it got
+(hashing: with its own process at least); one that cannot do without says so
+in one line (``limit_reached``).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
+import struct
+import sys
+from typing import Any, Callable
 
-from hermetic.errors import EXIT_OSERR, HermeticError
+from hermetic.errors import EXIT_OSERR, HermeticError, WorkerDied
 
 # What fork(2), pipe(2) and a new thread meet at those limits (EAGAIN: processes; EMFILE, ENFILE: descriptors,
 # the account's or the machine's), or when the machine has no memory for another process (ENOMEM).
@@ -107,3 +122,213 @@ def _limit(n: int) -> str:
     import resource
 
     return "unlimited" if n == resource.RLIM_INFINITY else str(n)
+
+
+def available_cpus() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def affordable(workers: int) -> int:
+    """``workers``, or fewer where ``ulimit -n`` is low: each costs this process a descriptor (its pipe), and
+    three quarters of the limit stay for the files the work opens and the rest of the command."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return workers if soft == resource.RLIM_INFINITY else max(1, min(workers, soft // 4))
+
+
+# ---------------------------------------------------------------- forked workers and their answers
+
+_FRAME = struct.Struct("=Q")  # the length of the JSON document that follows
+_plumbing: set[int] = set()  # this process's ends of worker pipes: a child it forks closes its copies first
+_answer = -1  # in a worker: the write end of its own pipe (send)
+
+
+class Worker:
+    """The parent's side of a child that ``start`` forked: its answers, then its end.
+
+    A context manager: leaving the block ends the child (``stop``) unless its
+    result was read, so an error or Ctrl-C in the parent never waits for it."""
+
+    def __init__(self, pid: int, fd: int, what: str):
+        self.pid, self.what = pid, what
+        self._fd = fd
+        self._status: int | None = None  # set once reaped
+
+    def receive(self, tick: Callable[[], None] | None = None) -> Any:
+        """The next value the child sent (``send``). Raises what ``result`` raises where it ended instead."""
+        doc = self._next(tick)
+        if doc is not None and "sent" in doc:
+            return doc["sent"]
+        self._end(doc)
+        raise RuntimeError(f"{self.what} returned without sending what was expected")
+
+    def result(self, tick: Callable[[], None] | None = None) -> Any:
+        """What the child's function returned; the child is reaped. Its HermeticError is raised here as the same
+        class, a bug's traceback as a RuntimeError (exit 70), and WorkerDied (exit 71) where it ended without an
+        answer (killed, out of memory). ``tick`` is called every 0.1 s while waiting (a progress bar)."""
+        doc = self._next(tick)
+        if doc is not None and "sent" in doc:
+            raise RuntimeError(f"{self.what} sent a value nobody received")
+        return self._end(doc)
+
+    def stop(self) -> None:
+        """End the child now (SIGKILL) if it was not reaped yet, and let go of its pipe."""
+        if self._status is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            finally:
+                self._reap()
+        self._close()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _next(self, tick: Callable[[], None] | None) -> dict[str, Any] | None:
+        header = _read_exactly(self._fd, _FRAME.size, tick)
+        if len(header) < _FRAME.size:
+            return None
+        (size,) = _FRAME.unpack(header)
+        data = _read_exactly(self._fd, size, tick)
+        return json.loads(data) if len(data) == size else None
+
+    def _end(self, doc: dict[str, Any] | None) -> Any:
+        """Reap the child; ``doc``'s value, or the error it carries (``result``)."""
+        self._close()
+        self._reap()
+        if doc is None:
+            status = self._status or 0
+            how = (f"signal {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
+                   else f"exit {os.WEXITSTATUS(status)}")
+            raise WorkerDied(f"{self.what} ended without an answer ({how})",
+                             hint="the machine may be out of memory (`dmesg` names what the kernel killed)")
+        if "ok" in doc:
+            return doc["ok"]
+        if "error" in doc:
+            raise _rebuild(doc["error"])
+        raise RuntimeError(f"in {self.what}:\n{doc.get('bug')}")
+
+    def _reap(self) -> None:
+        if self._status is None:
+            self._status = os.waitpid(self.pid, 0)[1]
+
+    def _close(self) -> None:
+        if self._fd >= 0:
+            _plumbing.discard(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+
+
+def start(what: str, fn: Callable[..., Any], *args: Any) -> Worker:
+    """Fork a child that runs ``fn(*args)`` (module doc); ``what`` names it in errors ("a hashing worker process").
+
+    Where the pipe or the fork is refused (an OSError: ``no_more_workers``, ``limit_reached``) nothing is left
+    open. What ``fn`` returns or sends must be JSON (lists come back for tuples)."""
+    owner = os.getpid()
+    r, w = os.pipe()
+    try:
+        sys.stdout.flush()  # (else the child's copy of the buffers would print them again)
+        sys.stderr.flush()
+        pid = os.fork()
+    except BaseException:
+        os.close(r)
+        os.close(w)
+        raise
+    if pid == 0:
+        _child(owner, r, w, fn, args)  # never returns
+    os.close(w)
+    _plumbing.add(r)
+    return Worker(pid, r, what)
+
+
+def send(value: Any) -> None:
+    """In a worker: pass ``value`` to the parent before the end (``Worker.receive``)."""
+    if _answer < 0:
+        raise RuntimeError("send() outside a worker")
+    _write_all(_answer, _frame({"sent": value}))
+
+
+def _child(owner: int, r: int, w: int, fn: Callable[..., Any], args: tuple) -> None:
+    global _answer
+    code = 1
+    try:
+        die_with_parent(owner)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends its workers
+        os.close(r)
+        for fd in _plumbing:  # its parent's pipes: its siblings', and the parent's own answer pipe
+            os.close(fd)
+        _plumbing.clear()
+        _plumbing.add(w)
+        _answer = w
+        try:
+            data = _frame({"ok": fn(*args)})
+        except HermeticError as e:
+            data = _frame({"error": _describe(e)})
+        except BaseException:
+            import traceback
+
+            data = _frame({"bug": traceback.format_exc()})
+        _write_all(w, data)
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _frame(doc: dict[str, Any]) -> bytes:
+    data = json.dumps(doc).encode()
+    return _FRAME.pack(len(data)) + data
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_exactly(fd: int, size: int, tick: Callable[[], None] | None) -> bytes:
+    """``size`` bytes, fewer at EOF; ``tick`` every 0.1 s while waiting, if given."""
+    import select
+
+    chunks: list[bytes] = []
+    left = size
+    while left:
+        if tick is not None and not select.select([fd], [], [], 0.1)[0]:
+            tick()
+            continue
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _describe(e: HermeticError) -> dict[str, Any]:
+    """``e`` as JSON: its classes (the nearest first) by module and name, and what it says."""
+    classes = [[c.__module__, c.__name__] for c in type(e).__mro__ if issubclass(c, HermeticError)]
+    return {"classes": classes, "message": e.message, "hint": e.hint, "details": e.details,
+            "exit_code": e.exit_code}
+
+
+def _rebuild(e: dict[str, Any]) -> HermeticError:
+    """The error ``_describe`` wrote, as the nearest of its classes this process has loaded (looked up, never
+    imported: the child may have dropped root and is not trusted to name code to run)."""
+    cls: type[HermeticError] = HermeticError
+    for module, name in e["classes"]:
+        found = getattr(sys.modules.get(module), name, None) if str(module).startswith("hermetic.") else None
+        if isinstance(found, type) and issubclass(found, HermeticError):
+            cls = found
+            break
+    try:
+        exc = cls(e["message"], hint=e.get("hint"), details=e.get("details"))
+    except TypeError:  # a subclass with its own constructor
+        exc = HermeticError(e["message"], hint=e.get("hint"), details=e.get("details"), exit_code=e["exit_code"])
+    exc.exit_code = e["exit_code"]
+    return exc

@@ -188,7 +188,7 @@ def test_cycle_finder_finds_a_planted_cycle():
 FORBIDDEN = {
     "builder": {"registry", "run", "diff", "record"},  # the builder is given a base puller and an image cache
     "registry": {"builder", "run", "diff", "record"},
-    "store": {"builder", "registry", "run", "engine", "record"},
+    "store": {"builder", "registry", "run", "engines", "record"},
     "record": {"run", "builder", "registry", "slurm"},
     "diff": {"run", "builder", "registry", "slurm"},
     "config": {"builder", "registry", "run", "store", "record"},
@@ -200,6 +200,8 @@ FORBIDDEN = {
     "provenance": {"builder", "registry", "run", "store", "reproduce", "record", "diff"},  # pure documents
     "reproduce": {"run", "diff", "record"},  # rebuilds with the builder; knows nothing of runs
     "run": {"slurm"},  # slurm drives run (a task is runner.execute); run knows nothing of Slurm
+    # the engines run a spec and answer questions; a run's liveness comes in through the spec (its driver)
+    "engines": {"builder", "registry", "run", "record", "diff", "slurm", "reproduce"},
 }
 
 
@@ -209,8 +211,156 @@ def test_arrows_go_one_way():
     assert wrong == []
 
 
-def test_the_fast_listing_path_agrees_on_the_config_file_name():
-    from hermetic.config import CONFIG_FILENAME
-    from hermetic.record.locate import CONFIG_FILENAME as listed
+# ---------------------------------------------------------------- one home per engine (issue 39, item 4)
+#
+# Outside hermetic/engines/ nothing imports one engine's module (only the package, get_engine and the rest,
+# and base.py, the protocol), docker-py included, and nothing decides by an engine's name: what differs is
+# an engine's attribute or method. A branch by name is a comparison of an engine's name with a literal one
+# (or a collection of them, or a constant bound to them), a table keyed by engine names, a call that picks
+# one engine by a literal name, or a match on one; an engine's name in a message or a CLI choice is not.
 
-    assert listed == CONFIG_FILENAME
+ENGINE_NAMES = frozenset(("docker", "podman", "charliecloud"))  # hermetic.engines.base.ENGINES, spelled here
+NAMED_CONSTANTS = frozenset(("DEFAULT_ENGINE",))  # names that stand for one engine's name
+PICKERS = frozenset(("get_engine", "engine_for"))
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def engine_module_imports(root: Path = PACKAGE) -> list[str]:
+    """Every import, from outside ``<root>/engines/``, of a module there other than the package and base."""
+    home = f"{root.name}.engines"
+    shared = {home, f"{home}.base"}
+    return sorted(f"{mod} imports {t}" for mod, targets in module_graph(root).items() if not _inside(mod, home)
+                  for t in targets if _inside(t, home) and t not in shared)
+
+
+def docker_py_imports(root: Path = PACKAGE) -> list[str]:
+    """Every import of docker-py (``docker``) outside ``<root>/engines/``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if (root / "engines") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{_module_name(path, root)}:{node.lineno} imports {n}" for n in names
+                      if n == "docker" or n.startswith("docker.")]
+    return found
+
+
+def _speaks_of_an_engine(node: ast.AST) -> bool:
+    """An expression that holds an engine or its name: ``engine``, ``engine.name``, ``orphan.engine``,
+    ``req.engine``, ``self.engine_name``..."""
+    return "engine" in ast.unparse(node).lower()
+
+
+def _engine_literal(node: ast.AST, bound: dict[str, ast.AST]) -> str | None:
+    """The engine name(s) ``node`` spells when it is one literally: a string constant, a tuple/list/set of
+    them (every element an engine's name), a name bound to either in the module, DEFAULT_ENGINE."""
+    if isinstance(node, ast.Name) and node.id in bound:
+        return _engine_literal(bound[node.id], {})
+    if isinstance(node, (ast.Name, ast.Attribute)) and (node.id if isinstance(node, ast.Name) else node.attr) \
+            in NAMED_CONSTANTS:
+        return ast.unparse(node)
+    if isinstance(node, ast.Constant) and node.value in ENGINE_NAMES:
+        return repr(node.value)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and all(
+            isinstance(e, ast.Constant) and e.value in ENGINE_NAMES for e in node.elts):
+        return ast.unparse(node)
+    return None
+
+
+def _branches_in(tree: ast.AST) -> list[tuple[int, str]]:
+    bound: dict[str, ast.AST] = {}
+    for node in ast.walk(tree):  # NAMES = ("docker", "podman"): its uses are the literal's
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name) and _engine_literal(node.value, {}):
+                    bound[t.id] = node.value
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            for i, side in enumerate(sides):
+                literal = _engine_literal(side, bound)
+                others = sides[:i] + sides[i + 1:]
+                collection = literal is not None and not isinstance(side, ast.Constant) and (
+                    "," in literal or "{" in literal or isinstance(side, ast.Name) and side.id in bound)
+                if literal is not None and (collection or any(_speaks_of_an_engine(o) for o in others)):
+                    found.append((node.lineno, ast.unparse(node)))
+                    break
+        elif isinstance(node, ast.Dict) and node.keys and all(
+                isinstance(k, ast.Constant) and k.value in ENGINE_NAMES for k in node.keys):
+            found.append((node.lineno, "a table by engine name: " + ast.unparse(node)[:80]))
+        elif isinstance(node, ast.Call) and (node.func.id if isinstance(node.func, ast.Name) else
+                                             getattr(node.func, "attr", "")) in PICKERS and any(
+                _engine_literal(a, bound) for a in node.args):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Match) and _speaks_of_an_engine(node.subject) and any(
+                isinstance(c.pattern, ast.MatchValue) and _engine_literal(c.pattern.value, bound)
+                for c in node.cases):
+            found.append((node.lineno, f"match {ast.unparse(node.subject)}"))
+    return sorted(found)
+
+
+def engine_name_branches(root: Path = PACKAGE) -> list[str]:
+    """Every branch by an engine's name (above) in a file outside ``<root>/engines/``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if (root / "engines") in path.parents:
+            continue
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+        found += [f"{_module_name(path, root)}:{line}: {code}" for line, code in _branches_in(tree)]
+    return found
+
+
+def test_no_engine_module_is_imported_outside_the_engines():
+    assert engine_module_imports() == []
+    assert docker_py_imports() == []
+
+
+def test_nothing_outside_the_engines_branches_on_an_engines_name():
+    assert engine_name_branches() == []
+
+
+def test_the_engine_checks_find_what_is_planted_and_only_that(tmp_path):
+    """A tiny package with each kind of branch and import planted, and the look-alikes that are not (a base
+    reference's kind, Slurm's container kind, messages, CLI choices, the engines' own code)."""
+    root = _tiny_package(tmp_path, {
+        "engines/__init__.py": "def get_engine(name=None): ...\n",
+        "engines/base.py": "ENGINES = ('docker', 'podman', 'charliecloud')\n",
+        "engines/docker.py": "import docker\nNAME = 'docker'\n\ndef f(engine):\n    return engine.name == 'docker'\n",
+        "run.py": (
+            "from pkg.engines import get_engine\n"
+            "from pkg.engines.base import ENGINES\n"
+            "from pkg.engines import docker\n"  # planted: an engine's own module
+            "import docker.errors\n"  # planted: docker-py
+            "LOCAL = ('docker', 'podman')\n"
+            "HOMES = {'docker': 'the Docker Engine', 'podman': \"Podman's storage\"}\n"  # planted: a table
+            "def a(engine, orphan, name, req):\n"
+            "    if engine.name == 'docker': pass\n"  # planted
+            "    if 'podman' != orphan.engine: pass\n"  # planted
+            "    if name not in LOCAL: pass\n"  # planted: a constant bound to engine names
+            "    if req.engine in ('docker', 'charliecloud'): pass\n"  # planted
+            "    if engine.name == DEFAULT_ENGINE: pass\n"  # planted
+            "    get_engine('podman')\n"  # planted: one engine picked by its name
+            "    match engine.name:\n"
+            "        case 'charliecloud': pass\n"  # planted
+            "        case _: pass\n"),
+        "fine.py": (
+            "CONTAINERS = ('docker', 'pyxis')\n"
+            "def b(ref, container, engine, choice):\n"
+            "    if ref.kind == 'docker': pass\n"  # a base reference's kind
+            "    if container not in CONTAINERS: pass\n"  # Slurm's container kind: not only engine names
+            "    if container == 'docker': pass\n"
+            "    raise ValueError(f\"engine {engine.name!r}: one of docker, podman\")\n"
+            "def c(choice=['docker', 'podman', 'charliecloud'], engine=None):\n"  # a CLI's choices
+            "    return get_engine(engine), {'name': 'docker'}\n"),
+    })
+    assert engine_module_imports(root) == ["pkg.run imports pkg.engines.docker"]
+    assert docker_py_imports(root) == ["pkg.run:4 imports docker.errors"]
+    found = engine_name_branches(root)
+    assert [f.split(":", 2)[:2] for f in found] == [["pkg.run", str(n)] for n in (6, 8, 9, 10, 11, 12, 13, 14)], found

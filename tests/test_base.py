@@ -43,7 +43,7 @@ def test_base_from_a_registry_and_base_pin(tmp_path, session_cache, base_ref, re
 
 
 def test_base_from_the_engine_by_id(tmp_path, session_cache, base_ref, wheels, docker_client, cache_dir):
-    from hermetic.engine import load_image
+    from hermetic.engines.dockerimages import load_image
     from hermetic.store.oci import OciStore
 
     store = OciStore(session_cache / "oci")

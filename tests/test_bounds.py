@@ -155,7 +155,7 @@ def test_the_one_gpus_grammar():
 
 def test_every_gpus_reader_goes_through_the_one_parser():
     """The container's device request, --nproc-per-node's rank check and Slurm's --gpus-per-node."""
-    from hermetic.run.container import device_requests
+    from hermetic.engines.gpu import device_requests
     from hermetic.run.distributed import DistributedConfigError, plan_distributed
     from hermetic.slurm.submit import _gpus_per_node
 

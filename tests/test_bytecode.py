@@ -89,7 +89,7 @@ def _answers(data: bytes, n: int) -> tuple[dict, list[bytes | None]]:
 def test_the_copied_interpreter_compiles_exactly_as_the_base_does_in_a_container(base, interpreter, docker_client):
     from hermetic.builder.bytecode import SERVER, Compiler
     from hermetic.builder.baseinterp import _ENV
-    from hermetic.engine import load_image
+    from hermetic.engines.dockerimages import load_image
 
     store, b, _facts = base
     assert interpreter.version[:2] == (3, 11) and interpreter.cache_tag == "cpython-311"

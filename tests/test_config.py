@@ -157,7 +157,7 @@ def test_pin_writes_the_base_line_and_adds_it_when_there_is_none(tmp_path):
 # ---------------------------------------------------------------- bounds and secrets (issue 24, items 8 and 9)
 
 def test_a_config_over_the_size_bound_is_refused_unread(tmp_path):
-    from hermetic.paths import CONFIG_MAX_BYTES
+    from hermetic.config import CONFIG_MAX_BYTES
 
     d = write(tmp_path, BLOCK_STYLE + "# " + "x" * CONFIG_MAX_BYTES + "\n")
     size = (d / "hermetic.yaml").stat().st_size
@@ -172,7 +172,7 @@ def test_a_config_just_under_the_bound_loads(tmp_path):
     from pathlib import Path
 
     from hermetic.config import parse_config
-    from hermetic.paths import CONFIG_MAX_BYTES
+    from hermetic.config import CONFIG_MAX_BYTES
 
     comment = "# " + "x" * (CONFIG_MAX_BYTES - len(BLOCK_STYLE) - 4) + "\n"
     text = BLOCK_STYLE + comment

@@ -1,6 +1,6 @@
 """The C hashing loop (hermetic/data/_filehash.c) against the Python one it replaces.
 
-Both loops have one contract (hashing._hash_span): the same digests, the same
+Both loops have one contract (hashing.hash_span): the same digests, the same
 stat keys, the same errors for the same files. Every case a dataset can present
 goes through both and the outputs are compared byte for byte.
 """
@@ -64,7 +64,7 @@ def run_both(paths: list[str], dir_fd: int | None = None, start: int = 0, end: i
              ) -> tuple[tuple[int, list, bytes, bytes], tuple[int, list, bytes, bytes]]:
     end = len(paths) if end is None else end
     out = []
-    for loop in (hashing._hash_span, hashing._hash_span_py):
+    for loop in (hashing.hash_span, hashing._hash_span_py):
         digests = bytearray(b"\xee" * (len(paths) * 32))  # junk: every slot in the span must be written
         keys = bytearray(b"\xee" * (len(paths) * 40))
         nbytes, errors = loop(paths, start, end, digests, keys, None, dir_fd)
@@ -175,7 +175,7 @@ def test_the_loop_is_safe_to_run_in_several_threads_at_once(tmp_path: Path, c_sh
 
     def one(_: int) -> list[str]:
         digests, keys = bytearray(len(paths) * 32), bytearray(len(paths) * 40)
-        hashing._hash_span(paths, 0, len(paths), digests, keys, None)
+        hashing.hash_span(paths, 0, len(paths), digests, keys, None)
         return [digests[i * 32:i * 32 + 32].hex() for i in range(len(paths))]
 
     with ThreadPoolExecutor(4) as pool:
@@ -200,7 +200,7 @@ def test_files_over_the_c_limit_go_to_the_python_loop(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(hashing, "_hash_span_py", spy)
     digests, keys = bytearray(len(paths) * 32), bytearray(len(paths) * 40)
-    nbytes, errors = hashing._hash_span(paths, 0, len(paths), digests, keys, None)
+    nbytes, errors = hashing.hash_span(paths, 0, len(paths), digests, keys, None)
     assert calls == [1, 4, 5]  # only the files over 1000 bytes
     assert errors == [(2, None)]
     assert nbytes == 10 + 5000 + 1000 + 1001 + 300_000

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hermetic.config import parse_config
-from hermetic.data.hashing import _plan, hash_files
+from hermetic.data.hashfiles import hash_files, plan
 from hermetic.data.manifest import ManifestError, format_manifest, read_manifest
 from hermetic.data.scan import TreeError, scan_tree
 from hermetic.data.statcache import StatCache, stat_key
@@ -234,11 +234,11 @@ def test_workers_start_from_a_fork_server_when_threads_are_running(tmp_path: Pat
 
 def test_plan_gives_large_files_their_own_batch_biggest_first() -> None:
     sizes = [10] * 5000 + [500 << 20] + [10] * 10
-    batches = _plan(sizes, len(sizes), 2)
+    batches = plan(sizes, len(sizes), 2)
     assert batches[0] == (5000, 5001)
     assert sorted(i for s, e in batches for i in range(s, e)) == list(range(len(sizes)))
     assert max(e - s for s, e in batches) <= 2000
-    by_count = _plan(None, 100_000, 2)
+    by_count = plan(None, 100_000, 2)
     assert sorted(i for s, e in by_count for i in range(s, e)) == list(range(100_000))
     assert len(by_count) >= 16
 

@@ -28,11 +28,13 @@ def test_engine_runs_with_no_network(docker_client):
 
 @pytest.mark.docker
 def test_engine_client_gives_clear_error_without_daemon(monkeypatch):
-    from hermetic import engine
+    from hermetic.engines import dockerclient
     from hermetic.errors import EngineError
 
-    monkeypatch.setattr(engine, "_client", None)
+    monkeypatch.setattr(dockerclient, "_client", None)
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    with pytest.raises(EngineError, match="no Docker Engine answers at unix:///nonexistent/docker.sock"):
-        engine.engine_client()
-    monkeypatch.setattr(engine, "_client", None)
+    with pytest.raises(EngineError, match=r"no Docker Engine answers at unix:///nonexistent/docker\.sock "
+                                          r"\(FileNotFoundError\)") as e:
+        dockerclient.engine_client()
+    assert "scripts/ensure-docker" in (e.value.hint or "")
+    monkeypatch.setattr(dockerclient, "_client", None)

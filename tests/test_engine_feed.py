@@ -1,4 +1,4 @@
-"""Loading into the engine while the build goes on (hermetic/builder/engine_feed.py), on the real engine."""
+"""Loading into the Docker Engine while the build goes on (hermetic/engines/dockerfeed.py), on the real engine."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ def test_a_ready_prefix_is_loaded_while_later_layers_are_still_building(session_
     import docker.errors
 
     from hermetic.builder.base import resolve_base
-    from hermetic.builder.engine_feed import PARTIAL_LABEL, EngineFeed
+    from hermetic.engines.dockerfeed import PARTIAL_LABEL, EngineFeed
     from hermetic.canonical import canonical_json
-    from hermetic.engine import layers_engine_has, load_layers, remove_image
+    from hermetic.engines.dockerimages import layers_engine_has, load_layers, remove_image
     from hermetic.store.oci import OciStore
 
     store = OciStore(session_cache / "oci")
@@ -113,9 +113,9 @@ def test_a_killed_builds_prefix_images_are_removed_by_the_next_feed_and_a_live_o
     import docker.errors
 
     from hermetic.builder.base import resolve_base
-    from hermetic.builder.engine_feed import PARTIAL_LABEL, sweep_stale_partials
+    from hermetic.engines.dockerfeed import PARTIAL_LABEL, sweep_stale_partials
     from hermetic.canonical import canonical_json
-    from hermetic.engine import load_layers, remove_image
+    from hermetic.engines.dockerimages import load_layers, remove_image
     from hermetic.store.oci import OciStore
 
     store = OciStore(session_cache / "oci")

@@ -167,8 +167,7 @@ def test_a_memory_limit_charliecloud_cannot_hold_is_refused_before_anything_is_m
 @pytest.mark.docker
 @pytest.mark.engines
 def test_gpus_without_a_cdi_spec_or_driver_libraries_are_refused(logreg):
-    from hermetic.engines.gpu import CLI
-    from hermetic.engines.podman import CDI_DIRS
+    from hermetic.engines.gpu import CDI_DIRS, CLI
 
     if any(d.is_dir() and any(d.iterdir()) for d in CDI_DIRS):
         pytest.skip("this host has a CDI spec; the refusal is for hosts without one")
@@ -182,7 +181,7 @@ def test_gpus_without_a_cdi_spec_or_driver_libraries_are_refused(logreg):
 
 
 def test_gpu_requests_map_to_cdi_names_and_device_nodes():
-    from hermetic.engines.podman import cdi_devices
+    from hermetic.engines.gpu import cdi_devices
 
     assert cdi_devices(None) == []
     assert cdi_devices("all") == ["nvidia.com/gpu=all"]
@@ -191,13 +190,13 @@ def test_gpu_requests_map_to_cdi_names_and_device_nodes():
 
 
 def test_a_cdi_spec_is_read_and_a_device_it_lacks_is_refused(tmp_path, monkeypatch):
-    from hermetic.engines import podman
+    from hermetic.engines import gpu, podman
     from hermetic.errors import Unavailable
 
     spec = tmp_path / "nvidia.yaml"
     spec.write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n- name: GPU-aa\n")
-    monkeypatch.setattr(podman, "CDI_DIRS", (tmp_path,))
-    assert podman.cdi_device_names() == {"0", "GPU-aa", "all"}
+    monkeypatch.setattr(gpu, "CDI_DIRS", (tmp_path,))
+    assert gpu.cdi_device_names() == {"0", "GPU-aa", "all"}
     engine = podman.PodmanEngine()
     engine.check_gpus("all")
     engine.check_gpus("device=GPU-aa")
@@ -212,7 +211,8 @@ def test_podman_flags_carry_dockers_hardening_and_rootless_limits_say_how():
 
     spec = ContainerSpec(image_id="sha256:" + "0" * 64, command=["python", "x.py"], user="1000:1000",
                          mounts=[Mount(Path("/d"), "/data", True), Mount(Path("/w"), "/workspace", False)],
-                         env={"API_TOKEN": "s3cret"}, pids_limit=64, memory="1g")
+                         env={"API_TOKEN": "s3cret"}, pids_limit=64, memory="1g", driver="host-a:123:456",
+                         labels={"org.hermetic.run-id": "r1"})
     rootful = PodmanEngine()
     rootful.rootless, rootful.cgroup_limits = False, True
     with container_env_file(spec) as env_file:
@@ -223,7 +223,8 @@ def test_podman_flags_carry_dockers_hardening_and_rootless_limits_say_how():
     joined = " ".join(args)
     for flag in ("--read-only", "--read-only-tmpfs=false", "--cap-drop all", "--security-opt no-new-privileges",
                  "--network none", "--init", "--pids-limit 64", "--memory 1g", "--memory-swap 1g",
-                 "type=bind,src=/d,dst=/data,ro=true", "type=bind,src=/w,dst=/workspace", "--user 1000:1000"):
+                 "type=bind,src=/d,dst=/data,ro=true", "type=bind,src=/w,dst=/workspace", "--user 1000:1000",
+                 "--label org.hermetic.run-id=r1", "--label org.hermetic.driver=host-a:123:456"):
         assert flag in joined, flag
     assert "s3cret" not in joined and "API_TOKEN" not in env  # in the file only
     assert env.get("HOME") == os.environ.get("HOME")  # podman's own HOME: rootless storage stays where it is
@@ -232,8 +233,10 @@ def test_podman_flags_carry_dockers_hardening_and_rootless_limits_say_how():
     with pytest.raises(Unavailable, match="run.memory: 1g"):
         rootless.check_spec(spec)
     spec.memory = None
+    spec.driver = ""  # a spec that names no driver: no driver label (the run names itself: engines.base)
     args, _ = rootless.create_args(spec, "n")
     joined = " ".join(args)
+    assert "org.hermetic.driver" not in joined
     assert "--userns keep-id" in joined and "nproc=64:64" in joined and "--pids-limit" not in joined
     assert any("RLIMIT_NPROC" in n for n in rootless.info(spec).notes)
 
@@ -411,6 +414,19 @@ def test_the_unpacker_strips_setuid_keeps_links_and_makes_overlay_whiteouts(tmp_
     wh = (dest / "var/cache").lstat()
     assert stat.S_ISCHR(wh.st_mode) and wh.st_rdev == os.makedev(0, 0)
     assert not (dest / "opt/.wh..wh..opq").exists()
+
+
+@pytest.mark.parametrize("later", [_entry("a", data=b"a file now"), _entry(".wh.a", data=b"")], ids=["file", "whiteout"])
+def test_a_directory_a_later_entry_replaces_goes_with_its_mode(tmp_path, later):
+    """A tar may name a path twice and the last entry wins: the directory it replaces goes, and its mode (set
+    once everything is in) with it. It was refused, as if the new entry were a link in the way."""
+    dest = _unpack(tmp_path, [_entry("a", tarfile.DIRTYPE, mode=0o500), _entry("a/b", tarfile.DIRTYPE, mode=0o500),
+                              _entry("a/b/f"), later])
+    st = (dest / "a").lstat()
+    if later[0].name == "a":
+        assert stat.S_ISREG(st.st_mode) and (dest / "a").read_bytes() == b"a file now"
+    else:
+        assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(0, 0)
 
 
 def test_a_corrupt_blob_is_never_unpacked(tmp_path):

@@ -174,7 +174,7 @@ def _dataset(root: Path, n: int = 1500) -> dict[str, str]:
 HASH_FILES = """
 import json, sys
 from pathlib import Path
-from hermetic.data.hashing import hash_files
+from hermetic.data.hashfiles import hash_files
 paths = sorted(str(p) for p in Path(sys.argv[1]).rglob("*") if p.is_file())
 hashed = hash_files(paths, workers=int(sys.argv[2]), start_method=sys.argv[3])
 print(json.dumps(dict(zip(paths, hashed.hexes()))))

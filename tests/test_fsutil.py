@@ -75,7 +75,7 @@ def test_a_lock_is_not_inherited_by_a_forked_child(tmp_path):
     lock = tmp_path / ".build.lock"
     p, (child,) = start("""
         import os, sys, time
-        from hermetic.fsutil import file_lock
+        from hermetic.filelocks import file_lock
         with file_lock(sys.argv[1]):
             if os.fork() == 0:  # (the child prints: by then it has let go of its copy)
                 print("ready", os.getpid(), flush=True)
@@ -138,17 +138,17 @@ def test_hashing_workers_die_with_their_parent(tmp_path):
         (data / f"f{i:04d}").write_bytes(os.urandom(1024))
     p, _ = start("""
         import os, sys, threading, time
-        from hermetic.data import hashing
+        from hermetic.data import hashfiles
         paths = sorted(os.path.join(sys.argv[1], n) for n in os.listdir(sys.argv[1]))
-        real = hashing.drain
+        real = hashfiles.drain
         def slow(*a, **k):
             if os.getpid() != parent:
                 time.sleep(120)  # a worker, busy
             return real(*a, **k)
         parent = os.getpid()
-        hashing.drain = slow
+        hashfiles.drain = slow
         print("ready", flush=True)
-        hashing.hash_files(paths, workers=3, start_method="fork")
+        hashfiles.hash_files(paths, workers=3, start_method="fork")
     """, str(data))
     deadline = time.monotonic() + 30
     children: list[int] = []

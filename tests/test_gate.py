@@ -83,9 +83,9 @@ def test_the_gate_descriptor_is_not_inherited_by_what_hermetic_runs(tmp_path):
 def test_a_docker_container_waits_at_its_gate_and_a_closed_one_runs_nothing(docker_client, tmp_path, logreg_built):
     """On the engine: started (running, behind the gate) before the gate opens, nothing printed; opened, the
     command runs; closed unopened, the container ends with 70 and printed nothing."""
-    from hermetic.engine import engine_client
+    from hermetic.engines.dockerclient import engine_client
     from hermetic.engines.base import ContainerSpec
-    from hermetic.engines.docker import DockerLaunch
+    from hermetic.engines.dockercontainer import DockerLaunch
 
     image_id = logreg_built[1]["image_id"]
     outcomes = {}

@@ -276,8 +276,8 @@ def test_a_driver_is_gone_when_its_pid_ended_is_a_zombie_or_is_another_process_n
 def test_without_an_engine_the_sweep_leaves_every_owned_directory_in_the_cache_tmp(tmp_path, monkeypatch):
     """Whose container still writes in a dead driver's working directory cannot be told: it stays; a dead
     writer's plain temp file goes as before."""
-    from hermetic import engine
     from hermetic.builder.gc import dead_temp_files
+    from hermetic.engines import dockerclient as engine
     from hermetic.fsutil import OwnedTemp
     from hermetic.paths import CachePaths
 

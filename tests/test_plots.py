@@ -198,13 +198,12 @@ def test_a_record_is_written_without_the_plots_extra(runs):
     assert not (runs / C / "metrics.png").exists()
 
 
-def test_a_runs_process_imports_neither_pydantic_nor_matplotlib_before_its_container():
-    """The run's own modules leave the record schema (pydantic: imported when the early record is written,
-    beside the container's start) and every figure (matplotlib: on demand) out (docs/benchmarks.md, "Run
-    overhead")."""
+def test_a_runs_process_imports_no_figure_and_no_other_client_before_its_container():
+    """The run's own modules, its config's loader among them, leave every figure (matplotlib: on demand),
+    docker-py and requests out (docs/benchmarks.md, "Run overhead")."""
     code = ("import sys, hermetic.cli, hermetic.cli.run_cmd, hermetic.run.runner, hermetic.engines.docker, "
-            "hermetic.configview; print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'pydantic', 'matplotlib', 'PIL', 'yaml', 'docker', 'requests'}))")
+            "hermetic.config; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'matplotlib', 'PIL', 'docker', 'requests'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -231,12 +230,14 @@ def test_two_real_runs_of_the_example_draw_one_curve_each(project, tmp_path):
 
 
 def test_what_only_a_runs_end_needs_is_not_imported_before_its_container():
-    """hermetic.record's building, a resumed run's, the snapshot's tar writer, the lock's CUDA reading, the
-    collection: imported beside the container's start or as the script runs (docs/benchmarks.md)."""
+    """hermetic.record's building, a resumed run's, the snapshot's tar writer, what only a real build uses,
+    the lock's CUDA reading, the collection: imported beside the container's start or as the script runs
+    (docs/benchmarks.md). (The config's schema and the lock's model are read before: the build's no-op
+    check needs both.)"""
     code = ("import sys, hermetic.cli, hermetic.cli.run_cmd, hermetic.run.runner, hermetic.engines.docker, "
-            "hermetic.configview, hermetic.run.snapshot, hermetic.builder.quick; "
+            "hermetic.config, hermetic.run.snapshot, hermetic.builder.build; "
             "print(sorted(set(sys.modules) & {'hermetic.record.build', 'hermetic.record.group', "
-            "'hermetic.run.resume', 'hermetic.builder.tarlayer', 'hermetic.gpu.cuda', 'packaging', "
-            "'hermetic.run.collect', 'hermetic.safetree', 'secrets'}))")
+            "'hermetic.run.resume', 'hermetic.builder.tarlayer', 'hermetic.builder.layers', "
+            "'hermetic.builder.install', 'hermetic.gpu.cuda', 'hermetic.run.collect', 'hermetic.safetree'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

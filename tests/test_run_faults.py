@@ -210,7 +210,7 @@ def test_an_oom_kill_is_recorded_as_such_with_a_hint_naming_run_memory(project):
 
 def test_run_pids_and_run_memory_have_documented_defaults_and_clear_refusals(tmp_path):
     from hermetic.config import RunConfig, load_config
-    from hermetic.run.container import DEFAULT_PIDS_LIMIT
+    from hermetic.engines.base import DEFAULT_PIDS_LIMIT
 
     assert (RunConfig().pids, RunConfig().memory) == (DEFAULT_PIDS_LIMIT, None) == (4096, None)
     base = "name: x\nbase: debian@sha256:" + "0" * 64 + "\nrun:\n"
@@ -226,7 +226,8 @@ def test_run_pids_and_run_memory_have_documented_defaults_and_clear_refusals(tmp
 
 
 def test_the_container_gets_the_limits_with_swap_bounded_by_memory_and_a_dropped_limit_is_named():
-    from hermetic.run.container import ContainerSpec, _dropped_limit, host_config
+    from hermetic.engines.base import ContainerSpec
+    from hermetic.engines.dockercontainer import _dropped_limit, host_config
 
     spec = ContainerSpec(image_id="sha256:" + "0" * 64, command=["true"], mounts=[], env={}, user="1000:1000")
     hc = host_config(spec)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -155,16 +156,24 @@ def test_groups_are_listed(tmp_path):
     assert "loss: mean 0.31 ± 0.01 (sd), n=3, 95% CI [0.285159, 0.334841]" in r.stdout
 
 
-@pytest.mark.parametrize("runs_dir", [None, "./out/runs/", "/srv/hermetic-runs", "exp/../runs2"])
-def test_fast_runs_dir_matches_the_config_loader(tmp_path, runs_dir):
-    from hermetic.record.locate import config_runs_dir
-    from hermetic.config import load_config
+@pytest.mark.parametrize("runs_dir, where", [(None, "runs"), ("./out/runs/", "out/runs"),
+                                             ("/srv/hermetic-runs", "/srv/hermetic-runs"), ("exp/../runs2", "runs2")])
+def test_the_runs_directory_is_the_configs_runs_dir(tmp_path, runs_dir, where):
+    from hermetic.record.locate import runs_root
 
     text = "name: demo\nbase: debian@sha256:" + "0" * 64 + "\n"
     if runs_dir:
         text += f"runs_dir: {runs_dir}\n"
     (tmp_path / "hermetic.yaml").write_text(text)
-    assert config_runs_dir(str(tmp_path)) == load_config(tmp_path).runs_path
+    assert runs_root(None, str(tmp_path)) == tmp_path.resolve() / where  # an absolute `where` stays itself
+    assert runs_root("elsewhere", str(tmp_path)) == Path("elsewhere")  # --runs-dir wins
+
+
+def test_the_runs_listing_reads_the_config_as_every_command_does(tmp_path):
+    """One loader: a hermetic.yaml the schema refuses is refused by `hermetic runs` too, naming its line and key."""
+    (tmp_path / "hermetic.yaml").write_text("name: demo\nbase: debian@sha256:" + "0" * 64 + "\nrun_dir: out\n")
+    proc = hermetic("runs", "-C", str(tmp_path))
+    assert proc.returncode == 78 and f"{tmp_path.resolve() / 'hermetic.yaml'}:3: run_dir: unknown key" in proc.stderr
 
 
 def _write_many(args):

@@ -8,6 +8,7 @@ on any kernel.
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import threading
 from pathlib import Path
@@ -287,6 +288,21 @@ def test_call_as_drops_to_the_user(tmp_path):
     with pytest.raises(HermeticError) as ei:
         privdrop.call_as(4321, 4321, _fail)
     assert ei.value.exit_code == 65 and ei.value.message == "the child's own error" and ei.value.hint == "its hint"
+
+
+def _parent_death_signal(_fds) -> int:
+    import ctypes
+
+    sig = ctypes.c_int(-1)
+    ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
+    return sig.value
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
+def test_the_child_as_the_user_still_dies_with_its_parent():
+    """A change of user clears the parent-death signal (the kernel's rule): the child sets it again after."""
+    assert privdrop.call_as(4321, 4321, _parent_death_signal) == signal.SIGKILL
+    assert privdrop.call_as(4321, 4321, _parent_death_signal, read_any=True) == signal.SIGKILL
 
 
 def test_call_as_runs_inline_when_there_is_nothing_to_drop():

@@ -12,7 +12,7 @@ import pytest
 
 from hermetic.canonical import canonical_json
 from hermetic.errors import IntegrityError
-from hermetic.fsutil import filesystem_of
+from hermetic.filesystems import filesystem_of
 from hermetic.slurm.shared import copy_image, shared_because
 from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 

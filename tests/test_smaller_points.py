@@ -78,7 +78,7 @@ def test_a_cuda_torchvision_beside_the_cpu_torch_is_warned_about_at_build_and_ru
     first = run_cli("build", "-C", str(proj))
     assert first.returncode == 0, first.stderr
     assert warning in first.stderr
-    again = run_cli("build", "-C", str(proj))  # the quick no-op says it again
+    again = run_cli("build", "-C", str(proj))  # a no-op says it again
     assert again.returncode == 0 and "up to date" in again.stdout and warning in again.stderr, again.stderr
     doc = json.loads(run_cli("build", "-C", str(proj), "--json").stdout)
     assert any("torchvision 0.28.0 is a CUDA build" in n for n in doc["notes"])

@@ -193,7 +193,7 @@ def test_the_engine_load_names_a_corrupt_layer(tmp_path, cache_dir, session_cach
                                                docker_client):
     """Corruption the stat cannot see (a blob changed behind the checks' back) is named by the load,
     which streams nothing the engine keeps."""
-    from hermetic.engine import engine_has_image, load_image
+    from hermetic.engines.dockerimages import engine_has_image, load_image
     from hermetic.errors import IntegrityError
     from hermetic.store.oci import OciStore
 

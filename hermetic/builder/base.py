@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from hermetic.builder.libc import glibc_from_rootfs
 from hermetic.builder.tarlayer import DirAttrs
-from hermetic.errors import ConfigError, DataError, EngineError, HermeticError, IntegrityError, NotFound
+from hermetic.errors import ConfigError, DataError, HermeticError, IntegrityError, NotFound
 from hermetic.fsutil import atomic_write_bytes, owned_temp_dir
 from hermetic.reference import BaseReference, parse_base_reference
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
@@ -92,8 +92,8 @@ def resolve_base(store: OciStore, ref_text: str, *, pull: PullImage | None = Non
     except ValueError as e:
         raise ConfigError(f"base: {e}") from None
     store.ensure()
-    if ref.kind == "docker":
-        digest = import_from_engine(store, ref.digest)
+    if ref.kind == "docker":  # docker:ID names an image of the Docker Engine (hermetic.engines' "docker")
+        digest = import_from_engine(store, ref.digest, engine=ref.kind)
         return load_base(store, ref, digest)
     if ref.kind in ("oci", "oci-archive"):
         if not store.has_image(ref.digest):
@@ -188,27 +188,23 @@ def _pick_platform_from(index: dict[str, Any]) -> str:
     raise NotFound("image index has no linux/amd64 image")
 
 
-def import_from_engine(store: OciStore, image_id: str) -> str:
-    """``docker save`` an engine image into the store as an OCI image; returns the manifest digest."""
-    from hermetic.engine import engine_client
+def import_from_engine(store: OciStore, image_id: str, *, engine: str) -> str:
+    """``docker save`` an image of ``engine`` into the store as an OCI image; returns the manifest digest."""
+    from typing import cast
 
-    from hermetic.dockerapi import DockerAPIError, DockerNotFound
+    from hermetic.engines import get_engine
+    from hermetic.engines.base import SavesImages
 
-    client = engine_client()
+    source = cast(SavesImages, get_engine(engine))
     try:
-        client.inspect_image(image_id)
-    except DockerNotFound:
+        chunks = source.save_image(image_id)
+    except NotFound:
         raise NotFound(f"base docker:{image_id}: the Docker Engine has no image with this ID") from None
-    except DockerAPIError as e:
-        raise EngineError(f"Docker Engine error: {e.explanation}") from None
     with owned_temp_dir(store.tmp, "docker-save.") as tmp:
         tarpath = Path(tmp) / "image.tar"
         with open(tarpath, "wb") as f:
-            try:
-                for chunk in client.save_image(image_id):
-                    f.write(chunk)
-            except DockerAPIError as e:
-                raise EngineError(f"Docker Engine error: {e.explanation}") from None
+            for chunk in chunks:  # EngineError when the engine fails on the way
+                f.write(chunk)
         try:
             with tarfile.open(tarpath) as tf:
                 extract_all(tf, tmp)

@@ -29,7 +29,8 @@ from hermetic.builder.tarlayer import Entry, complete_parents, write_layer
 from hermetic.canonical import canonical_json
 from hermetic.config import format_key_path
 from hermetic.errors import ConfigError, DataError, NotFound, Unavailable, disk_full
-from hermetic.fsutil import atomic_write_bytes, naming_full_disk, owned_temp_dir
+from hermetic.filesystems import naming_full_disk
+from hermetic.fsutil import atomic_write_bytes, owned_temp_dir
 from hermetic.store.inuse import writing
 from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 

@@ -6,7 +6,10 @@ runtime sources, hermetic's layer format). When the store already holds the
 image for a key, the build is a no-op: no layer is read, no tar written,
 but every blob of the image is checked against its digest first
 (store/intact.py: a stat per blob when nothing changed since the last check),
-and a corrupt one is refused by name. Builds of the same key are serialized
+and a corrupt one is refused by name. That no-op is the one answer to "is
+the image up to date" (`hermetic build` and `hermetic run` ask it alike): the
+key is computed every time from the config as validated and the lock as
+parsed, never from a note of their bytes. Builds of the same key are serialized
 by a file lock that no worker inherits; different keys run concurrently, and
 everything they share (blobs, layer cache entries, index.json) is written
 atomically. A build that writes first removes dead writers' temp files.
@@ -26,26 +29,25 @@ import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from hermetic import __version__
-from hermetic.builder.base import BaseImage, PullImage
-from hermetic.builder.image import BASE_LAYERS_LABEL, PACKAGES_LABEL
 from hermetic.builder.image_record import ImageInfo, write_image_record
 from hermetic.builder.result import BuildResult, layer_rows
-from hermetic.builder.install import VenvLayout
-from hermetic.builder.inputs import engine_tag
 from hermetic.builder.key import build_key, image_config_sha256
-from hermetic.builder.layers import MAX_LAYERS, BuiltLayer, LayerCache, build_layers, hermetic_layer_files, plan_layers
 from hermetic.canonical import canonical_json
 from hermetic.config import LoadedConfig
 from hermetic.errors import ConfigError
-from hermetic.fsutil import atomic_write_bytes, file_lock, naming_full_disk
+from hermetic.filelocks import file_lock
+from hermetic.filesystems import naming_full_disk
+from hermetic.fsutil import atomic_write_bytes
 from hermetic.lock.model import Lock, ResolvedWheel, Target
 from hermetic.paths import CachePaths
 from hermetic.store.images import check_image, seal_image
 from hermetic.store.inuse import claim_image, writing
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
 
-if TYPE_CHECKING:
-    from hermetic.builder.engine_feed import EngineFeed
+if TYPE_CHECKING:  # what only a real build uses is imported there: a no-op does not pay for it
+    from hermetic.builder.base import BaseImage, PullImage
+    from hermetic.engines.base import BuildFeed
+    from hermetic.builder.layers import BuiltLayer
 
 
 class ImageCache(Protocol):
@@ -82,11 +84,13 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
           log: Callable[[str], None] | None = None,
           on_layer: Callable[[BuiltLayer], None] | None = None,
           cache: ImageCache | None = None, pull_base: PullImage | None = None,
-          engine: str | None = None) -> BuildResult:
+          engine: str | None = None, before_build: Callable[[], object] | None = None) -> BuildResult:
     """Build (or find) the image for ``cfg``.
 
     With ``cache`` (``build --cache``) the cache is asked for the build key
     before anything is built, and a local build is published to it.
+    ``before_build``: called when the store has no image for the key (not
+    on a no-op), before anything is pulled or built; it may refuse the build.
     ``pull_base`` fetches a base named by a registry that the store lacks.
     ``load``: make the image runnable in ``engine`` (default hermetic.yaml's
     ``run.engine``): loaded into Docker (fed while the layers build), copied
@@ -100,7 +104,7 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
     from hermetic.lock.torchbuild import companion_warnings
 
     notes: list[str] = companion_warnings(lock)  # torchvision for the other torch: said at every build
-    feeds: list[EngineFeed] = []  # the load into the engine that runs while the layers build
+    feeds: list[BuildFeed] = []  # the load into the engine that runs while the layers build
     # A full disk anywhere below ends in one line: the writers name their file or store; what
     # reaches here unnamed is named by the cache it happened in.
     with naming_full_disk(paths.root, f"the image {cfg.model.name}"):
@@ -109,11 +113,8 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
             try:
                 result = _build_locked(cfg, paths, store, lock, key, offline=offline, load=load, log=log,
                                        on_layer=on_layer, cache=cache, pull_base=pull_base, t0=t0, built=built,
-                                       notes=notes, feeds=feeds, engine=engine)
+                                       notes=notes, feeds=feeds, engine=engine, before_build=before_build)
                 claim_image(store, result.manifest_digest)  # what the caller (a run) uses after the lock is gone
-                from hermetic.builder.quick import remember_inputs
-
-                remember_inputs(cfg, lock, paths, key, result.manifest_digest)  # for the next no-op's quick check
                 return result
             finally:
                 for feed in feeds:
@@ -123,13 +124,15 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
 
 def _build_locked(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, key: str, *, offline: bool,
                   load: bool, log, on_layer, cache: ImageCache | None, pull_base: PullImage | None, t0: float,
-                  built: list[BuiltLayer], notes: list[str], feeds: list["EngineFeed"],
-                  engine: str = "docker") -> BuildResult:
+                  built: list[BuiltLayer], notes: list[str], feeds: list["BuildFeed"],
+                  engine: str = "docker", before_build: Callable[[], object] | None = None) -> BuildResult:
     with file_lock(paths.builds / f".{key}.lock"):
         digest = lookup_build(paths, store, key)
         source = "local"
         if digest is not None:
             check_image(store, digest)  # trusted only if every blob still matches its digest
+        elif before_build is not None:
+            before_build()
         if digest is None and cache is not None and not offline:
             digest = cache.pull(store, key, notes)
             source = "registry"
@@ -168,52 +171,40 @@ def read_config_lock(cfg: LoadedConfig) -> Lock:
 
 def finish(cfg: LoadedConfig, store: OciStore, info: ImageInfo, *, noop: bool, load: bool, t0: float,
            notes: list[str] | None = None, built: list[BuiltLayer] | None = None,
-           feed: "EngineFeed | None" = None, engine: str = "docker") -> BuildResult:
+           feed: "BuildFeed | None" = None, engine: str = "docker") -> BuildResult:
     loaded = _ensure_loaded(store, info, cfg.model.name, load, feed, engine)
-    _point_latest(store, info, cfg.model.name, load and engine == "docker")
+    _point_latest(store, info, cfg.model.name)
     record = write_image_record(cfg.root, cfg.model.lock, info)
     # The result (not the record) also says which layers this build made or reused.
     loads = [{**e, "from": round(e["from"] - t0, 3), "to": round(e["to"] - t0, 3)} for e in (feed.timeline if feed else [])]
     return BuildResult(info, layer_rows(info, built), noop, loaded, time.monotonic() - t0, record, notes or [], loads)
 
 
-def _point_latest(store: OciStore, info: ImageInfo, name: str, load: bool) -> None:
-    """``NAME:latest`` in the store (and ``hermetic/NAME:latest`` in the engine, when loading) names this
-    image after every build, a no-op too: two projects of one name in one cache, or an older build of
-    this one, may have moved it since."""
+def _point_latest(store: OciStore, info: ImageInfo, name: str) -> None:
+    """``NAME:latest`` in the store names this image after every build, a no-op too: two projects of one name
+    in one cache, or an older build of this one, may have moved it since (the engine's own tag, where it
+    keeps tags, is pointed by its ensure_image)."""
     ref = f"{name}:latest"
     current = store.resolve(ref)
     if current is None or current.digest != info.manifest_digest:
         store.set_ref(ref, Descriptor(MT_MANIFEST, info.manifest_digest, store.blob_size(info.manifest_digest)))
-    if load:
-        from hermetic.engine import ensure_tag
-
-        ensure_tag(info.image_id, engine_tag(name))
 
 
-def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool, feed: "EngineFeed | None" = None,
+def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool, feed: "BuildFeed | None" = None,
                    engine: str = "docker") -> bool:
-    """Load into the engine only when it lacks the image (by ID); after a feed, only what it still lacks."""
+    """Make the image runnable in the engine unless it holds it (after a feed, only what it still lacks), its
+    tag pointed at it (hermetic.engines: loaded into Docker, copied into Podman's storage, unpacked for
+    Charliecloud); True when anything was loaded."""
     if not load:
         return False
-    if engine != "docker":  # Podman, Charliecloud: straight from the store (hermetic.engines), once per image
-        from hermetic.engines import get_engine
+    from hermetic.engines import get_engine
 
-        if feed is not None:
-            feed.close()
-        return get_engine(engine).ensure_image(store, info.manifest_digest, repo_tag=engine_tag(name))
-    from hermetic.engine import engine_has_image, load_image
+    return get_engine(engine).ensure_image(store, info.manifest_digest, repo_tag=engine_tag(name), feed=feed)
 
-    candidates: list[str] = []
-    if feed is not None:
-        feed.close()  # waits for the image's own load (EngineFeed.finish), started when its config was made
-        if feed.final_loaded is not None:
-            return feed.final_loaded
-        candidates = feed.partial_images
-    if engine_has_image(info.image_id):
-        return False
-    load_image(store, info.manifest_digest, repo_tag=engine_tag(name), candidates=candidates)
-    return True
+
+def engine_tag(name: str) -> str:
+    """The engine's tag for a config's image."""
+    return f"hermetic/{name}:latest" if "/" not in name else f"{name}:latest"
 
 
 def remember_build(paths: CachePaths, key: str, manifest_digest: str) -> None:
@@ -232,10 +223,12 @@ def lookup_build(paths: CachePaths, store: OciStore, key: str) -> str | None:
 
 def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wheels: list[ResolvedWheel],
            key: str, base: BaseImage, *, log, on_layer,
-           feeds: list["EngineFeed"] | None = None, engine: str = "docker") -> tuple[str, list[BuiltLayer], list[str]]:
+           feeds: list["BuildFeed"] | None = None, engine: str = "docker") -> tuple[str, list[BuiltLayer], list[str]]:
     from hermetic.builder.base import scan_base
     from hermetic.builder.checks import run_build_checks
-    from hermetic.builder.image import LayerRef, image_config, image_manifest
+    from hermetic.builder.image import BASE_LAYERS_LABEL, LayerRef, image_config, image_manifest
+    from hermetic.builder.install import VenvLayout
+    from hermetic.builder.layers import MAX_LAYERS, LayerCache, build_layers, hermetic_layer_files, plan_layers
 
     m = cfg.model
     with naming_full_disk(paths.root / "bases", "the base's file list"):
@@ -257,13 +250,12 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
     labels = image_labels(cfg, lock, base.manifest_digest, wheels)
     on_ready = on_planned = None
     if feeds is not None:
-        from hermetic.builder.engine_feed import EngineFeed, UnpackFeed
+        from hermetic.engines import get_engine
 
-        if engine == "docker":
-            feeds.append(EngineFeed(store, base.config, base.layers, len(base.layers) + len(specs), engine_tag(m.name),
-                                    dict(labels)))
-        elif engine == "charliecloud":  # each layer unpacked while the next is built
-            feeds.append(UnpackFeed(store, base.layers))
+        feed = get_engine(engine).build_feed(store, base.config, base.layers, len(base.layers) + len(specs),
+                                             engine_tag(m.name), dict(labels))
+        if feed is not None:  # the engine takes the layers as they are built (Docker, Charliecloud)
+            feeds.append(feed)
         if feeds:
             on_ready, on_planned = feeds[0].layer_ready, feeds[0].start
     built = build_layers(specs, layout, facts.dirs, m.build.source_date_epoch, store,
@@ -317,6 +309,7 @@ def image_labels(cfg: LoadedConfig, lock: Lock, base_digest: str, wheels: list[R
         "org.hermetic.python": m.python.version,
         "org.hermetic.determinism": m.determinism.mode,
     }
+    from hermetic.builder.image import PACKAGES_LABEL
     from hermetic.gpu.cuda import cuda_info
     from hermetic.gpu.cuda import image_labels as cuda_labels
 

@@ -64,10 +64,10 @@ def dead_temp_files(paths: CachePaths, *, remove: bool, once: bool = False) -> L
 
 def _not_held_by_a_container(directory: Path) -> Callable[[str], bool]:
     """A sweep_dead filter for the cache's tmp/: a run's working directory (an owned_temp_dir there) is left
-    alone while a container holds it (engine.HOLDS_LABEL), even when the run's driver is dead and the lock
-    free: a killed driver's container may still write there, until hermetic.run.orphans stops it. When no
-    engine answers, no owned directory is swept (whose container is running cannot be told)."""
-    from hermetic.engine import held_paths
+    alone while a container holds it (engines.base.HOLDS_LABEL), even when the run's driver is dead and the
+    lock free: a killed driver's container may still write there, until hermetic.run.orphans stops it. When
+    no engine answers, no owned directory is swept (whose container is running cannot be told)."""
+    from hermetic.engines import held_paths
 
     held: list[set[str] | None] = []
 

@@ -1,8 +1,7 @@
 """The inputs of every image that are not in hermetic.yaml or the lock: the layer format and the runtime.
 
-Both are part of the build key (builder/build.py) and of every layer key
-(builder/layers.py); kept apart from those modules so that the quick no-op
-check (builder/quick.py) can hash them without importing the builder.
+Both are part of the build key (builder/key.py) and of every layer key
+(builder/layers.py); kept apart from those modules, below both.
 """
 
 from __future__ import annotations
@@ -35,8 +34,3 @@ def runtime_sha256() -> str:
     for rel, data in runtime_files().items():
         h.update(rel.encode() + b"\0" + data + b"\0")
     return h.hexdigest()
-
-
-def engine_tag(name: str) -> str:
-    """The engine's tag for a config's image (here, not in build.py: the quick no-op checks it too)."""
-    return f"hermetic/{name}:latest" if "/" not in name else f"{name}:latest"

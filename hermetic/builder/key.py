@@ -1,8 +1,7 @@
 """What decides an image, as one key: the parts of hermetic.yaml that reach the image, and the build key.
 
-Shared by the build (which keys its cache and records by it), the quick no-op
-(which notes the inputs that gave a key) and the attestations (whose
-provenance restates the config part): below all three.
+Shared by the build (which keys its cache, its no-op and its records by it) and
+the attestations (whose provenance restates the config part): below both.
 """
 
 from __future__ import annotations

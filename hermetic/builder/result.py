@@ -1,4 +1,4 @@
-"""What ``hermetic build`` reports: one shape for a real build, a no-op and the quick no-op."""
+"""What ``hermetic build`` reports: one shape for a real build and a no-op."""
 
 from __future__ import annotations
 

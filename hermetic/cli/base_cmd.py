@@ -35,7 +35,7 @@ def bootstrap_cmd(recipe: str, pin_config: str | None, source_date_epoch: int, a
 
     path = find_recipe(recipe)
     if pin_config:
-        from hermetic.configview import find_config
+        from hermetic.config import find_config
 
         find_config(pin_config)  # a missing hermetic.yaml is said now, not after the bootstrap's minute
     log = None if as_json else (lambda s: click.echo(s, err=True))
@@ -54,7 +54,7 @@ def bootstrap_cmd(recipe: str, pin_config: str | None, source_date_epoch: int, a
 
 def _pin(config: str, reference: str, *, quiet: bool) -> str:
     from hermetic.builder.pin import pin_base
-    from hermetic.configview import find_config
+    from hermetic.config import find_config
 
     cfg_file = find_config(config)
     old, changed = pin_base(cfg_file, reference)

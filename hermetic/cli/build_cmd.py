@@ -31,19 +31,11 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
       hermetic build --json | jq .image_id
       hermetic build --cache 127.0.0.1:5000/team/train   # CI: reuse across runners
     """
+    from hermetic.config import load_config
     from hermetic.paths import cache_paths
 
     paths = cache_paths()
     show = not as_json
-    if cache_repo is None:  # the quick no-op (builder/quick.py): same checks, no schema import
-        from hermetic.builder.quick import quick_noop
-
-        quick = quick_noop(config_path, paths, load=not no_load)
-        if quick is not None:
-            _report(quick, as_json)
-            return
-    from hermetic.config import load_config
-
     cfg = load_config(config_path)
     log = (lambda s: click.echo(s, err=True)) if show else None
 
@@ -96,7 +88,7 @@ def inspect_image(image: str | None, config_path: str | None, as_json: bool) -> 
     """
     from hermetic.builder.image_record import recorded_manifest_digest
     from hermetic.builder.inspect import describe, find_image
-    from hermetic.configview import find_config
+    from hermetic.config import find_config
     from hermetic.paths import cache_paths
     from hermetic.store.oci import OciStore
 

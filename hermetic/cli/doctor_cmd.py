@@ -37,99 +37,25 @@ class Check:
     hint: str = ""
 
 
-# -- Docker Engine -------------------------------------------------------------
+# -- engines -------------------------------------------------------------------
 
-def check_engine() -> tuple[Check, Any]:
-    """(check, client or None)."""
-    from hermetic.engine import engine_client
-    from hermetic.errors import EngineError
+def check_engines(gpu_on_host: bool) -> tuple[list[Check], list[Check]]:
+    """(each engine's line, the GPU lines of those that say how they reach a GPU), each engine asked by
+    hermetic.engines (``readiness``, ``gpu_readiness``: what ``run`` itself checks)."""
+    from hermetic.engines import ENGINES, get_engine
 
-    try:
-        client = engine_client()
-        v = client.version()
-    except EngineError as e:
-        return Check("docker engine", "fail", e.message, e.hint or "run scripts/ensure-docker"), None
-    except Exception as e:  # the daemon answered ping but not version: still unusable
-        return Check("docker engine", "fail", f"Docker Engine error: {' '.join(str(e).split())}",
-                     "run scripts/ensure-docker"), None
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    return Check("docker engine", "ok",
-                 f"Docker Engine {v.get('Version', '?')} (API {v.get('ApiVersion', '?')}) at {host}"), client
+    engines = [get_engine(name) for name in ENGINES]
+    lines = [_check(e.label, e.readiness()) for e in engines]
+    gpu = [_check("gpu runtime", r) for e in engines if (r := e.gpu_readiness(gpu_on_host)) is not None]
+    return engines_verdict(lines, {e.label for e in engines}), gpu
 
 
-def check_podman() -> Check:
-    """Whether ``--engine podman`` can run here, and how it holds the limits (hermetic.engines.podman)."""
-    from hermetic.errors import HermeticError
-
-    name = "podman"
-    hint = "apt-get install podman catatonit uidmap skopeo (docs/scale-out.md, \"Engines\")"
-    if shutil.which("podman") is None:
-        return Check(name, "warn", "not installed", hint)
-    from hermetic.engines import get_engine
-
-    engine: Any = get_engine("podman")
-    try:
-        version = engine.version()
-    except HermeticError as e:
-        return Check(name, "warn", e.message, hint)
-    missing = [t for t in ("skopeo",) if shutil.which(t) is None]
-    if not any(shutil.which(i) or Path("/usr/libexec/podman", i).exists() for i in ("catatonit", "tini")):
-        missing.append("catatonit")
-    if engine.rootless:
-        missing += [t for t in ("newuidmap", "newgidmap") if shutil.which(t) is None]
-        if not _has_subid_range():
-            return Check(name, "warn", f"Podman {version}, rootless, but /etc/subuid gives this user no range",
-                         "add one: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 USER")
-    if missing:
-        return Check(name, "warn", f"Podman {version}, but {', '.join(missing)} missing", hint)
-    how = ("rootless" if engine.rootless else "rootful") + (
-        ", pids limit as RLIMIT_NPROC, no memory limit (cgroup v1)" if not engine.cgroup_limits else ", cgroup limits")
-    return Check(name, "ok", f"Podman {version} ({how})")
+def _check(name: str, r: Any) -> Check:
+    return Check(name, r.status, r.detail, r.hint)
 
 
-def _has_subid_range() -> bool:
-    import pwd
-
-    try:
-        user = pwd.getpwuid(os.geteuid()).pw_name
-        lines = Path("/etc/subuid").read_text().splitlines()
-    except (OSError, KeyError):
-        return False
-    return any(ln.split(":")[0] in (user, str(os.geteuid())) for ln in lines if ln.count(":") == 2)
-
-
-def check_charliecloud() -> Check:
-    """Whether ``--engine charliecloud`` can run here: ch-run, an init, unprivileged namespaces and overlay."""
-    import subprocess
-
-    from hermetic.errors import HermeticError
-
-    name = "charliecloud"
-    hint = "apt-get install charliecloud-runtime catatonit (docs/scale-out.md, \"Engines\")"
-    if shutil.which("ch-run") is None:
-        return Check(name, "warn", "not installed", hint)
-    from hermetic.engines import get_engine
-
-    engine: Any = get_engine("charliecloud")
-    try:
-        engine.connect()
-        version = engine.version()
-    except HermeticError as e:
-        return Check(name, "warn", e.message, hint)
-    trial = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "--", "sh", "-c",
-                            "mkdir -p /tmp && mount -t tmpfs tmpfs /tmp"], capture_output=True, text=True)
-    if trial.returncode != 0:
-        why = (trial.stderr.strip().splitlines() or ["?"])[-1]
-        return Check(name, "warn", f"Charliecloud {version}, but an unprivileged user namespace cannot mount ({why})",
-                     "allow unprivileged user namespaces (sysctl user.max_user_namespaces, "
-                     "kernel.unprivileged_userns_clone=1)")
-    return Check(name, "ok", f"Charliecloud {version} (ch-run {shutil.which('ch-run')}; pids limit as RLIMIT_NPROC, "
-                             "no memory limit)")
-
-
-def engines_verdict(checks: list[Check]) -> list[Check]:
+def engines_verdict(checks: list[Check], engines: set[str]) -> list[Check]:
     """An engine that cannot run here is a failure only when no engine can: then nothing can run."""
-    engines = {"docker engine", "podman", "charliecloud"}
     if any(c.name in engines and c.status == "ok" for c in checks):
         return [Check(c.name, "warn", c.detail, c.hint) if c.name in engines and c.status == "fail" else c
                 for c in checks]
@@ -138,32 +64,6 @@ def engines_verdict(checks: list[Check]) -> list[Check]:
 
 def host_has_gpu(gpus: list[dict[str, Any]]) -> bool:
     return bool(gpus) or Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists()
-
-
-def check_gpu_runtime(client: Any, gpu_on_host: bool) -> Check:
-    """What `hermetic run --gpus` checks (hermetic.engine.gpu_runtime), said with what to do."""
-    from hermetic.engine import gpu_runtime
-    from hermetic.errors import EngineError
-
-    name = "gpu runtime"
-    if client is None:
-        return Check(name, "warn", "not checked (no Docker Engine)", "run scripts/ensure-docker")
-    try:
-        rt = gpu_runtime(client)
-    except EngineError as e:
-        return Check(name, "fail", e.message)
-    listed = ", ".join(rt.runtimes) or "none"
-    if rt.via == "nvidia runtime":
-        return Check(name, "ok", f"nvidia runtime registered (runtimes: {listed}; default {rt.default_runtime})")
-    if rt.available:
-        return Check(name, "ok", f"--gpus supported through {rt.via} (runtimes: {listed})")
-    hint = ("install nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=docker` "
-            "and restart dockerd")
-    if gpu_on_host:
-        return Check(name, "fail", f"no NVIDIA runtime in Docker (runtimes: {listed}): "
-                                   f"`hermetic run --gpus` will fail", hint)
-    return Check(name, "warn", f"no NVIDIA runtime (runtimes: {listed}); no GPU on this host either: CPU runs only",
-                 hint)
 
 
 # -- host driver ---------------------------------------------------------------
@@ -274,10 +174,9 @@ def run_doctor(*, rehash: bool = True) -> list[Check]:
 
     paths = cache_paths()
     checks: list[Check] = []
-    engine, client = check_engine()
-    checks += engines_verdict([engine, check_podman(), check_charliecloud()])
     gpus, gpu_errors, tried = host_gpus()
-    checks.append(check_gpu_runtime(client, host_has_gpu(gpus)))
+    engine_lines, gpu_lines = check_engines(host_has_gpu(gpus))
+    checks += engine_lines + gpu_lines
     checks.append(check_driver(gpus, gpu_errors, tried))
     checks.append(check_disk(paths.root))
     checks.append(check_data_hashing())

@@ -40,7 +40,7 @@ def image_to_push(store, image: str | None, config_path: str | None) -> str:
                                 hint="pass the manifest digest (sha256:…) that hermetic build printed")
         return desc.digest
     from hermetic.builder.image_record import recorded_manifest_digest
-    from hermetic.configview import find_config
+    from hermetic.config import find_config
 
     try:
         cfg = find_config(config_path)

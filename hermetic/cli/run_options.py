@@ -87,28 +87,16 @@ class Template:
 
 
 def request_template(shared: dict[str, Any], *, script: str, args: tuple[str, ...], argv: list[str],
-                     nnodes: int = 1, echo: bool = True, kept_config: bool = False) -> Template:
+                     nnodes: int = 1, echo: bool = True) -> Template:
     """The config and the RunRequest template the shared options describe, everything in them checked
     before anything is built or asked: --seed with --seeds, the seeds' range, --data's form, --resume-from's
-    run, --nproc-per-node's plan (over ``nnodes`` nodes). ``kept_config`` (`hermetic run`): the config as the
-    last run of the same bytes (and the same hermetic) kept it validated, when there is one
-    (hermetic.configview), and kept for the next run when there is not."""
+    run, --nproc-per-node's plan (over ``nnodes`` nodes)."""
+    from hermetic.config import load_config
     from hermetic.errors import UsageError
     from hermetic.run.plan import RunRequest
     from hermetic.seedargs import parse_seeds
 
-    cfg = None
-    if kept_config:
-        from hermetic.configview import cached_config
-        from hermetic.paths import cache_root
-
-        cfg = cached_config(shared["config_path"], cache_root())
-    if cfg is None:
-        from hermetic.config import keep_for_runs, load_config
-
-        cfg = load_config(shared["config_path"])
-        if kept_config:
-            keep_for_runs(cfg)
+    cfg = load_config(shared["config_path"])
     seed, seeds = shared["seed"], shared["seeds"]
     if seeds and seed is not None:
         raise UsageError("--seed and --seeds together: pick one")

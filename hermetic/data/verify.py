@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
 
-from hermetic.data.hashing import Hashed, hash_files
+from hermetic.data.hashfiles import hash_files
+from hermetic.data.hashing import Hashed
 from hermetic.data.identity import DatasetIdentity, identity_of
 from hermetic.data.manifest import (
     Manifest, first_names, make_manifest, parse_columns, parse_manifest, read_manifest_bytes,

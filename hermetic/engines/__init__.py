@@ -1,12 +1,15 @@
 """The engines that run hermetic's containers: Docker, Podman, Charliecloud (docs/architecture.md).
 
 ``get_engine(name)`` gives one; each maps a ContainerSpec (hermetic.engines.base)
-to its own flags and takes its images straight from hermetic's OCI store.
+to its own flags and takes its images straight from hermetic's OCI store. Outside
+this package only this module and ``base`` are imported (tests/test_architecture.py):
+what differs between engines is asked of the engine (its attributes and methods),
+never decided by its name.
 """
 
 from __future__ import annotations
 
-from hermetic.engines.base import DEFAULT_ENGINE, ENGINES, Engine, EngineInfo
+from hermetic.engines.base import DEFAULT_ENGINE, ENGINES, HOLDS_LABEL, Engine, EngineInfo
 from hermetic.errors import UsageError
 
 _made: dict[str, Engine] = {}
@@ -17,10 +20,11 @@ def get_engine(name: str | None = None) -> Engine:
     name = name or DEFAULT_ENGINE
     if name in _made:
         return _made[name]
+    engine: Engine
     if name == "docker":
         from hermetic.engines.docker import DockerEngine
 
-        engine: Engine = DockerEngine()
+        engine = DockerEngine()
     elif name == "podman":
         from hermetic.engines.podman import PodmanEngine
 
@@ -35,4 +39,19 @@ def get_engine(name: str | None = None) -> Engine:
     return engine
 
 
-__all__ = ["DEFAULT_ENGINE", "ENGINES", "Engine", "EngineInfo", "get_engine"]
+def orphan_engines() -> tuple[str, ...]:
+    """The engines whose containers can outlive their driver (``Engine.outlives_driver``)."""
+    return tuple(name for name in ENGINES if get_engine(name).outlives_driver)
+
+
+def held_paths() -> set[str] | None:
+    """The host paths that containers hold (HOLDS_LABEL), on every engine whose containers can outlive their
+    driver; None when one that may hold some cannot be asked."""
+    found = [get_engine(name).containers_labelled(HOLDS_LABEL) for name in orphan_engines()]
+    if any(rows is None for rows in found):
+        return None
+    return {str((r.get("Labels") or {}).get(HOLDS_LABEL)) for rows in found for r in rows or []
+            if (r.get("Labels") or {}).get(HOLDS_LABEL)}
+
+
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "Engine", "EngineInfo", "get_engine", "held_paths", "orphan_engines"]

@@ -5,6 +5,14 @@ it to its own flags (hermetic.engines.docker, .podman, .charliecloud). What an
 engine cannot give the way Docker gives it is either given another way and
 said in ``EngineInfo.notes`` (the record's ``invocation.engine.notes``), or
 refused before anything exists (``check_spec``): never silently dropped.
+
+The rest of hermetic knows an engine through this module alone: the
+``Engine`` protocol's methods and attributes (what it can load and how, where
+it keeps images, whether its containers can outlive their driver, how it
+reaches a GPU) say what differs, so nothing outside hermetic.engines decides
+by an engine's name. What an engine needs of a run it is given: the spec
+names the process that drives the container (``driver``), so the engines
+label their containers without knowing how a run's liveness is kept.
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ DEFAULT_ENGINE = "docker"
 RUN_LABEL = "org.hermetic.run-id"
 DRIVER_LABEL = "org.hermetic.driver"  # "HOST:PID:START" of the process that created the container (liveness)
 RUN_DIR_LABEL = "org.hermetic.run-dir"  # the run directory whose record the container's end is sealed in
+# A host path a container uses (a run's working directory): no sweep of dead writers' temp files removes it
+# while an engine has that container, running or not (its driver may have died, the container not).
+HOLDS_LABEL = "org.hermetic.holds"
 PROBE_LABEL = "org.hermetic.probe"
 DEFAULT_PIDS_LIMIT = 4096  # run.pids's default (hermetic.config.RunConfig), also the probe's limit
 # The container's host name, the same every run (Docker's default is the container ID, new each time): a
@@ -61,10 +72,18 @@ class ContainerSpec:
     pids_limit: int | None = DEFAULT_PIDS_LIMIT  # None: no limit (run.pids: null)
     memory: str | None = None  # a Docker size ("16g"); also the swap limit, so it cannot swap around it
     manifest_digest: str | None = None  # the image's manifest (engines that run from hermetic's store need it)
+    # "HOST:PID:START" of the process that drives the container (hermetic.record.liveness.driver_token), given
+    # by the run: the engine labels the container with it (DRIVER_LABEL), so hermetic.run.orphans can tell when
+    # its driver is gone. "": no driver named (a spec only judged by check_spec, never run).
+    driver: str = ""
 
     @property
     def hostname(self) -> str | None:
         return container_hostname(self.network)
+
+    def all_labels(self) -> dict[str, str]:
+        """The container's labels: the spec's, and its driver's."""
+        return {**self.labels, DRIVER_LABEL: self.driver} if self.driver else dict(self.labels)
 
 
 def container_hostname(network: str) -> str | None:
@@ -82,6 +101,16 @@ class RunOutcome:
     signal_name: str | None = None
     stopped_because: str | None = None  # hermetic stopped the container (e.g. the working directory outgrew its limit)
     oom_reason: str | None = None  # the kernel's OOM killer ended a process of it (State.OOMKilled): why, in words
+
+
+def oom_reason(memory: str | None) -> str:
+    """The record's reason for a script that failed after the kernel's OOM killer ended a process of it
+    (the script itself: exit 137; a DataLoader worker: the script's own error)."""
+    if memory is not None:
+        return (f"the script ran out of memory: the kernel's OOM killer ended it at the container's limit "
+                f"(run.memory: {memory}); raise run.memory in hermetic.yaml, or use less")
+    return ("the script ran out of memory: the kernel's OOM killer ended it; run.memory in hermetic.yaml bounds "
+            "the container by itself, before the host runs short")
 
 
 class Watch(Protocol):
@@ -103,13 +132,57 @@ class EngineInfo:
         return {"name": self.name, "version": self.version, "rootless": self.rootless, "notes": list(self.notes)}
 
 
+@dataclass(frozen=True)
+class Readiness:
+    """Whether an engine can be used here, as ``hermetic doctor`` says it: ok / warn / fail, what it found, and
+    what to do about it."""
+
+    status: str  # "ok" | "warn" | "fail"
+    detail: str
+    hint: str = ""
+
+
+class BuildFeed(Protocol):
+    """The engine's load of an image while the build goes on (``Engine.build_feed``): told of each layer as it
+    is in the store, and of the image once its config exists; ``close`` waits for what it started."""
+
+    timeline: list[dict[str, Any]]  # each load: layers, bytes, from/to (time.monotonic())
+
+    def start(self) -> None: ...
+
+    def layer_ready(self, i: int, desc: Any, fresh: bool = False) -> None: ...
+
+    def finish(self, image_id: str, config_bytes: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def remove_partials(self) -> None: ...
+
+
 class Engine(Protocol):
     """What hermetic asks of the engine that runs its containers (one per run; docs/architecture.md)."""
 
     name: str
+    label: str
+    """How ``hermetic doctor`` names the engine's line ("docker engine", "podman", "charliecloud")."""
+
+    image_home: str
+    """Where the engine keeps a run's image, in words ("the Docker Engine", "Podman's storage", ...)."""
+
+    outlives_driver: bool
+    """Whether a container can outlive the process that drives it (a daemon, or a process not tied to the
+    driver's): hermetic.run.orphans asks such an engine for orphans, and the cache's sweep for held paths."""
 
     def connect(self) -> None:
         """Fail now (EngineError / Unavailable, with what to do) when this engine cannot be used here."""
+        ...
+
+    def readiness(self) -> Readiness:
+        """Whether it can run here, and how (``hermetic doctor``'s line for it)."""
+        ...
+
+    def gpu_readiness(self, gpu_on_host: bool) -> Readiness | None:
+        """What ``hermetic doctor`` says of this engine's way to GPUs, where it says anything (None)."""
         ...
 
     def info(self, spec: ContainerSpec | None = None) -> EngineInfo:
@@ -128,11 +201,19 @@ class Engine(Protocol):
         """Refuse before any container exists when ``--gpus`` cannot work with this engine."""
         ...
 
-    def has_image(self, manifest_digest: str, image_id: str) -> bool: ...
+    def has_image(self, manifest_digest: str, image_id: str) -> bool:
+        """Whether the engine holds the image (a replay's, which it may have lost since)."""
+        ...
 
-    def ensure_image(self, store: Any, manifest_digest: str, *,
-                     repo_tag: str | None = None) -> bool:
-        """The image made runnable from hermetic's OCI store, unless the engine has it; True when it was imported."""
+    def build_feed(self, store: Any, base_config: dict[str, Any], base_layers: list[Any], total_layers: int,
+                   repo_tag: str | None, labels: dict[str, str]) -> BuildFeed | None:
+        """What loads the image while it is built (None: it is made runnable at the end only)."""
+        ...
+
+    def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
+                     feed: BuildFeed | None = None) -> bool:
+        """The image made runnable from hermetic's OCI store, unless the engine has it (``feed``: this build's,
+        closed); ``repo_tag`` pointed at it where the engine keeps tags. True when it was imported."""
         ...
 
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
@@ -147,7 +228,10 @@ class Engine(Protocol):
         """The container on its way (see Launched); ``run_streaming`` is ``launch`` then ``finish``."""
         ...
 
-    def run_capture(self, spec: ContainerSpec) -> tuple[int, bytes, bytes]: ...
+    def run_capture(self, spec: ContainerSpec, timeout: float | None = None) -> tuple[int, bytes, bytes]:
+        """Run to completion: (exit code, stdout, stderr); TimeoutError (the container removed) when it has not
+        ended after ``timeout`` seconds."""
+        ...
 
     def containers_labelled(self, *labels: str) -> list[dict] | None:
         """Every container (any state) with all ``labels``, as Docker lists them; None when it cannot be asked."""
@@ -155,6 +239,14 @@ class Engine(Protocol):
 
     def container(self, container_id: str) -> Any:
         """A handle (reload, attrs, stop, kill, remove, logs: docker-py's Container's) or None when gone."""
+        ...
+
+
+class SavesImages(Protocol):
+    """An engine whose own images can be taken into hermetic's store (a ``docker:ID`` base)."""
+
+    def save_image(self, image_id: str) -> Iterator[bytes]:
+        """The image as a docker-archive tar (``docker save``), as it arrives; NotFound when there is none."""
         ...
 
 
@@ -213,7 +305,7 @@ class Gate:
     reads end of file and the container ends without running anything."""
 
     def __init__(self, directory: Path) -> None:
-        from hermetic.fsutil import unfit_for_runs
+        from hermetic.filesystems import unfit_for_runs
 
         self.directory = directory
         fifo = directory / GATE_FIFO
@@ -302,3 +394,46 @@ def open_log_files(log_dir: Path) -> list[Any]:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+# -- a container's handle (docker-py's Container, or one that behaves so: Engine.container) ----------------
+
+def stop_container(container: Any) -> None:
+    """Stopped as ``docker stop`` does (SIGTERM, SIGKILL after 10 s), else killed; quietly."""
+    try:
+        container.stop(timeout=10)
+    except Exception:
+        try:
+            container.kill()
+        except Exception:
+            pass
+
+
+def remove_container(container: Any) -> None:
+    """Removed (forced), tried three times; quietly (a container left behind is an orphan's sweep's)."""
+    for _ in range(3):
+        try:
+            container.remove(force=True)
+            return
+        except Exception:
+            continue
+
+
+def rewrite_logs(container: Any, files: list[Any]) -> None:
+    """The log files (stdout, stderr, combined) from the engine's own copy of the (stopped) container's
+    output, complete; each streamed from the engine (a long run's log need not fit in memory)."""
+    for f, (out, err) in zip(files, ((True, False), (False, True), (True, True))):
+        try:
+            chunks = container.logs(stdout=out, stderr=err, stream=True, follow=False)
+            first = next(chunks, b"")
+        except Exception:  # the engine lost it: keep what was streamed
+            continue
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(first)
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+        except Exception:  # the engine lost it mid-way, or a full disk: keep what fits
+            pass

@@ -55,12 +55,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from hermetic.engines.base import (
-    ContainerSpec, DeferredLaunch, EngineInfo, RunOutcome, Watch, container_home_env, open_log_files,
+    BuildFeed, ContainerSpec, DeferredLaunch, EngineInfo, Readiness, RunOutcome, Watch, container_home_env,
+    open_log_files,
 )
 from hermetic.engines.process import signal_exit_code, stream_process
-from hermetic.errors import EngineError, Unavailable
+from hermetic.errors import EngineError, HermeticError, Unavailable
 
 INSTALL_HINT = "install Charliecloud (Debian: apt-get install charliecloud-runtime catatonit)"
+DOCTOR_HINT = "apt-get install charliecloud-runtime catatonit (docs/scale-out.md, \"Engines\")"
 INITS = ("catatonit", "tini-static", "docker-init", "tini")  # a static init, run as the PID namespace's init
 STOP_TIMEOUT = 10
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -88,6 +90,9 @@ class CharliecloudEngine:
     """Charliecloud as hermetic.engines.base.Engine."""
 
     name = "charliecloud"
+    label = "charliecloud"
+    image_home = "Charliecloud's layers"
+    outlives_driver = False  # its container is its driver's child and dies with it (module doc)
 
     def __init__(self, root: Path | None = None) -> None:
         self._root = root
@@ -145,6 +150,29 @@ class CharliecloudEngine:
         raise Unavailable("no static init for the container (catatonit, tini-static): "
                           "apt-get install catatonit")
 
+    def readiness(self) -> Readiness:
+        """Whether ``--engine charliecloud`` can run here: ch-run, an init, unprivileged namespaces and overlay."""
+        if shutil.which("ch-run") is None:
+            return Readiness("warn", "not installed", DOCTOR_HINT)
+        try:
+            self.connect()
+            version = self.version()
+        except HermeticError as e:
+            return Readiness("warn", e.message, DOCTOR_HINT)
+        trial = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "--", "sh", "-c",
+                                "mkdir -p /tmp && mount -t tmpfs tmpfs /tmp"], capture_output=True, text=True)
+        if trial.returncode != 0:
+            why = (trial.stderr.strip().splitlines() or ["?"])[-1]
+            return Readiness("warn", f"Charliecloud {version}, but an unprivileged user namespace cannot mount "
+                                     f"({why})", "allow unprivileged user namespaces (sysctl user.max_user_namespaces, "
+                                                 "kernel.unprivileged_userns_clone=1)")
+        return Readiness("ok", f"Charliecloud {version} (ch-run {shutil.which('ch-run')}; pids limit as RLIMIT_NPROC, "
+                               "no memory limit)")
+
+    def gpu_readiness(self, gpu_on_host: bool) -> None:
+        """Nothing said by ``doctor``: the driver's files are checked by ``run --gpus`` (check_gpus)."""
+        return None
+
     def check_gpus(self, gpus: str) -> None:
         from hermetic.engines.gpu import charliecloud_gpu_files, nvidia_device_nodes
 
@@ -178,14 +206,23 @@ class CharliecloudEngine:
         return rec
 
     def has_image(self, manifest_digest: str, image_id: str) -> bool:
+        """By its record and layers."""
         return self.image_record(manifest_digest) is not None
 
-    def ensure_image(self, store: Any, manifest_digest: str, *,
-                     repo_tag: str | None = None) -> bool:
-        """Every layer unpacked (those missing), then the image's record; True when anything was unpacked."""
+    def build_feed(self, store: Any, base_config: dict[str, Any], base_layers: list[Any], total_layers: int,
+                   repo_tag: str | None, labels: dict[str, str]) -> "UnpackFeed":
+        """Each layer unpacked as soon as it is in the store, while the next is built."""
+        return UnpackFeed(store, base_layers, self.root / "layers")
+
+    def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
+                     feed: BuildFeed | None = None) -> bool:
+        """Every layer unpacked (those missing: a build's feed did most), then the image's record; True when
+        anything was unpacked."""
         from hermetic.engines.unpack import ensure_layer
         from hermetic.fsutil import atomic_write_bytes
 
+        if feed is not None:
+            feed.close()
         if self.image_record(manifest_digest) is not None:
             return False
         manifest = store.read_json(manifest_digest)
@@ -227,10 +264,13 @@ class CharliecloudEngine:
             return RunOutcome(None, True, end.signal_name)
         return RunOutcome(signal_exit_code(end.returncode or 0), False, None, end.stopped_because)
 
-    def run_capture(self, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
+    def run_capture(self, spec: ContainerSpec, timeout: float | None = None) -> tuple[int, bytes, bytes]:
         self.check_spec(spec)
         with self._launch(spec) as (argv, env, _tree):
-            proc = subprocess.run(argv, capture_output=True, env=env, stdin=subprocess.DEVNULL)
+            try:  # on a timeout, subprocess kills setpriv's process: its namespace's init dies with it
+                proc = subprocess.run(argv, capture_output=True, env=env, stdin=subprocess.DEVNULL, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(f"the container still ran after {timeout} s") from None
         return signal_exit_code(proc.returncode), proc.stdout, proc.stderr
 
     def containers_labelled(self, *labels: str) -> list[dict] | None:
@@ -426,3 +466,57 @@ def _gpu_device_nodes(gpus: str | None) -> list[str]:
     from hermetic.engines.gpu import nvidia_device_nodes
 
     return nvidia_device_nodes(gpus)
+
+
+class UnpackFeed:
+    """Charliecloud's load while the build goes on: each layer unpacked (hermetic.engines.unpack) as soon as
+    it is in the store, one at a time in a thread of its own, while the next one is built; the image's own
+    ``ensure_image`` at the end finds them there. A layer that fails here is left to it (it says why)."""
+
+    def __init__(self, store: Any, base_layers: list[Any], root: Path) -> None:
+        import queue
+        import threading
+
+        self._store = store
+        self._root = root
+        self._queue: "queue.Queue[Any]" = queue.Queue()
+        for d in base_layers:
+            self._queue.put(d)
+        self.timeline: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="unpack-feed", daemon=True)
+
+    def start(self) -> None:
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def layer_ready(self, i: int, desc: Any, fresh: bool = False) -> None:
+        self._queue.put(desc)
+
+    def finish(self, image_id: str, config_bytes: bytes) -> None:
+        """Nothing to do: the layers are the image (its record is written by ensure_image)."""
+
+    def _run(self) -> None:
+        from hermetic.engines.unpack import ensure_layer
+
+        root = self._root
+        while (desc := self._queue.get()) is not None:
+            if self.error is not None:
+                continue
+            t = time.monotonic()
+            try:
+                _path, made = ensure_layer(self._store, desc.digest, desc.media_type, root)
+            except BaseException as e:  # left to ensure_image, which raises it with the fix
+                self.error = e
+                continue
+            if made:
+                self.timeline.append({"load": "unpack", "layers": 1, "bytes": desc.size, "from": t,
+                                      "to": time.monotonic()})
+
+    def close(self) -> None:
+        self._queue.put(None)
+        if self._thread.ident is not None:
+            self._thread.join()
+
+    def remove_partials(self) -> None:
+        """No prefix images here."""

@@ -1,440 +1,40 @@
-"""The Docker Engine: the training container through its API (hermetic.dockerapi: create, attach, wait, remove).
+"""The Docker Engine as hermetic.engines.base.Engine: what the rest of hermetic asks of it, answered by its pieces.
 
-The container runs the image by ID with: the source snapshot read-only at
-/workspace, datasets read-only at their mount points, /outputs writable, a
-non-root user, a read-only root filesystem with a tmpfs /tmp (HOME lives
-there), every capability dropped, no-new-privileges, no network unless
-asked, a pids limit (processes and threads together: a fork bomb fills the
-container, not the host) and, when hermetic.yaml sets one, a memory limit
-with no swap around it. Ctrl-C or SIGTERM stop and remove it; the caller
-still writes the record, with status ``interrupted``.
-
-Every container hermetic creates names its driver (DRIVER_LABEL: host, pid,
-start time) and a training container its run directory and the working
-directory it writes (RUN_DIR_LABEL, engine.HOLDS_LABEL): a driver killed
-with SIGKILL cannot remove its container, so hermetic.run.orphans finds it
-by these labels, stops it and seals the run's record. (Moved here from
-hermetic.run.container unchanged when the engines became three.)
+``dockerclient`` (docker-py's client, made once per process), ``dockercontainer``
+(the locked-down container: created, attached, started in a thread of its
+own, waited for, its log completed, removed), ``dockerimages`` (images
+loaded from hermetic's store, tagged, listed, removed, saved),
+``dockerfeed`` (the load while a build goes on) and ``gpu`` (the NVIDIA
+runtime check, the device requests).
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import sys
-import threading
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from hermetic.engines.base import (
-    DRIVER_LABEL, LOG_FILES, ContainerSpec, EngineInfo, Interrupted, RunOutcome, Watch, container_home_env,
-    watch_beside,
-)
+from hermetic.engines.base import BuildFeed, ContainerSpec, EngineInfo, Readiness, RunOutcome, Watch
+from hermetic.engines.dockercontainer import DockerLaunch, run_capture, run_streaming
 from hermetic.errors import EngineError
-from hermetic.record.liveness import driver_token
-
-NO_GPU_RUNTIME = "this Docker Engine has no NVIDIA runtime: install nvidia-container-toolkit"
-
-
-def oom_reason(memory: str | None) -> str:
-    """The record's reason for a script that failed after the kernel's OOM killer ended a process of it
-    (the script itself: exit 137; a DataLoader worker: the script's own error)."""
-    if memory is not None:
-        return (f"the script ran out of memory: the kernel's OOM killer ended it at the container's limit "
-                f"(run.memory: {memory}); raise run.memory in hermetic.yaml, or use less")
-    return ("the script ran out of memory: the kernel's OOM killer ended it; run.memory in hermetic.yaml bounds "
-            "the container by itself, before the host runs short")
-
-
-def device_requests(gpus: str | None) -> list[dict[str, Any]]:
-    """docker-like --gpus: all | N | device=0,1 | "device=GPU-uuid" (the grammar: hermetic.gpus), as the
-    Engine API's HostConfig.DeviceRequests."""
-    from hermetic.gpus import parse_gpus
-
-    request = parse_gpus(gpus)
-    if request is None:
-        return []
-    if request.device_ids:
-        return [{"Driver": "", "Count": 0, "DeviceIDs": list(request.device_ids), "Capabilities": [["gpu"]],
-                 "Options": {}}]
-    return [{"Driver": "", "Count": -1 if request.all else request.count, "DeviceIDs": None,
-             "Capabilities": [["gpu"]], "Options": {}}]
-
-
-def check_gpu_runtime(client) -> None:
-    """Refuse before any container exists when --gpus cannot work on this engine."""
-    from hermetic.engine import gpu_runtime
-
-    if not gpu_runtime(client).available:
-        raise EngineError(NO_GPU_RUNTIME)
-
-
-def host_config(spec: ContainerSpec) -> dict[str, Any]:
-    """The container's HostConfig (Engine API): the lock-down every training container gets."""
-    from hermetic.configview import size_bytes
-
-    limits: dict[str, Any] = {}
-    if spec.pids_limit is not None:
-        limits["PidsLimit"] = spec.pids_limit
-    if spec.memory is not None:
-        limits.update(Memory=size_bytes(spec.memory), MemorySwap=size_bytes(spec.memory))  # no swap around it
-    return {
-        **limits,
-        "Mounts": [{"Type": "bind", "Source": str(m.source), "Target": m.target, "ReadOnly": m.read_only}
-                   for m in spec.mounts],
-        "ReadonlyRootfs": True,
-        "Tmpfs": {"/tmp": f"rw,nosuid,nodev,exec,size={spec.tmpfs_size},mode=1777"},
-        "CapDrop": ["ALL"],
-        "SecurityOpt": ["no-new-privileges"],
-        "NetworkMode": spec.network,
-        "ShmSize": size_bytes(spec.shm_size),
-        "DeviceRequests": device_requests(spec.gpus),
-        "Init": True,  # PID 1 forwards signals and reaps DataLoader workers
-    }
-
-
-def create(client, spec: ContainerSpec, name: str | None = None):
-    """The container, labelled with this process as its driver; refused (and removed) when the engine
-    dropped a limit it was given (a kernel without the pids or memory cgroup, a rootless engine on
-    cgroup v1): the limits are the host's protection, never silently off."""
-    from hermetic.dockerapi import DockerAPIError, DockerNotFound
-
-    env = container_home_env(spec.env)
-    config = {
-        "Image": spec.image_id, "Cmd": list(spec.command), "Env": [f"{k}={v}" for k, v in env.items()],
-        "User": spec.user, "WorkingDir": spec.workdir or "", "Hostname": spec.hostname or "",
-        "Labels": {**spec.labels, DRIVER_LABEL: driver_token()},
-        "AttachStdin": False, "AttachStdout": True, "AttachStderr": True, "OpenStdin": False, "Tty": False,
-        "HostConfig": host_config(spec),
-    }
-    try:
-        container = client.create_container(config, name=name)
-        container.reload()
-    except DockerNotFound as e:
-        if "image" in e.explanation.lower() or "No such image" in e.explanation:
-            raise EngineError(f"the Docker Engine has no image {spec.image_id}; run `hermetic build`") from None
-        raise EngineError(f"the Docker Engine refused the container: {e.explanation}") from None
-    except DockerAPIError as e:
-        msg = e.explanation
-        if "capabilities: [[gpu]]" in msg or "nvidia" in msg.lower():
-            raise EngineError(NO_GPU_RUNTIME) from None
-        raise EngineError(f"the Docker Engine refused the container: {msg}") from None
-    dropped = _dropped_limit(container.attrs.get("HostConfig") or {}, spec)
-    if dropped is not None:
-        remove_container(container)
-        raise EngineError(f"the Docker Engine did not apply the container's {dropped} (its kernel or a rootless "
-                          f"engine cannot limit it); set it to null in hermetic.yaml to run without it")
-    return container
-
-
-def _dropped_limit(host_config: dict[str, Any], spec: ContainerSpec) -> str | None:
-    if spec.pids_limit is not None and (host_config.get("PidsLimit") or 0) != spec.pids_limit:
-        return f"pids limit (run.pids: {spec.pids_limit})"
-    if spec.memory is not None and not host_config.get("Memory"):
-        return f"memory limit (run.memory: {spec.memory})"
-    return None
-
-
-def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
-                  watch: Watch | None = None) -> RunOutcome:
-    """Create, start, stream logs to the terminal and to log_dir, wait, remove (DockerLaunch, finished at once).
-
-    ``watch`` runs in a thread while the container does; when it reports a
-    reason, the container is stopped and the outcome says why.
-    """
-    launched = DockerLaunch(client, spec, log_dir, echo=echo, name=name)
-    try:
-        return launched.finish(watch)
-    except BaseException:
-        launched.cancel()
-        raise
-    finally:
-        launched.close()
-
-
-class DockerLaunch:
-    """A container created, attached and started by a thread of its own (the engine's create and start take
-    ~0.2 s, mostly runc's) while the caller goes on with the run's last steps; its command waits at the
-    run's Gate meanwhile (hermetic.engines.base). ``finish`` streams its output until it ends, waits, and
-    has a thread remove it (~10-20 ms of the engine's, while the caller collects the outputs) that ``close``
-    joins; ``cancel`` removes it unfinished."""
-
-    def __init__(self, client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
-                 name: str | None = None) -> None:
-        self.client, self.spec, self.echo = client, spec, echo
-        log_dir.mkdir(parents=True, exist_ok=True)
-        # Opened before the container exists: whatever it prints has a file to land in.
-        self.files = [open(log_dir / n, "wb") for n in LOG_FILES]
-        self.container = None
-        self._stream = None
-        self._error: BaseException | None = None
-        self._ended = False
-        self._removal: threading.Thread | None = None
-        self._thread = threading.Thread(target=self._start, args=(name,), name="hermetic-launch", daemon=True)
-        self._thread.start()
-
-    def _start(self, name: str | None) -> None:
-        try:
-            self.container = create(self.client, self.spec, name=name)
-            self._stream = self.container.attach(logs=True)  # before start: nothing it prints is missed
-            self.container.start()
-        except BaseException as e:  # raised by finish, in the caller's thread
-            self._error = e
-
-    def finish(self, watch: Watch | None = None) -> RunOutcome:
-        previous: dict[int, Any] = {}
-
-        def handler(signum, _frame):
-            raise Interrupted(signum)
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, handler)
-        stopped: list[str] = []
-        done = threading.Event()
-        out_f, err_f, all_f = self.files
-        outcome: RunOutcome
-        try:
-            try:
-                self._thread.join()
-                if self._error is not None:
-                    raise self._error
-                container, stream = self.container, self._stream
-                # asked now, answered as the container ends (as the docker CLI does): no round trip after it
-                waited: dict[str, Any] = {}
-
-                def wait() -> None:
-                    try:
-                        waited["result"] = container.wait()
-                    except BaseException as e:  # raised below, in this thread
-                        waited["error"] = e
-
-                waiter = threading.Thread(target=wait, name="hermetic-wait", daemon=True)
-                waiter.start()
-                watch_beside(watch, done, lambda c=container: stop_container(c), stopped)
-                streamed = [0, 0]  # bytes of stdout, stderr read from the attach stream
-                ends = [bytearray(), bytearray()]  # the last of each (_complete_logs compares the log's tail)
-                for out, err in stream:
-                    if out:
-                        streamed[0] += len(out)
-                        _keep_end(ends[0], out)
-                        _tee(out, out_f, all_f, sys.stdout.buffer if self.echo else None)
-                    if err:
-                        streamed[1] += len(err)
-                        _keep_end(ends[1], err)
-                        _tee(err, err_f, all_f, sys.stderr.buffer if self.echo else None)
-                waiter.join()
-                if "error" in waited:
-                    raise waited["error"]
-                result = waited["result"]
-                done.set()
-                _complete_logs(container, self.files, streamed, self.echo, ends)
-                code = int(result.get("StatusCode", 1))
-                # A script that survived the kill of a process of its own (and exited 0) is not failed for it.
-                oom = oom_reason(self.spec.memory) if code != 0 and _oom_killed(container) else None
-                outcome = RunOutcome(code, False, None, stopped[0] if stopped else None, oom_reason=oom)
-            except (Interrupted, KeyboardInterrupt) as e:
-                signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
-                self._thread.join()  # a container being made is made: then stopped
-                if self.container is not None:
-                    stop_container(self.container)
-                    rewrite_logs(self.container, self.files)  # what it printed but we had not read yet
-                outcome = RunOutcome(None, True, signal.Signals(signum).name)
-        finally:
-            done.set()
-            for sig, h in previous.items():
-                signal.signal(sig, h)
-            self._end(beside=True)
-        return outcome
-
-    def cancel(self) -> None:
-        self._thread.join()
-        self._end()
-
-    def close(self) -> None:
-        """Return when the container is removed (finish began its removal)."""
-        if self._removal is not None:
-            self._removal.join()
-
-    def _end(self, *, beside: bool = False) -> None:
-        """Close the log files and remove the container (once): ``beside``, by a thread that ``close`` joins
-        (not a daemon: the interpreter waits for it should a caller never close)."""
-        if self._ended:
-            return
-        self._ended = True
-        for f in self.files:
-            with contextlib.suppress(OSError):  # a full disk: what could not be flushed is lost, not the run
-                f.close()
-        if self._stream is not None:
-            self._stream.close()
-        if self.container is not None and beside:
-            self._removal = threading.Thread(target=remove_container, args=(self.container,),
-                                             name="hermetic-remove")
-            self._removal.start()
-        elif self.container is not None:
-            remove_container(self.container)
-        elif self._error is not None and self.spec.labels:  # create() failed on the way: made anyway?
-            _remove_labelled(self.client, {**self.spec.labels, DRIVER_LABEL: driver_token()})
-
-
-def _oom_killed(container) -> bool:
-    try:
-        container.reload()
-        return bool((container.attrs.get("State") or {}).get("OOMKilled"))
-    except Exception:  # the engine lost it: nothing to tell
-        return False
-
-
-# Up to this much streamed, the engine's whole log is counted against it (~0.05 s a MiB: the engine decodes
-# its json-file line by line, ~18 MB/s here); past it, the log's last lines are compared with the end of what
-# was streamed (~0.01 s whatever the size: 50 MB of output took 3.2 s to count), and counted only on a mismatch.
-FULL_COUNT_BYTES = 1 << 20
-TAIL_LINES = 64  # json-file lines are at most 16 KiB: the tail is at most 1 MiB
-KEPT_END_BYTES = 2 << 20  # of each stream, kept while streaming to compare with the log's tail
-
-
-def _keep_end(kept: bytearray, data: bytes) -> None:
-    kept += data
-    if len(kept) > 2 * KEPT_END_BYTES:
-        del kept[:len(kept) - KEPT_END_BYTES]
-
-
-def _tail_streamed(container, ends: list[bytearray]) -> bool:
-    """Whether the engine's last log lines, per stream, end what was streamed: the attach stream's known loss
-    is its end (moby#29285). Blind only to a lost end that repeats the lines before it byte for byte."""
-    tails = [bytearray(), bytearray()]
-    for kind, data in container.frames(tail=TAIL_LINES):
-        tails[kind == "stderr"] += data
-    return all(end.endswith(tail) for tail, end in zip(tails, ends))
-
-
-def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: bool,
-                   ends: list[bytearray]) -> None:
-    """The attach stream can end before the engine delivered all of a container's output when it exits
-    quickly under load (moby#29285: attach and the log are two paths); its json-file log has it all. When
-    the log holds more than was streamed, the files are rewritten from it and the rest is echoed. A long
-    output (FULL_COUNT_BYTES) is checked by its tail first (``ends``: the end of each stream as streamed)."""
-    if streamed[0] + streamed[1] > FULL_COUNT_BYTES:
-        try:
-            if _tail_streamed(container, ends):
-                return
-        except Exception:  # noqa: BLE001 - any doubt: counted in full below
-            pass
-    sizes = [0, 0]
-    try:
-        for kind, data in container.frames():
-            sizes[kind == "stderr"] += len(data)
-    except Exception:  # the engine lost it: keep what was streamed
-        return
-    if sizes[0] <= streamed[0] and sizes[1] <= streamed[1]:
-        return
-    try:
-        parts = [container.logs(stdout=True, stderr=False), container.logs(stdout=False, stderr=True)]
-    except Exception:
-        return
-    rewrite_logs(container, files)
-    if echo:
-        for data, n, term in zip(parts, streamed, (sys.stdout.buffer, sys.stderr.buffer)):
-            try:
-                term.write(data[n:])
-                term.flush()
-            except (OSError, ValueError):
-                pass
-
-
-def rewrite_logs(container, files: list[BinaryIO]) -> None:
-    """The log files (stdout, stderr, combined) from the engine's own copy of the (stopped) container's
-    output, complete; each streamed from the engine (a long run's log need not fit in memory)."""
-    for f, (out, err) in zip(files, ((True, False), (False, True), (True, True))):
-        try:
-            chunks = container.logs(stdout=out, stderr=err, stream=True, follow=False)
-            first = next(chunks, b"")
-        except Exception:  # the engine lost it: keep what was streamed
-            continue
-        try:
-            f.seek(0)
-            f.truncate()
-            f.write(first)
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-        except Exception:  # the engine lost it mid-way, or a full disk: keep what fits
-            pass
-
-
-def _tee(data: bytes, f: BinaryIO, all_f: BinaryIO, term: BinaryIO | None) -> None:
-    try:
-        f.write(data)
-        all_f.write(data)
-        f.flush()  # `hermetic logs -f` reads these files while the run goes on
-        all_f.flush()
-    except OSError:  # a full disk: the run goes on; the engine's own log completes the files at the end
-        pass
-    if term is not None:
-        try:
-            term.write(data)
-            term.flush()
-        except (OSError, ValueError):  # a closed pipe (EPIPE), a hung-up terminal (EIO): the run goes on
-            pass
-
-
-def stop_container(container) -> None:
-    try:
-        container.stop(timeout=10)
-    except Exception:
-        try:
-            container.kill()
-        except Exception:
-            pass
-
-
-def remove_container(container) -> None:
-    for _ in range(3):
-        try:
-            container.remove(force=True)
-            return
-        except Exception:
-            continue
-
-
-def _remove_labelled(client, labels: dict[str, str]) -> None:
-    from hermetic.dockerapi import Container
-
-    try:
-        found = client.containers(all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
-    except Exception:
-        return
-    for row in found:
-        remove_container(Container(client, row["Id"]))
-
-
-def run_capture(client, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
-    """Run to completion and return (exit code, stdout, stderr); for the probe."""
-    container = create(client, spec)
-    try:
-        container.start()
-        result = container.wait()
-        out = container.logs(stdout=True, stderr=False)
-        err = container.logs(stdout=False, stderr=True)
-        return int(result.get("StatusCode", 1)), out, err
-    finally:
-        remove_container(container)
 
 
 class DockerEngine:
     """The Docker Engine as hermetic.engines.base.Engine (the client is made on first use)."""
 
     name = "docker"
+    label = "docker engine"
+    image_home = "the Docker Engine"
+    outlives_driver = True  # a daemon's containers: a SIGKILLed driver leaves them running
+    starts_early = True
 
-    def __init__(self, client: Any = None) -> None:
-        self._client = client
-        self._version: str | None = None
+    def __init__(self) -> None:
+        self._client: Any = None
         self._info: dict[str, Any] | None = None
 
     @property
     def client(self) -> Any:
         if self._client is None:
-            from hermetic.engine import engine_client
+            from hermetic.engines.dockerclient import engine_client
 
             self._client = engine_client()
         return self._client
@@ -442,20 +42,42 @@ class DockerEngine:
     def connect(self) -> None:
         self.client  # noqa: B018 - engine_client(): "no Docker Engine answers at ..." with its fix
 
+    def readiness(self) -> Readiness:
+        """``hermetic doctor``'s line: the engine's version and API, and where it answers."""
+        import os
+
+        from hermetic.engines.dockerclient import DEFAULT_HOST, engine_version
+
+        hint = "run scripts/ensure-docker"
+        try:
+            v = engine_version()
+        except EngineError as e:
+            return Readiness("fail", e.message, e.hint or hint)
+        except Exception as e:  # noqa: BLE001 - the daemon answered, but not usably
+            return Readiness("fail", f"Docker Engine error: {' '.join(str(e).split())}", hint)
+        return Readiness("ok", f"Docker Engine {v.get('Version', '?')} (API {v.get('ApiVersion', '?')}) at "
+                               f"{os.environ.get('DOCKER_HOST', DEFAULT_HOST)}")
+
+    def gpu_readiness(self, gpu_on_host: bool) -> Readiness:
+        """What ``hermetic run --gpus`` checks (hermetic.engines.gpu.gpu_runtime), said with what to do."""
+        from hermetic.engines.gpu import docker_gpu_readiness
+
+        try:
+            client = self.client
+        except EngineError:
+            return Readiness("warn", "not checked (no Docker Engine)", "run scripts/ensure-docker")
+        return docker_gpu_readiness(client, gpu_on_host)
+
     def info(self, spec: ContainerSpec | None = None) -> EngineInfo:
-        if self._version is None:
-            try:
-                self._version = self.client.engine_version()
-            except EngineError:
-                raise
-            except Exception:  # the daemon answered ping but not this: the run still says which engine
-                self._version = "?"
+        from hermetic.engines.dockerclient import engine_version
+
+        version = str(engine_version().get("Version") or "?")
         rootless = False
         try:
             rootless = any("rootless" in str(o) for o in (self.engine_info().get("SecurityOptions") or []))
         except Exception:
             pass
-        return EngineInfo("docker", self._version, rootless)
+        return EngineInfo("docker", version, rootless)
 
     def engine_info(self) -> dict[str, Any]:
         """``GET /info``, asked once per process (the engine's ID and security options do not change
@@ -474,47 +96,75 @@ class DockerEngine:
         """Nothing to refuse before: create() refuses a limit the engine dropped (and removes the container)."""
 
     def check_gpus(self, gpus: str) -> None:
+        from hermetic.engines.gpu import check_gpu_runtime
+
         check_gpu_runtime(self.client)
 
     def has_image(self, manifest_digest: str, image_id: str) -> bool:
-        from hermetic.engine import engine_has_image
+        """By ID."""
+        from hermetic.engines.dockerimages import engine_has_image
 
         return engine_has_image(image_id)
 
-    def ensure_image(self, store: Any, manifest_digest: str, *,
-                     repo_tag: str | None = None) -> bool:
-        from hermetic.engine import engine_has_image, load_image
+    def build_feed(self, store: Any, base_config: dict[str, Any], base_layers: list[Any], total_layers: int,
+                   repo_tag: str | None, labels: dict[str, str]) -> BuildFeed:
+        """Prefix images of the layers built so far, loaded while the rest is built (hermetic.engines.dockerfeed)."""
+        from hermetic.engines.dockerfeed import EngineFeed
+
+        return EngineFeed(store, base_config, base_layers, total_layers, repo_tag, dict(labels))
+
+    def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
+                     feed: BuildFeed | None = None) -> bool:
+        """Loaded unless the engine has it by ID (after a feed: its own load's answer, else only what the engine
+        still lacks, its prefix images the candidates); ``repo_tag`` pointed at it either way."""
+        from hermetic.engines.dockerimages import engine_has_image, ensure_tag, load_image
 
         image_id = store.read_json(manifest_digest)["config"]["digest"]
-        if engine_has_image(image_id):
-            return False
-        load_image(store, manifest_digest, repo_tag=repo_tag)
-        return True
+        candidates: list[str] = []
+        loaded: bool | None = None
+        if feed is not None:
+            feed.close()  # waits for the image's own load (EngineFeed.finish), started when its config was made
+            loaded = getattr(feed, "final_loaded", None)
+            candidates = list(getattr(feed, "partial_images", []))
+        if loaded is None:
+            loaded = not engine_has_image(image_id)
+            if loaded:
+                load_image(store, manifest_digest, repo_tag=repo_tag, candidates=candidates)
+        if repo_tag:
+            ensure_tag(image_id, repo_tag)
+        return loaded
+
+    def save_image(self, image_id: str) -> Any:
+        """``docker save``: the docker-archive tar as it arrives (a ``docker:ID`` base)."""
+        from hermetic.engines.dockerimages import save_image
+
+        return save_image(image_id)
 
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                       watch: Watch | None = None) -> RunOutcome:
         return run_streaming(self.client, spec, log_dir, echo=echo, name=name, watch=watch)
 
-    starts_early = True
-
     def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
                name: str | None = None) -> DockerLaunch:
         return DockerLaunch(self.client, spec, log_dir, echo=echo, name=name)
 
-    def run_capture(self, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
-        return run_capture(self.client, spec)
+    def run_capture(self, spec: ContainerSpec, timeout: float | None = None) -> tuple[int, bytes, bytes]:
+        return run_capture(self.client, spec, timeout)
 
     def containers_labelled(self, *labels: str) -> list[dict] | None:
-        from hermetic.engine import containers_labelled
+        from hermetic.engines.dockerclient import containers_labelled
 
         return containers_labelled(*labels)
 
     def container(self, container_id: str) -> Any:
-        import http.client
-
-        from hermetic.dockerapi import DockerAPIError
+        """docker-py's Container, inspected; None when the engine has none (or cannot be asked)."""
+        try:
+            client = self.client
+        except EngineError:
+            return None
+        from docker.errors import DockerException
 
         try:
-            return self.client.container(container_id)
-        except (DockerAPIError, OSError, http.client.HTTPException, EngineError):
+            return client.containers.get(container_id)
+        except (DockerException, OSError):
             return None

@@ -1,18 +1,22 @@
-"""GPUs for the engines that are not Docker: what each needs from the host, and the refusal when it lacks it.
+"""How each engine reaches the host's GPUs (``--gpus``), and the refusal when it cannot.
 
-Podman takes GPUs through CDI (``--device nvidia.com/gpu=all``; the spec is
-the NVIDIA Container Toolkit's ``nvidia-ctk cdi generate``; checked in
-hermetic.engines.podman). Charliecloud takes them as ``ch-fromhost --nvidia``
-does: the driver's libraries and binaries that ``nvidia-container-cli list``
-names are copied into the image, and ldconfig is run in it. hermetic does
-that once per image and driver into a layer of its own (the upper directory
-of a writable overlay over the image's layers, in which ch-fromhost ran),
-stacked on the image for a GPU run, and binds the GPUs' device nodes
-(/dev/nvidia0..., nvidiactl, nvidia-uvm) into the container's /dev.
+Docker: the NVIDIA runtime registered with the engine, or the NVIDIA
+container toolkit's prestart hook beside a local daemon; the request is the
+Engine API's ``HostConfig.DeviceRequests`` (``gpu_runtime`` is what ``run
+--gpus`` and ``doctor`` both check). Podman takes GPUs through CDI
+(``--device nvidia.com/gpu=all``; the spec is the NVIDIA Container Toolkit's
+``nvidia-ctk cdi generate``). Charliecloud takes them as ``ch-fromhost
+--nvidia`` does: the driver's libraries and binaries that
+``nvidia-container-cli list`` names are copied into the image, and ldconfig is
+run in it. hermetic does that once per image and driver into a layer of its
+own (the upper directory of a writable overlay over the image's layers, in
+which ch-fromhost ran), stacked on the image for a GPU run, and binds the GPUs'
+device nodes (/dev/nvidia0..., nvidiactl, nvidia-uvm) into the container's
+/dev. What ``--gpus`` may say is hermetic.gpus' grammar, read by all three.
 
-No GPU machine was available where this was written: the refusals are
-tested (no nvidia-container-cli, no driver libraries, no device nodes), the
-injection itself is not (docs/gpu.md).
+No GPU machine was available where Podman's and Charliecloud's were written:
+their refusals are tested (no CDI spec, no nvidia-container-cli, no driver
+libraries, no device nodes), the injection itself is not (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -20,9 +24,146 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from hermetic.errors import Unavailable
+from hermetic.engines.base import Readiness
+from hermetic.errors import EngineError, Unavailable
+
+# -- Docker ------------------------------------------------------------------------------------------------
+
+NO_GPU_RUNTIME = "this Docker Engine has no NVIDIA runtime: install nvidia-container-toolkit"
+# Binaries through which `docker run --gpus` reaches the NVIDIA container toolkit without a
+# registered runtime (Docker >= 19.03 execs the prestart hook found beside a local daemon).
+GPU_HOOKS = ("nvidia-container-runtime-hook", "nvidia-ctk", "nvidia-container-toolkit")
+
+
+@dataclass(frozen=True)
+class GpuRuntime:
+    """How the Docker Engine can give a container GPUs: the NVIDIA runtime or hook it has, if any."""
+
+    available: bool
+    via: str  # "nvidia runtime", or the hook's path; "" when unavailable
+    runtimes: list[str]  # the engine's registered runtimes
+    default_runtime: str
+
+
+def gpu_runtime(client: Any) -> GpuRuntime:
+    """Whether ``--gpus`` can work on this Docker Engine (docker-py's client), and through what."""
+    try:
+        info = client.info()
+    except Exception as e:  # noqa: BLE001 - docker-py's APIError or a transport error
+        raise EngineError(f"cannot query the Docker Engine: {' '.join(str(e).split())}") from None
+    runtimes = sorted((info.get("Runtimes") or {}).keys())
+    default = str(info.get("DefaultRuntime", "?"))
+    if "nvidia" in runtimes:
+        return GpuRuntime(True, "nvidia runtime", runtimes, default)
+    local = (os.environ.get("DOCKER_HOST") or "unix://").startswith("unix://")
+    hook = next((found for name in GPU_HOOKS if (found := shutil.which(name))), None) if local else None
+    return GpuRuntime(bool(hook), hook or "", runtimes, default)
+
+
+def check_gpu_runtime(client: Any) -> None:
+    """Refuse before any container exists when --gpus cannot work on this Docker Engine."""
+    if not gpu_runtime(client).available:
+        raise EngineError(NO_GPU_RUNTIME)
+
+
+def docker_gpu_readiness(client: Any, gpu_on_host: bool) -> Readiness:
+    """``hermetic doctor``'s GPU line: what ``run --gpus`` checks, said with what to do."""
+    try:
+        rt = gpu_runtime(client)
+    except EngineError as e:
+        return Readiness("fail", e.message)
+    listed = ", ".join(rt.runtimes) or "none"
+    if rt.via == "nvidia runtime":
+        return Readiness("ok", f"nvidia runtime registered (runtimes: {listed}; default {rt.default_runtime})")
+    if rt.available:
+        return Readiness("ok", f"--gpus supported through {rt.via} (runtimes: {listed})")
+    hint = ("install nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=docker` "
+            "and restart dockerd")
+    if gpu_on_host:
+        return Readiness("fail", f"no NVIDIA runtime in Docker (runtimes: {listed}): `hermetic run --gpus` will fail",
+                         hint)
+    return Readiness("warn", f"no NVIDIA runtime (runtimes: {listed}); no GPU on this host either: CPU runs only",
+                     hint)
+
+
+def device_requests(gpus: str | None) -> list[dict[str, Any]]:
+    """docker-like --gpus: all | N | device=0,1 | "device=GPU-uuid" (the grammar: hermetic.gpus), as the
+    Engine API's HostConfig.DeviceRequests."""
+    from hermetic.gpus import parse_gpus
+
+    request = parse_gpus(gpus)
+    if request is None:
+        return []
+    if request.device_ids:
+        return [{"Driver": "", "Count": 0, "DeviceIDs": list(request.device_ids), "Capabilities": [["gpu"]],
+                 "Options": {}}]
+    return [{"Driver": "", "Count": -1 if request.all else request.count, "DeviceIDs": None,
+             "Capabilities": [["gpu"]], "Options": {}}]
+
+
+# -- Podman: CDI ----------------------------------------------------------------------------------------------
+
+CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+CDI_KIND = "nvidia.com/gpu"
+NO_CDI_SPEC = (f"Podman has no CDI spec for {CDI_KIND} (looked in {', '.join(map(str, CDI_DIRS))}): generate one "
+               "with the NVIDIA Container Toolkit: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+
+
+def cdi_devices(gpus: str | None) -> list[str]:
+    """``--gpus`` as CDI device names (NVIDIA's spec names each GPU by index and UUID, and ``all``)."""
+    from hermetic.gpus import parse_gpus
+
+    request = parse_gpus(gpus)
+    if request is None:
+        return []
+    if request.all:
+        return [f"{CDI_KIND}=all"]
+    if request.device_ids:
+        return [f"{CDI_KIND}={d}" for d in request.device_ids]
+    return [f"{CDI_KIND}={i}" for i in range(request.count)]
+
+
+def cdi_device_names() -> set[str]:
+    """The device names the CDI specs on this host give ``nvidia.com/gpu`` (an empty set: no spec)."""
+    import yaml
+
+    names: set[str] = set()
+    for d in CDI_DIRS:
+        try:
+            entries = sorted(d.iterdir())
+        except OSError:
+            continue
+        for p in entries:
+            if p.suffix not in (".yaml", ".yml", ".json"):
+                continue
+            try:
+                doc = yaml.safe_load(p.read_text())
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(doc, dict) and doc.get("kind") == CDI_KIND:
+                names.update(str(dev.get("name")) for dev in doc.get("devices") or [] if isinstance(dev, dict))
+                if names:
+                    names.add("all")
+    return names
+
+
+def check_cdi(gpus: str) -> None:
+    """Refuse, before any container exists, a ``--gpus`` that Podman's CDI specs on this host cannot give."""
+    devices = cdi_devices(gpus)
+    known = cdi_device_names()
+    if not known:
+        raise Unavailable(NO_CDI_SPEC)
+    missing = [d for d in devices if d.split("=", 1)[1] not in known]
+    if missing:
+        raise Unavailable(f"Podman's CDI spec for {CDI_KIND} has no device {missing[0]} (it lists: "
+                          f"{', '.join(sorted(known)) or 'none'}); regenerate it with nvidia-ctk cdi generate")
+
+
+# -- Charliecloud: ch-fromhost --nvidia -----------------------------------------------------------------------
 
 CLI = "nvidia-container-cli"
 NO_CLI = (f"Charliecloud takes GPUs with ch-fromhost --nvidia, which needs `{CLI}` (the NVIDIA Container Toolkit's "

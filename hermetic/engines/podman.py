@@ -44,17 +44,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hermetic.engines.base import (
-    DRIVER_LABEL, ContainerSpec, DeferredLaunch, EngineInfo, RunOutcome, Watch, container_home_env, open_log_files,
+    BuildFeed, ContainerSpec, DeferredLaunch, EngineInfo, Readiness, RunOutcome, Watch, container_home_env,
+    oom_reason, open_log_files,
 )
+from hermetic.engines.gpu import cdi_devices, check_cdi
 from hermetic.engines.process import stream_process
-from hermetic.errors import EngineError, IntegrityError, Unavailable
-from hermetic.record.liveness import driver_token
+from hermetic.errors import EngineError, HermeticError, IntegrityError, Unavailable
 
 INSTALL_HINT = "install Podman (Debian: apt-get install podman catatonit uidmap skopeo)"
-CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
-CDI_KIND = "nvidia.com/gpu"
-NO_CDI_SPEC = (f"Podman has no CDI spec for {CDI_KIND} (looked in {', '.join(map(str, CDI_DIRS))}): generate one "
-               "with the NVIDIA Container Toolkit: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+DOCTOR_HINT = "apt-get install podman catatonit uidmap skopeo (docs/scale-out.md, \"Engines\")"
 STOP_TIMEOUT = 10  # seconds between SIGTERM and SIGKILL, as docker stop
 
 
@@ -106,6 +104,9 @@ class PodmanEngine:
     """Podman as hermetic.engines.base.Engine."""
 
     name = "podman"
+    label = "podman"
+    image_home = "Podman's storage"
+    outlives_driver = True  # conmon keeps a container going after the `podman run` that started it is killed
 
     def __init__(self) -> None:
         self._version: str | None = None
@@ -169,23 +170,48 @@ class PodmanEngine:
                                       "use another engine")
         self.binary()
 
-    def check_gpus(self, gpus: str) -> None:
-        devices = cdi_devices(gpus)
-        known = cdi_device_names()
-        if not known:
-            raise Unavailable(NO_CDI_SPEC)
-        missing = [d for d in devices if d.split("=", 1)[1] not in known]
+    def readiness(self) -> Readiness:
+        """Whether ``--engine podman`` can run here, and how it holds the limits."""
+        if shutil.which("podman") is None:
+            return Readiness("warn", "not installed", DOCTOR_HINT)
+        try:
+            version = self.version()
+        except HermeticError as e:
+            return Readiness("warn", e.message, DOCTOR_HINT)
+        missing = [t for t in ("skopeo",) if shutil.which(t) is None]
+        if not any(shutil.which(i) or Path("/usr/libexec/podman", i).exists() for i in ("catatonit", "tini")):
+            missing.append("catatonit")
+        if self.rootless:
+            missing += [t for t in ("newuidmap", "newgidmap") if shutil.which(t) is None]
+            if not _has_subid_range():
+                return Readiness("warn", f"Podman {version}, rootless, but /etc/subuid gives this user no range",
+                                 "add one: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 USER")
         if missing:
-            raise Unavailable(f"Podman's CDI spec for {CDI_KIND} has no device {missing[0]} (it lists: "
-                              f"{', '.join(sorted(known)) or 'none'}); regenerate it with nvidia-ctk cdi generate")
+            return Readiness("warn", f"Podman {version}, but {', '.join(missing)} missing", DOCTOR_HINT)
+        how = ("rootless" if self.rootless else "rootful") + (
+            ", pids limit as RLIMIT_NPROC, no memory limit (cgroup v1)" if not self.cgroup_limits else ", cgroup limits")
+        return Readiness("ok", f"Podman {version} ({how})")
+
+    def gpu_readiness(self, gpu_on_host: bool) -> None:
+        """Nothing said by ``doctor``: the CDI spec is checked by ``run --gpus`` (check_gpus)."""
+        return None
+
+    def check_gpus(self, gpus: str) -> None:
+        check_cdi(gpus)
 
     # -- images ---------------------------------------------------------------------------------------------
 
     def has_image(self, manifest_digest: str, image_id: str) -> bool:
+        """By ID."""
         return self.podman("image", "exists", image_id, check=False).returncode == 0
 
-    def ensure_image(self, store: Any, manifest_digest: str, *,
-                     repo_tag: str | None = None) -> bool:
+    def build_feed(self, store: Any, base_config: dict[str, Any], base_layers: list[Any], total_layers: int,
+                   repo_tag: str | None, labels: dict[str, str]) -> None:
+        """None: skopeo copies the whole image once it is in the store."""
+        return None
+
+    def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
+                     feed: BuildFeed | None = None) -> bool:
         """Copy the image into containers-storage unless Podman has it (by ID); True when it was copied."""
         manifest_bytes = store.read_blob(manifest_digest)
         image_id = json.loads(manifest_bytes)["config"]["digest"]
@@ -254,7 +280,7 @@ class PodmanEngine:
         args += ["--ulimit", f"nofile={_rlim(nofile[0])}:{_rlim(nofile[1])}", "--ulimit", f"nproc={nproc}:{nproc}"]
         if spec.memory is not None:
             args += ["--memory", spec.memory, "--memory-swap", spec.memory]
-        for k, v in {**spec.labels, DRIVER_LABEL: driver_token()}.items():
+        for k, v in spec.all_labels().items():
             args += ["--label", f"{k}={v}"]
         for m in spec.mounts:
             args += ["--mount", f"type=bind,src={m.source},dst={m.target}" + (",ro=true" if m.read_only else "")]
@@ -305,8 +331,6 @@ class PodmanEngine:
                 raise EngineError(f"Podman could not start the container: {state['Error']}")
             self._complete_logs(name, files, end.streamed, echo)
             code = int(state.get("ExitCode", end.returncode if end.returncode is not None else 1))
-            from hermetic.engines.docker import oom_reason
-
             oom = oom_reason(spec.memory) if code != 0 and state.get("OOMKilled") else None
             return RunOutcome(code, False, None, end.stopped_because, oom_reason=oom)
         finally:
@@ -315,14 +339,17 @@ class PodmanEngine:
                     f.close()
             remove(name)
 
-    def run_capture(self, spec: ContainerSpec) -> tuple[int, bytes, bytes]:
+    def run_capture(self, spec: ContainerSpec, timeout: float | None = None) -> tuple[int, bytes, bytes]:
         self.check_spec(spec)
         name = _unique_name()
         try:
             with container_env_file(spec) as env_file:
                 args, env = self.create_args(spec, name, env_file)
-                proc = subprocess.run([self.binary(), args[0], "--rm", *args[1:]], capture_output=True, env=env,
-                                      stdin=subprocess.DEVNULL)
+                try:
+                    proc = subprocess.run([self.binary(), args[0], "--rm", *args[1:]], capture_output=True, env=env,
+                                          stdin=subprocess.DEVNULL, timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    raise TimeoutError(f"container {name} still running after {timeout} s") from None
         finally:
             self.remove(name)
         return proc.returncode, proc.stdout, proc.stderr
@@ -380,9 +407,30 @@ class PodmanEngine:
     # -- orphans ---------------------------------------------------------------------------------------------
 
     def containers_labelled(self, *labels: str) -> list[dict] | None:
-        from hermetic.engine import podman_containers_labelled
-
-        return podman_containers_labelled(*labels)
+        """Podman's containers (any state) with all ``labels``, as Docker's rows (``Id``, ``Labels``, ``State``):
+        [] when Podman is not installed or this user's Podman never stored anything (it has no container, and
+        no question is asked: that costs a process start), None when it cannot be asked."""
+        podman = shutil.which("podman")
+        if podman is None:
+            return []
+        if os.geteuid() == 0:
+            storage = Path("/var/lib/containers/storage")
+        else:
+            data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+            storage = Path(data, "containers", "storage")
+        if not storage.is_dir():
+            return []
+        args = [podman, "ps", "-a", "--format", "json"]
+        for label in labels:
+            args += ["--filter", f"label={label}"]
+        try:
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+            rows = json.loads(proc.stdout or "[]") if proc.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            return None
+        if not isinstance(rows, list):
+            return None
+        return [{"Id": r.get("Id", ""), "Labels": r.get("Labels") or {}, "State": r.get("State", "")} for r in rows]
 
     def container(self, container_id: str) -> PodmanContainer | None:
         attrs = self.inspect(container_id)
@@ -437,44 +485,6 @@ def podman_tag(repo_tag: str) -> str:
         else f"localhost/{repo_tag}"
 
 
-def cdi_devices(gpus: str | None) -> list[str]:
-    """``--gpus`` as CDI device names (NVIDIA's spec names each GPU by index and UUID, and ``all``)."""
-    from hermetic.gpus import parse_gpus
-
-    request = parse_gpus(gpus)
-    if request is None:
-        return []
-    if request.all:
-        return [f"{CDI_KIND}=all"]
-    if request.device_ids:
-        return [f"{CDI_KIND}={d}" for d in request.device_ids]
-    return [f"{CDI_KIND}={i}" for i in range(request.count)]
-
-
-def cdi_device_names() -> set[str]:
-    """The device names the CDI specs on this host give ``nvidia.com/gpu`` (an empty set: no spec)."""
-    import yaml
-
-    names: set[str] = set()
-    for d in CDI_DIRS:
-        try:
-            entries = sorted(d.iterdir())
-        except OSError:
-            continue
-        for p in entries:
-            if p.suffix not in (".yaml", ".yml", ".json"):
-                continue
-            try:
-                doc = yaml.safe_load(p.read_text())
-            except (OSError, yaml.YAMLError):
-                continue
-            if isinstance(doc, dict) and doc.get("kind") == CDI_KIND:
-                names.update(str(dev.get("name")) for dev in doc.get("devices") or [] if isinstance(dev, dict))
-                if names:
-                    names.add("all")
-    return names
-
-
 def _workdir(spec: ContainerSpec) -> str:
     """The working directory; "/" when nothing is mounted there (the probe's): Podman, unlike Docker, does not
     make a missing working directory in a read-only root."""
@@ -499,3 +509,15 @@ def _tail(log_dir: Path) -> str:
         return (log_dir / "stderr.log").read_text(errors="replace")[-2000:]
     except OSError:
         return ""
+
+
+def _has_subid_range() -> bool:
+    """Whether /etc/subuid gives this user a range (rootless Podman's user namespace needs one)."""
+    import pwd
+
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        lines = Path("/etc/subuid").read_text().splitlines()
+    except (OSError, KeyError):
+        return False
+    return any(ln.split(":")[0] in (user, str(os.geteuid())) for ln in lines if ln.count(":") == 2)

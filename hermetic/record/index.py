@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.canonical import canonical_json
-from hermetic.fsutil import atomic_write_bytes, file_lock
+from hermetic.filelocks import file_lock
+from hermetic.fsutil import atomic_write_bytes
 from hermetic.record.ids import RUN_ID_RE
 from hermetic.record.liveness import is_running
 

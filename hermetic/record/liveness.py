@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from hermetic.fsutil import file_lock, is_locked
+from hermetic.filelocks import file_lock, is_locked
 from hermetic.workers import pid_alive, proc_stat_fields
 
 LOCK_NAME = ".running.lock"

@@ -20,7 +20,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from hermetic.fsutil import atomic_write_text, file_lock
+from hermetic.filelocks import file_lock
+from hermetic.fsutil import atomic_write_text
 from hermetic.store.oci import OciStore
 
 PUSHED_FILE = "pushed.json"

@@ -20,7 +20,7 @@ metrics.jsonl, Lightning's metrics.csv and the Trainer's JSON files are read
 in that child with the standard library. TensorBoard's event files are
 protocol buffers, which hermetic never parses as root: they are read by
 TensorBoard's own reader (hermetic.record.tb_scalars) in a second locked-down
-container of the run's own image (the one that wrote them has tensorboard:
+container of the run's own image, on the run's engine (the one that wrote them has tensorboard:
 torch.utils.tensorboard and Lightning's logger need it), with the outputs
 mounted read-only, only when event files exist; where that image has no
 tensorboard (or no engine answers), in a second child as the container's user
@@ -47,7 +47,7 @@ from hermetic.run.workdir import WorkdirResult, collect_at
 RUNTIME_REPORT_NAME = "runtime.json"
 RUNTIME_REPORT_LIMIT = 16 << 20  # bytes: a report is a few KB; a bigger one is not read
 STDOUT_LOG = "logs/stdout.log"  # what the script printed (run.outputs.stdout: a compared output)
-READER_MOUNT = "/run/hermetic-metrics"  # where tb_scalars.py is mounted in the reader container
+READER_MOUNT = "/run/hermetic-metrics"  # where tb_scalars.py's directory is mounted in the reader container
 READER_OUTPUTS = "/outputs"
 READER_LABEL = "org.hermetic.metrics-reader"
 READER_TIMEOUT = 300  # seconds: reading a gigabyte of event files takes a fraction of it
@@ -111,13 +111,15 @@ def collect_run(plan: CollectPlan, *, uid: int, gid: int) -> Collected:
 @dataclass(frozen=True)
 class RunSettings:
     """What the collection needs from the run's early record (hermetic wrote it before the container):
-    the image and Python of the reader container, run.metrics, run.outputs.stdout."""
+    the engine, image and Python of the reader container, run.metrics, run.outputs.stdout."""
 
     image_id: str | None = None
     python: str | None = None
     run_id: str | None = None
     metrics: tuple[str, ...] = mx.SOURCES
     stdout: bool = False
+    engine: str | None = None  # the run's (invocation.engine.name); None: the default engine
+    manifest_digest: str | None = None
 
     @classmethod
     def of(cls, run_dir: str) -> "RunSettings":
@@ -130,8 +132,11 @@ class RunSettings:
             run = config.get("run") or {}
             prefix = (config.get("build") or {}).get("prefix") or "/opt/venv"
             image = (rec.get("image") or {}).get("id")
+            manifest = (rec.get("image") or {}).get("manifest_digest")
+            engine = (rec["invocation"].get("engine") or {}).get("name")
             return cls(image if isinstance(image, str) else None, f"{prefix}/bin/python", rec["record"]["run_id"],
-                       mx.enabled_sources(run.get("metrics")), bool((run.get("outputs") or {}).get("stdout")))
+                       mx.enabled_sources(run.get("metrics")), bool((run.get("outputs") or {}).get("stdout")),
+                       engine if isinstance(engine, str) else None, manifest if isinstance(manifest, str) else None)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return cls()
 
@@ -229,54 +234,45 @@ def reader_request(files: list[str], root: str = READER_OUTPUTS) -> dict[str, An
 
 def reader_container(run_dir: str, files: list[str], settings: RunSettings, *, uid: int,
                      gid: int) -> tuple[bytes | None, str | None]:
-    """(what tb_scalars printed, None) from a container of the run's image, or (None, why not).
+    """(what tb_scalars printed, None) from a container of the run's image on the run's engine, or (None, why
+    not).
 
     The container is the probe's: the image by ID, a read-only root, tmpfs /tmp, every capability
     dropped, no-new-privileges, no network, the pids limit, the container's user; the outputs are
-    mounted read-only and the reader beside them; ``python -I`` (no PYTHONPATH, no user site, not the
-    script's directory on sys.path)."""
+    mounted read-only and the reader's directory beside them; ``python -I`` (no PYTHONPATH, no user site,
+    not the script's directory on sys.path)."""
     if settings.image_id is None or settings.python is None:
         return None, "the run's record names no image"
+    from hermetic.engines import get_engine
+    from hermetic.engines.base import ContainerSpec, Mount
     from hermetic.errors import HermeticError
     from hermetic.record import tb_scalars
-    from hermetic.run.container import ContainerSpec, Mount, create, remove_container
+    from hermetic.record.liveness import driver_token
 
     script = Path(tb_scalars.__file__).resolve()
     spec = ContainerSpec(
         image_id=settings.image_id,
         command=[settings.python, "-I", "-B", f"{READER_MOUNT}/{script.name}", json.dumps(reader_request(files))],
-        mounts=[Mount(script, f"{READER_MOUNT}/{script.name}", True),
-                Mount(Path(run_dir) / "outputs", READER_OUTPUTS, True)],
+        mounts=[Mount(script.parent, READER_MOUNT, True), Mount(Path(run_dir) / "outputs", READER_OUTPUTS, True)],
         env={}, user=f"{uid}:{gid}", workdir="/tmp",
-        labels={READER_LABEL: settings.run_id or ""},
+        labels={READER_LABEL: settings.run_id or ""}, manifest_digest=settings.manifest_digest,
+        driver=driver_token(),
     )
     try:
-        from hermetic.engine import engine_client
-
-        client = engine_client(timeout=READER_TIMEOUT + 30)
-        container = create(client, spec)
-    except HermeticError as e:
+        code, out, err = get_engine(settings.engine).run_capture(spec, timeout=READER_TIMEOUT)
+    except TimeoutError:
+        return None, f"the reader container did not finish within {READER_TIMEOUT} s"
+    except HermeticError as e:  # no engine answers (a pyxis node), the engine refused
         return None, f"no reader container: {e.message}"
-    except Exception as e:  # no engine answers (a pyxis node), the engine refused
-        return None, f"no reader container: {' '.join(str(e).split())[:200]}"
-    try:
-        container.start()
-        try:
-            result = container.wait(timeout=READER_TIMEOUT)
-        except Exception:
-            return None, f"the reader container did not finish within {READER_TIMEOUT} s"
-        out = container.logs(stdout=True, stderr=False)
-        if int(result.get("StatusCode", 1)) != 0:
-            err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace").strip().splitlines()
-            return None, f"the reader container failed (exit {result.get('StatusCode')}): " + \
-                safetree.display((err[-1:] or ["no message"])[0])[:300]
-        if len(out) > READER_ANSWER_LIMIT:
-            return None, f"the reader container printed more than {READER_ANSWER_LIMIT >> 20} MiB"
-        return out, None
     except Exception as e:
         return None, f"the reader container failed: {' '.join(str(e).split())[:200]}"
-    finally:
-        remove_container(container)
+    if code != 0:
+        lines = err.decode("utf-8", "replace").strip().splitlines()
+        return None, f"the reader container failed (exit {code}): " + \
+            safetree.display((lines[-1:] or ["no message"])[0])[:300]
+    if len(out) > READER_ANSWER_LIMIT:
+        return None, f"the reader container printed more than {READER_ANSWER_LIMIT >> 20} MiB"
+    return out, None
 
 
 def _event_parts(fds: dict[str, int], run_dir: str, files: list[str], answer: bytes | None,

@@ -4,21 +4,22 @@ The process that drives a run removes its container however the run ends,
 except when it is killed with SIGKILL (or the machine's OOM killer picks
 it): then the container goes on, writing into a run whose record says
 ``interrupted``, and nothing would ever remove it. Every container hermetic
-creates names its driver (container.DRIVER_LABEL: host, pid, start time);
+creates names its driver (engines.base.DRIVER_LABEL: host, pid, start time);
 one whose driver is gone (liveness.driver_gone: same host, and the pid is
 free, a zombie, or another process's) is an orphan. ``hermetic run`` (and
 so each ``hermetic submit`` task), ``hermetic runs`` and ``hermetic stop``
 reap them: the container is stopped, its output (the engine kept all of it)
 becomes the run's logs, the record is sealed ``interrupted`` with the reason,
-the container is removed, then its working directory. Docker's and Podman's
-containers are found the same way (the same labels; ``podman ps``); a
-Charliecloud container is its driver's child and dies with it (PR_SET_PDEATHSIG,
-hermetic.engines.charliecloud), so it leaves no orphan, only its early record.
+the container is removed, then its working directory. Every engine whose
+containers can outlive their driver (``Engine.outlives_driver``: Docker's
+daemon, Podman's conmon) is asked the same way, by the same labels, through
+the engine's own handles; a Charliecloud container is its driver's child and
+dies with it, so it leaves no orphan, only its early record.
 
 Two reapers never seal one run twice: each holds the run's liveness lock
 while it reaps (a run another process holds is left to it), and a record
 already sealed is left as it is. Until its container is gone, no sweep of
-dead writers' files removes the run's working directory (engine.HOLDS_LABEL,
+dead writers' files removes the run's working directory (engines.base.HOLDS_LABEL,
 honoured by hermetic.builder.gc), so a live container never loses the
 directory it writes in.
 """
@@ -32,15 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection
 
-from hermetic.engine import HOLDS_LABEL
+from hermetic.engines.base import (
+    DRIVER_LABEL, HOLDS_LABEL, LOG_FILES, RUN_DIR_LABEL, RUN_LABEL, remove_container, rewrite_logs, stop_container,
+)
 from hermetic.errors import HermeticError
 from hermetic.fsutil import sweep_dead
 from hermetic.record import liveness
-from hermetic.run.container import DRIVER_LABEL, RUN_DIR_LABEL, RUN_LABEL, remove_container, rewrite_logs, stop_container
 
-ORPHAN_ENGINES = ("docker", "podman")  # engines whose containers can outlive their driver
-
-LOG_FILES = ("stdout.log", "stderr.log", "combined.log")  # as container.run_streaming writes them
 RUNTIME_DIR = ".runtime"  # runner.RUNTIME_DIR (runner is not imported: `hermetic runs` stays light)
 
 
@@ -54,7 +53,7 @@ class Orphan:
     run_dir: Path | None
     workspace: Path | None
     running: bool
-    engine: str = "docker"
+    engine: str  # the engine's name (hermetic.engines.get_engine)
 
 
 @dataclass(frozen=True)
@@ -68,19 +67,21 @@ class Reaped:
     note: str  # one line, for the CLI to print
 
 
-def find_orphans(run_ids: Collection[str] | None = None, engines: Collection[str] = ORPHAN_ENGINES) -> list[Orphan]:
-    """The containers whose driver is gone (only those of ``run_ids`` when given); [] when no engine answers.
+def find_orphans(run_ids: Collection[str] | None = None, engines: Collection[str] | None = None) -> list[Orphan]:
+    """The containers whose driver is gone (only those of ``run_ids`` when given; on ``engines``, default every
+    engine whose containers can outlive their driver); [] when no engine answers.
 
     One question to each engine (Docker's on its socket; Podman's only when it ever stored anything):
     cheap enough for every ``hermetic runs``."""
-    from hermetic.engines import get_engine
+    from hermetic.engines import get_engine, orphan_engines
 
     found = []
-    for name in engines:
-        if name not in ORPHAN_ENGINES:
-            continue
+    for name in orphan_engines() if engines is None else engines:
         try:
-            rows = get_engine(name).containers_labelled(DRIVER_LABEL) or []
+            engine = get_engine(name)
+            if not engine.outlives_driver:
+                continue
+            rows = engine.containers_labelled(DRIVER_LABEL) or []
         except HermeticError:
             continue
         for row in rows:
@@ -95,10 +96,10 @@ def find_orphans(run_ids: Collection[str] | None = None, engines: Collection[str
     return found
 
 
-def reap_orphans(client: Any = None, *, by: str, run_ids: Collection[str] | None = None,
-                 engines: Collection[str] = ORPHAN_ENGINES) -> list[Reaped]:
-    """Stop and remove every orphan (of ``run_ids`` when given, on ``engines``) and seal its run's record;
-    what was reaped. ``client``: Docker's, when the caller has one.
+def reap_orphans(*, by: str, run_ids: Collection[str] | None = None,
+                 engines: Collection[str] | None = None) -> list[Reaped]:
+    """Stop and remove every orphan (of ``run_ids`` when given, on ``engines`` as find_orphans) and seal its
+    run's record; what was reaped.
 
     ``by`` names the command, for the record's reason (``hermetic runs``). Nothing here raises for one
     orphan's sake: what could not be done is said in its note."""
@@ -106,16 +107,11 @@ def reap_orphans(client: Any = None, *, by: str, run_ids: Collection[str] | None
     if not orphans:
         return []
     from hermetic.engines import get_engine
-    from hermetic.engines.docker import DockerEngine
 
-    handles: dict[str, Any] = {}
     reaped = []
     for orphan in orphans:
         try:
-            if orphan.engine not in handles:
-                handles[orphan.engine] = (DockerEngine(client) if orphan.engine == "docker" and client is not None
-                                          else get_engine(orphan.engine))
-            done = _reap(handles[orphan.engine], orphan, by)
+            done = _reap(get_engine(orphan.engine), orphan, by)
         except Exception as e:  # another run's leftover never fails the command that found it
             done = Reaped(orphan.id[:12], orphan.run_id, orphan.run_dir, False,
                           f"container {orphan.id[:12]} (run {orphan.run_id or '-'}) of a hermetic process that died "
@@ -255,6 +251,7 @@ def _keep_logs(container: Any, log_dir: Path) -> None:
             rewrite_logs(container, files)
     except OSError:
         pass
+
 
 
 def _remove_workspace(workspace: Path | None) -> None:

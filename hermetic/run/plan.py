@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermetic.configview import LoadedConfig, is_env_name
+from hermetic.config import LoadedConfig, is_env_name
 from hermetic.containerpaths import RUNTIME_MOUNT
 from hermetic.errors import NotFound, UsageError
 from hermetic.run.distributed import DistributedPlan

@@ -19,7 +19,8 @@ from hermetic.errors import Unavailable
 from hermetic.fsutil import atomic_write_bytes
 from hermetic.containerpaths import PROBE_MOUNT
 from hermetic.probe import PROBE_DIR, PROBE_PATH, probe_digest
-from hermetic.run.container import ContainerSpec, Mount
+from hermetic.record import liveness
+from hermetic.engines.base import PROBE_LABEL, ContainerSpec, Mount
 
 NVIDIA_VERSION_PATH = Path("/proc/driver/nvidia/version")  # the loaded kernel module's version banner
 
@@ -66,7 +67,8 @@ def run_probe(engine, *, image_id: str, python: str, user: str, gpus: str | None
     spec = ContainerSpec(
         image_id=image_id, command=[python, f"{PROBE_MOUNT}/{PROBE_PATH.name}"],
         mounts=[Mount(PROBE_DIR, PROBE_MOUNT, True)], env=dict(env or {}), user=user, gpus=gpus,
-        labels={"org.hermetic.probe": "1"}, manifest_digest=manifest_digest,
+        labels={PROBE_LABEL: "1"}, manifest_digest=manifest_digest,
+        driver=liveness.driver_token(),  # this process: a probe it leaves behind is an orphan
     )
     code, out, err = engine.run_capture(spec)
     if code != 0:

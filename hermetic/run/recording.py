@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.builder.image_record import ImageInfo
-from hermetic.configview import LoadedConfig
+from hermetic.config import LoadedConfig
 from hermetic.determinism import is_knob
 from hermetic.fsutil import atomic_write_text
-from hermetic.run.container import RunOutcome
+from hermetic.engines.base import RunOutcome
 from hermetic.run.data import VerifiedDataset
 from hermetic.containerpaths import OUTPUTS_MOUNT
 from hermetic.run.plan import RUNTIME_REPORT

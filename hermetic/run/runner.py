@@ -14,7 +14,7 @@ container with its command never run. The record is written early (status
 behind; Ctrl-C and SIGTERM end with status ``interrupted``.
 
 Nothing here prints: progress messages go to ``log`` (the CLI's), the
-container's output is streamed by hermetic.run.container when asked.
+container's output is streamed by the run's engine (hermetic.engines) when asked.
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from hermetic.builder.image_record import ImageInfo
-from hermetic.configview import LoadedConfig, size_bytes
+from hermetic.config import LoadedConfig, size_bytes
 from hermetic.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT, inside
 from hermetic.errors import EXIT_SOFTWARE, CannotCreate, NotFound, Unavailable
 from hermetic.fsutil import owned_temp_dir
 from hermetic.paths import CachePaths
 from hermetic.record.ids import new_run_id
 from hermetic.record.rundir import adopt_run_dir, create_run_dir, write_record
-from hermetic.run.container import (
-    ContainerSpec, Gate, Mount, RunOutcome, container_hostname, engine_for, limits_section, run_labels,
+from hermetic.engines import get_engine
+from hermetic.engines.base import (
+    HOLDS_LABEL, RUN_DIR_LABEL, RUN_LABEL, ContainerSpec, Gate, Mount, RunOutcome, container_hostname,
 )
 from hermetic.record import liveness
 from hermetic.run.data import DataChanged, VerifiedDataset, changed_during_run, record_data_changes, verify_datasets
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
 Log = Callable[[str], None]
 NODES_DIR = "nodes"  # in a multi-node run's dir: the other nodes' run directories (hermetic.slurm.task)
 RUNTIME_DIR = ".runtime"  # in the run dir while the container runs: the runtime's report, mounted at RUNTIME_MOUNT
-ENGINE_NAMES = {"docker": "the Docker Engine", "podman": "Podman's storage", "charliecloud": "Charliecloud's layers"}
 
 
 @dataclass
@@ -93,7 +93,7 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     from hermetic.run.orphans import reap_orphans
 
     log = log or _quiet
-    engine = engine_for(req.engine or cfg.model.run.engine)  # hermetic.yaml's run.engine, or --engine
+    engine = get_engine(req.engine or cfg.model.run.engine)  # hermetic.yaml's run.engine, or --engine
     engine.connect()
     for reaped in reap_orphans(by="hermetic run", engines=(engine.name,)):  # before the build's sweep of dead files
         log(f"note: {reaped.note}")
@@ -196,7 +196,7 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
         try:
             rec = opened.record = open_record(cfg, store, req, info, datasets, script, run_id, run_dir, env, seed)
             rec["invocation"]["user"] = user.spec  # who the script ran as: the run README's by-hand command says it
-            rec["invocation"]["limits"] = limits_section(m.run.pids, m.run.memory)
+            rec["invocation"]["limits"] = {"pids": m.run.pids, "memory": m.run.memory}  # what it is held to
             rec["invocation"]["engine"] = engine.info(limits_spec(cfg)).section()  # which engine, its version, notes
             rec["invocation"]["hostname"] = container_hostname(req.network)  # fixed: files named by host match
             rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log, listed)  # 5. the code
@@ -240,8 +240,8 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
                   engine=None, before_build: Callable[[], Any] | None = None) -> ImageInfo:
     """The image the run uses: the recorded one by digest (replay), else the config's, built if needed; in
     the run's engine (hermetic.engines: Docker by default). ``before_build``: called before a build (not
-    before the no-op check), and may refuse it."""
-    engine = engine or engine_for(req.engine or cfg.model.run.engine)
+    on a no-op), and may refuse it."""
+    engine = engine or get_engine(req.engine or cfg.model.run.engine)
     if req.image_manifest:
         from hermetic.store.images import check_image
 
@@ -253,29 +253,17 @@ def prepare_image(cfg: LoadedConfig, paths: CachePaths, store: OciStore, req: Ru
             import time
 
             size = sum(int(layer.get("size") or 0) for layer in info.layers)
-            log(f"image {info.image_id[:19]}: not in {ENGINE_NAMES.get(engine.name, engine.name)}; loading it from "
+            log(f"image {info.image_id[:19]}: not in {engine.image_home}; loading it from "
                 "the store" + (f" ({size / 1e9:.1f} GB of layers)" if size else "") + " ...")
             t = time.monotonic()
             engine.ensure_image(store, req.image_manifest)
             log(f"image {info.image_id[:19]}: loaded in {time.monotonic() - t:.1f} s")
         return info
-    from hermetic.builder.quick import quick_noop
+    from hermetic.builder.build import build
+    from hermetic.registry import pull_base
 
-    # Up to date by its inputs' bytes (builder.quick: the lock is not parsed again), in the engine too; else
-    # the full build, which is also what says why not.
-    res = quick_noop(str(cfg.path), paths, load=engine.name == "docker", config_bytes=cfg.source, claim=True)
-    if res is not None and engine.name != "docker" and not engine.has_image(res.info.manifest_digest,
-                                                                            res.info.image_id):
-        res = None
-    if res is None:
-        if before_build is not None:
-            before_build()
-        from hermetic.builder.build import build
-        from hermetic.config import confirm_config
-        from hermetic.registry import pull_base
-
-        # a build reads the config validated again (a run's may be the one its last run kept: configview)
-        res = build(confirm_config(cfg), paths, log=log, pull_base=pull_base, engine=engine.name)
+    # The build's own no-op check (the image up to date, in the run's engine too); else the build.
+    res = build(cfg, paths, log=log, pull_base=pull_base, engine=engine.name, before_build=before_build)
     if not res.noop:
         log(f"built image {res.image_id}")
     for note in res.notes:  # what `hermetic build` warns about (a torchvision for the other torch): said here too
@@ -435,7 +423,14 @@ def container_spec(cfg: LoadedConfig, req: RunRequest, info: ImageInfo, datasets
                          mounts=mounts, env=container_env, user=user.spec, workdir=m.build.workdir,
                          network=req.network, gpus=req.gpus, labels=run_labels(run_id, run_dir, workspace),
                          shm_size=m.run.shm_size, tmpfs_size=m.run.tmp_size, pids_limit=m.run.pids,
-                         memory=m.run.memory, manifest_digest=info.manifest_digest)
+                         memory=m.run.memory, manifest_digest=info.manifest_digest,
+                         driver=liveness.driver_token())  # this process: a container it leaves is an orphan
+
+
+def run_labels(run_id: str, run_dir: Path, workspace: Path) -> dict[str, str]:
+    """A training container's labels: its run, the run directory its end is sealed in, the working directory
+    it writes (its driver's is the spec's ``driver``)."""
+    return {RUN_LABEL: run_id, RUN_DIR_LABEL: os.path.realpath(run_dir), HOLDS_LABEL: os.path.realpath(workspace)}
 
 
 def hand_over(workspace: Path, run_dir: Path, resume: ResumeSource | None, user: ContainerUser) -> None:
@@ -631,7 +626,7 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
     try:
         safetree.lchown_tree(fd, uid, gid)
     except PermissionError as e:  # root that may not give owners: FAT, exFAT, an export with root_squash
-        from hermetic.fsutil import unfit_for_runs
+        from hermetic.filesystems import unfit_for_runs
 
         raise unfit_for_runs(root, f"give it to the container's user (uid {uid})", e) from None
     finally:

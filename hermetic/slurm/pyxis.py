@@ -91,7 +91,7 @@ def begin(submission_path: Path, *, log: Log) -> Path:
 
 def end(submission_path: Path, exit_code: int, *, log: Log) -> int:
     from hermetic.record.rundir import load_record
-    from hermetic.run.container import RunOutcome
+    from hermetic.engines.base import RunOutcome
     from hermetic.run.plan import ContainerUser
     from hermetic.run.runner import collect_outputs, seal_run
 

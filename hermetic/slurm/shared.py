@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hermetic.containerpaths import inside
 from hermetic.errors import IntegrityError, NotFound
-from hermetic.fsutil import NETWORK_FS, filesystem_of
+from hermetic.filesystems import NETWORK_FS, filesystem_of
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
 
 

@@ -98,7 +98,7 @@ def node_local_reason(path: Path, shared_roots: tuple[Path, ...]) -> str | None:
         roots = [Path(os.path.realpath(r)) for r in shared_roots]
         if not any(inside(str(real), str(r)) for r in roots):
             return f"{path} is outside every --shared-root ({', '.join(map(str, roots))})"
-    from hermetic.fsutil import filesystem_of
+    from hermetic.filesystems import filesystem_of
 
     best = filesystem_of(real)  # (mount point, fs type) of the mount holding it
     if best is not None and best[1] in NODE_LOCAL_FS:

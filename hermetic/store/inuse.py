@@ -1,6 +1,6 @@
 """Who is using the OCI store now, so that ``hermetic cache gc`` never deletes what they need.
 
-Two kinds of users, two marks, both flocks (fsutil: gone when the holder
+Two kinds of users, two marks, both flocks (filelocks: gone when the holder
 dies, never shared with a fork), so a killed user never blocks gc and a live
 one is never mistaken for a dead one:
 
@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from hermetic.canonical import is_sha256_hex, parse_digest
-from hermetic.fsutil import OwnedTemp, exclusive_file_lock, is_locked, lock_holders, shared_file_lock, sweep_dead
+from hermetic.filelocks import exclusive_file_lock, is_locked, lock_holders, shared_file_lock
+from hermetic.fsutil import OwnedTemp, sweep_dead
 
 if TYPE_CHECKING:
     from hermetic.store.oci import OciStore

@@ -27,8 +27,9 @@ from typing import Any, BinaryIO, Iterator
 
 from hermetic.canonical import canonical_json
 from hermetic.errors import DiskFull, HermeticError, IntegrityError, NotFound, disk_full, is_disk_full
-from hermetic.fsutil import (OwnedTemp, atomic_write_bytes, file_lock, naming_full_disk, naming_unwritable,
-                             replace_file, set_mode, sha256_file, sweep_dead_once)
+from hermetic.filelocks import file_lock
+from hermetic.filesystems import naming_full_disk, naming_unwritable
+from hermetic.fsutil import OwnedTemp, atomic_write_bytes, replace_file, set_mode, sha256_file, sweep_dead_once
 from hermetic.reference import check_digest
 from hermetic.store import intact
 
@@ -207,7 +208,7 @@ class OciStore:
         sweep_dead_once(self.tmp)
 
     def ensure(self) -> "OciStore":
-        with naming_unwritable(self.root):  # another user's store, a read-only one: one line (fsutil)
+        with naming_unwritable(self.root):  # another user's store, a read-only one: one line (filesystems)
             (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
             self.tmp.mkdir(parents=True, exist_ok=True)
         layout = self.root / "oci-layout"

@@ -22,8 +22,8 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 
 from hermetic.canonical import is_sha256_hex
 from hermetic.errors import IntegrityError, disk_full, is_disk_full
-from hermetic.fsutil import (READ_SIZE, OwnedTemp, naming_full_disk, replace_file, set_mode, sha256_file,
-                             sweep_dead_once)
+from hermetic.filesystems import naming_full_disk
+from hermetic.fsutil import READ_SIZE, OwnedTemp, replace_file, set_mode, sha256_file, sweep_dead_once
 
 
 

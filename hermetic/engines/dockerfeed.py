@@ -1,4 +1,4 @@
-"""Loading into the engine while the build goes on.
+"""Loading into the Docker Engine while the build goes on (``DockerEngine.build_feed``).
 
 Docker applies an image's layers in order, each on the one below it, and a
 ``docker load`` registers nothing until its stream ends. So instead of one
@@ -49,7 +49,7 @@ def _is_stale(owner: str) -> bool:
 def sweep_stale_partials() -> list[str]:
     """Remove the prefix images of builds that were killed before they could (their layers stay while a
     real image holds them; otherwise the engine frees them). Returns the IDs removed."""
-    from hermetic.engine import images_labelled, remove_image
+    from hermetic.engines.dockerimages import images_labelled, remove_image
 
     removed = []
     for image_id, owner in images_labelled(PARTIAL_LABEL).items():
@@ -130,7 +130,7 @@ class EngineFeed:
                 pass
 
     def _prefixes(self) -> None:
-        from hermetic.engine import layers_engine_has, load_layers
+        from hermetic.engines.dockerimages import layers_engine_has, load_layers
 
         while True:
             with self._cond:
@@ -173,7 +173,7 @@ class EngineFeed:
         return k < len(layers) and layers[k].digest not in self.fresh
 
     def _load_final(self, image_id: str, config_bytes: bytes) -> bool:
-        from hermetic.engine import engine_has_image, layers_engine_has, load_layers
+        from hermetic.engines.dockerimages import engine_has_image, layers_engine_has, load_layers
 
         if engine_has_image(image_id):
             return False
@@ -204,62 +204,8 @@ class EngineFeed:
         return list(self._partials)
 
     def remove_partials(self) -> None:
-        from hermetic.engine import remove_image
+        from hermetic.engines.dockerimages import remove_image
 
         for image_id in reversed(self._partials):
             remove_image(image_id)
         self._partials.clear()
-
-
-class UnpackFeed:
-    """Charliecloud's load while the build goes on: each layer unpacked (hermetic.engines.unpack) as soon as
-    it is in the store, one at a time in a thread of its own, while the next one is built; the image's own
-    ``ensure_image`` at the end finds them there. A layer that fails here is left to it (it says why)."""
-
-    def __init__(self, store: OciStore, base_layers: list[Descriptor]) -> None:
-        import queue
-
-        self._store = store
-        self._queue: "queue.Queue[Descriptor | None]" = queue.Queue()
-        for d in base_layers:
-            self._queue.put(d)
-        self.timeline: list[dict[str, Any]] = []
-        self.error: BaseException | None = None
-        self.partial_images: list[str] = []
-        self._thread = threading.Thread(target=self._run, name="unpack-feed", daemon=True)
-
-    def start(self) -> None:
-        if self._thread.ident is None:
-            self._thread.start()
-
-    def layer_ready(self, i: int, desc: Descriptor, fresh: bool = False) -> None:
-        self._queue.put(desc)
-
-    def finish(self, image_id: str, config_bytes: bytes) -> None:
-        """Nothing to do: the layers are the image (its record is written by ensure_image)."""
-
-    def _run(self) -> None:
-        from hermetic.engines.charliecloud import engine_root
-        from hermetic.engines.unpack import ensure_layer
-
-        root = engine_root() / "layers"
-        while (desc := self._queue.get()) is not None:
-            if self.error is not None:
-                continue
-            t = time.monotonic()
-            try:
-                _path, made = ensure_layer(self._store, desc.digest, desc.media_type, root)
-            except BaseException as e:  # left to ensure_image, which raises it with the fix
-                self.error = e
-                continue
-            if made:
-                self.timeline.append({"load": "unpack", "layers": 1, "bytes": desc.size, "from": t,
-                                      "to": time.monotonic()})
-
-    def close(self) -> None:
-        self._queue.put(None)
-        if self._thread.ident is not None:
-            self._thread.join()
-
-    def remove_partials(self) -> None:
-        """No prefix images here."""

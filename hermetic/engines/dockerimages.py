@@ -1,4 +1,4 @@
-"""The Docker Engine edge: a client that fails with a clear message, and image loading.
+"""The Docker Engine's images: loaded from hermetic's OCI store, tagged, listed, removed, saved.
 
 Images are loaded as a docker-archive stream (manifest.json + config + layer
 tars) built from the OCI store on the fly; the engine keeps the config digest
@@ -9,7 +9,8 @@ engine keeps nothing) and is named in the error. A blob whose store note
 vouches for it (hermetic.store.intact: hashed since it last changed, as a
 build's or a pull's own blobs are) is sent without being hashed again, and a
 blob hashed on its way is noted; the engine still checks every layer against
-its diff_id.
+its diff_id. Everything goes through docker-py's low-level client
+(hermetic.engines.dockerclient).
 """
 
 from __future__ import annotations
@@ -18,84 +19,32 @@ import io
 import json
 import os
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
-from hermetic.errors import EngineError, IntegrityError
+from hermetic.engines.dockerclient import engine_client
+from hermetic.errors import EngineError, IntegrityError, NotFound
 
 if TYPE_CHECKING:
-    from hermetic.dockerapi import DockerAPI
     from hermetic.store.oci import OciStore
-
-_client = None
-
-
-def engine_client(timeout: int = 600) -> "DockerAPI":
-    """The Docker Engine's client (hermetic.dockerapi), made once per process: the engine pinged, which proves
-    it answers and picks the API version of every later call."""
-    global _client
-    if _client is not None:
-        return _client
-    client = _connect(timeout)
-    _client = client
-    return client
-
-
-def _connect(timeout: float) -> "DockerAPI":
-    import http.client
-
-    from hermetic.dockerapi import DockerAPI, DockerAPIError
-
-    client = DockerAPI.from_env(timeout=timeout)
-    try:
-        client.prefix()
-    except (DockerAPIError, OSError, http.client.HTTPException) as e:
-        raise EngineError(
-            f"no Docker Engine answers at {client.endpoint.url} ({e.__class__.__name__})",
-            hint="start one with scripts/ensure-docker (Debian: installs docker.io and starts dockerd)",
-        ) from None
-    return client
-
-
-# Binaries through which `docker run --gpus` reaches the NVIDIA container toolkit without a
-# registered runtime (Docker >= 19.03 execs the prestart hook found beside a local daemon).
-GPU_HOOKS = ("nvidia-container-runtime-hook", "nvidia-ctk", "nvidia-container-toolkit")
-
-
-@dataclass(frozen=True)
-class GpuRuntime:
-    """How the engine can give a container GPUs: the NVIDIA runtime or hook it has, if any."""
-
-    available: bool
-    via: str  # "nvidia runtime", or the hook's path; "" when unavailable
-    runtimes: list[str]  # the engine's registered runtimes
-    default_runtime: str
-
-
-def gpu_runtime(client: "DockerAPI") -> GpuRuntime:
-    """Whether ``--gpus`` can work on this engine, and through what (what run and doctor both check)."""
-    import shutil
-
-    try:
-        info = client.info()
-    except Exception as e:  # DockerAPIError or a transport error
-        raise EngineError(f"cannot query the Docker Engine: {' '.join(str(e).split())}") from None
-    runtimes = sorted((info.get("Runtimes") or {}).keys())
-    default = str(info.get("DefaultRuntime", "?"))
-    if "nvidia" in runtimes:
-        return GpuRuntime(True, "nvidia runtime", runtimes, default)
-    local = (os.environ.get("DOCKER_HOST") or "unix://").startswith("unix://")
-    hook = next((found for name in GPU_HOOKS if (found := shutil.which(name))), None) if local else None
-    return GpuRuntime(bool(hook), hook or "", runtimes, default)
 
 
 def engine_has_image(image_id: str) -> bool:
-    from hermetic.dockerapi import DockerAPIError
+    """Whether the engine holds an image of this ID (or name)."""
+    from docker.errors import APIError, NotFound
 
+    client = engine_client()
     try:
-        return engine_client().has_image(image_id)
-    except DockerAPIError as e:
-        raise EngineError(f"Docker Engine error: {e.explanation}") from None
+        client.api.inspect_image(image_id)
+        return True
+    except NotFound:
+        return False
+    except APIError as e:
+        raise EngineError(f"Docker Engine error: {_said(e)}") from None
+
+
+def _said(e: Exception) -> str:
+    """What the engine said (its message), for an error docker-py raised."""
+    return str(getattr(e, "explanation", None) or e)
 
 
 class _PipeReader(io.RawIOBase):
@@ -124,7 +73,7 @@ def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: 
     wheels in common, read from their labels); the search stops at the first
     image that shares all of ``diff_ids``, and inspects at most 20.
     """
-    from hermetic.dockerapi import DockerAPIError
+    from docker.errors import APIError
 
     client = engine_client()
     ids = list(candidates) + ([prefer] if prefer else [])
@@ -132,8 +81,8 @@ def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: 
 
     def match(image_id: str) -> int:
         try:
-            have = client.inspect_image(image_id).get("RootFS", {}).get("Layers") or []
-        except DockerAPIError:
+            have = client.api.inspect_image(image_id).get("RootFS", {}).get("Layers") or []
+        except APIError:
             return 0
         n = 0
         for a, b in zip(have, diff_ids):
@@ -147,8 +96,8 @@ def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: 
         if best == len(diff_ids):
             return best
     try:
-        labelled = client.images(filters={"label": ["org.hermetic.version"]})
-    except DockerAPIError:
+        labelled = client.api.images(filters={"label": ["org.hermetic.version"]})
+    except APIError:
         return best
     labelled.sort(key=lambda img: -_likeness(img.get("Labels") or {}, like or {}))
     for img in labelled[:20]:
@@ -202,7 +151,7 @@ _CHUNK = 1 << 20
 
 
 def _chunks(reader: "_PipeReader"):
-    """The stream as ~1 MiB pieces (http.client sends a generator as chunked transfer, one chunk each)."""
+    """The stream as ~1 MiB pieces (requests sends a generator as chunked transfer, one chunk each)."""
     while True:
         data = reader.read(_CHUNK)
         if not data:
@@ -245,7 +194,7 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
     layers = [d for d, _ in layer_blobs]
     sizes = [n for _, n in layer_blobs]
     rfd, wfd = os.pipe()
-    try:  # a 1 MiB pipe: the stream goes to the engine in 1 MiB chunks, not http.client's 8 KiB
+    try:  # a 1 MiB pipe: the stream goes to the engine in 1 MiB chunks, not 8 KiB ones
         import fcntl
 
         fcntl.fcntl(wfd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _CHUNK)
@@ -299,18 +248,9 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
 
     t = threading.Thread(target=writer, daemon=True)
     t.start()
-    import http.client
-
-    from hermetic.dockerapi import DockerAPIError
-
     reader = _PipeReader(rfd)
-    refused: str | None = None
     try:
-        engine_client().load_image(_chunks(reader))
-    except DockerAPIError as e:
-        refused = e.explanation
-    except (OSError, http.client.HTTPException) as e:  # the engine closed the stream before reading it all
-        refused = f"the connection broke while the image was sent ({type(e).__name__}: {e})"
+        refused = _send_archive(_chunks(reader))
     finally:
         reader.close()
         t.join()
@@ -326,110 +266,90 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
     return config_digest
 
 
+def _send_archive(chunks: Iterator[bytes]) -> str | None:
+    """``POST /images/load`` of a docker-archive stream: None when the engine took it, else why not in words
+    (its error status, an error inside its progress stream, or the connection it broke)."""
+    from docker.errors import APIError, DockerException
+
+    try:
+        for doc in engine_client().api.load_image(chunks, quiet=True):
+            if isinstance(doc, dict) and doc.get("error"):
+                return str(doc["error"])
+    except APIError as e:
+        return _said(e)
+    except (DockerException, OSError) as e:  # the engine closed the stream before reading it all
+        return f"the connection broke while the image was sent ({type(e).__name__}: {e})"
+    return None
+
+
 def ensure_tag(image_id: str, repo_tag: str) -> bool:
     """Point ``repo_tag`` at ``image_id`` when it names another image (or none); True when it changed."""
-    from hermetic.dockerapi import DockerAPIError
+    from docker.errors import APIError
 
     if engine_tag_is(image_id, repo_tag):
         return False
     repo, _, tag = repo_tag.rpartition(":")
     try:
-        engine_client().tag_image(image_id, repo, tag)
+        engine_client().api.tag(image_id, repo, tag)
         return True
-    except DockerAPIError as e:
-        raise EngineError(f"Docker Engine error: {e.explanation}") from None
+    except APIError as e:
+        raise EngineError(f"Docker Engine error: {_said(e)}") from None
 
 
 def engine_tag_is(image_id: str, repo_tag: str) -> bool:
     """Whether ``repo_tag`` names ``image_id`` in the engine."""
-    from hermetic.dockerapi import DockerAPIError, DockerNotFound
+    from docker.errors import APIError, NotFound
 
+    client = engine_client()
     try:
-        return engine_client().inspect_image(repo_tag).get("Id") == image_id
-    except DockerNotFound:
+        return client.api.inspect_image(repo_tag).get("Id") == image_id
+    except NotFound:
         return False
-    except DockerAPIError as e:
-        raise EngineError(f"Docker Engine error: {e.explanation}") from None
-
-
-# A host path a container uses (a run's working directory): no sweep of dead writers' temp files removes it
-# while the engine has that container, running or not (its driver may have died, the container not).
-HOLDS_LABEL = "org.hermetic.holds"
-
-
-def containers_labelled(*labels: str) -> list[dict] | None:
-    """Every container of the engine (any state) that has all ``labels`` ("KEY" or "KEY=VALUE"), as the
-    engine lists them (``Id``, ``Labels``, ``State``, ...); None when no engine can be asked."""
-    import http.client
-
-    from hermetic.dockerapi import DockerAPIError
-
-    try:
-        # A short timeout when no client is open yet: `hermetic runs` must not wait minutes on an engine
-        # that does not answer (a DOCKER_HOST that is gone); a command that runs containers has one already.
-        client = _client if _client is not None else _connect(10)
-        return client.containers(all=True, filters={"label": list(labels)})
-    except (DockerAPIError, EngineError, OSError, http.client.HTTPException):
-        return None
-
-
-def podman_containers_labelled(*labels: str) -> list[dict] | None:
-    """Podman's containers (any state) with all ``labels``, as Docker's rows (``Id``, ``Labels``, ``State``): []
-    when Podman is not installed or this user's Podman never stored anything (it has no container, and no
-    question is asked: that costs a process start), None when it cannot be asked."""
-    import shutil
-    import subprocess
-    from pathlib import Path
-
-    podman = shutil.which("podman")
-    if podman is None:
-        return []
-    if os.geteuid() == 0:
-        storage = Path("/var/lib/containers/storage")
-    else:
-        data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-        storage = Path(data, "containers", "storage")
-    if not storage.is_dir():
-        return []
-    args = [podman, "ps", "-a", "--format", "json"]
-    for label in labels:
-        args += ["--filter", f"label={label}"]
-    try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-        rows = json.loads(proc.stdout or "[]") if proc.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return None
-    if not isinstance(rows, list):
-        return None
-    return [{"Id": r.get("Id", ""), "Labels": r.get("Labels") or {}, "State": r.get("State", "")} for r in rows]
-
-
-def held_paths() -> set[str] | None:
-    """The host paths that containers hold (HOLDS_LABEL), Docker's and Podman's; None when an engine that may hold
-    some cannot be asked (Docker not answering; Podman installed, with storage, not answering)."""
-    found = [containers_labelled(HOLDS_LABEL), podman_containers_labelled(HOLDS_LABEL)]
-    if any(rows is None for rows in found):
-        return None
-    return {str((r.get("Labels") or {}).get(HOLDS_LABEL)) for rows in found for r in rows or []
-            if (r.get("Labels") or {}).get(HOLDS_LABEL)}
+    except APIError as e:
+        raise EngineError(f"Docker Engine error: {_said(e)}") from None
 
 
 def images_labelled(label: str) -> dict[str, str]:
     """Image ID -> the value of ``label``, for every image in the engine that has it."""
-    from hermetic.dockerapi import DockerAPIError
+    from docker.errors import APIError
 
+    client = engine_client()
     try:
-        rows = engine_client().images(filters={"label": [label]})
-    except DockerAPIError:
+        rows = client.api.images(filters={"label": [label]})
+    except APIError:
         return {}
     return {row["Id"]: (row.get("Labels") or {}).get(label, "") for row in rows}
 
 
 def remove_image(image_id: str) -> None:
     """Remove an image by ID if nothing uses it (its layers stay while another image holds them)."""
-    from hermetic.dockerapi import DockerAPIError
+    from docker.errors import APIError
 
+    client = engine_client()
     try:
-        engine_client().remove_image(image_id, noprune=False)
-    except DockerAPIError:
+        client.api.remove_image(image_id, noprune=False)
+    except APIError:
         pass
+
+
+def save_image(image_id: str) -> Iterator[bytes]:
+    """``docker save`` of one image: the docker-archive tar, as it arrives; NotFound (hermetic's) when the
+    engine has no such image, EngineError when it fails on the way."""
+    from docker.errors import APIError, NotFound as Missing
+
+    client = engine_client()
+    try:
+        client.api.inspect_image(image_id)
+    except Missing:
+        raise NotFound(f"the Docker Engine has no image {image_id}") from None
+    except APIError as e:
+        raise EngineError(f"Docker Engine error: {_said(e)}") from None
+
+    def chunks() -> Iterator[bytes]:
+        try:
+            yield from client.api.get_image(image_id)
+        except APIError as e:
+            raise EngineError(f"Docker Engine error: {_said(e)}") from None
+
+    return chunks()
+

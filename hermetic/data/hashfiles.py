@@ -1,0 +1,393 @@
+"""sha256 of many files on every core: the batches, the processes that take them, the shared results.
+
+Worker *processes*, not threads: hashlib releases the GIL on large buffers,
+so threads would do for big files, but a dataset of small files spends its
+time in per-file Python work (open, read, digest) that holds the GIL: there
+threads take turns, and only processes hash at once.
+
+When this process has a single thread, workers are *forked*
+(hermetic.workers.start: nothing re-imported, nothing pickled): they inherit
+the list of paths, take batches as (start, end) records from one pipe
+(``feed``/``drain``: each record goes to exactly one reader, so the cores
+finish together), and write digests and stat keys straight into shared
+memory at each file's index (hermetic.data.hashing's loop). The calling
+process hashes batches too once its own side work (``while_hashing``) is
+done, so ``workers`` processes hash in all and none waits idle. Only
+per-file errors (rare) come back, as each worker's answer. A process with
+other threads starts workers from a fork server instead (forking a threaded
+process can deadlock in a lock another thread held), and batches of paths
+travel there and back pickled. Small jobs are hashed in-process: starting
+workers would cost more than it saves. (treehash.py builds ``verify --full``
+on the same pieces, with the scan in a worker too.)
+
+An account's limits bound the workers (hermetic.workers): no more than a
+quarter of ``ulimit -n``, and where a fork, a pipe or the pool's start is
+refused the work goes on with the workers already started, or in this
+process alone.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from typing import Any, Callable, Sequence
+
+from hermetic import workers as procs
+from hermetic.data.hashing import DIGEST_BYTES, KEY_BYTES, Errors, Hashed, hash_span
+from hermetic.errors import ReadError
+
+_BATCH_MAX_FILES = 2000
+_INLINE_MAX_BYTES = 32 << 20
+_INLINE_MAX_FILES = 1000
+_INLINE_SPAN = 1000  # files between progress updates when hashing in-process
+# Batches are (start, end) records of 8 bytes, all written to a pipe before they are
+# taken: 512 of them fill 4 KiB, the least a pipe holds (one page), so the writer
+# never waits for a reader.
+_MAX_BATCHES = 512
+_COUNTERS = struct.Struct("qq")  # per hashing process: bytes done, files done
+_RECORD = struct.Struct("=II")  # a batch in the pipe: (start, end)
+OUTPUT_BYTES_PER_FILE = DIGEST_BYTES + KEY_BYTES
+
+# (packed keys, digests, errors) for one batch
+_Result = tuple[bytes, bytes, Errors]
+
+
+def hash_files(
+    paths: Sequence[str],
+    sizes: Sequence[int] | None = None,
+    *,
+    workers: int | None = None,
+    progress_label: str | None = None,
+    while_hashing: Callable[[], None] | None = None,
+    start_method: str | None = None,
+) -> Hashed:
+    """sha256 and stat key of each file, on all cores.
+
+    ``sizes`` (from a scan), when known, balance the batches by bytes and
+    size the progress bar; without them batches are balanced by count.
+    ``while_hashing`` runs in this process while the workers hash (it would
+    otherwise sit idle). ``progress_label`` shows a bar with bytes/s on stderr
+    if the work lasts more than half a second. ``start_method`` ("fork" or
+    "forkserver") overrides the choice described in the module doc. A file
+    that cannot be read raises HermeticError naming it, after all work is done.
+    """
+    from hermetic.data.progress import ByteProgress
+
+    n = len(paths)
+    workers = procs.affordable(workers or procs.available_cpus())
+    total = sum(sizes) if sizes is not None else None
+    bar = ByteProgress(progress_label, total, n)
+    try:
+        small = (total is not None and total <= _INLINE_MAX_BYTES and n <= _INLINE_MAX_FILES) or n <= 64
+        batches = [] if workers <= 1 or small else plan(sizes, n, workers)
+        if len(batches) <= 1:
+            if while_hashing is not None:
+                while_hashing()
+            keys, digests, errors = _hash_inline(paths, bar)
+        else:
+            workers = min(workers, len(batches))
+            method = start_method or default_start_method()
+            if method == "fork":
+                keys, digests, errors = _hash_forked(paths, batches, workers, bar, while_hashing)
+            else:
+                pooled = _hash_pool(paths, batches, workers, bar, while_hashing, method)
+                if pooled is None:  # no worker could be started: all of it here
+                    if while_hashing is not None:
+                        while_hashing()
+                    pooled = _hash_inline(paths, bar)
+                keys, digests, errors = pooled
+    finally:
+        bar.close()
+    vanished = [i for i, msg in errors if msg is None]
+    failed = [(i, msg) for i, msg in errors if msg is not None]
+    if failed:
+        i, msg = min(failed)
+        raise ReadError(f"{paths[i]}: cannot read: {msg}")
+    return Hashed(keys, digests, sorted(vanished))
+
+
+def default_start_method() -> str:
+    return "fork" if threading.active_count() == 1 and hasattr(os, "fork") else "forkserver"
+
+
+def plan(sizes: Sequence[int] | None, n: int, workers: int) -> list[tuple[int, int]]:
+    """Contiguous (start, end) ranges, at most _MAX_BATCHES of them.
+
+    By count: small batches (~1/32 of a worker's share, at most 256 files),
+    since workers take the next one as they finish: the tail is one small
+    batch. By bytes: roughly equal bytes, a large file a batch of its own,
+    the biggest first (LPT).
+    """
+    if sizes is None:
+        per = max(16, min(256, n // (workers * 32)), -(-n // _MAX_BATCHES))
+        return [(s, min(s + per, n)) for s in range(0, n, per)]
+    total = sum(sizes)
+    # Batches close at `target` bytes or `max_files` files, and a file of `target`
+    # bytes or more is one batch: at most 2*total/target + n/max_files + 1 of them.
+    target = max(min(max(total // (workers * 8), 1 << 20), 64 << 20), 4 * total // _MAX_BATCHES + 1)
+    max_files = max(_BATCH_MAX_FILES, 4 * n // _MAX_BATCHES + 1)
+    batches: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for i, size in enumerate(sizes):
+        if size >= target:  # a large file is a batch of its own
+            if start < i:
+                batches.append((start, i))
+            batches.append((i, i + 1))
+            start, acc = i + 1, 0
+            continue
+        acc += size
+        if acc >= target or i + 1 - start >= max_files:
+            batches.append((start, i + 1))
+            start, acc = i + 1, 0
+    if start < n:
+        batches.append((start, n))
+    batches.sort(key=lambda b: -sum(sizes[b[0]:b[1]]))
+    return batches
+
+
+# ---------------------------------------------------------------- the per-file loop
+
+
+def _hash_inline(paths: Sequence[str], bar: Any) -> _Result:
+    """Everything in this process, in spans between progress updates."""
+    n = len(paths)
+    digests, keys = bytearray(n * DIGEST_BYTES), bytearray(n * KEY_BYTES)
+    errors: Errors = []
+    done = 0
+    for start in range(0, n, _INLINE_SPAN):
+        end = min(start + _INLINE_SPAN, n)
+        nbytes, errs = hash_span(paths, start, end, digests, keys, None)
+        errors += errs
+        done += nbytes
+        bar.update(done, end)
+    return bytes(keys), bytes(digests), errors
+
+
+# ---------------------------------------------------------------- forked workers
+
+
+class Control:
+    """Per hashing process ("slot"), (bytes, files) done, for the progress bar: an anonymous
+    shared mapping, so it must exist before the fork."""
+
+    def __init__(self, slots: int):
+        import mmap
+
+        self.slots = slots
+        self.mm = mmap.mmap(-1, slots * _COUNTERS.size)
+
+    def report(self, slot: int, nbytes: int, files: int) -> None:
+        _COUNTERS.pack_into(self.mm, slot * _COUNTERS.size, nbytes, files)
+
+    def progress(self) -> tuple[int, int]:
+        nbytes = files = 0
+        for slot in range(self.slots):
+            b, f = _COUNTERS.unpack_from(self.mm, slot * _COUNTERS.size)
+            nbytes += b
+            files += f
+        return nbytes, files
+
+    def close(self) -> None:
+        self.mm.close()
+
+
+def output_views(mm: Any, n: int) -> tuple[memoryview, memoryview]:
+    """(digests, keys) regions at the start of a mapping: n * 32 bytes, then n * 40."""
+    view = memoryview(mm)
+    return view[:n * DIGEST_BYTES], view[n * DIGEST_BYTES:n * OUTPUT_BYTES_PER_FILE]
+
+
+def feed(queue_w: int, batches: list[tuple[int, int]]) -> None:
+    """Write the batches as (start, end) uint32 records, then close the pipe.
+
+    Each write is at most PIPE_BUF bytes of whole records, so it lands in the
+    pipe in one piece, and every 8-byte read gets one whole record.
+    """
+    import select
+
+    records = b"".join(_RECORD.pack(start, end) for start, end in batches)
+    step = max(_RECORD.size, getattr(select, "PIPE_BUF", 512) // _RECORD.size * _RECORD.size)
+    for at in range(0, len(records), step):
+        view = memoryview(records[at:at + step])
+        while view:
+            view = view[os.write(queue_w, view):]
+    os.close(queue_w)
+
+
+def drain(paths: Sequence[str], queue: int, control: Control, slot: int, digests_out: Any, keys_out: Any,
+          after_batch: Callable[[], None] | None = None, dir_fd: int | None = None) -> Errors:
+    """Take (start, end) records from the ``queue`` pipe until it is empty; hash each
+    (``paths`` relative to ``dir_fd`` if given)."""
+    errors: Errors = []
+    done_bytes = done_files = 0
+    in_batch = 0
+
+    def on_bytes(n: int) -> bool:  # progress inside a large file
+        nonlocal in_batch
+        in_batch += n
+        control.report(slot, done_bytes + in_batch, done_files)
+        return False
+
+    while True:
+        data = os.read(queue, _RECORD.size)
+        if not data:
+            break
+        start, end = _RECORD.unpack(data)
+        in_batch = 0
+        nbytes, errs = hash_span(paths, start, end, digests_out, keys_out, on_bytes, dir_fd)
+        errors += errs
+        done_bytes += nbytes
+        done_files += end - start
+        control.report(slot, done_bytes, done_files)
+        if after_batch is not None:
+            after_batch()
+    return errors
+
+
+def start_drainer(queue_w: int, *args: Any) -> procs.Worker:
+    """A forked worker that runs ``drain(*args)`` and answers its errors: it first lets go of ``queue_w``,
+    the queue's write end, so that the queue ends when the feeder closes it."""
+    return procs.start("a hashing worker process", _drain_in_child, queue_w, args)
+
+
+def _drain_in_child(queue_w: int, args: tuple) -> Errors:
+    os.close(queue_w)
+    return drain(*args)
+
+
+def answered_errors(worker: procs.Worker, tick: Callable[[], None] | None = None) -> Errors:
+    """A drainer's errors (its answer: lists, made tuples again)."""
+    return [(i, msg) for i, msg in worker.result(tick)]
+
+
+def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: int, bar: Any,
+                 while_hashing: Callable[[], None] | None) -> _Result:
+    """``workers - 1`` forked children and this process take batches from one pipe."""
+    import mmap
+
+    n = len(paths)
+    control = Control(workers)
+    out = mmap.mmap(-1, n * OUTPUT_BYTES_PER_FILE)
+    digests_out, keys_out = output_views(out, n)
+    queue, queue_w = os.pipe()
+    children: list[procs.Worker] = []
+
+    def tick() -> None:
+        bar.update(*control.progress())
+
+    try:
+        for slot in range(1, workers):
+            try:
+                children.append(start_drainer(queue_w, paths, queue, control, slot, digests_out, keys_out))
+            except OSError as e:
+                if not procs.no_more_workers(e):
+                    raise
+                break  # at the account's limit: those started, and this process, take every batch
+        feed(queue_w, batches)
+        queue_w = -1
+        if while_hashing is not None:
+            while_hashing()
+        errors = drain(paths, queue, control, 0, digests_out, keys_out, tick)
+        for child in children:
+            errors += answered_errors(child, tick)
+        tick()
+        return bytes(keys_out), bytes(digests_out), errors
+    finally:
+        if queue_w != -1:  # first: a child waiting for a batch sees the end
+            os.close(queue_w)
+        for child in children:
+            child.stop()  # (one that answered is gone already; any other is ended now)
+        os.close(queue)
+        digests_out.release()
+        keys_out.release()
+        out.close()
+        control.close()
+
+
+# ---------------------------------------------------------------- fork-server workers
+
+
+_worker_state: dict[str, Any] = {}
+
+
+def _init_worker(counter: Any, stop: Any, owner: int) -> None:
+    import signal
+
+    procs.die_with_parent(owner)  # (the fork server is its parent; it exits with ``owner``)
+    # Ctrl-C is handled by the parent, which raises the stop flag.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_state.update(counter=counter, stop=stop)
+
+
+def _hash_batch(paths: list[str]) -> _Result:
+    counter, stop = _worker_state["counter"], _worker_state["stop"]
+    if stop.value:
+        raise OSError(0, "interrupted")
+
+    reported = 0
+
+    def on_bytes(n: int) -> bool:  # progress inside a large file
+        nonlocal reported
+        reported += n
+        with counter.get_lock():
+            counter.value += n
+        return bool(stop.value)
+
+    n = len(paths)
+    digests, keys = bytearray(n * DIGEST_BYTES), bytearray(n * KEY_BYTES)
+    nbytes, errors = hash_span(paths, 0, n, digests, keys, on_bytes)
+    with counter.get_lock():
+        counter.value += nbytes - reported
+    return bytes(keys), bytes(digests), errors
+
+
+def _hash_pool(paths: Sequence[str], batches: list[tuple[int, int]], workers: int, bar: Any,
+               while_hashing: Callable[[], None] | None, method: str) -> _Result | None:
+    """The batches hashed by a pool of ``workers`` processes; None where the pool could not start (the
+    account's limits, hermetic.workers): then the caller hashes them all itself."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload([__name__])
+    parts: dict[int, tuple[bytes, bytes]] = {}
+    errors: Errors = []
+    files_done = 0
+    stop = ctx.RawValue("b", 0)
+    ex = None
+    try:
+        # Each of these may start a process (the resource tracker, the fork server, a worker) or a thread.
+        counter = ctx.Value("q", 0)
+        ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(counter, stop, os.getpid()))
+        futures = {ex.submit(_hash_batch, list(paths[s:e])): (s, e) for s, e in batches}
+    except (OSError, RuntimeError, EOFError) as e:
+        # (EOFError: the fork server, refused a fork, hung up without the worker's pid)
+        if not (procs.no_more_workers(e) or isinstance(e, EOFError)):
+            raise
+        stop.value = 1
+        if ex is not None:
+            ex.shutdown(wait=True, cancel_futures=True)
+        return None
+    try:
+        if while_hashing is not None:
+            while_hashing()
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+            for f in done:
+                start, end = futures.pop(f)
+                keys, digests, errs = f.result()
+                parts[start] = (keys, digests)
+                errors.extend((start + i, msg) for i, msg in errs)
+                files_done += end - start
+            bar.update(counter.value, files_done)
+    except BaseException:
+        stop.value = 1
+        ex.shutdown(wait=True, cancel_futures=True)
+        raise
+    ex.shutdown(wait=True)
+    order = sorted(parts)
+    return b"".join(parts[s][0] for s in order), b"".join(parts[s][1] for s in order), errors

@@ -1,0 +1,370 @@
+"""The Docker Engine's container: created from the Engine API's own document, attached, started, waited for, removed.
+
+The container runs the image by ID with: the source snapshot read-only at
+/workspace, datasets read-only at their mount points, /outputs writable, a
+non-root user, a read-only root filesystem with a tmpfs /tmp (HOME lives
+there), every capability dropped, no-new-privileges, no network unless
+asked, a pids limit (processes and threads together: a fork bomb fills the
+container, not the host) and, when hermetic.yaml sets one, a memory limit
+with no swap around it. Ctrl-C or SIGTERM stop and remove it; the caller
+still writes the record, with status ``interrupted``.
+
+Every container hermetic creates names its driver (DRIVER_LABEL: host, pid,
+start time) and a training container its run directory and the working
+directory it writes (RUN_DIR_LABEL, HOLDS_LABEL): a driver killed with
+SIGKILL cannot remove its container, so hermetic.run.orphans finds it by
+these labels, stops it and seals the run's record. The driver is the spec's
+(``ContainerSpec.driver``: the run names itself).
+
+The client is docker-py's (hermetic.engines.dockerclient), the container
+docker-py's ``Container`` (reload, attrs, start, wait, stop, kill, remove,
+logs, attach); hermetic.engines.docker's DockerEngine is what the rest of
+hermetic asks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from hermetic.engines.base import (
+    LOG_FILES, ContainerSpec, Interrupted, RunOutcome, Watch, container_home_env, oom_reason, remove_container,
+    rewrite_logs, stop_container, watch_beside,
+)
+from hermetic.engines.gpu import NO_GPU_RUNTIME, device_requests
+from hermetic.errors import EngineError
+
+
+def host_config(spec: ContainerSpec) -> dict[str, Any]:
+    """The container's HostConfig (Engine API): the lock-down every training container gets."""
+    from hermetic.config import size_bytes
+
+    limits: dict[str, Any] = {}
+    if spec.pids_limit is not None:
+        limits["PidsLimit"] = spec.pids_limit
+    if spec.memory is not None:
+        limits.update(Memory=size_bytes(spec.memory), MemorySwap=size_bytes(spec.memory))  # no swap around it
+    return {
+        **limits,
+        "Mounts": [{"Type": "bind", "Source": str(m.source), "Target": m.target, "ReadOnly": m.read_only}
+                   for m in spec.mounts],
+        "ReadonlyRootfs": True,
+        "Tmpfs": {"/tmp": f"rw,nosuid,nodev,exec,size={spec.tmpfs_size},mode=1777"},
+        "CapDrop": ["ALL"],
+        "SecurityOpt": ["no-new-privileges"],
+        "NetworkMode": spec.network,
+        "ShmSize": size_bytes(spec.shm_size),
+        "DeviceRequests": device_requests(spec.gpus),
+        "Init": True,  # PID 1 forwards signals and reaps DataLoader workers
+    }
+
+
+def create(client, spec: ContainerSpec, name: str | None = None):
+    """The container, labelled with this process as its driver; refused (and removed) when the engine
+    dropped a limit it was given (a kernel without the pids or memory cgroup, a rootless engine on
+    cgroup v1): the limits are the host's protection, never silently off."""
+    from docker.errors import APIError, NotFound
+
+    env = container_home_env(spec.env)
+    config = {
+        "Image": spec.image_id, "Cmd": list(spec.command), "Env": [f"{k}={v}" for k, v in env.items()],
+        "User": spec.user, "WorkingDir": spec.workdir or "", "Hostname": spec.hostname or "",
+        "Labels": spec.all_labels(),
+        "AttachStdin": False, "AttachStdout": True, "AttachStderr": True, "OpenStdin": False, "Tty": False,
+        "HostConfig": host_config(spec),
+    }
+    try:
+        created = client.api.create_container_from_config(config, name=name)  # the Engine API's own document
+        container = client.containers.get(created["Id"])  # inspected: the HostConfig the engine kept
+    except NotFound as e:
+        msg = _said(e)
+        if "image" in msg.lower() or "No such image" in msg:
+            raise EngineError(f"the Docker Engine has no image {spec.image_id}; run `hermetic build`") from None
+        raise EngineError(f"the Docker Engine refused the container: {msg}") from None
+    except APIError as e:
+        msg = _said(e)
+        if "capabilities: [[gpu]]" in msg or "nvidia" in msg.lower():
+            raise EngineError(NO_GPU_RUNTIME) from None
+        raise EngineError(f"the Docker Engine refused the container: {msg}") from None
+    dropped = _dropped_limit(container.attrs.get("HostConfig") or {}, spec)
+    if dropped is not None:
+        remove_container(container)
+        raise EngineError(f"the Docker Engine did not apply the container's {dropped} (its kernel or a rootless "
+                          f"engine cannot limit it); set it to null in hermetic.yaml to run without it")
+    return container
+
+
+def _said(e: Exception) -> str:
+    """What the engine said (its message), for an error docker-py raised."""
+    return str(getattr(e, "explanation", None) or e)
+
+
+def _dropped_limit(host_config: dict[str, Any], spec: ContainerSpec) -> str | None:
+    if spec.pids_limit is not None and (host_config.get("PidsLimit") or 0) != spec.pids_limit:
+        return f"pids limit (run.pids: {spec.pids_limit})"
+    if spec.memory is not None and not host_config.get("Memory"):
+        return f"memory limit (run.memory: {spec.memory})"
+    return None
+
+
+def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
+                  watch: Watch | None = None) -> RunOutcome:
+    """Create, start, stream logs to the terminal and to log_dir, wait, remove (DockerLaunch, finished at once).
+
+    ``watch`` runs in a thread while the container does; when it reports a
+    reason, the container is stopped and the outcome says why.
+    """
+    launched = DockerLaunch(client, spec, log_dir, echo=echo, name=name)
+    try:
+        return launched.finish(watch)
+    except BaseException:
+        launched.cancel()
+        raise
+    finally:
+        launched.close()
+
+
+class DockerLaunch:
+    """A container created, attached and started by a thread of its own (the engine's create and start take
+    ~0.2 s, mostly runc's) while the caller goes on with the run's last steps; its command waits at the
+    run's Gate meanwhile (hermetic.engines.base). ``finish`` streams its output until it ends, waits, and
+    has a thread remove it (~10-20 ms of the engine's, while the caller collects the outputs) that ``close``
+    joins; ``cancel`` removes it unfinished."""
+
+    def __init__(self, client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
+                 name: str | None = None) -> None:
+        self.client, self.spec, self.echo = client, spec, echo
+        log_dir.mkdir(parents=True, exist_ok=True)
+        # Opened before the container exists: whatever it prints has a file to land in.
+        self.files = [open(log_dir / n, "wb") for n in LOG_FILES]
+        self.container = None
+        self._stream = None
+        self._error: BaseException | None = None
+        self._ended = False
+        self._removal: threading.Thread | None = None
+        self._thread = threading.Thread(target=self._start, args=(name,), name="hermetic-launch", daemon=True)
+        self._thread.start()
+
+    def _start(self, name: str | None) -> None:
+        try:
+            self.container = create(self.client, self.spec, name=name)
+            # before start: nothing it prints is missed; (stdout, stderr) pairs, one of them None
+            self._stream = self.container.attach(stdout=True, stderr=True, stream=True, logs=True, demux=True)
+            self.container.start()
+        except BaseException as e:  # raised by finish, in the caller's thread
+            self._error = e
+
+    def finish(self, watch: Watch | None = None) -> RunOutcome:
+        previous: dict[int, Any] = {}
+
+        def handler(signum, _frame):
+            raise Interrupted(signum)
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, handler)
+        stopped: list[str] = []
+        done = threading.Event()
+        out_f, err_f, all_f = self.files
+        outcome: RunOutcome
+        try:
+            try:
+                self._thread.join()
+                if self._error is not None:
+                    raise self._error
+                container, stream = self.container, self._stream
+                # asked now, answered as the container ends (as the docker CLI does): no round trip after it
+                waited: dict[str, Any] = {}
+
+                def wait() -> None:
+                    try:
+                        waited["result"] = container.wait()
+                    except BaseException as e:  # raised below, in this thread
+                        waited["error"] = e
+
+                waiter = threading.Thread(target=wait, name="hermetic-wait", daemon=True)
+                waiter.start()
+                watch_beside(watch, done, lambda c=container: stop_container(c), stopped)
+                streamed = [0, 0]  # bytes of stdout, stderr read from the attach stream
+                ends = [bytearray(), bytearray()]  # the last of each (_complete_logs compares the log's tail)
+                for out, err in stream:
+                    if out:
+                        streamed[0] += len(out)
+                        _keep_end(ends[0], out)
+                        _tee(out, out_f, all_f, sys.stdout.buffer if self.echo else None)
+                    if err:
+                        streamed[1] += len(err)
+                        _keep_end(ends[1], err)
+                        _tee(err, err_f, all_f, sys.stderr.buffer if self.echo else None)
+                waiter.join()
+                if "error" in waited:
+                    raise waited["error"]
+                result = waited["result"]
+                done.set()
+                _complete_logs(container, self.files, streamed, self.echo, ends)
+                code = int(result.get("StatusCode", 1))
+                # A script that survived the kill of a process of its own (and exited 0) is not failed for it.
+                oom = oom_reason(self.spec.memory) if code != 0 and _oom_killed(container) else None
+                outcome = RunOutcome(code, False, None, stopped[0] if stopped else None, oom_reason=oom)
+            except (Interrupted, KeyboardInterrupt) as e:
+                signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+                self._thread.join()  # a container being made is made: then stopped
+                if self.container is not None:
+                    stop_container(self.container)
+                    rewrite_logs(self.container, self.files)  # what it printed but we had not read yet
+                outcome = RunOutcome(None, True, signal.Signals(signum).name)
+        finally:
+            done.set()
+            for sig, h in previous.items():
+                signal.signal(sig, h)
+            self._end(beside=True)
+        return outcome
+
+    def cancel(self) -> None:
+        self._thread.join()
+        self._end()
+
+    def close(self) -> None:
+        """Return when the container is removed (finish began its removal)."""
+        if self._removal is not None:
+            self._removal.join()
+
+    def _end(self, *, beside: bool = False) -> None:
+        """Close the log files and remove the container (once): ``beside``, by a thread that ``close`` joins
+        (not a daemon: the interpreter waits for it should a caller never close)."""
+        if self._ended:
+            return
+        self._ended = True
+        for f in self.files:
+            with contextlib.suppress(OSError):  # a full disk: what could not be flushed is lost, not the run
+                f.close()
+        if self._stream is not None:
+            self._stream.close()
+        if self.container is not None and beside:
+            self._removal = threading.Thread(target=remove_container, args=(self.container,),
+                                             name="hermetic-remove")
+            self._removal.start()
+        elif self.container is not None:
+            remove_container(self.container)
+        elif self._error is not None and self.spec.labels:  # create() failed on the way: made anyway?
+            _remove_labelled(self.client, self.spec.all_labels())
+
+
+def _oom_killed(container) -> bool:
+    try:
+        container.reload()
+        return bool((container.attrs.get("State") or {}).get("OOMKilled"))
+    except Exception:  # the engine lost it: nothing to tell
+        return False
+
+
+# Up to this much streamed, the engine's whole log is counted against it (~0.05 s a MiB: the engine decodes
+# its json-file line by line, ~18 MB/s here); past it, the log's last lines are compared with the end of what
+# was streamed (~0.01 s whatever the size: 50 MB of output took 3.2 s to count), and counted only on a mismatch.
+FULL_COUNT_BYTES = 1 << 20
+TAIL_LINES = 64  # json-file lines are at most 16 KiB: the tail is at most 1 MiB
+KEPT_END_BYTES = 2 << 20  # of each stream, kept while streaming to compare with the log's tail
+
+
+def _keep_end(kept: bytearray, data: bytes) -> None:
+    kept += data
+    if len(kept) > 2 * KEPT_END_BYTES:
+        del kept[:len(kept) - KEPT_END_BYTES]
+
+
+def _tail_streamed(container, ends: list[bytearray]) -> bool:
+    """Whether the engine's last log lines, per stream, end what was streamed: the attach stream's known loss
+    is its end (moby#29285). Blind only to a lost end that repeats the lines before it byte for byte."""
+    tails = [container.logs(stdout=True, stderr=False, tail=TAIL_LINES),
+             container.logs(stdout=False, stderr=True, tail=TAIL_LINES)]
+    return all(end.endswith(tail) for tail, end in zip(tails, ends))
+
+
+def _logged_bytes(container, stdout: bool) -> int:
+    """How many bytes of one stream the engine's log holds (read as it streams: never all in memory)."""
+    return sum(len(chunk) for chunk in container.logs(stdout=stdout, stderr=not stdout, stream=True, follow=False))
+
+
+def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: bool,
+                   ends: list[bytearray]) -> None:
+    """The attach stream can end before the engine delivered all of a container's output when it exits
+    quickly under load (moby#29285: attach and the log are two paths); its json-file log has it all. When
+    the log holds more than was streamed, the files are rewritten from it and the rest is echoed. A long
+    output (FULL_COUNT_BYTES) is checked by its tail first (``ends``: the end of each stream as streamed)."""
+    if streamed[0] + streamed[1] > FULL_COUNT_BYTES:
+        try:
+            if _tail_streamed(container, ends):
+                return
+        except Exception:  # noqa: BLE001 - any doubt: counted in full below
+            pass
+    try:
+        sizes = [_logged_bytes(container, True), _logged_bytes(container, False)]
+    except Exception:  # the engine lost it: keep what was streamed
+        return
+    if sizes[0] <= streamed[0] and sizes[1] <= streamed[1]:
+        return
+    try:
+        parts = [container.logs(stdout=True, stderr=False), container.logs(stdout=False, stderr=True)]
+    except Exception:
+        return
+    rewrite_logs(container, files)
+    if echo:
+        for data, n, term in zip(parts, streamed, (sys.stdout.buffer, sys.stderr.buffer)):
+            try:
+                term.write(data[n:])
+                term.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def _tee(data: bytes, f: BinaryIO, all_f: BinaryIO, term: BinaryIO | None) -> None:
+    try:
+        f.write(data)
+        all_f.write(data)
+        f.flush()  # `hermetic logs -f` reads these files while the run goes on
+        all_f.flush()
+    except OSError:  # a full disk: the run goes on; the engine's own log completes the files at the end
+        pass
+    if term is not None:
+        try:
+            term.write(data)
+            term.flush()
+        except (OSError, ValueError):  # a closed pipe (EPIPE), a hung-up terminal (EIO): the run goes on
+            pass
+
+
+def _remove_labelled(client, labels: dict[str, str]) -> None:
+    try:
+        found = client.api.containers(all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
+    except Exception:
+        return
+    for row in found:
+        try:
+            remove_container(client.containers.get(row["Id"]))
+        except Exception:  # gone meanwhile
+            continue
+
+
+def run_capture(client, spec: ContainerSpec, timeout: float | None = None) -> tuple[int, bytes, bytes]:
+    """Run to completion and return (exit code, stdout, stderr) (the probe, the metrics reader); TimeoutError
+    when it has not ended after ``timeout`` seconds (it is removed all the same)."""
+    from requests.exceptions import ConnectionError as Broken, ReadTimeout
+
+    container = create(client, spec)
+    try:
+        container.start()
+        try:
+            result = container.wait(timeout=timeout)
+        except (ReadTimeout, Broken):  # docker-py's request timed out (over a unix socket, urllib3 says either)
+            if timeout is None:
+                raise
+            raise TimeoutError(f"container {container.id[:12]} still running after {timeout} s") from None
+        out = container.logs(stdout=True, stderr=False)
+        err = container.logs(stdout=False, stderr=True)
+        return int(result.get("StatusCode", 1)), out, err
+    finally:
+        remove_container(container)
