@@ -59,7 +59,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from hermetic.reference import parse_base_reference  # noqa: E402
+from hermetic.core.reference import parse_base_reference  # noqa: E402
 from hermetic.lock.model import Target  # noqa: E402
 from hermetic.lock.read import read_lock  # noqa: E402
 from hermetic.store.fetch import resolve_from_store  # noqa: E402

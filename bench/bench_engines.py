@@ -49,7 +49,7 @@ sys.path.insert(0, str(BENCH_DIR))
 
 import bench_build as bb  # noqa: E402
 
-from hermetic.reference import parse_base_reference  # noqa: E402
+from hermetic.core.reference import parse_base_reference  # noqa: E402
 
 EXAMPLE = bb.REPO_ROOT / "examples" / "torch-mlp"
 DOCKER_REPO = "hermetic-bench/engines-docker"

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hermetic.canonical import pretty_json
+from hermetic.core.canonical import pretty_json
 from hermetic.record.ids import iso_utc
 from hermetic.record.seal import seal
 from hermetic.record.synthetic import T0, synthetic_record

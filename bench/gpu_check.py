@@ -50,7 +50,7 @@ REPEATS = 5
 DEVICE = "cuda"  # --rehearse-on-cpu: "cpu", to try every section here before the GPU machine's few minutes
 OPS_SIZE = 1 << 22  # elements added by index_add_/scatter_add_ (a rehearsal: fewer; it proves the code, not the GPU)
 TRAIN_ARGS: list[str] = []  # a rehearsal: one epoch of the example, which shows the same things
-# The image's strict-mode environment (hermetic.determinism.knob_env("strict", 1, 0, {})), as a
+# The image's strict-mode environment (hermetic.config.determinism.knob_env("strict", 1, 0, {})), as a
 # `hermetic run` container would have it; the runtime reads these as the process sees them.
 STRICT_ENV = {
     "HERMETIC_DETERMINISM": "strict", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",

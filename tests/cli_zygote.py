@@ -61,7 +61,7 @@ def _preload() -> None:
 
     for target in cli.COMMANDS.values():
         importlib.import_module(target.partition(":")[0])
-    import hermetic.config  # noqa: F401
+    import hermetic.config.load  # noqa: F401
     import hermetic.record.schema  # noqa: F401
 
 

@@ -194,9 +194,11 @@ FORBIDDEN = {
     "config": {"builder", "registry", "run", "store", "record"},
     "lock": {"builder", "registry", "run", "store", "config"},
     "data": {"builder", "registry", "run", "store", "config", "record"},
-    "determinism": {"builder", "registry", "run", "config", "record", "diff"},
-    "reference": {"builder", "registry", "config"},
-    "containerpaths": {"builder", "registry", "run", "config", "record"},
+    # the foundations: core below everything, the host's filesystem edge only above core
+    "core": {"hostfs", "config", "lock", "data", "store", "registry", "builder", "engines", "record", "run", "diff",
+             "reproduce", "provenance", "integrations", "figures", "slurm", "scaffold", "gpu", "probe", "runtime"},
+    "hostfs": {"config", "lock", "data", "store", "registry", "builder", "engines", "record", "run", "diff",
+               "reproduce", "provenance", "integrations", "figures", "slurm", "scaffold", "gpu"},
     "provenance": {"builder", "registry", "run", "store", "reproduce", "record", "diff"},  # pure documents
     "reproduce": {"run", "diff", "record"},  # rebuilds with the builder; knows nothing of runs
     "run": {"slurm"},  # slurm drives run (a task is runner.execute); run knows nothing of Slurm

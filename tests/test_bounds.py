@@ -15,11 +15,11 @@ import pytest
 from conftest import REPO, assert_clean_error, run_cli
 from run_support import labelled_containers
 from hermetic.data.manifest import MANIFEST_LINE_MAX, ManifestError, parse_columns, parse_manifest
-from hermetic.errors import UsageError
-from hermetic.gpus import GpuRequest, gpu_count, parse_gpus
+from hermetic.core.errors import UsageError
+from hermetic.config.gpus import GpuRequest, gpu_count, parse_gpus
 from hermetic.lock.read import LOCK_MAX_BYTES
 from hermetic.run.group import GROUP_WRITE_SHARE, group_write_due
-from hermetic.seedargs import MAX_GROUP_SEEDS, SEED_MAX, parse_seeds, seed_ranges
+from hermetic.config.seedargs import MAX_GROUP_SEEDS, SEED_MAX, parse_seeds, seed_ranges
 
 BASE = "hermetic/debian-bookworm-python3@sha256:" + "a" * 64
 # Nothing may reach the engine: a refusal that came after an engine check would say 69 (no engine) instead.

@@ -130,7 +130,7 @@ def test_run_sizes_default_and_normalize_and_stay_out_of_the_image(tmp_path):
     from pathlib import Path
 
     from hermetic.builder.key import image_config_sha256
-    from hermetic.config import parse_config
+    from hermetic.config.load import parse_config
 
     plain = parse_config(BLOCK_STYLE, Path(tmp_path / "hermetic.yaml"))
     assert (plain.model.run.shm_size, plain.model.run.tmp_size) == ("1g", "4g")
@@ -157,7 +157,7 @@ def test_pin_writes_the_base_line_and_adds_it_when_there_is_none(tmp_path):
 # ---------------------------------------------------------------- bounds and secrets (issue 24, items 8 and 9)
 
 def test_a_config_over_the_size_bound_is_refused_unread(tmp_path):
-    from hermetic.config import CONFIG_MAX_BYTES
+    from hermetic.config.load import CONFIG_MAX_BYTES
 
     d = write(tmp_path, BLOCK_STYLE + "# " + "x" * CONFIG_MAX_BYTES + "\n")
     size = (d / "hermetic.yaml").stat().st_size
@@ -171,8 +171,8 @@ def test_a_config_over_the_size_bound_is_refused_unread(tmp_path):
 def test_a_config_just_under_the_bound_loads(tmp_path):
     from pathlib import Path
 
-    from hermetic.config import parse_config
-    from hermetic.config import CONFIG_MAX_BYTES
+    from hermetic.config.load import parse_config
+    from hermetic.config.load import CONFIG_MAX_BYTES
 
     comment = "# " + "x" * (CONFIG_MAX_BYTES - len(BLOCK_STYLE) - 4) + "\n"
     text = BLOCK_STYLE + comment
@@ -199,8 +199,8 @@ def test_yaml_aliases_are_refused(tmp_path, text, line, alias):
 def test_an_anchor_without_an_alias_and_deep_nesting(tmp_path):
     from pathlib import Path
 
-    from hermetic.config import parse_config
-    from hermetic.errors import ConfigError
+    from hermetic.config.load import parse_config
+    from hermetic.core.errors import ConfigError
 
     cfg = Path(tmp_path / "hermetic.yaml")
     assert parse_config(BLOCK_STYLE.replace("name: demo", "name: &n demo"), cfg).model.name == "demo"
@@ -228,7 +228,7 @@ def test_a_secret_under_env_is_refused_with_the_run_time_way(tmp_path, text, lin
 
 def test_the_config_refuses_secrets_by_the_rule_the_record_uses():
     from hermetic.record.secrets_policy import is_secret_name as record_rule
-    from hermetic.secretnames import is_secret_name
+    from hermetic.config.secretnames import is_secret_name
 
     assert record_rule is is_secret_name
 
@@ -240,8 +240,8 @@ def test_without_libyaml_the_same_refusals(tmp_path, monkeypatch):
 
     import yaml
 
-    import hermetic.config as config
-    from hermetic.errors import ConfigError
+    import hermetic.config.load as config
+    from hermetic.core.errors import ConfigError
 
     monkeypatch.setattr(config, "_YamlLoader", yaml.SafeLoader)
     cfg = Path(tmp_path / "hermetic.yaml")

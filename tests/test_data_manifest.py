@@ -10,7 +10,7 @@ from hermetic.data.manifest import (
     Manifest, ManifestError, _parse_fast, _parse_slow, diff_manifests, encode_path, format_manifest,
     make_manifest, parse_manifest, read_manifest,
 )
-from hermetic.errors import HermeticError
+from hermetic.core.errors import HermeticError
 
 H1 = hashlib.sha256(b"one").hexdigest()
 H2 = hashlib.sha256(b"two").hexdigest()

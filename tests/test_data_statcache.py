@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hermetic.data.statcache import StatCache, is_racy, stat_key
-from hermetic.paths import cache_paths
+from hermetic.core.paths import cache_paths
 
 S = 1_000_000_000
 MS = 1_000_000

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.config import parse_config
+from hermetic.config.load import parse_config
 from hermetic.data.hashfiles import hash_files, plan
 from hermetic.data.manifest import ManifestError, format_manifest, read_manifest
 from hermetic.data.scan import TreeError, scan_tree
 from hermetic.data.statcache import StatCache, stat_key
 from hermetic.data.verify import build_manifest, verify_configured, verify_dataset
-from hermetic.errors import HermeticError, UsageError
+from hermetic.core.errors import HermeticError, UsageError
 
 LARGE = 48 << 20  # big enough to be hashed by the worker processes, in several 1 MiB reads
 

@@ -1,4 +1,4 @@
-"""hermetic.determinism is the one list of knobs; the copies inside the image must agree with it.
+"""hermetic.config.determinism is the one list of knobs; the copies inside the image must agree with it.
 
 The in-image runtime (hermetic/runtime/_env.py) and the probe
 (hermetic/probe/probe.py) run where hermetic is not installed, so they keep
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import typing
 
-from hermetic import determinism
-from hermetic.config import DeterminismConfig
+from hermetic.config import determinism
+from hermetic.config.load import DeterminismConfig
 from hermetic.probe import probe
 from hermetic.runtime import _env as runtime_env
 

@@ -53,7 +53,7 @@ def _code_line(rec):
 def _config_value(rec):
     cfg = rec["invocation"]["config"]
     cfg["determinism"]["threads"] = 4
-    from hermetic.canonical import canonical_sha256
+    from hermetic.core.canonical import canonical_sha256
     rec["invocation"]["config_sha256"] = canonical_sha256(cfg)
     rec["outputs"]["files"]["model.pt"]["sha256"] = h("model2")
 
@@ -316,7 +316,7 @@ def test_what_the_runtime_reported_ranks_after_every_real_input():
 def test_a_change_of_run_outputs_volatile_alone_is_no_cause(tmp_path):
     # hermetic.yaml changed (run.outputs.volatile) and was committed: the tree and the commit differ, but only
     # in a file the config section judges, and the key only steers hermetic's comparison.
-    from hermetic.canonical import canonical_sha256
+    from hermetic.core.canonical import canonical_sha256
 
     def plant(rec):
         cfg = rec["invocation"]["config"]
@@ -328,7 +328,7 @@ def test_a_change_of_run_outputs_volatile_alone_is_no_cause(tmp_path):
 
     def before(rec):
         rec["invocation"]["config"]["run"] = {"outputs": {"volatile": ["**/events.out.tfevents.*"]}}
-        from hermetic.canonical import canonical_sha256 as c
+        from hermetic.core.canonical import canonical_sha256 as c
         rec["invocation"]["config_sha256"] = c(rec["invocation"]["config"])
         rec["code"]["snapshot"]["files"]["hermetic.yaml"] = h("hermetic.yaml")
 

@@ -10,10 +10,10 @@ import pytest
 
 from conftest import run_cli
 
-from hermetic.canonical import canonical_sha256
+from hermetic.core.canonical import canonical_sha256
 from hermetic.diff import diff_paths
-from hermetic.stats import summarize, t975, welch
-from hermetic.errors import IntegrityError
+from hermetic.core.stats import summarize, t975, welch
+from hermetic.core.errors import IntegrityError
 from hermetic.record import load_group, write_group
 from hermetic.record.schema import RecordError
 from hermetic.record.synthetic import synthetic_record, write_synthetic_run

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hermetic.engines import dockerclient
-from hermetic.errors import EngineError
+from hermetic.core.errors import EngineError
 
 
 @pytest.mark.parametrize("env, expected", [

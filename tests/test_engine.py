@@ -29,7 +29,7 @@ def test_engine_runs_with_no_network(docker_client):
 @pytest.mark.docker
 def test_engine_client_gives_clear_error_without_daemon(monkeypatch):
     from hermetic.engines import dockerclient
-    from hermetic.errors import EngineError
+    from hermetic.core.errors import EngineError
 
     monkeypatch.setattr(dockerclient, "_client", None)
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")

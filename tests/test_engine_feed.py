@@ -42,7 +42,7 @@ def test_a_ready_prefix_is_loaded_while_later_layers_are_still_building(session_
 
     from hermetic.builder.base import resolve_base
     from hermetic.engines.dockerfeed import PARTIAL_LABEL, EngineFeed
-    from hermetic.canonical import canonical_json
+    from hermetic.core.canonical import canonical_json
     from hermetic.engines.dockerimages import layers_engine_has, load_layers, remove_image
     from hermetic.store.oci import OciStore
 
@@ -114,7 +114,7 @@ def test_a_killed_builds_prefix_images_are_removed_by_the_next_feed_and_a_live_o
 
     from hermetic.builder.base import resolve_base
     from hermetic.engines.dockerfeed import PARTIAL_LABEL, sweep_stale_partials
-    from hermetic.canonical import canonical_json
+    from hermetic.core.canonical import canonical_json
     from hermetic.engines.dockerimages import load_layers, remove_image
     from hermetic.store.oci import OciStore
 

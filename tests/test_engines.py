@@ -191,7 +191,7 @@ def test_gpu_requests_map_to_cdi_names_and_device_nodes():
 
 def test_a_cdi_spec_is_read_and_a_device_it_lacks_is_refused(tmp_path, monkeypatch):
     from hermetic.engines import gpu, podman
-    from hermetic.errors import Unavailable
+    from hermetic.core.errors import Unavailable
 
     spec = tmp_path / "nvidia.yaml"
     spec.write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n- name: GPU-aa\n")
@@ -207,7 +207,7 @@ def test_a_cdi_spec_is_read_and_a_device_it_lacks_is_refused(tmp_path, monkeypat
 def test_podman_flags_carry_dockers_hardening_and_rootless_limits_say_how():
     from hermetic.engines.base import ContainerSpec, Mount
     from hermetic.engines.podman import PodmanEngine, container_env_file
-    from hermetic.errors import Unavailable
+    from hermetic.core.errors import Unavailable
 
     spec = ContainerSpec(image_id="sha256:" + "0" * 64, command=["python", "x.py"], user="1000:1000",
                          mounts=[Mount(Path("/d"), "/data", True), Mount(Path("/w"), "/workspace", False)],
@@ -431,7 +431,7 @@ def test_a_directory_a_later_entry_replaces_goes_with_its_mode(tmp_path, later):
 
 def test_a_corrupt_blob_is_never_unpacked(tmp_path):
     from hermetic.engines.unpack import ensure_layer
-    from hermetic.errors import IntegrityError
+    from hermetic.core.errors import IntegrityError
     from hermetic.store.oci import OciStore
 
     store = OciStore(tmp_path / "oci").ensure()

@@ -1,4 +1,4 @@
-"""One table of hermetic's own exit codes (README "Exit codes" = hermetic.errors), clear of what scripts return."""
+"""One table of hermetic's own exit codes (README "Exit codes" = hermetic.core.errors), clear of what scripts return."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import run_cli
 
-from hermetic import errors
+from hermetic.core import errors
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "hermetic").rglob("*.py"))
@@ -145,10 +145,10 @@ def test_help_and_version_exit_0():
 
 def test_a_bug_exits_70_with_its_traceback_and_says_it_is_one():
     # A real command failing the way a bug does (an exception hermetic did not anticipate), through the real main().
-    code = ("import hermetic.config, hermetic.cli\n"
+    code = ("import hermetic.config.load, hermetic.cli\n"
             "def broken(path=None):\n"
             "    return {}['missing']\n"
-            "hermetic.config.load_config = broken\n"
+            "hermetic.config.load.load_config = broken\n"
             "hermetic.cli.main(['config', 'show'])\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == errors.EXIT_SOFTWARE, proc.stderr

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_clean_error
-from hermetic.errors import EXIT_OSERR
+from hermetic.core.errors import EXIT_OSERR
 from wheelfactory import make_index, make_wheel, requirements_lock, sha256_of
 
 NOFILE = 64  # the bar: well under a plain account's usual 1024

@@ -214,7 +214,7 @@ def test_a_cache_where_chmod_is_refused_takes_wheels_and_blobs(tmp_path, mounts,
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["wheels"][0]["sha256"] == sha256_of(wheel)
 
-    from hermetic.fsutil import atomic_write_bytes
+    from hermetic.hostfs.fsutil import atomic_write_bytes
     from hermetic.store.oci import OciStore
 
     store = OciStore(cache / "oci")
@@ -328,7 +328,7 @@ def test_a_store_split_across_two_filesystems_is_refused_in_one_line(tmp_path, m
     assert temp_files(cache_dir) == []
     assert not any(kept.rglob("*.whl"))
 
-    from hermetic.errors import CannotCreate
+    from hermetic.core.errors import CannotCreate
     from hermetic.store.oci import OciStore
 
     blobs = cache_dir / "oci" / "blobs"

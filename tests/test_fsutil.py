@@ -14,8 +14,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from hermetic.fsutil import OwnedTemp, atomic_write_bytes, is_atomic_temp, sweep_dead
-from hermetic.workers import pid_alive
+from hermetic.hostfs.fsutil import OwnedTemp, atomic_write_bytes, is_atomic_temp, sweep_dead
+from hermetic.core.workers import pid_alive
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,7 +75,7 @@ def test_a_lock_is_not_inherited_by_a_forked_child(tmp_path):
     lock = tmp_path / ".build.lock"
     p, (child,) = start("""
         import os, sys, time
-        from hermetic.filelocks import file_lock
+        from hermetic.hostfs.filelocks import file_lock
         with file_lock(sys.argv[1]):
             if os.fork() == 0:  # (the child prints: by then it has let go of its copy)
                 print("ready", os.getpid(), flush=True)
@@ -94,7 +94,7 @@ def test_a_lock_is_not_inherited_by_a_forked_child(tmp_path):
 
 def test_a_zombie_is_not_alive():
     """A command SIGKILLed and not yet reaped by its parent is a zombie: gone, for the workers that check."""
-    from hermetic.workers import pid_alive
+    from hermetic.core.workers import pid_alive
 
     pid = os.fork()
     if pid == 0:
@@ -112,11 +112,11 @@ def test_a_zombie_is_not_alive():
 
 
 def test_pool_workers_die_with_their_parent(tmp_path):
-    """hermetic.workers.die_with_parent as a pool's initializer: SIGKILL the parent, the workers follow."""
+    """hermetic.core.workers.die_with_parent as a pool's initializer: SIGKILL the parent, the workers follow."""
     p, pids = start("""
         import os, time
         from concurrent.futures import ProcessPoolExecutor
-        from hermetic.workers import die_with_parent
+        from hermetic.core.workers import die_with_parent
         pool = ProcessPoolExecutor(2, initializer=die_with_parent, initargs=(os.getpid(),))
         pool.submit(os.getpid).result()  # (a fork pool starts all its workers at the first submit)
         print("ready", *pool._processes, flush=True)
@@ -168,7 +168,7 @@ def test_a_dead_writers_temp_file_is_swept_and_a_live_ones_is_not(tmp_path):
     os.write(live.fd, b"x" * 100)
     p, (path,) = start("""
         import os, sys, time
-        from hermetic.fsutil import OwnedTemp
+        from hermetic.hostfs.fsutil import OwnedTemp
         t = OwnedTemp(sys.argv[1], "blob.")
         os.write(t.fd, b"y" * 12345)
         print("ready", t.path, flush=True)
@@ -192,7 +192,7 @@ def test_atomic_writer_leaves_no_temp_file_and_a_killed_one_is_dead(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["index.json"]
     p, _ = start("""
         import sys, time
-        from hermetic.fsutil import atomic_writer
+        from hermetic.hostfs.fsutil import atomic_writer
         with atomic_writer(sys.argv[1]) as f:
             f.write(b"half")
             f.flush()
@@ -208,13 +208,13 @@ def test_atomic_writer_leaves_no_temp_file_and_a_killed_one_is_dead(tmp_path):
 def test_a_dead_owners_staging_directory_goes_with_its_lock(tmp_path):
     """owned_temp_dir (a bootstrap's rootfs, an engine image being saved): a SIGKILLed owner's directory
     is removed, with its lock file, and counted; a live owner's is not touched."""
-    from hermetic.fsutil import owned_temp_dir
+    from hermetic.hostfs.fsutil import owned_temp_dir
 
     with owned_temp_dir(tmp_path, "bootstrap.") as live:
         (live / "rootfs.tar").write_bytes(b"l" * 10)
         p, (path,) = start("""
             import sys, time
-            from hermetic.fsutil import owned_temp_dir
+            from hermetic.hostfs.fsutil import owned_temp_dir
             with owned_temp_dir(sys.argv[1], "bootstrap.") as d:
                 (d / "rootfs.tar").write_bytes(b"r" * 5000)
                 print("ready", d, flush=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hermetic.reference import parse_image_name
-from hermetic.catalog import catalog_path, load_catalog
-from hermetic.errors import HermeticError
+from hermetic.core.reference import parse_image_name
+from hermetic.builder.catalog import catalog_path, load_catalog
+from hermetic.core.errors import HermeticError
 from hermetic.gpu.wheels import check_glibc
 
 LOCKS = Path(__file__).parent / "fixtures" / "locks"

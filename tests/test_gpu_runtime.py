@@ -161,7 +161,7 @@ def test_a_gpu_refusal_is_recorded_as_refused_with_the_reason_and_hermetics_code
     from types import SimpleNamespace
 
     from hermetic.cli.logs_cmd import exit_code_of
-    from hermetic.errors import EXIT_UNAVAILABLE, Unavailable
+    from hermetic.core.errors import EXIT_UNAVAILABLE, Unavailable
     from hermetic.record import load_record
     from hermetic.record.index import entry_from_dir
     from hermetic.record.synthetic import synthetic_record, write_synthetic_run

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.errors import HermeticError
+from hermetic.core.errors import HermeticError
 from hermetic.gpu.cuda import cuda_info
 from hermetic.gpu.findings import failures, raise_for_failures, warnings
 from hermetic.gpu.wheels import build_checks, check_glibc, check_python_abi, check_torch_cuda

@@ -13,8 +13,8 @@ import yaml
 from conftest import run_cli
 from hermetic import __version__
 from hermetic.cli.init_cmd import CI_TEMPLATES, VERSION_PLACEHOLDER, render_ci
-from hermetic.errors import DataError, NotFound, UsageError
-from hermetic.projectmeta import declared_requirements, own_package
+from hermetic.core.errors import DataError, NotFound, UsageError
+from hermetic.scaffold.projectmeta import declared_requirements, own_package
 from hermetic.scaffold import guess_script
 from run_support import hermetic_run
 

@@ -10,7 +10,7 @@ import pytest
 from hermetic.builder.install import VenvLayout, wheel_files
 from hermetic.builder.layers import LayerSpec, build_layer
 from hermetic.builder.tarlayer import complete_parents, entries_from_dir, write_layer
-from hermetic.errors import HermeticError
+from hermetic.core.errors import HermeticError
 from hermetic.lock.model import LockedWheel, ResolvedWheel
 from hermetic.store.oci import OciStore
 from wheelfactory import make_wheel, sha256_of

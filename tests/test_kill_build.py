@@ -27,7 +27,7 @@ import pytest
 
 from buildsupport import make_project, share_base
 from conftest import run_cli
-from hermetic.filelocks import is_locked
+from hermetic.hostfs.filelocks import is_locked
 from kill_support import children_of, sigkill, start_hermetic, survivors, wait_for
 from slow_server import SlowWheels
 from wheelfactory import make_index, make_wheel

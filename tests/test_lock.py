@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_clean_error, run_cli, tree_digest
-from hermetic.errors import LockError
+from hermetic.core.errors import LockError
 from hermetic.lock.model import Target
 from hermetic.lock.read import read_lock
 from wheelfactory import make_wheel

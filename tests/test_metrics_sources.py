@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_clean_error, run_cli
-from hermetic.errors import IntegrityError
+from hermetic.core.errors import IntegrityError
 from hermetic.record import metrics as mx
 from hermetic.record.synthetic import synthetic_record
 
@@ -105,7 +105,7 @@ def test_wall_clock_figures_and_counters_are_told_by_name():
 
 
 def test_run_metrics_in_hermetic_yaml(tmp_path):
-    from hermetic.config import load_config
+    from hermetic.config.load import load_config
 
     base = "name: p\nbase: hermetic/debian-bookworm-python3@sha256:" + "a" * 64 + "\n"
     for text, want in (("", "auto"), ("run:\n  metrics: none\n", "none"),
@@ -382,7 +382,7 @@ def test_the_in_image_reader_prints_what_the_host_reader_reads(tmp_path):
     not UTF-8: the same scalars."""
     pytest.importorskip("tensorboard")
     from hermetic.record import tb_scalars
-    from hermetic.safetree import record_name
+    from hermetic.hostfs.safetree import record_name
 
     written = event_file(tmp_path / "out" / "plain", {"loss": [(1, 2.0), (2, float("inf"))]})
     logdir = tmp_path / "out" / os.fsdecode(b"odd\xffdir")  # TensorBoard's writer cannot make it; a script can

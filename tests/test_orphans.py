@@ -96,8 +96,8 @@ def sealed_record(run_dir: Path) -> dict:
 def test_hermetic_runs_reaps_a_killed_runs_container_and_no_sweep_took_its_workdir_before(project, docker_client,
                                                                                         module_cache):
     from hermetic.builder.gc import dead_temp_files
-    from hermetic.fsutil import sweep_dead
-    from hermetic.paths import CachePaths
+    from hermetic.hostfs.fsutil import sweep_dead
+    from hermetic.core.paths import CachePaths
 
     run_dir, pid, container = killed_run(project, docker_client, unique())
     workspace = Path(container.labels[HOLDS_LABEL])
@@ -278,13 +278,13 @@ def test_without_an_engine_the_sweep_leaves_every_owned_directory_in_the_cache_t
     writer's plain temp file goes as before."""
     from hermetic.builder.gc import dead_temp_files
     from hermetic.engines import dockerclient as engine
-    from hermetic.fsutil import OwnedTemp
-    from hermetic.paths import CachePaths
+    from hermetic.hostfs.fsutil import OwnedTemp
+    from hermetic.core.paths import CachePaths
 
     monkeypatch.setattr(engine, "_client", None)
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     paths = CachePaths(tmp_path)
-    code = ("import os, sys\nfrom hermetic.fsutil import OwnedTemp, owned_temp_dir\n"
+    code = ("import os, sys\nfrom hermetic.hostfs.fsutil import OwnedTemp, owned_temp_dir\n"
             "t = OwnedTemp(sys.argv[1], 'blob.')\n"
             "with owned_temp_dir(sys.argv[1], 'workspace-x.') as d:\n"
             "    (d / 'work.txt').write_text('w')\n"

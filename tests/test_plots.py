@@ -100,7 +100,7 @@ def test_runs_plot_svg_metric_choice_and_the_same_bytes_twice(runs, tmp_path):
 
 
 def test_a_seed_group_is_its_mean_with_the_95_percent_band(tmp_path):
-    from hermetic.stats import summarize
+    from hermetic.core.stats import summarize
     from hermetic.figures.runs import group_curve, load_entry
 
     root = tmp_path / "runs"
@@ -202,7 +202,7 @@ def test_a_runs_process_imports_no_figure_and_no_other_client_before_its_contain
     """The run's own modules, its config's loader among them, leave every figure (matplotlib: on demand),
     docker-py and requests out (docs/benchmarks.md, "Run overhead")."""
     code = ("import sys, hermetic.cli, hermetic.cli.run_cmd, hermetic.run.runner, hermetic.engines.docker, "
-            "hermetic.config; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "hermetic.config.load; print(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'matplotlib', 'PIL', 'docker', 'requests'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -235,9 +235,9 @@ def test_what_only_a_runs_end_needs_is_not_imported_before_its_container():
     (docs/benchmarks.md). (The config's schema and the lock's model are read before: the build's no-op
     check needs both.)"""
     code = ("import sys, hermetic.cli, hermetic.cli.run_cmd, hermetic.run.runner, hermetic.engines.docker, "
-            "hermetic.config, hermetic.run.snapshot, hermetic.builder.build; "
+            "hermetic.config.load, hermetic.run.snapshot, hermetic.builder.build; "
             "print(sorted(set(sys.modules) & {'hermetic.record.build', 'hermetic.record.group', "
             "'hermetic.run.resume', 'hermetic.builder.tarlayer', 'hermetic.builder.layers', "
-            "'hermetic.builder.install', 'hermetic.gpu.cuda', 'hermetic.run.collect', 'hermetic.safetree'}))")
+            "'hermetic.builder.install', 'hermetic.gpu.cuda', 'hermetic.run.collect', 'hermetic.hostfs.safetree'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

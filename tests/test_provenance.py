@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.canonical import sha256_digest
-from hermetic.errors import DataError, IntegrityError
+from hermetic.core.canonical import sha256_digest
+from hermetic.core.errors import DataError, IntegrityError
 from hermetic.provenance import MT_CYCLONEDX, MT_STATEMENT
 from hermetic.provenance.dsse import PAYLOAD_TYPE, pae, sign, verify
 from hermetic.provenance.sbom import SbomWheel, installed_deb_packages, make_sbom
@@ -242,7 +242,7 @@ def test_store_referrers_are_an_index_under_the_fallback_tag_name(tmp_path) -> N
 
 def test_gc_keeps_referrers_with_their_image_and_drops_them_with_it(tmp_path) -> None:
     from hermetic.builder.gc import gc
-    from hermetic.paths import CachePaths
+    from hermetic.core.paths import CachePaths
 
     paths = CachePaths(tmp_path / "cache")
     store = OciStore(paths.oci).ensure()

@@ -10,15 +10,15 @@ from datetime import datetime, timezone
 
 import pytest
 
-from hermetic.canonical import canonical_json
-from hermetic.errors import HermeticError, IntegrityError
+from hermetic.core.canonical import canonical_json
+from hermetic.core.errors import HermeticError, IntegrityError
 from hermetic.record import (
     begin_record, create_run_dir, env_section, finish_record, hash_outputs, is_secret_name, load_record,
     metrics_summary, new_run_id, render_readme, seal, validate_record, verify_seal, write_record,
 )
 from hermetic.record.schema import RecordError
 from hermetic.record.synthetic import synthetic_record
-from hermetic.resources import template_path
+from hermetic.core.resources import template_path
 
 RID = "20261129-214500-1a2b3c"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_clean_error, run_cli
-from hermetic.errors import IntegrityError
+from hermetic.core.errors import IntegrityError
 from hermetic.record.synthetic import synthetic_record, write_synthetic_run
 from hermetic.record.verify import CACHE_NAME, check_outputs, require_as_recorded, verify_run
 from run_support import git_commit_all, hermetic_run, run_dir_of, run_dirs
@@ -291,7 +291,7 @@ def test_the_source_listing_beside_the_image_check_answers_and_refuses_in_the_ca
     often as asked (before a build, then before the run directory)."""
     import threading
 
-    from hermetic.errors import DataError
+    from hermetic.core.errors import DataError
     from hermetic.run.runner import _Beside
 
     seen = []

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_clean_error, run_cli
-from hermetic.canonical import sha256_digest
-from hermetic.errors import HermeticError, IntegrityError
+from hermetic.core.canonical import sha256_digest
+from hermetic.core.errors import HermeticError, IntegrityError
 from hermetic.registry import (
     cache_fetch,
     cache_lookup,

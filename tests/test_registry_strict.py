@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_clean_error, run_cli
-from hermetic.canonical import canonical_json, sha256_digest
-from hermetic.display import escape_controls
-from hermetic.errors import EXIT_USAGE, UsageError
+from hermetic.core.canonical import canonical_json, sha256_digest
+from hermetic.core.display import escape_controls
+from hermetic.core.errors import EXIT_USAGE, UsageError
 from hermetic.provenance import MT_CYCLONEDX, MT_DSSE, MT_STATEMENT
 from hermetic.registry import RegistryCache
 from hermetic.registry.deadlines import REQUEST_TIMEOUT_ENV, TOTAL_TIMEOUT_ENV, Timeouts

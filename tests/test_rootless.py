@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_cli
-from hermetic.reference import parse_base_reference
+from hermetic.core.reference import parse_base_reference
 from run_support import copy_example
 from test_run import LOCKDOWN
 

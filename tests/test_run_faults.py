@@ -209,7 +209,7 @@ def test_an_oom_kill_is_recorded_as_such_with_a_hint_naming_run_memory(project):
 
 
 def test_run_pids_and_run_memory_have_documented_defaults_and_clear_refusals(tmp_path):
-    from hermetic.config import RunConfig, load_config
+    from hermetic.config.load import RunConfig, load_config
     from hermetic.engines.base import DEFAULT_PIDS_LIMIT
 
     assert (RunConfig().pids, RunConfig().memory) == (DEFAULT_PIDS_LIMIT, None) == (4096, None)

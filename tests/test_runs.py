@@ -11,11 +11,11 @@ import pytest
 
 from conftest import run_cli
 
-from hermetic.canonical import pretty_json
+from hermetic.core.canonical import pretty_json
 from hermetic.record import list_entries, load_record, resolve_run, seal, write_group
 from hermetic.record.index import INDEX_NAME, read_index
 from hermetic.record.rundir import RunNotFound
-from hermetic.errors import UsageError
+from hermetic.core.errors import UsageError
 from hermetic.record.synthetic import synthetic_record, write_synthetic_run
 
 IDS = ["20261129-214500-aaaaaa", "20261129-220000-bbbbbb", "20261130-080000-cccccc-named"]

@@ -1,4 +1,4 @@
-"""hermetic.safetree and hermetic.privdrop: trees a script wrote, handled without following a link.
+"""hermetic.hostfs.safetree and hermetic.hostfs.privdrop: trees a script wrote, handled without following a link.
 
 Every test runs twice: with openat2(2) (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
 and with the component-by-component O_NOFOLLOW fallback, so both stay tested
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hermetic import privdrop, safetree
-from hermetic.errors import HermeticError
+from hermetic.hostfs import privdrop, safetree
+from hermetic.core.errors import HermeticError
 from hermetic.record.outputs import hash_outputs, metrics_summary
 from hermetic.run.workdir import collect
 
@@ -264,7 +264,7 @@ def _read(_fds, path: str) -> str:
 
 
 def _fail(_fds) -> None:
-    from hermetic.errors import DataError
+    from hermetic.core.errors import DataError
 
     raise DataError("the child's own error", hint="its hint")
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.canonical import canonical_json
-from hermetic.errors import IntegrityError
-from hermetic.filesystems import filesystem_of
+from hermetic.core.canonical import canonical_json
+from hermetic.core.errors import IntegrityError
+from hermetic.hostfs.filesystems import filesystem_of
 from hermetic.slurm.shared import copy_image, shared_because
 from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 

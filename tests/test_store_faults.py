@@ -53,7 +53,7 @@ def our_layer(cache: Path, built: dict, contents: str) -> Path:
 def settle(paths: list[Path]) -> None:
     """Wait until none of these files is racy any more (fsutil.is_racy): what a check then trusts
     from the stat alone."""
-    from hermetic.fsutil import is_racy
+    from hermetic.hostfs.fsutil import is_racy
 
     while any(is_racy(st.st_mtime_ns, st.st_ctime_ns, time.time_ns()) for st in (p.stat() for p in paths)):
         time.sleep(0.01)
@@ -84,7 +84,7 @@ def test_a_killed_fetchs_download_is_listed_removed_and_counted(tmp_path, cache_
             return left.stat().st_size
 
         size = killed_midway()
-        from hermetic.fsutil import OwnedTemp
+        from hermetic.hostfs.fsutil import OwnedTemp
 
         with OwnedTemp(partial, "wheel.") as live:  # a live writer's file: never counted, never removed
             os.write(live.fd, b"x" * 1000)
@@ -194,7 +194,7 @@ def test_the_engine_load_names_a_corrupt_layer(tmp_path, cache_dir, session_cach
     """Corruption the stat cannot see (a blob changed behind the checks' back) is named by the load,
     which streams nothing the engine keeps."""
     from hermetic.engines.dockerimages import engine_has_image, load_image
-    from hermetic.errors import IntegrityError
+    from hermetic.core.errors import IntegrityError
     from hermetic.store.oci import OciStore
 
     share_base(session_cache, cache_dir)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hermetic import tarextract
-from hermetic.errors import DataError
-from hermetic.tarextract import HAS_DATA_FILTER, extract_all
+from hermetic.hostfs import tarextract
+from hermetic.core.errors import DataError
+from hermetic.hostfs.tarextract import HAS_DATA_FILTER, extract_all
 
 # Both paths where this Python has the filter; the fallback alone where it has not (it is then the real path).
 PATHS = [False, True] if HAS_DATA_FILTER else [False]

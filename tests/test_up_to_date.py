@@ -74,7 +74,7 @@ run:
 def _key(proj, text: str, lock: str = LOCK) -> str:
     from hermetic.builder.build import read_config_lock
     from hermetic.builder.key import build_key
-    from hermetic.config import load_config
+    from hermetic.config.load import load_config
 
     (proj / "hermetic.yaml").write_text(text)
     (proj / "requirements.lock").write_text(lock)

@@ -1,4 +1,4 @@
-"""hermetic.workers.start: the one fork-and-pipe of hermetic's workers, and the hashing built on it.
+"""hermetic.core.workers.start: the one fork-and-pipe of hermetic's workers, and the hashing built on it.
 
 Every worker here is a real forked process; the ones that die are killed with a real SIGKILL, and a
 process that could hang runs under a timeout (the timeout is the failure).
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hermetic import workers
+from hermetic.core import workers
 from hermetic.data.scan import TreeError
-from hermetic.errors import EXIT_OSERR, WorkerDied
+from hermetic.core.errors import EXIT_OSERR, WorkerDied
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -111,7 +111,7 @@ HASH_AND_SAY = """
     import os, signal, sys
     from pathlib import Path
     from hermetic.data import hashfiles, treehash
-    from hermetic.errors import WorkerDied
+    from hermetic.core.errors import WorkerDied
     parent = os.getpid()
     real_drain, real_scan = hashfiles.drain, treehash.scan_tree
     def dying(real):
@@ -151,7 +151,7 @@ CTRL_C = """
     real = hashfiles.drain
     def busy(*a, **k):
         if os.getpid() != parent:
-            print("worker", os.getpid(), flush=True)
+            os.write(1, b"worker %d\\n" % os.getpid())  # one write: the two workers share the pipe
             time.sleep(120)
         return real(*a, **k)
     hashfiles.drain = busy

@@ -19,11 +19,11 @@ import json
 from pathlib import Path
 
 from hermetic.builder.image_record import ImageInfo
-from hermetic.config import LoadedConfig
-from hermetic.errors import HermeticError, IntegrityError
-from hermetic.fsutil import write_if_changed
+from hermetic.config.load import LoadedConfig
+from hermetic.core.errors import HermeticError, IntegrityError
+from hermetic.hostfs.fsutil import write_if_changed
 from hermetic.lock.model import Lock
-from hermetic.paths import CachePaths
+from hermetic.core.paths import CachePaths
 from hermetic.provenance import MT_CYCLONEDX, MT_DSSE, MT_STATEMENT, PROVENANCE_FILE
 from hermetic.provenance.statement import (
     PREDICATE_ANNOTATION, PREDICATE_TYPE, BuildFacts, LayerFact, WheelFact, read_statement,

@@ -1,6 +1,6 @@
 """Base images: resolve a pinned reference to an image in the local OCI store.
 
-Sources, per hermetic/reference.py: the store itself (by manifest
+Sources, per hermetic/core/reference.py: the store itself (by manifest
 digest, wherever the image came from), a registry (pulled over the
 Distribution API, every blob verified), an OCI layout directory or archive,
 or an image of the local engine by ID (``docker save``, each layer checked
@@ -24,11 +24,11 @@ from typing import Any, Callable
 
 from hermetic.builder.libc import glibc_from_rootfs
 from hermetic.builder.tarlayer import DirAttrs
-from hermetic.errors import ConfigError, DataError, HermeticError, IntegrityError, NotFound
-from hermetic.fsutil import atomic_write_bytes, owned_temp_dir
-from hermetic.reference import BaseReference, parse_base_reference
+from hermetic.core.errors import ConfigError, DataError, HermeticError, IntegrityError, NotFound
+from hermetic.hostfs.fsutil import atomic_write_bytes, owned_temp_dir
+from hermetic.core.reference import BaseReference, parse_base_reference
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
-from hermetic.tarextract import extract_all
+from hermetic.hostfs.tarextract import extract_all
 
 FACTS_VERSION = 1
 _CAPTURE = ("var/lib/dpkg/status", "etc/os-release", "usr/lib/os-release")
@@ -226,7 +226,7 @@ def import_from_engine(store: OciStore, image_id: str, *, engine: str) -> str:
             except IntegrityError:
                 raise IntegrityError(f"docker:{image_id}: layer {layer_path} does not match its diff_id {diff_id}") from None
             layers.append(Descriptor(MT_LAYER, diff_id, size).to_json())
-    from hermetic.canonical import canonical_json
+    from hermetic.core.canonical import canonical_json
 
     manifest_doc = {"schemaVersion": 2, "mediaType": MT_MANIFEST,
                     "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": len(config_bytes)},

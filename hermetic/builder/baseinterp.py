@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.builder.inputs import COMPILER_FORMAT
-from hermetic.errors import Unavailable
+from hermetic.core.errors import Unavailable
 
 INTERPRETER_FORMAT = COMPILER_FORMAT
 NO_BYTECODE_HINT = "set `build.bytecode: none` in hermetic.yaml to build the image without bytecode"

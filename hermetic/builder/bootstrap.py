@@ -26,11 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hermetic.builder.dpkg import installed_packages
 from hermetic.builder.image import rfc3339
 from hermetic.builder.tarlayer import Entry, complete_parents, write_layer
-from hermetic.canonical import canonical_json
-from hermetic.config import format_key_path
-from hermetic.errors import ConfigError, DataError, NotFound, Unavailable, disk_full
-from hermetic.filesystems import naming_full_disk
-from hermetic.fsutil import atomic_write_bytes, owned_temp_dir
+from hermetic.core.canonical import canonical_json
+from hermetic.config.load import format_key_path
+from hermetic.core.errors import ConfigError, DataError, NotFound, Unavailable, disk_full
+from hermetic.hostfs.filesystems import naming_full_disk
+from hermetic.hostfs.fsutil import atomic_write_bytes, owned_temp_dir
 from hermetic.store.inuse import writing
 from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 
@@ -58,7 +58,7 @@ class Recipe(BaseModel):
 
 
 def images_dir() -> Path:
-    from hermetic.resources import images_dir as find
+    from hermetic.core.resources import images_dir as find
 
     return find()
 

@@ -32,14 +32,14 @@ from hermetic import __version__
 from hermetic.builder.image_record import ImageInfo, write_image_record
 from hermetic.builder.result import BuildResult, layer_rows
 from hermetic.builder.key import build_key, image_config_sha256
-from hermetic.canonical import canonical_json
-from hermetic.config import LoadedConfig
-from hermetic.errors import ConfigError
-from hermetic.filelocks import file_lock
-from hermetic.filesystems import naming_full_disk
-from hermetic.fsutil import atomic_write_bytes
+from hermetic.core.canonical import canonical_json
+from hermetic.config.load import LoadedConfig
+from hermetic.core.errors import ConfigError
+from hermetic.hostfs.filelocks import file_lock
+from hermetic.hostfs.filesystems import naming_full_disk
+from hermetic.hostfs.fsutil import atomic_write_bytes
 from hermetic.lock.model import Lock, ResolvedWheel, Target
-from hermetic.paths import CachePaths
+from hermetic.core.paths import CachePaths
 from hermetic.store.images import check_image, seal_image
 from hermetic.store.inuse import claim_image, writing
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
@@ -74,7 +74,7 @@ def _resolve_wheels(lock: Lock, paths: CachePaths, *, offline: bool, log) -> lis
         return found
     if log:
         log(f"fetching {len(missing)} wheel(s) missing from the store ...")
-    from hermetic.indexes import read_pip_sources
+    from hermetic.lock.indexes import read_pip_sources
 
     report = fetch(lock, store, read_pip_sources(), offline=offline)
     return report.resolved
@@ -307,7 +307,7 @@ def image_labels(cfg: LoadedConfig, lock: Lock, base_digest: str, wheels: list[R
         "org.hermetic.base": m.base,
         "org.hermetic.base.digest": base_digest,
         "org.hermetic.python": m.python.version,
-        "org.hermetic.determinism": m.determinism.mode,
+        "org.hermetic.config.determinism": m.determinism.mode,
     }
     from hermetic.builder.image import PACKAGES_LABEL
     from hermetic.gpu.cuda import cuda_info

@@ -39,7 +39,7 @@ from typing import Callable
 
 from hermetic.builder.baseinterp import NO_BYTECODE_HINT, BaseInterpreter, BytecodeError, check_maps
 from hermetic.builder.tarlayer import Entry
-from hermetic.filesystems import filesystem_of
+from hermetic.hostfs.filesystems import filesystem_of
 
 MODES = ("unchecked-hash", "checked-hash")
 SERVER = Path(__file__).with_name("pyc_server.py")

@@ -7,7 +7,7 @@ facts and the chosen wheel files.
 
 from __future__ import annotations
 
-from hermetic.config import LoadedConfig
+from hermetic.config.load import LoadedConfig
 from hermetic.gpu.cuda import cuda_info
 from hermetic.gpu.findings import raise_for_failures, warnings
 from hermetic.gpu.wheels import build_checks

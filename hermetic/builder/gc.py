@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hermetic.canonical import is_sha256_hex
-from hermetic.fsutil import Leftovers, is_atomic_temp, sweep_dead, sweep_dead_once
-from hermetic.paths import CachePaths
+from hermetic.core.canonical import is_sha256_hex
+from hermetic.hostfs.fsutil import Leftovers, is_atomic_temp, sweep_dead, sweep_dead_once
+from hermetic.core.paths import CachePaths
 from hermetic.store import intact
 from hermetic.store.inuse import claimed_images, collecting
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, OciStore

@@ -12,11 +12,11 @@ import datetime as _dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hermetic.determinism import knob_env
+from hermetic.config.determinism import knob_env
 from hermetic.store.oci import MT_CONFIG, MT_MANIFEST, Descriptor
 
 if TYPE_CHECKING:  # annotations only: reading an image back (image_record) must not import pydantic
-    from hermetic.config import HermeticConfig
+    from hermetic.config.load import HermeticConfig
 
 # Labels the image describes itself with (read back by hermetic.builder.image_record).
 PACKAGES_LABEL = "org.hermetic.packages"  # [[name, version, filename, sha256], ...] of the installed wheels
@@ -28,7 +28,7 @@ def rfc3339(epoch: int) -> str:
 
 
 def determinism_env(cfg: HermeticConfig) -> dict[str, str]:
-    """The knobs baked into the image for the configured mode (hermetic.determinism)."""
+    """The knobs baked into the image for the configured mode (hermetic.config.determinism)."""
     d = cfg.determinism
     return knob_env(d.mode, d.threads, cfg.build.source_date_epoch, d.env)  # hermetic.yaml's env overrides any knob
 

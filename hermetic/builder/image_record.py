@@ -17,9 +17,9 @@ from typing import Any
 from hermetic import __version__
 from hermetic.builder.image import BASE_LAYERS_LABEL, PACKAGES_LABEL
 from hermetic.builder.inspect import describe
-from hermetic.canonical import parse_digest, pretty_json
-from hermetic.errors import DataError, NotFound
-from hermetic.fsutil import write_if_changed
+from hermetic.core.canonical import parse_digest, pretty_json
+from hermetic.core.errors import DataError, NotFound
+from hermetic.hostfs.fsutil import write_if_changed
 from hermetic.store.oci import OciStore
 
 BUILD_RECORD = "hermetic.image.json"

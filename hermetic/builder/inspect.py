@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hermetic.errors import NotFound
+from hermetic.core.errors import NotFound
 from hermetic.store.oci import OciStore
 
 

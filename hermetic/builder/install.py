@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from hermetic.errors import DataError, HermeticError
+from hermetic.core.errors import DataError, HermeticError
 
 INSTALLER_NAME = b"hermetic\n"
 

@@ -36,9 +36,9 @@ from typing import Any
 
 from hermetic.builder.base import BaseFacts, BaseImage, member_path, open_layer
 from hermetic.builder.baseinterp import _LIBDIR, INTERPRETER_FORMAT, NO_BYTECODE_HINT, BaseInterpreter, BytecodeError
-from hermetic.errors import ConfigError
-from hermetic.filesystems import naming_unwritable, not_one_filesystem
-from hermetic.fsutil import atomic_write_bytes, owned_temp_dir, set_mode
+from hermetic.core.errors import ConfigError
+from hermetic.hostfs.filesystems import naming_unwritable, not_one_filesystem
+from hermetic.hostfs.fsutil import atomic_write_bytes, owned_temp_dir, set_mode
 from hermetic.store.oci import OciStore
 
 _DEFAULT_LIB_DIRS = ("lib64", "usr/lib64", "lib", "usr/lib", "lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")

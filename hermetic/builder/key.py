@@ -10,11 +10,11 @@ from typing import Any
 
 from hermetic import __version__
 from hermetic.builder.inputs import COMPILER_FORMAT, LAYER_FORMAT, runtime_sha256
-from hermetic.canonical import canonical_sha256
-from hermetic.config import LoadedConfig
-from hermetic.determinism import identity_part
+from hermetic.core.canonical import canonical_sha256
+from hermetic.config.load import LoadedConfig
+from hermetic.config.determinism import identity_part
 from hermetic.lock.model import Lock
-from hermetic.reference import parse_base_reference
+from hermetic.core.reference import parse_base_reference
 
 
 def image_config_part(cfg: LoadedConfig) -> dict[str, Any]:

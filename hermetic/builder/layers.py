@@ -15,7 +15,7 @@ digest, which the store answers from its stat where that is safe
 of every blob of its image); a blob that does not match is built again.
 
 Uncached layers are built in worker processes that die with the build
-(hermetic.workers), even when it is SIGKILLed; each finished layer enters the
+(hermetic.core.workers), even when it is SIGKILLed; each finished layer enters the
 cache at once, so a build killed midway keeps the layers it finished.
 """
 
@@ -35,8 +35,8 @@ from hermetic.builder.bytecode import BytecodeSpec, ZipMembers, add_bytecode
 from hermetic.builder.inputs import LAYER_FORMAT, RUNTIME_DIR, STARTUP_MODULE, runtime_files  # noqa: F401 (re-exported)
 from hermetic.builder.install import VenvLayout, venv_files, wheel_files
 from hermetic.builder.tarlayer import DirAttrs, Entry, complete_parents, write_layer
-from hermetic.canonical import canonical_sha256
-from hermetic.fsutil import atomic_write_bytes
+from hermetic.core.canonical import canonical_sha256
+from hermetic.hostfs.fsutil import atomic_write_bytes
 from hermetic.lock.model import ResolvedWheel
 from hermetic.store.oci import MT_LAYER, MT_LAYER_GZIP, Descriptor, OciStore
 
@@ -170,8 +170,8 @@ class LayerCache:
 
 def verify_wheel(w: ResolvedWheel) -> None:
     """A stored wheel must still hash to its name before its bytes go into a layer."""
-    from hermetic.errors import IntegrityError
-    from hermetic.fsutil import sha256_file
+    from hermetic.core.errors import IntegrityError
+    from hermetic.hostfs.fsutil import sha256_file
 
     actual = sha256_file(w.url or "")
     if actual != w.sha256:
@@ -308,7 +308,7 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
     if workers > 1:
         from concurrent.futures import as_completed
 
-        from hermetic.workers import die_with_parent
+        from hermetic.core.workers import die_with_parent
 
         with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             futures = {pool.submit(_build_layer_at, i, specs[i], layout, parents, mtime, store, bytecode): i

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hermetic.fsutil import atomic_write_text
+from hermetic.hostfs.fsutil import atomic_write_text
 
 _NAME_LINE = re.compile(r"^name:[^\n]*$", re.M)
 _BASE_LINE = re.compile(r"^base:[ \t]*(?P<value>[^#\n]*?)(?P<comment>[ \t]+#[^\n]*)?$", re.M)

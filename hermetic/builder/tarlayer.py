@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Literal
 
-from hermetic.errors import DataError
+from hermetic.core.errors import DataError
 
 COPY_BUFSIZE = 1 << 20
 DIR_MODE = 0o755

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from hermetic import __version__
-from hermetic.display import escape_controls
+from hermetic.core.display import escape_controls
 
 # name -> "module:attribute"; order is the order of `hermetic --help`.
 COMMANDS: dict[str, str] = {
@@ -89,10 +89,10 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The console entry point: every way out is one of hermetic.errors' exit codes (README: Exit codes)."""
+    """The console entry point: every way out is one of hermetic.core.errors' exit codes (README: Exit codes)."""
     import os
 
-    from hermetic import errors
+    from hermetic.core import errors
 
     # hermetic's schemas take no pydantic plugin (logfire and the like are for a program's own models), and
     # looking for one reads every installed distribution's entry points: ~10 ms of each command.
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _limit_reached(e: BaseException):
     """A process or descriptor limit no code path named (``ulimit -n``, ``ulimit -u``): one line, exit 71."""
-    from hermetic.workers import limit_reached
+    from hermetic.core.workers import limit_reached
 
     return limit_reached(e, "hermetic")
 
@@ -174,7 +174,7 @@ def _exit(code: int, fast: bool) -> None:
     import atexit
     import os
 
-    from hermetic import errors
+    from hermetic.core import errors
 
     try:
         atexit._run_exitfuncs()
@@ -189,7 +189,7 @@ def _exit(code: int, fast: bool) -> None:
 
 
 def _print_error(message: str, hint: str | None) -> None:
-    # One line each, whatever the message embeds (a registry's error body, a file name): hermetic/display.py.
+    # One line each, whatever the message embeds (a registry's error body, a file name): hermetic/core/display.py.
     click.echo(f"hermetic: error: {escape_controls(message)}", err=True)
     if hint:
         click.echo(f"hermetic: hint: {escape_controls(hint)}", err=True)

@@ -30,12 +30,12 @@ def bootstrap_cmd(recipe: str, pin_config: str | None, source_date_epoch: int, a
       hermetic base bootstrap --pin .
     """
     from hermetic.builder.bootstrap import bootstrap, find_recipe
-    from hermetic.paths import cache_paths
+    from hermetic.core.paths import cache_paths
     from hermetic.store.oci import OciStore
 
     path = find_recipe(recipe)
     if pin_config:
-        from hermetic.config import find_config
+        from hermetic.config.load import find_config
 
         find_config(pin_config)  # a missing hermetic.yaml is said now, not after the bootstrap's minute
     log = None if as_json else (lambda s: click.echo(s, err=True))
@@ -54,7 +54,7 @@ def bootstrap_cmd(recipe: str, pin_config: str | None, source_date_epoch: int, a
 
 def _pin(config: str, reference: str, *, quiet: bool) -> str:
     from hermetic.builder.pin import pin_base
-    from hermetic.config import find_config
+    from hermetic.config.load import find_config
 
     cfg_file = find_config(config)
     old, changed = pin_base(cfg_file, reference)
@@ -80,9 +80,9 @@ def pin_cmd(ref: str, config_path: str | None, as_json: bool) -> None:
     Example:
       hermetic base pin 127.0.0.1:5000/bases/python:3.11-slim
     """
-    from hermetic.reference import parse_image_name
-    from hermetic.errors import NotFound, UsageError
-    from hermetic.paths import cache_paths
+    from hermetic.core.reference import parse_image_name
+    from hermetic.core.errors import NotFound, UsageError
+    from hermetic.core.paths import cache_paths
     from hermetic.store.oci import OciStore
 
     try:
@@ -116,7 +116,7 @@ def pin_cmd(ref: str, config_path: str | None, as_json: bool) -> None:
 def list_cmd(as_json: bool) -> None:
     """Show the base catalog (recipes to pin) and the bases already in the store."""
     from hermetic.builder.bootstrap import images_dir, load_recipe
-    from hermetic.paths import cache_paths
+    from hermetic.core.paths import cache_paths
     from hermetic.store.oci import OciStore
 
     recipes = []
@@ -128,7 +128,7 @@ def list_cmd(as_json: bool) -> None:
                                 "how": f"hermetic base bootstrap {d.name} --pin ."})
     catalog = []
     try:
-        from hermetic.catalog import load_catalog
+        from hermetic.builder.catalog import load_catalog
 
         catalog = [e.__dict__ if hasattr(e, "__dict__") else dict(e) for e in load_catalog()]
     except ImportError:

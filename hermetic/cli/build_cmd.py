@@ -31,8 +31,8 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
       hermetic build --json | jq .image_id
       hermetic build --cache 127.0.0.1:5000/team/train   # CI: reuse across runners
     """
-    from hermetic.config import load_config
-    from hermetic.paths import cache_paths
+    from hermetic.config.load import load_config
+    from hermetic.core.paths import cache_paths
 
     paths = cache_paths()
     show = not as_json
@@ -88,8 +88,8 @@ def inspect_image(image: str | None, config_path: str | None, as_json: bool) -> 
     """
     from hermetic.builder.image_record import recorded_manifest_digest
     from hermetic.builder.inspect import describe, find_image
-    from hermetic.config import find_config
-    from hermetic.paths import cache_paths
+    from hermetic.config.load import find_config
+    from hermetic.core.paths import cache_paths
     from hermetic.store.oci import OciStore
 
     store = OciStore(cache_paths().oci)

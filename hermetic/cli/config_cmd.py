@@ -23,7 +23,7 @@ def show(config_path: str | None, as_json: bool) -> None:
     """
     import yaml
 
-    from hermetic.config import load_config
+    from hermetic.config.load import load_config
 
     cfg = load_config(config_path)
     resolved = cfg.resolved()

@@ -51,7 +51,7 @@ def manifest_cmd(directory: Path, output: Path | None, as_json: bool) -> None:
     """
     from hermetic.data.manifest import format_manifest
     from hermetic.data.verify import build_manifest
-    from hermetic.fsutil import atomic_write_bytes
+    from hermetic.hostfs.fsutil import atomic_write_bytes
 
     m = build_manifest(directory, exclude=[output] if output else [], progress=progress_enabled())
     text = format_manifest(m.entries)
@@ -103,7 +103,7 @@ def verify_cmd(directory: Path | None, manifest: Path | None, full: bool, config
         raise click.UsageError("give both DIRECTORY and MANIFEST, or neither (to verify hermetic.yaml's datasets)")
     if directory is not None and (config_path or names):
         raise click.UsageError("-C/--config and --dataset apply only without DIRECTORY and MANIFEST")
-    from hermetic.errors import IntegrityError
+    from hermetic.core.errors import IntegrityError
 
     if directory is not None and manifest is not None:
         from hermetic.data.verify import verify_dataset
@@ -117,7 +117,7 @@ def verify_cmd(directory: Path | None, manifest: Path | None, full: bool, config
             raise IntegrityError(report.summary())
         return
 
-    from hermetic.config import load_config
+    from hermetic.config.load import load_config
     from hermetic.data.verify import verify_configured
 
     cfg = load_config(config_path)

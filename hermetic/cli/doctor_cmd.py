@@ -22,7 +22,7 @@ import click
 
 from hermetic.cli.common import emit_json, json_option
 from hermetic.cli.progress import with_byte_bar
-from hermetic.errors import EXIT_UNAVAILABLE
+from hermetic.core.errors import EXIT_UNAVAILABLE
 
 GiB = 1 << 30
 DISK_WARN_BYTES = 10 * GiB
@@ -170,7 +170,7 @@ def check_stores(report: Any, paths: Any) -> tuple[Check, Check]:
 
 def run_doctor(*, rehash: bool = True) -> list[Check]:
     from hermetic.builder.gc import verify
-    from hermetic.paths import cache_paths
+    from hermetic.core.paths import cache_paths
 
     paths = cache_paths()
     checks: list[Check] = []

@@ -31,11 +31,11 @@ def fetch(config_path: str | None, lock_file: str | None, jobs: int, offline: bo
     """
     from pathlib import Path
 
-    from hermetic.config import load_config
-    from hermetic.indexes import read_pip_sources
+    from hermetic.config.load import load_config
+    from hermetic.lock.indexes import read_pip_sources
     from hermetic.lock.model import Target
     from hermetic.lock.read import read_lock
-    from hermetic.paths import cache_paths
+    from hermetic.core.paths import cache_paths
     from hermetic.store.fetch import fetch as do_fetch
     from hermetic.store.wheels import WheelStore
 

@@ -63,7 +63,7 @@ def init(data: tuple[str, ...], base: str | None, python: str | None, name: str 
     ci_only = ci is not None and not (data or base or python or name or extras)
     result = None
     if not ci_only:
-        from hermetic.paths import cache_paths
+        from hermetic.core.paths import cache_paths
         from hermetic.scaffold import init_project
         from hermetic.store.oci import OciStore
 

@@ -39,7 +39,7 @@ def lock(input_file: Path | None, config_path: str | None, output: Path | None, 
       hermetic lock pyproject.toml -o pylock.toml
       hermetic lock --no-pip-find-links  # torch's CUDA build from PyPI, not a local +cpu wheel
     """
-    from hermetic.config import load_config
+    from hermetic.config.load import load_config
     from hermetic.lock.compile import compile_lock, find_input
     from hermetic.lock.model import Target
 

@@ -19,7 +19,7 @@ FOLLOW_POLL_S = 0.2
 
 def _run_dir(run: str | None, runs_dir: str | None, config_path: str | None) -> Path:
     """RUN as given, else the newest run (what `hermetic run --detach` just started, usually)."""
-    from hermetic.errors import NotFound
+    from hermetic.core.errors import NotFound
     from hermetic.record.index import list_entries
     from hermetic.record.locate import resolve_ref, runs_root
 
@@ -103,7 +103,7 @@ def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None,
     Example:
       hermetic stop 20261201-0815
     """
-    from hermetic.errors import NotFound
+    from hermetic.core.errors import NotFound
     from hermetic.record import liveness
     from hermetic.record.index import entry_from_dir, ran_note
 
@@ -161,7 +161,7 @@ def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str
     Example:
       id=$(hermetic run --detach train.py) && hermetic runs wait "$id"
     """
-    from hermetic.errors import TempFail
+    from hermetic.core.errors import TempFail
     from hermetic.record import liveness
     from hermetic.record.index import entry_from_dir, ran_note
 
@@ -182,7 +182,7 @@ def exit_code_of(run_dir: Path, entry: dict) -> int:
     """What `hermetic run` returned for this run (or seed group), from its record."""
     import json
 
-    from hermetic.errors import EXIT_INTERRUPTED, EXIT_SOFTWARE
+    from hermetic.core.errors import EXIT_INTERRUPTED, EXIT_SOFTWARE
 
     status = entry["status"]
     if status == "succeeded":

@@ -87,7 +87,7 @@ def export_after_run(target: MlflowTarget | None, dirs: list[Path], exit_code: i
     export failed (the record is on disk either way: the message says how to export it again)."""
     if target is None:
         return exit_code
-    from hermetic.errors import HermeticError
+    from hermetic.core.errors import HermeticError
     from hermetic.integrations.mlflow import export_paths
 
     try:

@@ -6,8 +6,8 @@ import click
 
 from hermetic.cli.common import config_option, emit_json, human_bytes, json_option
 from hermetic.cli.progress import transfer_progress
-from hermetic.display import escape_controls
-from hermetic.errors import HermeticError, NotFound, UsageError
+from hermetic.core.display import escape_controls
+from hermetic.core.errors import HermeticError, NotFound, UsageError
 
 
 def timeout_option(f):
@@ -18,7 +18,7 @@ def timeout_option(f):
 
 
 def _store():
-    from hermetic.paths import cache_paths
+    from hermetic.core.paths import cache_paths
     from hermetic.store.oci import OciStore
 
     return OciStore(cache_paths().oci)
@@ -26,7 +26,7 @@ def _store():
 
 def image_to_push(store, image: str | None, config_path: str | None) -> str:
     """The manifest digest to push: --image (digest or store ref), else the build record."""
-    from hermetic.reference import check_digest
+    from hermetic.core.reference import check_digest
 
     if image:
         if image.startswith("sha256:"):
@@ -40,7 +40,7 @@ def image_to_push(store, image: str | None, config_path: str | None) -> str:
                                 hint="pass the manifest digest (sha256:…) that hermetic build printed")
         return desc.digest
     from hermetic.builder.image_record import recorded_manifest_digest
-    from hermetic.config import find_config
+    from hermetic.config.load import find_config
 
     try:
         cfg = find_config(config_path)

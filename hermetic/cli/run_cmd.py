@@ -57,7 +57,7 @@ def run(mlflow_uri, detach, as_json, script, args, **shared) -> int:
     if detach:
         return _start_detached(script, as_json)
     keep_running_without_a_terminal()
-    from hermetic.paths import cache_paths
+    from hermetic.core.paths import cache_paths
     from hermetic.run.runner import execute
 
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "run", script, *args]
@@ -196,7 +196,7 @@ def replay(run_ref: str, config_path: str | None, data: tuple[str, ...], engine:
     """
     from hermetic.diff import diff_paths
     from hermetic.diff.render import render
-    from hermetic.paths import cache_paths
+    from hermetic.core.paths import cache_paths
     from hermetic.record import load_record
     from hermetic.record.locate import resolve_ref
     from hermetic.run.replay import replay_request

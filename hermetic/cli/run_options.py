@@ -10,7 +10,7 @@ import click
 
 from hermetic.cli.common import config_option
 from hermetic.engines.base import ENGINES
-from hermetic.seedargs import MAX_GROUP_SEEDS
+from hermetic.config.seedargs import MAX_GROUP_SEEDS
 
 # Where the two commands say a shared option differently (what the option does is the same).
 _HELP = {
@@ -81,7 +81,7 @@ def run_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., An
 class Template:
     """What the shared options ask for: the config, the request every run of it starts from, the seeds."""
 
-    cfg: Any  # hermetic.config.LoadedConfig
+    cfg: Any  # hermetic.config.load.LoadedConfig
     request: Any  # hermetic.run.plan.RunRequest
     seeds: list[int] | None  # --seeds, expanded (None: one run)
 
@@ -91,10 +91,10 @@ def request_template(shared: dict[str, Any], *, script: str, args: tuple[str, ..
     """The config and the RunRequest template the shared options describe, everything in them checked
     before anything is built or asked: --seed with --seeds, the seeds' range, --data's form, --resume-from's
     run, --nproc-per-node's plan (over ``nnodes`` nodes)."""
-    from hermetic.config import load_config
-    from hermetic.errors import UsageError
+    from hermetic.config.load import load_config
+    from hermetic.core.errors import UsageError
     from hermetic.run.plan import RunRequest
-    from hermetic.seedargs import parse_seeds
+    from hermetic.config.seedargs import parse_seeds
 
     cfg = load_config(shared["config_path"])
     seed, seeds = shared["seed"], shared["seeds"]
@@ -120,18 +120,18 @@ def request_template(shared: dict[str, Any], *, script: str, args: tuple[str, ..
 
 
 def check_gpus(value: str | None) -> str | None:
-    """``--gpus`` checked as it is parsed, before the config, the engine or anything else (hermetic.gpus)."""
-    from hermetic.gpus import parse_gpus
+    """``--gpus`` checked as it is parsed, before the config, the engine or anything else (hermetic.config.gpus)."""
+    from hermetic.config.gpus import parse_gpus
 
     parse_gpus(value)
     return value
 
 
 def check_seeds(value: str | None) -> str | None:
-    """``--seeds`` checked as it is parsed: its form and its size (hermetic.seedargs.MAX_GROUP_SEEDS), by
+    """``--seeds`` checked as it is parsed: its form and its size (hermetic.config.seedargs.MAX_GROUP_SEEDS), by
     arithmetic. A count's end (determinism.seed + N - 1) is checked once the config is read."""
     if value:
-        from hermetic.seedargs import seed_ranges
+        from hermetic.config.seedargs import seed_ranges
 
         seed_ranges(value, 0)
     return value
@@ -139,7 +139,7 @@ def check_seeds(value: str | None) -> str | None:
 
 def parse_data(items) -> dict[str, str]:
     """``--data NAME=PATH`` items -> {NAME: PATH}."""
-    from hermetic.errors import UsageError
+    from hermetic.core.errors import UsageError
 
     out = {}
     for item in items:

@@ -208,7 +208,7 @@ def show(ctx: click.Context, run_id: str, no_rehash: bool, runs_dir: str | None,
     else:
         click.echo(format_record(record, ref_dir, check))
     if check is not None and not check.as_recorded:
-        from hermetic.errors import IntegrityError
+        from hermetic.core.errors import IntegrityError
 
         problems = [p for p in check.problems() if not p.endswith("(added since)")]
         raise IntegrityError(f"{ref_dir}: " + "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)"
@@ -406,7 +406,7 @@ def verify_cmd(ctx: click.Context, refs: tuple[str, ...], runs_dir: str | None, 
       hermetic runs verify                       # every run in ./runs
       hermetic runs verify 20261129-2145 --json
     """
-    from hermetic.errors import IntegrityError, NotFound
+    from hermetic.core.errors import IntegrityError, NotFound
     from hermetic.record.verify import verify_run
 
     runs_dir, config_path = runs_location(ctx, runs_dir, config_path)

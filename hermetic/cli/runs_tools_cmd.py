@@ -64,7 +64,7 @@ def export_cmd(ctx: click.Context, refs: tuple[str, ...], mlflow_uri: str | None
       MLFLOW_TRACKING_URI=http://mlflow:5000 hermetic runs export --mlflow
       hermetic runs export --mlflow=./mlruns --experiment mnist --json
     """
-    from hermetic.errors import UsageError
+    from hermetic.core.errors import UsageError
     from hermetic.integrations.mlflow import MlflowExporter, tracking_uri
 
     if mlflow_uri is None:
@@ -142,7 +142,7 @@ def plot_or_note(paths: list[Path], output: str) -> dict[str, Any]:
     """``diff --plot``: the figure, or a note on stderr when there is nothing to draw (no metrics in either
     run, a series that cannot be read): the diff's verdict and exit code stand either way. The JSON that
     ``diff --json`` shows under ``plot``: PlotResult's, or ``{"path": None, "note": ...}``."""
-    from hermetic.errors import HermeticError
+    from hermetic.core.errors import HermeticError
 
     try:
         return write_plot(paths, output).to_json()

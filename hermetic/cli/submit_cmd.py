@@ -64,7 +64,7 @@ def submit(partition, time_limit, cpus, nodes, sbatch_args, container, shared_st
       hermetic submit --wait train.py                        # block; exit like hermetic run
     """
     from hermetic.cli.run_cmd import run_log
-    from hermetic.paths import cache_paths
+    from hermetic.core.paths import cache_paths
     from hermetic.slurm.submit import SlurmOptions, submit as do_submit
 
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "submit", script, *args]
@@ -186,7 +186,7 @@ def slurm_task(submission: Path, phase: str, exit_code: int | None) -> int:
         begin(submission, log=log)
         return 0
     if exit_code is None:
-        from hermetic.errors import UsageError
+        from hermetic.core.errors import UsageError
 
         raise UsageError("--phase end needs --exit-code (the container's)")
     return end(submission, exit_code, log=log)

@@ -40,12 +40,12 @@ def verify(ref: str, key: str | None, scratch: str | None, keep: bool, as_json: 
       hermetic verify 127.0.0.1:5000/team/train@sha256:4f1c…
       hermetic verify ghcr.io/acme/train@sha256:4f1c… --key release.pub.pem --json
     """
-    from hermetic.paths import cache_paths
+    from hermetic.core.paths import cache_paths
     from hermetic.reproduce import dumps, render, verify as do_verify
     from hermetic.reproduce.source import parse_verify_ref
 
     name = parse_verify_ref(ref)
-    from hermetic.display import escape_controls
+    from hermetic.core.display import escape_controls
 
     # What verify says embeds what the registry served (layer file names, notes): one line each, escaped.
     log = None if as_json else (lambda s: click.echo(f"hermetic: {escape_controls(s)}", err=True))

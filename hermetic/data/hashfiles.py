@@ -6,7 +6,7 @@ time in per-file Python work (open, read, digest) that holds the GIL: there
 threads take turns, and only processes hash at once.
 
 When this process has a single thread, workers are *forked*
-(hermetic.workers.start: nothing re-imported, nothing pickled): they inherit
+(hermetic.core.workers.start: nothing re-imported, nothing pickled): they inherit
 the list of paths, take batches as (start, end) records from one pipe
 (``feed``/``drain``: each record goes to exactly one reader, so the cores
 finish together), and write digests and stat keys straight into shared
@@ -20,7 +20,7 @@ travel there and back pickled. Small jobs are hashed in-process: starting
 workers would cost more than it saves. (treehash.py builds ``verify --full``
 on the same pieces, with the scan in a worker too.)
 
-An account's limits bound the workers (hermetic.workers): no more than a
+An account's limits bound the workers (hermetic.core.workers): no more than a
 quarter of ``ulimit -n``, and where a fork, a pipe or the pool's start is
 refused the work goes on with the workers already started, or in this
 process alone.
@@ -33,9 +33,9 @@ import struct
 import threading
 from typing import Any, Callable, Sequence
 
-from hermetic import workers as procs
+from hermetic.core import workers as procs
 from hermetic.data.hashing import DIGEST_BYTES, KEY_BYTES, Errors, Hashed, hash_span
-from hermetic.errors import ReadError
+from hermetic.core.errors import ReadError
 
 _BATCH_MAX_FILES = 2000
 _INLINE_MAX_BYTES = 32 << 20
@@ -345,7 +345,7 @@ def _hash_batch(paths: list[str]) -> _Result:
 def _hash_pool(paths: Sequence[str], batches: list[tuple[int, int]], workers: int, bar: Any,
                while_hashing: Callable[[], None] | None, method: str) -> _Result | None:
     """The batches hashed by a pool of ``workers`` processes; None where the pool could not start (the
-    account's limits, hermetic.workers): then the caller hashes them all itself."""
+    account's limits, hermetic.core.workers): then the caller hashes them all itself."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 

@@ -12,7 +12,7 @@ be set back), so a change at any moment between the verification's stat and
 the check is seen, whether it came before the container started or while it
 ran.
 
-The one blind spot is git's racy-clean case (hermetic.fsutil.is_racy): a file
+The one blind spot is git's racy-clean case (hermetic.hostfs.fsutil.is_racy): a file
 modified in the same timestamp tick as the stat that recorded it can keep
 its key. Such files -- written within ~50 ms before they were verified, on a
 file system with nanosecond stamps -- are hashed again by the check and
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from hermetic.data.scan import StatKey, TreeError, scan_tree
-from hermetic.fsutil import is_racy, sha256_file
+from hermetic.hostfs.fsutil import is_racy, sha256_file
 
 NAMED = 100  # paths of each kind a change keeps by name (``count`` says how many there were)
 

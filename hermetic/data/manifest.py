@@ -27,7 +27,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from hermetic.errors import DataError
+from hermetic.core.errors import DataError
 
 HEX_LEN = 64
 # A line is a hash, a separator and a path; paths are at most PATH_MAX (4096) bytes, percent-encoding

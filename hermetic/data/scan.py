@@ -28,7 +28,7 @@ import posixpath
 import stat as statmod
 from dataclasses import dataclass, field
 
-from hermetic.errors import DataError
+from hermetic.core.errors import DataError
 
 # (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of the bytes a path reads.
 StatKey = tuple[int, int, int, int, int]

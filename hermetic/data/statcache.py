@@ -12,7 +12,7 @@ the file's mtime and ctime are strictly older than ``recorded_ns`` minus a
 slack: twice the timestamp granularity (inferred from the timestamp's
 trailing zeros: whole seconds on FAT/HFS+/ext3, nanoseconds on ext4/xfs/btrfs)
 plus 50 ms for the kernel's coarse clock, which stamps files up to one tick
-behind ``time.time_ns()`` (``hermetic.fsutil.is_racy``). A racy entry is simply re-hashed and recorded again,
+behind ``time.time_ns()`` (``hermetic.hostfs.fsutil.is_racy``). A racy entry is simply re-hashed and recorded again,
 after which it is trusted.
 
 What it cannot see (docs/data.md): a change that leaves all five fields equal
@@ -40,7 +40,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from hermetic.fsutil import SAFE_AGE_NS, StatKey, is_racy, stat_key  # noqa: F401 (stat_key: re-exported)
+from hermetic.hostfs.fsutil import SAFE_AGE_NS, StatKey, is_racy, stat_key  # noqa: F401 (stat_key: re-exported)
 
 _MAGIC = b"hermetic-statcache\x00v2\n"
 # entry count, note length, newest mtime/ctime of any entry, oldest recorded time: the
@@ -112,7 +112,7 @@ class StatCache:
         One file per root keeps a lookup's load proportional to the dataset
         being verified, not to every dataset this machine has seen.
         """
-        from hermetic.paths import cache_paths
+        from hermetic.core.paths import cache_paths
 
         name = hashlib.sha256(os.fsencode(root)).hexdigest()[:32]
         return cls(cache_paths().statcache / f"{name}.bin")
@@ -301,7 +301,7 @@ class StatCache:
         blob = "\0".join(paths).encode("utf-8", "surrogateescape")
         header = _HEADER.pack(len(paths), len(self._note), newest, oldest)
         data = b"".join((_MAGIC, header, self._note, packed_keys, rec.tobytes(), digests, blob))
-        from hermetic.fsutil import atomic_write_bytes  # (imports tempfile: only when writing)
+        from hermetic.hostfs.fsutil import atomic_write_bytes  # (imports tempfile: only when writing)
 
         try:
             # No fsync: a cache lost in a crash costs one re-hash, never a wrong answer

@@ -13,7 +13,7 @@ counting. Both open files relative to the root's descriptor, so nobody builds
 Digests and stat keys go straight into the shared file, at each file's index,
 as in hashfiles.py. A scan that fails is the worker's answer, a TreeError the
 caller raises -- before any error of its own, as if the scan had come first.
-Where the account's limits refuse the scanning worker (hermetic.workers), the
+Where the account's limits refuse the scanning worker (hermetic.core.workers), the
 scan runs here and hash_files takes over; where they refuse a helper, those
 started do the hashing.
 """
@@ -25,14 +25,14 @@ import mmap
 import os
 from typing import Callable, Iterable
 
-from hermetic import workers as procs
+from hermetic.core import workers as procs
 from hermetic.data.hashfiles import (
     OUTPUT_BYTES_PER_FILE, Control, answered_errors, default_start_method, drain, feed, hash_files, output_views,
     plan, start_drainer,
 )
 from hermetic.data.hashing import Errors, Hashed
 from hermetic.data.scan import Tree, TreeError, scan_tree
-from hermetic.errors import ReadError
+from hermetic.core.errors import ReadError
 
 
 def scan_and_hash(

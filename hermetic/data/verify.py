@@ -29,7 +29,7 @@ from hermetic.data.manifest import (
 from hermetic.data.scan import Tree, TreeError, resolve_root, scan_tree
 from hermetic.data.statcache import StatCache
 from hermetic.data.treehash import scan_and_hash
-from hermetic.errors import HermeticError, UsageError
+from hermetic.core.errors import HermeticError, UsageError
 
 Mode = Literal["stat-cache", "full"]
 # Stat-cache note meaning "these digests matched the manifest with this sha256".

@@ -7,7 +7,7 @@ Entry points:
   (hermetic.record.verify: a changed or missing output refuses, exit 65); ``diff_records(rec_a, rec_b, ...)``
   (pure).
 - ``diff_runs`` also reads, for each output file whose bytes differ and whose name says JSON, YAML or a pickle,
-  what differs inside it (hermetic.diff.contents: through hermetic.safetree, bounded, a pickle read with every
+  what differs inside it (hermetic.diff.contents: through hermetic.hostfs.safetree, bounded, a pickle read with every
   class a name, nothing of it imported or called), so the verdict can tell wall-clock fields
   (``train_runtime``) from a different computation.
 - ``result.verdict`` (kind, line, causes, knobs_not_set, exit_code), ``result.to_json()``,
@@ -117,7 +117,7 @@ def diff_groups(dir_a: str | Path, dir_b: str | Path) -> GroupDiff:
 
 
 def _first_member(group_dir: Path, group: dict[str, Any], notes: list[str]) -> Run | None:
-    from hermetic.errors import HermeticError
+    from hermetic.core.errors import HermeticError
     from hermetic.record.rundir import load_record
 
     members = [m for m in group["members"] if m["status"] == "succeeded"] or group["members"]
@@ -132,7 +132,7 @@ def diff_paths(dir_a: str | Path, dir_b: str | Path, *, rtol: float = DEFAULT_RT
                atol: float = DEFAULT_ATOL) -> RunDiff | GroupDiff:
     """Runs or groups, whichever the two directories hold (both must be the same kind)."""
     from hermetic.record.index import is_group_dir
-    from hermetic.errors import UsageError
+    from hermetic.core.errors import UsageError
 
     da, db = Path(dir_a), Path(dir_b)
     kinds = ["group" if is_group_dir(d) else "run" for d in (da, db)]

@@ -18,12 +18,12 @@ import re
 import shlex
 from typing import Any, Callable
 
-from hermetic.determinism import SEED_KEY
+from hermetic.config.determinism import SEED_KEY
 from hermetic.diff.distributed import compare_distributed
 from hermetic.diff.manifests import compare_manifests
 from hermetic.diff.model import Change, FileComparison, MetricComparison, OutputsDiff, SectionDiff
 from hermetic.record.view import Code, DataChanged, Env, Image, Invocation, Run, Seed
-from hermetic.seedargs import differ_only_by_seed, filled_template, has_placeholder
+from hermetic.config.seedargs import differ_only_by_seed, filled_template, has_placeholder
 
 INPUT_SECTIONS = ("image", "code", "config", "data", "seed", "env")
 ENVIRONMENT_SECTIONS = ("software", "gpu", "cpu")
@@ -273,7 +273,7 @@ def compare_config(a_inv: Invocation, b_inv: Invocation, seed_a: Any = None, see
 
 
 def _args(inv: Invocation) -> dict[str, Any]:
-    """The arguments as hermetic.seedargs reads them."""
+    """The arguments as hermetic.config.seedargs reads them."""
     return {"args": inv.args, "args_template": inv.args_template}
 
 

@@ -8,7 +8,7 @@ this module says which keys, and which of them are wall-clock by nature
 different computation.
 
 A script wrote these files, so they are untrusted: each is opened only through
-hermetic.safetree (regular files only, no link followed, at most
+hermetic.hostfs.safetree (regular files only, no link followed, at most
 MAX_CONTENT_BYTES), checked against the sha256 its record holds, and read
 only when that sha256 differs between the runs and its name says JSON, YAML or
 a pickle (``.pt`` and ``.bin``: the bytes decide). A pickle is read by
@@ -107,7 +107,7 @@ def compare_contents(dir_a: Path, dir_b: Path, files_a: dict[str, Any], files_b:
     pickle: how the two versions differ inside. ``files_*``: the records' ``outputs.files`` (sha256 and
     size: a file larger than MAX_CONTENT_BYTES is not read; one whose bytes are not what its record says
     is compared as bytes). Other paths are left out of the answer."""
-    from hermetic import safetree
+    from hermetic.hostfs import safetree
 
     wanted = [p for p in paths if structured_format(p)]
     if not wanted:
@@ -140,7 +140,7 @@ def structured_format(path: str) -> str:
 
 
 def _compare_one(path: str, roots: dict[str, int], fa: dict[str, Any], fb: dict[str, Any]) -> ContentDiff:
-    from hermetic import safetree
+    from hermetic.hostfs import safetree
 
     guess = structured_format(path)
     if fa.get("symlink") is not None or fb.get("symlink") is not None or fa.get("type") or fb.get("type"):
@@ -318,7 +318,7 @@ def volatile_globs_for(paths: Iterable[str], keep_apart: Iterable[str]) -> list[
     (``out/trainer_state.json``, ``out/checkpoint-20/trainer_state.json``) becomes ``out/**/trainer_state.json``,
     and paths that differ only in their numbers one glob with ``*`` for them, unless the glob would also name
     a path of ``keep_apart`` (files that are compared and must stay so); the rest as they are."""
-    from hermetic.containerpaths import glob_match
+    from hermetic.config.containerpaths import glob_match
 
     paths = list(paths)
     keep = list(keep_apart)

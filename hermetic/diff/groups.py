@@ -1,7 +1,7 @@
 """Comparing two multi-seed groups: is the difference of means bigger than seed noise?
 
 Per metric, Welch's two-sided t-test at the 5% level on the members'
-final values (hermetic.stats.welch): "within seed noise" when it is not
+final values (hermetic.core.stats.welch): "within seed noise" when it is not
 significant. Welch rather than interval overlap because two 95% intervals
 can overlap while the difference is still significant (overlap is a ~99%
 test), and Welch does not assume both groups vary equally. The groups'
@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hermetic.diff.model import SectionDiff, Verdict
-from hermetic.errors import EXIT_DIFFERENT
-from hermetic.stats import welch
+from hermetic.core.errors import EXIT_DIFFERENT
+from hermetic.core.stats import welch
 
 
 @dataclass(frozen=True)

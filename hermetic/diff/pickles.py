@@ -41,7 +41,7 @@ import pickletools
 from typing import Any, Callable
 
 from hermetic.diff.trees import MAX_DEPTH, MAX_VALUES, Unreadable
-from hermetic.display import escape_controls
+from hermetic.core.display import escape_controls
 
 MAX_PICKLE_OPS = 4_000_000
 MAX_TUPLE_NESTING = 10_000  # far below the ~100,000 at which hashing a nested tuple overflows the C stack

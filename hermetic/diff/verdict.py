@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from hermetic.determinism import env_knobs_not_set
+from hermetic.config.determinism import env_knobs_not_set
 from hermetic.diff.compare import data_changed_during, short
 from hermetic.diff.contents import names_text, volatile_globs_for, weights_first
-from hermetic.errors import EXIT_DIFFERENT, EXIT_NOTHING_COMPARED
+from hermetic.core.errors import EXIT_DIFFERENT, EXIT_NOTHING_COMPARED
 from hermetic.diff.model import OutputsDiff, SectionDiff, Verdict
 from hermetic.record.view import Run
-from hermetic.seedargs import has_placeholder
+from hermetic.config.seedargs import has_placeholder
 
 
 def knobs_not_set(record: Run) -> list[str]:
@@ -219,7 +219,7 @@ def suggested_volatile(outputs: OutputsDiff, a: Run, b: Run) -> list[str]:
         return []
     current = volatile_globs(b.invocation.config) or volatile_globs(a.invocation.config)
     if not current and "run" not in b.invocation.config:
-        from hermetic.config import DEFAULT_VOLATILE
+        from hermetic.config.load import DEFAULT_VOLATILE
 
         current = list(DEFAULT_VOLATILE)
     others = [f.path for f in outputs.compared_files if f.path not in clock]

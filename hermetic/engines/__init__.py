@@ -10,7 +10,7 @@ never decided by its name.
 from __future__ import annotations
 
 from hermetic.engines.base import DEFAULT_ENGINE, ENGINES, HOLDS_LABEL, Engine, EngineInfo
-from hermetic.errors import UsageError
+from hermetic.core.errors import UsageError
 
 _made: dict[str, Engine] = {}
 

@@ -305,7 +305,7 @@ class Gate:
     reads end of file and the container ends without running anything."""
 
     def __init__(self, directory: Path) -> None:
-        from hermetic.filesystems import unfit_for_runs
+        from hermetic.hostfs.filesystems import unfit_for_runs
 
         self.directory = directory
         fifo = directory / GATE_FIFO
@@ -319,12 +319,12 @@ class Gate:
             raise unfit_for_runs(fifo, "make the run's gate (a FIFO) there", e) from None
 
     def command(self, python: str, command: list[str]) -> list[str]:
-        from hermetic.containerpaths import GATE_MOUNT
+        from hermetic.config.containerpaths import GATE_MOUNT
 
         return [python, "-I", "-S", "-c", GATE_CODE, f"{GATE_MOUNT}/{GATE_FIFO}", *command]
 
     def mount(self) -> Mount:
-        from hermetic.containerpaths import GATE_MOUNT
+        from hermetic.config.containerpaths import GATE_MOUNT
 
         return Mount(self.directory, GATE_MOUNT, True)
 

@@ -59,7 +59,7 @@ from hermetic.engines.base import (
     open_log_files,
 )
 from hermetic.engines.process import signal_exit_code, stream_process
-from hermetic.errors import EngineError, HermeticError, Unavailable
+from hermetic.core.errors import EngineError, HermeticError, Unavailable
 
 INSTALL_HINT = "install Charliecloud (Debian: apt-get install charliecloud-runtime catatonit)"
 DOCTOR_HINT = "apt-get install charliecloud-runtime catatonit (docs/scale-out.md, \"Engines\")"
@@ -81,7 +81,7 @@ def _which(name: str, hint: str) -> str:
 
 
 def engine_root() -> Path:
-    from hermetic.paths import cache_root
+    from hermetic.core.paths import cache_root
 
     return cache_root() / "charliecloud"
 
@@ -219,7 +219,7 @@ class CharliecloudEngine:
         """Every layer unpacked (those missing: a build's feed did most), then the image's record; True when
         anything was unpacked."""
         from hermetic.engines.unpack import ensure_layer
-        from hermetic.fsutil import atomic_write_bytes
+        from hermetic.hostfs.fsutil import atomic_write_bytes
 
         if feed is not None:
             feed.close()

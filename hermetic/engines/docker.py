@@ -15,7 +15,7 @@ from typing import Any
 
 from hermetic.engines.base import BuildFeed, ContainerSpec, EngineInfo, Readiness, RunOutcome, Watch
 from hermetic.engines.dockercontainer import DockerLaunch, run_capture, run_streaming
-from hermetic.errors import EngineError
+from hermetic.core.errors import EngineError
 
 
 class DockerEngine:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from hermetic.errors import EngineError
+from hermetic.core.errors import EngineError
 
 if TYPE_CHECKING:
     import docker

@@ -36,12 +36,12 @@ from hermetic.engines.base import (
     rewrite_logs, stop_container, watch_beside,
 )
 from hermetic.engines.gpu import NO_GPU_RUNTIME, device_requests
-from hermetic.errors import EngineError
+from hermetic.core.errors import EngineError
 
 
 def host_config(spec: ContainerSpec) -> dict[str, Any]:
     """The container's HostConfig (Engine API): the lock-down every training container gets."""
-    from hermetic.config import size_bytes
+    from hermetic.config.load import size_bytes
 
     limits: dict[str, Any] = {}
     if spec.pids_limit is not None:

@@ -26,8 +26,8 @@ import threading
 import time
 from typing import Any
 
-from hermetic.canonical import canonical_json
-from hermetic.workers import pid_alive
+from hermetic.core.canonical import canonical_json
+from hermetic.core.workers import pid_alive
 from hermetic.store.oci import Descriptor, OciStore
 
 PARTIAL_LABEL = "org.hermetic.partial"  # its value: "HOST:PID" of the build that loaded it

@@ -22,7 +22,7 @@ import threading
 from typing import TYPE_CHECKING, Iterator
 
 from hermetic.engines.dockerclient import engine_client
-from hermetic.errors import EngineError, IntegrityError, NotFound
+from hermetic.core.errors import EngineError, IntegrityError, NotFound
 
 if TYPE_CHECKING:
     from hermetic.store.oci import OciStore

@@ -12,7 +12,7 @@ run in it. hermetic does that once per image and driver into a layer of its
 own (the upper directory of a writable overlay over the image's layers, in
 which ch-fromhost ran), stacked on the image for a GPU run, and binds the GPUs'
 device nodes (/dev/nvidia0..., nvidiactl, nvidia-uvm) into the container's
-/dev. What ``--gpus`` may say is hermetic.gpus' grammar, read by all three.
+/dev. What ``--gpus`` may say is hermetic.config.gpus' grammar, read by all three.
 
 No GPU machine was available where Podman's and Charliecloud's were written:
 their refusals are tested (no CDI spec, no nvidia-container-cli, no driver
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.engines.base import Readiness
-from hermetic.errors import EngineError, Unavailable
+from hermetic.core.errors import EngineError, Unavailable
 
 # -- Docker ------------------------------------------------------------------------------------------------
 
@@ -91,9 +91,9 @@ def docker_gpu_readiness(client: Any, gpu_on_host: bool) -> Readiness:
 
 
 def device_requests(gpus: str | None) -> list[dict[str, Any]]:
-    """docker-like --gpus: all | N | device=0,1 | "device=GPU-uuid" (the grammar: hermetic.gpus), as the
+    """docker-like --gpus: all | N | device=0,1 | "device=GPU-uuid" (the grammar: hermetic.config.gpus), as the
     Engine API's HostConfig.DeviceRequests."""
-    from hermetic.gpus import parse_gpus
+    from hermetic.config.gpus import parse_gpus
 
     request = parse_gpus(gpus)
     if request is None:
@@ -115,7 +115,7 @@ NO_CDI_SPEC = (f"Podman has no CDI spec for {CDI_KIND} (looked in {', '.join(map
 
 def cdi_devices(gpus: str | None) -> list[str]:
     """``--gpus`` as CDI device names (NVIDIA's spec names each GPU by index and UUID, and ``all``)."""
-    from hermetic.gpus import parse_gpus
+    from hermetic.config.gpus import parse_gpus
 
     request = parse_gpus(gpus)
     if request is None:
@@ -209,7 +209,7 @@ def _minor_by_uuid() -> dict[str, int]:
 
 def nvidia_device_nodes(gpus: str) -> list[str]:
     """The /dev names (relative) a container needs for ``--gpus``: the GPUs asked for and the common nodes."""
-    from hermetic.gpus import parse_gpus
+    from hermetic.config.gpus import parse_gpus
 
     request = parse_gpus(gpus)
     if request is None:

@@ -49,7 +49,7 @@ from hermetic.engines.base import (
 )
 from hermetic.engines.gpu import cdi_devices, check_cdi
 from hermetic.engines.process import stream_process
-from hermetic.errors import EngineError, HermeticError, IntegrityError, Unavailable
+from hermetic.core.errors import EngineError, HermeticError, IntegrityError, Unavailable
 
 INSTALL_HINT = "install Podman (Debian: apt-get install podman catatonit uidmap skopeo)"
 DOCTOR_HINT = "apt-get install podman catatonit uidmap skopeo (docs/scale-out.md, \"Engines\")"

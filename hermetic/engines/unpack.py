@@ -36,8 +36,8 @@ import tarfile
 from pathlib import Path
 from typing import BinaryIO
 
-from hermetic.errors import IntegrityError
-from hermetic.fsutil import owned_temp_dir
+from hermetic.core.errors import IntegrityError
+from hermetic.hostfs.fsutil import owned_temp_dir
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from hermetic.errors import MissingExtra, NotFound, UsageError
+from hermetic.core.errors import MissingExtra, NotFound, UsageError
 
 # matplotlib's tab10, reordered so that the first two (the usual A and B) are blue and red.
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -136,7 +136,7 @@ def _draw_panel(ax, panel: Panel) -> None:  # noqa: ANN001 - a matplotlib Axes
 
 def save(panels: Sequence[Panel], path: str | os.PathLike[str], *, title: str) -> Path:
     """Render and write atomically (the format from the suffix); returns the path."""
-    from hermetic.fsutil import atomic_write_bytes
+    from hermetic.hostfs.fsutil import atomic_write_bytes
 
     data = render(panels, title=title, fmt=figure_format(path))
     atomic_write_bytes(path, data, fsync=False)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from hermetic.errors import NotFound, UsageError
+from hermetic.core.errors import NotFound, UsageError
 from hermetic.record.outputs import nan_key
 
 Series = dict[str, list[tuple[int, float]]]
@@ -100,7 +100,7 @@ def first_difference(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> 
 
 def group_curve(members: list[Series], name: str) -> tuple[list[int], list[float], list[float], list[float]]:
     """Steps, mean, and the 95% interval of the mean (low, high) over the members that logged ``name``."""
-    from hermetic.stats import summarize  # the group summary's own statistics, per step
+    from hermetic.core.stats import summarize  # the group summary's own statistics, per step
 
     per_step: dict[int, list[float]] = {}
     for m in members:

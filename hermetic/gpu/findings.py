@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
-from hermetic.errors import HermeticError
+from hermetic.core.errors import HermeticError
 
 Severity = Literal["warn", "fail"]
 

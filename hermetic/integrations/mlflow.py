@@ -28,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hermetic.errors import DataError, HermeticError, MissingExtra, NotFound, Unavailable, UsageError
+from hermetic.core.errors import DataError, HermeticError, MissingExtra, NotFound, Unavailable, UsageError
 from hermetic.record.outputs import nan_key
 from hermetic.record.view import Dataset as DatasetRecord, Run, view
 

@@ -29,9 +29,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hermetic.errors import LockError, NotFound, Unavailable, UsageError, disk_full
-from hermetic.fsutil import OwnedTemp, atomic_write_text, sweep_dead
-from hermetic.indexes import read_pip_sources, reachable
+from hermetic.core.errors import LockError, NotFound, Unavailable, UsageError, disk_full
+from hermetic.hostfs.fsutil import OwnedTemp, atomic_write_text, sweep_dead
+from hermetic.lock.indexes import read_pip_sources, reachable
 from hermetic.lock.model import Target
 from hermetic.lock.read import lock_format, read_lock
 from hermetic.lock.torchbuild import TorchBuild, mismatched_companions, torch_build

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from packaging.markers import Marker
 
-from hermetic.errors import LockError
+from hermetic.core.errors import LockError
 from hermetic.lock.model import LockedWheel, Target, canonical
 
 try:

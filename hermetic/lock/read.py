@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from hermetic.errors import LockError, NotFound, ReadError
+from hermetic.core.errors import LockError, NotFound, ReadError
 from hermetic.lock.model import Lock, Target
 
 # A lock larger than this is refused unread: far above any real lock (tests/fixtures/locks), far below a

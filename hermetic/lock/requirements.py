@@ -9,8 +9,8 @@ from pathlib import Path
 from packaging.markers import InvalidMarker, Marker
 from packaging.requirements import InvalidRequirement, Requirement
 
-from hermetic.canonical import is_sha256_hex
-from hermetic.errors import LockError
+from hermetic.core.canonical import is_sha256_hex
+from hermetic.core.errors import LockError
 from hermetic.lock.model import LockedWheel, Target, canonical
 
 _VCS_PREFIXES = ("git+", "hg+", "svn+", "bzr+")

@@ -13,7 +13,7 @@ from typing import Any
 
 from packaging.markers import Marker
 
-from hermetic.errors import LockError
+from hermetic.core.errors import LockError
 from hermetic.lock.model import LockedWheel, Target, canonical
 
 try:

@@ -24,8 +24,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hermetic.canonical import canonical_json
-from hermetic.errors import DataError, IntegrityError, ReadError, Unavailable
+from hermetic.core.canonical import canonical_json
+from hermetic.core.errors import DataError, IntegrityError, ReadError, Unavailable
 from hermetic.provenance import MT_STATEMENT
 
 PAYLOAD_TYPE = MT_STATEMENT

@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterable
 
-from hermetic.canonical import pretty_json
+from hermetic.core.canonical import pretty_json
 SPEC_VERSION = "1.6"
 
 

@@ -23,8 +23,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermetic.canonical import is_sha256_hex, pretty_json
-from hermetic.errors import IntegrityError
+from hermetic.core.canonical import is_sha256_hex, pretty_json
+from hermetic.core.errors import IntegrityError
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"

@@ -175,7 +175,7 @@ def summarize_metrics(run_dir: str | Path, files: dict[str, Any] | None = None,
     built by hand): ``files`` are its outputs as hashed, ``setting`` is ``run.metrics``. The files are the
     script's: a link is not read and a malformed one leaves its metrics out, never the record unsealed;
     TensorBoard's event files are read only by the collection (hermetic.run.collect)."""
-    from hermetic import safetree
+    from hermetic.hostfs import safetree
     from hermetic.record import metrics as mx
 
     run_dir = Path(run_dir)

@@ -3,7 +3,7 @@
 Only members that succeeded enter the statistics (a failed member's last
 metrics are not a result); non-finite values (a diverged seed) are counted
 but left out of mean and SD. Per metric: n, mean, sample SD and the 95%
-interval of the mean, mean ± t(0.975, n-1)·SD/√n (hermetic.stats).
+interval of the mean, mean ± t(0.975, n-1)·SD/√n (hermetic.core.stats).
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from hermetic import __version__
-from hermetic.canonical import canonical_sha256, pretty_json
-from hermetic.determinism import without_seed
-from hermetic.errors import IntegrityError
-from hermetic.fsutil import atomic_write_text
+from hermetic.core.canonical import canonical_sha256, pretty_json
+from hermetic.config.determinism import without_seed
+from hermetic.core.errors import IntegrityError
+from hermetic.hostfs.fsutil import atomic_write_text
 from hermetic.record.ids import is_run_id, iso_utc
 from hermetic.record.index import GROUP_JSON, RUN_JSON, group_entry
 from hermetic.record.outputs import compared_files, decode_number
 from hermetic.record.rundir import load_json_doc, load_record, update_index
-from hermetic.seedargs import args_as_input
+from hermetic.config.seedargs import args_as_input
 
 GROUP_SCHEMA_VERSION = 1
 INTERVAL_METHOD = "mean ± t(0.975, n-1)·sd/√n, Student t; members with status succeeded only"
@@ -43,7 +43,7 @@ def build_group(group_id: str, members: list[dict[str, Any]], *, now: datetime |
     optional sections sealed with it (``slurm``: the array behind a submitted group); ``planned``: every
     seed the group was asked to run (``group.seeds``), of which ``members`` are those that ran so far."""
     from hermetic.record.schema import RecordError
-    from hermetic.stats import summarize
+    from hermetic.core.stats import summarize
 
     if not members:
         raise RecordError(f"group {group_id}: no member runs")
@@ -161,7 +161,7 @@ def _mixed_inputs(members: list[dict[str, Any]]) -> list[str]:
         "config": lambda r: without_seed(r["invocation"]["config"]),
         "data": lambda r: sorted((k, v["manifest_sha256"]) for k, v in r["data"].items()),
         "env": lambda r: sorted(r["env"]["determinism"].items()) + sorted(r["env"]["passed"].items()),
-        # `--seed {seed}`: one template, each member's own seed filled in, is one input (hermetic.seedargs)
+        # `--seed {seed}`: one template, each member's own seed filled in, is one input (hermetic.config.seedargs)
         "args": lambda r: [r["invocation"]["script"], args_as_input(r["invocation"], r["seed"]["value"])],
     }
     return [k for k, f in probes.items() if any(f(m) != f(members[0]) for m in members[1:])]

@@ -12,8 +12,8 @@ import os
 import re
 from datetime import datetime, timezone
 
-from hermetic.paths import name_pattern
-from hermetic.paths import slug as paths_slug
+from hermetic.core.paths import name_pattern
+from hermetic.core.paths import slug as paths_slug
 
 RUN_NAME_MAX = 63
 RUN_ID_RE = re.compile(rf"^\d{{8}}-\d{{6}}-[0-9a-f]{{6}}(?:-{name_pattern(RUN_NAME_MAX)})?$")

@@ -5,7 +5,7 @@ flock; the last line for an ID wins) and repaired by the reader: directories
 the index does not know are read once and appended, entries whose directory
 is gone are dropped (the file is rewritten when they pile up). The index is a
 cache: deleting it is always safe, the next listing rebuilds it. This module
-imports only the standard library and hermetic.canonical/fsutil, so that
+imports only the standard library and hermetic.core.canonical/fsutil, so that
 ``hermetic runs`` starts fast.
 """
 
@@ -16,9 +16,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hermetic.canonical import canonical_json
-from hermetic.filelocks import file_lock
-from hermetic.fsutil import atomic_write_bytes
+from hermetic.core.canonical import canonical_json
+from hermetic.hostfs.filelocks import file_lock
+from hermetic.hostfs.fsutil import atomic_write_bytes
 from hermetic.record.ids import RUN_ID_RE
 from hermetic.record.liveness import is_running
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from hermetic.filelocks import file_lock, is_locked
-from hermetic.workers import pid_alive, proc_stat_fields
+from hermetic.hostfs.filelocks import file_lock, is_locked
+from hermetic.core.workers import pid_alive, proc_stat_fields
 
 LOCK_NAME = ".running.lock"
 PID_NAME = ".running.pid"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hermetic.paths import CONFIG_FILENAME, find_upward
+from hermetic.core.paths import CONFIG_FILENAME, find_upward
 from hermetic.record.rundir import resolve_run
 
 
@@ -13,7 +13,7 @@ def runs_root(runs_dir: str | None, config_path: str | None) -> Path:
     if runs_dir:
         return Path(runs_dir)
     if config_path or find_upward(Path.cwd(), CONFIG_FILENAME) is not None:
-        from hermetic.config import load_config  # the schema: only when a config is read
+        from hermetic.config.load import load_config  # the schema: only when a config is read
 
         return load_config(config_path).runs_path
     return Path("runs")

@@ -29,7 +29,7 @@ values stay what they always were.
 
 Every file here was written by an untrusted script: it is read only in the
 collection step (hermetic.run.collect, as the container's user), through
-hermetic.safetree, bounded in size, with the standard library's csv and json;
+hermetic.hostfs.safetree, bounded in size, with the standard library's csv and json;
 TensorBoard's event files are read by TensorBoard's own reader
 (hermetic.record.tb_scalars). What they held is written once, by hermetic, to
 ``runs/<id>/metrics/series.jsonl`` (``SERIES_FILE``), whose sha256 the record
@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from hermetic import safetree
-from hermetic.errors import DataError, IntegrityError
+from hermetic.hostfs import safetree
+from hermetic.core.errors import DataError, IntegrityError
 from hermetic.record.outputs import NONFINITE, decode_number, encode_number
 
 JSONL = "metrics.jsonl"

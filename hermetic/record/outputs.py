@@ -9,9 +9,9 @@ import stat
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-from hermetic import safetree
-from hermetic.canonical import sha256_hex
-from hermetic.errors import DataError
+from hermetic.hostfs import safetree
+from hermetic.core.canonical import sha256_hex
+from hermetic.core.errors import DataError
 
 # JSON has no NaN or infinities and canonical JSON refuses them, yet a diverged
 # loss is NaN: such values are recorded as these strings.
@@ -50,7 +50,7 @@ def volatile_globs(config: dict[str, Any]) -> list[str]:
 
 def volatile_paths(paths: Iterable[str], globs: list[str]) -> list[str]:
     """The output paths that match a volatile glob, sorted."""
-    from hermetic.containerpaths import glob_match
+    from hermetic.config.containerpaths import glob_match
 
     return sorted(p for p in paths if any(glob_match(g, p) for g in globs))
 
@@ -69,7 +69,7 @@ def compared_files(record: dict[str, Any]) -> dict[str, str]:
 def hash_outputs(outputs_dir: str | os.PathLike[str], notes: list[str] | None = None) -> dict[str, Any]:
     """``{"files": {relpath: {"sha256", "size", ...}}}`` for everything under ``outputs_dir``.
 
-    A script wrote this tree, so it is walked through hermetic.safetree: no
+    A script wrote this tree, so it is walked through hermetic.hostfs.safetree: no
     link is followed and only regular files are opened. Paths are relative,
     '/'-separated record names (safetree.record_name: a name that is not UTF-8
     is escaped, reversibly). A regular file is recorded by the sha256 and size

@@ -7,7 +7,7 @@ from string import Template
 from typing import Any
 
 from hermetic.record.view import Code, Dataset, Env, Meta, Run, view
-from hermetic.resources import read_template
+from hermetic.core.resources import read_template
 
 TEMPLATE_NAME = "run-README.md"
 FIGURE_NAME = "metrics.png"  # where the README's command draws the run's figure: beside run.json

@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hermetic.canonical import pretty_json
-from hermetic.errors import CannotCreate, EXIT_SOFTWARE, HermeticError, IntegrityError, NotFound, UsageError
-from hermetic.fsutil import atomic_write_text
+from hermetic.core.canonical import pretty_json
+from hermetic.core.errors import CannotCreate, EXIT_SOFTWARE, HermeticError, IntegrityError, NotFound, UsageError
+from hermetic.hostfs.fsutil import atomic_write_text
 from hermetic.record.index import GROUP_JSON, INDEX_NAME, RUN_JSON, append_entry, run_entry
 from hermetic.record.seal import seal, verify_seal
 from hermetic.record.secrets_policy import REDACTED, is_secret_name

@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, StrictFloat, ValidationError
 
-from hermetic.canonical import is_sha256_hex
-from hermetic.errors import DataError
-from hermetic.paths import name_pattern
+from hermetic.core.canonical import is_sha256_hex
+from hermetic.core.errors import DataError
+from hermetic.core.paths import name_pattern
 from hermetic.record.ids import RUN_ID_RE
 from hermetic.record.secrets_policy import is_secret_name
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy as _copy
 from typing import Any
 
-from hermetic.canonical import canonical_sha256
+from hermetic.core.canonical import canonical_sha256
 
 
 def record_digest(record: dict[str, Any]) -> str:

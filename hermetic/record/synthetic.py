@@ -12,8 +12,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from hermetic import __version__
-from hermetic.canonical import canonical_sha256
-from hermetic.determinism import is_knob, knob_env
+from hermetic.core.canonical import canonical_sha256
+from hermetic.config.determinism import is_knob, knob_env
 from hermetic.record.ids import iso_utc
 
 T0 = datetime(2026, 11, 29, 21, 45, 0, tzinfo=timezone.utc)
@@ -40,7 +40,7 @@ def synthetic_config(seed: int = 0) -> dict[str, Any]:
 
 
 PACKAGES = [("numpy", "2.1.3"), ("torch", "2.9.1"), ("nvidia-cublas-cu12", "12.8.4.1"), ("filelock", "3.16.1")]
-# What a strict-mode image with one thread bakes in: hermetic.determinism's own values, never a copy.
+# What a strict-mode image with one thread bakes in: hermetic.config.determinism's own values, never a copy.
 DETERMINISM_ENV = {k: v for k, v in knob_env("strict", 1, 0, {}).items() if is_knob(k)}
 DATA_MANIFEST = "".join(f"{h(f'img{i}')}  train/{i:04d}.png\n" for i in range(8))
 

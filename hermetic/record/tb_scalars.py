@@ -105,7 +105,7 @@ def read_scalars(path: str, max_points: int) -> dict:
 
 
 def _fs_name(recorded: str) -> str:
-    """A record name (``%XX`` for bytes that are not plain UTF-8: hermetic.safetree.record_name) as the file
+    """A record name (``%XX`` for bytes that are not plain UTF-8: hermetic.hostfs.safetree.record_name) as the file
     system's name."""
     if "%" not in recorded:
         return recorded

@@ -5,7 +5,7 @@ nothing of the files beside it, which anyone may change (or rename the
 directory). So what compares or reuses a run checks them again first:
 
 - ``check_outputs``: every file under ``outputs/`` rehashed as the run hashed
-  them (hash_outputs_at: through hermetic.safetree) against
+  them (hash_outputs_at: through hermetic.hostfs.safetree) against
   ``outputs.files``; ``require_as_recorded`` (diff, replay) refuses a changed
   or missing one, and checks the series and stdout log they compare too.
 - ``verify_run`` (``hermetic runs verify``): everything the record holds a
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermetic import safetree
-from hermetic.errors import HermeticError, IntegrityError
+from hermetic.hostfs import safetree
+from hermetic.core.errors import HermeticError, IntegrityError
 from hermetic.record.outputs import hash_outputs_at
 
 CACHE_NAME = ".outputs.statcache"

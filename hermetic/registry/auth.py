@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from hermetic.errors import PermissionDenied
+from hermetic.core.errors import PermissionDenied
 
 ENV_USER = "HERMETIC_REGISTRY_USER"
 ENV_PASSWORD = "HERMETIC_REGISTRY_PASSWORD"

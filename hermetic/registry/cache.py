@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hermetic.canonical import is_sha256_hex, sha256_digest
-from hermetic.errors import HermeticError, UsageError
-from hermetic.reference import ImageName, parse_image_name
+from hermetic.core.canonical import is_sha256_hex, sha256_digest
+from hermetic.core.errors import HermeticError, UsageError
+from hermetic.core.reference import ImageName, parse_image_name
 from hermetic.registry.client import RegistryClient
 from hermetic.registry.locations import record_image_location
 from hermetic.registry.progress import TransferProgress

@@ -12,7 +12,7 @@ a RegistryError naming the blob or manifest.
 What the registry says is data, never trusted: a digest it names is checked
 (``sha256:<64 hex>``) before it becomes a URL or a path, and text from it
 (error bodies, headers) has its control characters escaped before it goes
-into a message (hermetic/display.py).
+into a message (hermetic/core/display.py).
 
 Plain HTTP is used for loopback registries (127.0.0.0/8, ::1, localhost:
 the Docker Engine treats them as insecure by default too) and for hosts
@@ -30,9 +30,9 @@ from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
 import requests
 
-from hermetic.display import escape_controls
-from hermetic.errors import EXIT_NOINPUT, IntegrityError
-from hermetic.reference import check_digest, is_digest, is_tag
+from hermetic.core.display import escape_controls
+from hermetic.core.errors import EXIT_NOINPUT, IntegrityError
+from hermetic.core.reference import check_digest, is_digest, is_tag
 from hermetic.registry.auth import AuthError, Credentials, scope_for
 from hermetic.registry.deadlines import Timeouts
 from hermetic.registry.tokens import Authenticator

@@ -30,8 +30,8 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.poolmanager import ProxyManager
 
 from hermetic import __version__
-from hermetic.errors import TempFail, UsageError
-from hermetic.reference import show_value
+from hermetic.core.errors import TempFail, UsageError
+from hermetic.core.reference import show_value
 
 TOTAL_TIMEOUT_ENV = "HERMETIC_REGISTRY_TIMEOUT"
 REQUEST_TIMEOUT_ENV = "HERMETIC_REGISTRY_REQUEST_TIMEOUT"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hermetic.errors import IntegrityError
-from hermetic.reference import check_digest, show_value
+from hermetic.core.errors import IntegrityError
+from hermetic.core.reference import check_digest, show_value
 from hermetic.store.oci import Descriptor
 
 MAX_BLOB_SIZE = 1 << 50  # 1 PiB: a size beyond it is not a blob anyone serves

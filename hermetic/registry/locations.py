@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from hermetic.filelocks import file_lock
-from hermetic.fsutil import atomic_write_text
+from hermetic.hostfs.filelocks import file_lock
+from hermetic.hostfs.fsutil import atomic_write_text
 from hermetic.store.oci import OciStore
 
 PUSHED_FILE = "pushed.json"

@@ -21,10 +21,10 @@ import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from hermetic.canonical import sha256_digest
-from hermetic.display import escape_controls
-from hermetic.errors import DataError, HermeticError, IntegrityError, NotFound, ProtocolError, UsageError
-from hermetic.reference import ImageName, parse_image_name
+from hermetic.core.canonical import sha256_digest
+from hermetic.core.display import escape_controls
+from hermetic.core.errors import DataError, HermeticError, IntegrityError, NotFound, ProtocolError, UsageError
+from hermetic.core.reference import ImageName, parse_image_name
 from hermetic.registry.client import RegistryClient
 from hermetic.registry.deadlines import Timeouts
 from hermetic.registry.documents import descriptor, image_blobs, parse_document

@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from hermetic.errors import DataError, IntegrityError, NotFound, UsageError
-from hermetic.reference import ImageName, parse_image_name
+from hermetic.core.errors import DataError, IntegrityError, NotFound, UsageError
+from hermetic.core.reference import ImageName, parse_image_name
 from hermetic.registry.client import RegistryClient
 from hermetic.registry.deadlines import Timeouts
 from hermetic.registry.documents import descriptor, image_blobs

@@ -24,10 +24,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hermetic.canonical import canonical_json, sha256_digest
-from hermetic.display import escape_controls
-from hermetic.errors import IntegrityError
-from hermetic.reference import is_digest
+from hermetic.core.canonical import canonical_json, sha256_digest
+from hermetic.core.display import escape_controls
+from hermetic.core.errors import IntegrityError
+from hermetic.core.reference import is_digest
 from hermetic.registry.client import RegistryClient
 from hermetic.registry.documents import descriptor, parse_document
 from hermetic.registry.transport import RegistryError

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from hermetic.display import escape_controls
+from hermetic.core.display import escape_controls
 from hermetic.registry.auth import AuthError, Challenge, Credentials, find_credentials, parse_challenge
 from hermetic.registry.transport import MAX_SHOWN, RegistryError, Transport, short_reason
 

@@ -9,7 +9,7 @@ broke off or was answered 429/502/503/504, after its Retry-After when that
 is short), and reads the answer up to a size limit: a document over
 MAX_DOCUMENT_BYTES is refused, of an error answer only the start is kept.
 Text from the registry (error bodies, headers) has its control characters
-escaped before it goes into a message (hermetic/display.py); the bytes that
+escaped before it goes into a message (hermetic/core/display.py); the bytes that
 cross the wire are counted (TransferStats) for the benchmarks.
 """
 
@@ -26,8 +26,8 @@ from typing import Any, Iterator
 import requests
 from urllib3.exceptions import ConnectTimeoutError, ReadTimeoutError
 
-from hermetic.display import escape_controls
-from hermetic.errors import EXIT_UNAVAILABLE, IntegrityError, ProtocolError, UsageError
+from hermetic.core.display import escape_controls
+from hermetic.core.errors import EXIT_UNAVAILABLE, IntegrityError, ProtocolError, UsageError
 from hermetic.registry.deadlines import (CONNECT_TIMEOUT_S, MAX_TIMEOUT_S, REQUEST_TIMEOUT_ENV, TOTAL_TIMEOUT_ENV,
                                          RegistryTimeout, Timeouts, Watch, new_session, watch_requests)
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from hermetic.errors import EXIT_DIFFERENT
-from hermetic.reference import ImageName
-from hermetic.paths import CachePaths
+from hermetic.core.errors import EXIT_DIFFERENT
+from hermetic.core.reference import ImageName
+from hermetic.core.paths import CachePaths
 from hermetic.store.oci import OciStore
 
 NOT_REPRODUCED = EXIT_DIFFERENT  # like `hermetic diff`: a verdict, not an error

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from hermetic.reference import ImageName, parse_base_reference
-from hermetic.canonical import pretty_json
-from hermetic.errors import HermeticError, IntegrityError
+from hermetic.core.reference import ImageName, parse_base_reference
+from hermetic.core.canonical import pretty_json
+from hermetic.core.errors import HermeticError, IntegrityError
 from hermetic.lock.model import LockedWheel
-from hermetic.paths import CachePaths
+from hermetic.core.paths import CachePaths
 from hermetic.provenance.statement import BuildFacts, WheelFact
 from hermetic.store.oci import OciStore
 from hermetic.store.wheels import WheelStore
@@ -142,7 +142,7 @@ def _layer_words(facts: BuildFacts, w: WheelFact) -> str:
 def seed_wheels(facts: BuildFacts, lock_wheels: dict[str, LockedWheel], store: WheelStore, user_store: WheelStore,
                 notes: list[str], log: Callable[[str], None] | None = None) -> None:
     """Every wheel the provenance names, by its exact sha256, into the scratch wheel store."""
-    from hermetic.indexes import PipSources, read_pip_sources
+    from hermetic.lock.indexes import PipSources, read_pip_sources
     from hermetic.lock.model import Lock, Target
     from hermetic.store.fetch import FetchError, SourceSet, fetch
 
@@ -209,7 +209,7 @@ def rebuild(facts: BuildFacts, scratch: Path, *, user_paths: CachePaths, base_so
     """Rebuild into ``scratch``; returns the rebuilt manifest digest (in ``scratch``'s store)."""
     from hermetic.builder.build import build, read_config_lock
     from hermetic.builder.key import build_key, image_config_part
-    from hermetic.config import load_config
+    from hermetic.config.load import load_config
 
     notes = check_builder(facts)
     project = scratch / "project"

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermetic.reference import ImageName, parse_image_name
-from hermetic.canonical import sha256_digest
-from hermetic.errors import DataError, IntegrityError, UsageError
+from hermetic.core.reference import ImageName, parse_image_name
+from hermetic.core.canonical import sha256_digest
+from hermetic.core.errors import DataError, IntegrityError, UsageError
 from hermetic.provenance import ATTESTATION_TYPES, MT_CYCLONEDX, MT_DSSE, MT_STATEMENT
 from hermetic.provenance.statement import PREDICATE_ANNOTATION, PREDICATE_TYPE, BuildFacts, ProvenanceError, read_statement
 from hermetic.store.oci import MANIFEST_TYPES, OciStore

@@ -5,8 +5,8 @@ its working directory (a scratch copy of the snapshot) and the runtime's
 directory (``runs/<id>/.runtime``: the runtime's report, torchrun's per-rank
 logs, the other ranks' outputs). Everything read or moved from them after it
 exits happens here, in one step, in a child process that runs as the
-container's user (hermetic.privdrop; hermetic itself is often root) and
-through hermetic.safetree (no link followed, no FIFO or device opened, names
+container's user (hermetic.hostfs.privdrop; hermetic itself is often root) and
+through hermetic.hostfs.safetree (no link followed, no FIFO or device opened, names
 escaped for the record). The result is plain JSON, which the record step
 seals: nothing the script made is read again as root.
 
@@ -38,8 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermetic import safetree
-from hermetic.privdrop import call_as
+from hermetic.hostfs import safetree
+from hermetic.hostfs.privdrop import call_as
 from hermetic.record import metrics as mx
 from hermetic.record.outputs import hash_outputs_at
 from hermetic.run.workdir import WorkdirResult, collect_at
@@ -245,7 +245,7 @@ def reader_container(run_dir: str, files: list[str], settings: RunSettings, *, u
         return None, "the run's record names no image"
     from hermetic.engines import get_engine
     from hermetic.engines.base import ContainerSpec, Mount
-    from hermetic.errors import HermeticError
+    from hermetic.core.errors import HermeticError
     from hermetic.record import tb_scalars
     from hermetic.record.liveness import driver_token
 

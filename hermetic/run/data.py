@@ -21,7 +21,7 @@ from typing import Callable
 from hermetic.data.access import unreadable
 from hermetic.data.identity import IdentityChange, check_identity
 from hermetic.data.verify import VerifyReport, problem_lines, verify_dataset
-from hermetic.errors import DataError
+from hermetic.core.errors import DataError
 from hermetic.run.plan import ContainerUser, DatasetPlan
 
 # How many unreadable paths the refusal names on its line (all of them go to its details, up to this many more).

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermetic.errors import EXIT_SOFTWARE, HermeticError
+from hermetic.core.errors import EXIT_SOFTWARE, HermeticError
 
 ANNOUNCE_ENV = "HERMETIC_ANNOUNCE_FD"
 HERMETIC_LOG = "hermetic.log"  # in runs/<id>/logs/: what the detached process itself said

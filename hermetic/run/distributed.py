@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from hermetic.containerpaths import RUNTIME_MOUNT
-from hermetic.errors import UsageError
-from hermetic.gpus import gpu_count
+from hermetic.config.containerpaths import RUNTIME_MOUNT
+from hermetic.core.errors import UsageError
+from hermetic.config.gpus import gpu_count
 
 # torchrun's per-rank logs and the other ranks' outputs: inside the runtime directory,
 # which the container already has writable at RUNTIME_MOUNT (no extra mount to collide with).
@@ -188,8 +188,8 @@ def collect_rank_files_at(rtfd: int, runfd: int, plan: DistributedPlan) -> dict[
     ``{rank: {"stdout": path, "stderr": path}}`` (paths relative to the run directory).
 
     The container wrote the runtime's directory: only regular files and real
-    directories are moved, through hermetic.safetree (no link followed)."""
-    from hermetic import safetree
+    directories are moved, through hermetic.hostfs.safetree (no link followed)."""
+    from hermetic.hostfs import safetree
 
     logs: dict[str, dict[str, str]] = {}
     # <log-dir>/<rdzv id>_<random>/attempt_<n>/<local rank>/{stdout,stderr}.log; restarts are off: attempt_0.

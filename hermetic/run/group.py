@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from hermetic.config import LoadedConfig
-from hermetic.paths import CachePaths
+from hermetic.config.load import LoadedConfig
+from hermetic.core.paths import CachePaths
 from hermetic.record import load_record, new_group_id
 from hermetic.record.group import group_outcome, write_group_records
 from hermetic.run.plan import RunRequest

@@ -36,8 +36,8 @@ from typing import Any, Collection
 from hermetic.engines.base import (
     DRIVER_LABEL, HOLDS_LABEL, LOG_FILES, RUN_DIR_LABEL, RUN_LABEL, remove_container, rewrite_logs, stop_container,
 )
-from hermetic.errors import HermeticError
-from hermetic.fsutil import sweep_dead
+from hermetic.core.errors import HermeticError
+from hermetic.hostfs.fsutil import sweep_dead
 from hermetic.record import liveness
 
 RUNTIME_DIR = ".runtime"  # runner.RUNTIME_DIR (runner is not imported: `hermetic runs` stays light)
@@ -209,7 +209,7 @@ def _seal(run_dir: Path, reason: str, workspace: Path | None) -> tuple[bool, str
 def _collect(run_dir: Path, rec: dict[str, Any], workspace: Path | None):
     import posixpath
 
-    from hermetic.containerpaths import inside
+    from hermetic.config.containerpaths import inside
     from hermetic.run.collect import CollectPlan, collect_run
 
     inv = rec["invocation"]
@@ -230,7 +230,7 @@ def _collect(run_dir: Path, rec: dict[str, Any], workspace: Path | None):
         return collect_run(plan, uid=uid, gid=gid)
     finally:
         if os.getuid() == 0:
-            from hermetic import safetree
+            from hermetic.hostfs import safetree
 
             fd = safetree.open_root(run_dir)
             try:

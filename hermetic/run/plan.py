@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermetic.config import LoadedConfig, is_env_name
-from hermetic.containerpaths import RUNTIME_MOUNT
-from hermetic.errors import NotFound, UsageError
+from hermetic.config.load import LoadedConfig, is_env_name
+from hermetic.config.containerpaths import RUNTIME_MOUNT
+from hermetic.core.errors import NotFound, UsageError
 from hermetic.run.distributed import DistributedPlan
-# `hermetic run --seeds 0,1,2 main.py --seed {seed}`: the placeholders, filled in per run (hermetic.seedargs)
-from hermetic.seedargs import PLACEHOLDER, has_placeholder, script_args  # noqa: F401 (run.plan's API)
+# `hermetic run --seeds 0,1,2 main.py --seed {seed}`: the placeholders, filled in per run (hermetic.config.seedargs)
+from hermetic.config.seedargs import PLACEHOLDER, has_placeholder, script_args  # noqa: F401 (run.plan's API)
 
 RUNTIME_REPORT = f"{RUNTIME_MOUNT}/runtime.json"
 
@@ -130,7 +130,7 @@ def check_source_links(cfg: LoadedConfig, datasets: list[DatasetPlan]) -> tuple[
     out of the project: the container's working directory is the project's copy, and nothing else), and the
     dataset it leads into when it does; before anything is built or a run directory made. Returns the source
     files as listed for it (hermetic.run.snapshot.list_source_files), which the run's snapshot takes."""
-    from hermetic.errors import DataError
+    from hermetic.core.errors import DataError
     from hermetic.run.snapshot import links_out, list_source_files
 
     listed = list_source_files(cfg.root, snapshot_excludes(cfg, datasets))

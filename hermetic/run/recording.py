@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.builder.image_record import ImageInfo
-from hermetic.config import LoadedConfig
-from hermetic.determinism import is_knob
-from hermetic.fsutil import atomic_write_text
+from hermetic.config.load import LoadedConfig
+from hermetic.config.determinism import is_knob
+from hermetic.hostfs.fsutil import atomic_write_text
 from hermetic.engines.base import RunOutcome
 from hermetic.run.data import VerifiedDataset
-from hermetic.containerpaths import OUTPUTS_MOUNT
+from hermetic.config.containerpaths import OUTPUTS_MOUNT
 from hermetic.run.plan import RUNTIME_REPORT
 
 

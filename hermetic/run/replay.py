@@ -16,10 +16,10 @@ import hashlib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hermetic.config import HermeticConfig, LoadedConfig
-from hermetic.errors import DataError, HermeticError, IntegrityError, NotFound
-from hermetic.fsutil import sha256_file
-from hermetic.paths import CachePaths
+from hermetic.config.load import HermeticConfig, LoadedConfig
+from hermetic.core.errors import DataError, HermeticError, IntegrityError, NotFound
+from hermetic.hostfs.fsutil import sha256_file
+from hermetic.core.paths import CachePaths
 from hermetic.run.plan import RunRequest
 from hermetic.store.oci import OciStore
 
@@ -105,7 +105,7 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
     moved = dict(data_paths or {})
     unknown = sorted(set(moved) - set(recorded))
     if unknown:
-        from hermetic.errors import UsageError
+        from hermetic.core.errors import UsageError
 
         raise UsageError(f"--data {unknown[0]}=...: run {record['record']['run_id']} read no dataset {unknown[0]!r} "
                          f"(its datasets: {', '.join(sorted(recorded)) or 'none'})")

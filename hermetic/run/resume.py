@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hermetic import safetree
-from hermetic.errors import DataError, NotFound
-from hermetic.privdrop import call_as
+from hermetic.hostfs import safetree
+from hermetic.core.errors import DataError, NotFound
+from hermetic.hostfs.privdrop import call_as
 from hermetic.record import load_record
 from hermetic.record.outputs import hash_outputs_at
 
@@ -96,7 +96,7 @@ def seed_outputs(source: ResumeSource, outputs: Path, workspace: Path, *, uid: i
     each file hashed again as it is copied (ResumeRefused if it changed since the check).
 
     As ``uid`` (who may read anything, write only as itself) and through
-    hermetic.safetree: the earlier script made these files, and their record
+    hermetic.hostfs.safetree: the earlier script made these files, and their record
     can be rewritten and resealed by anyone, so a recorded link is recreated
     as a link and never written through (``victimdir`` -> /etc, then
     ``victimdir/x``: refused), and nothing is overwritten."""

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from hermetic.builder.image_record import ImageInfo
-from hermetic.config import LoadedConfig, size_bytes
-from hermetic.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT, inside
-from hermetic.errors import EXIT_SOFTWARE, CannotCreate, NotFound, Unavailable
-from hermetic.fsutil import owned_temp_dir
-from hermetic.paths import CachePaths
+from hermetic.config.load import LoadedConfig, size_bytes
+from hermetic.config.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT, inside
+from hermetic.core.errors import EXIT_SOFTWARE, CannotCreate, NotFound, Unavailable
+from hermetic.hostfs.fsutil import owned_temp_dir
+from hermetic.core.paths import CachePaths
 from hermetic.record.ids import new_run_id
 from hermetic.record.rundir import adopt_run_dir, create_run_dir, write_record
 from hermetic.engines import get_engine
@@ -459,8 +459,8 @@ def collect_outputs(cfg: LoadedConfig, rec: dict[str, Any], datasets: Sequence[A
 
     A collection that fails (no space left, a bug) still leaves a record to
     seal: its outputs empty and a note saying why."""
-    from hermetic import privdrop, safetree
-    from hermetic.errors import HermeticError
+    from hermetic.hostfs import privdrop, safetree
+    from hermetic.core.errors import HermeticError
     from hermetic.run.collect import CollectPlan, Collected, collect_run
 
     workdir = cfg.model.build.workdir
@@ -556,7 +556,7 @@ def after_failure(cfg: LoadedConfig, req: RunRequest, run_dir: Path, rec: dict[s
     `hermetic submit` prepared it); an early record is sealed ``failed`` (``interrupted`` for Ctrl-C or
     SIGTERM) with the reason. Returns the exception to raise instead of ``exc`` (a full disk as one
     line, exit 73), or None to re-raise ``exc``."""
-    from hermetic.errors import HermeticError
+    from hermetic.core.errors import HermeticError
     from hermetic.record.build import finish_record
     from hermetic.record.index import RUN_JSON
 
@@ -589,7 +589,7 @@ def after_failure(cfg: LoadedConfig, req: RunRequest, run_dir: Path, rec: dict[s
 
 def no_space_error(exc: BaseException) -> CannotCreate | None:
     """A full disk or quota (ENOSPC, EDQUOT) as one line naming the path (errors.DiskFull); None otherwise."""
-    from hermetic.errors import disk_full, is_disk_full
+    from hermetic.core.errors import disk_full, is_disk_full
 
     return disk_full(exc, what="the run's files") if is_disk_full(exc) else None  # type: ignore[arg-type]
 
@@ -620,13 +620,13 @@ def release_space(run_dir: Path) -> None:
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
     if os.getuid() != 0:
         return
-    from hermetic import safetree
+    from hermetic.hostfs import safetree
 
     fd = safetree.open_root(root)
     try:
         safetree.lchown_tree(fd, uid, gid)
     except PermissionError as e:  # root that may not give owners: FAT, exFAT, an export with root_squash
-        from hermetic.filesystems import unfit_for_runs
+        from hermetic.hostfs.filesystems import unfit_for_runs
 
         raise unfit_for_runs(root, f"give it to the container's user (uid {uid})", e) from None
     finally:

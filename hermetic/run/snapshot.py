@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hermetic.errors import DataError
-from hermetic.fsutil import sha256_file
+from hermetic.core.errors import DataError
+from hermetic.hostfs.fsutil import sha256_file
 
 if TYPE_CHECKING:
     from hermetic.builder.tarlayer import Entry  # imported by take_snapshot: the links check lists files only
@@ -252,7 +252,7 @@ def take_snapshot(root: Path, run_dir: Path, excludes: list[str], *, use_git: bo
 def extract_snapshot(tar_path: Path, dest: Path) -> None:
     import tarfile
 
-    from hermetic.tarextract import extract_all
+    from hermetic.hostfs.tarextract import extract_all
 
     dest.mkdir(parents=True, exist_ok=True)
     try:

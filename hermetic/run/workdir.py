@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hermetic import safetree
-from hermetic.containerpaths import glob_match
+from hermetic.hostfs import safetree
+from hermetic.config.containerpaths import glob_match
 
 CACHE_DIRS = ("__pycache__",)
 CACHE_SUFFIXES = (".pyc",)
@@ -48,7 +48,7 @@ class WorkdirResult:
 
 
 def tree_bytes(root: Path) -> int:
-    """Bytes of the regular files under ``root`` (no link followed, at any depth: hermetic.safetree)."""
+    """Bytes of the regular files under ``root`` (no link followed, at any depth: hermetic.hostfs.safetree)."""
     try:
         fd = safetree.open_root(root)
     except OSError:
@@ -132,7 +132,7 @@ def collect(workspace: Path, snapshot_files: dict[str, str], outputs: Path, *, i
     ``snapshot_files`` maps the snapshot's paths to their sha256 (the code
     section); ``skip`` are directories inside the workspace that are not the
     script's (the datasets' mount points). Both trees were written by the
-    script: every step goes through hermetic.safetree (no link followed, no
+    script: every step goes through hermetic.hostfs.safetree (no link followed, no
     FIFO or device opened); a file whose destination is taken by other bytes,
     or lies behind a link the script made in /outputs, is a conflict and stays
     where it was. Paths in the result are record names (safetree.record_name).

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from hermetic.errors import Unavailable, UsageError
+from hermetic.core.errors import Unavailable, UsageError
 
 # Job states after which nothing changes (squeue(1) "JOB STATE CODES").
 TERMINAL_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",

@@ -65,7 +65,7 @@ def begin(submission_path: Path, *, log: Log) -> Path:
     from hermetic.run.recording import run_environment
     from hermetic.run.runner import RUNTIME_DIR, open_record, open_run, run_seed, snapshot_code
     from hermetic.store.oci import OciStore
-    from hermetic.paths import cache_paths
+    from hermetic.core.paths import cache_paths
 
     sub, slurm, run_dir = _context(submission_path)
     member = member_of(sub, os.environ)

@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from hermetic.errors import UsageError
+from hermetic.core.errors import UsageError
 
 MARK = "# Written by hermetic submit; what Slurm runs for this submission. Do not edit: submit again."
 

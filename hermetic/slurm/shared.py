@@ -20,9 +20,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermetic.containerpaths import inside
-from hermetic.errors import IntegrityError, NotFound
-from hermetic.filesystems import NETWORK_FS, filesystem_of
+from hermetic.config.containerpaths import inside
+from hermetic.core.errors import IntegrityError, NotFound
+from hermetic.hostfs.filesystems import NETWORK_FS, filesystem_of
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
 
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from hermetic.fsutil import atomic_write_text
+from hermetic.hostfs.fsutil import atomic_write_text
 from hermetic.record.ids import iso_utc
 from hermetic.record.index import SLURM_JSON
 from hermetic.slurm import ctl

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.builder.image_record import ImageInfo
-from hermetic.config import HermeticConfig, LoadedConfig
-from hermetic.errors import DataError, EXIT_NOINPUT
-from hermetic.fsutil import atomic_write_text
+from hermetic.config.load import HermeticConfig, LoadedConfig
+from hermetic.core.errors import DataError, EXIT_NOINPUT
+from hermetic.hostfs.fsutil import atomic_write_text
 from hermetic.run.distributed import DistributedPlan
 from hermetic.run.plan import RunRequest
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hermetic.config import LoadedConfig
-from hermetic.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT, inside
-from hermetic.errors import NotFound, UsageError
-from hermetic.fsutil import atomic_write_text
-from hermetic.paths import CachePaths
+from hermetic.config.load import LoadedConfig
+from hermetic.config.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT, inside
+from hermetic.core.errors import NotFound, UsageError
+from hermetic.hostfs.fsutil import atomic_write_text
+from hermetic.core.paths import CachePaths
 from hermetic.record import create_run_dir, new_group_id, new_run_id
 from hermetic.record.secrets_policy import is_secret_name
 from hermetic.run.distributed import DistributedPlan, plan_distributed
@@ -98,7 +98,7 @@ def node_local_reason(path: Path, shared_roots: tuple[Path, ...]) -> str | None:
         roots = [Path(os.path.realpath(r)) for r in shared_roots]
         if not any(inside(str(real), str(r)) for r in roots):
             return f"{path} is outside every --shared-root ({', '.join(map(str, roots))})"
-    from hermetic.filesystems import filesystem_of
+    from hermetic.hostfs.filesystems import filesystem_of
 
     best = filesystem_of(real)  # (mount point, fs type) of the mount holding it
     if best is not None and best[1] in NODE_LOCAL_FS:
@@ -140,7 +140,7 @@ NO_SHARED_STORE = ("or put it where every node reads it: --shared-store DIR (a d
 
 def pushed_location(store, manifest_digest: str, image_id: str) -> tuple[list[str], str]:
     """(repo digests, the first one a registry still answers for), or ImageNotPushed."""
-    from hermetic.reference import parse_image_name
+    from hermetic.core.reference import parse_image_name
     from hermetic.registry import repo_digests
     from hermetic.registry.client import RegistryClient
 
@@ -388,7 +388,7 @@ def _write_scripts(sub: Submission, opts: SlurmOptions, pull_from: str, script: 
 
 
 def _gpus_per_node(gpus: str | None) -> str | None:
-    from hermetic.gpus import gpu_count
+    from hermetic.config.gpus import gpu_count
 
     if not gpus:
         return None
@@ -405,7 +405,7 @@ def _node_cache_shell(template: str | None) -> str | None:
 
 def _pyxis_step(sub: Submission, pull_from: str, script: str, cfg: LoadedConfig) -> PyxisStep:
     """The pyxis container: the same mounts and variables hermetic's Docker container gets."""
-    from hermetic.reference import parse_image_name
+    from hermetic.core.reference import parse_image_name
     from hermetic.run.plan import passed_env
 
     name = parse_image_name(pull_from)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hermetic.errors import NotFound
+from hermetic.core.errors import NotFound
 from hermetic.record.index import RUN_JSON
 from hermetic.slurm import ctl
 from hermetic.slurm.state import read_state, write_state

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from hermetic.errors import HermeticError, UsageError
+from hermetic.core.errors import HermeticError, UsageError
 from hermetic.run.distributed import RDZV_PORT, DistributedPlan
 from hermetic.slurm.state import write_state
 from hermetic.slurm.submission import Member, Submission, load_submission
@@ -89,7 +89,7 @@ def node_cache_dir(template: str | None, node: str) -> str | None:
 
 def run_task(submission_path: Path, *, log: Log, env: Mapping[str, str] | None = None) -> int:
     """Run this task's member; the run's exit code (as `hermetic run` exits)."""
-    from hermetic.paths import cache_paths
+    from hermetic.core.paths import cache_paths
     from hermetic.run.replay import ensure_recorded_image
     from hermetic.run.runner import execute
     from hermetic.store.oci import OciStore

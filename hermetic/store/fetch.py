@@ -22,13 +22,13 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from packaging.utils import canonicalize_name, canonicalize_version
 
-from hermetic.errors import (EXIT_DATAERR, EXIT_NOINPUT, EXIT_UNAVAILABLE, DiskFull, HermeticError, IntegrityError,
+from hermetic.core.errors import (EXIT_DATAERR, EXIT_NOINPUT, EXIT_UNAVAILABLE, DiskFull, HermeticError, IntegrityError,
                              Unavailable)
-from hermetic.indexes import PipSources
+from hermetic.lock.indexes import PipSources
 from hermetic.lock.model import Lock, LockedWheel, ResolvedWheel, Target
 from hermetic.lock.tags import parse_wheel_name_version, wheel_priority
 from hermetic.store.wheels import StoredWheel, WheelStore
-from hermetic.workers import limit_reached
+from hermetic.core.workers import limit_reached
 
 _SDIST_SUFFIXES = (".tar.gz", ".zip", ".tar.bz2", ".tgz")
 _JSON_ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"

@@ -8,8 +8,8 @@ or a pull calls after it wrote one.
 
 from __future__ import annotations
 
-from hermetic.canonical import parse_digest
-from hermetic.errors import HermeticError, IntegrityError
+from hermetic.core.canonical import parse_digest
+from hermetic.core.errors import HermeticError, IntegrityError
 from hermetic.store.intact import REPAIR, blob_intact, seal
 from hermetic.store.inuse import claim_image
 from hermetic.store.oci import OciStore

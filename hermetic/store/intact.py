@@ -5,7 +5,7 @@ build, and a run of an image by digest (``store.images.check_image``). Each blob
 note, ``<store>/.verified/<hex>``: the blob's stat key (dev, ino, size,
 mtime_ns, ctime_ns) when its bytes were last hashed and found right, and when
 that note was made. A check trusts an unchanged stat key without reading the
-blob, under git's racy-clean rule (``hermetic.fsutil.is_racy``): a note made
+blob, under git's racy-clean rule (``hermetic.hostfs.fsutil.is_racy``): a note made
 within a timestamp tick of the blob's last change is not trusted, and the
 blob is rehashed and noted again. Writers note what they wrote
 (``BlobWriter``, which hashed the bytes on their way in); ``seal`` re-dates
@@ -26,7 +26,7 @@ import os
 import time
 from pathlib import Path
 
-from hermetic.fsutil import READ_SIZE, StatKey, atomic_write_bytes, is_racy, stat_key
+from hermetic.hostfs.fsutil import READ_SIZE, StatKey, atomic_write_bytes, is_racy, stat_key
 
 NOTES_DIR = ".verified"
 REPAIR = "hermetic cache verify --repair"  # the fix every refusal names

@@ -32,9 +32,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from hermetic.canonical import is_sha256_hex, parse_digest
-from hermetic.filelocks import exclusive_file_lock, is_locked, lock_holders, shared_file_lock
-from hermetic.fsutil import OwnedTemp, sweep_dead
+from hermetic.core.canonical import is_sha256_hex, parse_digest
+from hermetic.hostfs.filelocks import exclusive_file_lock, is_locked, lock_holders, shared_file_lock
+from hermetic.hostfs.fsutil import OwnedTemp, sweep_dead
 
 if TYPE_CHECKING:
     from hermetic.store.oci import OciStore

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
-from hermetic.canonical import canonical_json
-from hermetic.errors import DiskFull, HermeticError, IntegrityError, NotFound, disk_full, is_disk_full
-from hermetic.filelocks import file_lock
-from hermetic.filesystems import naming_full_disk, naming_unwritable
-from hermetic.fsutil import OwnedTemp, atomic_write_bytes, replace_file, set_mode, sha256_file, sweep_dead_once
-from hermetic.reference import check_digest
+from hermetic.core.canonical import canonical_json
+from hermetic.core.errors import DiskFull, HermeticError, IntegrityError, NotFound, disk_full, is_disk_full
+from hermetic.hostfs.filelocks import file_lock
+from hermetic.hostfs.filesystems import naming_full_disk, naming_unwritable
+from hermetic.hostfs.fsutil import OwnedTemp, atomic_write_bytes, replace_file, set_mode, sha256_file, sweep_dead_once
+from hermetic.core.reference import check_digest
 from hermetic.store import intact
 
 OCI_LAYOUT = {"imageLayoutVersion": "1.0.0"}

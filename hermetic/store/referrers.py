@@ -20,9 +20,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from hermetic.canonical import canonical_json, is_sha256_hex, parse_digest, sha256_digest
-from hermetic.errors import IntegrityError
-from hermetic.filelocks import file_lock
+from hermetic.core.canonical import canonical_json, is_sha256_hex, parse_digest, sha256_digest
+from hermetic.core.errors import IntegrityError
+from hermetic.hostfs.filelocks import file_lock
 from hermetic.store.oci import MT_INDEX, MT_MANIFEST, Descriptor, OciStore
 
 # image-spec 1.1 manifest.md, "Guidance for an Empty Descriptor": the two bytes `{}`.

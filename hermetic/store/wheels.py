@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
-from hermetic.canonical import is_sha256_hex
-from hermetic.errors import IntegrityError, disk_full, is_disk_full
-from hermetic.filesystems import naming_full_disk
-from hermetic.fsutil import READ_SIZE, OwnedTemp, replace_file, set_mode, sha256_file, sweep_dead_once
+from hermetic.core.canonical import is_sha256_hex
+from hermetic.core.errors import IntegrityError, disk_full, is_disk_full
+from hermetic.hostfs.filesystems import naming_full_disk
+from hermetic.hostfs.fsutil import READ_SIZE, OwnedTemp, replace_file, set_mode, sha256_file, sweep_dead_once
 
 
 

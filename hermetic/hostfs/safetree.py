@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 from urllib.parse import unquote_to_bytes
 
-from hermetic.errors import DataError
+from hermetic.core.errors import DataError
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -304,7 +304,7 @@ def _open_subdir(fd: int, name: str) -> int:
     try:
         return os.open(name, DIR_FLAGS, dir_fd=fd)
     except PermissionError:
-        # A directory its owner made unreadable (chmod 000): as that owner (hermetic.privdrop) we may give
+        # A directory its owner made unreadable (chmod 000): as that owner (hermetic.hostfs.privdrop) we may give
         # ourselves access again; the result of the lstat above says it is a directory, not a link.
         os.chmod(name, 0o700, dir_fd=fd)
         return os.open(name, DIR_FLAGS, dir_fd=fd)

@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermetic.errors import ConfigError, EXIT_SOFTWARE, HermeticError
-from hermetic.reference import parse_image_name
+from hermetic.core.errors import ConfigError, EXIT_SOFTWARE, HermeticError
+from hermetic.core.reference import parse_image_name
 
 KINDS = ("registry", "bootstrap")
 
 
 def catalog_path() -> Path:
     """images/catalog.yaml of the checkout (beside the package, like the base recipes)."""
-    from hermetic.resources import images_dir
+    from hermetic.core.resources import images_dir
 
     return images_dir() / "catalog.yaml"
 

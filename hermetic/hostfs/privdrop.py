@@ -1,7 +1,7 @@
 """Run a function as another user: a forked child that gave up root before it touched anything.
 
 hermetic often runs as root; what a training script left behind is handled
-(hermetic.safetree) without following links, and, as a second wall, by a
+(hermetic.hostfs.safetree) without following links, and, as a second wall, by a
 child process that runs as the container's uid and gid with no supplementary
 groups (``setgroups([])``, ``setresgid``, ``setresuid``): even a bug in the
 first wall cannot write where that user cannot. With ``read_any`` the child
@@ -9,7 +9,7 @@ keeps one capability, CAP_DAC_READ_SEARCH (read and search any file, nothing
 else), for reading what an earlier run sealed as the invoking user
 (``--resume-from``); it still writes only as the container's user.
 
-The child is a hermetic.workers worker: its answer (JSON: the function's
+The child is a hermetic.core.workers worker: its answer (JSON: the function's
 result must be JSON-serializable) comes back through a pipe, its
 HermeticError is re-raised here as the same class, a bug's traceback as a
 RuntimeError (exit 70); it dies with the parent, which ends it on Ctrl-C.
@@ -23,8 +23,8 @@ import ctypes
 import os
 from typing import Any, Callable, Sequence
 
-from hermetic import errors, workers
-from hermetic.errors import HermeticError
+from hermetic.core import errors, workers
+from hermetic.core.errors import HermeticError
 
 _PR_SET_KEEPCAPS = 8
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from hermetic.errors import CannotCreate, DiskFull, HermeticError, Unavailable, disk_full, is_disk_full
+from hermetic.core.errors import CannotCreate, DiskFull, HermeticError, Unavailable, disk_full, is_disk_full
 
 # Filesystems that are, by their nature, mounted by more than one machine.
 NETWORK_FS = frozenset({
@@ -55,7 +55,7 @@ def _on(path: str | os.PathLike[str]) -> str:
 
 
 def _in_cache(path: str | os.PathLike[str]) -> bool:
-    from hermetic.paths import cache_root
+    from hermetic.core.paths import cache_root
 
     root, real = str(cache_root()), os.path.realpath(path)
     return real == root or real.startswith(root.rstrip("/") + "/")
@@ -133,7 +133,7 @@ class NoLocks(Unavailable):
 
 
 def no_locks(e: OSError, path: str | os.PathLike[str]) -> NoLocks:
-    """The one-line error for an flock the filesystem of ``path`` cannot take (hermetic.filelocks)."""
+    """The one-line error for an flock the filesystem of ``path`` cannot take (hermetic.hostfs.filelocks)."""
     return NoLocks(f"{path}: cannot lock it ({os.strerror(e.errno)}; {_on(path)}): hermetic's stores need file "
                    "locks", hint="on NFS, run its lock daemon (rpc.statd; NFSv4 has locks built in), or mount with "
                    "local_lock=flock where one machine uses it; on Lustre, mount with -o flock; or keep the directory "

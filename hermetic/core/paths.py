@@ -39,7 +39,7 @@ def slug(text: str, max_len: int) -> str:
     return s[:max_len].rstrip("-._")
 
 
-CONFIG_FILENAME = "hermetic.yaml"  # here, not in hermetic.config: the runs listing and `init` need it without the schema
+CONFIG_FILENAME = "hermetic.yaml"  # here, not in hermetic.config.load: the runs listing and `init` need it without the schema
 
 
 def find_upward(start: Path, name: str) -> Path | None:

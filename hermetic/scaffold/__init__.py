@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from hermetic.errors import CannotCreate, NotFound, UsageError
-from hermetic.fsutil import atomic_write_bytes, atomic_write_text
-from hermetic.paths import CONFIG_FILENAME, NAME_MAX, slug
-from hermetic.projectmeta import WHAT_TO_DO, Declared, own_package
+from hermetic.core.errors import CannotCreate, NotFound, UsageError
+from hermetic.hostfs.fsutil import atomic_write_bytes, atomic_write_text
+from hermetic.core.paths import CONFIG_FILENAME, NAME_MAX, slug
+from hermetic.scaffold.projectmeta import WHAT_TO_DO, Declared, own_package
 
 DEFAULT_RECIPE = "debian-bookworm-python3"
 LOCK_FILE = "requirements.lock"
@@ -82,7 +82,7 @@ def init_project(root: Path, *, data: list[str], base: str | None = None, python
     lock, lock_source = _lock(root, plan, python, log)
     requirements_from = plan.declared.source if plan.declared else None
     datasets = [_dataset(root, d, log) for d in dirs]
-    from hermetic.config import BuildConfig, parse_config  # pydantic: not for `init --ci` or `init --help`
+    from hermetic.config.load import BuildConfig, parse_config  # pydantic: not for `init --ci` or `init --help`
 
     env: dict[str, str] = {}
     comments: dict[str, str] = {}
@@ -169,7 +169,7 @@ def render_config(name: str, base: str, python: str, lock: str, datasets: list[d
 
 def _base(given: str | None, store, log) -> tuple[str, str, str | None]:
     from hermetic.builder.bootstrap import bootstrap, find_recipe, load_recipe
-    from hermetic.reference import parse_base_reference
+    from hermetic.core.reference import parse_base_reference
 
     if given:
         try:
@@ -198,7 +198,7 @@ class _LockPlan:
 
 
 def _lock_plan(root: Path, extras: list[str]) -> _LockPlan:
-    from hermetic.projectmeta import declared_requirements, pyproject_locks_directly
+    from hermetic.scaffold.projectmeta import declared_requirements, pyproject_locks_directly
 
     def no_extras(what: str) -> None:
         if extras:
@@ -243,7 +243,7 @@ def _lock(root: Path, plan: _LockPlan, python: str, log) -> tuple[str, str]:
         return plan.as_is, "used as it is"
     from hermetic.lock.compile import compile_lock
     from hermetic.lock.model import Target
-    from hermetic.projectmeta import requirements_in_text
+    from hermetic.scaffold.projectmeta import requirements_in_text
 
     source, declared = plan.source, plan.declared
     if declared is not None:
@@ -268,7 +268,7 @@ def _lock(root: Path, plan: _LockPlan, python: str, log) -> tuple[str, str]:
 
 
 def _fully_hashed(path: Path) -> bool:
-    from hermetic.errors import LockError
+    from hermetic.core.errors import LockError
     from hermetic.lock.requirements import read_requirements_lock
     from hermetic.lock.model import Target
 
@@ -322,7 +322,7 @@ def _gitignore(root: Path) -> list[str]:
 def render_ci(ci: str) -> str:
     """The CI file for ``ci``, with the running hermetic version pinned in its install step."""
     from hermetic import __version__
-    from hermetic.resources import read_template
+    from hermetic.core.resources import read_template
 
     return read_template(CI_TEMPLATES[ci][0]).replace(VERSION_PLACEHOLDER, __version__)
 

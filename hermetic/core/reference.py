@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from hermetic.canonical import is_sha256_hex
-from hermetic.display import escape_controls
+from hermetic.core.canonical import is_sha256_hex
+from hermetic.core.display import escape_controls
 
 _REPO_COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")

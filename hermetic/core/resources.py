@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import hermetic
-from hermetic.errors import EXIT_SOFTWARE, HermeticError
+from hermetic.core.errors import EXIT_SOFTWARE, HermeticError
 
 _PACKAGE_DIR = Path(hermetic.__file__).resolve().parent
 

@@ -5,11 +5,11 @@ Content goes to a temporary file in the destination's directory and is
 renamed into place (rename is atomic on POSIX within one filesystem), so an
 interrupted process leaves either the old state or the new one -- plus, if it
 was killed, its temporary file. Each such file is tied to its writer: the
-writer holds an flock on it for as long as it writes (hermetic.filelocks:
+writer holds an flock on it for as long as it writes (hermetic.hostfs.filelocks:
 never shared with a fork), the kernel drops that lock when the writer dies,
 so the next writer (``sweep_dead``) can tell a dead writer's leftover from a
 live writer's work without guessing by age. What a filesystem refuses on the
-way is one line naming it (hermetic.filesystems).
+way is one line naming it (hermetic.hostfs.filesystems).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
-from hermetic.errors import disk_full, is_disk_full
-from hermetic.filelocks import close_held, flock, open_held
-from hermetic.filesystems import naming_unwritable, not_one_filesystem
+from hermetic.core.errors import disk_full, is_disk_full
+from hermetic.hostfs.filelocks import close_held, flock, open_held
+from hermetic.hostfs.filesystems import naming_unwritable, not_one_filesystem
 
 # Read once: os.umask can only be read by setting it, which is not thread-safe.
 _UMASK = os.umask(0o022)

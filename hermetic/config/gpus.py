@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hermetic.errors import UsageError
+from hermetic.core.errors import UsageError
 
 # A device ID: an index, or a GPU/MIG UUID (old MIG IDs are MIG-GPU-<uuid>/<gi>/<ci>).
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
-from hermetic.filesystems import naming_unwritable, no_locks
+from hermetic.hostfs.filesystems import naming_unwritable, no_locks
 
 # flock's answers where the filesystem has no locks: NFS without its lock daemon (ENOLCK), Lustre mounted
 # without -o flock (ENOSYS), a filesystem without the operation (EOPNOTSUPP).

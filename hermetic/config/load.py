@@ -18,10 +18,10 @@ from typing import Annotated, Any, Literal, Optional, Union
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hermetic.canonical import canonical_json, sha256_hex
-from hermetic.errors import ConfigError
-from hermetic.paths import CONFIG_FILENAME, find_upward, name_pattern, norm_relpath
-from hermetic.reference import parse_base_reference
+from hermetic.core.canonical import canonical_json, sha256_hex
+from hermetic.core.errors import ConfigError
+from hermetic.core.paths import CONFIG_FILENAME, find_upward, name_pattern, norm_relpath
+from hermetic.core.reference import parse_base_reference
 
 CONFIG_MAX_BYTES = 1 << 20  # 1 MiB: a larger hermetic.yaml is refused unread
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -259,7 +259,7 @@ class HermeticConfig(_Strict):
 
     @model_validator(mode="after")
     def _datasets_fit_the_container(self) -> "HermeticConfig":
-        from hermetic.containerpaths import dataset_container_paths, glob_matches_dataset
+        from hermetic.config.containerpaths import dataset_container_paths, glob_matches_dataset
 
         seen_names: set[str] = set()
         taken: dict[str, str] = {}  # container path -> the key that claims it
@@ -446,7 +446,7 @@ def _refuse_aliases(root: yaml.Node, text: str, cfg_path: Path) -> None:
 def _refuse_secrets(model: "HermeticConfig", node: yaml.Node | None, cfg_path: Path) -> None:
     """A secret-looking name under ``env:`` would be baked into the image, and so into hermetic.image.json
     and the provenance (files made to be committed and pushed): it is given at run time instead."""
-    from hermetic.secretnames import is_secret_name
+    from hermetic.config.secretnames import is_secret_name
 
     for loc, env in ((("env",), model.env), (("determinism", "env"), model.determinism.env)):
         name = next((k for k in env if is_secret_name(k)), None)

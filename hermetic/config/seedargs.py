@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from hermetic.errors import UsageError
+from hermetic.core.errors import UsageError
 
 SEED_MAX = 2**32 - 1  # numpy's legacy seed() takes 32 bits; hermetic.yaml and --seed have the same bound
 MAX_GROUP_SEEDS = 1000  # members of one --seeds group (docs/your-script.md); a larger sweep is several groups

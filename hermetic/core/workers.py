@@ -7,7 +7,7 @@ for is still there (it may have died before the request was made). Workers
 started from a fork server have the server as their parent, which exits when
 the command does; the check then looks at the command's own pid.
 
-Locks are the other half: hermetic.filelocks' locks are never shared with a
+Locks are the other half: hermetic.hostfs.filelocks' locks are never shared with a
 worker (see its module doc), so even a worker that lived on could not hold one.
 
 ``start`` is the one way hermetic forks a worker of its own (data hashing,
@@ -39,7 +39,7 @@ import struct
 import sys
 from typing import Any, Callable
 
-from hermetic.errors import EXIT_OSERR, HermeticError, WorkerDied
+from hermetic.core.errors import EXIT_OSERR, HermeticError, WorkerDied
 
 # What fork(2), pipe(2) and a new thread meet at those limits (EAGAIN: processes; EMFILE, ENFILE: descriptors,
 # the account's or the machine's), or when the machine has no memory for another process (ENOMEM).

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from hermetic.errors import DataError, NotFound, UsageError
+from hermetic.core.errors import DataError, NotFound, UsageError
 
 WHAT_TO_DO = ("list the packages the script imports in requirements.in, one per line (e.g. `torch`), "
               "then run hermetic init again")
