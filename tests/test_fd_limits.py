@@ -221,3 +221,14 @@ def test_fetch_at_the_process_limit_says_which_limit_in_one_line(tmp_path, cache
     (proj / "requirements.lock").write_text(requirements_lock([("alpha", "1.0", [sha256_of(wheel)])]))
     proc = run_child(CLI, "fetch", "-C", str(proj), nproc=1, env={**os.environ, "PIP_INDEX_URL": index})
     assert_clean_error(proc, EXIT_OSERR, "cannot start a download", "`ulimit -u` is 1")
+
+
+def test_charliecloud_asks_no_more_processes_than_the_account_may_have():
+    """prlimit cannot raise a hard RLIMIT_NPROC: run.pids above it is capped there (as Podman's --ulimit), not a
+    container that fails to start ("prlimit: failed to set the NPROC resource limit")."""
+    code = ("import resource\n"
+            "resource.setrlimit(resource.RLIMIT_NPROC, (200, 300))\n"
+            "from hermetic.engines.charliecloud import _nproc\n"
+            "print(_nproc(4096), _nproc(64))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.stdout.split() == ["300", "64"], proc.stderr
