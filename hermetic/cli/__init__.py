@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     from hermetic.core import errors
 
     # hermetic's schemas take no pydantic plugin (logfire and the like are for a program's own models), and
-    # looking for one reads every installed distribution's entry points: ~10 ms of each command.
+    # looking for one reads every installed distribution's entry points, at every command.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     fast = argv is None
     try:
@@ -160,7 +160,7 @@ def _exit(code: int, fast: bool) -> None:
     """Exit with ``code``; when ``fast``, without tearing the interpreter down.
 
     Freeing every module and object of a run (pydantic's schemas, docker-py,
-    matplotlib) takes 0.1-0.15 s on two cores, after all output is written:
+    matplotlib) is a sizeable part of a short command, after all output is written:
     the atexit handlers run and stdout/stderr are flushed, then the process
     ends. Only the console entry point is fast (a caller of ``main(argv)``
     keeps its interpreter), and with a non-daemon thread still alive the

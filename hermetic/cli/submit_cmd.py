@@ -117,7 +117,7 @@ def _report(sub, as_json: bool) -> int:
         state = read_state(sub.run_dir(m))
         code = state.get("exit_code")
         if code is None and state.get("state") != "finished":
-            from hermetic.run.runner import RunFailed
+            from hermetic.run.seal import RunFailed
 
             code = RunFailed.exit_code  # the task ended without hermetic's word (killed, cancelled)
         codes.append(int(code or 0))

@@ -170,7 +170,7 @@ class Worker:
     def result(self, tick: Callable[[], None] | None = None) -> Any:
         """What the child's function returned; the child is reaped. Its HermeticError is raised here as the same
         class, a bug's traceback as a RuntimeError (exit 70), and WorkerDied (exit 71) where it ended without an
-        answer (killed, out of memory). ``tick`` is called every 0.1 s while waiting (a progress bar)."""
+        answer (killed, out of memory). ``tick`` is called at each short poll while waiting (a progress bar)."""
         doc = self._next(tick)
         if doc is not None and "sent" in doc:
             raise RuntimeError(f"{self.what} sent a value nobody received")
@@ -293,7 +293,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _read_exactly(fd: int, size: int, tick: Callable[[], None] | None) -> bytes:
-    """``size`` bytes, fewer at EOF; ``tick`` every 0.1 s while waiting, if given."""
+    """``size`` bytes, fewer at EOF; ``tick`` at each short poll while waiting, if given."""
     import select
 
     chunks: list[bytes] = []

@@ -14,7 +14,7 @@ ran.
 
 The one blind spot is git's racy-clean case (hermetic.hostfs.fsutil.is_racy): a file
 modified in the same timestamp tick as the stat that recorded it can keep
-its key. Such files -- written within ~50 ms before they were verified, on a
+its key. Such files -- written within a tick of the kernel's coarse clock before they were verified, on a
 file system with nanosecond stamps -- are hashed again by the check and
 compared with the manifest. What the check cannot see is what the stat cache
 cannot see either (docs/data.md): a change that leaves all five fields

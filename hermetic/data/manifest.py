@@ -166,8 +166,7 @@ def _columns_in_pieces(data: bytes, piece: int = 1 << 20) -> tuple[list[str], li
 
     Only the results accumulate; each piece's text, lines and columns are freed
     before the next is made, so they reuse the same memory. Fresh memory costs a
-    page fault per 4 KiB (~3 us on a VM): for a 100,000-line manifest, a third
-    of a whole-file parse.
+    page fault per 4 KiB: for a large manifest, a third of a whole-file parse.
     """
     if data and not data.endswith(b"\n"):
         data += b"\n"  # the last line's LF, which sha256sum does not require

@@ -11,7 +11,7 @@ and ctime, so its entry could hide the change. An entry is trusted only when
 the file's mtime and ctime are strictly older than ``recorded_ns`` minus a
 slack: twice the timestamp granularity (inferred from the timestamp's
 trailing zeros: whole seconds on FAT/HFS+/ext3, nanoseconds on ext4/xfs/btrfs)
-plus 50 ms for the kernel's coarse clock, which stamps files up to one tick
+plus a tick of the kernel's coarse clock, which stamps files up to one tick
 behind ``time.time_ns()`` (``hermetic.hostfs.fsutil.is_racy``). A racy entry is simply re-hashed and recorded again,
 after which it is trusted.
 

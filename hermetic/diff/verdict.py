@@ -43,19 +43,11 @@ def knobs_not_set(record: Run) -> list[str]:
     if isinstance(torch, dict):
         # The training process's own state wins over the probe's (a separate process that sees torch's
         # defaults): as it was at exit, else as enable_determinism() left it.
-        det = at_exit.get("use_deterministic_algorithms")
-        if det is None:
-            det = next((v for k, v in _flat(applied) if "deterministic" in k and isinstance(v, bool)), None)
-        if det is None:
-            det = torch.get("deterministic_algorithms")
-        if det is not True:
+        if _torch_setting(at_exit.get("use_deterministic_algorithms"), applied, "deterministic",
+                          torch.get("deterministic_algorithms")) is not True:
             missing.append("torch.use_deterministic_algorithms(True)")
-        bench = at_exit.get("cudnn.benchmark")
-        if bench is None:
-            bench = next((v for k, v in _flat(applied) if "benchmark" in k and isinstance(v, bool)), None)
-        if bench is None:
-            bench = torch.get("cudnn_benchmark")
-        if bench is not False:
+        if _torch_setting(at_exit.get("cudnn.benchmark"), applied, "benchmark",
+                          torch.get("cudnn_benchmark")) is not False:
             missing.append("torch.backends.cudnn.benchmark=False")
     changed = final.get("changed_after_enable_determinism") or {}
     missing += [f"{flag} changed after enable_determinism() ({short(a)} -> {short(b)})"
@@ -63,6 +55,15 @@ def knobs_not_set(record: Run) -> list[str]:
     if not applied:
         missing.append("in-process seeding (seed.applied is empty)")
     return missing
+
+
+def _torch_setting(at_exit: Any, applied: dict[str, Any], word: str, probed: Any) -> Any:
+    """A torch setting as the training process left it, else as seeding applied it (the first boolean
+    whose key holds ``word``), else as the probe saw it; None when nothing says."""
+    if at_exit is not None:
+        return at_exit
+    found = next((v for k, v in _flat(applied) if word in k and isinstance(v, bool)), None)
+    return found if found is not None else probed
 
 
 def _flat(d: dict[str, Any], prefix: str = ""):

@@ -13,7 +13,7 @@ Mounts, Init, PidsLimit) is refused by name.
 
 docker-py is imported on the first connect: a command that never reaches the
 engine (``hermetic runs`` with no container to ask about, a ``--no-load``
-build) does not import it (requests, urllib3: ~0.1 s). Its errors are
+build) does not import it (requests and urllib3 with it). Its errors are
 requests' (``docker.errors.APIError`` is an OSError) or
 ``docker.errors.DockerException``; ``docker.errors.NotFound`` is a 404.
 """

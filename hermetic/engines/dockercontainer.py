@@ -129,10 +129,10 @@ def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = Tr
 
 
 class DockerLaunch:
-    """A container created, attached and started by a thread of its own (the engine's create and start take
-    ~0.2 s, mostly runc's) while the caller goes on with the run's last steps; its command waits at the
+    """A container created, attached and started by a thread of its own (the engine's create and start, mostly
+    runc's time) while the caller goes on with the run's last steps; its command waits at the
     run's Gate meanwhile (hermetic.engines.base). ``finish`` streams its output until it ends, waits, and
-    has a thread remove it (~10-20 ms of the engine's, while the caller collects the outputs) that ``close``
+    has a thread remove it (the engine's time, while the caller collects the outputs) that ``close``
     joins; ``cancel`` removes it unfinished."""
 
     def __init__(self, client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
@@ -262,9 +262,9 @@ def _oom_killed(container) -> bool:
         return False
 
 
-# Up to this much streamed, the engine's whole log is counted against it (~0.05 s a MiB: the engine decodes
-# its json-file line by line, ~18 MB/s here); past it, the log's last lines are compared with the end of what
-# was streamed (~0.01 s whatever the size: 50 MB of output took 3.2 s to count), and counted only on a mismatch.
+# Up to this much streamed, the engine's whole log is counted against it (a cost that grows with the log: the
+# engine decodes its json-file line by line); past it, the log's last lines are compared with the end of what
+# was streamed (the same cost whatever the size), and the whole log counted only on a mismatch.
 FULL_COUNT_BYTES = 1 << 20
 TAIL_LINES = 64  # json-file lines are at most 16 KiB: the tail is at most 1 MiB
 KEPT_END_BYTES = 2 << 20  # of each stream, kept while streaming to compare with the log's tail

@@ -323,7 +323,7 @@ class PodmanEngine:
                 self._rewrite_logs(name, files)
                 return RunOutcome(None, True, end.signal_name)
             # `podman run` exits with the container's status; Podman's record of it is read only when the
-            # script did not exit 0 (an OOM kill, a start that failed): ~0.05 s of a podman process
+            # script did not exit 0 (an OOM kill, a start that failed): it costs a podman process
             state = {} if end.returncode == 0 else (self.inspect(name) or {}).get("State") or {}
             if end.returncode != 0 and not state:
                 raise EngineError(f"Podman could not run the container: {_last_error(_tail(log_dir))}")
@@ -439,7 +439,7 @@ class PodmanEngine:
 
 @dataclass
 class PodmanLaunch(DeferredLaunch):
-    """DeferredLaunch, its container removed by a thread (a `podman rm`, ~0.05 s) while the run's outputs are
+    """DeferredLaunch, its container removed by a thread (a `podman rm`) while the run's outputs are
     collected; ``close`` joins it (not a daemon: the interpreter waits for it should a caller never close)."""
 
     _removal: threading.Thread | None = field(default=None, init=False, repr=False)

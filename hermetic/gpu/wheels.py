@@ -14,10 +14,11 @@ torch itself will not use them.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Literal
+from typing import Iterable, Iterator, Literal
 
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import Version
 
 from hermetic.gpu.cuda import CudaInfo, major_minor
 from hermetic.gpu.findings import Finding
@@ -121,6 +122,19 @@ def platform_requirement(platform: str) -> tuple[str, tuple[int, int] | None, st
     return "other", None, None
 
 
+def _parsed(wheel_filenames: Iterable[str], check: str,
+            out: list[Finding]) -> Iterator[tuple[str, str, Version, frozenset[Tag]]]:
+    """Each wheel's filename, name, version and tags; a filename that is not a wheel's is a failure of
+    ``check``, added to ``out``."""
+    for filename in wheel_filenames:
+        try:
+            name, version, _, tags = parse_wheel_filename(filename)
+        except InvalidWheelFilename:
+            out.append(Finding(check, "fail", f"{filename}: not a valid wheel filename"))
+            continue
+        yield filename, name, version, tags
+
+
 def check_glibc(
     wheel_filenames: Iterable[str],
     glibc: tuple[int, int] | None,
@@ -134,12 +148,7 @@ def check_glibc(
     what kind of C library the base has when glibc is None.
     """
     out: list[Finding] = []
-    for filename in wheel_filenames:
-        try:
-            name, version, _, tags = parse_wheel_filename(filename)
-        except InvalidWheelFilename:
-            out.append(Finding("glibc", "fail", f"{filename}: not a valid wheel filename"))
-            continue
+    for filename, name, version, tags in _parsed(wheel_filenames, "glibc", out):
         reqs = [platform_requirement(t.platform) for t in tags]
         if any(kind == "any" for kind, _, _ in reqs):
             continue
@@ -198,12 +207,7 @@ def check_python_abi(
     accepted = _accepted_interpreter_abis(python_version, implementation)
     nodot = python_version.replace(".", "")[:3]
     out: list[Finding] = []
-    for filename in wheel_filenames:
-        try:
-            name, version, _, tags = parse_wheel_filename(filename)
-        except InvalidWheelFilename:
-            out.append(Finding("python-abi", "fail", f"{filename}: not a valid wheel filename"))
-            continue
+    for filename, name, version, tags in _parsed(wheel_filenames, "python-abi", out):
         if any((t.interpreter, t.abi) in accepted for t in tags):
             continue
         pairs = ", ".join(sorted({f"{t.interpreter}-{t.abi}" for t in tags}))

@@ -53,7 +53,7 @@ def sha256_file(path: str | os.PathLike[str], *, chunk: int = READ_SIZE) -> str:
 
 StatKey = tuple[int, int, int, int, int]
 _COARSE_CLOCK_NS = 50_000_000
-SAFE_AGE_NS = 2 * 1_000_000_000 + _COARSE_CLOCK_NS  # enough for any timestamp granularity up to 1 s
+SAFE_AGE_NS = 2 * 1_000_000_000 + _COARSE_CLOCK_NS  # enough for any timestamp granularity up to whole seconds
 
 
 def stat_key(st: os.stat_result) -> StatKey:
@@ -69,7 +69,7 @@ def is_racy(mtime_ns: int, ctime_ns: int, recorded_ns: int) -> bool:
     trusted only when the file's mtime and ctime are strictly older than it
     minus a slack: twice the timestamp granularity (inferred from the
     timestamp's trailing zeros: whole seconds on FAT/HFS+/ext3, nanoseconds on
-    ext4/xfs/btrfs) plus 50 ms for the kernel's coarse clock, which stamps
+    ext4/xfs/btrfs) plus a tick of the kernel's coarse clock, which stamps
     files up to one tick behind ``time.time_ns()``. True: do not trust it.
     """
     newest = mtime_ns if mtime_ns > ctime_ns else ctime_ns

@@ -24,6 +24,7 @@ exactly (``urllib.parse.unquote_to_bytes``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
@@ -402,29 +403,20 @@ def move(src_dirfd: int, src_rel: str, dst_dirfd: int, dst_rel: str) -> None:
 
     rename(2) when both sides are on one file system; otherwise a copy
     (regular files, links, FIFOs) and the source removed."""
-    s_head, s_tail = split(src_rel)
-    d_head, d_tail = split(dst_rel)
-    sd = open_dir(src_dirfd, s_head)
-    try:
-        dd = open_dir(dst_dirfd, d_head, create=True)
+    with _opened_sides(src_dirfd, src_rel, dst_dirfd, dst_rel) as (sd, s_tail, dd, d_tail):
         try:
-            try:
-                os.stat(d_tail, dir_fd=dd, follow_symlinks=False)
-                raise FileExistsError(errno.EEXIST, "exists", dst_rel)
-            except FileNotFoundError:
-                pass
-            try:
-                os.rename(s_tail, d_tail, src_dir_fd=sd, dst_dir_fd=dd)
-                return
-            except OSError as e:
-                if e.errno != errno.EXDEV:
-                    raise
-            _copy_entry(sd, s_tail, dd, d_tail)
-            os.unlink(s_tail, dir_fd=sd)
-        finally:
-            os.close(dd)
-    finally:
-        os.close(sd)
+            os.stat(d_tail, dir_fd=dd, follow_symlinks=False)
+            raise FileExistsError(errno.EEXIST, "exists", dst_rel)
+        except FileNotFoundError:
+            pass
+        try:
+            os.rename(s_tail, d_tail, src_dir_fd=sd, dst_dir_fd=dd)
+            return
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+        _copy_entry(sd, s_tail, dd, d_tail)
+        os.unlink(s_tail, dir_fd=sd)
 
 
 def _copy_entry(sd: int, s_name: str, dd: int, d_name: str, *, expect_sha256: str | None = None) -> str | None:
@@ -468,13 +460,21 @@ def _copy_entry(sd: int, s_name: str, dd: int, d_name: str, *, expect_sha256: st
 def copy(src_dirfd: int, src_rel: str, dst_dirfd: int, dst_rel: str, *, expect_sha256: str | None = None) -> None:
     """Copy a file, link or FIFO beneath one root to a new name beneath another (no link followed, nothing
     overwritten); a regular file's bytes are hashed as they are copied and must match ``expect_sha256``."""
+    with _opened_sides(src_dirfd, src_rel, dst_dirfd, dst_rel) as (sd, s_tail, dd, d_tail):
+        _copy_entry(sd, s_tail, dd, d_tail, expect_sha256=expect_sha256)
+
+
+@contextlib.contextmanager
+def _opened_sides(src_dirfd: int, src_rel: str, dst_dirfd: int, dst_rel: str) -> Iterator[tuple[int, str, int, str]]:
+    """The source's directory (opened) and name, then the destination's, its directories made; no link
+    followed on either side."""
     s_head, s_tail = split(src_rel)
     d_head, d_tail = split(dst_rel)
     sd = open_dir(src_dirfd, s_head)
     try:
         dd = open_dir(dst_dirfd, d_head, create=True)
         try:
-            _copy_entry(sd, s_tail, dd, d_tail, expect_sha256=expect_sha256)
+            yield sd, s_tail, dd, d_tail
         finally:
             os.close(dd)
     finally:

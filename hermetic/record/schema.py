@@ -352,18 +352,23 @@ class Record(_Strict):
     distributed: Optional[Distributed] = None
 
 
+def _check_shape(model: type[_Strict], doc: Any, source: str) -> None:
+    """RecordError, naming ``source`` and the first wrong field, unless ``doc`` is an object ``model`` accepts."""
+    if not isinstance(doc, dict):
+        raise RecordError(f"{source}: top level must be a JSON object (got {type(doc).__name__})")
+    try:
+        model.model_validate(doc)
+    except ValidationError as e:
+        raise RecordError(_first_error(e, doc, source)) from None
+
+
 def validate_record(record: Any, *, source: str = "run.json", sealed: bool = True) -> dict[str, Any]:
     """Return ``record`` unchanged if it has the documented shape; else raise RecordError.
 
     ``sealed=False`` accepts an empty ``record.record_sha256`` (a record about
     to be sealed); loaded records must be sealed.
     """
-    if not isinstance(record, dict):
-        raise RecordError(f"{source}: top level must be a JSON object (got {type(record).__name__})")
-    try:
-        Record.model_validate(record)
-    except ValidationError as e:
-        raise RecordError(_first_error(e, record, source)) from None
+    _check_shape(Record, record, source)
     _check_cross_fields(record, source, sealed)
     return record
 
@@ -521,10 +526,5 @@ class Group(_Strict):
 
 def validate_group(doc: Any, *, source: str = "group.json") -> dict[str, Any]:
     """Return ``doc`` unchanged if it has the shape write_group writes; else raise RecordError."""
-    if not isinstance(doc, dict):
-        raise RecordError(f"{source}: top level must be a JSON object (got {type(doc).__name__})")
-    try:
-        Group.model_validate(doc)
-    except ValidationError as e:
-        raise RecordError(_first_error(e, doc, source)) from None
+    _check_shape(Group, doc, source)
     return doc

@@ -25,7 +25,8 @@ from hermetic.record.group import group_outcome, write_group_records
 from hermetic.run.plan import RunRequest
 from hermetic.record import liveness
 from hermetic.run.detach import announce
-from hermetic.run.runner import Log, RunResult, execute
+from hermetic.run.runner import execute
+from hermetic.run.seal import Log, RunResult
 
 
 # How much of a sweep's time its group.json may take: rewritten after every member while that costs at

@@ -40,7 +40,7 @@ from hermetic.core.errors import HermeticError
 from hermetic.hostfs.fsutil import sweep_dead
 from hermetic.record import liveness
 
-RUNTIME_DIR = ".runtime"  # runner.RUNTIME_DIR (runner is not imported: `hermetic runs` stays light)
+RUNTIME_DIR = ".runtime"  # seal.RUNTIME_DIR (seal is not imported: `hermetic runs` stays light)
 
 
 @dataclass(frozen=True)
@@ -131,30 +131,29 @@ def _reap(engine: Any, orphan: Orphan, by: str) -> Reaped | None:
                       f"removed container {orphan.id[:12]}, left by a hermetic process that died (pid {orphan.driver.pid})")
     run_dir = orphan.run_dir
     if not (run_dir / "run.json").is_file() or run_dir.name != orphan.run_id:
-        container = _container(engine, orphan.id)
-        if container is None:
-            return None
-        stop_container(container)
-        remove_container(container)
-        _remove_workspace(orphan.workspace)
-        return Reaped(orphan.id[:12], orphan.run_id, run_dir, False,
-                      f"run {orphan.run_id}: its driver (pid {orphan.driver.pid}) died; stopped and removed its "
-                      f"container ({run_dir} has no record to seal)")
+        return _remove_unsealed(engine, orphan, run_dir, f" ({run_dir} has no record to seal)")
     if liveness.is_running(run_dir):  # another process (a reaper) is at it
         return None
     try:
         with liveness.hold(run_dir):
             return _reap_run(engine, orphan, run_dir, by)
     except OSError as e:  # the run directory is not ours to write: still, the container goes
-        container = _container(engine, orphan.id)
-        if container is None:
-            return None
-        stop_container(container)
-        remove_container(container)
-        _remove_workspace(orphan.workspace)
-        return Reaped(orphan.id[:12], orphan.run_id, run_dir, False,
-                      f"run {orphan.run_id}: its driver (pid {orphan.driver.pid}) died; stopped and removed its "
-                      f"container, but could not seal its record: {run_dir}: {e.strerror or e}")
+        return _remove_unsealed(engine, orphan, run_dir,
+                                f", but could not seal its record: {run_dir}: {e.strerror or e}")
+
+
+def _remove_unsealed(engine: Any, orphan: Orphan, run_dir: Path, why: str) -> Reaped | None:
+    """A run's orphan stopped and removed with its working copy, its record left as it is (``why``, the
+    note's end); None when the container is gone already."""
+    container = _container(engine, orphan.id)
+    if container is None:
+        return None
+    stop_container(container)
+    remove_container(container)
+    _remove_workspace(orphan.workspace)
+    return Reaped(orphan.id[:12], orphan.run_id, run_dir, False,
+                  f"run {orphan.run_id}: its driver (pid {orphan.driver.pid}) died; stopped and removed its "
+                  f"container{why}")
 
 
 def _reap_run(engine: Any, orphan: Orphan, run_dir: Path, by: str) -> Reaped | None:
@@ -197,7 +196,7 @@ def _seal(run_dir: Path, reason: str, workspace: Path | None) -> tuple[bool, str
         collected = _collect(run_dir, rec, workspace)
         shutil.rmtree(run_dir / RUNTIME_DIR, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(run_dir / ".space-reserve")  # hermetic.run.runner.RESERVE_NAME: room for this record
+            os.unlink(run_dir / ".space-reserve")  # hermetic.run.seal.RESERVE_NAME: room for this record
         write_record(run_dir, finish_record(rec, run_dir, status="interrupted", exit_code=None, reason=reason,
                                             workdir=collected.workdir.section(), outputs=collected.outputs,
                                             metrics=collected.metrics, notes=collected.notes))

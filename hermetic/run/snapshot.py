@@ -76,7 +76,7 @@ def _exclude_specs(excludes: list[str]) -> list[str]:
 
 def _may_be_in_work_tree(root: Path) -> bool:
     """False only where git could not find a repository for ``root``: no ``.git`` in it or above it, and
-    none named by the environment. Saves a git process (~5 ms of a run's start) outside repositories."""
+    none named by the environment. Saves a git process at each run's start outside repositories."""
     if os.environ.get("GIT_DIR") or os.environ.get("GIT_WORK_TREE"):
         return True
     here = root.resolve()  # git looks from the real directory, whatever link led to it
@@ -138,7 +138,7 @@ def _not_ignored_outside_git(root: Path, excludes: list[str]) -> list[str] | Non
 
     with tempfile.TemporaryDirectory(prefix="hermetic-gitignore-") as empty:
         # what git takes for a repository (HEAD, objects/, refs/): `git init` would also write its sample
-        # hooks and config, ~10 ms of a run's start for a question about .gitignore files
+        # hooks and config, time at every run's start for a question about .gitignore files
         os.mkdir(os.path.join(empty, "objects"))
         os.mkdir(os.path.join(empty, "refs"))
         with open(os.path.join(empty, "HEAD"), "w") as f:

@@ -3,7 +3,7 @@
 On a pyxis cluster the nodes have no Docker Engine: the job script starts
 the containers itself (``srun --container-image=REGISTRY#REPO@sha256:…``,
 enroot pulling and checking the image by digest). hermetic's steps on the
-node are the runner's own (hermetic.run.runner), split where the container
+node are the runner's own (hermetic.run.runner, hermetic.run.seal), split where the container
 goes: ``begin`` verifies the data on the node, opens the prepared run
 directory, extracts the submitted snapshot into ``<run>/.workspace`` (the
 container's working directory), folds in the probe the script ran in the
@@ -63,7 +63,8 @@ def begin(submission_path: Path, *, log: Log) -> Path:
     from hermetic.record import write_record
     from hermetic.run.data import verify_datasets
     from hermetic.run.recording import run_environment
-    from hermetic.run.runner import RUNTIME_DIR, open_record, open_run, run_seed, snapshot_code
+    from hermetic.run.runner import open_record, open_run, run_seed, snapshot_code
+    from hermetic.run.seal import RUNTIME_DIR
     from hermetic.store.oci import OciStore
     from hermetic.core.paths import cache_paths
 
@@ -93,7 +94,7 @@ def end(submission_path: Path, exit_code: int, *, log: Log) -> int:
     from hermetic.record.rundir import load_record
     from hermetic.engines.base import RunOutcome
     from hermetic.run.plan import ContainerUser
-    from hermetic.run.runner import collect_outputs, seal_run
+    from hermetic.run.seal import collect_outputs, seal_run
 
     sub, _slurm, run_dir = _context(submission_path)
     member = member_of(sub, os.environ)

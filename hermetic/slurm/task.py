@@ -146,6 +146,6 @@ def run_task(submission_path: Path, *, log: Log, env: Mapping[str, str] | None =
 
 def _node_run_dir(run_dir: Path, node_rank: int) -> Path:
     from hermetic.record import create_run_dir
-    from hermetic.run.runner import NODES_DIR
+    from hermetic.run.seal import NODES_DIR
 
     return create_run_dir(run_dir / NODES_DIR, f"{run_dir.name}-node{node_rank}")
