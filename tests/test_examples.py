@@ -203,3 +203,16 @@ def test_the_prepared_gpu_check_runs_every_section_as_a_cpu_rehearsal(torch_mlp,
     assert knobs["fill_uninitialized_memory"] is True and knobs["env"]["NCCL_NVLS_ENABLE"] == "0"
     assert (out / "probe.json").is_file()
     assert "a CPU rehearsal" in proc.stdout
+
+
+@pytest.mark.parametrize("example", ["numpy-logreg", "torch-mlp"])
+def test_the_examples_build_to_their_committed_image(example, request, base_ref):
+    """The identity promise on the examples: from the committed inputs, this tree builds the image ID and
+    manifest digest their hermetic.image.json names. A change to what goes into an image (the runtime
+    layer, a label, the config's canonical form) fails here until the examples are rebuilt and recommitted
+    with the reason. Only where the session's base is the one the examples pin (Debian's mirror moves)."""
+    committed = json.loads((EXAMPLES / example / "hermetic.image.json").read_text())
+    if committed["base"]["reference"] != base_ref:
+        pytest.skip(f"the session's base {base_ref} is not the examples' pin {committed['base']['reference']}")
+    _, built = request.getfixturevalue("logreg_built" if example == "numpy-logreg" else "torch_built")
+    assert (built["image_id"], built["manifest_digest"]) == (committed["image_id"], committed["manifest_digest"])

@@ -307,7 +307,7 @@ def image_labels(cfg: LoadedConfig, lock: Lock, base_digest: str, wheels: list[R
         "org.hermetic.base": m.base,
         "org.hermetic.base.digest": base_digest,
         "org.hermetic.python": m.python.version,
-        "org.hermetic.config.determinism": m.determinism.mode,
+        "org.hermetic.determinism": m.determinism.mode,
     }
     from hermetic.builder.image import PACKAGES_LABEL
     from hermetic.gpu.cuda import cuda_info
