@@ -228,7 +228,7 @@ def test_charliecloud_asks_no_more_processes_than_the_account_may_have():
     container that fails to start ("prlimit: failed to set the NPROC resource limit")."""
     code = ("import resource\n"
             "resource.setrlimit(resource.RLIMIT_NPROC, (200, 300))\n"
-            "from hermetic.engines.charliecloud import _nproc\n"
-            "print(_nproc(4096), _nproc(64))\n")
+            "from hermetic.engines.base import nproc_allowed\n"
+            "print(nproc_allowed(4096), nproc_allowed(64))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
     assert proc.stdout.split() == ["300", "64"], proc.stderr

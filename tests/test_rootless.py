@@ -20,7 +20,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

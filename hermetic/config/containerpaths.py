@@ -17,6 +17,8 @@ import re
 from functools import lru_cache
 from typing import Any
 
+from hermetic.core.paths import inside
+
 OUTPUTS_MOUNT = "/outputs"
 RUNTIME_MOUNT = "/run/hermetic"  # the runtime's report (HERMETIC_RUNTIME_REPORT) lives here
 PROBE_MOUNT = "/run/hermetic-probe"
@@ -24,11 +26,6 @@ GATE_MOUNT = "/run/hermetic-gate"  # the door the command waits at while hermeti
 # What the image and hermetic need in place: a dataset may not be mounted there, inside, or over them.
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys",
                "/usr", "/tmp", OUTPUTS_MOUNT, RUNTIME_MOUNT, PROBE_MOUNT, GATE_MOUNT)
-
-
-def inside(path: str, parent: str) -> bool:
-    """``path`` is ``parent`` or below it (both absolute and normalized)."""
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
 def dataset_container_paths(index: int, dataset: Any, *, workdir: str, prefix: str) -> list[tuple[str, str]]:

@@ -97,3 +97,8 @@ class CachePaths:
 
 def cache_paths() -> CachePaths:
     return CachePaths(cache_root())
+
+
+def inside(path: str, parent: str) -> bool:
+    """``path`` is ``parent`` or below it (both absolute and normalized): a host path or one in a container."""
+    return path == parent or path.startswith(parent.rstrip("/") + "/")

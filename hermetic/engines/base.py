@@ -437,3 +437,12 @@ def rewrite_logs(container: Any, files: list[Any]) -> None:
             f.flush()
         except Exception:  # the engine lost it mid-way, or a full disk: keep what fits
             pass
+
+
+def nproc_allowed(wanted: int) -> int:
+    """``wanted`` processes as an RLIMIT_NPROC a container may be given: no higher than this account's hard limit,
+    which no child of it may raise (Podman's --ulimit, Charliecloud's prlimit)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)

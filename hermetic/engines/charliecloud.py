@@ -56,7 +56,7 @@ from typing import Any, Iterator
 
 from hermetic.engines.base import (
     BuildFeed, ContainerSpec, DeferredLaunch, EngineInfo, Readiness, RunOutcome, Watch, container_home_env,
-    open_log_files,
+    nproc_allowed, open_log_files,
 )
 from hermetic.engines.process import signal_exit_code, stream_process
 from hermetic.core.errors import EngineError, HermeticError, Unavailable
@@ -364,8 +364,8 @@ class CharliecloudEngine:
         ch = [self.ch_run(), "--uid", str(uid), "--gid", str(gid), "-c", spec.workdir, "--unset-env=*",
               f"--set-env={env_file}", "--env-no-expand", *binds, "-b", f"{stage}/tmp:/tmp", f"{stage}/root", "--",
               *spec.command]
-        limit = [tools["prlimit"], f"--nproc={_nproc(spec.pids_limit)}:{_nproc(spec.pids_limit)}", "--"] \
-            if spec.pids_limit else []
+        nproc = nproc_allowed(spec.pids_limit) if spec.pids_limit else None
+        limit = [tools["prlimit"], f"--nproc={nproc}:{nproc}", "--"] if nproc else []
         inner = limit + ch
         if as_root:  # the namespaces and mounts as root; the container as the spec's user, in a namespace of its own
             inner = [tools["setpriv"], f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
@@ -521,11 +521,3 @@ class UnpackFeed:
 
     def remove_partials(self) -> None:
         """No prefix images here."""
-
-
-def _nproc(pids_limit: int) -> int:
-    """run.pids as RLIMIT_NPROC, no higher than this account's hard limit (which it may not raise), as Podman's."""
-    import resource
-
-    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-    return pids_limit if hard == resource.RLIM_INFINITY else min(pids_limit, hard)

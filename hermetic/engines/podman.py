@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from hermetic.engines.base import (
     BuildFeed, ContainerSpec, DeferredLaunch, EngineInfo, Readiness, RunOutcome, Watch, container_home_env,
-    oom_reason, open_log_files,
+    nproc_allowed, oom_reason, open_log_files,
 )
 from hermetic.engines.gpu import cdi_devices, check_cdi
 from hermetic.engines.process import stream_process
@@ -268,8 +268,7 @@ class PodmanEngine:
         if self.rootless:
             args += ["--userns", "keep-id"]  # the script is the invoking user: what it writes is theirs
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
-        nproc_hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-        nproc = min(_pid_max(), nproc_hard if nproc_hard != resource.RLIM_INFINITY else _pid_max())
+        nproc = nproc_allowed(_pid_max())
         if spec.pids_limit is not None:
             if self.cgroup_limits:
                 args += ["--pids-limit", str(spec.pids_limit)]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from hermetic.core.errors import CannotCreate, DiskFull, HermeticError, Unavailable, disk_full, is_disk_full
+from hermetic.core.paths import cache_root, inside
 
 # Filesystems that are, by their nature, mounted by more than one machine.
 NETWORK_FS = frozenset({
@@ -43,22 +44,21 @@ def filesystem_of(path: str | os.PathLike[str]) -> tuple[str, str] | None:
         parts, rparts = left.split(), right.split()
         if len(parts) >= 5 and rparts:
             point = parts[4].replace("\\040", " ")
-            below = real == point or real.startswith(point.rstrip("/") + "/")
-            if below and (best is None or len(point) >= len(best[0])):
+            if inside(real, point) and (best is None or len(point) >= len(best[0])):
                 best = (point, rparts[0])
     return best
 
 
 def _on(path: str | os.PathLike[str]) -> str:
-    found = filesystem_of(path)
+    return _named(filesystem_of(path))
+
+
+def _named(found: tuple[str, str] | None) -> str:
     return f"{found[1]} at {found[0]}" if found is not None else "a filesystem not in /proc/self/mountinfo"
 
 
 def _in_cache(path: str | os.PathLike[str]) -> bool:
-    from hermetic.core.paths import cache_root
-
-    root, real = str(cache_root()), os.path.realpath(path)
-    return real == root or real.startswith(root.rstrip("/") + "/")
+    return inside(os.path.realpath(path), str(cache_root()))
 
 
 _REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
@@ -87,7 +87,7 @@ def not_writable(e: OSError, directory: str | os.PathLike[str]) -> NotWritable:
     """The one-line error for a refused write (errno EROFS, EACCES or EPERM) in ``directory``."""
     where = Path(directory)
     found = filesystem_of(where)
-    fs = f"{found[1]} at {found[0]}" if found is not None else "a filesystem not in /proc/self/mountinfo"
+    fs = _named(found)
     owner = None
     if e.errno == errno.EROFS:
         reason = f"read-only file system ({fs})"

@@ -208,7 +208,7 @@ def _seal(run_dir: Path, reason: str, workspace: Path | None) -> tuple[bool, str
 def _collect(run_dir: Path, rec: dict[str, Any], workspace: Path | None):
     import posixpath
 
-    from hermetic.config.containerpaths import inside
+    from hermetic.core.paths import inside
     from hermetic.run.collect import CollectPlan, collect_run
 
     inv = rec["invocation"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from hermetic.config.containerpaths import inside
+from hermetic.core.paths import inside
 from hermetic.config.load import LoadedConfig
 from hermetic.core.errors import EXIT_SOFTWARE, CannotCreate
 from hermetic.engines.base import RunOutcome

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermetic.config.containerpaths import inside
+from hermetic.core.paths import inside
 from hermetic.core.errors import IntegrityError, NotFound
 from hermetic.hostfs.filesystems import NETWORK_FS, filesystem_of
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Callable
 
 from hermetic.config.load import LoadedConfig
-from hermetic.config.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT, inside
+from hermetic.config.containerpaths import OUTPUTS_MOUNT, RUNTIME_MOUNT
 from hermetic.core.errors import NotFound, UsageError
 from hermetic.hostfs.fsutil import atomic_write_text
-from hermetic.core.paths import CachePaths
+from hermetic.core.paths import CachePaths, inside
 from hermetic.record import create_run_dir, new_group_id, new_run_id
 from hermetic.record.secrets_policy import is_secret_name
 from hermetic.run.distributed import DistributedPlan, plan_distributed
