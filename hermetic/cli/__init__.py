@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "base": "hermetic.cli.base_cmd:base",
     "build": "hermetic.cli.build_cmd:build",
     "inspect": "hermetic.cli.build_cmd:inspect_image",
+    "export": "hermetic.cli.export_cmd:export",
     "cache": "hermetic.cli.cache_cmd:cache",
     "data": "hermetic.cli.data_cmd:data",
     "run": "hermetic.cli.run_cmd:run",
