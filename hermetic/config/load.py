@@ -9,6 +9,7 @@ checkouts at different paths agree.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from hermetic.core.canonical import canonical_json, sha256_hex
 from hermetic.core.errors import ConfigError
-from hermetic.core.paths import CONFIG_FILENAME, find_upward, name_pattern, norm_relpath
+from hermetic.core.paths import CONFIG_FILENAME, find_upward, inside, name_pattern, norm_relpath
 from hermetic.core.reference import parse_base_reference
 
 CONFIG_MAX_BYTES = 1 << 20  # 1 MiB: a larger hermetic.yaml is refused unread
@@ -57,10 +58,16 @@ def _check_env_names(v: dict[str, str]) -> dict[str, str]:
     return v
 
 
+def container_path(v: str) -> str:
+    """One spelling of an absolute path in the container (Linux: case-sensitive, nothing folds case), so that
+    ``//opt/venv``, ``/opt/venv/.`` and ``/opt//x/../venv/`` are checked as ``/opt/venv``."""
+    return posixpath.normpath("/" + v.lstrip("/"))
+
+
 def _check_image_path(v: str) -> str:
     if not v.startswith("/"):
         raise ValueError("must be an absolute path inside the image")
-    return posixpath.normpath(v)
+    return container_path(v)
 
 
 def _norm_path(v: str) -> str:
@@ -77,6 +84,7 @@ def _check_glob(v: str) -> str:
 
 
 _SIZE = re.compile(r"[1-9][0-9]*[bkmg]?")
+SIZE_MAX = 16 << 40  # 16 TiB: no size key (run.*_size, run.memory) takes more, whatever the host
 
 
 def _check_size(v: str) -> str:
@@ -84,6 +92,8 @@ def _check_size(v: str) -> str:
     v = v.lower()
     if not _SIZE.fullmatch(v):
         raise ValueError("must be a size such as 512m or 8g (a whole number, then b, k, m or g)")
+    if len(v) > 20 or size_bytes(v) > SIZE_MAX:
+        raise ValueError(f"at most 16384g (16 TiB, {SIZE_MAX} bytes)")
     return v
 
 
@@ -136,7 +146,7 @@ class DatasetConfig(_Strict):
             return v
         if not v.startswith("/"):
             raise ValueError("must be an absolute path in the container")
-        return posixpath.normpath(v)
+        return container_path(v)
 
     @property
     def in_project(self) -> bool:
@@ -186,6 +196,8 @@ class OutputsConfig(_Strict):
     stdout: bool = False
 
 
+PIDS_MAX = 1 << 22  # Linux's largest pid_max
+
 # Where hermetic reads a script's metrics (hermetic.record.metrics): the files frameworks write.
 MetricSource = Literal["metrics.jsonl", "tensorboard", "lightning", "trainer"]
 
@@ -210,7 +222,7 @@ class RunConfig(_Strict):
     # ranks all count); a fork bomb fills it, not the host. memory: RAM, with no swap around it (the
     # kernel's OOM killer ends the script at it, exit 137); /dev/shm and /tmp count towards it as they fill.
     # null: no limit.
-    pids: Optional[int] = 4096
+    pids: Optional[int] = Field(default=4096, le=PIDS_MAX)
     memory: Optional[Size] = None
 
     @field_validator("metrics")
@@ -394,6 +406,7 @@ def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
             raise ConfigError(f"{where}: {key}: {msg}{more}") from None
         raise ConfigError(f"{where}: {msg}{more}") from None
     _refuse_secrets(model, node, cfg_path)
+    _refuse_outside(model, node, cfg_path.resolve())
     return LoadedConfig(model=model, path=cfg_path.resolve())
 
 
@@ -458,6 +471,35 @@ def _refuse_secrets(model: "HermeticConfig", node: yaml.Node | None, cfg_path: P
                           "PASSWORD or CREDENTIAL in its name), and env: is baked into the image and its records; "
                           f"leave it out of hermetic.yaml and pass it at run time: hermetic run --env {name} "
                           "(NAME alone takes the value from this shell's environment)")
+
+
+ALLOW_PATHS_ENV = "HERMETIC_ALLOW_PATHS"
+
+
+def _refuse_outside(model: "HermeticConfig", node: yaml.Node | None, cfg_path: Path) -> None:
+    """hermetic.yaml comes with the repository, which may be hostile: each host path it names lies inside the
+    project, as written and (but for datasets, which may be links to big disks) once links are followed.
+    HERMETIC_ALLOW_PATHS (absolute directories, ':'-separated) widens that from outside the repository."""
+    root = str(cfg_path.parent)
+    extra = [p for p in os.environ.get(ALLOW_PATHS_ENV, "").split(":") if p]
+    bad = next((p for p in extra if not p.startswith("/")), None)
+    if bad is not None:
+        raise ConfigError(f"{ALLOW_PATHS_ENV}: {bad} is not an absolute path")
+    allowed = [root, *(posixpath.normpath(p) for p in extra)]
+    real_allowed = allowed + [os.path.realpath(p) for p in extra]
+    named = [(("lock",), model.lock, True), (("runs_dir",), model.runs_dir, True)]
+    for i, d in enumerate(model.datasets):
+        named += [(("datasets", i, "path"), d.path, False), (("datasets", i, "manifest"), d.manifest, True)]
+    for loc, value, follow in named:
+        full = posixpath.normpath(posixpath.join(root, value))
+        real = os.path.realpath(full) if follow else full
+        if any(inside(full, a) for a in allowed) and any(inside(real, a) for a in real_allowed):
+            continue
+        line = _line_of(node, loc)
+        how = "" if real == full or not any(inside(full, a) for a in allowed) else f" (a link to {real})"
+        raise ConfigError(f"{cfg_path}{f':{line}' if line else ''}: {format_key_path(loc)}: {value}{how} is outside "
+                          f"the project {root}; a path hermetic.yaml names stays inside it unless you allow the "
+                          f"place: {ALLOW_PATHS_ENV}=/abs/dir[:/other] in the environment")
 
 
 _KEY_PREFIX = re.compile(r"^([a-z_]+(?:\[\d+\]|\.[a-z_]+)*): (.*)$", re.S)

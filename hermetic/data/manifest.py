@@ -319,8 +319,9 @@ def parse_line(line: str, where: str) -> tuple[str, str]:
             raise ManifestError(f"{where}: hash has more than {HEX_LEN} hex digits; a sha256 has {HEX_LEN}")
         first = body.split(None, 1)[0]
         if len(first) == HEX_LEN:
-            raise ManifestError(f"{where}: hash {first!r} is not hexadecimal")
-        raise ManifestError(f"{where}: not a '<sha256>  <path>' line: {_clip(line)!r}")
+            raise ManifestError(f"{where}: hash is not hexadecimal")
+        # the text is not echoed: a line that is not a manifest's may be any file's (a secret's)
+        raise ManifestError(f"{where}: not a '<sha256>  <path>' line")
     # GNU's rule: one blank, then an optional mode marker (' ' text, '*' binary).
     if body[HEX_LEN:HEX_LEN + 1] not in (" ", "\t"):
         raise ManifestError(f"{where}: expected two spaces between the hash and the path")

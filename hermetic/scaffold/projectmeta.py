@@ -232,8 +232,9 @@ def _setup_cfg(root: Path) -> configparser.ConfigParser | None:
     cfg = configparser.ConfigParser(interpolation=None)
     try:
         cfg.read_string(path.read_text(encoding="utf-8"), source=str(path))
-    except (configparser.Error, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: not a valid setup.cfg: {' '.join(str(e).split())}") from None
+    except (configparser.Error, UnicodeDecodeError) as e:  # configparser's message quotes the line: not shown
+        line = f":{e.lineno}" if isinstance(getattr(e, "lineno", None), int) else ""
+        raise DataError(f"{path}{line}: not a valid setup.cfg ({type(e).__name__})") from None
     return cfg
 
 
