@@ -1,10 +1,6 @@
-"""hermetic.yaml: finding and reading it, the schema, its loader, and the config's canonical identity.
-
-The one loader of hermetic.yaml: every command that reads the file (a run, a build and its no-op, the runs
-listing) goes through ``load_config``. The file is small on purpose. Everything not written in it has a
-default here, and the *resolved* config (defaults filled, paths as written relative to the file) is what
-gets hashed: the same settings in another key order, quoting or flow style give the same sha256, and two
-checkouts at different paths agree.
+"""hermetic.yaml: finding and reading it (``load_config``, the one loader), the schema, and the config's identity:
+the sha256 of the *resolved* config (defaults filled, paths as written), the same for any key order, quoting or
+style and for checkouts at different paths. The file comes with the repository: it is untrusted input.
 """
 
 from __future__ import annotations
@@ -38,11 +34,6 @@ def size_bytes(size: str) -> int:
     unit = size[-1] if size[-1] in "bkmg" else "b"
     number = int(size[:-1] if size[-1] in "bkmg" else size)
     return number * {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
-
-
-def in_project(path: str) -> bool:
-    """Whether a dataset's ``path`` (as validated: relative paths normalized) lies inside the project."""
-    return not (path.startswith("/") or path == ".." or path.startswith("../"))
 
 
 def _check_name(v: str) -> str:
@@ -150,8 +141,8 @@ class DatasetConfig(_Strict):
 
     @property
     def in_project(self) -> bool:
-        """Whether ``path`` lies inside the project (then the script finds it where it is there)."""
-        return in_project(self.path)
+        """Whether ``path`` (normalized) lies inside the project: then the script finds it there too."""
+        return not (self.path.startswith("/") or self.path == ".." or self.path.startswith("../"))
 
 
 class BuildConfig(_Strict):
@@ -183,10 +174,8 @@ DEFAULT_VOLATILE = ("**/events.out.tfevents.*",)
 
 
 class OutputsConfig(_Strict):
-    """Which files the script writes in its working directory become outputs (globs, '/'-separated,
-    relative to the working directory; ``**`` spans directories). Exclude wins over include.
-    ``volatile``: outputs (anywhere, /outputs too) kept and hashed but never compared by diff,
-    replay or a group summary: logs that carry a time, a host name or a PID."""
+    """Which files the script writes in its working directory become outputs (globs; exclude wins).
+    ``volatile``: outputs kept and hashed but never compared (logs that carry a time, a host, a PID)."""
 
     include: list[Glob] = Field(default_factory=lambda: ["**"])
     exclude: list[Glob] = Field(default_factory=list)
@@ -205,23 +194,18 @@ MetricSource = Literal["metrics.jsonl", "tensorboard", "lightning", "trainer"]
 class RunConfig(_Strict):
     """The container of `hermetic run` (the root filesystem is read-only); not part of the image."""
 
-    # What runs the container (docs/your-script.md, "Engines"); `--engine` overrides it for one command. Every
-    # engine runs the same image, by digest, straight from hermetic's store; the record names the engine.
+    # What runs the container (docs/your-script.md, "Engines"); `--engine` overrides it for one command.
     engine: Literal["docker", "podman", "charliecloud"] = "docker"
     shm_size: Size = "1g"  # /dev/shm: PyTorch DataLoader workers hand batches over through it
     tmp_size: Size = "4g"  # the tmpfs at /tmp, which is also HOME
-    # The working directory is a writable copy of the code snapshot: what the script writes there,
-    # new or changed, is collected into the run's outputs/ (caches never: __pycache__/, *.pyc).
+    # The working directory: a writable copy of the code, whose new or changed files become outputs.
     workdir_size: Size = "4g"
     outputs: OutputsConfig = Field(default_factory=lambda: OutputsConfig())
     # auto: every source found (metrics.jsonl, TensorBoard event files, Lightning's metrics.csv, the Trainer's
     # trainer_state.json and *_results.json), each metric named by its source; a list: only those; none: none.
     metrics: Union[Literal["auto", "none"], list[MetricSource]] = "auto"
-    # Limits that keep the host safe from the script (docs/your-script.md, "Limits"). pids: processes and
-    # threads of the container together (DataLoader workers, torch's and BLAS's thread pools, torchrun's
-    # ranks all count); a fork bomb fills it, not the host. memory: RAM, with no swap around it (the
-    # kernel's OOM killer ends the script at it, exit 137); /dev/shm and /tmp count towards it as they fill.
-    # null: no limit.
+    # Limits that keep the host safe (docs/your-script.md, "Limits"); null: none. pids: the container's processes
+    # and threads together. memory: RAM, no swap (the OOM killer ends the script, 137); /dev/shm and /tmp count.
     pids: Optional[int] = Field(default=4096, le=PIDS_MAX)
     memory: Optional[Size] = None
 
@@ -343,47 +327,29 @@ def find_config(path: str | Path | None) -> Path:
     return p.resolve()
 
 
-def read_config_bytes(cfg_path: Path) -> bytes:
-    """The file's bytes, read only up to CONFIG_MAX_BYTES (1 MiB): hermetic.yaml is a page of settings, so a
-    larger one is refused unread rather than parsed."""
-    try:
-        with open(cfg_path, "rb") as f:
-            raw = f.read(CONFIG_MAX_BYTES + 1)  # never more than the bound, whatever the file is
-    except OSError as e:
-        raise ConfigError(f"{cfg_path}: cannot read: {e}") from None
-    if len(raw) > CONFIG_MAX_BYTES:
-        raise too_big(cfg_path)
-    return raw
-
-
-def too_big(cfg_path: Path, size: int | None = None) -> ConfigError:
-    if size is None:
-        try:
-            size = cfg_path.stat().st_size
-        except OSError:
-            size = CONFIG_MAX_BYTES + 1
+def _too_big(cfg_path: Path, size: int) -> ConfigError:
     return ConfigError(f"{cfg_path}: {size} bytes; a hermetic.yaml may hold at most {CONFIG_MAX_BYTES} bytes "
                        "(1 MiB): not read")
 
 
 def load_config(path: str | Path | None = None) -> LoadedConfig:
-    """The config at ``path`` (see find_config), read only up to CONFIG_MAX_BYTES (1 MiB: larger is refused
-    unread), validated."""
+    """The config at ``path`` (see find_config), validated; read only up to CONFIG_MAX_BYTES (1 MiB): a
+    larger hermetic.yaml is refused unread."""
     cfg_path = find_config(path)
-    return parse_bytes(read_config_bytes(cfg_path), cfg_path)
-
-
-def parse_bytes(raw: bytes, cfg_path: Path) -> LoadedConfig:
     try:
+        with open(cfg_path, "rb") as f:
+            raw = f.read(CONFIG_MAX_BYTES + 1)  # never more than the bound, whatever the file is
+            if len(raw) > CONFIG_MAX_BYTES:
+                raise _too_big(cfg_path, max(os.fstat(f.fileno()).st_size, len(raw)))
         text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
+    except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{cfg_path}: cannot read: {e}") from None
     return parse_config(text, cfg_path)
 
 
 def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
     if len(text) > CONFIG_MAX_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > CONFIG_MAX_BYTES:
-        raise too_big(cfg_path, len(text.encode("utf-8", "surrogatepass")))
+        raise _too_big(cfg_path, len(text.encode("utf-8", "surrogatepass")))
     node, data = _load_yaml(text, cfg_path)
     if not isinstance(data, dict):
         raise ConfigError(f"{cfg_path}: top level must be a mapping of keys (name, base, lock, ...)")
