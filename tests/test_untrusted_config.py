@@ -73,12 +73,14 @@ def test_a_dataset_through_a_link_and_an_allowed_place_still_load(tmp_path):
     root = project(tmp_path, "datasets: [{name: d, path: data, manifest: d.sha256}]\n")
     (root / "data").symlink_to(scratch / "data")  # as today: a dataset on a big disk, reached by a link
     assert show(root).returncode == 0, show(root).stderr
+    dataset = f"{{name: d, path: {scratch}/data, manifest: d.sha256, mount: /d}}"
     (root / "hermetic.yaml").write_text("name: t\n" + BASE + f"runs_dir: {tmp_path}/runs\nlock: ../p/x.lock\n"
-                                        f"datasets: [{{name: d, path: {scratch}/data, manifest: d.sha256, mount: /d}}]\n")
+                                        f"datasets: [{dataset}]\n")
     assert_clean_error(show(root), 78, "runs_dir: ")
     proc = show(root, HERMETIC_ALLOW_PATHS=f"/nowhere::{tmp_path}/")
     assert proc.returncode == 0, proc.stderr
-    assert_clean_error(show(root, HERMETIC_ALLOW_PATHS="scratch"), 78, "HERMETIC_ALLOW_PATHS: scratch is not an absolute")
+    assert_clean_error(show(root, HERMETIC_ALLOW_PATHS="scratch"), 78,
+                       "HERMETIC_ALLOW_PATHS: scratch is not an absolute")
 
 
 def test_errors_about_a_lock_or_manifest_never_print_its_text(tmp_path, secret):
