@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from hermetic.data.manifest import (
-    Manifest, ManifestError, _parse_fast, _parse_slow, diff_manifests, encode_path, format_manifest,
+    Manifest, ManifestError, _parse_fast, _parse_slow, encode_path, format_manifest,
     make_manifest, parse_manifest, read_manifest,
 )
 from hermetic.core.errors import HermeticError
@@ -166,19 +166,3 @@ def test_read_manifest_names_the_file(tmp_path) -> None:
         read_manifest(p)
     with pytest.raises(ManifestError, match="no such manifest file"):
         read_manifest(tmp_path / "absent.sha256")
-
-
-# ---------------------------------------------------------------- diffs
-
-
-def test_diff_manifests_lists_added_removed_changed() -> None:
-    old = f"{H1}  keep\n{H2}  gone\n{H1}  edit\n"
-    new = make_manifest({"keep": H1, "edit": H3, "new": H2})
-    added, removed, changed = diff_manifests(old, new)
-    assert added == ["new"] and removed == ["gone"] and changed == [("edit", H1, H3)]
-    assert diff_manifests(new, new) == ([], [], [])
-
-
-def test_diff_manifests_refuses_malformed_text() -> None:
-    with pytest.raises(ManifestError, match=r"^<old>:1: "):
-        diff_manifests("garbage\n", Manifest({}, H1))

@@ -184,11 +184,12 @@ def test_a_lock_on_a_full_disk_names_its_output(tmp_path, small_disk, isolated_p
     (proj / "hermetic.yaml").write_text(f"name: demo\nbase: {NO_BASE}\nlock: {disk.path / 'requirements.lock'}\n")
     (proj / "requirements.in").write_text(f"--find-links {wheels}\nalpha==1.0\n")
     filler = fill(disk)
-    proc = run_cli("lock", "--no-index-check", cwd=proj)
+    allow = {"HERMETIC_ALLOW_PATHS": str(disk.path)}  # the lock outside the project, as its user allows
+    proc = run_cli("lock", "--no-index-check", cwd=proj, env=allow)
     assert_disk_full(proc, disk.path, "while writing requirements.lock")
     assert list(disk.path.iterdir()) == [filler]  # the resolver's temp file and ours are gone
     filler.unlink()
-    again = run_cli("lock", "--no-index-check", cwd=proj)
+    again = run_cli("lock", "--no-index-check", cwd=proj, env=allow)
     assert again.returncode == 0, again.stderr
     assert "alpha==1.0" in (disk.path / "requirements.lock").read_text()
 

@@ -158,8 +158,10 @@ def test_groups_are_listed(tmp_path):
 
 @pytest.mark.parametrize("runs_dir, where", [(None, "runs"), ("./out/runs/", "out/runs"),
                                              ("/srv/hermetic-runs", "/srv/hermetic-runs"), ("exp/../runs2", "runs2")])
-def test_the_runs_directory_is_the_configs_runs_dir(tmp_path, runs_dir, where):
+def test_the_runs_directory_is_the_configs_runs_dir(tmp_path, runs_dir, where, monkeypatch):
     from hermetic.record.locate import runs_root
+
+    monkeypatch.setenv("HERMETIC_ALLOW_PATHS", "/srv")  # a runs_dir outside the project, as its user allows
 
     text = "name: demo\nbase: debian@sha256:" + "0" * 64 + "\n"
     if runs_dir:

@@ -1,14 +1,6 @@
-"""Where things are inside a run's container, and the rules that keep them from colliding (pure).
-
-The container sees: the working directory (a writable copy of the code
-snapshot, at ``build.workdir``), each dataset read-only at its
-project-relative path inside the working directory and at its ``mount:``,
-``/outputs``, the runtime's report directory, the probe, and the image's own
-system directories. config refuses a dataset that would land on, over or
-inside one of those, naming the key; the run step mounts what config allowed.
-Also here: the glob dialect of ``run.outputs`` (``*`` within a path
-segment, ``**`` across segments, ``?`` one character).
-"""
+"""Where things are inside a run's container (the working directory, each dataset at its project path and
+``mount:``, /outputs, the runtime's and probe's directories, the system directories), the rules that keep a
+dataset off them, and the glob dialect of ``run.outputs`` (``*`` in a segment, ``**`` across, ``?``)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """The determinism knobs: which variables they are, their values by mode, what counts toward identity.
 
-One list for every part of hermetic outside the image: the image config
-(hermetic.builder.image bakes ``knob_env`` into it), the run record's
-``env.determinism`` (hermetic.run), replay, group summaries and diff's
-"knobs not set" all take the names and rules from here (design.md,
-"Determinism knobs").
-
-Two stdlib-only copies must live inside the image, where hermetic itself is
-not installed: hermetic/runtime/_env.py (the in-image runtime) and
-hermetic/probe/probe.py (the probe). tests/test_determinism.py checks that
-they agree with this module.
+The one list for everything outside the image (image config, record, replay, group summaries, diff); the
+in-image copies (hermetic/runtime/_env.py, hermetic/probe/probe.py) are checked against it by
+tests/test_determinism.py.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""``--gpus``: the one grammar of what a run asks for, as ``docker run --gpus`` spells it.
-
-``all``, a count (``2``), or ``device=ID[,ID...]`` (indexes, ``GPU-<uuid>``,
-``MIG-<uuid>``; the shell's quotes around ``"device=0,1"`` are allowed, as
-docker's CLI wants them). Anything else is a usage error naming the value,
-at the command line, before any engine is asked (``hermetic run``, ``hermetic
-submit``); the container's device request, the rank check of
-``--nproc-per-node`` and Slurm's ``--gpus-per-node`` all read the value
-through ``parse_gpus``.
-"""
+"""``--gpus``: the one grammar of what a run asks for, as ``docker run --gpus`` spells it: ``all``, a count, or
+``device=ID[,ID...]`` (indexes, GPU-/MIG-<uuid>, shell quotes allowed); anything else is a usage error before
+any engine is asked."""
 
 from __future__ import annotations
 

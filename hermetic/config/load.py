@@ -1,14 +1,11 @@
-"""hermetic.yaml: finding and reading it, the schema, its loader, and the config's canonical identity.
-
-The one loader of hermetic.yaml: every command that reads the file (a run, a build and its no-op, the runs
-listing) goes through ``load_config``. The file is small on purpose. Everything not written in it has a
-default here, and the *resolved* config (defaults filled, paths as written relative to the file) is what
-gets hashed: the same settings in another key order, quoting or flow style give the same sha256, and two
-checkouts at different paths agree.
+"""hermetic.yaml: finding and reading it (``load_config``, the one loader), the schema, and the config's identity:
+the sha256 of the *resolved* config (defaults filled, paths as written), the same for any key order, quoting or
+style and for checkouts at different paths. The file comes with the repository: it is untrusted input.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from dataclasses import dataclass
@@ -20,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from hermetic.core.canonical import canonical_json, sha256_hex
 from hermetic.core.errors import ConfigError
-from hermetic.core.paths import CONFIG_FILENAME, find_upward, name_pattern, norm_relpath
+from hermetic.core.paths import CONFIG_FILENAME, find_upward, inside, name_pattern, norm_relpath
 from hermetic.core.reference import parse_base_reference
 
 CONFIG_MAX_BYTES = 1 << 20  # 1 MiB: a larger hermetic.yaml is refused unread
@@ -39,11 +36,6 @@ def size_bytes(size: str) -> int:
     return number * {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
 
 
-def in_project(path: str) -> bool:
-    """Whether a dataset's ``path`` (as validated: relative paths normalized) lies inside the project."""
-    return not (path.startswith("/") or path == ".." or path.startswith("../"))
-
-
 def _check_name(v: str) -> str:
     if not _NAME.match(v):
         raise ValueError("must be lowercase letters, digits, '.', '_' or '-'")
@@ -57,10 +49,16 @@ def _check_env_names(v: dict[str, str]) -> dict[str, str]:
     return v
 
 
+def container_path(v: str) -> str:
+    """One spelling of an absolute path in the container (Linux: case-sensitive, nothing folds case), so that
+    ``//opt/venv``, ``/opt/venv/.`` and ``/opt//x/../venv/`` are checked as ``/opt/venv``."""
+    return posixpath.normpath("/" + v.lstrip("/"))
+
+
 def _check_image_path(v: str) -> str:
     if not v.startswith("/"):
         raise ValueError("must be an absolute path inside the image")
-    return posixpath.normpath(v)
+    return container_path(v)
 
 
 def _norm_path(v: str) -> str:
@@ -77,6 +75,7 @@ def _check_glob(v: str) -> str:
 
 
 _SIZE = re.compile(r"[1-9][0-9]*[bkmg]?")
+SIZE_MAX = 16 << 40  # 16 TiB: no size key (run.*_size, run.memory) takes more, whatever the host
 
 
 def _check_size(v: str) -> str:
@@ -84,6 +83,8 @@ def _check_size(v: str) -> str:
     v = v.lower()
     if not _SIZE.fullmatch(v):
         raise ValueError("must be a size such as 512m or 8g (a whole number, then b, k, m or g)")
+    if len(v) > 20 or size_bytes(v) > SIZE_MAX:
+        raise ValueError(f"at most 16384g (16 TiB, {SIZE_MAX} bytes)")
     return v
 
 
@@ -136,12 +137,12 @@ class DatasetConfig(_Strict):
             return v
         if not v.startswith("/"):
             raise ValueError("must be an absolute path in the container")
-        return posixpath.normpath(v)
+        return container_path(v)
 
     @property
     def in_project(self) -> bool:
-        """Whether ``path`` lies inside the project (then the script finds it where it is there)."""
-        return in_project(self.path)
+        """Whether ``path`` (normalized) lies inside the project: then the script finds it there too."""
+        return not (self.path.startswith("/") or self.path == ".." or self.path.startswith("../"))
 
 
 class BuildConfig(_Strict):
@@ -173,10 +174,8 @@ DEFAULT_VOLATILE = ("**/events.out.tfevents.*",)
 
 
 class OutputsConfig(_Strict):
-    """Which files the script writes in its working directory become outputs (globs, '/'-separated,
-    relative to the working directory; ``**`` spans directories). Exclude wins over include.
-    ``volatile``: outputs (anywhere, /outputs too) kept and hashed but never compared by diff,
-    replay or a group summary: logs that carry a time, a host name or a PID."""
+    """Which files the script writes in its working directory become outputs (globs; exclude wins).
+    ``volatile``: outputs kept and hashed but never compared (logs that carry a time, a host, a PID)."""
 
     include: list[Glob] = Field(default_factory=lambda: ["**"])
     exclude: list[Glob] = Field(default_factory=list)
@@ -186,6 +185,8 @@ class OutputsConfig(_Strict):
     stdout: bool = False
 
 
+PIDS_MAX = 1 << 22  # Linux's largest pid_max
+
 # Where hermetic reads a script's metrics (hermetic.record.metrics): the files frameworks write.
 MetricSource = Literal["metrics.jsonl", "tensorboard", "lightning", "trainer"]
 
@@ -193,24 +194,19 @@ MetricSource = Literal["metrics.jsonl", "tensorboard", "lightning", "trainer"]
 class RunConfig(_Strict):
     """The container of `hermetic run` (the root filesystem is read-only); not part of the image."""
 
-    # What runs the container (docs/your-script.md, "Engines"); `--engine` overrides it for one command. Every
-    # engine runs the same image, by digest, straight from hermetic's store; the record names the engine.
+    # What runs the container (docs/your-script.md, "Engines"); `--engine` overrides it for one command.
     engine: Literal["docker", "podman", "charliecloud"] = "docker"
     shm_size: Size = "1g"  # /dev/shm: PyTorch DataLoader workers hand batches over through it
     tmp_size: Size = "4g"  # the tmpfs at /tmp, which is also HOME
-    # The working directory is a writable copy of the code snapshot: what the script writes there,
-    # new or changed, is collected into the run's outputs/ (caches never: __pycache__/, *.pyc).
+    # The working directory: a writable copy of the code, whose new or changed files become outputs.
     workdir_size: Size = "4g"
     outputs: OutputsConfig = Field(default_factory=lambda: OutputsConfig())
     # auto: every source found (metrics.jsonl, TensorBoard event files, Lightning's metrics.csv, the Trainer's
     # trainer_state.json and *_results.json), each metric named by its source; a list: only those; none: none.
     metrics: Union[Literal["auto", "none"], list[MetricSource]] = "auto"
-    # Limits that keep the host safe from the script (docs/your-script.md, "Limits"). pids: processes and
-    # threads of the container together (DataLoader workers, torch's and BLAS's thread pools, torchrun's
-    # ranks all count); a fork bomb fills it, not the host. memory: RAM, with no swap around it (the
-    # kernel's OOM killer ends the script at it, exit 137); /dev/shm and /tmp count towards it as they fill.
-    # null: no limit.
-    pids: Optional[int] = 4096
+    # Limits that keep the host safe (docs/your-script.md, "Limits"); null: none. pids: the container's processes
+    # and threads together. memory: RAM, no swap (the OOM killer ends the script, 137); /dev/shm and /tmp count.
+    pids: Optional[int] = Field(default=4096, le=PIDS_MAX)
     memory: Optional[Size] = None
 
     @field_validator("metrics")
@@ -331,47 +327,29 @@ def find_config(path: str | Path | None) -> Path:
     return p.resolve()
 
 
-def read_config_bytes(cfg_path: Path) -> bytes:
-    """The file's bytes, read only up to CONFIG_MAX_BYTES (1 MiB): hermetic.yaml is a page of settings, so a
-    larger one is refused unread rather than parsed."""
-    try:
-        with open(cfg_path, "rb") as f:
-            raw = f.read(CONFIG_MAX_BYTES + 1)  # never more than the bound, whatever the file is
-    except OSError as e:
-        raise ConfigError(f"{cfg_path}: cannot read: {e}") from None
-    if len(raw) > CONFIG_MAX_BYTES:
-        raise too_big(cfg_path)
-    return raw
-
-
-def too_big(cfg_path: Path, size: int | None = None) -> ConfigError:
-    if size is None:
-        try:
-            size = cfg_path.stat().st_size
-        except OSError:
-            size = CONFIG_MAX_BYTES + 1
+def _too_big(cfg_path: Path, size: int) -> ConfigError:
     return ConfigError(f"{cfg_path}: {size} bytes; a hermetic.yaml may hold at most {CONFIG_MAX_BYTES} bytes "
                        "(1 MiB): not read")
 
 
 def load_config(path: str | Path | None = None) -> LoadedConfig:
-    """The config at ``path`` (see find_config), read only up to CONFIG_MAX_BYTES (1 MiB: larger is refused
-    unread), validated."""
+    """The config at ``path`` (see find_config), validated; read only up to CONFIG_MAX_BYTES (1 MiB): a
+    larger hermetic.yaml is refused unread."""
     cfg_path = find_config(path)
-    return parse_bytes(read_config_bytes(cfg_path), cfg_path)
-
-
-def parse_bytes(raw: bytes, cfg_path: Path) -> LoadedConfig:
     try:
+        with open(cfg_path, "rb") as f:
+            raw = f.read(CONFIG_MAX_BYTES + 1)  # never more than the bound, whatever the file is
+            if len(raw) > CONFIG_MAX_BYTES:
+                raise _too_big(cfg_path, max(os.fstat(f.fileno()).st_size, len(raw)))
         text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
+    except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{cfg_path}: cannot read: {e}") from None
     return parse_config(text, cfg_path)
 
 
 def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
     if len(text) > CONFIG_MAX_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > CONFIG_MAX_BYTES:
-        raise too_big(cfg_path, len(text.encode("utf-8", "surrogatepass")))
+        raise _too_big(cfg_path, len(text.encode("utf-8", "surrogatepass")))
     node, data = _load_yaml(text, cfg_path)
     if not isinstance(data, dict):
         raise ConfigError(f"{cfg_path}: top level must be a mapping of keys (name, base, lock, ...)")
@@ -394,6 +372,7 @@ def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
             raise ConfigError(f"{where}: {key}: {msg}{more}") from None
         raise ConfigError(f"{where}: {msg}{more}") from None
     _refuse_secrets(model, node, cfg_path)
+    _refuse_outside(model, node, cfg_path.resolve())
     return LoadedConfig(model=model, path=cfg_path.resolve())
 
 
@@ -458,6 +437,35 @@ def _refuse_secrets(model: "HermeticConfig", node: yaml.Node | None, cfg_path: P
                           "PASSWORD or CREDENTIAL in its name), and env: is baked into the image and its records; "
                           f"leave it out of hermetic.yaml and pass it at run time: hermetic run --env {name} "
                           "(NAME alone takes the value from this shell's environment)")
+
+
+ALLOW_PATHS_ENV = "HERMETIC_ALLOW_PATHS"
+
+
+def _refuse_outside(model: "HermeticConfig", node: yaml.Node | None, cfg_path: Path) -> None:
+    """hermetic.yaml comes with the repository, which may be hostile: each host path it names lies inside the
+    project, as written and (but for datasets, which may be links to big disks) once links are followed.
+    HERMETIC_ALLOW_PATHS (absolute directories, ':'-separated) widens that from outside the repository."""
+    root = str(cfg_path.parent)
+    extra = [p for p in os.environ.get(ALLOW_PATHS_ENV, "").split(":") if p]
+    bad = next((p for p in extra if not p.startswith("/")), None)
+    if bad is not None:
+        raise ConfigError(f"{ALLOW_PATHS_ENV}: {bad} is not an absolute path")
+    allowed = [root, *(posixpath.normpath(p) for p in extra)]
+    real_allowed = allowed + [os.path.realpath(p) for p in extra]
+    named = [(("lock",), model.lock, True), (("runs_dir",), model.runs_dir, True)]
+    for i, d in enumerate(model.datasets):
+        named += [(("datasets", i, "path"), d.path, False), (("datasets", i, "manifest"), d.manifest, True)]
+    for loc, value, follow in named:
+        full = posixpath.normpath(posixpath.join(root, value))
+        real = os.path.realpath(full) if follow else full
+        if any(inside(full, a) for a in allowed) and any(inside(real, a) for a in real_allowed):
+            continue
+        line = _line_of(node, loc)
+        how = "" if real == full or not any(inside(full, a) for a in allowed) else f" (a link to {real})"
+        raise ConfigError(f"{cfg_path}{f':{line}' if line else ''}: {format_key_path(loc)}: {value}{how} is outside "
+                          f"the project {root}; a path hermetic.yaml names stays inside it unless you allow the "
+                          f"place: {ALLOW_PATHS_ENV}=/abs/dir[:/other] in the environment")
 
 
 _KEY_PREFIX = re.compile(r"^([a-z_]+(?:\[\d+\]|\.[a-z_]+)*): (.*)$", re.S)

@@ -1,19 +1,7 @@
-"""``{seed}`` in a script's arguments: filled in per run, and left out of "did the arguments change".
-
-``hermetic run --seeds 3 main.py --seed {seed}`` gives each member the
-arguments ``--seed 1111``, ``--seed 1112``, ... The record keeps both (
-``invocation.args`` as the script received them, ``invocation.args_template``
-as typed). Two runs with the same template whose arguments are that template
-with their own seed filled in differ in the seed only, which the seed section
-already says: the arguments are then compared by their template
-(``args_as_input``), in a group summary and in ``hermetic diff`` alike.
-
-``--seeds`` itself (``parse_seeds``): a count or a list of seeds and ranges,
-checked by arithmetic before any list is made, so ``--seeds 0-4294967295`` is
-a one-line refusal, not a 4-billion-element list. A group holds at most
-``MAX_GROUP_SEEDS`` members (one array job on Slurm: its default MaxArraySize
-is 1001).
-"""
+"""``{seed}`` in a script's arguments, filled in per run: the record keeps ``args`` and ``args_template``, and
+runs that differ only by the seed filled in are compared by their template (``args_as_input``). ``--seeds``
+(``parse_seeds``): a count or seeds and ranges, checked by arithmetic before any list is made, at most
+``MAX_GROUP_SEEDS`` (Slurm's default MaxArraySize is 1001)."""
 
 from __future__ import annotations
 
@@ -31,11 +19,8 @@ PLACEHOLDER = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|\{([A-Za-z_]\w*)\}")
 
 
 def script_args(template: list[str], seed: int) -> list[str]:
-    """The script's arguments with ``{seed}`` replaced; ``{{seed}}`` stays a literal ``{seed}``.
-
-    Only ``{identifier}`` is a placeholder, so JSON arguments (``'{"lr": 0.1}'``)
-    pass through untouched; an unknown one (``{sed}``) is refused as a typo.
-    """
+    """The script's arguments with ``{seed}`` replaced (``{{seed}}`` is a literal); only ``{identifier}`` is a
+    placeholder, so JSON passes untouched, and an unknown one (``{sed}``) is refused as a typo."""
     def one(arg: str) -> str:
         def sub(m: re.Match[str]) -> str:
             if m.group(1) is not None:

@@ -1,17 +1,7 @@
 """Can the container's user read a dataset? Decided from the stats the verification already took.
 
-hermetic runs the script as a non-root user (hermetic.run.plan.container_user:
-the image's user, 1000:1000 by default, when hermetic itself runs as root),
-with every capability dropped, so the kernel applies the plain permission
-bits to it: the owner's when the file's uid is the user's, else the group's
-when the file's gid is the user's group, else everyone else's. hermetic as
-root verifies a file mode 0600 owned by root without trouble, and the script
-then fails on it with PermissionError. The scan (hermetic.data.scan) keeps
-the few entries that not everyone may read (``Tree.restricted``); this module
-tells which of them the user cannot read. A file needs r; a directory needs r
-and x (x to reach what is inside, r to list it: glob() in a directory without
-r finds nothing, silently). Supplementary groups and ACLs are not consulted:
-the user's own gid is the group the check trusts.
+The script runs as a non-root user with no capabilities, so the plain permission bits apply (owner's, else
+group's, else others'): a file needs r, a directory r and x. Supplementary groups and ACLs are not consulted.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """sha256 of many files on every core: the batches, the processes that take them, the shared results.
 
-Worker *processes*, not threads: hashlib releases the GIL on large buffers,
-so threads would do for big files, but a dataset of small files spends its
-time in per-file Python work (open, read, digest) that holds the GIL: there
-threads take turns, and only processes hash at once.
-
-When this process has a single thread, workers are *forked*
-(hermetic.core.workers.start: nothing re-imported, nothing pickled): they inherit
-the list of paths, take batches as (start, end) records from one pipe
-(``feed``/``drain``: each record goes to exactly one reader, so the cores
-finish together), and write digests and stat keys straight into shared
-memory at each file's index (hermetic.data.hashing's loop). The calling
-process hashes batches too once its own side work (``while_hashing``) is
-done, so ``workers`` processes hash in all and none waits idle. Only
-per-file errors (rare) come back, as each worker's answer. A process with
-other threads starts workers from a fork server instead (forking a threaded
-process can deadlock in a lock another thread held), and batches of paths
-travel there and back pickled. Small jobs are hashed in-process: starting
-workers would cost more than it saves. (treehash.py builds ``verify --full``
-on the same pieces, with the scan in a worker too.)
-
-An account's limits bound the workers (hermetic.core.workers): no more than a
-quarter of ``ulimit -n``, and where a fork, a pipe or the pool's start is
-refused the work goes on with the workers already started, or in this
-process alone.
+Processes, not threads: small files are per-file Python work that holds the GIL. A single-threaded process
+forks its workers (hermetic.core.workers.start): they take (start, end) batches from one pipe and write
+digests and stat keys into shared memory at each file's index; this process hashes too once ``while_hashing``
+is done. A process with other threads uses a fork server (forking it could deadlock) and pickles batches.
+Small jobs are hashed in-process. The account's limits bound the workers; where a fork is refused, those
+started (or this process alone) do the work.
 """
 
 from __future__ import annotations
@@ -62,16 +44,9 @@ def hash_files(
     while_hashing: Callable[[], None] | None = None,
     start_method: str | None = None,
 ) -> Hashed:
-    """sha256 and stat key of each file, on all cores.
-
-    ``sizes`` (from a scan), when known, balance the batches by bytes and
-    size the progress bar; without them batches are balanced by count.
-    ``while_hashing`` runs in this process while the workers hash (it would
-    otherwise sit idle). ``progress_label`` shows a bar with bytes/s on stderr
-    if the work lasts more than half a second. ``start_method`` ("fork" or
-    "forkserver") overrides the choice described in the module doc. A file
-    that cannot be read raises HermeticError naming it, after all work is done.
-    """
+    """sha256 and stat key of each file, on all cores. ``sizes`` (from a scan) balance the batches by bytes;
+    ``while_hashing`` runs here meanwhile; ``progress_label`` shows a bar on stderr. A file that cannot be
+    read raises ReadError naming it, after all work is done."""
     from hermetic.data.progress import ByteProgress
 
     n = len(paths)
@@ -112,13 +87,8 @@ def default_start_method() -> str:
 
 
 def plan(sizes: Sequence[int] | None, n: int, workers: int) -> list[tuple[int, int]]:
-    """Contiguous (start, end) ranges, at most _MAX_BATCHES of them.
-
-    By count: small batches (~1/32 of a worker's share, at most 256 files),
-    since workers take the next one as they finish: the tail is one small
-    batch. By bytes: roughly equal bytes, a large file a batch of its own,
-    the biggest first (LPT).
-    """
+    """Contiguous (start, end) ranges, at most _MAX_BATCHES: by count, small batches (a small tail); by
+    bytes, roughly equal bytes, a large file a batch of its own, the biggest first (LPT)."""
     if sizes is None:
         per = max(16, min(256, n // (workers * 32)), -(-n // _MAX_BATCHES))
         return [(s, min(s + per, n)) for s in range(0, n, per)]
@@ -168,8 +138,7 @@ def _hash_inline(paths: Sequence[str], bar: Any) -> _Result:
 
 
 class Control:
-    """Per hashing process ("slot"), (bytes, files) done, for the progress bar: an anonymous
-    shared mapping, so it must exist before the fork."""
+    """(bytes, files) done per hashing process, for the progress bar: shared memory made before the fork."""
 
     def __init__(self, slots: int):
         import mmap
@@ -199,11 +168,8 @@ def output_views(mm: Any, n: int) -> tuple[memoryview, memoryview]:
 
 
 def feed(queue_w: int, batches: list[tuple[int, int]]) -> None:
-    """Write the batches as (start, end) uint32 records, then close the pipe.
-
-    Each write is at most PIPE_BUF bytes of whole records, so it lands in the
-    pipe in one piece, and every 8-byte read gets one whole record.
-    """
+    """Write the batches as (start, end) uint32 records, at most PIPE_BUF bytes of whole records a write (so
+    every 8-byte read gets one whole record), then close the pipe."""
     import select
 
     records = b"".join(_RECORD.pack(start, end) for start, end in batches)

@@ -1,24 +1,10 @@
 """sha256 and stat key of each file in a span of a list: the loop every hashing process runs.
 
-Per file: ``open``, ``fstat``, one ``read`` of exactly the file's size plus
-one byte (a short read of exactly ``st_size`` bytes is the whole file as of
-the fstat, so no second read to see EOF) and one sha256: small files on a VM
-are mostly syscalls, and this is the fewest there are. Larger files are read
-in 1 MiB chunks into a reused buffer. The ``fstat`` key is exactly that of the
-bytes hashed, so the caller need not stat files it hands out. Digests and
-keys are written at each file's index in the caller's buffers (shared memory
-when processes share the work: hermetic.data.hashfiles).
-
-That loop runs in C (``_filehash.c``, built by setup.py where a compiler and
-OpenSSL's headers are found) for every file up to _NATIVE_MAX bytes: on
-100,000 files of 1-16 KiB the Python version spends about as long in
-interpreter work as in the hash, and the C one only the syscalls and the hash;
-where intel-ipsec-mb was found at build time the C loop also hashes files
-under 64 KiB many at a time in SIMD lanes (docs/benchmarks.md). Larger files,
-and every file when the extension is missing or HERMETIC_PURE_PYTHON is set,
-go through the same loop in Python (``_hash_span_py``), which reports progress
-inside a large file and can stop midway; tests/test_data_native.py holds the
-two to one contract.
+Per file: open, fstat, one read of the size plus one byte (a short read is the whole file as of the fstat,
+whose key is recorded), one sha256; larger files in 1 MiB chunks into a reused buffer. Results go at each
+file's index in the caller's buffers. The loop runs in C (``_filehash.c``, built where a compiler and
+OpenSSL's headers are found) for files up to _NATIVE_MAX bytes; larger files, and all with
+HERMETIC_PURE_PYTHON, go through ``_hash_span_py`` (tests/test_data_native.py holds the two to one contract).
 """
 
 from __future__ import annotations
@@ -58,13 +44,8 @@ Errors = list[tuple[int, Optional[str]]]
 
 @dataclass
 class Hashed:
-    """Results in the order of the paths given: packed stat keys and raw digests.
-
-    ``keys``: 5 int64 per file (dev, ino, size, mtime_ns, ctime_ns, native
-    order), from ``fstat`` of the opened file before it was read. ``digests``:
-    32 bytes per file. Files in ``vanished`` (indices) were gone when their turn
-    came; their slots hold zeros.
-    """
+    """In the order of the paths given: 5 native int64 per file (dev, ino, size, mtime_ns, ctime_ns, from the
+    fstat before the read) and 32-byte digests; ``vanished`` files' slots hold zeros."""
 
     keys: bytes
     digests: bytes
@@ -105,16 +86,9 @@ class Hashed:
 
 def hash_span(paths: Sequence[str], start: int, end: int, digests_out: Any, keys_out: Any,
               on_bytes: Callable[[int], bool] | None, dir_fd: int | None = None) -> tuple[int, Errors]:
-    """Hash ``paths[start:end]`` (relative to ``dir_fd`` if given); write each digest and key
-    at its index in the outputs.
-
-    Returns (bytes hashed, [(index, error or None if vanished)]). ``on_bytes``
-    hears of progress inside large files and answers True to stop.
-
-    The C loop (``_filehash``, when built) takes every file up to _NATIVE_MAX
-    bytes, with the GIL released; it hands larger ones back, and the Python
-    loop reads those in chunks, reporting progress as it goes.
-    """
+    """Hash ``paths[start:end]`` (relative to ``dir_fd``), each digest and key at its index in the outputs:
+    (bytes hashed, [(index, error or None if vanished)]). ``on_bytes`` hears of progress inside large files
+    (the Python loop's) and answers True to stop."""
     if _native is None:
         return _hash_span_py(paths, start, end, digests_out, keys_out, on_bytes, dir_fd)
     nbytes, errors, deferred = _native.hash_span(

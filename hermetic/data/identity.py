@@ -1,24 +1,7 @@
-"""A verified dataset's identity, file by file, by stat alone: is it still the data that was verified?
-
-``verify_dataset`` stats every file before it trusts or hashes it (the
-scan's stats in stat-cache mode; each worker's fstat of what it opened in
-``full`` mode). Those keys -- (dev, ino, size, mtime_ns, ctime_ns), the stat
-cache's -- are kept as the dataset's identity at no extra cost, together
-with the root directory's (dev, ino) and the time taken before the first
-stat. ``hermetic run`` checks them again after the container exits
-(``check_identity``): one scan with stats, no hashing. Any write, rename,
-truncation, ``touch`` or ``chmod`` of a file changes its key (ctime cannot
-be set back), so a change at any moment between the verification's stat and
-the check is seen, whether it came before the container started or while it
-ran.
-
-The one blind spot is git's racy-clean case (hermetic.hostfs.fsutil.is_racy): a file
-modified in the same timestamp tick as the stat that recorded it can keep
-its key. Such files -- written within a tick of the kernel's coarse clock before they were verified, on a
-file system with nanosecond stamps -- are hashed again by the check and
-compared with the manifest. What the check cannot see is what the stat cache
-cannot see either (docs/data.md): a change that leaves all five fields
-equal, such as a write to the raw block device.
+"""A verified dataset's identity by stat alone: the (dev, ino, size, mtime_ns, ctime_ns) of each file that
+verification took anyway, the root's (dev, ino), and the time before the first stat. ``hermetic run`` checks
+them after the container exits (one scan, no hashing): any write, rename, touch or chmod changes a key. Files
+in git's racy-clean case (hermetic.hostfs.fsutil.is_racy) are hashed again and compared with the manifest.
 """
 
 from __future__ import annotations

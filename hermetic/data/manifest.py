@@ -1,20 +1,9 @@
-"""Dataset manifests: ``sha256sum -c`` format, which is also BagIt's manifest-sha256.txt.
+"""Dataset manifests: ``sha256sum -c`` format, which is also BagIt's manifest-sha256.txt (RFC 8493 2.1.3).
 
-One line per regular file, ``<64 lowercase hex>  <path>`` (RFC 8493 section 2.1.3):
-paths relative to the dataset root, ``/``-separated, sorted by their UTF-8
-bytes, every file once, no directories. A path holding CR, LF or ``%`` has
-those characters (and only those) percent-encoded (``%0D``, ``%0A``, ``%25``),
-as the RFC requires. The sha256 of the manifest's bytes is the dataset's ID.
-
-Reading is strict where ambiguity would change what a manifest means (``..``,
-absolute paths, duplicates, names equal under Unicode normalization, hashes
-that are not 64 hex digits) and tolerant of what ``sha256sum -c`` itself reads
-(one blank then an optional `` `` or ``*`` mode marker, a leading ``./``,
-CRLF line ends, GNU ``\\``-escaped lines). Every refusal names ``file:line``.
-A line longer than ``MANIFEST_LINE_MAX`` bytes is refused before it is parsed.
-
-Pure: bytes in, values out. Nothing here touches the filesystem except
-``read_manifest``, which only reads the one file.
+``<64 hex>  <path>`` per regular file, paths relative, sorted by UTF-8 bytes, CR, LF and % percent-encoded;
+the sha256 of the bytes is the dataset's ID. Strict where ambiguity would change the meaning (``..``, absolute
+paths, duplicates, Unicode twins, short hashes), tolerant of what ``sha256sum -c`` reads (``*`` marker, ``./``,
+CRLF, GNU ``\\`` escapes). Refusals name ``file:line`` and never quote a line that is not a manifest's.
 """
 
 from __future__ import annotations
@@ -56,13 +45,8 @@ class ManifestError(DataError):
 
 @dataclass(frozen=True)
 class Manifest:
-    """path -> sha256 hex, plus the manifest's own identity.
-
-    ``entries`` keeps the file's line order (sorted for manifests hermetic
-    writes). ``sha256`` is over the manifest's bytes: the dataset ID.
-    ``total_bytes`` is known only for a manifest made from a directory (a
-    sha256sum file carries no sizes); it is None for one read from disk.
-    """
+    """path -> sha256 hex in line order; ``sha256`` of the bytes (the dataset ID); ``total_bytes`` only for a
+    manifest made from a directory (a sha256sum file carries no sizes)."""
 
     entries: dict[str, str]
     sha256: str
@@ -81,9 +65,7 @@ class Manifest:
 
 @dataclass(frozen=True)
 class ManifestColumns:
-    """A manifest as ``verify --full`` compares it: path -> raw 32-byte digest, in line
-    order (``digests``), and the manifest's sha256. Same validation as ``parse_manifest``;
-    no per-line hex strings (faster for 100,000 lines)."""
+    """A manifest as ``verify --full`` compares it: path -> raw 32-byte digest, and its sha256."""
 
     digests: dict[str, bytes]
     sha256: str
@@ -100,11 +82,7 @@ def encode_path(path: str) -> str:
 
 
 def format_manifest(entries: Mapping[str, str]) -> bytes:
-    """The canonical manifest bytes: sorted by UTF-8 path bytes, LF line ends.
-
-    For valid UTF-8, code point order is byte order, so sorting the str keys
-    sorts the bytes.
-    """
+    """The canonical bytes: sorted by path (code point order is UTF-8 byte order), LF line ends."""
     out = []
     for path in sorted(entries):
         reason = path_problem(path)
@@ -162,12 +140,8 @@ def parse_columns(data: bytes, source: str = "<manifest>") -> ManifestColumns:
 
 
 def _columns_in_pieces(data: bytes, piece: int = 1 << 20) -> tuple[list[str], list[bytes]] | None:
-    """``_columns_fast`` on ~1 MiB of whole lines at a time: (paths, 32-byte digests).
-
-    Only the results accumulate; each piece's text, lines and columns are freed
-    before the next is made, so they reuse the same memory. Fresh memory costs a
-    page fault per 4 KiB: for a large manifest, a third of a whole-file parse.
-    """
+    """``_columns_fast`` on ~1 MiB of whole lines at a time (each piece freed before the next reuses its
+    memory): (paths, 32-byte digests)."""
     if data and not data.endswith(b"\n"):
         data += b"\n"  # the last line's LF, which sha256sum does not require
     paths: list[str] = []
@@ -230,14 +204,8 @@ def _parse_fast(lines: list[str]) -> dict[str, str] | None:
 
 
 def _columns_fast(lines: list[str]) -> tuple[list[str], bytes] | None:
-    """(paths, raw digests) by whole-column checks at C speed; None when any line needs
-    the careful parser. Duplicate paths are the caller's to find.
-
-    A 100,000-line manifest must parse in a few tens of milliseconds, so the
-    common case -- plain paths, ``<hash>  <path>`` or ``<hash> *<path>`` -- is
-    checked with joins, strided slices and substring searches instead of
-    per-line Python.
-    """
+    """(paths, raw digests) by whole-column checks (joins, strided slices, substring searches) instead of
+    per-line Python; None when any line needs the careful parser. Duplicates are the caller's to find."""
     n = len(lines)
     if not n:
         return [], b""
@@ -271,9 +239,8 @@ def _columns_fast(lines: list[str]) -> tuple[list[str], bytes] | None:
 
 
 def normalization_twin(seen: dict[str, str], path: str) -> str | None:
-    """An earlier path in ``seen`` (NFC form -> path) that differs from ``path`` only by Unicode
-    normalization, else None after recording ``path``. Such names are one file on some
-    filesystems (macOS) and two on others (Linux): manifests and scanned trees refuse them alike."""
+    """An earlier path in ``seen`` (NFC form -> path) equal to ``path`` under Unicode normalization (one file
+    on macOS, two on Linux), else None after recording ``path``."""
     import unicodedata
 
     nfc = unicodedata.normalize("NFC", path)
@@ -319,8 +286,9 @@ def parse_line(line: str, where: str) -> tuple[str, str]:
             raise ManifestError(f"{where}: hash has more than {HEX_LEN} hex digits; a sha256 has {HEX_LEN}")
         first = body.split(None, 1)[0]
         if len(first) == HEX_LEN:
-            raise ManifestError(f"{where}: hash {first!r} is not hexadecimal")
-        raise ManifestError(f"{where}: not a '<sha256>  <path>' line: {_clip(line)!r}")
+            raise ManifestError(f"{where}: hash is not hexadecimal")
+        # the text is not echoed: a line that is not a manifest's may be any file's (a secret's)
+        raise ManifestError(f"{where}: not a '<sha256>  <path>' line")
     # GNU's rule: one blank, then an optional mode marker (' ' text, '*' binary).
     if body[HEX_LEN:HEX_LEN + 1] not in (" ", "\t"):
         raise ManifestError(f"{where}: expected two spaces between the hash and the path")
@@ -385,26 +353,6 @@ def _unescape_gnu(raw: str, where: str) -> str:
 
 def _clip(s: str, n: int = 80) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
-
-
-# ---------------------------------------------------------------- comparing
-
-
-def diff_manifests(
-    old: Manifest | str | bytes, new: Manifest | str | bytes
-) -> tuple[list[str], list[str], list[tuple[str, str, str]]]:
-    """(added, removed, changed) between two manifests; changed is (path, old hex, new hex).
-
-    Each list is sorted by path. Text arguments are parsed (and refused if
-    malformed) as manifests named ``<old>`` / ``<new>``.
-    """
-    a = old if isinstance(old, Manifest) else parse_manifest(old, "<old>")
-    b = new if isinstance(new, Manifest) else parse_manifest(new, "<new>")
-    ea, eb = a.entries, b.entries
-    added = sorted(p for p in eb if p not in ea)
-    removed = sorted(p for p in ea if p not in eb)
-    changed = sorted((p, h, eb[p]) for p, h in ea.items() if p in eb and eb[p] != h)
-    return added, removed, changed
 
 
 def first_names(names: Iterable[str], limit: int = 3) -> str:

@@ -1,10 +1,4 @@
-"""A bytes/s progress bar on stderr that appears only for long work.
-
-Short work (a warm verify, a small dataset) prints nothing; work still going
-after half a second gets a rich bar with bytes, bytes/s, files and time left.
-The bar follows bytes when the total is known (sizes from a scan), else
-files. rich is imported only when the bar appears.
-"""
+"""A bytes/s progress bar on stderr (rich, imported then) for work still going after half a second."""
 
 from __future__ import annotations
 

@@ -1,23 +1,9 @@
-"""Walking a dataset directory: every regular file once, with its stat key.
+"""Walking a dataset directory: every regular file once, with its stat key (docs/data.md, "What is listed").
 
-What a dataset may contain, and why (docs/data.md, "What is listed"):
-
-- Regular files, listed by their ``/``-separated path relative to the root.
-  Directories are not listed (an empty directory is invisible, as in BagIt).
-- A symlink is listed under its own path with its target's content, which is
-  what ``sha256sum -c`` verifies -- but only a *relative* link that stays
-  inside the root and ends at a regular file. An absolute link, even to a file
-  inside the root, would dangle once the dataset is mounted elsewhere in the
-  container, and a link that leaves the root makes the dataset depend on
-  files the manifest does not cover: both are refused. Links to directories
-  are refused too (no loops, no file listed twice).
-- Devices, FIFOs and sockets are refused (reading a FIFO would hang).
-- Names must be UTF-8, and no two paths may differ only by Unicode
-  normalization (NFC vs NFD): on macOS they are one file, on Linux two.
-
-The walk opens each directory relative to the root's descriptor and stats
-entries with ``fstatat`` on the short name (``os.scandir(fd)``), which is
-about twice as fast as stat-ing full paths on a 100,000-file tree.
+Listed: regular files, and relative links that stay inside the root and end at a regular file (with the
+target's content, as ``sha256sum -c`` reads it). Refused: absolute or escaping links, links to directories,
+devices, FIFOs, sockets, names that are not UTF-8 or that differ only by Unicode normalization. The walk
+stats short names relative to each directory's descriptor (``os.scandir(fd)``).
 """
 
 from __future__ import annotations
@@ -82,13 +68,8 @@ def resolve_root(root: str | os.PathLike[str]) -> str:
 
 def scan_tree(root: str | os.PathLike[str], *, exclude: frozenset[str] | set[str] = frozenset(),
               stat: bool = True) -> Tree:
-    """Every file under ``root`` (see the module doc for what is refused).
-
-    ``exclude`` holds relative paths to leave out (the manifest itself, when it
-    is written inside the directory it describes). With ``stat=False`` regular
-    files are only listed (``keys`` stays empty): a caller that will open every
-    file anyway takes the stat from the open file, and saves a syscall per file.
-    """
+    """Every file under ``root`` but ``exclude`` (relative paths: the manifest inside it). ``stat=False``: only
+    listed (``keys`` empty), for a caller that takes each stat from the file it opens."""
     real_root = resolve_root(root)
     tree = Tree(real_root)
     paths, keys, restricted = tree.paths, tree.keys, tree.restricted

@@ -1,32 +1,10 @@
-"""A stat cache: skip re-hashing files whose metadata says they have not changed.
+"""A stat cache: skip re-hashing files whose (dev, ino, size, mtime_ns, ctime_ns) have not changed.
 
-Keyed by absolute path; each entry holds the file's (dev, ino, size,
-mtime_ns, ctime_ns), the sha256 of its bytes, and the wall-clock time taken
-*before* that stat (``recorded_ns``). A lookup returns the cached sha256 only
-when all five stat fields still match and the entry is not racy.
-
-Racy-clean rule (git's, Documentation/technical/racy-git.txt): a file changed
-in the same timestamp tick as the stat that recorded it keeps the same mtime
-and ctime, so its entry could hide the change. An entry is trusted only when
-the file's mtime and ctime are strictly older than ``recorded_ns`` minus a
-slack: twice the timestamp granularity (inferred from the timestamp's
-trailing zeros: whole seconds on FAT/HFS+/ext3, nanoseconds on ext4/xfs/btrfs)
-plus a tick of the kernel's coarse clock, which stamps files up to one tick
-behind ``time.time_ns()`` (``hermetic.hostfs.fsutil.is_racy``). A racy entry is simply re-hashed and recorded again,
-after which it is trusted.
-
-What it cannot see (docs/data.md): a change that leaves all five fields equal
--- bit rot, writes to the raw block device, a clock set backwards, a network
-filesystem serving stale attributes. ``--full`` re-hashes everything.
-
-Storage: one binary file, written atomically, fast to load: a header (with
-the newest stamp and the oldest recorded time, so "every entry trusted" is
-one comparison), int64 columns (stat keys, recorded times), raw digests,
-NUL-separated UTF-8 paths, in the order of the last ``retain`` (for a
-dataset: scan order, so the next verify of an unchanged tree compares whole
-columns at C speed instead of 100,000 entries one by one). A file that does
-not parse (or comes from an older version) is treated as empty: a cache is
-never a reason to fail.
+An entry holds the key, the sha256 and the time taken before the stat; it is trusted only when the file's
+mtime and ctime are older than that time minus a slack (git's racy-clean rule, hermetic.hostfs.fsutil.is_racy).
+Blind to changes that leave all five equal (docs/data.md); ``--full`` re-hashes everything. Storage: one binary
+file written atomically, columns in the order of the last ``retain`` (so an unchanged tree is settled by whole
+column comparisons); a file that does not parse is an empty cache.
 """
 
 from __future__ import annotations
@@ -68,19 +46,7 @@ def _ints(data: bytes) -> array:
 
 
 class StatCache:
-    """path -> (stat key, sha256, recorded time); loaded lazily, saved atomically.
-
-    Usage::
-
-        cache = StatCache(path_of_cache_file)
-        t0 = time.time_ns()                    # before the stat
-        key = stat_key(os.stat(p))
-        digest = cache.get(p, key)             # hex, or None: hash the file
-        if digest is None:
-            digest = sha256_file(p)
-            cache.put(p, key, digest, t0)
-        cache.save()                           # writes only if something changed
-    """
+    """path -> (stat key, sha256, recorded time); loaded lazily, saved atomically (only if changed)."""
 
     def __init__(self, file: str | os.PathLike[str]):
         self.file = Path(file)
@@ -107,11 +73,7 @@ class StatCache:
 
     @classmethod
     def for_tree(cls, root: str) -> "StatCache":
-        """The cache file for one dataset root, under ``cache_paths().statcache``.
-
-        One file per root keeps a lookup's load proportional to the dataset
-        being verified, not to every dataset this machine has seen.
-        """
+        """The cache file for one dataset root (one per root: a load costs that dataset, not all)."""
         from hermetic.core.paths import cache_paths
 
         name = hashlib.sha256(os.fsencode(root)).hexdigest()[:32]
@@ -159,11 +121,8 @@ class StatCache:
         return out
 
     def digests_if_unchanged(self, paths: Sequence[str], keys: Sequence[StatKey]) -> bytes | None:
-        """All digests, concatenated raw, if the cache holds exactly ``paths`` in
-        this order with these keys, every entry trusted; else None (use ``get_many``).
-
-        The common case of a warm verify, decided with whole-column comparisons.
-        """
+        """All digests, raw, if the cache holds exactly ``paths`` in this order with these keys, every entry
+        trusted (a warm verify, by whole-column comparisons); else None (use ``get_many``)."""
         self._load()
         if self._new or not paths or len(paths) != len(self._paths) or list(paths) != self._paths:
             return None
@@ -175,14 +134,8 @@ class StatCache:
 
     def is_current(self, paths: Sequence[str], packed_keys: bytes, digests: bytes, note: bytes, *,
                    prefix: str = "") -> bool:
-        """True if the cache file already holds exactly these entries, in this order, and this
-        note, every entry trusted: then ``replace`` and ``set_note`` with them need not be
-        written (they would only move the recorded times forward).
-
-        Arguments as for ``replace`` (``prefix`` + each of ``paths`` is a path). Compares
-        with the file's bytes in place, without loading it: an unchanged 100,000-file tree
-        verified again is settled in a few milliseconds.
-        """
+        """Whether the file already holds exactly these entries (as for ``replace``; ``prefix`` + each path)
+        and this note, all trusted: then nothing need be written. Compared in the file's bytes, unloaded."""
         if self._loaded or self._new or self._order is not None:
             return False  # this object was used for something else: let the usual path decide
         import mmap
@@ -212,11 +165,8 @@ class StatCache:
             self._note = b""
 
     def replace(self, paths: Sequence[str], packed_keys: bytes, recorded_ns: int, digests: bytes) -> None:
-        """Make the cache exactly these entries, in this order (after hashing a whole tree).
-
-        ``packed_keys``: 5 little-endian int64 per path (dev, ino, size,
-        mtime_ns, ctime_ns); ``digests``: 32 raw bytes per path.
-        """
+        """Make the cache exactly these entries, in this order: 5 little-endian int64 keys and 32 raw digest
+        bytes per path."""
         n = len(paths)
         if len(packed_keys) != n * _KEY_INTS * 8 or len(digests) != n * _DIGEST:
             raise ValueError("replace: keys and digests do not match the paths")
@@ -239,11 +189,7 @@ class StatCache:
         self._order = order
 
     def set_note(self, note: bytes) -> None:
-        """Attach caller data that holds only while the entries stay as they are now.
-
-        Any later ``put`` or ``retain`` that changes the entries clears it.
-        (verify stores the sha256 of the manifest the digests were found to match.)
-        """
+        """Caller data (verify: the manifest the digests matched) that a later change of the entries clears."""
         self._load()
         if note != self._note:
             self._note = note

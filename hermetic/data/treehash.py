@@ -1,21 +1,10 @@
-"""Scan a dataset directory and hash every file in worker processes, while the caller works.
+"""``verify --full``: scan a dataset and hash every file in worker processes, while the caller works.
 
-What ``verify --full`` runs. The first worker is forked *before* the scan and
-does the scan itself, so that the caller parses the manifest meanwhile instead
-of after; the worker then hands the list of paths over (one NUL-separated blob
-in a shared in-memory file), plans the batches and starts hashing; the caller
-lines the manifest up with the paths and joins in (hashfiles.drain). Forked
-before the caller's heap holds 100,000 paths, the worker shares almost no
-pages with it: neither pays copy-on-write faults for the other's reference
-counting. Both open files relative to the root's descriptor, so nobody builds
-100,000 absolute paths.
-
-Digests and stat keys go straight into the shared file, at each file's index,
-as in hashfiles.py. A scan that fails is the worker's answer, a TreeError the
-caller raises -- before any error of its own, as if the scan had come first.
-Where the account's limits refuse the scanning worker (hermetic.core.workers), the
-scan runs here and hash_files takes over; where they refuse a helper, those
-started do the hashing.
+The first worker is forked before the scan and scans (so the caller parses the manifest meanwhile, and shares
+no pages of 100,000 paths with it), hands the paths over in a shared in-memory file, and starts hashing; the
+caller joins in (hashfiles.drain). Files are opened relative to the root's descriptor; digests and keys go to
+the shared file. A failed scan is the worker's answer, raised first. Where the account's limits refuse the
+worker, the scan runs here and hash_files takes over.
 """
 
 from __future__ import annotations
@@ -44,13 +33,8 @@ def scan_and_hash(
     while_scanning: Callable[[], None] | None = None,
     while_hashing: Callable[[Tree], None] | None = None,
 ) -> tuple[Tree, Hashed]:
-    """``scan_tree(real_root, stat=False)``, then ``hash_files`` of its paths -- overlapped.
-
-    ``while_scanning()`` runs here while a worker scans; ``while_hashing(tree)``
-    once the paths are known, while the workers hash. Raises what those two
-    functions raise. With one CPU, or with threads running (no fork), scans
-    and then hashes as they do.
-    """
+    """``scan_tree(real_root, stat=False)`` and ``hash_files`` of its paths, overlapped: ``while_scanning()``
+    runs here while a worker scans, ``while_hashing(tree)`` while the workers hash."""
     workers = procs.affordable(workers or procs.available_cpus())
     exclude = set(exclude)
     if workers > 1 and default_start_method() == "fork":

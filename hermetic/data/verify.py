@@ -1,11 +1,5 @@
-"""Verifying a dataset directory against its manifest, and making manifests.
-
-``verify_dataset`` is what ``hermetic data verify`` and ``hermetic run`` call:
-scan the directory, compare the file set with the manifest (missing, extra),
-hash what must be hashed, compare digests (changed). By default a stat cache
-(hermetic.data.statcache) supplies the digests of files whose metadata has not
-changed since they were last hashed; ``full=True`` re-hashes every file.
-"""
+"""Verifying a dataset directory against its manifest (missing, extra, changed files), and making manifests.
+The stat cache (hermetic.data.statcache) supplies the digests of unchanged files; ``full=True`` re-hashes all."""
 
 from __future__ import annotations
 
@@ -38,12 +32,8 @@ _OK_NOTE = b"verified-manifest-sha256:"
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """What ``verify_dataset`` found. ``ok`` is True only when all three lists are empty.
-
-    ``file_count`` / ``total_bytes`` describe the directory as scanned (the
-    manifest's own file, when it sits inside, is not part of it); when ``ok``
-    they are the dataset's bytes.count (BagIt Payload-Oxum).
-    """
+    """What ``verify_dataset`` found. ``file_count``/``total_bytes``: the directory as scanned (not the
+    manifest's own file); when ``ok``, the dataset's bytes.count (BagIt Payload-Oxum)."""
 
     root: str
     manifest_path: str
@@ -60,11 +50,9 @@ class VerifyReport:
     seconds: float = 0.0
     # The manifest's bytes exactly as verified: what a run keeps as its copy (never re-read from disk).
     manifest_bytes: bytes = field(default=b"", repr=False, compare=False)
-    # What not everyone may read, from the scan's own stats (scan.Tree.restricted; hermetic.data.access);
-    # None when the scan took no stats (full mode).
+    # What not everyone may read (scan.Tree.restricted; hermetic.data.access); None in full mode.
     restricted: tuple[tuple[str, int, int, int], ...] | None = field(default=None, repr=False, compare=False)
-    # Each file's stat key as this verification saw it (hermetic.data.identity): what `hermetic run` checks
-    # again after the container exits. From the stats the verification took anyway: no extra cost.
+    # Each file's stat key as verified (hermetic.data.identity): what `hermetic run` checks after the container.
     identity: DatasetIdentity | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -80,13 +68,8 @@ class VerifyReport:
         if self.ok:
             return (f"{self.root}: OK, {self.file_count} files, {self.total_bytes} bytes "
                     f"(manifest sha256 {self.manifest_sha256[:12]}, {self.mode})")
-        parts = []
-        if self.changed:
-            parts.append(f"{len(self.changed)} changed ({first_names(p for p, _, _ in self.changed)})")
-        if self.missing:
-            parts.append(f"{len(self.missing)} missing ({first_names(self.missing)})")
-        if self.extra:
-            parts.append(f"{len(self.extra)} extra ({first_names(self.extra)})")
+        kinds = (("changed", [p for p, _, _ in self.changed]), ("missing", self.missing), ("extra", self.extra))
+        parts = [f"{len(paths)} {kind} ({first_names(paths)})" for kind, paths in kinds if paths]
         return f"{self.root} does not match {self.manifest_path}: " + "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -110,13 +93,8 @@ def verify_dataset(
     stat_cache: StatCache | None = None,
     workers: int | None = None,
 ) -> VerifyReport:
-    """Compare ``root`` with the manifest at ``manifest_path``.
-
-    Raises ManifestError (file:line) for a malformed manifest and TreeError for
-    a directory that cannot be described safely (escaping symlinks, FIFOs,
-    NFC/NFD name collisions); mismatches are reported, not raised.
-    ``stat_cache`` defaults to this root's cache under HERMETIC_CACHE.
-    """
+    """Compare ``root`` with its manifest: mismatches are reported; a malformed manifest (ManifestError) or a
+    tree that cannot be described safely (TreeError: escaping links, FIFOs, NFC/NFD twins) raised."""
     started = time.perf_counter()
     recorded_ns = time.time_ns()  # before any stat: the racy-clean reference time
     with _gc_paused():
@@ -143,8 +121,7 @@ def verify_dataset(
 
 
 class _Job:
-    """One verification: the manifest bytes, the cache, and the scanned tree (for ``full``,
-    None until the workers have scanned it)."""
+    """One verification: the manifest bytes, the cache, the scanned tree (``full``: None until scanned)."""
 
     def __init__(self, real_root: str, manifest_path: str | os.PathLike[str], manifest_bytes: bytes,
                  tree: Tree | None, cache: StatCache, recorded_ns: int, workers: int | None, label: str | None):
@@ -226,10 +203,8 @@ class _Job:
                            hashed_bytes=hashed_bytes, cached_files=len(c_paths) - hashed_files)
 
     def full(self, exclude: set[str] | frozenset[str] = frozenset()) -> VerifyReport:
-        """Hash every file (workers stat what they open). Meanwhile parse the manifest and line
-        its digests up with the scan, so that one bytes comparison settles the usual case.
-
-        Scans the tree too (in a worker, leaving out ``exclude``) unless the job has one."""
+        """Hash every file (scanning the tree in a worker unless the job has one); meanwhile line the
+        manifest's digests up with the scan, so that one bytes comparison settles the usual case."""
         ready: dict[str, Any] = {}
 
         def parse() -> None:
@@ -319,19 +294,10 @@ def _partition(paths: list[str], expected: dict[str, str]) -> tuple[list[str], l
     return extra, missing, (None if len(checked) == len(paths) else checked)
 
 
-def _expected_raw(paths: list[str], expected: dict[str, str]) -> bytes:
-    """The manifest's digests of ``paths`` (all in it), raw and in that order: one column to compare."""
-    return bytes.fromhex("".join(map(expected.__getitem__, paths)))
-
-
 def _compare_raw(paths: list[str], raw: bytes, expected: dict[str, str]) -> list[tuple[str, str, str]]:
     """Changed files, given every path's raw digest in order -- one bytes comparison when none changed."""
-    if raw == _expected_raw(paths, expected):
+    if raw == bytes.fromhex("".join(map(expected.__getitem__, paths))):
         return []
-    return _changed(paths, raw, expected)
-
-
-def _changed(paths: list[str], raw: bytes, expected: dict[str, str]) -> list[tuple[str, str, str]]:
     h = raw.hex()
     actual = [h[j:j + 64] for j in range(0, len(h), 64)]
     return [(p, expected[p], a) for p, a in zip(paths, actual) if a != expected[p]]
@@ -345,13 +311,8 @@ def build_manifest(
     stat_cache: StatCache | None = None,
     workers: int | None = None,
 ) -> Manifest:
-    """Hash every file under ``root`` (always in full) into a Manifest.
-
-    ``exclude`` names files to leave out -- the manifest's own output file when
-    it is written inside ``root`` (a file stdout is redirected to is left out
-    too). The digests are recorded in the stat cache, so the first ``verify``
-    afterwards is fast.
-    """
+    """Hash every file under ``root`` into a Manifest, but ``exclude`` (the manifest's own file) and the file
+    stdout is redirected to; the digests go to the stat cache, so the first ``verify`` afterwards is fast."""
     recorded_ns = time.time_ns()
     real_root = resolve_root(root)
     skip: set[str] = set()
@@ -373,13 +334,8 @@ def build_manifest(
         return manifest
 
 
-# ---------------------------------------------------------------- hermetic.yaml datasets
-
-
 @dataclass(frozen=True)
 class DatasetReport:
-    """One dataset's verification report, with its name and mount."""
-
     name: str
     mount: str
     report: VerifyReport
@@ -388,11 +344,7 @@ class DatasetReport:
 def verify_configured(
     cfg: Any, names: Sequence[str] | None = None, *, full: bool = False, progress: bool = False,
 ) -> list[DatasetReport]:
-    """Verify the datasets a LoadedConfig declares (all, or those in ``names``).
-
-    Paths resolve against the config file's directory. A dataset whose
-    directory or manifest is unusable raises HermeticError naming the dataset.
-    """
+    """Verify the datasets a LoadedConfig declares (all, or ``names``); errors name the dataset."""
     declared = {d.name: d for d in cfg.model.datasets}
     if names:
         unknown = [n for n in names if n not in declared]
@@ -412,9 +364,6 @@ def verify_configured(
             raise
         out.append(DatasetReport(d.name, d.mount, report))
     return out
-
-
-# ---------------------------------------------------------------- helpers
 
 
 def _inside(real_root: str, path: str | os.PathLike[str]) -> set[str]:

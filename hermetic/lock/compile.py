@@ -1,21 +1,8 @@
-"""``hermetic lock``: resolve requirements for the image's platform with uv.
-
-uv resolves for a platform other than the host's (``--python-platform``,
-``--python-version``) and writes every file hash of each pinned release.
-pip-tools is the alternative where the host interpreter *is* the image's
-Python version (it can only resolve for the running interpreter).
-
-Index lines in the input are kept in the lock (users elsewhere fetch from
-them). An index that does not answer here is left out of *this* resolution
-with a warning; the packages must then come from another source, and their
-hashes make that safe.
-
-The lock is a function of the input's content, the target, and the resolver
-and hermetic versions, byte for byte (the image's identity includes its
-sha256): an existing lock's pins are kept unless ``--upgrade`` (given to the
-resolver as preferences), and the input's name and location never appear in
-it (``# via -r <input>``). The resolver runs in the input's directory, so
-relative paths in it (``-c constraints.txt``) mean what pip would make of them.
+"""``hermetic lock``: resolve requirements for the image's platform with uv (or pip-tools, where the host's
+Python is the image's). Index lines stay in the lock; an index that does not answer here is left out of this
+resolution with a warning (the hashes keep other sources safe). The lock is a function of the input's content,
+the target and the versions, byte for byte: existing pins are kept unless ``--upgrade``, and the input's name
+never appears in it. The resolver runs in the input's directory, so its relative paths mean what pip reads.
 """
 
 from __future__ import annotations

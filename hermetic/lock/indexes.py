@@ -1,11 +1,5 @@
-"""Where wheels come from: the user's pip configuration, read the way pip reads it.
-
-Resolution (``hermetic lock``) and fetching (``hermetic fetch``) both honour
-pip's configured indexes and find-links, so a machine whose wheels come from a
-mirror or a local directory (``find-links``) needs no hermetic-specific setup.
-Hashes in the lock make every source equally trustworthy: a file is accepted
-only when its sha256 is one the lock allows.
-"""
+"""Where wheels come from: pip's configured indexes and find-links, read the way pip reads them, for
+``hermetic lock`` and ``hermetic fetch`` alike (the lock's hashes make every source equally trustworthy)."""
 
 from __future__ import annotations
 

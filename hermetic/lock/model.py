@@ -41,13 +41,8 @@ class Target:
 
 @dataclass(frozen=True)
 class LockedWheel:
-    """One pinned distribution: ``name==version``, acceptable file hashes.
-
-    ``sha256s`` lists every hash the lock allows (a lock lists the hashes of
-    all of a release's files, wheels for other platforms and the sdist too);
-    the fetcher picks the file for the target among them. ``source`` is the
-    lock file and line that pinned it, for error messages.
-    """
+    """One pinned distribution: ``name==version``, every file hash the lock allows (the fetcher picks the
+    target's file among them), and ``source``, the lock's file:line that pinned it."""
 
     name: str  # canonical (PEP 503) name
     version: str

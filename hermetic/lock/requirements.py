@@ -83,7 +83,8 @@ def read_requirements_lock(path: Path, text: str, target: Target) -> tuple[list[
         try:
             req = Requirement(req_text)
         except InvalidRequirement as e:
-            raise LockError(f"{where}: invalid requirement {req_text!r}: {e}") from None
+            # packaging's message quotes the line after its first line: the file's text is never echoed
+            raise LockError(f"{where}: invalid requirement: {str(e).splitlines()[0]}") from None
         name = canonical(req.name)
         if req.marker is not None and not _marker_applies(req.marker, env, where):
             continue
@@ -135,7 +136,8 @@ def _option_line(where: str, tokens: list[str], index_urls: list[str], find_link
         if opt == "--no-binary":
             raise LockError(f"{where}: --no-binary asks for source builds, which are not hermetic")
     else:
-        raise LockError(f"{where}: unsupported option {opt!r}")
+        shown = f" {opt!r}" if re.fullmatch(r"--?[A-Za-z][\w-]*", opt) else ""
+        raise LockError(f"{where}: unsupported option{shown}")
 
 
 def _marker_applies(marker: Marker, env: dict[str, str], where: str) -> bool:

@@ -1,9 +1,5 @@
-"""Wheel tags the image accepts, in pip's order of preference.
-
-pip's ``--platform`` matches one tag exactly; the image accepts a whole
-family (manylinux_2_28 down to manylinux1, abi3, py3-none-any), and the most
-specific match wins, as an installer running inside the image would choose.
-"""
+"""Wheel tags the image accepts (manylinux_2_28 down to manylinux1, abi3, py3-none-any), in pip's order of
+preference: the most specific match wins, as an installer inside the image would choose."""
 
 from __future__ import annotations
 

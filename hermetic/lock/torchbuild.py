@@ -1,15 +1,6 @@
-"""Which build of torch a lock holds: the CPU wheel, or the CUDA build with its ``nvidia-*`` wheels.
-
-``torch>=2.6`` resolves, as pip would, to PyPI's torch, which on Linux is the
-CUDA build: torch itself plus some twenty ``nvidia-*`` wheels (gigabytes of
-wheels) that a machine without a GPU never uses. The CPU build is a
-different file (``torch==2.13.0+cpu``, from download.pytorch.org or a local
-find-links directory). Both are valid locks; a user who did not know the
-difference finds out from a build gigabytes larger, so ``hermetic lock`` says which one it
-locked (README, "CPU torch"). A torchvision or torchaudio built for the other
-torch is warned about by ``lock``, every ``build`` (a no-op too) and ``run``.
-Pure: names and versions in, one sentence out.
-"""
+"""Which build of torch a lock holds: the CPU wheel, or the CUDA build with its ``nvidia-*`` wheels (gigabytes
+a machine without a GPU never uses); ``hermetic lock`` says which (README, "CPU torch"), and a torchvision or
+torchaudio built for the other torch is warned about. Pure: names and versions in, one sentence out."""
 
 from __future__ import annotations
 

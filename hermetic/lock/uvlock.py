@@ -1,10 +1,5 @@
-"""Reader for uv.lock: walk the graph from the project root, evaluating markers.
-
-uv.lock is a universal lock (all platforms, possibly several versions of one
-package for different marker forks). The packages for the image are those
-reachable from the workspace root(s) whose dependency markers hold in the
-image's environment.
-"""
+"""Reader for uv.lock (a universal lock): the packages reachable from the workspace root(s) whose dependency
+markers hold in the image's environment."""
 
 from __future__ import annotations
 

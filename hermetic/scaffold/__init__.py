@@ -1,14 +1,7 @@
-"""``hermetic init``: an existing training project, made ready for its first recorded run.
-
-From a fresh clone to the first run in two commands (``hermetic init --data
-data``, then ``hermetic run train.py``): init writes hermetic.yaml (the name
-from the folder; a base found in the store, else bootstrapped from Debian's
-packages, pinned by digest; its Python version), a lock from what the
-project already has (requirements.in / requirements.txt / pyproject.toml are
-locked; a hashed requirements file, uv.lock or pylock.toml is used as it
-is), a dataset entry and a checksum manifest per ``--data DIR``, and
-``.gitignore`` lines for ``runs/``. Nothing is overwritten unless asked, and
-hermetic.yaml is written last, once everything it names exists.
+"""``hermetic init``: an existing training project made ready for its first recorded run: hermetic.yaml (name,
+a base from the store or bootstrapped, pinned by digest), a lock from what the project has (requirements
+files and pyproject.toml locked; a hashed lock used as is), a dataset and manifest per ``--data DIR``, and
+``.gitignore`` lines. Nothing is overwritten unless asked; hermetic.yaml is written last.
 """
 
 from __future__ import annotations

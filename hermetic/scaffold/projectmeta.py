@@ -1,23 +1,7 @@
-"""What a Python project declares about itself, read without running any of its code.
-
-``hermetic init`` needs two things a project's packaging metadata says and
-``pip install -e .`` would act on: the packages it depends on, and its own
-package, which its scripts import (minGPT's ``projects/adder/adder.py`` does
-``from mingpt.model import GPT``). Both are read statically:
-
-- ``pyproject.toml``: ``[project].dependencies`` and, when asked,
-  ``[project.optional-dependencies]``; when they are ``dynamic``, setuptools'
-  ``[tool.setuptools.dynamic]`` files, else setup.py below.
-- ``setup.cfg``: ``[options] install_requires`` / ``[options.extras_require]``.
-- ``setup.py``: parsed with :mod:`ast`, never executed: ``install_requires=``
-  (and ``extras_require=``) as a literal list, a name bound to one at module
-  level, or lists joined with ``+``. Anything computed when setup.py runs
-  (read from a file, built in a loop) is refused with where it is and what to
-  do, rather than guessed.
-
-The project's own package is a directory with ``__init__.py`` under ``src/``
-(the src layout) or at the root, named like the project or listed in
-``packages=``; ``own_package`` says which, for ``PYTHONPATH``.
+"""What a Python project declares about itself, read without running any of its code: its dependencies
+(``pyproject.toml``'s ``[project]``, or setuptools' dynamic files; ``setup.cfg``'s ``[options]``; ``setup.py``
+parsed with :mod:`ast`, literal lists only, anything computed refused saying where) and its own package
+(under ``src/`` or the root, named like the project or in ``packages=``), which its scripts import.
 """
 
 from __future__ import annotations
@@ -232,8 +216,9 @@ def _setup_cfg(root: Path) -> configparser.ConfigParser | None:
     cfg = configparser.ConfigParser(interpolation=None)
     try:
         cfg.read_string(path.read_text(encoding="utf-8"), source=str(path))
-    except (configparser.Error, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: not a valid setup.cfg: {' '.join(str(e).split())}") from None
+    except (configparser.Error, UnicodeDecodeError) as e:  # configparser's message quotes the line: not shown
+        line = f":{e.lineno}" if isinstance(getattr(e, "lineno", None), int) else ""
+        raise DataError(f"{path}{line}: not a valid setup.cfg ({type(e).__name__})") from None
     return cfg
 
 
