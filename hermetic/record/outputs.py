@@ -17,13 +17,17 @@ from hermetic.core.errors import DataError
 # loss is NaN: such values are recorded as these strings.
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 MAX_METRICS_LINE = 1 << 20  # characters in one metrics.jsonl line
+MAX_NESTING = 8  # objects within a metrics.jsonl line that name metrics (``val.acc``: 1)
 # Keys of a metrics line that say *when*, not *what*: never summarized as metrics
 # (a wall-clock time would make every pair of runs differ).
 NON_METRIC_KEYS = frozenset({"step", "time", "timestamp", "wall_time", "_time", "_timestamp"})
 
 
 def encode_number(value: float | int) -> float | int | str:
-    """A metric value as the record stores it (non-finite floats become strings)."""
+    """A metric value as the record stores it (non-finite floats become strings; an integer past 64 bits a
+    float, past a float's range an infinity)."""
+    if isinstance(value, int) and abs(value) >= 1 << 63:
+        value = float(value) if value.bit_length() <= 1023 else (math.inf if value > 0 else -math.inf)
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     return value
@@ -233,10 +237,10 @@ def _parse_metric_lines(path: Path, f):
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # ValueError: also an integer of too many digits
             if not complete:
                 break  # the writer died mid-line (only the last line can lack its newline)
-            raise DataError(f"{path}:{lineno}: not a JSON object: {e.msg}") from None
+            raise DataError(f"{path}:{lineno}: not a JSON object: {getattr(e, 'msg', None) or e}") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{lineno}: not a JSON object")
         count += 1
@@ -253,12 +257,12 @@ def is_regular_file(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def _flatten_numbers(obj: dict[str, Any], prefix: str = ""):
+def _flatten_numbers(obj: dict[str, Any], prefix: str = "", depth: int = 0):
     for key, value in obj.items():
         if not prefix and key in NON_METRIC_KEYS:
             continue
         name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            yield from _flatten_numbers(value, name + ".")
+        if isinstance(value, dict) and depth < MAX_NESTING:  # deeper objects are no metrics
+            yield from _flatten_numbers(value, name + ".", depth + 1)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             yield name, value

@@ -282,6 +282,8 @@ class Metrics(_Strict):
     sources: Optional[dict[MetricSourceName, MetricSource]] = None
     wall_clock: Optional[dict[str, Number]] = None  # kept, never compared (train_runtime, *_per_second)
     series: Optional[MetricSeries] = None
+    # What the readers' caps left out (hermetic.record.metrics.Kept): points, other_names, values, columns, bytes.
+    left_out: Optional[dict[Literal["points", "other_names", "values", "columns", "bytes"], NonNegInt]] = None
 
 
 class SlurmJob(_Strict):
