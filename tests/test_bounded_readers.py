@@ -165,3 +165,41 @@ def test_hermetic_run_on_crafted_outputs_stays_under_300_mb(project):
     left = rec["metrics"]["left_out"]
     assert left["columns"] == 100_001 - mx.MAX_COLUMNS and left["other_names"] > 0
     assert len(rec["metrics"]["final"]) + len(rec["metrics"].get("wall_clock") or {}) <= mx.MAX_METRICS
+
+
+# ---------------------------------------------------------------- sealed modes (issue 40, item 5)
+
+
+def test_collected_outputs_lose_world_write_setuid_setgid_and_sticky_bits(tmp_path):
+    """A script's outputs as it left them: a setuid file, a setgid world-writable one, a sticky world-writable
+    directory, outputs/ itself world-writable. Sealed, none of those bits is left; the record lists the modes."""
+    import stat
+
+    run_dir = tmp_path / RID
+    out = run_dir / "outputs"
+    (out / "shared").mkdir(parents=True)
+    (out / "tool").write_text("#!/bin/sh\n")
+    (out / "shared" / "w.txt").write_text("x")
+    (out / "plain.txt").write_text("y")
+    if os.geteuid() == 0:  # the script's user owns what it made (a chown clears setuid: first)
+        for p in (out, out / "shared", out / "shared" / "w.txt", out / "tool", out / "plain.txt"):
+            os.chown(p, 1000, 1000)
+    os.chmod(out / "tool", 0o4755)
+    os.chmod(out / "shared" / "w.txt", 0o2666)
+    os.chmod(out / "shared", 0o1777)
+    os.chmod(out, 0o777)
+    os.chmod(run_dir, 0o755)
+    from hermetic.run.collect import CollectPlan, collect_run
+
+    uid = 1000 if os.geteuid() == 0 else os.getuid()
+    got = collect_run(CollectPlan(run_dir=str(run_dir), runtime_dir=None, workspace=None), uid=uid, gid=uid)
+    modes = {p: stat.S_IMODE(os.lstat(p).st_mode) for p in (out, out / "shared", out / "shared" / "w.txt",
+                                                            out / "tool", out / "plain.txt")}
+    assert modes == {out: 0o775, out / "shared": 0o775, out / "shared" / "w.txt": 0o664, out / "tool": 0o755,
+                     out / "plain.txt": 0o644 & ~os.umask(os.umask(0))}, modes
+    assert got.outputs["modes_cleared"] == {".": "0777", "shared": "1777", "shared/w.txt": "2666", "tool": "4755"}
+    from hermetic.record.synthetic import synthetic_record
+
+    rec = synthetic_record(RID)
+    rec["outputs"]["modes_cleared"] = got.outputs["modes_cleared"]
+    validate_record(rec, sealed=False)

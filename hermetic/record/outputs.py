@@ -146,6 +146,45 @@ def hash_outputs_at(rootfd: int, notes: list[str] | None = None, cache: DigestCa
     return {"files": dict(sorted(files.items()))}
 
 
+UNSAFE_MODE = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
+MAX_MODES = 100  # paths whose cleared modes the record lists
+
+
+def clear_unsafe_modes_at(rootfd: int, notes: list[str]) -> dict[str, str]:
+    """Take world-write, setuid, setgid and sticky off every file and directory under ``rootfd`` (and itself):
+    ``{path: the mode the script set, in octal}`` for the record (``.`` is outputs/ itself), at most MAX_MODES
+    (a note counts the rest). Never through a link: each entry is changed by a descriptor of what was walked."""
+    cleared: dict[str, str] = {}
+    more = 0
+
+    def walked():  # each entry's directory descriptor is valid until the next is walked
+        yield rootfd, ".", ".", os.fstat(rootfd)
+        yield from ((d, n, e.rel, e.st) for d, n, e in safetree.walk_at(rootfd) if e.kind in ("file", "dir"))
+
+    for dirfd, name, rel, st in walked():
+        if not st.st_mode & UNSAFE_MODE:
+            continue
+        try:
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+            try:
+                now = os.fstat(fd)
+                if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                    os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(now.st_mode) & ~UNSAFE_MODE)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            notes.append(f"outputs/{safetree.record_name(rel)}: its mode {stat.S_IMODE(st.st_mode):04o} was kept: "
+                         f"{e.strerror}")
+            continue
+        if len(cleared) < MAX_MODES:
+            cleared[safetree.record_name(rel)] = f"{stat.S_IMODE(st.st_mode):04o}"
+        else:
+            more += 1
+    if more:
+        notes.append(f"{more} more outputs lost world-write, setuid, setgid or sticky bits (not listed)")
+    return cleared
+
+
 def special_entry(kind: str) -> dict[str, Any]:
     """How an output that is neither a file nor a link is recorded (hash_outputs)."""
     return {"sha256": sha256_hex(f"{kind}:".encode()), "size": 0, "type": kind}

@@ -250,6 +250,8 @@ class Outputs(_Strict):
     volatile: Optional[list[RelPath]] = None  # files kept but never compared (run.outputs.volatile)
     notes: Optional[list[str]] = None  # what collecting them noticed (a FIFO kept by kind, a link not read)
     stdout: Optional[StdoutOutput] = None  # run.outputs.stdout: logs/stdout.log compared as an output
+    # path ('.': outputs/) -> the mode the script set (octal), whose world-write, setuid, setgid, sticky bits went
+    modes_cleared: Optional[dict[str, Annotated[str, Field(pattern="^[0-7]{4}$")]]] = None
 
 
 MetricSourceName = Literal["metrics.jsonl", "tensorboard", "lightning", "trainer"]

@@ -41,7 +41,7 @@ from typing import Any
 from hermetic.hostfs import safetree
 from hermetic.hostfs.privdrop import call_as
 from hermetic.record import metrics as mx
-from hermetic.record.outputs import hash_outputs_at
+from hermetic.record.outputs import clear_unsafe_modes_at, hash_outputs_at
 from hermetic.run.workdir import WorkdirResult, collect_at
 
 RUNTIME_REPORT_NAME = "runtime.json"
@@ -164,7 +164,10 @@ def _collect(fds: dict[str, int], plan_doc: dict[str, Any]) -> dict[str, Any]:
         if plan.workspace is not None:
             kept = collect_at(fds[plan.workspace], plan.snapshot_files, outfd, include=plan.include,
                               exclude=plan.exclude, skip=plan.skip)
+        modes = clear_unsafe_modes_at(outfd, notes)
         outputs = hash_outputs_at(outfd, notes)
+        if modes:
+            outputs["modes_cleared"] = modes
         for rel, f in outputs["files"].items():
             if f.get("type"):
                 notes.append(f"outputs/{rel}: a {f['type']}, recorded by kind (never opened)")
