@@ -77,6 +77,7 @@ class Collected:
     runtime_report: dict[str, Any]
     rank_logs: dict[str, dict[str, str]] | None
     notes: list[str]
+    full_disk: str | None = None  # runs/'s or the working directory's filesystem full as the script ended
 
 
 def collect_run(plan: CollectPlan, *, uid: int, gid: int) -> Collected:
