@@ -1,32 +1,9 @@
-"""After the container: what the script left behind, collected without trusting any of it.
-
-The script could write three trees on the host: /outputs (``runs/<id>/outputs``),
-its working directory (a scratch copy of the snapshot) and the runtime's
-directory (``runs/<id>/.runtime``: the runtime's report, torchrun's per-rank
-logs, the other ranks' outputs). Everything read or moved from them after it
-exits happens here, in one step, in a child process that runs as the
-container's user (hermetic.hostfs.privdrop; hermetic itself is often root) and
-through hermetic.hostfs.safetree (no link followed, no FIFO or device opened, names
-escaped for the record). The result is plain JSON, which the record step
-seals: nothing the script made is read again as root.
-
-What the script left can never cost it its exit code or the record: a link
-is recorded as a link, a FIFO by kind, a malformed metrics file or runtime
-report as a note (``outputs.notes``), a working-directory file that cannot be
-kept where it was written as a conflict (the run fails with that reason).
-
-Metrics (hermetic.record.metrics) come from the files the frameworks write:
-metrics.jsonl, Lightning's metrics.csv and the Trainer's JSON files are read
-in that child with the standard library. TensorBoard's event files are
-protocol buffers, which hermetic never parses as root: they are read by
-TensorBoard's own reader (hermetic.record.tb_scalars) in a second locked-down
-container of the run's own image, on the run's engine (the one that wrote them has tensorboard:
-torch.utils.tensorboard and Lightning's logger need it), with the outputs
-mounted read-only, only when event files exist; where that image has no
-tensorboard (or no engine answers), in a second child as the container's user
-with the host's tensorboard (``hermetic[tensorboard]``); where neither can, a
-note says so. What was read is written once, by hermetic, to
-``runs/<id>/metrics/series.jsonl``, whose sha256 the record keeps.
+"""After the container: what the script left behind (outputs/, its working directory, the runtime's directory),
+collected in one step by a child running as the container's user (hermetic.hostfs.privdrop) through
+hermetic.hostfs.safetree (no link followed, no FIFO opened, names escaped), as plain JSON the record step seals.
+A link, a FIFO, a malformed metrics file or report is a note, never a lost exit code. Metrics files are read
+within hermetic.record.metrics' caps; TensorBoard's event files by TensorBoard's own reader (tb_scalars) in a
+locked-down container of the run's image, else as the container's user with the host's tensorboard, else noted.
 """
 
 from __future__ import annotations
