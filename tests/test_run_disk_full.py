@@ -66,3 +66,27 @@ def test_a_full_disk_under_runs_seals_the_record(project, small_runs, docker_cli
     assert "first.txt" in rec["outputs"]["files"]  # what was written and collected is kept and hashed
     assert not (small_runs / run_id / ".space-reserve").exists()
     assert labelled_containers(docker_client, run_id) == []  # stopped and removed
+
+
+def test_a_script_that_catches_a_full_disk_and_exits_0_fails_naming_the_filesystem(project, small_runs):
+    """Issue 40, item 8: the script fills runs/'s filesystem, catches ENOSPC and exits 0 (nothing hermetic
+    writes after it fails): the record and the last line say the filesystem was full and what was lost."""
+    (project / "catcher.py").write_text(textwrap.dedent("""
+        try:
+            with open("/outputs/fill.bin", "wb") as f:
+                while True:
+                    f.write(b"x" * 65536)
+                    f.flush()
+        except OSError as e:
+            print("caught:", e.strerror, flush=True)
+    """))
+    proc = run_cli("run", "catcher.py", cwd=project, timeout=400)
+    assert proc.returncode == 73, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("hermetic: error: ") and f"the filesystem at {small_runs} (tmpfs) was full" in last, last
+    assert "what it wrote to outputs/ after that was lost" in last, last
+    (run_id,) = [p for p in os.listdir(small_runs) if not p.startswith(".")]
+    rec = json.loads((small_runs / run_id / "run.json").read_text())
+    assert rec["record"]["status"] == "failed" and rec["record"]["exit_code"] == 0
+    assert rec["record"]["hermetic_exit_code"] == 73 and f"{small_runs} (tmpfs) was full" in rec["record"]["reason"]

@@ -206,9 +206,9 @@ def summarize_metrics_at(outputs_fd: int, files: dict[str, Any] | None = None,
     if files is None:
         files = hash_outputs_at(outputs_fd)["files"]
     found = mx.find_sources(files, mx.enabled_sources(setting))
-    parts, notes = mx.read_file_parts(outputs_fd, found)
+    parts, notes, left_out = mx.read_file_parts(outputs_fd, found)
     events = found.files.get(mx.TENSORBOARD) or []
     if events:
         notes.append(f"{len(events)} TensorBoard event file(s) not read: only a run's collection reads them")
-    assembled = mx.assemble(parts)
+    assembled = mx.assemble(parts, left_out=left_out)
     return assembled.section, assembled.series, found.notes + notes + assembled.notes

@@ -1,39 +1,13 @@
-"""Metrics from what the script already writes, and the run's one normalized series file.
+"""Metrics from what the script already writes (``run.metrics``: ``auto``, ``none`` or a list of sources),
+and the run's one normalized series file.
 
-A script that never heard of hermetic still logs: Lightning and the Hugging
-Face Trainer write TensorBoard event files, Lightning's CSVLogger a
-``metrics.csv``, the Trainer ``trainer_state.json`` and ``*_results.json``.
-hermetic reads each of these *sources* from the run's outputs (``run.metrics``
-in hermetic.yaml: ``auto``, the default, reads every source it finds; a list
-names the sources to read; ``none`` reads none):
-
-=============  ==============================================  ==========================
-source         files (anywhere under outputs/ unless said)      metric names
-=============  ==============================================  ==========================
-metrics.jsonl  ``metrics.jsonl`` at the top of outputs/          as written: ``loss``, ``val.acc``
-tensorboard    ``*tfevents*`` (TensorBoard event files)         ``tensorboard/<tag>``
-lightning      ``metrics.csv`` (Lightning's CSVLogger)          ``lightning/<column>``
-trainer        ``trainer_state.json``'s ``log_history`` and     ``trainer/<key>``
-               ``*_results.json`` (the Trainer)
-=============  ==============================================  ==========================
-
-A source with files in several directories (two Lightning ``version_N``,
-Keras's ``train/`` and ``validation/``) puts each directory, relative to their
-common parent, into the names, as TensorBoard names its runs:
-``tensorboard/train/epoch_loss``. A Trainer checkpoint's state is read only
-when its run directory has none (the highest N). Wall-clock figures
-(``train_runtime``, ``*_per_second``; ``is_wall_clock``) are kept in
-``metrics.wall_clock`` and in the series, marked, and never compared;
-metrics.jsonl keeps its own rule (hermetic.record.outputs), so its names and
-values stay what they always were.
-
-Every file here was written by an untrusted script: it is read only in the
-collection step (hermetic.run.collect, as the container's user), through
-hermetic.hostfs.safetree, bounded in size, with the standard library's csv and json;
-TensorBoard's event files are read by TensorBoard's own reader
-(hermetic.record.tb_scalars). What they held is written once, by hermetic, to
-``runs/<id>/metrics/series.jsonl`` (``SERIES_FILE``), whose sha256 the record
-keeps; plots, the figure and MLflow read that file, never the script's again.
+Sources under outputs/: ``metrics.jsonl`` at its top (names as written), TensorBoard's ``*tfevents*``
+(``tensorboard/<tag>``), Lightning's ``metrics.csv`` (``lightning/<column>``), the Trainer's
+``trainer_state.json`` and ``*_results.json`` (``trainer/<key>``); several directories of one source name
+themselves as TensorBoard names runs. Wall-clock figures are kept apart and never compared. Every file was
+written by an untrusted script: read once in the collection step (hermetic.run.collect), streamed within the
+caps below (what they leave out is counted in ``metrics.left_out``), and written once by hermetic to
+``runs/<id>/metrics/series.jsonl``, whose sha256 the record keeps.
 """
 
 from __future__ import annotations
@@ -62,14 +36,18 @@ SOURCES = (JSONL, TENSORBOARD, LIGHTNING, TRAINER)
 JSONL_FILE = "metrics.jsonl"  # at the top of outputs/ (hermetic.record.build.METRICS_FILE)
 SERIES_FILE = "metrics/series.jsonl"  # in the run directory, written by hermetic
 
-# Bounds on what the script's files may make hermetic read and keep.
-MAX_FILE_BYTES = 64 << 20  # one metrics.csv, trainer_state.json or *_results.json
+# Bounds on what the script's files may make hermetic read and keep (hermetic run stays within 300 MB).
+MAX_FILE_BYTES = 16 << 20  # one trainer_state.json or *_results.json (parsed whole)
+MAX_CSV_BYTES = 64 << 20  # read of one metrics.csv (streamed)
+MAX_CSV_LINE = 4 << 20  # characters of one metrics.csv line
 MAX_EVENT_FILE_BYTES = 256 << 20  # one TensorBoard event file
 MAX_EVENT_BYTES = 1 << 30  # all of a run's event files together
 MAX_FILES = 256  # files of one source
 MAX_METRICS = 1000  # metric names of a run
+MAX_NAME = 200  # characters of one metric name
+MAX_COLUMNS = 1000  # columns of one metrics.csv
 MAX_POINTS = 100_000  # points kept of one metric's series (its final value is the last one, always)
-MAX_TOTAL_POINTS = 2_000_000  # points kept in all
+MAX_TOTAL_POINTS = 500_000  # points kept in all
 
 _EVENTS = re.compile(r"tfevents")  # TensorBoard's own test (io_wrapper.IsSummaryEventsFile)
 _RESULTS = re.compile(r"^[A-Za-z0-9]+(?:_[A-Za-z0-9]+)*_results\.json$")  # all_results.json, eval_results.json
@@ -190,19 +168,59 @@ def _latest_trainer_states(rels: list[str]) -> list[str]:
 # ---------------------------------------------------------------- reading (in the collection child)
 
 
-def _read_bounded(dirfd: int, fs_rel: str, limit: int) -> bytes:
-    return safetree.read_limited(dirfd, fs_rel, limit)
+class Kept:
+    """What a run's readers keep, across its files: at most MAX_METRICS names (of MAX_NAME characters), MAX_POINTS
+    points of one (the last always the last written), MAX_TOTAL_POINTS in all. ``left_out`` counts the rest:
+    ``points``, ``other_names`` (values of names past the caps), ``values`` (not numbers), ``columns``, ``bytes``."""
+
+    def __init__(self, parts: Iterable[dict[str, Any]] = (), left_out: dict[str, int] | None = None):
+        parts = list(parts)
+        self.names = {(p["source"], k) for p in parts for k in p["series"]}
+        self.points = sum(len(v) for p in parts for v in p["series"].values())
+        self.left_out: dict[str, int] = dict(left_out or {})
+        self.cut: dict[str, int] = {}  # metric -> points it had past MAX_POINTS (or the total)
+        self.said: list[str] = []
+
+    def skip(self, what: str, n: int = 1) -> None:
+        self.left_out[what] = self.left_out.get(what, 0) + n
+
+    def add(self, source: str, series: dict[str, list[list[Any]]], name: str, step: int, value: Any) -> None:
+        points = series.get(name)
+        if points is None:
+            if (source, name) not in self.names:
+                if len(name) > MAX_NAME or len(self.names) >= MAX_METRICS:
+                    return self.skip("other_names")
+                self.names.add((source, name))
+            points = series[name] = []
+        value = _number(value)
+        if value is None:
+            return self.skip("values")
+        if len(points) >= MAX_POINTS or self.points >= MAX_TOTAL_POINTS:
+            self.skip("points")
+            self.cut[name] = self.cut.get(name, len(points)) + 1
+            if points:
+                points[-1] = [step, value]  # the final value stays the last one written
+            return None
+        points.append([step, value])
+        self.points += 1
+        return None
+
+    def notes(self) -> list[str]:
+        return self.said + [f"{name}: {n} points; the series keeps the first {MAX_POINTS - 1} and the last"
+                            for name, n in sorted(self.cut.items())]
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _number(v: Any) -> float | int | str | None:
+    """A number the record can hold (a huge integer as a float, a non-finite one by name); None for a boolean or
+    anything else."""
+    if isinstance(v, str):
+        return v if v in NONFINITE else None
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    return encode_number(v)
 
 
-def _finite_or_encoded(v: float | int) -> float | int | str:
-    return encode_number(float(v) if isinstance(v, float) else v)
-
-
-def read_jsonl_part(outputs_fd: int, label: str = "outputs/metrics.jsonl") -> dict[str, Any]:
+def read_jsonl_part(outputs_fd: int, kept: Kept, label: str = "outputs/metrics.jsonl") -> dict[str, Any]:
     """metrics.jsonl as a part: every metric's points in file order, steps as metrics_summary counts them."""
     from hermetic.record.outputs import _parse_metric_lines
 
@@ -216,22 +234,38 @@ def read_jsonl_part(outputs_fd: int, label: str = "outputs/metrics.jsonl") -> di
             if step is not None:
                 max_step = step if max_step is None else max(max_step, step)
             for name, value in values:
-                series.setdefault(name, []).append([n if step is None else step, _finite_or_encoded(value)])
+                kept.add(JSONL, series, name, n if step is None else step, value)
     return {"source": JSONL, "file": JSONL_FILE, "series": series, "final": {},
             "steps": max_step if max_step is not None else count}
 
 
-def read_lightning_csv(data: bytes, label: str) -> dict[str, list[list[Any]]]:
+def _csv_lines(f: io.TextIOBase, kept: Kept, label: str) -> Iterable[str]:
+    """The lines of a metrics.csv up to MAX_CSV_BYTES (the rest counted in ``left_out.bytes``)."""
+    total = 0
+    while line := f.readline(MAX_CSV_LINE + 1):
+        if len(line) > MAX_CSV_LINE:
+            raise DataError(f"{label}: a line longer than {MAX_CSV_LINE} characters")
+        total += len(line)
+        if total > MAX_CSV_BYTES:
+            kept.skip("bytes", max(os.fstat(f.fileno()).st_size - total + len(line), 1))
+            kept.said.append(f"{label}: only its first {MAX_CSV_BYTES >> 20} MiB were read")
+            return
+        yield line
+
+
+def read_lightning_csv(f: io.TextIOBase, label: str, kept: Kept) -> dict[str, list[list[Any]]]:
     """Lightning's CSVLogger metrics.csv: a header (``epoch``, ``step``, then one column per logged name) and a
     row per logging call with the other cells empty. ``step`` is each row's step (else its row number)."""
-    text = data.decode("utf-8", errors="replace")
-    reader = csv.reader(io.StringIO(text, newline=""))
+    reader = csv.reader(_csv_lines(f, kept, label))
     try:
         header = next(reader)
     except StopIteration:
         return {}
     except csv.Error as e:
         raise DataError(f"{label}:1: not CSV: {e}") from None
+    if len(header) > MAX_COLUMNS:
+        kept.skip("columns", len(header) - MAX_COLUMNS)
+        header = header[:MAX_COLUMNS]
     header = [h.strip() for h in header]
     step_col = header.index("step") if "step" in header else None
     series: dict[str, list[list[Any]]] = {}
@@ -241,7 +275,7 @@ def read_lightning_csv(data: bytes, label: str) -> dict[str, list[list[Any]]]:
             if step_col is not None and step_col < len(row):
                 try:
                     step = int(float(row[step_col]))
-                except ValueError:
+                except (ValueError, OverflowError):
                     pass
             for col, cell in zip(header, row):
                 if col == "step" or not col or not cell.strip():
@@ -250,13 +284,13 @@ def read_lightning_csv(data: bytes, label: str) -> dict[str, list[list[Any]]]:
                     value = float(cell)
                 except ValueError:
                     continue  # a text column: not a metric
-                series.setdefault(col, []).append([step, encode_number(value)])
+                kept.add(LIGHTNING, series, col, step, value)
     except csv.Error as e:
         raise DataError(f"{label}:{reader.line_num}: not CSV: {e}") from None
     return series
 
 
-def read_trainer_state(data: bytes, label: str) -> tuple[dict[str, list[list[Any]]], int | None]:
+def read_trainer_state(data: bytes, label: str, kept: Kept) -> tuple[dict[str, list[list[Any]]], int | None]:
     """trainer_state.json's ``log_history`` (a list of dicts, each with ``step``): every number but ``step``
     is a point at that step. Returns (series, the state's last step: ``global_step``, else the largest)."""
     doc = _json_object(data, label)
@@ -266,25 +300,26 @@ def read_trainer_state(data: bytes, label: str) -> tuple[dict[str, list[list[Any
     series: dict[str, list[list[Any]]] = {}
     last = None
     for entry in history:
-        if not isinstance(entry, dict):
-            continue
-        step = entry.get("step")
-        if not isinstance(step, int) or isinstance(step, bool):
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool) or abs(step) >= 1 << 63:
             continue
         last = step if last is None else max(last, step)
         for key, value in entry.items():
-            if key != "step" and _is_number(value):
-                series.setdefault(key, []).append([step, _finite_or_encoded(value)])
+            if key != "step" and _number(value) is not None and not isinstance(value, str):
+                kept.add(TRAINER, series, str(key), step, value)
     gs = doc.get("global_step")
-    if isinstance(gs, int) and not isinstance(gs, bool):
+    if isinstance(gs, int) and not isinstance(gs, bool) and abs(gs) < 1 << 63:
         last = gs if last is None else max(last, gs)
     return series, last
 
 
-def read_results(data: bytes, label: str) -> dict[str, Any]:
+def read_results(data: bytes, label: str, kept: Kept) -> dict[str, Any]:
     """A ``*_results.json`` (the Trainer's ``save_metrics``): its top-level numbers."""
-    doc = _json_object(data, label)
-    return {k: _finite_or_encoded(v) for k, v in doc.items() if _is_number(v)}
+    final: dict[str, Any] = {}
+    for k, v in _json_object(data, label).items():
+        if _number(v) is not None and not isinstance(v, str):
+            kept.add(TRAINER, final, k, 0, v)
+    return {k: v[-1][1] for k, v in final.items()}
 
 
 def _json_object(data: bytes, label: str) -> dict[str, Any]:
@@ -300,29 +335,33 @@ def _json_object(data: bytes, label: str) -> dict[str, Any]:
     return doc
 
 
-def read_file_parts(outputs_fd: int, found: Found) -> tuple[list[dict[str, Any]], list[str]]:
+def read_file_parts(outputs_fd: int, found: Found) -> tuple[list[dict[str, Any]], list[str], dict[str, int]]:
     """The parts of every source but TensorBoard's (read elsewhere: hermetic.record.tb_scalars), each as
-    ``{"source", "file", "series", "final", "steps"}``; a file that cannot be read is a note."""
+    ``{"source", "file", "series", "final", "steps"}``; a file that cannot be read is a note; the counts of
+    what the caps left out."""
     parts: list[dict[str, Any]] = []
     notes: list[str] = []
+    kept = Kept()
     for source in (JSONL, LIGHTNING, TRAINER):
         for rel in found.files.get(source, []):
             label = f"outputs/{rel}"
             try:
                 if source == JSONL:
-                    parts.append(read_jsonl_part(outputs_fd, label))
-                    continue
-                data = _read_bounded(outputs_fd, safetree.fs_name(rel), MAX_FILE_BYTES)
-                if source == LIGHTNING:
-                    series = read_lightning_csv(data, label)
+                    parts.append(read_jsonl_part(outputs_fd, kept, label))
+                elif source == LIGHTNING:
+                    fd = safetree.open_regular(outputs_fd, safetree.fs_name(rel))
+                    with os.fdopen(fd, "r", encoding="utf-8", errors="replace", newline="") as f:
+                        series = read_lightning_csv(f, label, kept)
                     parts.append({"source": source, "file": rel, "series": series, "final": {},
                                   "steps": _max_step(series)})
-                elif posixpath.basename(rel) == "trainer_state.json":
-                    series, last = read_trainer_state(data, label)
-                    parts.append({"source": source, "file": rel, "series": series, "final": {}, "steps": last})
                 else:
-                    parts.append({"source": source, "file": rel, "series": {}, "final": read_results(data, label),
-                                  "steps": None})
+                    data = safetree.read_limited(outputs_fd, safetree.fs_name(rel), MAX_FILE_BYTES)
+                    if posixpath.basename(rel) == "trainer_state.json":
+                        series, last = read_trainer_state(data, label, kept)
+                        parts.append({"source": source, "file": rel, "series": series, "final": {}, "steps": last})
+                    else:
+                        parts.append({"source": source, "file": rel, "series": {},
+                                      "final": read_results(data, label, kept), "steps": None})
             except (safetree.UnsafePath, OSError) as e:
                 why = safetree.display(str(getattr(e, "message", None) or getattr(e, "strerror", None) or e))
                 named = why.startswith(rel + ":")  # safetree's messages start with the path beneath outputs/
@@ -330,7 +369,7 @@ def read_file_parts(outputs_fd: int, found: Found) -> tuple[list[dict[str, Any]]
                              f"metrics not summarized: {label}: {why}")
             except DataError as e:  # its message names the file and line
                 notes.append(f"metrics not summarized: {safetree.display(e.message)}")
-    return parts, notes
+    return parts, notes + kept.notes(), kept.left_out
 
 
 def _max_step(series: dict[str, list[list[Any]]]) -> int | None:
@@ -338,7 +377,7 @@ def _max_step(series: dict[str, list[list[Any]]]) -> int | None:
     return max(steps) if steps else None
 
 
-def event_part(rel: str, doc: dict[str, Any]) -> dict[str, Any]:
+def event_part(rel: str, doc: dict[str, Any], kept: Kept) -> dict[str, Any]:
     """tb_scalars' answer for one event file as a part (validated: the answer came from the script's
     container or from reading its file)."""
     series: dict[str, list[list[Any]]] = {}
@@ -346,13 +385,9 @@ def event_part(rel: str, doc: dict[str, Any]) -> dict[str, Any]:
     for tag, points in (tags.items() if isinstance(tags, dict) else ()):
         if not isinstance(tag, str) or not isinstance(points, list):
             continue
-        kept = []
         for p in points:
-            if (isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and not isinstance(p[0], bool)
-                    and (_is_number(p[1]) or p[1] in NONFINITE)):
-                kept.append([p[0], p[1] if isinstance(p[1], str) else encode_number(float(p[1]))])
-        if kept:
-            series[safetree.display(tag)] = kept
+            if isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and not isinstance(p[0], bool):
+                kept.add(TENSORBOARD, series, safetree.display(tag), p[0], p[1])
     return {"source": TENSORBOARD, "file": rel, "series": series, "final": {}, "steps": _max_step(series)}
 
 
@@ -391,11 +426,13 @@ def _part_order(part: dict[str, Any]) -> tuple:
     return (SOURCES.index(part["source"]), _run_dir_of(part["file"]), rank, part["file"])
 
 
-def assemble(parts: list[dict[str, Any]], *, readers: dict[str, str] | None = None) -> Assembled:
+def assemble(parts: list[dict[str, Any]], *, readers: dict[str, str] | None = None,
+             left_out: dict[str, int] | None = None) -> Assembled:
     """The metrics section and series of a run from its parts (metrics.jsonl's first, as read).
 
-    ``readers``: how each source was read (TensorBoard: ``image`` or ``host``)."""
+    ``readers``: how each source was read (TensorBoard: ``image`` or ``host``); ``left_out``: Kept's counts."""
     notes: list[str] = []
+    left_out = dict(left_out or {})
     named: dict[str, dict[str, Any]] = {}  # name -> {"source", "points", "final"}
     sources: dict[str, dict[str, Any]] = {}
     steps_seen: list[int] = []
@@ -444,6 +481,7 @@ def assemble(parts: list[dict[str, Any]], *, readers: dict[str, str] | None = No
         dropped = sorted(named)[MAX_METRICS:]
         notes.append(f"{len(named)} metrics; only the first {MAX_METRICS} by name were kept "
                      f"({dropped[0]} and after left out)")
+        left_out["other_names"] = left_out.get("other_names", 0) + sum(len(named[k]["points"]) for k in dropped)
         named = {k: named[k] for k in sorted(named)[:MAX_METRICS]}
     final: dict[str, Any] = {}
     wall: dict[str, Any] = {}
@@ -458,6 +496,7 @@ def assemble(parts: list[dict[str, Any]], *, readers: dict[str, str] | None = No
         if len(points) > min(MAX_POINTS, budget):
             keep = max(min(MAX_POINTS, budget) - 1, 0)
             notes.append(f"{name}: {len(points)} points; the series keeps the first {keep} and the last")
+            left_out["points"] = left_out.get("points", 0) + len(points) - keep - 1
             points = points[:keep] + points[-1:]
         budget -= len(points)
         if not clock:
@@ -477,6 +516,8 @@ def assemble(parts: list[dict[str, Any]], *, readers: dict[str, str] | None = No
         section["sources"] = dict(sorted(sources.items()))
     if wall:
         section["wall_clock"] = wall
+    if any(left_out.values()):
+        section["left_out"] = {k: v for k, v in sorted(left_out.items()) if v}
     return Assembled(section, series, notes)
 
 

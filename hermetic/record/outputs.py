@@ -17,13 +17,17 @@ from hermetic.core.errors import DataError
 # loss is NaN: such values are recorded as these strings.
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 MAX_METRICS_LINE = 1 << 20  # characters in one metrics.jsonl line
+MAX_NESTING = 8  # objects within a metrics.jsonl line that name metrics (``val.acc``: 1)
 # Keys of a metrics line that say *when*, not *what*: never summarized as metrics
 # (a wall-clock time would make every pair of runs differ).
 NON_METRIC_KEYS = frozenset({"step", "time", "timestamp", "wall_time", "_time", "_timestamp"})
 
 
 def encode_number(value: float | int) -> float | int | str:
-    """A metric value as the record stores it (non-finite floats become strings)."""
+    """A metric value as the record stores it (non-finite floats become strings; an integer past 64 bits a
+    float, past a float's range an infinity)."""
+    if isinstance(value, int) and abs(value) >= 1 << 63:
+        value = float(value) if value.bit_length() <= 1023 else (math.inf if value > 0 else -math.inf)
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     return value
@@ -142,6 +146,45 @@ def hash_outputs_at(rootfd: int, notes: list[str] | None = None, cache: DigestCa
     return {"files": dict(sorted(files.items()))}
 
 
+UNSAFE_MODE = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
+MAX_MODES = 100  # paths whose cleared modes the record lists
+
+
+def clear_unsafe_modes_at(rootfd: int, notes: list[str]) -> dict[str, str]:
+    """Take world-write, setuid, setgid and sticky off every file and directory under ``rootfd`` (and itself):
+    ``{path: the mode the script set, in octal}`` for the record (``.`` is outputs/ itself), at most MAX_MODES
+    (a note counts the rest). Never through a link: each entry is changed by a descriptor of what was walked."""
+    cleared: dict[str, str] = {}
+    more = 0
+
+    def walked():  # each entry's directory descriptor is valid until the next is walked
+        yield rootfd, ".", ".", os.fstat(rootfd)
+        yield from ((d, n, e.rel, e.st) for d, n, e in safetree.walk_at(rootfd) if e.kind in ("file", "dir"))
+
+    for dirfd, name, rel, st in walked():
+        if not st.st_mode & UNSAFE_MODE:
+            continue
+        try:
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+            try:
+                now = os.fstat(fd)
+                if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                    os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(now.st_mode) & ~UNSAFE_MODE)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            notes.append(f"outputs/{safetree.record_name(rel)}: its mode {stat.S_IMODE(st.st_mode):04o} was kept: "
+                         f"{e.strerror}")
+            continue
+        if len(cleared) < MAX_MODES:
+            cleared[safetree.record_name(rel)] = f"{stat.S_IMODE(st.st_mode):04o}"
+        else:
+            more += 1
+    if more:
+        notes.append(f"{more} more outputs lost world-write, setuid, setgid or sticky bits (not listed)")
+    return cleared
+
+
 def special_entry(kind: str) -> dict[str, Any]:
     """How an output that is neither a file nor a link is recorded (hash_outputs)."""
     return {"sha256": sha256_hex(f"{kind}:".encode()), "size": 0, "type": kind}
@@ -233,10 +276,10 @@ def _parse_metric_lines(path: Path, f):
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # ValueError: also an integer of too many digits
             if not complete:
                 break  # the writer died mid-line (only the last line can lack its newline)
-            raise DataError(f"{path}:{lineno}: not a JSON object: {e.msg}") from None
+            raise DataError(f"{path}:{lineno}: not a JSON object: {getattr(e, 'msg', None) or e}") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{lineno}: not a JSON object")
         count += 1
@@ -253,12 +296,12 @@ def is_regular_file(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def _flatten_numbers(obj: dict[str, Any], prefix: str = ""):
+def _flatten_numbers(obj: dict[str, Any], prefix: str = "", depth: int = 0):
     for key, value in obj.items():
         if not prefix and key in NON_METRIC_KEYS:
             continue
         name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            yield from _flatten_numbers(value, name + ".")
+        if isinstance(value, dict) and depth < MAX_NESTING:  # deeper objects are no metrics
+            yield from _flatten_numbers(value, name + ".", depth + 1)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             yield name, value

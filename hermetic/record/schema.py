@@ -250,6 +250,8 @@ class Outputs(_Strict):
     volatile: Optional[list[RelPath]] = None  # files kept but never compared (run.outputs.volatile)
     notes: Optional[list[str]] = None  # what collecting them noticed (a FIFO kept by kind, a link not read)
     stdout: Optional[StdoutOutput] = None  # run.outputs.stdout: logs/stdout.log compared as an output
+    # path ('.': outputs/) -> the mode the script set (octal), whose world-write, setuid, setgid, sticky bits went
+    modes_cleared: Optional[dict[str, Annotated[str, Field(pattern="^[0-7]{4}$")]]] = None
 
 
 MetricSourceName = Literal["metrics.jsonl", "tensorboard", "lightning", "trainer"]
@@ -282,6 +284,8 @@ class Metrics(_Strict):
     sources: Optional[dict[MetricSourceName, MetricSource]] = None
     wall_clock: Optional[dict[str, Number]] = None  # kept, never compared (train_runtime, *_per_second)
     series: Optional[MetricSeries] = None
+    # What the readers' caps left out (hermetic.record.metrics.Kept): points, other_names, values, columns, bytes.
+    left_out: Optional[dict[Literal["points", "other_names", "values", "columns", "bytes"], NonNegInt]] = None
 
 
 class SlurmJob(_Strict):

@@ -1,32 +1,9 @@
-"""After the container: what the script left behind, collected without trusting any of it.
-
-The script could write three trees on the host: /outputs (``runs/<id>/outputs``),
-its working directory (a scratch copy of the snapshot) and the runtime's
-directory (``runs/<id>/.runtime``: the runtime's report, torchrun's per-rank
-logs, the other ranks' outputs). Everything read or moved from them after it
-exits happens here, in one step, in a child process that runs as the
-container's user (hermetic.hostfs.privdrop; hermetic itself is often root) and
-through hermetic.hostfs.safetree (no link followed, no FIFO or device opened, names
-escaped for the record). The result is plain JSON, which the record step
-seals: nothing the script made is read again as root.
-
-What the script left can never cost it its exit code or the record: a link
-is recorded as a link, a FIFO by kind, a malformed metrics file or runtime
-report as a note (``outputs.notes``), a working-directory file that cannot be
-kept where it was written as a conflict (the run fails with that reason).
-
-Metrics (hermetic.record.metrics) come from the files the frameworks write:
-metrics.jsonl, Lightning's metrics.csv and the Trainer's JSON files are read
-in that child with the standard library. TensorBoard's event files are
-protocol buffers, which hermetic never parses as root: they are read by
-TensorBoard's own reader (hermetic.record.tb_scalars) in a second locked-down
-container of the run's own image, on the run's engine (the one that wrote them has tensorboard:
-torch.utils.tensorboard and Lightning's logger need it), with the outputs
-mounted read-only, only when event files exist; where that image has no
-tensorboard (or no engine answers), in a second child as the container's user
-with the host's tensorboard (``hermetic[tensorboard]``); where neither can, a
-note says so. What was read is written once, by hermetic, to
-``runs/<id>/metrics/series.jsonl``, whose sha256 the record keeps.
+"""After the container: what the script left behind (outputs/, its working directory, the runtime's directory),
+collected in one step by a child running as the container's user (hermetic.hostfs.privdrop) through
+hermetic.hostfs.safetree (no link followed, no FIFO opened, names escaped), as plain JSON the record step seals.
+A link, a FIFO, a malformed metrics file or report is a note, never a lost exit code. Metrics files are read
+within hermetic.record.metrics' caps; TensorBoard's event files by TensorBoard's own reader (tb_scalars) in a
+locked-down container of the run's image, else as the container's user with the host's tensorboard, else noted.
 """
 
 from __future__ import annotations
@@ -41,17 +18,17 @@ from typing import Any
 from hermetic.hostfs import safetree
 from hermetic.hostfs.privdrop import call_as
 from hermetic.record import metrics as mx
-from hermetic.record.outputs import hash_outputs_at
+from hermetic.record.outputs import clear_unsafe_modes_at, hash_outputs_at
 from hermetic.run.workdir import WorkdirResult, collect_at
 
 RUNTIME_REPORT_NAME = "runtime.json"
-RUNTIME_REPORT_LIMIT = 16 << 20  # bytes: a report is a few KB; a bigger one is not read
+RUNTIME_REPORT_LIMIT = 1 << 20  # bytes: a report is a few KB; a bigger one is not read
 STDOUT_LOG = "logs/stdout.log"  # what the script printed (run.outputs.stdout: a compared output)
 READER_MOUNT = "/run/hermetic-metrics"  # where tb_scalars.py's directory is mounted in the reader container
 READER_OUTPUTS = "/outputs"
 READER_LABEL = "org.hermetic.metrics-reader"
 READER_TIMEOUT = 300  # seconds: reading a gigabyte of event files takes a fraction of it
-READER_ANSWER_LIMIT = 256 << 20  # bytes of JSON the reader may print (MAX_TOTAL_POINTS of them fit)
+READER_ANSWER_LIMIT = 16 << 20  # bytes of JSON the reader may print (MAX_TOTAL_POINTS of them fit)
 
 
 @dataclass(frozen=True)
@@ -77,6 +54,7 @@ class Collected:
     runtime_report: dict[str, Any]
     rank_logs: dict[str, dict[str, str]] | None
     notes: list[str]
+    full_disk: str | None = None  # runs/'s or the working directory's filesystem full as the script ended
 
 
 def collect_run(plan: CollectPlan, *, uid: int, gid: int) -> Collected:
@@ -88,14 +66,16 @@ def collect_run(plan: CollectPlan, *, uid: int, gid: int) -> Collected:
     doc = call_as(uid, gid, _collect, asdict(plan), open_dirs=dirs)
     notes: list[str] = doc["notes"]
     parts = doc["metric_parts"]
+    left_out = doc["left_out"]
     readers: dict[str, str] = {}
     if doc["events"]:
-        tb = read_event_files(plan.run_dir, doc["events"], settings, uid=uid, gid=gid)
+        tb = read_event_files(plan.run_dir, doc["events"], settings, mx.Kept(parts, left_out), uid=uid, gid=gid)
         parts += tb["parts"]
         notes += tb["notes"]
+        left_out = tb["left_out"]
         if tb["reader"]:
             readers[mx.TENSORBOARD] = tb["reader"]
-    assembled = mx.assemble(parts, readers=readers)
+    assembled = mx.assemble(parts, readers=readers, left_out=left_out)
     metrics = assembled.section
     notes += assembled.notes
     if assembled.series:
@@ -162,12 +142,15 @@ def _collect(fds: dict[str, int], plan_doc: dict[str, Any]) -> dict[str, Any]:
         if plan.workspace is not None:
             kept = collect_at(fds[plan.workspace], plan.snapshot_files, outfd, include=plan.include,
                               exclude=plan.exclude, skip=plan.skip)
+        modes = clear_unsafe_modes_at(outfd, notes)
         outputs = hash_outputs_at(outfd, notes)
+        if modes:
+            outputs["modes_cleared"] = modes
         for rel, f in outputs["files"].items():
             if f.get("type"):
                 notes.append(f"outputs/{rel}: a {f['type']}, recorded by kind (never opened)")
         found = mx.find_sources(outputs["files"], plan.metrics if plan.metrics is not None else mx.SOURCES)
-        parts, metric_notes = mx.read_file_parts(outfd, found)
+        parts, metric_notes, left_out = mx.read_file_parts(outfd, found)
     finally:
         os.close(outfd)
     notes += found.notes + metric_notes
@@ -176,7 +159,8 @@ def _collect(fds: dict[str, int], plan_doc: dict[str, Any]) -> dict[str, Any]:
         stdout = stdout_entry_at(runfd, notes)
         if stdout is not None:
             outputs["stdout"] = stdout
-    return {"workdir": kept.to_json(), "outputs": outputs, "metric_parts": parts, "events": events,
+    return {"workdir": kept.to_json(), "outputs": outputs, "metric_parts": parts, "left_out": left_out,
+            "events": events,
             "runtime_report": report, "rank_logs": rank_logs, "notes": notes}
 
 
@@ -201,9 +185,10 @@ def stdout_entry_at(run_fd: int, notes: list[str] | None = None) -> dict[str, An
 # ---------------------------------------------------------------- TensorBoard's event files
 
 
-def read_event_files(run_dir: str, events: list[dict[str, Any]], settings: RunSettings, *, uid: int,
-                     gid: int) -> dict[str, Any]:
-    """The scalars of the run's event files: ``{"parts", "reader": "image" | "host" | None, "notes"}``.
+def read_event_files(run_dir: str, events: list[dict[str, Any]], settings: RunSettings, kept: mx.Kept, *,
+                     uid: int, gid: int) -> dict[str, Any]:
+    """The scalars of the run's event files: ``{"parts", "reader": "image" | "host" | None, "notes", "left_out"}``,
+    within what ``kept`` (the other sources' points) leaves.
 
     First in a locked-down container of the run's image (reader_container), else on the host in a
     child as ``uid:gid`` with the host's tensorboard; where neither can, a note (module doc)."""
@@ -217,22 +202,25 @@ def read_event_files(run_dir: str, events: list[dict[str, Any]], settings: RunSe
         total += e["size"]
         files.append(e["file"])
     if not files:
-        return {"parts": [], "reader": None, "notes": notes}
-    answer, why_not = reader_container(run_dir, files, settings, uid=uid, gid=gid)
+        return {"parts": [], "reader": None, "notes": notes, "left_out": kept.left_out}
+    budget = max(mx.MAX_TOTAL_POINTS - kept.points, 0)
+    answer, why_not = reader_container(run_dir, files, settings, budget, uid=uid, gid=gid)
     host_reads = answer is None or answer.lstrip().startswith(b'{"unavailable"')
     if host_reads and (uid != 0 or os.geteuid() != 0):  # the child may then read them with the host's tensorboard
         from hermetic.record import tb_scalars
 
         tb_scalars.available()  # imported here: the child may not be allowed to read where Python keeps it
-    doc = call_as(uid, gid, _event_parts, run_dir, files, answer, why_not, open_dirs=[run_dir])
-    return {"parts": doc["parts"], "reader": doc["reader"], "notes": notes + doc["notes"]}
+    doc = call_as(uid, gid, _event_parts, run_dir, files, answer, why_not, budget, open_dirs=[run_dir])
+    parts = [mx.event_part(rel, d, kept) for rel, d in doc["docs"].items()]
+    return {"parts": parts, "reader": doc["reader"], "notes": notes + doc["notes"] + kept.notes(),
+            "left_out": kept.left_out}
 
 
-def reader_request(files: list[str], root: str = READER_OUTPUTS) -> dict[str, Any]:
-    return {"root": root, "files": files, "max_bytes": mx.MAX_EVENT_FILE_BYTES, "max_points": mx.MAX_TOTAL_POINTS}
+def reader_request(files: list[str], root: str = READER_OUTPUTS, max_points: int = mx.MAX_TOTAL_POINTS) -> dict:
+    return {"root": root, "files": files, "max_bytes": mx.MAX_EVENT_FILE_BYTES, "max_points": max_points}
 
 
-def reader_container(run_dir: str, files: list[str], settings: RunSettings, *, uid: int,
+def reader_container(run_dir: str, files: list[str], settings: RunSettings, max_points: int, *, uid: int,
                      gid: int) -> tuple[bytes | None, str | None]:
     """(what tb_scalars printed, None) from a container of the run's image on the run's engine, or (None, why
     not).
@@ -252,7 +240,8 @@ def reader_container(run_dir: str, files: list[str], settings: RunSettings, *, u
     script = Path(tb_scalars.__file__).resolve()
     spec = ContainerSpec(
         image_id=settings.image_id,
-        command=[settings.python, "-I", "-B", f"{READER_MOUNT}/{script.name}", json.dumps(reader_request(files))],
+        command=[settings.python, "-I", "-B", f"{READER_MOUNT}/{script.name}",
+                 json.dumps(reader_request(files, max_points=max_points))],
         mounts=[Mount(script.parent, READER_MOUNT, True), Mount(Path(run_dir) / "outputs", READER_OUTPUTS, True)],
         env={}, user=f"{uid}:{gid}", workdir="/tmp",
         labels={READER_LABEL: settings.run_id or ""}, manifest_digest=settings.manifest_digest,
@@ -275,37 +264,32 @@ def reader_container(run_dir: str, files: list[str], settings: RunSettings, *, u
     return out, None
 
 
-def _event_parts(fds: dict[str, int], run_dir: str, files: list[str], answer: bytes | None,
-                 why_not: str | None) -> dict[str, Any]:
-    """In the collection child: the reader container's answer checked, or the files read here with the host's
-    tensorboard (never as root), or a note saying why they were not read."""
+def _event_parts(fds: dict[str, int], run_dir: str, files: list[str], answer: bytes | None, why_not: str | None,
+                 budget: int) -> dict[str, Any]:
+    """In the collection child: the reader container's answer (``{"docs", "reader", "notes"}``), or the files
+    read here with the host's tensorboard (never as root), or a note saying why they were not read."""
     from hermetic.record import tb_scalars
 
-    notes: list[str] = []
     if answer is not None:
         try:
             doc = json.loads(answer.decode("utf-8").strip().splitlines()[-1])
-        except (ValueError, IndexError, UnicodeDecodeError):
+        except (ValueError, IndexError, UnicodeDecodeError, RecursionError):
             doc, why_not = None, "the reader container printed no JSON"
         if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
-            parts = [mx.event_part(rel, doc["files"].get(rel) or {}) for rel in files]
-            notes += _file_notes(doc["files"], files)
-            return {"parts": parts, "reader": "image", "notes": notes}
+            docs = {rel: doc["files"].get(rel) or {} for rel in files}
+            return {"docs": docs, "reader": "image", "notes": _file_notes(docs, files)}
         if isinstance(doc, dict) and isinstance(doc.get("unavailable"), str):
             why_not = f"the run's image has no tensorboard ({safetree.display(doc['unavailable'])[:200]})"
     n = len(files)
     what = f"{n} TensorBoard event file{'s' if n != 1 else ''} ({', '.join(files[:2])}{', ...' if n > 2 else ''})"
     if os.geteuid() == 0:
-        notes.append(f"{what} not read: {why_not}; hermetic does not parse them on the host as root")
-        return {"parts": [], "reader": None, "notes": notes}
-    missing = tb_scalars.available()
-    if missing is not None:
-        notes.append(f"{what} not read: {why_not}, and this host has no tensorboard either "
-                     "(pip install 'hermetic[tensorboard]')")
-        return {"parts": [], "reader": None, "notes": notes}
+        return {"docs": {}, "reader": None,
+                "notes": [f"{what} not read: {why_not}; hermetic does not parse them on the host as root"]}
+    if tb_scalars.available() is not None:
+        return {"docs": {}, "reader": None, "notes": [f"{what} not read: {why_not}, and this host has no tensorboard "
+                                                      "either (pip install 'hermetic[tensorboard]')"]}
     outfd = safetree.open_dir(fds[run_dir], "outputs")
     docs: dict[str, Any] = {}
-    budget = mx.MAX_TOTAL_POINTS
     try:
         for rel in files:
             try:
@@ -323,8 +307,7 @@ def _event_parts(fds: dict[str, int], run_dir: str, files: list[str], answer: by
             budget -= sum(len(v) for v in docs[rel].get("tags", {}).values())
     finally:
         os.close(outfd)
-    notes += _file_notes(docs, files)
-    return {"parts": [mx.event_part(rel, docs.get(rel) or {}) for rel in files], "reader": "host", "notes": notes}
+    return {"docs": docs, "reader": "host", "notes": _file_notes(docs, files)}
 
 
 def _file_notes(docs: dict[str, Any], files: list[str]) -> list[str]:
@@ -356,7 +339,7 @@ def read_runtime_report_at(runtime_fd: int, notes: list[str] | None = None) -> d
         return {}
     try:
         doc = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         if notes is not None:
             notes.append("the runtime's report is not JSON: not read")
         return {}

@@ -18,8 +18,6 @@ from hermetic.config.load import LoadedConfig, is_env_name
 from hermetic.config.containerpaths import RUNTIME_MOUNT
 from hermetic.core.errors import NotFound, UsageError
 from hermetic.run.distributed import DistributedPlan
-# `hermetic run --seeds 0,1,2 main.py --seed {seed}`: the placeholders, filled in per run (hermetic.config.seedargs)
-from hermetic.config.seedargs import PLACEHOLDER, has_placeholder, script_args  # noqa: F401 (run.plan's API)
 
 RUNTIME_REPORT = f"{RUNTIME_MOUNT}/runtime.json"
 

@@ -46,9 +46,10 @@ from hermetic.run.data import VerifiedDataset, changed_during_run, verify_datase
 from hermetic.run.detach import announce
 from hermetic.run.distributed import container_env as dist_container_env
 from hermetic.run.distributed import finish_section, launch_command, plan_section
+from hermetic.config.seedargs import has_placeholder, script_args
 from hermetic.run.plan import (
-    ContainerUser, RunRequest, check_source_links, container_user, has_placeholder, passed_env, plan_datasets,
-    redact_argv, resolve_script, script_args, snapshot_excludes,
+    ContainerUser, RunRequest, check_source_links, container_user, passed_env, plan_datasets, redact_argv,
+    resolve_script, snapshot_excludes,
 )
 from hermetic.run.recording import RunEnvironment, data_section, image_section, run_environment, write_run_files
 from hermetic.run.seal import RUNTIME_DIR, Log, RunResult, after_failure, collect_outputs, reserve_space, seal_run

@@ -77,6 +77,7 @@ def collect_outputs(cfg: LoadedConfig, rec: dict[str, Any], datasets: Sequence[A
         for d in ("logs", "ranks"):   # (only the directories themselves) the rank logs' and outputs' places
             if (run_dir / d).is_dir() and not (run_dir / d).is_symlink():
                 os.chown(run_dir / d, user.uid, user.gid)
+    full = full_disk(run_dir, workspace)  # as the script left it, before the collection writes
     try:
         collected = collect_run(plan, uid=user.uid, gid=user.gid)
     except (HermeticError, OSError) as e:
@@ -95,7 +96,31 @@ def collect_outputs(cfg: LoadedConfig, rec: dict[str, Any], datasets: Sequence[A
                 safetree.lchown_tree(fd, os.getuid(), os.getgid(), skip=lambda rel: rel == NODES_DIR)
             finally:
                 os.close(fd)
+    collected.full_disk = full
     return collected
+
+
+FULL_BELOW = 1 << 20  # bytes an unprivileged writer may still use: a filesystem with less is full
+
+
+def full_disk(run_dir: Path, workspace: Path | None) -> str | None:
+    """Which of runs/'s and the working directory's filesystems had no room left as the script ended, and what
+    was lost (the script's writes there after it filled): one line, or None."""
+    from hermetic.hostfs.filesystems import filesystem_of
+
+    said, seen = [], set()
+    for path, what in ((run_dir / "outputs", "outputs/"), (workspace, "its working directory")):
+        try:
+            st = os.statvfs(path) if path is not None else None
+        except OSError:
+            continue
+        if st is None or st.f_bavail * st.f_frsize >= FULL_BELOW or st.f_fsid in seen:
+            continue
+        seen.add(st.f_fsid)
+        mount, kind = filesystem_of(path) or (str(path), "unknown")
+        said.append(f"the filesystem at {mount} ({kind}) was full when the script ended: what it wrote to {what} "
+                    "after that was lost")
+    return "; ".join(said) or None
 
 
 def failure_reason(outcome: RunOutcome, kept: WorkdirResult) -> str | None:
@@ -128,6 +153,8 @@ def seal_run(req: RunRequest, run_id: str, run_dir: Path, rec: dict[str, Any], o
     rec["seed"] = seed_section(rec["seed"]["value"], req.seed_policy, collected.runtime_report)
     status, code = outcome_status(outcome)
     reason = None if outcome.interrupted else failure_reason(outcome, kept)
+    if collected.full_disk and not outcome.interrupted:  # whatever the script's exit code
+        reason = f"{reason}; also: {collected.full_disk}" if reason else collected.full_disk
     if reason is not None:
         # The script's own failure keeps its code; a run hermetic stopped or failed gets hermetic's.
         status, code = "failed", code if code != 0 and not outcome.stopped_because else RunFailed.exit_code

@@ -37,7 +37,8 @@ from hermetic.core.paths import CachePaths, inside
 from hermetic.record import create_run_dir, new_group_id, new_run_id
 from hermetic.record.secrets_policy import is_secret_name
 from hermetic.run.distributed import DistributedPlan, plan_distributed
-from hermetic.run.plan import RunRequest, passed_env, plan_datasets, resolve_script, script_args, snapshot_excludes
+from hermetic.config.seedargs import script_args
+from hermetic.run.plan import RunRequest, passed_env, plan_datasets, resolve_script, snapshot_excludes
 from hermetic.slurm import ctl
 from hermetic.slurm.script import PyxisStep, SbatchOptions, docker_task_script, pyxis_task_script, summary_script
 from hermetic.slurm.state import write_state
