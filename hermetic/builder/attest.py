@@ -95,7 +95,8 @@ def gather_facts(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lo
     from hermetic.builder.key import image_config_part
     from hermetic.builder.image import BASE_LAYERS_LABEL
     from hermetic.builder.install import VenvLayout
-    from hermetic.builder.layers import LAYER_FORMAT, MAX_LAYERS, _installer_version, hermetic_layer_files, plan_layers
+    from hermetic.builder.inputs import LAYER_FORMAT
+    from hermetic.builder.layers import MAX_LAYERS, _installer_version, hermetic_layer_files, plan_layers
     from hermetic.store.fetch import resolve_from_store
     from hermetic.store.wheels import WheelStore
 

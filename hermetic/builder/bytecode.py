@@ -4,7 +4,7 @@ Each layer that holds ``.py`` files under site-packages gets, beside each, its
 ``__pycache__/<name>.<cache_tag>.pyc``: hash-based (no timestamp, so the bytes
 follow the source), compiled from the file's final in-image path (the code's
 co_filename is where it will be imported from) by the base's interpreter
-(hermetic/builder/interpreter.py runs it here; pyc_server.py is what it runs).
+(hermetic/builder/interpreter.py runs it here; hermetic/inimage/pyc_server.py is what it runs).
 A file that does not compile gets no .pyc, as with pip. The .pyc files are not
 listed in RECORD (the wheel spec makes that optional; pip's uninstall finds
 them from the .py entries), so RECORD stays what the wheel says.
@@ -42,7 +42,7 @@ from hermetic.builder.tarlayer import Entry
 from hermetic.hostfs.filesystems import filesystem_of
 
 MODES = ("unchecked-hash", "checked-hash")
-SERVER = Path(__file__).with_name("pyc_server.py")
+SERVER = Path(__file__).resolve().parent.parent / "inimage" / "pyc_server.py"
 
 
 def pyc_path(py_path: str, cache_tag: str) -> str:

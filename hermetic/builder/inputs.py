@@ -16,7 +16,7 @@ LAYER_FORMAT = 4  # 3: PEP 552 bytecode beside every module (builder/bytecode.py
 # Bump on any change to what is copied out of a base to compile with (builder/interpreter.py): the
 # compiler's start-up state is part of the .pyc bytes. Part of the build key, and of the copies' cache.
 COMPILER_FORMAT = 2
-RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"  # shipped as hermetic_runtime
+RUNTIME_DIR = Path(__file__).resolve().parent.parent / "inimage" / "runtime"  # shipped as hermetic_runtime
 STARTUP_MODULE = "_startup.py"  # shipped as _hermetic_startup, run at interpreter start (hermetic-runtime.pth)
 
 

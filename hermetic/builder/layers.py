@@ -32,7 +32,7 @@ from typing import Callable
 
 from hermetic import __version__
 from hermetic.builder.bytecode import BytecodeSpec, ZipMembers, add_bytecode
-from hermetic.builder.inputs import LAYER_FORMAT, RUNTIME_DIR, STARTUP_MODULE, runtime_files  # noqa: F401 (re-exported)
+from hermetic.builder.inputs import LAYER_FORMAT, STARTUP_MODULE, runtime_files
 from hermetic.builder.install import VenvLayout, venv_files, wheel_files
 from hermetic.builder.tarlayer import DirAttrs, Entry, complete_parents, write_layer
 from hermetic.core.canonical import canonical_sha256

@@ -7,8 +7,8 @@ One list for every part of hermetic outside the image: the image config
 "Determinism knobs").
 
 Two stdlib-only copies must live inside the image, where hermetic itself is
-not installed: hermetic/runtime/_env.py (the in-image runtime) and
-hermetic/probe/probe.py (the probe). tests/test_determinism.py checks that
+not installed: hermetic/inimage/runtime/_env.py (the in-image runtime) and
+hermetic/inimage/probe/probe.py (the probe). tests/test_determinism.py checks that
 they agree with this module.
 """
 

@@ -31,7 +31,7 @@ Every file here was written by an untrusted script: it is read only in the
 collection step (hermetic.run.collect, as the container's user), through
 hermetic.hostfs.safetree, bounded in size, with the standard library's csv and json;
 TensorBoard's event files are read by TensorBoard's own reader
-(hermetic.record.tb_scalars). What they held is written once, by hermetic, to
+(hermetic.inimage.tb_scalars). What they held is written once, by hermetic, to
 ``runs/<id>/metrics/series.jsonl`` (``SERIES_FILE``), whose sha256 the record
 keeps; plots, the figure and MLflow read that file, never the script's again.
 """
@@ -301,7 +301,7 @@ def _json_object(data: bytes, label: str) -> dict[str, Any]:
 
 
 def read_file_parts(outputs_fd: int, found: Found) -> tuple[list[dict[str, Any]], list[str]]:
-    """The parts of every source but TensorBoard's (read elsewhere: hermetic.record.tb_scalars), each as
+    """The parts of every source but TensorBoard's (read elsewhere: hermetic.inimage.tb_scalars), each as
     ``{"source", "file", "series", "final", "steps"}``; a file that cannot be read is a note."""
     parts: list[dict[str, Any]] = []
     notes: list[str] = []

@@ -19,7 +19,7 @@ Metrics (hermetic.record.metrics) come from the files the frameworks write:
 metrics.jsonl, Lightning's metrics.csv and the Trainer's JSON files are read
 in that child with the standard library. TensorBoard's event files are
 protocol buffers, which hermetic never parses as root: they are read by
-TensorBoard's own reader (hermetic.record.tb_scalars) in a second locked-down
+TensorBoard's own reader (hermetic.inimage.tb_scalars) in a second locked-down
 container of the run's own image, on the run's engine (the one that wrote them has tensorboard:
 torch.utils.tensorboard and Lightning's logger need it), with the outputs
 mounted read-only, only when event files exist; where that image has no
@@ -221,7 +221,7 @@ def read_event_files(run_dir: str, events: list[dict[str, Any]], settings: RunSe
     answer, why_not = reader_container(run_dir, files, settings, uid=uid, gid=gid)
     host_reads = answer is None or answer.lstrip().startswith(b'{"unavailable"')
     if host_reads and (uid != 0 or os.geteuid() != 0):  # the child may then read them with the host's tensorboard
-        from hermetic.record import tb_scalars
+        from hermetic.inimage import tb_scalars
 
         tb_scalars.available()  # imported here: the child may not be allowed to read where Python keeps it
     doc = call_as(uid, gid, _event_parts, run_dir, files, answer, why_not, open_dirs=[run_dir])
@@ -246,7 +246,7 @@ def reader_container(run_dir: str, files: list[str], settings: RunSettings, *, u
     from hermetic.engines import get_engine
     from hermetic.engines.base import ContainerSpec, Mount
     from hermetic.core.errors import HermeticError
-    from hermetic.record import tb_scalars
+    from hermetic.inimage import tb_scalars
     from hermetic.record.liveness import driver_token
 
     script = Path(tb_scalars.__file__).resolve()
@@ -279,7 +279,7 @@ def _event_parts(fds: dict[str, int], run_dir: str, files: list[str], answer: by
                  why_not: str | None) -> dict[str, Any]:
     """In the collection child: the reader container's answer checked, or the files read here with the host's
     tensorboard (never as root), or a note saying why they were not read."""
-    from hermetic.record import tb_scalars
+    from hermetic.inimage import tb_scalars
 
     notes: list[str] = []
     if answer is not None:

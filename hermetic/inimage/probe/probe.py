@@ -55,12 +55,12 @@ import shutil
 import sys
 
 if __package__:  # imported from hermetic (doctor, tests)
-    from hermetic.probe.probe_cuda import (
+    from hermetic.inimage.probe.probe_cuda import (
         attach_sm_counts, cuda_devices_from_libcuda, cuda_devices_from_torch, gpus_from_cuda, libcuda_driver_version,
     )
-    from hermetic.probe.probe_nvml import gpus_from_nvml, open_nvml
-    from hermetic.probe.probe_smi import gpus_from_nvidia_smi
-    from hermetic.probe.probe_util import read_text, reason, safe
+    from hermetic.inimage.probe.probe_nvml import gpus_from_nvml, open_nvml
+    from hermetic.inimage.probe.probe_smi import gpus_from_nvidia_smi
+    from hermetic.inimage.probe.probe_util import read_text, reason, safe
 else:  # run as a script inside the container: its siblings are imported from this directory
     _here = os.path.dirname(os.path.abspath(__file__))
     if _here not in sys.path:  # Python 3.11+ leave it out under PYTHONSAFEPATH (the image's or the run's env)

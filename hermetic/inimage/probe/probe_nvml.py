@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 
 if __package__:  # imported from hermetic (doctor, tests)
-    from hermetic.probe.probe_util import cuda_version_string, reason
+    from hermetic.inimage.probe.probe_util import cuda_version_string, reason
 else:  # run as a script inside the container: this directory is sys.path[0]
     from probe_util import cuda_version_string, reason
 
