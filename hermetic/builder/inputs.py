@@ -1,7 +1,5 @@
-"""The inputs of every image that are not in hermetic.yaml or the lock: the layer format and the runtime.
-
-Both are part of the build key (builder/key.py) and of every layer key
-(builder/layers.py); kept apart from those modules, below both.
+"""The inputs of every image outside hermetic.yaml and the lock (layer format, runtime): in every build
+key and layer key.
 """
 
 from __future__ import annotations
