@@ -150,7 +150,7 @@ def docker_first_line(image: str, project: Path, t: float) -> tuple[float, float
     out = project / "docker-outputs"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
-    runtime = bb.REPO_ROOT / "hermetic" / "runtime"
+    runtime = bb.REPO_ROOT / "hermetic" / "inimage" / "runtime"
     cmd = ["docker", "run", "--rm", "--read-only", "--network", "none", "--tmpfs", "/tmp",
            "-v", f"{project}:/workspace:ro", "-v", f"{project / 'data'}:/data/synth:ro", "-v", f"{out}:/outputs",
            "-v", f"{runtime}:/opt/hr/hermetic_runtime:ro", "-e", "PYTHONPATH=/opt/hr", "-e", "HERMETIC_SEED=1234",

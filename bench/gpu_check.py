@@ -9,7 +9,7 @@ with that machine's own PyTorch, well inside one command's 10 minutes:
 Everything it measures goes under --out (at most 7 files, one folder: what
 the device tool brings back), and a summary is printed at the end:
 
-- probe.json: hermetic/probe/probe.py run on the machine, with a "_source"
+- probe.json: hermetic/inimage/probe/probe.py run on the machine, with a "_source"
   line saying where and when (it becomes tests/fixtures/probes/<gpu>.json,
   the fixture the run-check tests use); probe-<source>.json for each GPU
   source the probe knows (pynvml, nvml over ctypes, nvidia-smi, cuda);
@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "torch-mlp"
-PROBE = REPO / "hermetic" / "probe" / "probe.py"
+PROBE = REPO / "hermetic" / "inimage" / "probe" / "probe.py"
 SOURCES = ("pynvml", "nvml", "nvidia-smi", "cuda")
 REPEATS = 5
 DEVICE = "cuda"  # --rehearse-on-cpu: "cpu", to try every section here before the GPU machine's few minutes
@@ -130,7 +130,7 @@ def _runtime_dir() -> Path:
     rt.mkdir(exist_ok=True)
     link = rt / "hermetic_runtime"
     if not link.exists():
-        link.symlink_to(REPO / "hermetic" / "runtime")
+        link.symlink_to(REPO / "hermetic" / "inimage" / "runtime")
     return rt
 
 

@@ -46,7 +46,7 @@ def test_two_gloo_ddp_runs_are_bitwise_identical(ddp, two_ranks):
 
 
 def test_the_record_holds_the_world_each_rank_and_the_backend(ddp, two_ranks):
-    from hermetic.runtime import rank_seed
+    from hermetic.inimage.runtime import rank_seed
 
     rec, _ = two_ranks
     dist = rec["distributed"]

@@ -1,7 +1,7 @@
 """hermetic.config.determinism is the one list of knobs; the copies inside the image must agree with it.
 
-The in-image runtime (hermetic/runtime/_env.py) and the probe
-(hermetic/probe/probe.py) run where hermetic is not installed, so they keep
+The in-image runtime (hermetic/inimage/runtime/_env.py) and the probe
+(hermetic/inimage/probe/probe.py) run where hermetic is not installed, so they keep
 stdlib-only copies of the names: these tests fail when one drifts.
 """
 
@@ -11,8 +11,8 @@ import typing
 
 from hermetic.config import determinism
 from hermetic.config.load import DeterminismConfig
-from hermetic.probe import probe
-from hermetic.runtime import _env as runtime_env
+from hermetic.inimage.probe import probe
+from hermetic.inimage.runtime import _env as runtime_env
 
 
 def test_modes_agree_with_config_and_runtime():

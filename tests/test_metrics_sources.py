@@ -220,7 +220,7 @@ def test_event_files_are_never_parsed_on_the_host_as_root(tmp_path):
 
 def test_without_tensorboard_anywhere_a_note_names_the_extra(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
-    from hermetic.record import tb_scalars
+    from hermetic.inimage import tb_scalars
 
     run_dir = run_dir_with(tmp_path, {})
     event_file(run_dir / "outputs" / "runs" / "Dec01", {"loss": [(1, 0.5)]})
@@ -381,7 +381,7 @@ def test_the_in_image_reader_prints_what_the_host_reader_reads(tmp_path):
     """tb_scalars.py as the reader container runs it (a separate interpreter, `python -I`), on a name that is
     not UTF-8: the same scalars."""
     pytest.importorskip("tensorboard")
-    from hermetic.record import tb_scalars
+    from hermetic.inimage import tb_scalars
     from hermetic.hostfs.safetree import record_name
 
     written = event_file(tmp_path / "out" / "plain", {"loss": [(1, 2.0), (2, float("inf"))]})

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from hermetic.probe import PROBE_PATH, probe_files
-from hermetic.probe import probe as probe_mod
-from hermetic.probe import probe_cuda, probe_nvml, probe_smi, probe_util
+from hermetic.inimage.probe import PROBE_PATH, probe_files
+from hermetic.inimage.probe import probe as probe_mod
+from hermetic.inimage.probe import probe_cuda, probe_nvml, probe_smi, probe_util
 
 OPTIONAL_IMPORTS = {"torch", "numpy", "threadpoolctl", "pynvml"}
 TOP_KEYS = {"probe_version", "software", "hardware", "errors"}
@@ -122,7 +122,7 @@ def test_probe_imports_only_the_standard_library_at_module_level(path):
             top.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             top.add(node.module.split(".")[0])
-    top -= {"__future__", "hermetic"} | siblings  # siblings: as a script, or as hermetic.probe.X when imported
+    top -= {"__future__", "hermetic"} | siblings  # siblings: as a script, or as hermetic.inimage.probe.X when imported
     assert top <= set(sys.stdlib_module_names), top - set(sys.stdlib_module_names)
     # optional packages only inside functions, by the names we document
     inner = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} - top

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from hermetic.probe import PROBE_DIR
+from hermetic.inimage.probe import PROBE_DIR
 
 from test_probe import assert_shape
 

@@ -1,4 +1,4 @@
-"""hermetic.runtime on the host: the parts that need neither numpy nor torch.
+"""hermetic.inimage.runtime on the host: the parts that need neither numpy nor torch.
 
 The runtime ships into images as the top-level package ``hermetic_runtime``,
 so some tests copy it under that name and import it in a fresh interpreter
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-import hermetic.runtime as hr
-from hermetic.runtime import _env, report
-from hermetic.runtime.metrics import format_metrics_line
+import hermetic.inimage.runtime as hr
+from hermetic.inimage.runtime import _env, report
+from hermetic.inimage.runtime.metrics import format_metrics_line
 
 RUNTIME_SRC = Path(hr.__file__).resolve().parent
 ENV_VARS = ("HERMETIC_SEED", "HERMETIC_DETERMINISM", "HERMETIC_OUTPUTS", "HERMETIC_RUNTIME_REPORT", "RANK")
@@ -39,7 +39,7 @@ def _clean_env(monkeypatch):
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     # seed_everything remembers its seed for the DataLoader helpers.
-    monkeypatch.setattr("hermetic.runtime.seeding._current_seed", None)
+    monkeypatch.setattr("hermetic.inimage.runtime.seeding._current_seed", None)
 
 
 @pytest.fixture(scope="module")
@@ -767,7 +767,7 @@ def test_after_import_fires_once_on_execution_not_on_a_probe_and_never_breaks_th
                                                                                           capsys):
     import importlib.util
 
-    from hermetic.runtime._onimport import after_import
+    from hermetic.inimage.runtime._onimport import after_import
 
     (tmp_path / "hr_watched.py").write_text("x = 1\n")
     (tmp_path / "hr_failing_hook.py").write_text("y = 2\n")

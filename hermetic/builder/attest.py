@@ -1,16 +1,7 @@
-"""The builder's side of provenance: gather a build's facts, store its attestations.
+"""The builder's side of provenance: a build's facts, and its SBOM and provenance stored as OCI 1.1 referrers.
 
-After every build (a real one, a no-op, or a CI-cache pull) the store holds,
-as OCI 1.1 referrers of the image (hermetic/store/referrers.py), its SBOM and
-its provenance, and ``hermetic.provenance.json`` beside hermetic.image.json is
-the provenance's exact bytes. Both documents are pure functions of the
-build's inputs (hermetic/provenance/), so they are made once per image: a
-no-op build only finds them, and a pull brings the ones the publisher made.
-
-The layer plan (which wheel went into which layer) is recomputed with the
-planner itself (``plan_layers``) from the stored wheels and checked against
-the image's own layer list; a build whose wheels are not in the store and
-whose image came without provenance gets none, with a note.
+Both are pure functions of the build's inputs, made once per image (a no-op finds them, a pull brings
+the publisher's); the layer plan is recomputed with ``plan_layers`` and checked against the image.
 """
 
 from __future__ import annotations
@@ -95,7 +86,8 @@ def gather_facts(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lo
     from hermetic.builder.key import image_config_part
     from hermetic.builder.image import BASE_LAYERS_LABEL
     from hermetic.builder.install import VenvLayout
-    from hermetic.builder.layers import LAYER_FORMAT, MAX_LAYERS, _installer_version, hermetic_layer_files, plan_layers
+    from hermetic.builder.inputs import LAYER_FORMAT
+    from hermetic.builder.layers import MAX_LAYERS, _installer_version, hermetic_layer_files, plan_layers
     from hermetic.store.fetch import resolve_from_store
     from hermetic.store.wheels import WheelStore
 

@@ -1,14 +1,7 @@
-"""Base images: resolve a pinned reference to an image in the local OCI store.
+"""Base images: a pinned reference resolved to an image in the local OCI store, verified on the way in.
 
-Sources, per hermetic/core/reference.py: the store itself (by manifest
-digest, wherever the image came from), a registry (pulled over the
-Distribution API, every blob verified), an OCI layout directory or archive,
-or an image of the local engine by ID (``docker save``, each layer checked
-against the diff_ids in its config). Nothing enters the store unverified.
-
-``BaseFacts`` are what later stages need to know about the base's files
-(directory attributes, glibc, the interpreter path), read once from its
-layer tars and cached by manifest digest.
+Sources (hermetic/core/reference.py): the store, a registry, an OCI layout or archive, the local
+engine (``docker save``). ``BaseFacts``: what later stages need of the base's files, cached by digest.
 """
 
 from __future__ import annotations
@@ -51,9 +44,9 @@ class BaseImage:
         return list(self.config.get("rootfs", {}).get("diff_ids", []))
 
 
-def _pick_platform(store: OciStore, index_digest: str) -> str:
-    idx = store.read_json(index_digest)
-    for m in idx.get("manifests", []):
+def _pick_platform(index: dict[str, Any], index_digest: str) -> str:
+    """The linux/amd64 image of an image index."""
+    for m in index.get("manifests", []):
         p = m.get("platform") or {}
         if p.get("os") == "linux" and p.get("architecture") == "amd64":
             return m["digest"]
@@ -64,7 +57,7 @@ def load_base(store: OciStore, ref: BaseReference, manifest_digest: str) -> Base
     doc = store.read_json(manifest_digest)
     mt = doc.get("mediaType") or (MT_MANIFEST if "layers" in doc else "")
     if mt in INDEX_TYPES or "manifests" in doc:
-        manifest_digest = _pick_platform(store, manifest_digest)
+        manifest_digest = _pick_platform(doc, manifest_digest)
         doc = store.read_json(manifest_digest)
         mt = doc.get("mediaType") or MT_MANIFEST
     if mt not in MANIFEST_TYPES and "layers" not in doc:
@@ -127,7 +120,7 @@ def _complete(store: OciStore, digest: str) -> bool:
         return False
     if "manifests" in doc:
         try:
-            return _complete(store, _pick_platform(store, digest))
+            return _complete(store, _pick_platform(doc, digest))
         except HermeticError:
             return False
     return store.has_image(digest)
@@ -171,21 +164,13 @@ def import_oci(store: OciStore, path: Path, manifest_digest: str, *, archive: bo
     doc = store.read_json(manifest_digest)
     manifests = [manifest_digest]
     if "manifests" in doc:
-        sub = _pick_platform_from(doc)
+        sub = _pick_platform(doc, manifest_digest)
         _copy_blob(store, blob(sub), sub)
         manifests.append(sub)
         doc = store.read_json(sub)
     _copy_blob(store, blob(doc["config"]["digest"]), doc["config"]["digest"], doc["config"].get("size"))
     for layer in doc["layers"]:
         _copy_blob(store, blob(layer["digest"]), layer["digest"], layer.get("size"))
-
-
-def _pick_platform_from(index: dict[str, Any]) -> str:
-    for m in index.get("manifests", []):
-        p = m.get("platform") or {}
-        if p.get("os") == "linux" and p.get("architecture") == "amd64":
-            return m["digest"]
-    raise NotFound("image index has no linux/amd64 image")
 
 
 def import_from_engine(store: OciStore, image_id: str, *, engine: str) -> str:

@@ -1,7 +1,5 @@
-"""The base's interpreter as copied out of the image: where it is, how to start it, what it said.
-
-A value shared by the copy (interpreter.py, which makes it) and the compiler
-(bytecode.py, which runs it): below both, so neither imports the other for it.
+"""The base's interpreter as copied out of the image (where, how to start it, what it said): shared by
+interpreter.py, which makes it, and bytecode.py, which runs it.
 """
 
 from __future__ import annotations

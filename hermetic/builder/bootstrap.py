@@ -1,11 +1,7 @@
-"""``hermetic base bootstrap``: minimal Debian bases with Python, built offline.
+"""``hermetic base bootstrap``: minimal Debian bases with Python, built by mmdebstrap from a recipe.
 
-A recipe (images/<name>/recipe.yaml) names a suite, a variant and packages;
-mmdebstrap builds the root filesystem from Debian's mirror with
-SOURCE_DATE_EPOCH set, and the tar it writes is re-normalized like our own
-layers (sorted, integer mtimes, no devices, hardlinks as files; ownership and
-setuid bits preserved, since a base's ``/etc/shadow`` group matters). The
-result enters the OCI store as a one-layer image with a digest.
+The root filesystem's tar is normalized like our own layers (ownership and setuid bits kept) and
+enters the OCI store as a one-layer image.
 """
 
 from __future__ import annotations

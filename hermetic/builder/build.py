@@ -1,25 +1,10 @@
 """``hermetic build``: plan -> base -> layers -> config -> manifest -> store (-> engine).
 
-The build key is one sha256 over every input that decides the image (base
-manifest digest, the chosen wheel files, the image-relevant config, the
-runtime sources, hermetic's layer format). When the store already holds the
-image for a key, the build is a no-op: no layer is read, no tar written,
-but every blob of the image is checked against its digest first
-(store/intact.py: a stat per blob when nothing changed since the last check),
-and a corrupt one is refused by name. That no-op is the one answer to "is
-the image up to date" (`hermetic build` and `hermetic run` ask it alike): the
-key is computed every time from the config as validated and the lock as
-parsed, never from a note of their bytes. Builds of the same key are serialized
-by a file lock that no worker inherits; different keys run concurrently, and
-everything they share (blobs, layer cache entries, index.json) is written
-atomically. A build that writes first removes dead writers' temp files.
-A build holds the store's gc lock shared from start to end (store/inuse.py),
-so ``cache gc`` waits for it, and claims the image it returns, so gc keeps
-that image while the process (a run) uses it. A full disk ends the build in
-one line naming the path (errors.DiskFull, exit 73), with the temp files it
-made removed and the store as it was: complete blobs and valid index.json.
-The base is resolved (found in the store, or pulled) before any wheel is
-fetched, so a missing base costs no download.
+The build key covers every input that decides the image; when the store holds the image for it, the
+build is a no-op that still checks every blob (store/intact.py), the one answer to "is it up to date".
+Builds of one key are serialized by a file lock, and hold the store's gc lock shared (store/inuse.py);
+a full disk ends in one line (errors.DiskFull) with the store as it was. The base is resolved before
+any wheel is fetched.
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
 """PEP 552 bytecode for every installed module, compiled by the image's own interpreter.
 
-Each layer that holds ``.py`` files under site-packages gets, beside each, its
-``__pycache__/<name>.<cache_tag>.pyc``: hash-based (no timestamp, so the bytes
-follow the source), compiled from the file's final in-image path (the code's
-co_filename is where it will be imported from) by the base's interpreter
-(hermetic/builder/interpreter.py runs it here; pyc_server.py is what it runs).
-A file that does not compile gets no .pyc, as with pip. The .pyc files are not
-listed in RECORD (the wheel spec makes that optional; pip's uninstall finds
-them from the .py entries), so RECORD stays what the wheel says.
-
-``unchecked-hash`` (the default): the interpreter trusts the .pyc without
-reading the source. The image's root filesystem is read-only at run time and
-a layer's bytes are pinned by its digest, so the source cannot change under
-its .pyc; checking it (``checked-hash``) would read and hash every imported
-source at each start for nothing. ``python --check-hash-based-pycs always``
-still checks when someone wants it.
-
-Compiling runs beside the layer's tar: one compiler process per layer is fed
-the sources in the order their .pyc files appear in the tar, and the tar
-writer takes each .pyc when it gets there (a ``produce`` entry), so the
-layer's compile and its tar writing overlap. Every source is decompressed from
-the wheel once; the tar's .py entries reuse those bytes.
+Hash-based .pyc files (no timestamp) beside each site-packages ``.py``, compiled from its final in-image
+path by the base's interpreter (interpreter.py copies it; hermetic/inimage/pyc_server.py is what it runs),
+one compiler per layer fed in tar order so the compile overlaps the tar writing. Not in RECORD.
 """
 
 from __future__ import annotations
@@ -42,7 +24,7 @@ from hermetic.builder.tarlayer import Entry
 from hermetic.hostfs.filesystems import filesystem_of
 
 MODES = ("unchecked-hash", "checked-hash")
-SERVER = Path(__file__).with_name("pyc_server.py")
+SERVER = Path(__file__).resolve().parent.parent / "inimage" / "pyc_server.py"
 
 
 def pyc_path(py_path: str, cache_tag: str) -> str:

@@ -1,8 +1,6 @@
-"""The base catalog: GPU-ready bases users pin with ``hermetic base pin REF``.
+"""The base catalog (images/catalog.yaml): GPU-ready bases by tag, pinned with ``hermetic base pin REF``.
 
-images/catalog.yaml lists them by TAG only; pinning resolves the tag to a
-digest once and writes it into hermetic.yaml. A digest typed into the catalog
-would freeze a base nobody can update from here, so it is refused.
+A digest typed into the catalog would freeze a base nobody can update from here: refused.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""Build-time compatibility checks: every wheel must run on the base and its Python.
-
-The rules (glibc vs manylinux tag, Python ABI, torch's CUDA variant vs the
-nvidia wheels) live in hermetic.gpu.wheels; this module feeds them the base's
-facts and the chosen wheel files.
-"""
+"""Build-time checks that every wheel runs on the base and its Python (rules: hermetic.gpu.wheels)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""dpkg's status database (``var/lib/dpkg/status``), parsed: which packages a root filesystem has.
-
-One parser for every reader: the base's glibc (hermetic.builder.libc), the
-package list a bootstrap reports. The format is deb822: paragraphs separated
-by blank lines, ``Field: value`` lines, continuation lines indented.
-"""
+"""dpkg's status database (``var/lib/dpkg/status``, deb822), parsed: which packages a root filesystem has."""
 
 from __future__ import annotations
 

@@ -1,29 +1,9 @@
 """``hermetic cache verify`` and ``hermetic cache gc``: keep the stores honest and small.
 
-verify rehashes every OCI blob and every stored wheel; a blob whose content
-does not match its name is reported (and removed with --repair, along with
-the cache entries that point at it, so the next build recreates it). It also
-lists the temporary files that dead writers left (a killed fetch's
-``wheels/tmp/wheel.*``, a killed build's ``oci/tmp/blob.*``, an interrupted
-atomic write's ``.NAME.*.tmp``): each temp file is locked by its writer while
-it writes (fsutil.OwnedTemp), so "dead" is known from the lock, not guessed
-from an age, and a live writer's file is never counted or removed.
-
-verify also checks that every kept image is complete: each blob that a
-ref's manifest names (config, layers), and for an index the manifests it
-lists that the store keeps (a referrers index: all it lists), is present;
-a missing one is named with its image, and --repair drops that image's ref
-(the next build makes it again; a pulled image is pulled again).
-
-gc keeps what is named: every store ref except per-build-key refs
-(``NAME:bk-…``), of which the most recent ``keep_builds`` survive, plus
-everything reachable from those manifests, plus the images that running
-processes claim (a run's image, store/inuse.py), plus the attestations (OCI
-1.1 referrers, hermetic/store/referrers.py) of every image it keeps.
-Everything else — unreferenced blobs, layer-cache and build entries pointing
-at removed blobs, dead writers' temp files — is deleted, and counted as it
-is. gc (and verify --repair) hold the store's gc lock exclusively: they wait
-for running builds, which hold it shared until their refs are set.
+verify rehashes every blob and wheel, checks every kept image is complete, and lists dead writers'
+temp files (dead by their lock, fsutil.OwnedTemp, never by age); --repair removes what is bad.
+gc keeps every ref but the older build-key refs (``NAME:bk-…``), what running processes claim, and
+the attestations of what it keeps; the rest goes. Both hold the gc lock (builds hold it shared).
 """
 
 from __future__ import annotations

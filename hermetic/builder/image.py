@@ -1,9 +1,7 @@
-"""Image config and manifest: pure functions from inputs to canonical JSON.
+"""Image config and manifest: pure functions from inputs to canonical JSON (sorted keys, compact).
 
-The image ID is the sha256 of the config JSON (what ``docker image inspect``
-shows as Id); layers are uncompressed by default so a layer digest is its
-diff_id and the manifest digest is the same on any machine (design.md,
-"Identity"). Every document is canonical JSON: sorted keys, compact.
+The image ID is the sha256 of the config; layers are uncompressed by default, so a layer's digest is
+its diff_id and the manifest digest is the same on any machine (design.md, "Identity").
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""What an image is, read back from the image itself, and hermetic.image.json beside hermetic.yaml.
-
-Builds, no-op builds and CI-cache pulls all describe an image the same way
-(``ImageInfo.from_store``), so the build record and every run record say the
-same thing whether the image was built here or pulled from a registry. The
-record file is rewritten only when its content changes, so rebuilding the
-same image leaves the user's tree untouched.
+"""What an image is, read back from the image itself (``ImageInfo.from_store``: built, no-op or pulled alike),
+and hermetic.image.json beside hermetic.yaml, rewritten only when its content changes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The inputs of every image that are not in hermetic.yaml or the lock: the layer format and the runtime.
-
-Both are part of the build key (builder/key.py) and of every layer key
-(builder/layers.py); kept apart from those modules, below both.
+"""The inputs of every image outside hermetic.yaml and the lock (layer format, runtime): in every build
+key and layer key.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ LAYER_FORMAT = 4  # 3: PEP 552 bytecode beside every module (builder/bytecode.py
 # Bump on any change to what is copied out of a base to compile with (builder/interpreter.py): the
 # compiler's start-up state is part of the .pyc bytes. Part of the build key, and of the copies' cache.
 COMPILER_FORMAT = 2
-RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"  # shipped as hermetic_runtime
+RUNTIME_DIR = Path(__file__).resolve().parent.parent / "inimage" / "runtime"  # shipped as hermetic_runtime
 STARTUP_MODULE = "_startup.py"  # shipped as _hermetic_startup, run at interpreter start (hermetic-runtime.pth)
 
 

@@ -1,19 +1,8 @@
 """Wheels -> layer entries at their final in-image paths, without pip and without unpacking.
 
-pypa/installer decides where every file of a wheel goes (purelib/platlib,
-``.data/<scheme>/``, console scripts with the image interpreter's shebang,
-INSTALLER, a regenerated RECORD); the destination here writes nothing.
-It notes, for each in-image path, either the zip member to copy or the bytes
-installer generated. The layer writer then streams each member straight from
-the zip into the tar: one decompression, no staging directory (for torch, unpacking its 12,000
-files first nearly doubled the layer's time).
-
-A member's RECORD hash from the wheel is what the installed RECORD states
-(the wheel's bytes are pinned by the lock's sha256 and checked before use,
-and zipfile checks each member's CRC as it streams). The resulting tar is
-byte-identical to installing with installer into a directory and taring
-that (tested). No direct_url.json is written (it would name a host path). The
-venv itself is a few files we write by hand.
+pypa/installer decides where each file goes; the destination here only notes, per path, the zip
+member to stream into the tar or the bytes installer made. The tar is byte-identical to installing
+into a directory and taring that (tested); no direct_url.json (it would name a host path).
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """The base image's own Python, runnable on the build host: the compiler of the image's bytecode.
 
-A .pyc is marshal output of the interpreter that compiled it, and the
-compiler changes between patch releases, so the image's bytecode is compiled
-by the base's interpreter itself, not the host's. It is run here without a
-container: its binary, its ELF loader, the shared libraries it needs (the
-closure of DT_NEEDED, searched the way ld.so searches the base: RPATH/RUNPATH,
-ld.so.conf, the default directories) and the part of its standard library it
-reads at start-up (top-level modules and ``encodings``) are copied out of the
-base's layers once per base, into ``$HERMETIC_CACHE/bases/<digest>.python/``,
-and started as ``<loader> --library-path <its libs> <python> -S -s``, with
-the host's loader cache inhibited and a fixed environment. At start-up the
-interpreter reports every file mapped into it, and a file from outside that
-directory refuses the build (so a host library can never stand in for the
-base's).
-
-The interpreter's identity (sha256 over every copied file and the version it
-reports) is part of each layer key that holds bytecode. Running the base's
-binary on the host executes only code from the image the user chose, with
-the build's own privileges; ``build.bytecode: none`` builds without it.
+Its binary, ELF loader, DT_NEEDED closure (searched as ld.so searches the base) and start-up stdlib are
+copied out of the base's layers once per base (``$HERMETIC_CACHE/bases/<digest>.python/``) and started
+through that loader with a fixed environment; a mapped file from outside the copy refuses the build.
+Its identity (sha256 of the copy and its version) is in every layer key that holds bytecode.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""What decides an image, as one key: the parts of hermetic.yaml that reach the image, and the build key.
-
-Shared by the build (which keys its cache, its no-op and its records by it) and
-the attestations (whose provenance restates the config part): below both.
-"""
+"""The build key, and the parts of hermetic.yaml that reach the image (the attestations restate them)."""
 
 from __future__ import annotations
 

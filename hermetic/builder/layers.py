@@ -1,27 +1,15 @@
 """Which wheels go in which layer, and the layer cache.
 
-One layer per wheel of 64 MB or more (torch, each nvidia-* CUDA wheel,
-triton), the small ones grouped, biggest and most stable first (the groups
-too, by their wheels' total size): Docker reuses a layer only when every
-layer below it is the same (ChainID). The hermetic layer (venv skeleton +
-in-image runtime) goes last.
-
-A layer's cache key covers everything that decides its bytes (the wheels'
-sha256s, the install layout, the parent directories it inherits from the
-base, the layer format version), so a hit skips unpacking, tarring and
-hashing entirely. A cached blob is reused only if it still matches its
-digest, which the store answers from its stat where that is safe
-(store/intact.py: git's racy-clean rule; the same check a no-op build makes
-of every blob of its image); a blob that does not match is built again.
-
-Uncached layers are built in worker processes that die with the build
-(hermetic.core.workers), even when it is SIGKILLed; each finished layer enters the
-cache at once, so a build killed midway keeps the layers it finished.
+One layer per wheel of 64 MB or more, the small ones grouped, biggest first (an engine reuses a layer
+only when every layer below it is the same), the hermetic layer (venv + runtime) last. A layer's key
+covers all that decides its bytes; uncached layers are built in worker processes that die with the
+build, each entering the cache as it finishes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -32,7 +20,7 @@ from typing import Callable
 
 from hermetic import __version__
 from hermetic.builder.bytecode import BytecodeSpec, ZipMembers, add_bytecode
-from hermetic.builder.inputs import LAYER_FORMAT, RUNTIME_DIR, STARTUP_MODULE, runtime_files  # noqa: F401 (re-exported)
+from hermetic.builder.inputs import LAYER_FORMAT, STARTUP_MODULE, runtime_files
 from hermetic.builder.install import VenvLayout, venv_files, wheel_files
 from hermetic.builder.tarlayer import DirAttrs, Entry, complete_parents, write_layer
 from hermetic.core.canonical import canonical_sha256
@@ -164,9 +152,6 @@ class LayerCache:
         self.root.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self._path(key), json.dumps(entry, sort_keys=True).encode(), fsync=False)
 
-    def keys(self) -> list[str]:
-        return [p.stem for p in self.root.glob("*.json")] if self.root.is_dir() else []
-
 
 def verify_wheel(w: ResolvedWheel) -> None:
     """A stored wheel must still hash to its name before its bytes go into a layer."""
@@ -205,7 +190,7 @@ def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs
                         opener = (lambda zf=zf, m=f.member: zf.open(m))
                         sources[rel] = members[-1].reader(f.member)
                     else:
-                        opener = (lambda d=f.data: _BytesOpen(d or b""))
+                        opener = (lambda d=f.data: io.BytesIO(d or b""))
                         sources[rel] = (lambda d=f.data: d or b"")
                     entries.append(Entry(rel, "file", mode, size=f.size, open=opener))
         else:
@@ -215,7 +200,7 @@ def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs
                     entries.append(Entry(rel, "symlink", 0o777, linkname=value))
                 else:
                     data = value
-                    entries.append(Entry(rel, "file", 0o644, size=len(data), open=(lambda d=data: _BytesOpen(d))))
+                    entries.append(Entry(rel, "file", 0o644, size=len(data), open=(lambda d=data: io.BytesIO(d))))
                     sources[rel] = (lambda d=data: d)
         if bytecode is not None:
             entries, compiler = add_bytecode(entries, layout.site_packages, bytecode, sources)
@@ -231,19 +216,6 @@ def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs
         for zf in zips:
             zf.close()
     return Descriptor(MT_LAYER, digest, size)
-
-
-class _BytesOpen:
-    def __init__(self, data: bytes) -> None:
-        import io
-
-        self._f = io.BytesIO(data)
-
-    def __enter__(self):
-        return self._f
-
-    def __exit__(self, *exc) -> None:
-        self._f.close()
 
 
 def hermetic_layer_files(layout: VenvLayout) -> dict[str, bytes | str]:
@@ -324,11 +296,9 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
         for i in todo:
             t1 = time.monotonic()
             finished(i, build_layer(specs[i], layout, parents, mtime, store, bytecode), time.monotonic() - t1)
-    out = []
-    for i in range(len(specs)):
-        if on_layer:
-            on_layer(results[i])
-        out.append(results[i])
+    out = [results[i] for i in range(len(specs))]
+    for layer in out if on_layer else ():
+        on_layer(layer)
     return out
 
 

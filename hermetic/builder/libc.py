@@ -1,9 +1,5 @@
-"""Which C library a base image's root filesystem has, read from its files (pure).
-
-The build checks every wheel's manylinux tag against this glibc; the image
-records it as a label. Sources, in order: dpkg's status (Debian, Ubuntu;
-distroless's status.d), the version banner inside libc.so.6 or ld-linux,
-musl's loader or /etc/alpine-release.
+"""Which C library a base's root filesystem has (pure): dpkg's status, libc.so.6's or ld-linux's banner,
+or musl's loader / /etc/alpine-release. The build checks manylinux tags against it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Normalized layer tars: the same tree gives the same bytes, anywhere, any day.
 
-Entries come from a model, never from raw ``stat()``: sorted by byte path,
-parent directories explicit, integer mtime (a float would add a PAX header),
-uid/gid 0 unless a base image's ownership is being preserved, empty
-uname/gname, file modes 0644/0755, hardlinks stored as regular files, no
-xattrs, no devices. Directories synthesized in several layers are written
-with the same attributes, so overlay sees one consistent directory.
-(Techniques from nixpkgs stream_layered_image.py, nix2container tar.go, Jib.)
+Entries come from a model, never from ``stat()``: sorted, parents explicit, integer mtime, uid/gid 0
+unless a base's ownership is kept, modes 0644/0755, hardlinks as files, no xattrs, no devices.
 """
 
 from __future__ import annotations

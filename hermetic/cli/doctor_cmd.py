@@ -70,7 +70,7 @@ def host_has_gpu(gpus: list[dict[str, Any]]) -> bool:
 
 def host_gpus() -> tuple[list[dict[str, Any]], list[str], list[str]]:
     """(gpus, errors, sources tried) as the in-image probe sees them, here on the host."""
-    from hermetic.probe.probe import collect_gpus
+    from hermetic.inimage.probe.probe import collect_gpus
 
     errors: list[str] = []
     gpus, _source, tried = collect_gpus(errors, use_torch=False)

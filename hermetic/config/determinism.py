@@ -1,7 +1,7 @@
 """The determinism knobs: which variables they are, their values by mode, what counts toward identity.
 
 The one list for everything outside the image (image config, record, replay, group summaries, diff); the
-in-image copies (hermetic/runtime/_env.py, hermetic/probe/probe.py) are checked against it by
+in-image copies (hermetic/inimage/runtime/_env.py, hermetic/inimage/probe/probe.py) are checked against it by
 tests/test_determinism.py.
 """
 

@@ -336,7 +336,7 @@ def _json_object(data: bytes, label: str) -> dict[str, Any]:
 
 
 def read_file_parts(outputs_fd: int, found: Found) -> tuple[list[dict[str, Any]], list[str], dict[str, int]]:
-    """The parts of every source but TensorBoard's (read elsewhere: hermetic.record.tb_scalars), each as
+    """The parts of every source but TensorBoard's (read elsewhere: hermetic.inimage.tb_scalars), each as
     ``{"source", "file", "series", "final", "steps"}``; a file that cannot be read is a note; the counts of
     what the caps left out."""
     parts: list[dict[str, Any]] = []

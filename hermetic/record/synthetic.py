@@ -79,7 +79,7 @@ def synthetic_record(run_id: str = "20261129-214500-1a2b3c", *, seed: int = 0, m
         "seed": {"value": seed, "policy": "config",
                  "applied": {"random": True, "numpy": True, "torch": True, "torch.use_deterministic_algorithms": True}},
         "env": {"determinism": dict(DETERMINISM_ENV), "passed": {}, "secrets": []},
-        # software and hardware in the shape hermetic/probe/probe.py reports them
+        # software and hardware in the shape hermetic/inimage/probe/probe.py reports them
         "software": {"python": {"version": "3.11.2", "implementation": "CPython", "executable": "/usr/bin/python3"},
                      "numpy": {"version": "2.1.3"},
                      "torch": {"version": "2.9.1+cu128", "cuda": "12.8", "cudnn": 91002, "nccl": "2.27.5",

@@ -50,8 +50,8 @@ class Rebuilt:
 def check_builder(facts: BuildFacts) -> list[str]:
     """Refuse a provenance this hermetic cannot reproduce; notes for what may still matter."""
     from hermetic import __version__
-    from hermetic.builder.inputs import runtime_sha256
-    from hermetic.builder.layers import LAYER_FORMAT, _installer_version
+    from hermetic.builder.inputs import LAYER_FORMAT, runtime_sha256
+    from hermetic.builder.layers import _installer_version
 
     if facts.hermetic_version != __version__:
         raise CannotReproduce(

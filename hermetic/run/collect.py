@@ -207,7 +207,7 @@ def read_event_files(run_dir: str, events: list[dict[str, Any]], settings: RunSe
     answer, why_not = reader_container(run_dir, files, settings, budget, uid=uid, gid=gid)
     host_reads = answer is None or answer.lstrip().startswith(b'{"unavailable"')
     if host_reads and (uid != 0 or os.geteuid() != 0):  # the child may then read them with the host's tensorboard
-        from hermetic.record import tb_scalars
+        from hermetic.inimage import tb_scalars
 
         tb_scalars.available()  # imported here: the child may not be allowed to read where Python keeps it
     doc = call_as(uid, gid, _event_parts, run_dir, files, answer, why_not, budget, open_dirs=[run_dir])
@@ -234,7 +234,7 @@ def reader_container(run_dir: str, files: list[str], settings: RunSettings, max_
     from hermetic.engines import get_engine
     from hermetic.engines.base import ContainerSpec, Mount
     from hermetic.core.errors import HermeticError
-    from hermetic.record import tb_scalars
+    from hermetic.inimage import tb_scalars
     from hermetic.record.liveness import driver_token
 
     script = Path(tb_scalars.__file__).resolve()
@@ -268,7 +268,7 @@ def _event_parts(fds: dict[str, int], run_dir: str, files: list[str], answer: by
                  budget: int) -> dict[str, Any]:
     """In the collection child: the reader container's answer (``{"docs", "reader", "notes"}``), or the files
     read here with the host's tensorboard (never as root), or a note saying why they were not read."""
-    from hermetic.record import tb_scalars
+    from hermetic.inimage import tb_scalars
 
     if answer is not None:
         try:

@@ -11,7 +11,7 @@ would order nodes by host name and pid, a different rank map each time).
 Everything here is pure but ``collect_rank_files_at`` (which moves torchrun's
 per-rank logs and the other ranks' outputs out of the runtime directory,
 as hermetic.run.collect does the rest: as the container's user, no link followed).
-Each rank's seed is the runtime's rule (hermetic.runtime.distributed:
+Each rank's seed is the runtime's rule (hermetic.inimage.runtime.distributed:
 rank 0 keeps the run's seed, rank r derives its own); its device is
 ``cuda:LOCAL_RANK`` with NCCL (the GPU the container sees at that index),
 ``cpu`` with gloo.
@@ -114,7 +114,7 @@ def container_env(plan: DistributedPlan) -> dict[str, str]:
     ranks' outputs dir and, on one node, gloo on the loopback (a container without a network has no
     other interface, and gloo would first try the host name, which does not resolve there)."""
     # the image's runtime package (hermetic_runtime), imported where it is used: its package imports all of it
-    from hermetic.runtime.distributed import BACKEND_ENV, RANK_OUTPUTS_ENV
+    from hermetic.inimage.runtime.distributed import BACKEND_ENV, RANK_OUTPUTS_ENV
 
     env = {BACKEND_ENV: plan.backend, RANK_OUTPUTS_ENV: posixpath.join(RUNTIME_MOUNT, RANK_OUTPUTS_DIR)}
     if plan.nnodes == 1 and plan.backend == "gloo":
@@ -146,7 +146,7 @@ def backend_version(backend: str, software: Mapping[str, Any]) -> str | None:
 def distributed_section(plan: DistributedPlan, *, seed: int, env: Mapping[str, str], software: Mapping[str, Any],
                         hardware: Mapping[str, Any]) -> dict[str, Any]:
     """The record's ``distributed`` section as planned: world, backend, each rank's seed and device."""
-    from hermetic.runtime.distributed import RANK_SEED_RULE, rank_seed
+    from hermetic.inimage.runtime.distributed import RANK_SEED_RULE, rank_seed
 
     ranks = []
     for node in range(plan.nnodes):

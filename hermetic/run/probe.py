@@ -18,7 +18,7 @@ from hermetic.core.canonical import canonical_sha256
 from hermetic.core.errors import Unavailable
 from hermetic.hostfs.fsutil import atomic_write_bytes
 from hermetic.config.containerpaths import PROBE_MOUNT
-from hermetic.probe import PROBE_DIR, PROBE_PATH, probe_digest
+from hermetic.inimage.probe import PROBE_DIR, PROBE_PATH, probe_digest
 from hermetic.record import liveness
 from hermetic.engines.base import PROBE_LABEL, ContainerSpec, Mount
 

@@ -135,7 +135,7 @@ def pyxis_task_script(options: SbatchOptions, step: PyxisStep, *, python: str, s
         'ARGS_NAME="ARGS_${TASK}[@]"',
         'WORK="$RUN_DIR/.workspace"',
         *( [f"export HERMETIC_CACHE={q(cache)}"] if cache else []),
-        f"PROBE_SRC=$({q(python)} -c 'import hermetic.probe as p; print(p.PROBE_DIR)')",
+        f"PROBE_SRC=$({q(python)} -c 'import hermetic.inimage.probe as p; print(p.PROBE_DIR)')",
         "# 1. the probe, in the same image with the same devices (hermetic folds it into the record)",
         f"srun --ntasks=1 --export=PATH --container-image={step.image} {probe_mount} --no-container-mount-home "
         "--no-container-remap-root --no-container-entrypoint "

@@ -9,7 +9,7 @@ import re
 import subprocess
 
 if __package__:  # imported from hermetic (doctor, tests)
-    from hermetic.probe.probe_util import reason
+    from hermetic.inimage.probe.probe_util import reason
 else:  # run as a script inside the container: this directory is sys.path[0]
     from probe_util import reason
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 import ctypes
 
 if __package__:  # imported from hermetic (doctor, tests)
-    from hermetic.probe.probe_util import cuda_version_string, reason
+    from hermetic.inimage.probe.probe_util import cuda_version_string, reason
 else:  # run as a script inside the container: this directory is sys.path[0]
     from probe_util import cuda_version_string, reason
 
 
 class NvmlError(Exception):
     NOT_SUPPORTED = 3
-    NOT_FOUND = 6
 
     def __init__(self, code, message):
         Exception.__init__(self, "NVML error %s: %s" % (code, message))
@@ -235,9 +234,7 @@ def open_nvml(tried, only=None):
             return None
     try:
         return NvmlCtypes()
-    except OSError as e:
-        tried.append("libnvidia-ml.so.1: %s" % reason(e))
-    except Exception as e:
+    except Exception as e:  # OSError: no such library
         tried.append("libnvidia-ml.so.1: %s" % reason(e))
     return None
 
@@ -246,13 +243,9 @@ def _nvml_field(errors, path, fn, *args):
     """Like safe, but NVML's NOT_SUPPORTED becomes a plain null (a fact, not a failure)."""
     try:
         return fn(*args)
-    except NvmlError as e:
-        if e.code == NvmlError.NOT_SUPPORTED:
-            return None
-        errors.append("%s: %s" % (path, reason(e)))
-        return None
     except Exception as e:
-        errors.append("%s: %s" % (path, reason(e)))
+        if not (isinstance(e, NvmlError) and e.code == NvmlError.NOT_SUPPORTED):
+            errors.append("%s: %s" % (path, reason(e)))
         return None
 
 

@@ -1,46 +1,12 @@
 #!/usr/bin/env python3
-"""hermetic's in-image probe: the software and hardware a run actually had.
+"""hermetic's in-image probe: the software and hardware a run actually had, as ONE JSON document on stdout.
 
-Mounted read-only into the training image's container (this directory, at
-/run/hermetic-probe) and run there as ``python probe.py``; it prints ONE
-JSON document to stdout::
-
-    {"probe_version": 1, "software": {...}, "hardware": {...}, "errors": [...]}
-
-Rules this file and its siblings (probe_util.py; the GPU backends
-probe_nvml.py, probe_smi.py, probe_cuda.py) keep, because they run in
-images we do not control:
-
-- standard library only; torch, numpy, threadpoolctl and pynvml (nvidia-ml-py)
-  are used when importable, never required;
-- Python 3.8 or newer (no newer syntax, no newer stdlib calls);
-- never crashes: a field that cannot be read is null and "<field path>: <why>"
-  is appended to "errors"; a value that is absent by nature (a CPU build of
-  torch has no NCCL) is null without an error;
-- stdout carries only the JSON: while collecting, file descriptor 1 points at
-  stderr, so chatter from native libraries (CUDA, NCCL) cannot corrupt it.
-
-Where GPU facts come from (recorded in hardware.gpu_source and, per GPU,
-sm_count_source):
-
-1. NVML through pynvml when importable, else NVML through ctypes on
-   libnvidia-ml.so.1 (nvidia-container-toolkit injects it with the ``utility``
-   capability), else ``nvidia-smi --query-gpu ... --format=csv,noheader,nounits``
-   (injected with the same capability; CUDA version parsed from its banner).
-2. NVML has no SM count for a whole GPU. It comes from
-   torch.cuda.get_device_properties(i).multi_processor_count when torch sees
-   CUDA, else from the CUDA driver API (libcuda.so.1, injected with the
-   ``compute`` capability: cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)); CUDA
-   devices are matched to NVML devices by UUID, then PCI bus id. A MIG slice's
-   SM count comes from NVML itself (nvmlDeviceGetAttributes).
-3. With no NVML and no nvidia-smi, GPUs that torch or libcuda see are listed
-   from there.
-
-A MIG-enabled GPU is listed once per MIG device (what CUDA computes on), with
-"mig_mode": "enabled" and its parent GPU under "mig_parent".
-
-Importable too: ``collect()`` returns the document, ``collect_gpus(errors)``
-the GPU part alone (``hermetic doctor`` uses it on the host).
+Mounted read-only at /run/hermetic-probe and run as ``python probe.py`` in the training image's container.
+Its files keep to: the standard library only (torch, numpy, threadpoolctl, pynvml used when importable),
+Python 3.8+, never a crash (an unreadable field is null plus "<field path>: <why>" in "errors"), stdout
+only the JSON (fd 1 points at stderr while collecting). GPUs: NVML (pynvml, else ctypes), else nvidia-smi,
+else torch/libcuda; SM counts from torch or libcuda's driver API; a MIG device is one entry.
+Importable: ``collect()``, and ``collect_gpus(errors)`` (``hermetic doctor``).
 """
 
 from __future__ import annotations
@@ -55,12 +21,12 @@ import shutil
 import sys
 
 if __package__:  # imported from hermetic (doctor, tests)
-    from hermetic.probe.probe_cuda import (
+    from hermetic.inimage.probe.probe_cuda import (
         attach_sm_counts, cuda_devices_from_libcuda, cuda_devices_from_torch, gpus_from_cuda, libcuda_driver_version,
     )
-    from hermetic.probe.probe_nvml import gpus_from_nvml, open_nvml
-    from hermetic.probe.probe_smi import gpus_from_nvidia_smi
-    from hermetic.probe.probe_util import read_text, reason, safe
+    from hermetic.inimage.probe.probe_nvml import gpus_from_nvml, open_nvml
+    from hermetic.inimage.probe.probe_smi import gpus_from_nvidia_smi
+    from hermetic.inimage.probe.probe_util import read_text, reason, safe
 else:  # run as a script inside the container: its siblings are imported from this directory
     _here = os.path.dirname(os.path.abspath(__file__))
     if _here not in sys.path:  # Python 3.11+ leave it out under PYTHONSAFEPATH (the image's or the run's env)
@@ -124,37 +90,34 @@ def _import(errors, path, name):
         return None
 
 
+# software.torch's fields, each read on its own (one that fails is null and one error)
+TORCH_FIELDS = {
+    "version": lambda t: str(t.__version__),
+    "git_version": lambda t: getattr(t.version, "git_version", None),
+    "cuda": lambda t: t.version.cuda,
+    "hip": lambda t: getattr(t.version, "hip", None),
+    "cudnn": lambda t: t.backends.cudnn.version(),
+    "arch_list": lambda t: _arch_list(t),
+    "cuda_available": lambda t: bool(t.cuda.is_available()),
+    "device_count": lambda t: int(t.cuda.device_count()),
+    "deterministic_algorithms": lambda t: bool(t.are_deterministic_algorithms_enabled()),
+    "deterministic_warn_only": lambda t: bool(t.is_deterministic_algorithms_warn_only_enabled()),
+    "cudnn_benchmark": lambda t: bool(t.backends.cudnn.benchmark),
+    "cudnn_deterministic": lambda t: bool(t.backends.cudnn.deterministic),
+    "tf32_matmul": lambda t: bool(t.backends.cuda.matmul.allow_tf32),
+    "tf32_cudnn": lambda t: bool(t.backends.cudnn.allow_tf32),
+    "float32_matmul_precision": lambda t: str(t.get_float32_matmul_precision()),
+    "num_threads": lambda t: int(t.get_num_threads()),
+    "num_interop_threads": lambda t: int(t.get_num_interop_threads()),
+}
+
+
 def _torch_info(errors):
     torch = _import(errors, "software.torch", "torch")
     if torch is None:
         return None
-    p = "software.torch."
-    cuda = safe(errors, p + "cuda", lambda: torch.version.cuda)
-    info = {
-        "version": safe(errors, p + "version", lambda: str(torch.__version__)),
-        "git_version": safe(errors, p + "git_version", lambda: getattr(torch.version, "git_version", None)),
-        "cuda": cuda,
-        "hip": safe(errors, p + "hip", lambda: getattr(torch.version, "hip", None)),
-        "cudnn": safe(errors, p + "cudnn", lambda: torch.backends.cudnn.version()),
-        "nccl": safe(errors, p + "nccl", _nccl_version, torch) if cuda else None,
-        "arch_list": safe(errors, p + "arch_list", _arch_list, torch),
-        "cuda_available": safe(errors, p + "cuda_available", lambda: bool(torch.cuda.is_available())),
-        "device_count": safe(errors, p + "device_count", lambda: int(torch.cuda.device_count())),
-        "deterministic_algorithms": safe(
-            errors, p + "deterministic_algorithms", lambda: bool(torch.are_deterministic_algorithms_enabled())),
-        "deterministic_warn_only": safe(
-            errors, p + "deterministic_warn_only",
-            lambda: bool(torch.is_deterministic_algorithms_warn_only_enabled())),
-        "cudnn_benchmark": safe(errors, p + "cudnn_benchmark", lambda: bool(torch.backends.cudnn.benchmark)),
-        "cudnn_deterministic": safe(
-            errors, p + "cudnn_deterministic", lambda: bool(torch.backends.cudnn.deterministic)),
-        "tf32_matmul": safe(errors, p + "tf32_matmul", lambda: bool(torch.backends.cuda.matmul.allow_tf32)),
-        "tf32_cudnn": safe(errors, p + "tf32_cudnn", lambda: bool(torch.backends.cudnn.allow_tf32)),
-        "float32_matmul_precision": safe(
-            errors, p + "float32_matmul_precision", lambda: str(torch.get_float32_matmul_precision())),
-        "num_threads": safe(errors, p + "num_threads", lambda: int(torch.get_num_threads())),
-        "num_interop_threads": safe(errors, p + "num_interop_threads", lambda: int(torch.get_num_interop_threads())),
-    }
+    info = {k: safe(errors, "software.torch." + k, read, torch) for k, read in TORCH_FIELDS.items()}
+    info["nccl"] = safe(errors, "software.torch.nccl", _nccl_version, torch) if info["cuda"] else None
     return info
 
 

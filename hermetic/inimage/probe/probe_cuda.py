@@ -6,21 +6,18 @@ devices by UUID, then PCI bus id. Standard library only, Python 3.8+; see probe.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import re
 
 if __package__:  # imported from hermetic (doctor, tests)
-    from hermetic.probe.probe_util import cuda_version_string, reason
+    from hermetic.inimage.probe.probe_util import cuda_version_string, reason
 else:  # run as a script inside the container: this directory is sys.path[0]
     from probe_util import cuda_version_string, reason
 
 
-class CudaDevice:
-    """What the CUDA side (torch or libcuda) knows about one device."""
-
-    def __init__(self, name, uuid, pci_bus_id, cc, sm_count, memory_bytes, source):
-        self.name, self.uuid, self.pci_bus_id = name, uuid, pci_bus_id
-        self.cc, self.sm_count, self.memory_bytes, self.source = cc, sm_count, memory_bytes, source
+# What the CUDA side (torch or libcuda) knows about one device.
+CudaDevice = collections.namedtuple("CudaDevice", "name uuid pci_bus_id cc sm_count memory_bytes source")
 
 
 def cuda_devices_from_torch(errors, tried):
