@@ -23,7 +23,9 @@ def json_option(f: F) -> F:
 
 
 def emit_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    from hermetic.core.escape import shown
+
+    sys.stdout.write(shown(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False), "json") + "\n")
 
 
 def human_bytes(n: int) -> str:

@@ -210,6 +210,8 @@ def doctor(quick: bool, as_json: bool) -> int:
       hermetic doctor
       hermetic doctor --quick --json | jq '.checks[] | select(.status != "ok")'
     """
+    from hermetic.core.escape import shown
+
     checks = run_doctor(rehash=not quick)
     failed = any(c.status == "fail" for c in checks)
     if as_json:
@@ -217,7 +219,7 @@ def doctor(quick: bool, as_json: bool) -> int:
     else:
         width = max(len(c.name) for c in checks)
         for c in checks:
-            click.echo(f"{_MARK[c.status]}  {c.name:<{width}}  {c.detail}")
+            click.echo(f"{_MARK[c.status]}  {c.name:<{width}}  {shown(c.detail)}")
             if c.hint and c.status != "ok":
-                click.echo(f"      {'':<{width}}  -> {c.hint}")
+                click.echo(f"      {'':<{width}}  -> {shown(c.hint)}")
     return EXIT_UNAVAILABLE if failed else 0

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.core.errors import DataError, HermeticError, MissingExtra, NotFound, Unavailable, UsageError
+from hermetic.core.escape import shown
 from hermetic.record.outputs import nan_key
 from hermetic.record.view import Dataset as DatasetRecord, Run, view
 
@@ -89,7 +90,8 @@ def safe_key(key: str) -> str:
 
 
 def _text(value: Any, limit: int) -> str:
-    s = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+    """A param's or tag's value as the MLflow page shows it: escaped (hermetic.core.escape), cut to MLflow's limit."""
+    s = shown(value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False))
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
@@ -412,7 +414,7 @@ class MlflowExporter:
                 continue
             tags = [InputTag("mlflow.data.context", name), InputTag("hermetic.manifest_sha256", ds.manifest_sha256)]
             if ds.mount:  # hermetic.yaml's mount:, when it has one (`hermetic init` writes none)
-                tags.append(InputTag("hermetic.mount", ds.mount))
+                tags.append(InputTag("hermetic.mount", shown(ds.mount)))
             inputs.append(DatasetInput(entity, tags=tags))
         if inputs:
             self.client.log_inputs(run.info.run_id, datasets=inputs)
@@ -472,7 +474,7 @@ def manifest_dataset(name: str, ds: DatasetRecord, project_dir: Path | None):  #
         path = project_dir / path
     profile = {"files": ds.count, "bytes": ds.bytes, "manifest_sha256": ds.manifest_sha256}
     return Dataset(name=name, digest=ds.manifest_sha256[:MAX_DIGEST], source_type="local",
-                   source=json.dumps({"uri": str(path)}), profile=json.dumps(profile, sort_keys=True))
+                   source=shown(json.dumps({"uri": str(path)}), "json"), profile=json.dumps(profile, sort_keys=True))
 
 
 def project_dir(run_dir: Path, config: dict[str, Any]) -> Path | None:
