@@ -1,9 +1,7 @@
 """The ``hermetic`` command line.
 
-Each command lives in its own module and is imported only when used, so that
-fast paths (``hermetic runs``, a no-op ``hermetic build``) do not pay for
-Docker or pydantic imports they never touch. Every HermeticError becomes one
-line on stderr and its exit code; there is no traceback for user errors.
+Each command's module is imported only when used. Every HermeticError becomes one line on stderr (escaped:
+hermetic.core.escape) and its exit code; there is no traceback for user errors.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """``--mlflow [URI]``: the option that ``hermetic run`` and ``hermetic runs export`` share.
 
-``--mlflow`` alone means "the server in $MLFLOW_TRACKING_URI". It takes the
-next word as its URI only when that word is one (``http://...``,
-``file:...``, ``databricks``...), so ``hermetic run --mlflow train.py`` runs
-train.py; write ``--mlflow=./mlruns`` for a bare path. Only click is
-imported here: mlflow itself is imported by hermetic.integrations.mlflow
-when an export starts.
+Alone it means $MLFLOW_TRACKING_URI; it takes the next word only when that is a URI (``hermetic run --mlflow
+train.py`` runs train.py; ``--mlflow=./mlruns`` for a bare path). Only click is imported here.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``hermetic runs``: list recorded runs and seed groups, newest first; ``runs show ID``: one record.
 
-Listing reads runs/.index.jsonl (one line per run, kept by write_record) plus
-one directory listing, never the run.json files themselves, so 10,000 runs
-list in well under a second. Only click and the standard library are imported
-on that path; pydantic is loaded by ``show`` (which validates the record).
+Listing reads runs/.index.jsonl and one directory listing, never run.json, on click and the standard library
+alone; ``show`` validates the record. What a record says is escaped before it is shown (hermetic.core.escape).
 """
 
 from __future__ import annotations

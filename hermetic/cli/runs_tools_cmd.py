@@ -1,10 +1,7 @@
 """``hermetic runs export`` (to MLflow) and ``hermetic runs plot``, and ``hermetic diff --plot``'s option.
 
-Added to the ``runs`` group by hermetic/cli/runs_cmd.py (this module does
-not import that one). Only click is imported until a command runs; mlflow
-and matplotlib (the extras hermetic[mlflow] and hermetic[plots]) are
-imported by hermetic.integrations and hermetic.figures when an export or a
-figure starts.
+Added to the ``runs`` group by cli/runs_cmd.py; mlflow and matplotlib are imported when an export or a figure
+starts.
 """
 
 from __future__ import annotations

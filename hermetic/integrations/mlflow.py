@@ -1,17 +1,9 @@
 """hermetic runs as MLflow runs: ``hermetic runs export --mlflow`` and ``hermetic run --mlflow``.
 
-Each run becomes one MLflow run (params from the resolved config, metrics
-from the run's metric series, tags for what makes it repeatable, each
-dataset as an input, run.json, README.md and the figure as artifacts); a
-seed group is a parent run holding each metric's summary, its members child
-runs. docs/integrations.md, "MLflow", has the mapping.
-
-Exports are keyed by hermetic's run ID (the tag ``hermetic.run_id``), so
-exporting again adds only what is missing and is safe to repeat. mlflow
-(``hermetic[mlflow]``: mlflow-skinny, without numpy) is imported on first use
-only, and only ``mlflow.entities`` and the tracking client are used
-(``mlflow.data`` needs numpy). An MLflow run this export leaves behind is
-never RUNNING: a failure part-way ends it FAILED.
+A run is one MLflow run (params, metric series, tags, datasets, run.json, README.md, the figure); a seed group a
+parent run with its members as children (docs/integrations.md, "MLflow"). Keyed by the tag ``hermetic.run_id``,
+so exporting again adds only what is missing; a run left behind is never RUNNING. Only ``mlflow.entities``
+and the tracking client are used (mlflow-skinny, no numpy).
 """
 
 from __future__ import annotations
