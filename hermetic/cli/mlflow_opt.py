@@ -30,12 +30,8 @@ def looks_like_uri(word: str) -> bool:
 
 
 def bare_mlflow_flags(args: list[str], command: click.Command, interspersed: bool) -> list[str]:
-    """``--mlflow`` not followed by a URI becomes ``--mlflow=`` (an empty URI: use the environment).
-
-    Only the command's own options are looked at: the walk stops at ``--``
-    and, when options cannot follow arguments (``hermetic run``), at the
-    first argument, the script, whose own arguments are never touched.
-    """
+    """``--mlflow`` not followed by a URI becomes ``--mlflow=`` (use the environment); the walk stops at ``--``
+    and, unless ``interspersed``, at the first argument (the script, whose arguments are never touched)."""
     takes_value = {o for p in command.params if isinstance(p, click.Option) and not p.is_flag
                    and p.name != "mlflow_uri" for o in p.opts}
     out = list(args)

@@ -40,8 +40,7 @@ class GroupDiff:
             "verdict": asdict(self.verdict),
             "method": "Welch's t-test, two-sided, 5% level, on each metric's per-seed final values",
             "metrics": [asdict(m) for m in self.metrics],
-            "inputs": [{"name": s.name, "title": s.title, "role": s.role, "differs": s.differs,
-                        "summary": s.summary(99), "changes": [asdict(c) for c in s.changes]} for s in self.inputs],
+            "inputs": [s.to_json() for s in self.inputs],
             "notes": self.notes,
         }
 

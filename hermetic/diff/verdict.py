@@ -19,13 +19,8 @@ from hermetic.config.seedargs import has_placeholder
 
 
 def knobs_not_set(record: Run) -> list[str]:
-    """The determinism settings this run lacked (empty when all the known ones were set).
-
-    Environment: CUBLAS_WORKSPACE_CONFIG (:4096:8 or :16:8), PYTHONHASHSEED
-    (a number, set before the interpreter starts), the BLAS/OpenMP thread
-    counts. In-process, when the run used torch: deterministic algorithms on,
-    cudnn.benchmark off; and any in-process seeding at all (seed.applied).
-    """
+    """The determinism settings this run lacked: CUBLAS_WORKSPACE_CONFIG, PYTHONHASHSEED, the BLAS/OpenMP
+    threads; with torch, deterministic algorithms on and cudnn.benchmark off; any seeding at all."""
     missing = env_knobs_not_set({**record.env.passed, **record.env.determinism})
     torch = record.software.get("torch")
     applied = record.seed.applied

@@ -454,11 +454,8 @@ def batches(params: list[Any], tags: list[Any], metrics: list[Any]) -> list[dict
 
 
 def manifest_dataset(name: str, ds: DatasetRecord, project_dir: Path | None):  # -> mlflow.entities.Dataset
-    """A dataset of the record as an MLflow dataset entity: its source the data's local path (what MLflow's
-    own ``local`` source writes, ``{"uri": path}``, so ``mlflow.data.get_source(...)`` reads it back), its
-    digest the manifest sha256 (the first 36 hex digits: MLflow's limit), its profile the file count,
-    bytes and the whole sha256. Built from mlflow.entities alone: mlflow.data needs numpy, which
-    mlflow-skinny (hermetic[mlflow]) does not bring."""
+    """A dataset of the record as an MLflow dataset entity (mlflow.entities alone: mlflow.data needs numpy): its
+    source the local path as MLflow's ``local`` source writes it, its digest the manifest sha256 cut to 36."""
     from mlflow.entities import Dataset
 
     path = Path(ds.path)
