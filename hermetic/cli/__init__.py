@@ -1,9 +1,7 @@
 """The ``hermetic`` command line.
 
-Each command lives in its own module and is imported only when used, so that
-fast paths (``hermetic runs``, a no-op ``hermetic build``) do not pay for
-Docker or pydantic imports they never touch. Every HermeticError becomes one
-line on stderr and its exit code; there is no traceback for user errors.
+Each command's module is imported only when used. Every HermeticError becomes one line on stderr (escaped:
+hermetic.core.escape) and its exit code; there is no traceback for user errors.
 """
 
 from __future__ import annotations
@@ -158,15 +156,8 @@ def _internal_error() -> None:
 
 
 def _exit(code: int, fast: bool) -> None:
-    """Exit with ``code``; when ``fast``, without tearing the interpreter down.
-
-    Freeing every module and object of a run (pydantic's schemas, docker-py,
-    matplotlib) is a sizeable part of a short command, after all output is written:
-    the atexit handlers run and stdout/stderr are flushed, then the process
-    ends. Only the console entry point is fast (a caller of ``main(argv)``
-    keeps its interpreter), and with a non-daemon thread still alive the
-    normal exit joins it.
-    """
+    """Exit with ``code``; when ``fast`` (the console entry point, no non-daemon thread left), after the atexit
+    handlers and a flush but without freeing every module, a sizeable part of a short command."""
     import threading
 
     if not fast or any(t.is_alive() and not t.daemon for t in threading.enumerate()

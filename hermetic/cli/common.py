@@ -23,7 +23,9 @@ def json_option(f: F) -> F:
 
 
 def emit_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    from hermetic.core.escape import shown
+
+    sys.stdout.write(shown(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False), "json") + "\n")
 
 
 def human_bytes(n: int) -> str:
@@ -72,12 +74,8 @@ def own_options(args: list[str], command: click.Command) -> list[tuple[int, clic
 
 
 class ScriptCommand(click.Command):
-    """A command that runs SCRIPT [ARGS...]: unknown options are passed on to the script only after it.
-
-    click's ``ignore_unknown_options`` (needed so that ``train.py --lr 0.1`` reaches the script) would
-    take a mistyped option before the script (``--seeed 3``) as the script's name; here that is a usage
-    error with click's "Did you mean", and an option given twice (``--seeds 3 --seeds 4``, of which
-    click keeps the last) is refused rather than half-ignored."""
+    """A command that runs SCRIPT [ARGS...]: unknown options reach the script only after it; a mistyped
+    option before it (``--seeed 3``) is a usage error with "Did you mean", and one given twice is refused."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         seen: dict[str, str] = {}

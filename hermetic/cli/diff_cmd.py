@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
-from hermetic.cli.runs_common import runs_dir_option
+from hermetic.cli.runs_common import reading, runs_dir_option
 from hermetic.cli.runs_tools_cmd import check_plot_file, plot_option, plot_or_note
 from hermetic.record.locate import resolve_ref
 
@@ -57,18 +57,19 @@ def diff(run_a: str, run_b: str, rtol: float, atol: float, plot_file: str | None
       hermetic diff RUN_A RUN_B --plot curves.png   # each metric over steps, where they part marked
     """
     from hermetic.diff import diff_paths
+    from hermetic.diff.render import render
 
     check_plot_file(plot_file)
     dir_a = resolve_ref(run_a, runs_dir, config_path)
     dir_b = resolve_ref(run_b, runs_dir, config_path)
-    result = diff_paths(dir_a, dir_b, rtol=rtol, atol=atol)
+    with reading(dir_a, dir_b):
+        result = diff_paths(dir_a, dir_b, rtol=rtol, atol=atol)
+        text = None if as_json else render(result)
     if as_json:
         plot = plot_or_note([dir_a, dir_b], plot_file) if plot_file else None
         emit_json({**result.to_json(), **({"plot": plot} if plot is not None else {})})
     else:
-        from hermetic.diff.render import render
-
-        click.echo(render(result))
+        click.echo(text)
         if plot_file:
             plot_or_note([dir_a, dir_b], plot_file)
     return result.verdict.exit_code  # the verdict's, whatever the figure: it is an extra

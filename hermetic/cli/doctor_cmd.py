@@ -1,13 +1,8 @@
 """``hermetic doctor``: is this machine ready to build and run? One line per check.
 
-Checks, in order: the engines (the Docker Engine, Podman, Charliecloud: which
-can run here; an engine that cannot is a failure only when none can), the
-Docker Engine's GPU runtime, the host's NVIDIA driver, free disk under the cache root, which loop hashes datasets (C or
-Python), the OCI blob store (every blob rehashes to its name; every ref's
-image is complete) and the wheel store (every wheel rehashes to its
-directory name). Each is ok / warn / fail with what to do about it; the exit
-status is 0 when nothing fails. The engine's GPU runtime and the stores are
-judged by the same code as `hermetic run --gpus` and `hermetic cache verify`.
+The engines (a failure only when none can run), Docker's GPU runtime, the NVIDIA driver, free disk, the
+dataset hashing loop, the OCI and wheel stores: judged by the code `hermetic run --gpus` and `hermetic cache
+verify` use.
 """
 
 from __future__ import annotations
@@ -210,6 +205,8 @@ def doctor(quick: bool, as_json: bool) -> int:
       hermetic doctor
       hermetic doctor --quick --json | jq '.checks[] | select(.status != "ok")'
     """
+    from hermetic.core.escape import shown
+
     checks = run_doctor(rehash=not quick)
     failed = any(c.status == "fail" for c in checks)
     if as_json:
@@ -217,7 +214,7 @@ def doctor(quick: bool, as_json: bool) -> int:
     else:
         width = max(len(c.name) for c in checks)
         for c in checks:
-            click.echo(f"{_MARK[c.status]}  {c.name:<{width}}  {c.detail}")
+            click.echo(f"{_MARK[c.status]}  {c.name:<{width}}  {shown(c.detail)}")
             if c.hint and c.status != "ok":
-                click.echo(f"      {'':<{width}}  -> {c.hint}")
+                click.echo(f"      {'':<{width}}  -> {shown(c.hint)}")
     return EXIT_UNAVAILABLE if failed else 0

@@ -47,13 +47,18 @@ def _log_file(run_dir: Path) -> Path:
 @click.command()
 @click.argument("run", required=False, metavar="[RUN]")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the run writes, until it ends.")
+@click.option("--raw", is_flag=True, help="The bytes as the script wrote them, terminal escapes and all.")
 @runs_dir_option
 @config_option
-def logs(run: str | None, follow: bool, runs_dir: str | None, config_path: str | None) -> int:
+def logs(run: str | None, follow: bool, raw: bool, runs_dir: str | None, config_path: str | None) -> int:
     """Print a run's output (stdout and stderr, as they came); the newest run when RUN is left out.
 
     With -f the output is followed until the run ends; Ctrl-C stops
-    following, never the run (`hermetic stop RUN` does that).
+    following, never the run (`hermetic stop RUN` does that). Control
+    characters other than newline and tab (terminal escapes, carriage
+    returns) are shown as escapes such as \\x1b, so that a script's output
+    cannot retitle the terminal or forge lines in a CI log; --raw prints
+    the bytes as written.
 
     \b
     Examples:
@@ -62,8 +67,13 @@ def logs(run: str | None, follow: bool, runs_dir: str | None, config_path: str |
     """
     from hermetic.record import liveness
 
+    import codecs
+
+    from hermetic.core.escape import shown
+
     run_dir = _run_dir(run, runs_dir, config_path)
     out = sys.stdout.buffer
+    text = codecs.getincrementaldecoder("utf-8")("backslashreplace")
     offset = 0
     try:
         while True:
@@ -76,7 +86,7 @@ def logs(run: str | None, follow: bool, runs_dir: str | None, config_path: str |
             except FileNotFoundError:
                 chunk = b""
             if chunk:
-                out.write(chunk)
+                out.write(chunk if raw else shown(text.decode(chunk), "text").encode())
                 out.flush()
                 offset += len(chunk)
             if not follow or not running:

@@ -1,11 +1,7 @@
 """``--mlflow [URI]``: the option that ``hermetic run`` and ``hermetic runs export`` share.
 
-``--mlflow`` alone means "the server in $MLFLOW_TRACKING_URI". It takes the
-next word as its URI only when that word is one (``http://...``,
-``file:...``, ``databricks``...), so ``hermetic run --mlflow train.py`` runs
-train.py; write ``--mlflow=./mlruns`` for a bare path. Only click is
-imported here: mlflow itself is imported by hermetic.integrations.mlflow
-when an export starts.
+Alone it means $MLFLOW_TRACKING_URI; it takes the next word only when that is a URI (``hermetic run --mlflow
+train.py`` runs train.py; ``--mlflow=./mlruns`` for a bare path). Only click is imported here.
 """
 
 from __future__ import annotations
@@ -34,12 +30,8 @@ def looks_like_uri(word: str) -> bool:
 
 
 def bare_mlflow_flags(args: list[str], command: click.Command, interspersed: bool) -> list[str]:
-    """``--mlflow`` not followed by a URI becomes ``--mlflow=`` (an empty URI: use the environment).
-
-    Only the command's own options are looked at: the walk stops at ``--``
-    and, when options cannot follow arguments (``hermetic run``), at the
-    first argument, the script, whose own arguments are never touched.
-    """
+    """``--mlflow`` not followed by a URI becomes ``--mlflow=`` (use the environment); the walk stops at ``--``
+    and, unless ``interspersed``, at the first argument (the script, whose arguments are never touched)."""
     takes_value = {o for p in command.params if isinstance(p, click.Option) and not p.is_flag
                    and p.name != "mlflow_uri" for o in p.opts}
     out = list(args)

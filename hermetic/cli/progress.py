@@ -1,8 +1,6 @@
-"""Progress rendering for the commands: rich bars on stderr, only when it is a terminal.
+"""Progress bars for the commands (rich, on stderr, only when it is a terminal).
 
-The library modules report progress through small callbacks (bytes done,
-a transfer started) and never draw anything; this module turns those
-callbacks into bars. rich is imported only when a bar is shown.
+Library modules report through small callbacks and never draw; rich is imported only when a bar is shown.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import click
 from hermetic.cli.common import config_option, emit_json
 from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_option, mlflow_target
 from hermetic.cli.run_options import parse_data, request_template, run_options
+from hermetic.core import escape
 from hermetic.engines.base import ENGINES
 
 
@@ -117,7 +118,7 @@ def _start_detached(script: str, as_json: bool) -> int:
 
 def _summary(result) -> None:
     metrics = result.record.get("metrics", {}).get("final") or {}
-    shown = ", ".join(f"{k}={v}" for k, v in list(metrics.items())[:4])
+    shown = escape.shown(", ".join(f"{k}={v}" for k, v in list(metrics.items())[:4]))
     try:
         click.echo(f"{result.run_id}  {result.status}  exit {result.exit_code}" + (f"  {shown}" if shown else ""))
         _say_reason(result)
@@ -129,14 +130,14 @@ def _say_reason(result) -> None:
     """hermetic failed the run itself (not the script): one error line, and where it is recorded. The
     script failed for want of network (a download in its stderr): one hint line (hermetic.run.hints)."""
     if result.reason:
-        click.echo(f"hermetic: error: run {result.run_id}: {result.reason} (recorded in "
+        click.echo(f"hermetic: error: run {result.run_id}: {escape.shown(result.reason)} (recorded in "
                    f"{result.run_dir / 'run.json'})", err=True)
     if result.status == "failed" and result.record.get("invocation", {}).get("network") != "host":
         from hermetic.run.hints import failure_hint
 
         hint = failure_hint(result.run_dir)
         if hint:
-            click.echo(f"hermetic: hint: {hint}", err=True)
+            click.echo(f"hermetic: hint: {escape.shown(hint)}", err=True)
 
 
 def _seed_group(cfg, paths, template, seeds: list[int], as_json: bool, log, progress, mlflow=None) -> int:
@@ -155,7 +156,7 @@ def _seed_group(cfg, paths, template, seeds: list[int], as_json: bool, log, prog
         ci = st.get("ci95")
         interval = f"[{ci[0]:.6g}, {ci[1]:.6g}]" if ci else "n/a"
         sd = f"{st['sd']:.3g}" if st.get("sd") is not None else "n/a"
-        click.echo(f"  {metric}: mean {st['mean']:.6g}  sd {sd}  95% CI {interval}  (n={st['n']})")
+        click.echo(f"  {escape.shown(metric)}: mean {st['mean']:.6g}  sd {sd}  95% CI {interval}  (n={st['n']})")
     if not metrics:
         from hermetic.record.group import NOTHING_TO_COMPARE_FLAG
 
@@ -164,7 +165,7 @@ def _seed_group(cfg, paths, template, seeds: list[int], as_json: bool, log, prog
                    "/outputs/metrics.jsonl)" + ("" if wrote_nothing else
                                                 "; compare members' outputs with `hermetic diff`"))
     for flag in result.group.get("flags") or []:
-        click.echo(f"hermetic: warning: {flag}", err=True)
+        click.echo(f"hermetic: warning: {escape.shown(flag)}", err=True)
     return export_after_run(mlflow, [result.group_json.parent], result.exit_code)
 
 
@@ -194,9 +195,10 @@ def replay(run_ref: str, config_path: str | None, data: tuple[str, ...], engine:
       hermetic replay runs/20261129-214500-1a2b3c
       hermetic replay --data synth=/scratch/synth runs/20261129-214500-1a2b3c   # the data moved
     """
+    from hermetic.cli.runs_common import reading
+    from hermetic.core.paths import cache_paths
     from hermetic.diff import diff_paths
     from hermetic.diff.render import render
-    from hermetic.core.paths import cache_paths
     from hermetic.record import load_record
     from hermetic.record.locate import resolve_ref
     from hermetic.run.replay import replay_request
@@ -205,15 +207,17 @@ def replay(run_ref: str, config_path: str | None, data: tuple[str, ...], engine:
     keep_running_without_a_terminal()
 
     run_dir = resolve_ref(run_ref, None, config_path)
-    record = load_record(run_dir)
     paths = cache_paths()
     argv = ["hermetic", *sys.argv[1:]]
-    cfg, req = replay_request(run_dir, record, paths, echo=not as_json, argv=argv, data_paths=parse_data(data))
-    recorded = ((record.get("invocation") or {}).get("engine") or {}).get("name")
+    with reading(run_dir):
+        record = load_record(run_dir)
+        cfg, req = replay_request(run_dir, record, paths, echo=not as_json, argv=argv, data_paths=parse_data(data))
+        recorded = ((record.get("invocation") or {}).get("engine") or {}).get("name")
     req = dataclasses.replace(req, engine=engine or recorded or None)
     log, progress = run_log(not as_json)
     result = execute(cfg, paths, req, log=log, progress=progress)
-    d = diff_paths(run_dir, result.run_dir)
+    with reading(run_dir, result.run_dir):
+        d = diff_paths(run_dir, result.run_dir)
     if as_json:
         emit_json({"replay": result.run_id, "original": record["record"]["run_id"], "diff": d.to_json()})
     else:

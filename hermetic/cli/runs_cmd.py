@@ -1,9 +1,7 @@
 """``hermetic runs``: list recorded runs and seed groups, newest first; ``runs show ID``: one record.
 
-Listing reads runs/.index.jsonl (one line per run, kept by write_record) plus
-one directory listing, never the run.json files themselves, so 10,000 runs
-list in well under a second. Only click and the standard library are imported
-on that path; pydantic is loaded by ``show`` (which validates the record).
+Listing reads runs/.index.jsonl and one directory listing, never run.json, on click and the standard library
+alone; ``show`` validates the record. What a record says is escaped before it is shown (hermetic.core.escape).
 """
 
 from __future__ import annotations
@@ -16,8 +14,9 @@ import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
 from hermetic.cli.logs_cmd import wait
-from hermetic.cli.runs_common import remember_location, runs_dir_option, runs_location
+from hermetic.cli.runs_common import reading, remember_location, runs_dir_option, runs_location
 from hermetic.cli.runs_tools_cmd import export_cmd, plot_cmd
+from hermetic.core.escape import shown, shown_tree
 from hermetic.record.locate import resolve_ref, runs_root
 
 KEY_METRICS = ("val_loss", "test_loss", "loss", "train_loss", "val_accuracy", "val_acc", "test_acc", "accuracy", "acc",
@@ -88,7 +87,7 @@ def reap_listed_orphans(entries: list[dict[str, Any]], *, by: str) -> bool:
 
     reaped = reap_orphans(by=by, run_ids=candidates)
     for r in reaped:
-        click.echo(f"hermetic: note: {r.note}", err=True)
+        click.echo(f"hermetic: note: {shown(r.note)}", err=True)
     return any(r.sealed for r in reaped)
 
 
@@ -98,7 +97,7 @@ def emit_json_list(entries: list[dict[str, Any]]) -> None:
     import json
 
     body = ",\n".join(json.dumps(e, ensure_ascii=False) for e in entries)
-    sys.stdout.write(f"[\n{body}\n]\n" if entries else "[]\n")
+    sys.stdout.write(shown(f"[\n{body}\n]\n", "json") if entries else "[]\n")
 
 
 def key_metric(final: dict[str, Any]) -> str | None:
@@ -151,7 +150,7 @@ _STATUS_COLOUR = {"succeeded": "green", "failed": "red", "interrupted": "yellow"
 def format_table(entries: list[dict[str, Any]], *, colour: bool) -> str:
     """Plain aligned columns (a rich Table takes seconds for 10,000 rows)."""
     header = ["ID", "STARTED (UTC)", "STATUS", "IMAGE", "DATA", "METRIC"]
-    rows = [format_row(e) for e in entries]
+    rows = [[shown(c) for c in format_row(e)] for e in entries]
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(5)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header[:5], widths, strict=True)) + "  METRIC"]
     for r in rows:
@@ -187,6 +186,11 @@ def show(ctx: click.Context, run_id: str, no_rehash: bool, runs_dir: str | None,
       hermetic runs show 20261129-2145 --json | jq .metrics.final
     """
     ref_dir = resolve_ref(run_id, *runs_location(ctx, runs_dir, config_path))
+    with reading(ref_dir):
+        _show(ref_dir, no_rehash, as_json)
+
+
+def _show(ref_dir: Path, no_rehash: bool, as_json: bool) -> None:
     from hermetic.record.index import is_group_dir
 
     if is_group_dir(ref_dir):
@@ -196,7 +200,7 @@ def show(ctx: click.Context, run_id: str, no_rehash: bool, runs_dir: str | None,
         if as_json:
             emit_json(group)
         else:
-            click.echo(format_group(group, ref_dir))
+            click.echo(format_group(shown_tree(group), Path(shown(ref_dir))))
         return
     from hermetic.record.rundir import load_record
     from hermetic.record.verify import check_outputs
@@ -206,7 +210,7 @@ def show(ctx: click.Context, run_id: str, no_rehash: bool, runs_dir: str | None,
     if as_json:
         emit_json(record)
     else:
-        click.echo(format_record(record, ref_dir, check))
+        click.echo(format_record(shown_tree(record), Path(shown(ref_dir)), check))
     if check is not None and not check.as_recorded:
         from hermetic.core.errors import IntegrityError
 
@@ -284,10 +288,10 @@ def format_record(record: dict[str, Any], run_dir: Path, check: Any = None) -> s
     lines.append(_line("hardware", _hardware_text(r.hardware)))
     files, volatile = r.outputs.files, set(r.outputs.volatile or [])
     names = sorted(files, key=lambda p: (p in volatile, p))
-    shown = ", ".join(p + (" (volatile)" if p in volatile else "") for p in names[:4])
-    shown += f", +{len(names) - 4} more" if len(names) > 4 else ""
+    listed = ", ".join(p + (" (volatile)" if p in volatile else "") for p in names[:4])
+    listed += f", +{len(names) - 4} more" if len(names) > 4 else ""
     lines.append(_line("outputs", f"{len(files)} files, {sum(f.size for f in files.values())} bytes"
-                       + (f": {shown}" if names else "")))
+                       + (f": {listed}" if names else "")))
     metric_text = ", ".join(f"{k}={_num(v)}" for k, v in r.metrics.final.items()) or "none"
     steps = r.metrics.steps
     lines.append(_line("metrics", metric_text + (f"  (steps {steps})" if steps is not None else "")))
@@ -300,8 +304,8 @@ def _rehash_text(check: Any) -> str:
     if check is None:
         return "output files not rehashed"
     if not check.as_recorded:
-        return click.style("outputs differ from the record: " + "; ".join(check.problems()[:3]), fg="red")
-    added = f"; {len(check.added)} not in the record: {', '.join(check.added[:3])}" if check.added else ""
+        return click.style("outputs differ from the record: " + shown("; ".join(check.problems()[:3])), fg="red")
+    added = f"; {len(check.added)} not in the record: {shown(', '.join(check.added[:3]))}" if check.added else ""
     return (f"{check.files} output files rehashed, as recorded: {check.hashed} read, {check.cached} from the stat "
             f"cache{added}")
 
@@ -417,7 +421,8 @@ def verify_cmd(ctx: click.Context, refs: tuple[str, ...], runs_dir: str | None, 
         root = runs_root(runs_dir, config_path)
         dirs = _all_run_dirs(root)
         where = str(root)
-    results = [verify_run(d) for d in dirs]
+    with reading(*dirs):
+        results = [verify_run(d) for d in dirs]
     checked = [r for r in results if r.status != "skipped"]
     differ = [r for r in checked if not r.ok]
     if as_json:
@@ -436,16 +441,16 @@ def verify_cmd(ctx: click.Context, refs: tuple[str, ...], runs_dir: str | None, 
 
 
 def _verify_line(r: Any) -> str:
-    name = r.run_id or r.run_dir.name
+    name = shown(r.run_id or r.run_dir.name)
     if r.status == "skipped":
-        return f"{click.style('skipped', dim=True)}  {name}: {r.skipped}"
+        return f"{click.style('skipped', dim=True)}  {name}: {shown(r.skipped)}"
     if r.ok:
         o = r.outputs
         return (f"{click.style('ok', fg='green')}       {name}  ({o.files} outputs: {o.hashed} read, {o.cached} "
                 "from the stat cache)")
-    shown = "\n".join(f"           {p}" for p in r.problems[:20])
+    problems = "\n".join(f"           {shown(p)}" for p in r.problems[:20])
     more = f"\n           ... and {len(r.problems) - 20} more (--json lists all)" if len(r.problems) > 20 else ""
-    return f"{click.style('DIFFERS', fg='red', bold=True)}  {name}\n{shown}{more}"
+    return f"{click.style('DIFFERS', fg='red', bold=True)}  {name}\n{problems}{more}"
 
 
 def _all_run_dirs(root: Path) -> list[Path]:

@@ -1,10 +1,7 @@
 """``hermetic runs export`` (to MLflow) and ``hermetic runs plot``, and ``hermetic diff --plot``'s option.
 
-Added to the ``runs`` group by hermetic/cli/runs_cmd.py (this module does
-not import that one). Only click is imported until a command runs; mlflow
-and matplotlib (the extras hermetic[mlflow] and hermetic[plots]) are
-imported by hermetic.integrations and hermetic.figures when an export or a
-figure starts.
+Added to the ``runs`` group by cli/runs_cmd.py; mlflow and matplotlib are imported when an export or a figure
+starts.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ import click
 
 from hermetic.cli.common import config_option, emit_json, json_option
 from hermetic.cli.mlflow_opt import MlflowCommand, mlflow_option
-from hermetic.cli.runs_common import runs_dir_option, runs_location
+from hermetic.cli.runs_common import reading, runs_dir_option, runs_location
 from hermetic.record.locate import resolve_ref, runs_root
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -65,6 +62,7 @@ def export_cmd(ctx: click.Context, refs: tuple[str, ...], mlflow_uri: str | None
       hermetic runs export --mlflow=./mlruns --experiment mnist --json
     """
     from hermetic.core.errors import UsageError
+    from hermetic.core.escape import shown
     from hermetic.integrations.mlflow import MlflowExporter, tracking_uri
 
     if mlflow_uri is None:
@@ -76,12 +74,13 @@ def export_cmd(ctx: click.Context, refs: tuple[str, ...], mlflow_uri: str | None
     exporter = MlflowExporter(uri, experiment=experiment)
     results = []
     for path in paths:
-        r = exporter.export(path)
+        with reading(path):
+            r = exporter.export(path)
         results.append(r)
         if not as_json:
             for x in [r, *r.children]:
-                click.echo(f"{x.id}  {'created' if x.created else 'updated'}  mlflow run {x.mlflow_run_id}  "
-                           f"{x.metrics_logged} metric points" + (f"  {x.url}" if x.url else ""))
+                click.echo(shown(f"{x.id}  {'created' if x.created else 'updated'}  mlflow run {x.mlflow_run_id}  "
+                                 f"{x.metrics_logged} metric points" + (f"  {x.url}" if x.url else "")))
     if as_json:
         emit_json({"tracking_uri": uri, "exported": [r.to_json() for r in results]})
     elif not results:
@@ -143,11 +142,12 @@ def plot_or_note(paths: list[Path], output: str) -> dict[str, Any]:
     run, a series that cannot be read): the diff's verdict and exit code stand either way. The JSON that
     ``diff --json`` shows under ``plot``: PlotResult's, or ``{"path": None, "note": ...}``."""
     from hermetic.core.errors import HermeticError
+    from hermetic.core.escape import shown
 
     try:
         return write_plot(paths, output).to_json()
     except HermeticError as e:
-        click.echo(f"hermetic: note: no plot written: {e.message}", err=True)
+        click.echo(f"hermetic: note: no plot written: {shown(e.message)}", err=True)
         return {"path": None, "note": e.message}
 
 
@@ -155,6 +155,8 @@ def write_plot(paths: list[Path], output: str, *, metrics: list[str] | None = No
     from hermetic.figures.runs import plot
 
     result = plot(paths, output, metrics=metrics)
+    from hermetic.core.escape import shown
+
     curves = ", ".join(f"{m}: {n}" for m, n in result.to_json()["curves"].items())
-    click.echo(f"wrote {result.path} ({curves} curves)", err=True)
+    click.echo(shown(f"wrote {result.path} ({curves} curves)"), err=True)
     return result

@@ -1,17 +1,8 @@
 """``hermetic diff``: why two runs (or two multi-seed groups) differ, or that they do not.
 
-Entry points:
-
-- ``diff_paths(dir_a, dir_b, rtol=, atol=) -> RunDiff | GroupDiff``: loads, detects groups, compares.
-- ``diff_runs(dir_a, dir_b, ...) -> RunDiff``: the run directories checked against their records first
-  (hermetic.record.verify: a changed or missing output refuses, exit 65); ``diff_records(rec_a, rec_b, ...)``
-  (pure).
-- ``diff_runs`` also reads, for each output file whose bytes differ and whose name says JSON, YAML or a pickle,
-  what differs inside it (hermetic.diff.contents: through hermetic.hostfs.safetree, bounded, a pickle read with every
-  class a name, nothing of it imported or called), so the verdict can tell wall-clock fields
-  (``train_runtime``) from a different computation.
-- ``result.verdict`` (kind, line, causes, knobs_not_set, exit_code), ``result.to_json()``,
-  ``hermetic.diff.render.render(result)`` for the terminal.
+``diff_paths`` (runs or groups), ``diff_runs`` (the directories checked against their records first, and what
+differs inside changed output files: hermetic.diff.contents), ``diff_records`` (pure); ``result.verdict``,
+``result.to_json()``, and hermetic.diff.render for the terminal.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Comparing two run records section by section, in causal order (pure functions).
 
-Causal order is the order in which a difference would explain the next:
-image and packages, code, config, data, seed, environment variables (the
-inputs), then software, driver and GPU, CPU and BLAS (the machine), then the
-outputs. Each comparison marks a change ``material`` when it can change what
-the program computes; values that merely restate another section (the image
-ID restates the packages; the config's ``determinism.seed`` restates the seed)
-or that cannot change results (a branch name, a GPU's UUID) are listed but
-not material.
+Inputs (image, code, config, data, seed, env), then the machine (software, GPU, CPU), then the outputs. A change
+is ``material`` when it can change what the program computes; one that restates another section or cannot
+change results (a branch name, a GPU's UUID) is listed, not material.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """What differs inside two output files whose bytes differ: JSON, YAML and pickles compared as structures.
 
-Two runs of Hugging Face's Trainer differ in wall-clock figures
-(``train_runtime``, ``*_per_second``, the start time in ``training_args.bin``)
-while every weight is bitwise identical. Bytes alone say "6 files differ";
-this module says which keys, and which of them are wall-clock by nature
-(hermetic.diff.wallclock), so the verdict can tell a timing figure from a
-different computation.
-
-A script wrote these files, so they are untrusted: each is opened only through
-hermetic.hostfs.safetree (regular files only, no link followed, at most
-MAX_CONTENT_BYTES), checked against the sha256 its record holds, and read
-only when that sha256 differs between the runs and its name says JSON, YAML or
-a pickle (``.pt`` and ``.bin``: the bytes decide). A pickle is read by
-hermetic.diff.pickles (nothing imported, nothing called), torch.save's zip
-archives with zipfile, bounded the same way; the structures are compared by
-hermetic.diff.trees. Whatever cannot be read so is compared as bytes, with a
-note saying why.
+So the verdict can tell a wall-clock figure (``train_runtime``) from a different computation. The files are
+untrusted: opened through hermetic.hostfs.safetree (regular, no link followed, MAX_CONTENT_BYTES), checked
+against their recorded sha256; pickles by hermetic.diff.pickles, torch's zips by zipfile, trees by
+hermetic.diff.trees. What cannot be read so is compared as bytes, with a note.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """How two runs were spread over processes: world size, backend and its version, the rank map (pure).
 
-A record without a ``distributed`` section ran as one plain process: world
-size 1, no backend, rank 0 on the run's device. Material: the world size (and
-how it splits into nodes x processes), the backend and its version, and the
-rank map (which node, local rank and device each rank had: rank-to-GPU order
-changes results, nccl#23), and the NCCL_*/GLOO_* variables. Not material:
-the rendezvous endpoint, where logs went, the GPUs' identities (UUID, PCI bus;
-the GPU section judges the cards) and the per-rank seeds, which follow from
-the seed and the world size by the runtime's rule.
+No ``distributed`` section is one process. Material: world size and its split, backend and version, the rank
+map (rank-to-GPU order changes results), NCCL_*/GLOO_* variables; not: the rendezvous, log places, GPU
+identities and per-rank seeds (they follow from the seed).
 """
 
 from __future__ import annotations

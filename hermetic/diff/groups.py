@@ -1,12 +1,7 @@
 """Comparing two multi-seed groups: is the difference of means bigger than seed noise?
 
-Per metric, Welch's two-sided t-test at the 5% level on the members'
-final values (hermetic.core.stats.welch): "within seed noise" when it is not
-significant. Welch rather than interval overlap because two 95% intervals
-can overlap while the difference is still significant (overlap is a ~99%
-test), and Welch does not assume both groups vary equally. The groups'
-inputs are compared through their first members (the seed left out: that is
-what a group varies), so the verdict can say what was changed.
+Welch's two-sided t-test at 5% on the members' final values (hermetic.core.stats.welch): interval overlap is a
+~99% test, and Welch does not assume equal variances. Inputs are compared through the first members, seed left out.
 """
 
 from __future__ import annotations
@@ -45,8 +40,7 @@ class GroupDiff:
             "verdict": asdict(self.verdict),
             "method": "Welch's t-test, two-sided, 5% level, on each metric's per-seed final values",
             "metrics": [asdict(m) for m in self.metrics],
-            "inputs": [{"name": s.name, "title": s.title, "role": s.role, "differs": s.differs,
-                        "summary": s.summary(99), "changes": [asdict(c) for c in s.changes]} for s in self.inputs],
+            "inputs": [s.to_json() for s in self.inputs],
             "notes": self.notes,
         }
 

@@ -1,9 +1,6 @@
 """The dataset manifest copies a run keeps in data/<name>.sha256, for per-file data diffs.
 
-Parsing is hermetic.data.manifest's (``sha256sum -c`` / BagIt format, with
-its escapes); this module only adapts it to the diff: a missing or malformed
-copy yields None (the diff then reports the manifest digests without
-per-file detail instead of failing), and comparison works on plain dicts.
+Parsed by hermetic.data.manifest; a missing or malformed copy is None (the digests are compared without detail).
 """
 
 from __future__ import annotations

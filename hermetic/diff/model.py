@@ -14,16 +14,8 @@ VerdictKind = Literal["identical", "wall_clock", "nothing_compared", "nondetermi
 
 @dataclass(frozen=True)
 class Change:
-    """One difference: ``key`` in ``section`` went from ``a`` to ``b``.
-
-    ``material`` changes can explain different outputs; the others are
-    listed for context (a branch name, a repo digest, a GPU's UUID...).
-    Changes that are not ``headline`` (an image ID, a tree digest) restate
-    the others and are named in summaries only when nothing else differs.
-    An ``effect`` is what the runtime reported about the run (which modules
-    it seeded, torch's flags at exit): a consequence of the inputs, ranked
-    after every real input.
-    """
+    """One difference: ``key`` in ``section`` went from ``a`` to ``b``; ``material`` when it can explain different
+    outputs (else context: a branch name, a GPU's UUID)."""
 
     section: str
     key: str
@@ -66,6 +58,11 @@ class SectionDiff:
         if len(notes) > limit:
             return "; ".join(notes[:limit]) + f"; +{len(notes) - limit} more"
         return "; ".join(notes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "role": self.role, "differs": self.differs,
+                "summary": self.summary(99), "same_as": self.same_as, "warnings": self.warnings,
+                "changes": [asdict(c) for c in self.changes]}
 
 
 @dataclass(frozen=True)
@@ -227,14 +224,8 @@ def _status(s: tuple[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The first line of the diff and the exit code it implies.
-
-    kind: ``identical`` (exit 0), ``wall_clock`` (exit 0: every output the
-    same but for wall-clock fields such as a run's duration), ``nondeterminism``
-    (same inputs, same machine kind, outputs differ), ``environment`` (same
-    inputs, different hardware/software, outputs differ), ``inputs`` (an input
-    differs).
-    """
+    """The first line of the diff and the exit code it implies (``kind``: VerdictKind; docs/run-record.md,
+    "Verdicts")."""
 
     kind: VerdictKind
     line: str
@@ -280,11 +271,7 @@ class RunDiff:
             "a": self.a,
             "b": self.b,
             "verdict": asdict(self.verdict),
-            "sections": [
-                {"name": s.name, "title": s.title, "role": s.role, "differs": s.differs, "summary": s.summary(99),
-                 "same_as": s.same_as, "warnings": s.warnings, "changes": [asdict(c) for c in s.changes]}
-                for s in self.sections
-            ],
+            "sections": [s.to_json() for s in self.sections],
             "outputs": {
                 "identical": self.outputs.identical,
                 "status": {"a": list(self.outputs.status[0]), "b": list(self.outputs.status[1])},

@@ -1,34 +1,10 @@
 """A pickle read as a structure without running it: ``pickle.Unpickler`` with every global a name.
 
-A script wrote the pickle, so nothing in it may run. The stdlib's unpickler
-parses it, and what it would import and call is replaced the documented way
-(Python docs, pickle, "Restricting Globals"): ``find_class`` returns a
-stand-in class that holds only the dotted name it was asked for
-(``transformers.training_args.TrainingArguments``), nothing imported;
-calling a stand-in (REDUCE, INST, OBJ) or its ``__new__`` (NEWOBJ,
-NEWOBJ_EX) records the call as an ``_Obj`` (the callable and its arguments),
-on which BUILD's state and the items SETITEMS/APPENDS add are recorded, not
-set; ``persistent_load`` (torch's storages) keeps the id as a ``_Persistent``.
-No class of the pickle is built and no function of it called: the only code
-that runs is the unpickler's and these stand-ins'.
-
-The opcodes are walked once with ``pickletools.genops`` before the unpickler
-sees them (``_scan``), so that what it would take on trust is bounded first:
-at most MAX_PICKLE_OPS opcodes, every argument complete (a length beyond the
-data is refused before anything is allocated for it), a memo index at most
-MAX_PICKLE_OPS (the unpickler's memo is an array that long), MARKs and the
-stack consistent, tuples nested at most MAX_TUPLE_NESTING deep (hashing one,
-as a dict key or a set member, recurses in C without a guard: a deeper one
-would crash the process), and no extension code (EXT1/2/4: copyreg's registry
-and its cache belong to the process, and a cached entry skips
-``find_class``). At most MAX_GLOBALS names become stand-ins.
-
-What was read becomes plain data (``_plain``): dicts, lists, strings and
-numbers; a class or function its dotted name; an object the dict
-``{"__class__": name, **its state}``, or the text ``name(args)`` when it has
-no state (an enum member, a datetime, a tensor rebuilt from its storage); a
-persistent id ``<persistent ...>``; a container met again on its own path
-``<cycle>``; at most MAX_VALUES nodes, MAX_DEPTH deep.
+``find_class`` returns stand-ins holding only the dotted name (Python docs, pickle, "Restricting Globals");
+calls, BUILD state and SETITEMS/APPENDS are recorded on ``_Obj``s, never done. ``_scan`` walks the opcodes
+first and bounds what the unpickler takes on trust (MAX_PICKLE_OPS, arguments complete, memo indexes, MARKs,
+MAX_TUPLE_NESTING, no EXT codes, MAX_GLOBALS); ``_plain`` turns the result into dicts, lists and scalars
+(MAX_VALUES nodes, MAX_DEPTH deep).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The diff for a terminal: verdict first, one line per section, details where they differ.
 
-Styles go through click.style; click.echo drops them when stdout is not a
-terminal, so piped output is plain text.
+What the records say is escaped (hermetic.core.escape) before it is styled; click.echo drops the styles when stdout
+is not a terminal.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from hermetic.core.escape import shown
 from hermetic.diff.compare import short
 from hermetic.diff.groups import GroupDiff, fmt_stats
 from hermetic.diff.model import RunDiff, SectionDiff
@@ -25,22 +26,22 @@ def render(result: RunDiff | GroupDiff) -> str:
 
 
 def _verdict(v: Any) -> str:
-    return click.style(v.line, fg=_VERDICT_COLOUR.get(v.kind, "red"), bold=True)
+    return click.style(shown(v.line), fg=_VERDICT_COLOUR.get(v.kind, "red"), bold=True)
 
 
 def render_runs(d: RunDiff) -> str:
-    lines = [_verdict(d.verdict), f"  A {d.a}", f"  B {d.b}", ""]
+    lines = [_verdict(d.verdict), f"  A {shown(d.a)}", f"  B {shown(d.b)}", ""]
     width = max(len(s.title) for s in d.sections)
     for s in d.sections:
         lines += _section_lines(s, width)
     lines += _outputs_lines(d, width)
     if d.logs is not None:
-        lines.append(f"  {'logs'.ljust(width)}  {click.style(d.logs.summary(), dim=True)}  (context, not the verdict)")
-    shown = {w for s in d.sections for w in s.warnings}  # already printed under their section
-    notes = [n for n in d.verdict.notes if n not in shown]
+        lines.append(f"  {'logs'.ljust(width)}  {click.style(shown(d.logs.summary()), dim=True)}  (context, not the verdict)")
+    printed = {w for s in d.sections for w in s.warnings}  # already under their section
+    notes = [n for n in d.verdict.notes if n not in printed]
     if notes:
         lines.append("")
-        lines += [click.style(f"note: {n}", fg="yellow") for n in notes]
+        lines += [click.style(f"note: {shown(n)}", fg="yellow") for n in notes]
     return "\n".join(lines)
 
 
@@ -48,22 +49,22 @@ def _section_lines(s: SectionDiff, width: int) -> list[str]:
     title = s.title.ljust(width)
     if s.differs:
         colour = "red" if s.role == "input" else "yellow"
-        head = f"  {title}  {click.style('differs', fg=colour, bold=True)}  {s.summary(2)}"
+        head = f"  {title}  {click.style('differs', fg=colour, bold=True)}  {shown(s.summary(2))}"
         if s.only_effects:  # which modules the runtime seeded: follows from the inputs above
             head += click.style("  (reported by the runtime: a consequence)", dim=True)
     else:
         extra = f"  {click.style(f'({len(s.changes)} immaterial)', dim=True)}" if s.changes else ""
-        head = f"  {title}  {click.style('same   ', fg='green')}  {s.same_as}{extra}"
+        head = f"  {title}  {click.style('same   ', fg='green')}  {shown(s.same_as)}{extra}"
     out = [head]
     if s.differs:
-        shown = s.changes[:DETAIL_LIMIT]
-        for c in shown:
-            text = f"      {_KIND_MARK[c.kind]} {c.note}"
+        listed = s.changes[:DETAIL_LIMIT]
+        for c in listed:
+            text = f"      {_KIND_MARK[c.kind]} {shown(c.note)}"
             out.append(text if c.material else click.style(text + "  (immaterial)", dim=True))
-        if len(s.changes) > len(shown):
-            out.append(f"      ... {len(s.changes) - len(shown)} more (--json lists all)")
+        if len(s.changes) > len(listed):
+            out.append(f"      ... {len(s.changes) - len(listed)} more (--json lists all)")
     for w in s.warnings:
-        out.append(click.style(f"      ! {w}", fg="yellow"))
+        out.append(click.style(f"      ! {shown(w)}", fg="yellow"))
     return out
 
 
@@ -71,20 +72,20 @@ def _outputs_lines(d: RunDiff, width: int) -> list[str]:
     o = d.outputs
     title = "outputs".ljust(width)
     if o.identical:
-        return [f"  {title}  {click.style('same   ', fg='green')}  {o.summary()}"]
+        return [f"  {title}  {click.style('same   ', fg='green')}  {shown(o.summary())}"]
     colour = ("yellow", False) if o.only_wall_clock_differs else ("red", True)
-    out = [f"  {title}  {click.style('differ ', fg=colour[0], bold=colour[1])}  {o.summary()}"]
+    out = [f"  {title}  {click.style('differ ', fg=colour[0], bold=colour[1])}  {shown(o.summary())}"]
     # what differs inside a file first (a real value before a timing field), then the rest
     files = sorted((f for f in o.compared_files if f.status != "equal"), key=o.wall_clock_only)
     for f in files[:DETAIL_LIMIT]:
         inside = o.contents.get(f.path)
         if f.status == "changed" and inside is not None:
-            text = f"      ~ {f.path}  {inside.summary()}"
+            text = f"      ~ {shown(f.path)}  {shown(inside.summary())}"
             out.append(click.style(text, dim=True) if inside.wall_clock_only else text)
         elif f.status == "changed":
-            out.append(f"      ~ {f.path}  {short(f.a, 8)} -> {short(f.b, 8)}")
+            out.append(f"      ~ {shown(f.path)}  {shown(short(f.a, 8))} -> {shown(short(f.b, 8))}")
         else:
-            out.append(f"      {'-' if f.status == 'only_a' else '+'} {f.path}  only in {'A' if f.status == 'only_a' else 'B'}")
+            out.append(f"      {'-' if f.status == 'only_a' else '+'} {shown(f.path)}  only in {'A' if f.status == 'only_a' else 'B'}")
     if len(files) > DETAIL_LIMIT:
         out.append(f"      ... {len(files) - DETAIL_LIMIT} more files (--json lists all)")
     for m in o.metrics:
@@ -95,7 +96,7 @@ def _outputs_lines(d: RunDiff, width: int) -> list[str]:
         delta = f", |Δ| {m.abs_diff:.3g}" if m.abs_diff is not None else ""
         rel = f", rel {m.rel_diff:.3g}" if m.rel_diff is not None else ""
         colour = "yellow" if m.status == "close" else "red"
-        out.append(f"      {m.name} {short(m.a)} -> {short(m.b)}  "
+        out.append(f"      {shown(m.name)} {shown(short(m.a))} -> {shown(short(m.b))}  "
                    + click.style(label, fg=colour) + f"{delta}{rel}")
     if o.metrics:  # the tolerance is for metrics; files are equal or not
         tol = d.tolerance
@@ -104,8 +105,8 @@ def _outputs_lines(d: RunDiff, width: int) -> list[str]:
 
 
 def render_groups(d: GroupDiff) -> str:
-    lines = [_verdict(d.verdict), f"  A {d.a}", f"  B {d.b}", ""]
-    width = max([len(m.name) for m in d.metrics] + [6])
+    lines = [_verdict(d.verdict), f"  A {shown(d.a)}", f"  B {shown(d.b)}", ""]
+    width = max([len(shown(m.name)) for m in d.metrics] + [6])
     lines.append(f"  {'metric'.ljust(width)}  {'A: mean ± sd (n)':<28}  {'B: mean ± sd (n)':<28}  verdict")
     for m in d.metrics:
         label = {"within_noise": ("within seed noise", "green"), "beyond_noise": ("beyond seed noise", "red"),
@@ -114,7 +115,7 @@ def render_groups(d: GroupDiff) -> str:
         extra = ""
         if m.test and m.test.get("t") is not None:
             extra = f"  (t={m.test['t']:.3g}, df={m.test['df']:.3g}, crit {m.test['t_crit']:.3g})"
-        lines.append(f"  {m.name.ljust(width)}  {fmt_stats(m.a):<28}  {fmt_stats(m.b):<28}  "
+        lines.append(f"  {shown(m.name).ljust(width)}  {fmt_stats(m.a):<28}  {fmt_stats(m.b):<28}  "
                      + click.style(label[0], fg=label[1]) + extra)
     if d.inputs:
         lines.append("")
@@ -124,5 +125,5 @@ def render_groups(d: GroupDiff) -> str:
             lines += _section_lines(s, w)
     if d.notes:
         lines.append("")
-        lines += [click.style(f"note: {n}", fg="yellow") for n in d.notes]
+        lines += [click.style(f"note: {shown(n)}", fg="yellow") for n in d.notes]
     return "\n".join(lines)

@@ -1,10 +1,7 @@
-"""What differs between two plain trees (dicts, lists, scalars: what JSON, YAML or a pickle was read into).
+"""What differs between two plain trees (what JSON, YAML or a pickle was read into).
 
-``diff_trees`` flattens both to ``{"log_history[3].train_runtime": leaf}``
-and yields a FieldChange for every key whose leaves differ, each marked
-wall-clock or not (hermetic.diff.wallclock). Bounded: at most MAX_VALUES
-nodes walked (a YAML alias or a pickle's memo can make a small file a huge
-tree), parts nested deeper than MAX_DEPTH compared whole.
+``diff_trees`` flattens both (``log_history[3].train_runtime``) and yields a FieldChange per differing leaf,
+marked wall-clock or not; at most MAX_VALUES nodes, parts deeper than MAX_DEPTH compared whole.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The verdict: one line that says whether two runs are the same and, if not, the likeliest why.
 
-The kinds (docs/run-record.md, "Verdicts", has every line and its exit
-code): a dataset that changed while a run read it is the one cause named,
-whatever the outputs say. With equal inputs: ``bitwise identical``,
-``identical except wall-clock fields`` (with the ``run.outputs.volatile``
-line that keeps those files without comparing them), ``nothing to compare``
-(never a success), files that differ only in their names, nondeterminism
-(naming the knobs not set) or different hardware. Otherwise ``inputs
-differ``, the likeliest cause first in causal order and what the runtime
-reported (consequences) after every real input.
-
-Exit code: 0 for identical (wall-clock fields aside), EXIT_NOTHING_COMPARED
-when nothing was compared, 1 (EXIT_DIFFERENT) for anything else.
+Every line and its exit code: docs/run-record.md, "Verdicts". A dataset that changed while read is the one
+cause named; equal inputs give identical, identical but wall-clock, nothing compared, renamed files,
+nondeterminism or other hardware; else "inputs differ", in causal order.
 """
 
 from __future__ import annotations
@@ -28,13 +19,8 @@ from hermetic.config.seedargs import has_placeholder
 
 
 def knobs_not_set(record: Run) -> list[str]:
-    """The determinism settings this run lacked (empty when all the known ones were set).
-
-    Environment: CUBLAS_WORKSPACE_CONFIG (:4096:8 or :16:8), PYTHONHASHSEED
-    (a number, set before the interpreter starts), the BLAS/OpenMP thread
-    counts. In-process, when the run used torch: deterministic algorithms on,
-    cudnn.benchmark off; and any in-process seeding at all (seed.applied).
-    """
+    """The determinism settings this run lacked: CUBLAS_WORKSPACE_CONFIG, PYTHONHASHSEED, the BLAS/OpenMP
+    threads; with torch, deterministic algorithms on and cudnn.benchmark off; any seeding at all."""
     missing = env_knobs_not_set({**record.env.passed, **record.env.determinism})
     torch = record.software.get("torch")
     applied = record.seed.applied

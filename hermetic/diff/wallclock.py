@@ -1,13 +1,8 @@
 """Which differences measure time or name a host, not a computation: wall-clock fields.
 
-Two runs of Hugging Face's Trainer differ in ``train_runtime`` and
-``*_per_second`` and in ``logging_dir`` (a path holding the start time and the
-container's host name) while every weight is bitwise identical. A key whose
-last name says time (``*runtime*``, ``*_per_second``, ``timestamp``,
-``*_time``, ``*_at``, ``duration``...) or a host (``hostname``, ``host``,
-``node``, ``pid``) is a wall-clock field by name; a string whose only
-difference is a date, a time of day, an epoch time or a container host name
-(``runs/Dec01_22-35-39_a09514e7ee3d``) is one by value.
+By name: a key whose last part says time (``*runtime*``, ``*_per_second``, ``timestamp``, ``*_at``...) or a
+host (``hostname``, ``node``, ``pid``). By value: strings that differ only in a date, a time, an epoch or a
+container host name (``runs/Dec01_22-35-39_a09514e7ee3d``).
 """
 
 from __future__ import annotations

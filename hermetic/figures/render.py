@@ -1,12 +1,7 @@
 """Figures of metric curves: panels of lines over steps, optional bands and marks, to PNG or SVG.
 
-The figure model and its renderer. It knows nothing of runs or records:
-callers (hermetic.figures.runs) turn their data into ``Panel``s. matplotlib
-is the optional extra ``hermetic[plots]``, imported here on first use only,
-through its object API (``Figure`` with the Agg canvas; never pyplot, so no
-GUI backend and no global figure state) and with matplotlib's default style,
-so a user's matplotlibrc cannot change the picture. The same panels give the
-same bytes: no date in the SVG, fixed SVG ids.
+Knows nothing of runs (hermetic.figures.runs makes the ``Panel``s). matplotlib (``hermetic[plots]``) on first
+use, through ``Figure`` and Agg (never pyplot) with its default style; the same panels give the same bytes.
 """
 
 from __future__ import annotations

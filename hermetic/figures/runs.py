@@ -1,16 +1,8 @@
 """Figures of runs and seed groups: ``hermetic runs plot`` (a run's own figure too), ``hermetic diff --plot``.
 
-One panel per metric, one curve per run over its steps (from the run's
-metric series, runs/<id>/metrics/series.jsonl, which hermetic wrote from
-metrics.jsonl, TensorBoard's event files, Lightning's metrics.csv and the
-Trainer's files: hermetic.record.metrics; an older record's
-outputs/metrics.jsonl); a seed group is drawn as the mean of its succeeded
-members at each step with the 95% interval of that mean as a band (mean ±
-t(0.975, n-1)·sd/√n, the interval group.json reports for final values).
-Runs whose curve for a metric is the same, point for point, are drawn once,
-labelled with every run that shares it: two bitwise-identical runs give one
-line. Against the first run, the first step where another run's curve
-differs (a value, or a step one of them lacks) is marked with a dashed line.
+One panel per metric, one curve per run (its metric series, hermetic.record.metrics); a group is the mean of
+its members with the 95% interval of the mean as a band. Identical curves are drawn once, labelled with every
+run; the first step where a run parts from the first run is marked.
 """
 
 from __future__ import annotations

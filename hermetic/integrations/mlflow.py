@@ -1,17 +1,9 @@
 """hermetic runs as MLflow runs: ``hermetic runs export --mlflow`` and ``hermetic run --mlflow``.
 
-Each run becomes one MLflow run (params from the resolved config, metrics
-from the run's metric series, tags for what makes it repeatable, each
-dataset as an input, run.json, README.md and the figure as artifacts); a
-seed group is a parent run holding each metric's summary, its members child
-runs. docs/integrations.md, "MLflow", has the mapping.
-
-Exports are keyed by hermetic's run ID (the tag ``hermetic.run_id``), so
-exporting again adds only what is missing and is safe to repeat. mlflow
-(``hermetic[mlflow]``: mlflow-skinny, without numpy) is imported on first use
-only, and only ``mlflow.entities`` and the tracking client are used
-(``mlflow.data`` needs numpy). An MLflow run this export leaves behind is
-never RUNNING: a failure part-way ends it FAILED.
+A run is one MLflow run (params, metric series, tags, datasets, run.json, README.md, the figure); a seed group a
+parent run with its members as children (docs/integrations.md, "MLflow"). Keyed by the tag ``hermetic.run_id``,
+so exporting again adds only what is missing; a run left behind is never RUNNING. Only ``mlflow.entities``
+and the tracking client are used (mlflow-skinny, no numpy).
 """
 
 from __future__ import annotations
@@ -29,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.core.errors import DataError, HermeticError, MissingExtra, NotFound, Unavailable, UsageError
+from hermetic.core.escape import shown
 from hermetic.record.outputs import nan_key
 from hermetic.record.view import Dataset as DatasetRecord, Run, view
 
@@ -89,7 +82,8 @@ def safe_key(key: str) -> str:
 
 
 def _text(value: Any, limit: int) -> str:
-    s = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+    """A param's or tag's value as the MLflow page shows it: escaped (hermetic.core.escape), cut to MLflow's limit."""
+    s = shown(value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False))
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
@@ -412,7 +406,7 @@ class MlflowExporter:
                 continue
             tags = [InputTag("mlflow.data.context", name), InputTag("hermetic.manifest_sha256", ds.manifest_sha256)]
             if ds.mount:  # hermetic.yaml's mount:, when it has one (`hermetic init` writes none)
-                tags.append(InputTag("hermetic.mount", ds.mount))
+                tags.append(InputTag("hermetic.mount", shown(ds.mount)))
             inputs.append(DatasetInput(entity, tags=tags))
         if inputs:
             self.client.log_inputs(run.info.run_id, datasets=inputs)
@@ -460,11 +454,8 @@ def batches(params: list[Any], tags: list[Any], metrics: list[Any]) -> list[dict
 
 
 def manifest_dataset(name: str, ds: DatasetRecord, project_dir: Path | None):  # -> mlflow.entities.Dataset
-    """A dataset of the record as an MLflow dataset entity: its source the data's local path (what MLflow's
-    own ``local`` source writes, ``{"uri": path}``, so ``mlflow.data.get_source(...)`` reads it back), its
-    digest the manifest sha256 (the first 36 hex digits: MLflow's limit), its profile the file count,
-    bytes and the whole sha256. Built from mlflow.entities alone: mlflow.data needs numpy, which
-    mlflow-skinny (hermetic[mlflow]) does not bring."""
+    """A dataset of the record as an MLflow dataset entity (mlflow.entities alone: mlflow.data needs numpy): its
+    source the local path as MLflow's ``local`` source writes it, its digest the manifest sha256 cut to 36."""
     from mlflow.entities import Dataset
 
     path = Path(ds.path)
@@ -472,7 +463,7 @@ def manifest_dataset(name: str, ds: DatasetRecord, project_dir: Path | None):  #
         path = project_dir / path
     profile = {"files": ds.count, "bytes": ds.bytes, "manifest_sha256": ds.manifest_sha256}
     return Dataset(name=name, digest=ds.manifest_sha256[:MAX_DIGEST], source_type="local",
-                   source=json.dumps({"uri": str(path)}), profile=json.dumps(profile, sort_keys=True))
+                   source=shown(json.dumps({"uri": str(path)}), "json"), profile=json.dumps(profile, sort_keys=True))
 
 
 def project_dir(run_dir: Path, config: dict[str, Any]) -> Path | None:

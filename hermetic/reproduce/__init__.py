@@ -1,15 +1,8 @@
 """``hermetic verify``: rebuild an image from its provenance and compare, digest for digest.
 
-- ``source``: the image, its provenance, SBOM and signature, read and checked
-  (a registry, or the local store).
-- ``rebuild``: hermetic's own build from the provenance alone, in a scratch
-  cache, offline once the base and the wheels (by exact sha256) are in place.
-- ``compare``: which layer differs and why (files inside it), which config key.
-
-Exit status: 0 only when the rebuild has the image's manifest digest;
-``NOT_REPRODUCED`` when it built and differs; a refusal (no provenance, a
-subject or digest that does not match, a bad signature, a wheel no index has,
-another hermetic version) is a HermeticError with its own code (3).
+``source`` reads and checks the image and its attestations, ``rebuild`` builds from the provenance alone,
+``compare`` says which layer, file or config key differs. 0 only for the same manifest digest;
+NOT_REPRODUCED when it differs; a refusal is a HermeticError with its own code.
 """
 
 from __future__ import annotations

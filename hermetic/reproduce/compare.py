@@ -1,10 +1,7 @@
 """Why a rebuilt image differs from the one it should reproduce: per layer, per file, per config key.
 
-Layers are compared by position (the layer plan is part of the provenance);
-for a layer that differs, both tars are read and their entries compared
-(path, type, mode, owner, size, mtime, link target, content sha256), so the
-report names the files, not only the digests. The config is compared key by
-key (labels, env, the rest).
+Layers by position; a differing layer's tar entries compared (path, type, mode, owner, size, mtime, link,
+content sha256); the config key by key.
 """
 
 from __future__ import annotations

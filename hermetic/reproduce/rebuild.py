@@ -1,20 +1,8 @@
-"""Rebuild an image from its provenance alone, in a scratch cache.
+"""Rebuild an image from its provenance alone, in a scratch cache, with hermetic's own build.
 
-The scratch directory holds a project (hermetic.yaml and the lock, written
-from the provenance) and a cache (``HERMETIC_CACHE`` layout); nothing is
-written to the user's store and the image is never loaded into the engine.
-The build is hermetic's own (hermetic/builder/build.py), offline once its
-inputs are in place:
-
-- the base, by manifest digest: from the user's store (verified), else the
-  image's own repository (``hermetic push`` sends the base manifest along),
-  else the registry its reference names;
-- every wheel, by the exact sha256 the provenance names: from the user's wheel
-  store, else the lock's indexes and URLs and pip's configured sources. A file
-  with another sha256 is refused, naming the wheel and its layer.
-
-A provenance made by another hermetic version is refused before anything is
-built (the version is an image label, and the runtime is a layer).
+Nothing is written to the user's store and nothing is loaded into an engine. The base comes by manifest digest
+(the user's store, the image's repository, the base's registry), every wheel by its exact sha256; a provenance
+of another hermetic version is refused before anything is built.
 """
 
 from __future__ import annotations

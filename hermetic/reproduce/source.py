@@ -1,11 +1,8 @@
 """Where ``hermetic verify`` reads an image and its attestations: a registry, or the local store.
 
-Everything is checked on the way in: the manifest and config against their
-digests, each attestation against the digest its referrers list names, and
-each attestation's ``subject`` against the image. The provenance must be
-about exactly the requested digest; an SBOM must be the one the provenance
-names; with ``--key``, a DSSE envelope must verify and carry the provenance's
-exact bytes.
+Checked on the way in: manifest and config against their digests, each attestation against its referrers
+digest and its subject against the image; the SBOM must be the provenance's; with ``--key`` the DSSE envelope
+must verify and carry the provenance's exact bytes.
 """
 
 from __future__ import annotations
