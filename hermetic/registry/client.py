@@ -34,7 +34,7 @@ from hermetic.core.display import escape_controls
 from hermetic.core.errors import EXIT_NOINPUT, IntegrityError
 from hermetic.core.reference import check_digest, is_digest, is_tag
 from hermetic.registry.auth import AuthError, Credentials, scope_for
-from hermetic.registry.deadlines import Timeouts
+from hermetic.registry.deadlines import Timeouts, count_moved
 from hermetic.registry.tokens import Authenticator
 from hermetic.registry.transport import (MAX_SHOWN, RegistryError, TransferStats, Transport, close_answer,
                                          read_answer)
@@ -88,6 +88,7 @@ class _CountingReader:
         self._left -= len(data)
         if data:
             self._on_bytes(len(data))
+        count_moved(len(data), last=self._left <= 0 or not data)
         return data
 
 
