@@ -1,16 +1,6 @@
-"""One registry host over HTTP: each exchange under the deadlines, retried where that is safe.
-
-This module speaks HTTP and nothing else (what to ask for is client.py's,
-how to authenticate tokens.py's). ``Transport.exchange`` sends one request
-under the deadlines of hermetic.registry.deadlines (the clock of the whole
-transfer starts at ``begin``; each request has a Watch), retries what is safe
-to send again (a request that never reached the server; a GET or HEAD that
-broke off or was answered 429/502/503/504, after its Retry-After when that
-is short), and reads the answer up to a size limit: a document over
-MAX_DOCUMENT_BYTES is refused, of an error answer only the start is kept.
-Text from the registry (error bodies, headers) has its control characters
-escaped before it goes into a message (hermetic/core/display.py); the bytes that
-cross the wire are counted (TransferStats) for the benchmarks.
+"""One registry host over HTTP, each exchange under the limits of deadlines.py, retried where that is safe (a
+request that never reached the server; a GET or HEAD that broke off or got 429/502/503/504), the answer read up to
+a size limit; registry text escaped before it goes into a message; the bytes counted (TransferStats).
 """
 
 from __future__ import annotations

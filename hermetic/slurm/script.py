@@ -1,21 +1,7 @@
-"""The sbatch scripts `hermetic submit` writes (pure: text from typed options).
-
-Three scripts, all written into the run's (or group's) ``slurm/`` directory
-before anything is submitted, so what Slurm ran is there to read:
-
-- ``job.sbatch`` (Docker on the nodes): each task runs ``hermetic
-  slurm-task`` on its node, which takes the same steps as `hermetic run` for
-  the member the array task ID selects. Across nodes, ``srun`` starts one
-  such task per node (each starts one container, torchrun inside).
-- ``summary.sbatch``: the dependent job (``afterany`` on the array) that
-  writes the group summary.
-- ``job.sbatch`` for ``--container pyxis``: the training container started by
-  ``srun --container-image=REGISTRY#REPO@sha256:…`` (pyxis/enroot, which pulls
-  and checks the image by digest), between hermetic's record steps on the
-  node (``slurm-task --phase begin`` / ``--phase end``).
-
-Every value is quoted for the shell (shlex.quote); a value with a newline
-cannot become a script line (SbatchOptions refuses it).
+"""The sbatch scripts `hermetic submit` writes into ``slurm/`` before submitting (pure: text from typed options):
+``job.sbatch`` (each task runs ``hermetic slurm-task``; for pyxis, ``srun --container-image`` between the record
+steps) and ``summary.sbatch`` (``afterany`` on the array). Every value is shell-quoted; a line break in an
+option is refused.
 """
 
 from __future__ import annotations

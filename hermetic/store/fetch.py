@@ -1,12 +1,7 @@
-"""``hermetic fetch``: every locked wheel for the target, into the wheel store.
-
-For each locked package the store is consulted first: if a file whose sha256
-the lock allows is already there (and its tags fit the image), nothing is
-fetched, and no network is touched at all. Otherwise sources are tried in
-order (the lock's own file URLs, the lock's indexes, pip's configured
-find-links and indexes); a source that does not answer is skipped with a
-note. Among the files a source offers, the best tag for the image is taken
-whose hash the lock allows; the bytes are hashed on their way into the store.
+"""``hermetic fetch``: every locked wheel for the target into the wheel store. A wheel the store holds is never
+fetched again (no network at all); otherwise the sources in order (the lock's URLs, its indexes, pip's
+find-links and indexes), a silent one skipped with a note; the best tag whose hash the lock allows is hashed on
+its way in.
 """
 
 from __future__ import annotations

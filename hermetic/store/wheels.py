@@ -1,14 +1,6 @@
-"""The wheel store: wheels by sha256, admitted only after their hash is checked.
-
-Layout: ``<root>/sha256/<hex>/<original filename>``. The file name is kept
-because installers read tags and the distribution name from it; the
-directory name is the identity. A file enters through a temp file in
-``<root>/tmp`` and an atomic rename, after its sha256 has been computed from
-the bytes actually written, so a wrong file never appears. The temp file is
-locked by its writer (fsutil.OwnedTemp): a download killed midway leaves it
-behind, and the next writer (or ``hermetic cache gc``) removes it, never a
-live download's. A full disk (ENOSPC, EDQUOT) removes the temp file at once
-and says so in one line naming the store (errors.DiskFull).
+"""The wheel store: ``<root>/sha256/<hex>/<original filename>``, a file admitted through a locked temp file and an
+atomic rename only after the sha256 of the bytes written is one allowed, so a wrong file never appears; a dead
+download's temp file is swept, a full disk removes it at once (DiskFull).
 """
 
 from __future__ import annotations
