@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from hermetic.core.canonical import pretty_json
-SPEC_VERSION = "1.6"
 
 
 @dataclass(frozen=True)

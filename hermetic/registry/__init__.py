@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 # name -> the module that defines it; imported on first use (PEP 562): the client imports requests and
@@ -21,18 +22,9 @@ __all__ = sorted([*_EXPORTS, "pull_base"])
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module == "cache":
-        from hermetic.registry import cache as m
-    elif module == "locations":
-        from hermetic.registry import locations as m
-    elif module == "pull":
-        from hermetic.registry import pull as m
-    elif module == "push":
-        from hermetic.registry import push as m
-    else:
+    if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(m, name)
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
 
 
 def pull_base(store: Any, ref: str) -> str:

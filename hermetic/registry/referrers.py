@@ -38,20 +38,15 @@ def _name(d: dict[str, Any]) -> str:
 
 def list_remote(client: RegistryClient, repository: str, subject_digest: str) -> tuple[list[dict[str, Any]], str]:
     """(referrer descriptors, "api" | "tag") for ``subject_digest`` in ``repository``."""
-    resp = client.request("GET", f"/v2/{repository}/referrers/{subject_digest}", repository=repository,
-                          headers={"Accept": MT_INDEX}, ok=(200, 404))
-    body = resp.content
-    resp.close()
-    if resp.status_code == 200:
-        return _manifests(body, f"registry {client.host}: the referrers of {repository}@{subject_digest}"), "api"
     tag = referrers_tag(subject_digest)
-    resp = client.request("GET", f"/v2/{repository}/manifests/{tag}", repository=repository,
-                          headers={"Accept": MT_INDEX}, ok=(200, 404))
-    body = resp.content
-    resp.close()
-    if resp.status_code == 404:
-        return [], "tag"
-    return _manifests(body, f"registry {client.host}: {repository}:{tag}"), "tag"
+    for path, where, kind in ((f"referrers/{subject_digest}", f"the referrers of {repository}@{subject_digest}", "api"),
+                              (f"manifests/{tag}", f"{repository}:{tag}", "tag")):
+        resp = client.request("GET", f"/v2/{repository}/{path}", repository=repository, headers={"Accept": MT_INDEX},
+                              ok=(200, 404))
+        resp.close()
+        if resp.status_code == 200:
+            return _manifests(resp.content, f"registry {client.host}: {where}"), kind
+    return [], "tag"
 
 
 def _manifests(body: bytes, what: str) -> list[dict[str, Any]]:

@@ -28,19 +28,10 @@ class SbatchOptions:
     extra: tuple[str, ...] = ()  # --sbatch-arg, verbatim
 
     def lines(self) -> list[str]:
-        opts = [f"--job-name={self.job_name}", f"--output={self.output}"]
-        if self.partition:
-            opts.append(f"--partition={self.partition}")
-        if self.array:
-            opts.append(f"--array={self.array}")
-        opts += [f"--nodes={self.nodes}", "--ntasks-per-node=1"]
-        if self.cpus_per_task:
-            opts.append(f"--cpus-per-task={self.cpus_per_task}")
-        if self.time:
-            opts.append(f"--time={self.time}")
-        if self.gpus_per_node:
-            opts.append(f"--gpus-per-node={self.gpus_per_node}")
-        opts += list(self.extra)
+        given = {"job-name": self.job_name, "output": self.output, "partition": self.partition, "array": self.array,
+                 "nodes": self.nodes, "ntasks-per-node": 1, "cpus-per-task": self.cpus_per_task, "time": self.time,
+                 "gpus-per-node": self.gpus_per_node}  # in this order; an option not given is left out
+        opts = [f"--{k}={v}" for k, v in given.items() if v] + list(self.extra)
         for o in opts:
             if "\n" in o or "\r" in o:
                 raise UsageError(f"sbatch option {o!r}: holds a line break")

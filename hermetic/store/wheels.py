@@ -10,7 +10,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from hermetic.core.canonical import is_sha256_hex
 from hermetic.core.errors import IntegrityError, disk_full, is_disk_full
@@ -55,12 +55,7 @@ class WheelStore:
         return StoredWheel(sha256, d / names[0])
 
     def find_any(self, sha256s: Iterable[str]) -> list[StoredWheel]:
-        out = []
-        for h in sha256s:
-            w = self.get(h)
-            if w is not None:
-                out.append(w)
-        return out
+        return [w for h in sha256s if (w := self.get(h)) is not None]
 
     def admit_stream(self, read: Callable[[int], bytes], filename: str, allowed: frozenset[str] | set[str],
                      *, what: str = "", on_bytes: Callable[[int], None] | None = None,
@@ -77,10 +72,7 @@ class WheelStore:
         written = 0
         try:
             with owner.open("wb") as f:
-                while True:
-                    chunk = read(READ_SIZE)
-                    if not chunk:
-                        break
+                while chunk := read(READ_SIZE):
                     f.write(chunk)
                     written += len(chunk)
                     h.update(chunk)
@@ -116,11 +108,6 @@ class WheelStore:
         with open(src, "rb") as f:
             return self.admit_stream(f.read, src.name, allowed, what=what, on_bytes=on_bytes,
                                      size=os.fstat(f.fileno()).st_size)
-
-    def admit_fileobj(self, f: BinaryIO, filename: str, allowed: frozenset[str] | set[str], *,
-                      what: str = "", on_bytes: Callable[[int], None] | None = None,
-                      size: int | None = None) -> StoredWheel:
-        return self.admit_stream(f.read, filename, allowed, what=what, on_bytes=on_bytes, size=size)
 
     def entries(self) -> Iterator[StoredWheel]:
         base = self.root / "sha256"
