@@ -1,16 +1,7 @@
-"""Supply-chain documents about an image: pure functions from build facts to bytes, and back.
-
-- ``statement``: the in-toto Statement v1 with a SLSA Provenance v1 predicate
-  (everything a rebuild needs: config, the lock's bytes, base and wheels by
-  digest, the layer plan) and its strict reader.
-- ``sbom``: a CycloneDX 1.6 JSON SBOM (wheels as ``pkg:pypi``, the base's
-  Debian packages from its dpkg status as ``pkg:deb``).
-- ``dsse``: DSSE envelopes signed with an ed25519 key (optional ``sign`` extra).
-
-Nothing here touches the network, the store or the engine: the builder
-(hermetic/builder/attest.py) gathers the facts and stores the artifacts
-(hermetic/store/referrers.py); the registry attaches them
-(hermetic/registry/referrers.py); hermetic/reproduce rebuilds from them.
+"""Supply-chain documents about an image, pure functions from build facts to bytes and back: ``statement``
+(in-toto Statement v1, SLSA Provenance v1), ``sbom`` (CycloneDX 1.6), ``dsse`` (ed25519 envelopes). Nothing
+here touches the network, the store or the engine (the builder gathers the facts, the store and the registry
+keep and attach the artifacts).
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""DSSE envelopes over the provenance, signed with an ed25519 key the user holds.
+"""DSSE v1 envelopes over the provenance, signed with an ed25519 key the user holds (optional ``sign`` extra).
 
-DSSE v1 (secure-systems-lab/dsse protocol.md): the signature is over
-``PAE(payloadType, payload)`` = ``"DSSEv1" SP LEN(type) SP type SP LEN(body)
-SP body``, never over the JSON envelope, so the payload's bytes are signed
-exactly as they are stored. The payload type is in-toto's
-``application/vnd.in-toto+json``; the envelope's media type is
-``application/vnd.in-toto.provenance+dsse`` (in-toto attestation v1,
-envelope.md, "Storage convention"). Ed25519 signatures are deterministic, so
-signing the same provenance with the same key gives the same envelope bytes.
-
-Keys are PEM files as ``openssl genpkey -algorithm ed25519`` writes them
-(PKCS#8 private, SubjectPublicKeyInfo public: ``openssl pkey -pubout``). The
-``keyid`` is the sha256 of the raw 32-byte public key. The crypto comes from
-``cryptography`` (the optional ``sign`` extra); keyless signing (Fulcio and
-a transparency log) is not done: docs/provenance.md.
+The signature is over PAE(payloadType, payload), so the payload's bytes are signed exactly as stored; ed25519 is
+deterministic, so the same provenance and key give the same envelope. Keys are PEM as ``openssl genpkey
+-algorithm ed25519`` writes them; the keyid is the sha256 of the raw public key (docs/provenance.md).
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""The image's SBOM: CycloneDX 1.6 JSON, made with cyclonedx-python-lib.
+"""The image's SBOM: CycloneDX 1.6 JSON (cyclonedx-python-lib; why not SPDX: docs/provenance.md).
 
-Why CycloneDX and not SPDX 2.3: every component carries its purl and its
-hashes as first-class fields (SPDX puts purls in externalRefs and needs a
-relationship per package), the document stays small, and the library is pure
-Python with a few small dependencies (spdx-tools pulls in rdflib and more).
-docs/provenance.md has the long form.
-
-Components: every installed wheel as ``pkg:pypi/NAME@VERSION?file_name=…``
-with its SHA-256; every installed Debian package of the base, read from its
-``var/lib/dpkg/status``, as ``pkg:deb/<ID>/NAME@VERSION?arch=…&distro=…``;
-the base OS; the hermetic runtime. The image itself is the BOM's subject
-(``metadata.component``, ``pkg:oci/NAME@sha256:…``).
-
-Deterministic: bom-refs are the purls, the serial number is a UUIDv5 of the
-image digest, the timestamp is the image's ``created`` (SOURCE_DATE_EPOCH),
-and the output is re-serialized with sorted keys, so the same image gives the
-same SBOM bytes on any machine with the same library version.
+Components: each wheel (``pkg:pypi``, with its sha256), each Debian package of the base from its dpkg status
+(``pkg:deb``), the base OS, the runtime; the image is the subject. Deterministic: bom-refs are purls, the serial
+a UUIDv5 of the image digest, the timestamp the image's ``created``, keys sorted.
 """
 
 from __future__ import annotations
@@ -27,7 +14,6 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from hermetic.core.canonical import pretty_json
-SPEC_VERSION = "1.6"
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,8 @@
 """The provenance of an image: an in-toto Statement v1 with a SLSA Provenance v1 predicate.
 
-Pure: ``BuildFacts`` (gathered by hermetic/builder/attest.py) -> statement
-bytes, and statement bytes -> ``BuildFacts`` (strict, for ``hermetic
-verify``). The statement carries everything a rebuild needs without the
-project checkout: the resolved config, the lock's own bytes, the base and
-every wheel by digest, the layer plan, and hermetic's and the installer's
-versions (another hermetic labels the image differently, so it cannot
-reproduce it). docs/provenance.md, "The provenance", lists every field.
-
-No timestamps, no invocation IDs (``runDetails.metadata`` is left out): the
-bytes are a function of the build's inputs, so a rebuild, a no-op build and a
-CI runner that pulled the image all hold the same provenance, and attaching
-it twice to a registry is one write. The document is stored as written here:
-sorted keys, 2-space indent, which is also the file beside hermetic.image.json.
+``BuildFacts`` -> statement bytes, and back (strictly, for ``hermetic verify``): everything a rebuild needs
+without the checkout (docs/provenance.md lists every field). No timestamps or invocation IDs: the bytes are a
+function of the build's inputs; stored as written here (sorted keys, 2-space indent).
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """OCI Distribution API: push and pull by digest, and the CI build cache.
 
-One module per job:
-
-- ``auth``: where credentials come from (environment, ~/.docker/config.json,
-  credential helpers) and how a WWW-Authenticate challenge becomes a header.
-- ``deadlines``: the time a push or pull and each request may take, and the
-  watchdog that shuts a stalled socket down when it has passed.
-- ``transport``: HTTP with one registry host under those deadlines: retries
-  where safe, answers read up to a size limit, the bytes counted.
-- ``tokens``: the registry's challenge, met with Basic credentials or a
-  Bearer token per set of scopes.
-- ``client``: the Distribution API on that transport (blobs, uploads,
-  manifests), each refusal a one-line error.
-- ``locations``: the small records in the store dir of where images and blobs
-  were pushed or pulled from (repo digests for run records, mount sources).
-- ``push`` / ``pull``: an image from / into the local OCI store, every digest
-  preserved and every pulled byte verified before it enters the store.
-- ``cache``: the CI cache, a tag that is a pure function of the build key.
-
-The public entry points are re-exported here.
+``auth`` (credentials), ``deadlines`` (limits and their watchdog), ``transport`` (HTTP under them), ``tokens``
+(the registry's challenge), ``client`` (blobs, uploads, manifests), ``locations`` (where images were pushed),
+``push`` / ``pull``, ``cache``; the public entry points are re-exported here (docs/architecture.md).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 # name -> the module that defines it; imported on first use (PEP 562): the client imports requests and
@@ -37,18 +22,9 @@ __all__ = sorted([*_EXPORTS, "pull_base"])
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module == "cache":
-        from hermetic.registry import cache as m
-    elif module == "locations":
-        from hermetic.registry import locations as m
-    elif module == "pull":
-        from hermetic.registry import pull as m
-    elif module == "push":
-        from hermetic.registry import push as m
-    else:
+    if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(m, name)
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
 
 
 def pull_base(store: Any, ref: str) -> str:

@@ -1,16 +1,7 @@
-"""Registry credentials and the WWW-Authenticate dance.
-
-Where credentials come from, first match wins:
-
-1. HERMETIC_REGISTRY_USER / HERMETIC_REGISTRY_PASSWORD (what CI jobs set
-   from their secret store; apply to every registry).
-2. ``$DOCKER_CONFIG/config.json`` (default ``~/.docker/config.json``), read the
-   way the docker CLI reads it: ``credHelpers[host]``, else ``credsStore``,
-   else ``auths[host]`` (base64 ``user:pass`` in ``auth``, or
-   ``identitytoken``). Helpers run as ``docker-credential-<name> get``.
-
-Secrets never leave this module except as an Authorization header: no repr,
-no error message, no record carries them.
+"""Registry credentials, first match wins: HERMETIC_REGISTRY_USER / HERMETIC_REGISTRY_PASSWORD (every registry),
+else ``$DOCKER_CONFIG/config.json`` read as the docker CLI reads it (``credHelpers[host]``, ``credsStore``,
+``auths[host]``; helpers run as ``docker-credential-<name> get``). Secrets leave this module only as an
+Authorization header: no repr, message or record carries them.
 """
 
 from __future__ import annotations

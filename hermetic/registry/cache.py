@@ -1,16 +1,7 @@
-"""The CI build cache: a registry tag that is a pure function of the build key.
-
-The builder hashes every input of a build into a 64-hex build key. Because
-builds are byte-reproducible, the key determines the image, so a tag derived
-from the key alone (``hk-<key>``) can stand for "the image these inputs
-make": a runner that finds the tag pulls the image by digest instead of
-building; a runner that misses builds and publishes. Two runners that miss at
-the same time build the same digest and PUT the same manifest bytes under the
-same tag, which the Distribution API treats as the same write: publishing is
-idempotent.
-
-The full key goes into the tag (67 characters, under the 128 allowed): a
-truncated key would make collisions merely unlikely instead of impossible.
+"""The CI build cache: the tag ``hk-<build key>`` stands for the image those inputs make (builds are
+byte-reproducible). A runner that finds it pulls by digest; one that misses builds and publishes; two that miss
+together PUT the same bytes under the same tag, one write. The full key goes in the tag (no truncation, no
+collisions).
 """
 
 from __future__ import annotations

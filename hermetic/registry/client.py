@@ -1,22 +1,7 @@
-"""One registry over the OCI Distribution API: blobs, uploads, manifests.
-
-Which blobs to send, in which order, and what to verify are push.py's and
-pull.py's business; this module says how each is asked for. A
-RegistryClient is a Transport (hermetic.registry.transport: HTTP under the
-deadlines of docs/registry.md, "Deadlines", retries, answers read up to a
-size limit, the byte counters the benchmarks print) whose requests are
-authenticated (hermetic.registry.tokens) and whose refusals become one-line
-errors: 401/403 an AuthError, 404 a thing not found (exit 66), anything else
-a RegistryError naming the blob or manifest.
-
-What the registry says is data, never trusted: a digest it names is checked
-(``sha256:<64 hex>``) before it becomes a URL or a path, and text from it
-(error bodies, headers) has its control characters escaped before it goes
-into a message (hermetic/core/display.py).
-
-Plain HTTP is used for loopback registries (127.0.0.0/8, ::1, localhost:
-the Docker Engine treats them as insecure by default too) and for hosts
-listed in HERMETIC_INSECURE_REGISTRIES (comma-separated); HTTPS otherwise.
+"""One registry over the OCI Distribution API: blobs, uploads, manifests (which to send and what to verify is
+push.py's and pull.py's). Requests are authenticated (tokens.py); refusals are one line: 401/403 AuthError, 404
+not found (66), else RegistryError. What the registry says is data: digests are checked before they become a URL
+or a path. Plain HTTP for loopback hosts and HERMETIC_INSECURE_REGISTRIES, HTTPS otherwise.
 """
 
 from __future__ import annotations
@@ -34,7 +19,7 @@ from hermetic.core.display import escape_controls
 from hermetic.core.errors import EXIT_NOINPUT, IntegrityError
 from hermetic.core.reference import check_digest, is_digest, is_tag
 from hermetic.registry.auth import AuthError, Credentials, scope_for
-from hermetic.registry.deadlines import Timeouts
+from hermetic.registry.deadlines import Timeouts, count_moved
 from hermetic.registry.tokens import Authenticator
 from hermetic.registry.transport import (MAX_SHOWN, RegistryError, TransferStats, Transport, close_answer,
                                          read_answer)
@@ -88,6 +73,7 @@ class _CountingReader:
         self._left -= len(data)
         if data:
             self._on_bytes(len(data))
+        count_moved(len(data), last=self._left <= 0 or not data)
         return data
 
 

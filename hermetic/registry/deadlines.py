@@ -1,16 +1,9 @@
-"""The deadlines of a registry transfer (docs/registry.md, "Deadlines") and the watchdog that keeps them.
+"""The limits of a registry transfer (docs/registry.md, "Deadlines") and the watchdog that keeps them.
 
-A client's whole transfer (one push or pull) must end within
-``Timeouts.total`` (HERMETIC_REGISTRY_TIMEOUT, ``--timeout``), and one
-request other than a blob's bytes (a manifest, a HEAD, a token, an upload
-session) within ``Timeouts.request`` (HERMETIC_REGISTRY_REQUEST_TIMEOUT),
-which is also the longest a blob transfer may go without a byte. A per-read
-socket timeout alone does not bound a request (a server that trickles a byte
-at a time resets it on every read), so each request has a ``Watch`` that
-shuts its socket down when its deadline passes; the blocked read or write
-returns at once, and the request ends in RegistryTimeout (exit 75) naming the
-blob or manifest. ``new_session`` is requests' session with connections a
-Watch can shut, also through an HTTP(S) proxy.
+``Timeouts``: the whole push or pull, one request, and the slowest a blob may move (a minimum rate over a
+window, as curl's --speed-limit/--speed-time). A per-read socket timeout alone bounds none of them (a
+server that trickles a byte at a time resets it on every read), so each request has a ``Watch`` that
+shuts its socket down when a limit passes; the request then ends in RegistryTimeout (exit 75).
 """
 
 from __future__ import annotations
@@ -20,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -35,8 +29,12 @@ from hermetic.core.reference import show_value
 
 TOTAL_TIMEOUT_ENV = "HERMETIC_REGISTRY_TIMEOUT"
 REQUEST_TIMEOUT_ENV = "HERMETIC_REGISTRY_REQUEST_TIMEOUT"
+MIN_RATE_ENV = "HERMETIC_REGISTRY_MIN_RATE"
+RATE_WINDOW_ENV = "HERMETIC_REGISTRY_RATE_WINDOW"
 DEFAULT_TOTAL_TIMEOUT_S = 3600.0  # one push or pull: a few GB over a slow link
 DEFAULT_REQUEST_TIMEOUT_S = 60.0  # one manifest/HEAD/token request; the longest pause of a blob transfer
+DEFAULT_MIN_RATE = 1024.0  # bytes per second a blob must move at, averaged over the window (0: no minimum)
+DEFAULT_RATE_WINDOW_S = 30.0
 CONNECT_TIMEOUT_S = 15.0
 MAX_TIMEOUT_S = 30 * 86400.0  # a longer limit is a typo (and overflows the timers)
 USER_AGENT = f"hermetic/{__version__}"
@@ -49,19 +47,24 @@ class RegistryTimeout(TempFail):
 @dataclass(frozen=True)
 class Timeouts:
     """``total``: seconds for everything one client does (a push or a pull); ``request``: for one request
-    other than a blob's bytes, and the longest a blob transfer may go without a byte moving."""
+    other than a blob's bytes, and the longest a blob transfer may go without a byte moving; a blob that
+    moves slower than ``min_rate`` bytes/s over ``rate_window`` seconds is ended."""
 
     total: float = DEFAULT_TOTAL_TIMEOUT_S
     request: float = DEFAULT_REQUEST_TIMEOUT_S
+    min_rate: float = DEFAULT_MIN_RATE
+    rate_window: float = DEFAULT_RATE_WINDOW_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, total: float | None = None) -> "Timeouts":
         env = os.environ if env is None else env
-        return cls(total=total if total is not None else _seconds(env, TOTAL_TIMEOUT_ENV, DEFAULT_TOTAL_TIMEOUT_S),
-                   request=_seconds(env, REQUEST_TIMEOUT_ENV, DEFAULT_REQUEST_TIMEOUT_S))
+        return cls(total=total if total is not None else _number(env, TOTAL_TIMEOUT_ENV, DEFAULT_TOTAL_TIMEOUT_S),
+                   request=_number(env, REQUEST_TIMEOUT_ENV, DEFAULT_REQUEST_TIMEOUT_S),
+                   min_rate=_number(env, MIN_RATE_ENV, DEFAULT_MIN_RATE, zero=True, unit="bytes per second"),
+                   rate_window=_number(env, RATE_WINDOW_ENV, DEFAULT_RATE_WINDOW_S))
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+def _number(env: Mapping[str, str], name: str, default: float, *, zero: bool = False, unit: str = "seconds") -> float:
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -69,8 +72,9 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
-        raise UsageError(f"{name}={show_value(raw)}: not a number of seconds above 0 (at most {MAX_TIMEOUT_S:g})",
+    if not math.isfinite(value) or not (0 <= value if zero else 0 < value) or value > MAX_TIMEOUT_S:
+        raise UsageError(f"{name}={show_value(raw)}: not a number of {unit} {'from' if zero else 'above'} 0 "
+                         f"(at most {MAX_TIMEOUT_S:g})",
                          hint=f"e.g. {name}={default:g}, or unset it for the default")
     return value
 
@@ -81,17 +85,21 @@ _current = threading.local()  # .watch: the Watch of the request this thread is 
 
 
 class Watch:
-    """One request's wall-clock deadline: when it passes, the socket the request uses is shut down, so no
-    read or write on it blocks any longer (the thread then sees a connection error and ``fired``)."""
+    """One request's wall-clock deadline and, for a blob's bytes, its minimum rate: when either is missed,
+    the socket the request uses is shut down, so no read or write on it blocks any longer (the thread then
+    sees a connection error, and ``fired`` says which: "deadline" or "rate", with ``seen`` the rate)."""
 
-    def __init__(self, ends_at: float):
-        self.fired = False
+    def __init__(self, ends_at: float, rate: tuple[float, float] | None = None):
+        self.fired = ""
+        self.seen = 0.0
+        self._ends_at = ends_at
+        self._rate = rate if rate and rate[0] > 0 else None  # (bytes per second, window seconds)
+        self._moved = 0
+        self._samples: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
         self._lock = threading.Lock()
-        self._done = False
+        self._done = threading.Event()
         self._conn: HTTPConnection | None = None
-        self._timer = threading.Timer(max(0.0, ends_at - time.monotonic()), self._fire)
-        self._timer.daemon = True
-        self._timer.start()
+        threading.Thread(target=self._run, daemon=True, name="hermetic-watch").start()
 
     def attach(self, conn: HTTPConnection) -> None:
         """The connection the request is about to use (every hop of a redirect attaches its own)."""
@@ -100,19 +108,55 @@ class Watch:
             if self.fired:
                 _shut(conn)
 
-    def _fire(self) -> None:
-        with self._lock:
-            if self._done:
+    def moved(self, n: int, *, last: bool = False) -> None:
+        """``n`` more bytes of the blob went through; ``last``: all of a body was sent (what follows, the
+        registry's answer, is under the deadline only)."""
+        self._moved += n
+        if last:
+            self._rate = None
+
+    def _run(self) -> None:
+        while True:
+            rate, now = self._rate, time.monotonic()  # (``moved`` may drop the rate meanwhile)
+            if self._done.wait(max(0.0, min(self._ends_at - now, rate[1] / 4 if rate else math.inf))):
                 return
-            self.fired = True
+            now = time.monotonic()
+            if now >= self._ends_at:
+                return self._fire("deadline")
+            if rate is not None and self._rate is not None and self._too_slow(now, *rate):
+                return self._fire("rate")
+
+    def _too_slow(self, now: float, min_rate: float, window: float) -> bool:
+        """Whether the bytes moved over (at least) the last ``window`` seconds average below ``min_rate``."""
+        samples = self._samples
+        samples.append((now, self._moved))
+        while len(samples) > 1 and samples[1][0] <= now - window:
+            samples.popleft()
+        since, before = samples[0]
+        if since > now - window:
+            return False  # not a whole window yet
+        self.seen = (self._moved - before) / (now - since)
+        return self.seen < min_rate
+
+    def _fire(self, why: str) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self.fired = why
             if self._conn is not None:
                 _shut(self._conn)
 
     def close(self) -> None:
         with self._lock:
-            self._done = True
+            self._done.set()
             self._conn = None
-        self._timer.cancel()
+
+
+def count_moved(n: int, *, last: bool = False) -> None:
+    """Bytes of a request body this thread is sending, for its Watch's rate."""
+    watch = getattr(_current, "watch", None)
+    if watch is not None:
+        watch.moved(n, last=last)
 
 
 def _shut(conn: HTTPConnection) -> None:

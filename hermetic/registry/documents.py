@@ -1,10 +1,5 @@
-"""What a registry's documents say, checked before anything acts on it.
-
-A manifest, an index or a referrers list comes from the registry and is data:
-each descriptor in it must have a media type, a ``sha256:<64 hex>`` digest and
-a size that is a whole number of bytes before its digest becomes a URL, a
-store path or a store ref. A document that breaks this is refused (exit 65,
-IntegrityError) with one line naming the value, never a traceback.
+"""What a registry's documents (manifest, index, referrers list) say, checked before anything acts on it: each
+descriptor needs a media type, a ``sha256:<64 hex>`` digest and a whole size, else one line and 65.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Where images and blobs are known to live in registries: two small records in the store dir.
-
-- ``<oci root>/pushed.json``: manifest digest -> sorted repo digests
-  (``host/repo@sha256:…``). Run records read it through ``repo_digests`` so
-  that a run of a pushed image names a digest anyone can pull (a local image
-  ID is not one: wandb#3442, mlflow#7005). Pulls add to it too: an image
-  pulled from ``host/repo`` by digest is just as pullable from there.
-- ``<oci root>/blob-locations.json``: blob digest -> ``host/repo`` names that
-  hold it, so a push to another repository of the same registry can ask for a
-  cross-repository mount instead of sending the bytes again.
-
-Both are rewritten atomically under one flock; no credentials ever go in.
-A lost or corrupt record only costs a mount or a repo digest, never
-correctness, so an unreadable file reads as empty.
+"""Where images and blobs live in registries, two records in the store dir (one flock, atomic rewrites):
+``pushed.json`` (manifest digest -> repo digests, for run records) and ``blob-locations.json`` (blob digest ->
+``host/repo``, for cross-repository mounts). A lost or corrupt record costs a mount or a repo digest, never
+correctness: an unreadable file reads as empty.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Byte progress for transfers: the interface, and the silent default.
-
-push/pull take a ``TransferProgress`` (``start(description, total)``
-returning a callable that advances by n bytes); the library default is
-silent, and the CLI passes its rich bars (hermetic/cli/progress.py) when
-stderr is a terminal.
+"""Byte progress for transfers: ``TransferProgress.start(description, total)`` returns a callable that advances
+by n bytes; the library default is silent, the CLI passes its bars.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Pull an image by digest into the local OCI store; nothing unverified enters it.
-
-Every byte is hashed while it streams into a BlobWriter's temp file. A pull
-is all or nothing: everything is fetched and checked first (the manifests,
-every descriptor in them, the image config, the attestations and what they
-say, the base's manifest and config), the layers into uncommitted temp files,
-and only then is anything committed (renamed into blobs/sha256/): the blobs,
-the base, the manifests, then the store ref and the referrers. A registry
-that serves one wrong byte, a digest that is not one, or a tampered
-attestation leaves the store exactly as it was.
-
-Manifests: OCI image manifest and Docker v2 schema 2 are stored as served
-(their digests are the identity); an OCI image index or Docker manifest list
-is stored too, and the linux/amd64 image it lists is pulled. Docker schema 1
-is refused (it has no content-addressed config).
+"""Pull an image by digest into the local OCI store, all or nothing: everything is fetched and checked first
+(manifests, descriptors, config, attestations, the base), the layers hashed into uncommitted temp files, and only
+then committed: blobs, base, manifests, ref, referrers. OCI and Docker v2 schema 2 manifests are stored as
+served; an index resolves to its linux/amd64 image; schema 1 is refused.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""Push an image from the local OCI store to a registry, every digest preserved.
-
-We send the store's bytes as they are: the manifest, config and layers the
-registry ends up with are the ones we hashed, so the repo digest equals the
-local manifest digest. (``docker push`` of a loaded image recompresses the
-layers and changes every digest, which is why we never use it.)
-
-Per blob, cheapest first: HEAD (the repository already has it: skip) ->
-cross-repository mount from a repository of the same registry where we
-pushed or pulled it before -> upload (one PUT, or PATCH chunks for big
-blobs). Blobs go up in a small thread pool; the manifest goes last, so a
-registry never holds a manifest whose blobs are missing, and a push killed
-midway is finished by running it again (HEAD skips what already landed).
+"""Push an image from the local OCI store, every digest preserved (the store's bytes as they are; ``docker push``
+recompresses). Per blob, cheapest first: HEAD (skip), a cross-repository mount, an upload (PUT, or PATCH chunks).
+The manifest goes last, so a push killed midway is finished by running it again.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """OCI 1.1 referrers over the Distribution API: attach an image's attestations, fetch them back.
 
-Push (distribution-spec 1.1, "Pushing Manifests with Subject"): each artifact
-manifest the store lists for the image is pushed by digest. Where the registry
-has the referrers API (``GET /v2/<name>/referrers/<digest>`` answers anything
-but 404) that is all; otherwise (Debian's docker-registry 2.8) the client
-keeps the list itself, as an image index under the tag ``sha256-<hex>``. The
-base image's manifest goes along too (its layers are the image's first
-layers), so a machine that never saw the project can pull the base from the
-same repository to rebuild.
-
-Fetch: the referrers API, else the tag; only the artifact types asked for;
-every descriptor, manifest and blob checked against its digest, every
-artifact's ``subject`` the image, and nothing bigger than
-``MAX_ARTIFACT_BYTES`` buffered. For a pull, what they say is checked too
-(``check_attestations``), all in memory before the pull stores anything; the
-base's manifest and config are fetched the same way (``fetch_base``).
+Push: each artifact manifest by digest, plus the referrers index under the tag ``sha256-<hex>`` where the registry
+has no referrers API, and the base's manifest (so a rebuild can pull the base). Fetch: the API, else the tag;
+every descriptor, manifest and blob checked, every ``subject`` the image, nothing over MAX_ARTIFACT_BYTES
+buffered; for a pull, what they say is checked too, in memory, before anything is stored.
 """
 
 from __future__ import annotations
@@ -49,20 +38,15 @@ def _name(d: dict[str, Any]) -> str:
 
 def list_remote(client: RegistryClient, repository: str, subject_digest: str) -> tuple[list[dict[str, Any]], str]:
     """(referrer descriptors, "api" | "tag") for ``subject_digest`` in ``repository``."""
-    resp = client.request("GET", f"/v2/{repository}/referrers/{subject_digest}", repository=repository,
-                          headers={"Accept": MT_INDEX}, ok=(200, 404))
-    body = resp.content
-    resp.close()
-    if resp.status_code == 200:
-        return _manifests(body, f"registry {client.host}: the referrers of {repository}@{subject_digest}"), "api"
     tag = referrers_tag(subject_digest)
-    resp = client.request("GET", f"/v2/{repository}/manifests/{tag}", repository=repository,
-                          headers={"Accept": MT_INDEX}, ok=(200, 404))
-    body = resp.content
-    resp.close()
-    if resp.status_code == 404:
-        return [], "tag"
-    return _manifests(body, f"registry {client.host}: {repository}:{tag}"), "tag"
+    for path, where, kind in ((f"referrers/{subject_digest}", f"the referrers of {repository}@{subject_digest}", "api"),
+                              (f"manifests/{tag}", f"{repository}:{tag}", "tag")):
+        resp = client.request("GET", f"/v2/{repository}/{path}", repository=repository, headers={"Accept": MT_INDEX},
+                              ok=(200, 404))
+        resp.close()
+        if resp.status_code == 200:
+            return _manifests(resp.content, f"registry {client.host}: {where}"), kind
+    return [], "tag"
 
 
 def _manifests(body: bytes, what: str) -> list[dict[str, Any]]:

@@ -1,11 +1,5 @@
-"""How requests to one registry are authenticated: its challenge, Basic credentials or a Bearer token.
-
-A ping of /v2/ learns the challenge before any body is sent, so a 200 MB
-layer is never streamed just to be answered 401. A Basic challenge is met
-with the credentials hermetic.registry.auth finds (looked up once, and only
-when the registry asks); a Bearer one with a token from its realm per set of
-scopes (the credentials' Basic header, or an identity token's OAuth2
-refresh-token grant), kept until a 401 says to learn the challenge again.
+"""How requests to one registry are authenticated: a ping of /v2/ learns the challenge before any body is sent;
+Basic gets the credentials auth.py finds, Bearer a token per set of scopes from its realm (kept until a 401).
 A token is printable ASCII or refused; secrets never go into a message.
 """
 

@@ -1,16 +1,6 @@
-"""One registry host over HTTP: each exchange under the deadlines, retried where that is safe.
-
-This module speaks HTTP and nothing else (what to ask for is client.py's,
-how to authenticate tokens.py's). ``Transport.exchange`` sends one request
-under the deadlines of hermetic.registry.deadlines (the clock of the whole
-transfer starts at ``begin``; each request has a Watch), retries what is safe
-to send again (a request that never reached the server; a GET or HEAD that
-broke off or was answered 429/502/503/504, after its Retry-After when that
-is short), and reads the answer up to a size limit: a document over
-MAX_DOCUMENT_BYTES is refused, of an error answer only the start is kept.
-Text from the registry (error bodies, headers) has its control characters
-escaped before it goes into a message (hermetic/core/display.py); the bytes that
-cross the wire are counted (TransferStats) for the benchmarks.
+"""One registry host over HTTP, each exchange under the limits of deadlines.py, retried where that is safe (a
+request that never reached the server; a GET or HEAD that broke off or got 429/502/503/504), the answer read up to
+a size limit; registry text escaped before it goes into a message; the bytes counted (TransferStats).
 """
 
 from __future__ import annotations
@@ -24,12 +14,14 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Iterator
 
 import requests
+import urllib3.exceptions
 from urllib3.exceptions import ConnectTimeoutError, ReadTimeoutError
 
 from hermetic.core.display import escape_controls
 from hermetic.core.errors import EXIT_UNAVAILABLE, IntegrityError, ProtocolError, UsageError
-from hermetic.registry.deadlines import (CONNECT_TIMEOUT_S, MAX_TIMEOUT_S, REQUEST_TIMEOUT_ENV, TOTAL_TIMEOUT_ENV,
-                                         RegistryTimeout, Timeouts, Watch, new_session, watch_requests)
+from hermetic.registry.deadlines import (CONNECT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_RATE_ENV, RATE_WINDOW_ENV,
+                                         REQUEST_TIMEOUT_ENV, TOTAL_TIMEOUT_ENV, RegistryTimeout, Timeouts, Watch,
+                                         new_session, watch_requests)
 
 # Distribution refuses manifests over 4 MiB, containerd will not read them: a bigger answer is not a document.
 MAX_DOCUMENT_BYTES = 4 << 20
@@ -93,9 +85,14 @@ class Transport:
         self._total = total
         self._ends_at = time.monotonic() + self._total
 
-    def _timeout_error(self, what: str, which: str) -> RegistryTimeout:
+    def _timeout_error(self, what: str, which: str, watch: Watch | None = None) -> RegistryTimeout:
         hint = (f"the registry is stalled or too slow; try again later, or allow more time "
-                f"(--timeout SECONDS, {TOTAL_TIMEOUT_ENV}, {REQUEST_TIMEOUT_ENV})")
+                f"(--timeout SECONDS, {TOTAL_TIMEOUT_ENV}, {REQUEST_TIMEOUT_ENV}, {MIN_RATE_ENV})")
+        if watch is not None and watch.fired == "rate":
+            t = self.timeouts
+            return RegistryTimeout(f"registry {self.host}: {what}: {watch.seen:.0f} bytes/s over the last "
+                                   f"{t.rate_window:g} s, below the minimum of {t.min_rate:g} bytes/s "
+                                   f"({MIN_RATE_ENV}, {RATE_WINDOW_ENV})", hint=hint)
         if which == "total":
             return RegistryTimeout(f"registry {self.host}: {what}: not done when the {self._total:g} s deadline "
                                    f"of the {self.operation} ran out ({TOTAL_TIMEOUT_ENV})", hint=hint)
@@ -132,7 +129,8 @@ class Transport:
             left = ends_at - started
             if left <= 0:
                 raise self._timeout_error(what, which)
-            watch = Watch(ends_at)
+            metered = bulk and (stream or callable(body))  # a blob's bytes: a body we send, or one we read
+            watch = Watch(ends_at, (self.timeouts.min_rate, self.timeouts.rate_window) if metered else None)
             watch_requests(watch)
             resp = None
             try:
@@ -148,13 +146,13 @@ class Transport:
                 watch.close()
                 if resp is not None:
                     resp.close()
-                raise self._timeout_error(what, which) from None
+                raise self._timeout_error(what, which, watch) from None
             except requests.RequestException as e:
                 watch.close()
                 if resp is not None:
                     resp.close()
                 if watch.fired:
-                    raise self._timeout_error(what, which) from None
+                    raise self._timeout_error(what, which, watch) from None
                 if _is_read_timeout(e):
                     raise self._timeout_error(what, "total" if time.monotonic() >= self._ends_at else
                                               ("stall" if bulk else which)) from None
@@ -200,18 +198,21 @@ class Transport:
                                 exit_code=EXIT_UNAVAILABLE) from None
 
     def iter_answer(self, resp: requests.Response, what: str, chunk: int = 1 << 20) -> Iterator[bytes]:
-        """The body of a streamed answer, under its deadlines; closes it."""
+        """The body of a streamed answer, under its deadlines and minimum rate; closes it. Each read returns
+        what has arrived (up to ``chunk``), so the Watch counts bytes as they come."""
         watch: Watch | None = getattr(resp, "hermetic_watch", None)
         try:
-            for data in resp.iter_content(chunk):
+            while data := resp.raw.read1(chunk, decode_content=True):
+                if watch is not None:
+                    watch.moved(len(data))
                 self.stats.add(bytes_received=len(data))
                 self.check_deadline(what)
                 yield data
             if watch is not None and watch.fired:  # a body read until the close ends early when its socket is shut
-                raise self._timeout_error(what, "total")
-        except requests.RequestException as e:
+                raise self._timeout_error(what, "total", watch)
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
             if (watch is not None and watch.fired) or time.monotonic() >= self._ends_at:
-                raise self._timeout_error(what, "total") from None
+                raise self._timeout_error(what, "total", watch) from None
             if _is_read_timeout(e):
                 raise self._timeout_error(what, "stall") from None
             raise RegistryError(f"registry {self.host}: download of {what} broke off: {short_reason(e)}",

@@ -1,12 +1,6 @@
-"""The Slurm edge: scontrol, sinfo, squeue and sbatch as subprocesses, answers parsed.
-
-Every failure a user can cause is one line naming it and what fixes it:
-no Slurm client installed, no controller answering (``scontrol ping`` answers
-at once, where sbatch would retry for a while first), an unknown partition.
-There is no slurmdbd on many small clusters (and on the test cluster), so a
-finished job's state comes from ``scontrol -o show job`` (kept for MinJobAge)
-and, once slurmctld has purged it, from the jobcomp/filetxt log when the
-cluster keeps one.
+"""The Slurm edge: scontrol, sinfo, squeue and sbatch as subprocesses, each failure one line (no client, no
+controller -- ``scontrol ping`` answers at once --, an unknown partition). Without slurmdbd a finished job's
+state comes from ``scontrol show job``, then from the jobcomp/filetxt log when the cluster keeps one.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""The record steps around a pyxis container (``--container pyxis``): ``begin`` before it, ``end`` after.
-
-On a pyxis cluster the nodes have no Docker Engine: the job script starts
-the containers itself (``srun --container-image=REGISTRY#REPO@sha256:…``,
-enroot pulling and checking the image by digest). hermetic's steps on the
-node are the runner's own (hermetic.run.runner, hermetic.run.seal), split where the container
-goes: ``begin`` verifies the data on the node, opens the prepared run
-directory, extracts the submitted snapshot into ``<run>/.workspace`` (the
-container's working directory), folds in the probe the script ran in the
-same image, and writes the record early (status ``interrupted`` until
-``end``); ``end`` collects what the script wrote, hashes the outputs and
-seals the record with the container's exit code. The image section is the
-submitted image's own description (labels, packages, env), by the digest
-enroot ran.
-
-Not run on this project's machines: enroot and pyxis are not installable
-here; the tests check the generated script (docs/scale-out.md).
+"""The record steps around a pyxis container (``--container pyxis``): the job script starts it with ``srun
+--container-image=REGISTRY#REPO@sha256:…``; ``begin`` verifies the data, opens the prepared run, extracts the
+snapshot and writes the record early (``interrupted``); ``end`` collects, hashes and seals it with the exit code.
+Not run here (no enroot/pyxis): the tests check the script (docs/scale-out.md).
 """
 
 from __future__ import annotations

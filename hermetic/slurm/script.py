@@ -1,21 +1,7 @@
-"""The sbatch scripts `hermetic submit` writes (pure: text from typed options).
-
-Three scripts, all written into the run's (or group's) ``slurm/`` directory
-before anything is submitted, so what Slurm ran is there to read:
-
-- ``job.sbatch`` (Docker on the nodes): each task runs ``hermetic
-  slurm-task`` on its node, which takes the same steps as `hermetic run` for
-  the member the array task ID selects. Across nodes, ``srun`` starts one
-  such task per node (each starts one container, torchrun inside).
-- ``summary.sbatch``: the dependent job (``afterany`` on the array) that
-  writes the group summary.
-- ``job.sbatch`` for ``--container pyxis``: the training container started by
-  ``srun --container-image=REGISTRY#REPO@sha256:…`` (pyxis/enroot, which pulls
-  and checks the image by digest), between hermetic's record steps on the
-  node (``slurm-task --phase begin`` / ``--phase end``).
-
-Every value is quoted for the shell (shlex.quote); a value with a newline
-cannot become a script line (SbatchOptions refuses it).
+"""The sbatch scripts `hermetic submit` writes into ``slurm/`` before submitting (pure: text from typed options):
+``job.sbatch`` (each task runs ``hermetic slurm-task``; for pyxis, ``srun --container-image`` between the record
+steps) and ``summary.sbatch`` (``afterany`` on the array). Every value is shell-quoted; a line break in an
+option is refused.
 """
 
 from __future__ import annotations
@@ -42,19 +28,10 @@ class SbatchOptions:
     extra: tuple[str, ...] = ()  # --sbatch-arg, verbatim
 
     def lines(self) -> list[str]:
-        opts = [f"--job-name={self.job_name}", f"--output={self.output}"]
-        if self.partition:
-            opts.append(f"--partition={self.partition}")
-        if self.array:
-            opts.append(f"--array={self.array}")
-        opts += [f"--nodes={self.nodes}", "--ntasks-per-node=1"]
-        if self.cpus_per_task:
-            opts.append(f"--cpus-per-task={self.cpus_per_task}")
-        if self.time:
-            opts.append(f"--time={self.time}")
-        if self.gpus_per_node:
-            opts.append(f"--gpus-per-node={self.gpus_per_node}")
-        opts += list(self.extra)
+        given = {"job-name": self.job_name, "output": self.output, "partition": self.partition, "array": self.array,
+                 "nodes": self.nodes, "ntasks-per-node": 1, "cpus-per-task": self.cpus_per_task, "time": self.time,
+                 "gpus-per-node": self.gpus_per_node}  # in this order; an option not given is left out
+        opts = [f"--{k}={v}" for k, v in given.items() if v] + list(self.extra)
         for o in opts:
             if "\n" in o or "\r" in o:
                 raise UsageError(f"sbatch option {o!r}: holds a line break")

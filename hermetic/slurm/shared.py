@@ -1,17 +1,6 @@
-"""Where a Slurm task gets the image: a store every node mounts, or the registry it was pushed to.
-
-Clusters seldom run a registry; they share a filesystem (home, scratch,
-project space). When hermetic's store is on one, the tasks take the image from
-it by digest (every blob checked against its digest before use,
-hermetic.store.intact) and no registry is needed: ``--shared-store DIR``
-names such a cache (the image is copied there first when it is not in it), or
-``HERMETIC_CACHE`` itself counts as one when it lies below a ``--shared-root``
-or on a network filesystem (NFS, Lustre, GPFS, BeeGFS, CephFS...). Otherwise
-the tasks pull the image by digest from where it was pushed. The
-choice, and why, is said before anything is submitted.
-
-A node with its own cache (``--node-cache``) copies the image from the shared
-store into it, verified blob by blob; a blob it has is not copied again.
+"""Where a Slurm task gets the image: a store every node mounts (``--shared-store``, or HERMETIC_CACHE below a
+``--shared-root`` or on a network filesystem), each blob checked by digest, else the registry it was pushed to.
+The choice and why are said before anything is submitted; ``--node-cache`` copies from the shared store.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""``slurm.json`` beside each run (and group) `hermetic submit` prepared, and the live state of the jobs.
-
-The file says what hermetic knows: ``submitted`` (with the job ID), then, from
-the task on its node, ``running`` (with the node), ``finished`` (the run's
-record is written) or ``failed`` (hermetic stopped before a record could be
-written, with the reason and exit code). `hermetic runs` shows it for runs
-without a record yet and asks Slurm (one ``squeue``) whether those are
-``pending`` or ``running``; ``--wait`` polls ``scontrol`` for the job's end.
+"""``slurm.json`` beside each prepared run (and group): ``submitted``, ``running``, ``finished`` or ``failed``
+(with the reason); `hermetic runs` asks ``squeue`` whether a run without a record is pending or running, and
+``--wait`` polls ``scontrol`` for the job's end.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""``slurm/submit.json``: everything decided at submit time, read back by every task on its node.
-
-The shared checkout may change between ``hermetic submit`` and the moment a
-task starts (hours later, on a busy cluster), so nothing a task needs is
-read from it: the resolved config, the script's path in the snapshot and its
-arguments, the seeds, the image by digest (with the repo digests the nodes
-pull it by, and its description for the record), the dataset paths with the
-manifests as verified at submit (copied beside this file), the code
-snapshot (``slurm/code/source.tar``, made once, at submit) and the run
-directory prepared for each member. A task turns it back into the
-RunRequest `hermetic replay` would build (source_tar, image_manifest,
-replay_git) and hands it to hermetic.run.runner.execute.
+"""``slurm/submit.json``: everything decided at submit time, read back by every task on its node (the checkout
+may change meanwhile): the config, script and arguments, seeds, the image by digest, datasets with the manifests
+as verified, the code snapshot, the prepared run directories. A task turns it into the RunRequest a replay
+would build.
 """
 
 from __future__ import annotations

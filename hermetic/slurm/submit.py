@@ -1,21 +1,7 @@
-"""``hermetic submit``: every check first, then the snapshot, the prepared directories, the scripts, sbatch.
-
-Refused before anything is submitted (or written), each with one line
-naming what and how to fix it: no controller answering, a partition that
-does not exist (or has fewer nodes than asked), an image the nodes could not
-get (not in a store they mount -- ``--shared-store``, or HERMETIC_CACHE on a
-shared filesystem -- and never pushed, or gone from the registry it was
-pushed to: hermetic.slurm.shared says which way was chosen and why), a
-dataset (or the runs directory, or hermetic itself) on a filesystem only
-this machine sees, a dataset that does not match its manifest, a secret
-given as NAME=VALUE (it would be written into the shared runs directory).
-
-Then, once: the code snapshot (``slurm/code/source.tar``), the manifests as
-verified, one prepared run directory per member (each with its
-``slurm.json``), ``slurm/submit.json``, the scripts, and the jobs: the task
-(an array for ``--seeds``) submitted held, so that every file names its job
-before any task can start, then released; for a group, the summary job
-``afterany`` the array. A failure on the way removes what was made.
+"""``hermetic submit``: every check first (controller, partition, an image the nodes can get, paths the nodes
+see, data matching its manifest, no NAME=VALUE secret), each one line; then, once: the snapshot, the manifests,
+the prepared run directories, submit.json, the scripts and the jobs (submitted held, so every file names its
+job first, then released; a group's summary ``afterany``). A failure removes what was made.
 """
 
 from __future__ import annotations

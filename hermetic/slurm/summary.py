@@ -1,11 +1,6 @@
-"""The group summary job: after the array (``afterany``), group.json with how many of how many finished.
-
-Members whose task wrote a record enter the group as `hermetic run --seeds`
-groups do (hermetic.record.group: statistics over those that succeeded);
-the ``slurm`` section lists every task with Slurm's final state, exit code
-and node, and for a task with no record the reason its slurm.json gives (or
-Slurm's, e.g. CANCELLED). A group none of whose tasks left a record cannot
-have statistics: the summary then lands in the group's slurm.json alone.
+"""The group summary job, ``afterany`` the array: members with a record enter group.json as `hermetic run
+--seeds` groups do; the ``slurm`` section lists each task's final state, exit code, node and reason. Without any
+record the summary lands in the group's slurm.json alone.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """One Slurm task on its node: the member its array task ID selects, run as `hermetic run` runs it.
 
-The task reads ``slurm/submit.json`` (nothing from the shared checkout, which
-may have changed since), takes the image by digest from the store every node
-mounts when the submission names one (copied into the node's own cache with
-``--node-cache``), else brings it into this node's store from the registry
-recorded at push time (every blob verified either way; nothing else is run),
-runs it on the submitted engine (``--engine``), and hands hermetic.run.runner.execute the
-RunRequest a replay would build: the submitted snapshot and image digest,
-the manifests as verified at submit (the data is verified again here, on the
-node), the run directory prepared for it, and the record's ``slurm``
-section from the task's SLURM_* variables.
-
-Across nodes (``--nodes M``), srun starts one task per node: node 0's is the
-run's record; node k > 0 records its own container (its hardware, its data
-check, its ranks' logs) in ``<run>/nodes/<run id>-node<k>/``. Every node's
-torchrun meets at the first node's address (the static rendezvous, node rank
-= SLURM_NODEID).
+It reads ``slurm/submit.json`` (never the checkout), takes the image by digest from the shared store or the
+registry (verified either way), and hands hermetic.run.runner.execute the RunRequest a replay would build. Across
+nodes, node 0's record is the run's; node k > 0 records its own container under ``<run>/nodes/``; torchrun meets
+at the first node's address.
 """
 
 from __future__ import annotations

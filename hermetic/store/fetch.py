@@ -1,12 +1,7 @@
-"""``hermetic fetch``: every locked wheel for the target, into the wheel store.
-
-For each locked package the store is consulted first: if a file whose sha256
-the lock allows is already there (and its tags fit the image), nothing is
-fetched, and no network is touched at all. Otherwise sources are tried in
-order (the lock's own file URLs, the lock's indexes, pip's configured
-find-links and indexes); a source that does not answer is skipped with a
-note. Among the files a source offers, the best tag for the image is taken
-whose hash the lock allows; the bytes are hashed on their way into the store.
+"""``hermetic fetch``: every locked wheel for the target into the wheel store. A wheel the store holds is never
+fetched again (no network at all); otherwise the sources in order (the lock's URLs, its indexes, pip's
+find-links and indexes), a silent one skipped with a note; the best tag whose hash the lock allows is hashed on
+its way in.
 """
 
 from __future__ import annotations
@@ -107,7 +102,6 @@ class SourceSet:
         self._session_lock = threading.Lock()
         self.unreachable: set[str] = set()
         self._pages: dict[tuple[str, str], list[Candidate] | None] = {}
-        self._dir_listing: dict[str, list[str]] = {}
         self._mu = threading.Lock()
         find_links = list(lock.find_links) + [f for f in sources.find_links if f not in lock.find_links]
         indexes = list(lock.index_urls) + [i for i in sources.indexes() if i not in lock.index_urls]
@@ -370,9 +364,10 @@ def _download(c: Candidate, store: WheelStore, w: LockedWheel, what: str, srcs: 
     if url.startswith("file://") or "://" not in url:
         path = Path(unquote(urlsplit(url).path)) if url.startswith("file://") else Path(url)
         with open(path, "rb") as f:
-            return store.admit_fileobj(f, c.filename, w.sha256s, what=what, on_bytes=tick,
+            return store.admit_stream(f.read, c.filename, w.sha256s, what=what, on_bytes=tick,
                                        size=os.fstat(f.fileno()).st_size)
     import requests
+    import urllib3.exceptions
 
     try:
         resp = srcs.session().get(url, stream=True, timeout=srcs.timeout)
@@ -381,24 +376,11 @@ def _download(c: Candidate, store: WheelStore, w: LockedWheel, what: str, srcs: 
     with resp:
         if resp.status_code != 200:
             raise FetchError(f"{what}: download of {c.filename} failed: HTTP {resp.status_code} from {urlsplit(url).netloc}")
-        it = resp.iter_content(chunk_size=1 << 20)
-        buf = bytearray()
-
-        def read(n: int) -> bytes:
-            nonlocal buf
-            while len(buf) < n:
-                try:
-                    chunk = next(it)
-                except StopIteration:
-                    break
-                buf += chunk
-            out, buf = bytes(buf[:n]), buf[n:]
-            return out
-
+        resp.raw.decode_content = True  # what iter_content would do
         try:
             length = resp.headers.get("Content-Length", "")
-            return store.admit_stream(read, c.filename, w.sha256s, what=what, on_bytes=tick,
+            return store.admit_stream(resp.raw.read, c.filename, w.sha256s, what=what, on_bytes=tick,
                                       size=int(length) if length.isdigit() else None)
-        except requests.RequestException as e:
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
             raise FetchError(f"{what}: download of {c.filename} interrupted: {e.__class__.__name__}") from None
 

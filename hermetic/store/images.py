@@ -1,9 +1,5 @@
-"""Whole images in the store checked and sealed, blob by blob (hermetic.store.intact's stat-based check).
-
-Above both the blob store (oci.py) and the blob check (intact.py), so neither
-needs the other's image view: ``check_image`` is what a no-op build and a run
-of an image by digest call before they trust it, ``seal_image`` what a build
-or a pull calls after it wrote one.
+"""Whole images in the store checked (``check_image``, before a no-op build or a run trusts one) and sealed
+(``seal_image``, after a build or pull wrote one), blob by blob, above oci.py and intact.py.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Is a stored blob still what its name says? Answered from a stat where that is safe.
 
-The one implementation behind the layer cache's reuse of a layer, a no-op
-build, and a run of an image by digest (``store.images.check_image``). Each blob has a
-note, ``<store>/.verified/<hex>``: the blob's stat key (dev, ino, size,
-mtime_ns, ctime_ns) when its bytes were last hashed and found right, and when
-that note was made. A check trusts an unchanged stat key without reading the
-blob, under git's racy-clean rule (``hermetic.hostfs.fsutil.is_racy``): a note made
-within a timestamp tick of the blob's last change is not trusted, and the
-blob is rehashed and noted again. Writers note what they wrote
-(``BlobWriter``, which hashed the bytes on their way in); ``seal`` re-dates
-the notes of blobs whose stat has not changed since (what writing git's index
-does), so that the blobs a build just wrote are trusted by the next no-op
-build without being read again.
-
-What a stat cannot see -- bit rot or a write that leaves size, mtime and
-ctime as they were -- is found by ``hermetic cache verify``, which rehashes
-everything. A note that does not parse is no note (the blob is rehashed): a
-note is never a reason to fail.
+Each blob has a note ``.verified/<hex>``: its stat key when its bytes last hashed right. An unchanged stat key is
+trusted without reading the blob, under git's racy-clean rule (a note within a timestamp tick of the change is
+not); ``seal`` re-dates notes as writing git's index does. What a stat cannot see is ``hermetic cache verify``'s;
+a note that does not parse is no note.
 """
 
 from __future__ import annotations

@@ -1,27 +1,7 @@
-"""Who is using the OCI store now, so that ``hermetic cache gc`` never deletes what they need.
-
-Two kinds of users, two marks, both flocks (filelocks: gone when the holder
-dies, never shared with a fork), so a killed user never blocks gc and a live
-one is never mistaken for a dead one:
-
-- **Writers** (a build, from the first blob it looks at to the refs it sets;
-  a pull or a base import likewise) hold ``<oci>/.gc.lock`` *shared* for as
-  long as they write (``writing``). Their new blobs are named by no ref until
-  the end, and the blobs they reuse (cached layers, the base) are named by
-  nothing they hold either; gc takes the same lock *exclusively*, so it waits
-  for the writers that are running and no writer starts while it deletes.
-- **Users of a finished image** (a run, by manifest digest, for as long as
-  it runs; a build of the image it returns) claim it (``claim_image``): an
-  empty file ``<oci>/in-use/<manifest hex>.<random>`` that this process
-  holds an flock on until it exits. gc keeps every image a live claim names,
-  and all its manifest reaches (config, layers; an index's manifests). A
-  claim is made under the shared lock, so a gc that starts later sees it and
-  one that was running has finished: what it deleted before, the check that
-  follows the claim finds missing (``images.check_image``).
-
-A claim needs an inode and no data block, so it can be made on a full disk;
-where it cannot be made at all (a read-only store, which no gc can change
-either) the image is used without one.
+"""Who is using the OCI store now, so ``hermetic cache gc`` never deletes what they need; both marks are flocks
+(gone when the holder dies). Writers (build, pull, base import) hold ``.gc.lock`` shared while they write, gc
+takes it exclusively. A run claims its image (``in-use/<hex>.<random>``, held until exit, made under the shared
+lock; no data block needed, so a full disk allows it); gc keeps all a live claim reaches.
 """
 
 from __future__ import annotations

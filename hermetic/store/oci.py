@@ -1,18 +1,8 @@
-"""The local OCI image layout store (image-spec "OCI Image Layout").
+"""The local OCI image layout store (``skopeo inspect oci:<dir>:<ref>`` reads it).
 
-``$HERMETIC_CACHE/oci`` is a valid OCI layout that any OCI tool can read
-(``skopeo inspect oci:<dir>:<ref>``): blobs/sha256/<hex>, oci-layout, and an
-index.json whose entries carry ``org.opencontainers.image.ref.name``.
-
-Blobs enter only through ``BlobWriter``: bytes are hashed while written to a
-temp file in the store's own tmp/, checked against the expected digest, and
-renamed into place, so a crash leaves at most a stray temp file, never a
-wrong blob. A full disk removes the temp file at once (errors.DiskFull). The
-temp file is locked by its writer (fsutil.OwnedTemp), so the next writer
-removes a dead writer's file and never a live one's. The writer notes the
-blob's stat for intact.py, which answers "is this blob still right?" from a
-stat where that is safe. index.json is rewritten atomically under an flock,
-so concurrent builders and pullers cannot lose each other's refs.
+Blobs enter only through ``BlobWriter``: hashed while written to a temp file in tmp/ (locked by its writer, so
+only a dead writer's is swept), checked, renamed into place; a crash leaves a stray temp file, never a wrong blob,
+a full disk removes it at once. index.json is rewritten atomically under an flock.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""OCI 1.1 referrers in the local OCI layout: artifacts whose ``subject`` is an image.
-
-An artifact (provenance, SBOM, signature) is an OCI image manifest with an
-``artifactType``, the empty config descriptor and one layer holding the
-document, and a ``subject`` descriptor naming the image it is about
-(image-spec 1.1 manifest.md, "Guidelines for Artifact Usage").
-
-The image layout has no referrers API, so the store keeps, per subject, the
-same thing a registry without one keeps (distribution-spec 1.1, "Referrers
-Tag Schema"): an image index listing the artifacts' descriptors (with their
-``artifactType`` and annotations), named by the ref ``sha256-<subject hex>``.
-One mechanism on both sides: a push copies the entries, a pull adds to them.
-``cache gc`` keeps a referrers ref exactly as long as its subject is kept
-(``referrers_to_keep``).
+"""OCI 1.1 referrers in the local layout: artifacts (provenance, SBOM, signature) whose ``subject`` is an image,
+listed per subject in an image index under the ref ``sha256-<subject hex>`` (the referrers tag schema, as a
+registry without the API keeps it). A push copies the entries, a pull adds to them; gc keeps the ref as long as
+its subject.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""The wheel store: wheels by sha256, admitted only after their hash is checked.
-
-Layout: ``<root>/sha256/<hex>/<original filename>``. The file name is kept
-because installers read tags and the distribution name from it; the
-directory name is the identity. A file enters through a temp file in
-``<root>/tmp`` and an atomic rename, after its sha256 has been computed from
-the bytes actually written, so a wrong file never appears. The temp file is
-locked by its writer (fsutil.OwnedTemp): a download killed midway leaves it
-behind, and the next writer (or ``hermetic cache gc``) removes it, never a
-live download's. A full disk (ENOSPC, EDQUOT) removes the temp file at once
-and says so in one line naming the store (errors.DiskFull).
+"""The wheel store: ``<root>/sha256/<hex>/<original filename>``, a file admitted through a locked temp file and an
+atomic rename only after the sha256 of the bytes written is one allowed, so a wrong file never appears; a dead
+download's temp file is swept, a full disk removes it at once (DiskFull).
 """
 
 from __future__ import annotations
@@ -18,7 +10,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from hermetic.core.canonical import is_sha256_hex
 from hermetic.core.errors import IntegrityError, disk_full, is_disk_full
@@ -63,12 +55,7 @@ class WheelStore:
         return StoredWheel(sha256, d / names[0])
 
     def find_any(self, sha256s: Iterable[str]) -> list[StoredWheel]:
-        out = []
-        for h in sha256s:
-            w = self.get(h)
-            if w is not None:
-                out.append(w)
-        return out
+        return [w for h in sha256s if (w := self.get(h)) is not None]
 
     def admit_stream(self, read: Callable[[int], bytes], filename: str, allowed: frozenset[str] | set[str],
                      *, what: str = "", on_bytes: Callable[[int], None] | None = None,
@@ -85,10 +72,7 @@ class WheelStore:
         written = 0
         try:
             with owner.open("wb") as f:
-                while True:
-                    chunk = read(READ_SIZE)
-                    if not chunk:
-                        break
+                while chunk := read(READ_SIZE):
                     f.write(chunk)
                     written += len(chunk)
                     h.update(chunk)
@@ -124,11 +108,6 @@ class WheelStore:
         with open(src, "rb") as f:
             return self.admit_stream(f.read, src.name, allowed, what=what, on_bytes=on_bytes,
                                      size=os.fstat(f.fileno()).st_size)
-
-    def admit_fileobj(self, f: BinaryIO, filename: str, allowed: frozenset[str] | set[str], *,
-                      what: str = "", on_bytes: Callable[[int], None] | None = None,
-                      size: int | None = None) -> StoredWheel:
-        return self.admit_stream(f.read, filename, allowed, what=what, on_bytes=on_bytes, size=size)
 
     def entries(self) -> Iterator[StoredWheel]:
         base = self.root / "sha256"
