@@ -130,6 +130,22 @@ def check_data_hashing() -> Check:
                  "install a C compiler and OpenSSL's headers (scripts/ensure-build-deps), then reinstall hermetic")
 
 
+def check_squashfs() -> Check:
+    """Whether `hermetic export --squashfs` can make a file here (the pinned tar2sqfs) and Charliecloud mount one."""
+    from hermetic.engines import squashfs as sqfs
+
+    name = "squashfs"
+    version = sqfs.tool_version()
+    mount = sqfs.fuse_reason()
+    mounts = "squashfuse can mount it here" if mount is None else f"runs from directories here: {mount}"
+    if version is None:
+        return Check(name, "warn", f"tar2sqfs not found: no image as one file; {mounts}", sqfs.INSTALL_HINT)
+    if version != sqfs.TOOL_VERSION:
+        return Check(name, "warn", f"tar2sqfs {version}, not the pinned {sqfs.TOOL_VERSION}: its files would not be "
+                     f"byte-identical to others'; {mounts}", sqfs.INSTALL_HINT)
+    return Check(name, "ok" if mount is None else "warn", f"tar2sqfs {version} (squashfs-tools-ng); {mounts}")
+
+
 # -- stores ----------------------------------------------------------------------
 
 def check_stores(report: Any, paths: Any) -> tuple[Check, Check]:
@@ -175,6 +191,7 @@ def run_doctor(*, rehash: bool = True) -> list[Check]:
     checks.append(check_driver(gpus, gpu_errors, tried))
     checks.append(check_disk(paths.root))
     checks.append(check_data_hashing())
+    checks.append(check_squashfs())
     blobs = paths.oci / "blobs" / "sha256"
     total = sum(p.stat().st_size for p in blobs.iterdir() if p.is_file()) if rehash and blobs.is_dir() else 0
     report = with_byte_bar("rehashing the stores", total,

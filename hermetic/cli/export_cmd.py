@@ -57,7 +57,7 @@ def export(image: str | None, squashfs: bool, output: str | None, config_path: s
         manifest_digest = recorded_manifest_digest(find_config(config_path).parent)
     else:
         manifest_digest = find_image(store, image)
-    out = Path(output) if output else paths.root / "squashfs" / sqfs.file_name(manifest_digest)
+    out = Path(output) if output else sqfs.store_path(paths.root, manifest_digest)
     if not as_json:
         click.echo(f"hermetic: packing {manifest_digest} into {out} ...", err=True)
     made = sqfs.make(store, manifest_digest, out.absolute())

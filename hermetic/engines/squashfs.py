@@ -22,6 +22,7 @@ from typing import IO, Any
 
 from hermetic.core.errors import DataError, HermeticError, IntegrityError, NotFound, Unavailable
 from hermetic.hostfs.fsutil import sha256_file
+from hermetic.store.intact import blob_intact
 from hermetic.engines.unpack import GZIP_TYPES, OPAQUE_MARKER, WHITEOUT_PREFIX, LayerRefused, _normal_name
 
 TOOL = "tar2sqfs"
@@ -32,6 +33,10 @@ OPTIONS = ("--compressor", "zstd", "--comp-extra", "level=3", "--block-size", "1
            "--defaults", "uid=0,gid=0,mode=0755,mtime=0")
 SIDECAR_FORMAT = 1
 INSTALL_HINT = "install squashfs-tools-ng 1.2.0 (Debian 12: apt-get install squashfs-tools-ng)"
+FORM_VARIABLE = "HERMETIC_IMAGE_FORM"  # Charliecloud's image: auto (the default), squashfs or directory
+FORMS = ("auto", "squashfs", "directory")
+# A Slurm task's: the file in the shared store and its sha256 as submitted (checked in full before the mount).
+FILE_VARIABLE, EXPECT_VARIABLE = "HERMETIC_SQUASHFS_FILE", "HERMETIC_SQUASHFS_SHA256"
 
 
 class SquashfsRefused(DataError):
@@ -50,6 +55,30 @@ class SquashImage:
     def to_json(self) -> dict[str, Any]:
         return {"path": str(self.path), "manifest_digest": self.manifest_digest, "sha256": self.sha256,
                 "size": self.size, "tool": self.tool, "made": self.made}
+
+
+def wanted_form() -> str:
+    """HERMETIC_IMAGE_FORM, checked: auto, squashfs or directory."""
+    from hermetic.core.errors import UsageError
+
+    form = os.environ.get(FORM_VARIABLE, "").strip() or "auto"
+    if form not in FORMS:
+        raise UsageError(f"{FORM_VARIABLE}={form!r}: one of {', '.join(FORMS)}")
+    return form
+
+
+def fuse_reason() -> str | None:
+    """Why squashfuse cannot mount a file here (None: it can): no squashfuse, or no access to /dev/fuse."""
+    if shutil.which("squashfuse") is None:
+        return "squashfuse is not installed (Debian: apt-get install squashfuse)"
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return "this account cannot open /dev/fuse (FUSE is not allowed here)"
+    return None
+
+
+def store_path(cache_root: Path, manifest_digest: str) -> Path:
+    """Where the cache keeps an image's file (and `hermetic export` writes it by default)."""
+    return cache_root / "squashfs" / file_name(manifest_digest)
 
 
 def file_name(manifest_digest: str) -> str:
@@ -116,7 +145,7 @@ def make(store: Any, manifest_digest: str, out: Path, *, jobs: int | None = None
         raise IntegrityError(f"{manifest_digest}: not an image manifest (no layers)")
     if out.exists():
         try:
-            kept = check(out, manifest_digest)
+            kept = check(out, manifest_digest, full=False)
             if kept.tool == tool:
                 return kept
         except HermeticError:
@@ -148,17 +177,21 @@ def make(store: Any, manifest_digest: str, out: Path, *, jobs: int | None = None
         os.chmod(tmp, 0o644)
         os.replace(tmp, out)
         os.replace(side_tmp, sidecar_path(out))
+        blob_intact(out.parent, out, sha, size)  # noted: the next check trusts its stat
     finally:
         for p in (tmp, sidecar_path(tmp)):
             p.unlink(missing_ok=True)
     return SquashImage(out, manifest_digest, sha, size, tool, True)
 
 
-def check(path: Path, manifest_digest: str | None = None, sha256: str | None = None) -> SquashImage:
+def check(path: Path, manifest_digest: str | None = None, sha256: str | None = None, *,
+          full: bool = True) -> SquashImage:
     """``path`` as its sidecar says: its sha256 and size, the image its name and sidecar name, the pinned tool.
 
     ``manifest_digest`` / ``sha256``: what the caller expects (a run record, a job script). Any mismatch
-    is SquashfsRefused naming the file; nothing is mounted before this passed."""
+    is SquashfsRefused naming the file; nothing is mounted before this passed. Not ``full``: the bytes are
+    trusted from a stat when they were hashed since they last changed (hermetic.store.intact's note,
+    beside the file), else hashed."""
     if not path.is_file():
         raise NotFound(f"{path}: no such SquashFS file")
     side = sidecar_path(path)
@@ -181,10 +214,14 @@ def check(path: Path, manifest_digest: str | None = None, sha256: str | None = N
     if not str(tool).startswith(f"squashfs-tools-ng {TOOL_VERSION} "):
         raise SquashfsRefused(f"{path} was made by {tool}, not the pinned squashfs-tools-ng {TOOL_VERSION}: "
                               "make it again with `hermetic export --squashfs`")
-    sha, size = sha256_file(path), path.stat().st_size
+    size = path.stat().st_size
+    if full or not isinstance(want_sha, str) or not blob_intact(path.parent, path, want_sha, size):
+        sha = sha256_file(path)
+    else:
+        sha = want_sha
     if size != want_size or sha != want_sha or (sha256 is not None and sha != sha256):
         raise SquashfsRefused(f"{path}: sha256 {sha[:12]}… ({size} bytes) is not the {(sha256 or want_sha)[:12]}… "
-                              "it was made with (truncated or altered); not mounted; make it again with "
+                              "it was made with (truncated or altered): not used; make it again with "
                               "`hermetic export --squashfs`")
     return SquashImage(path, str(named), sha, size, str(tool), False)
 

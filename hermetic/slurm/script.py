@@ -66,7 +66,7 @@ def summary_script(options: SbatchOptions, *, python: str, submission: str, comm
 class PyxisStep:
     """What ``srun --container-image`` needs for one submission (the per-task parts are bash arrays)."""
 
-    image: str  # REGISTRY#REPO@sha256:… (enroot's form; digests need enroot >= 4.0)
+    image: str  # REGISTRY#REPO@sha256:… (enroot's form; digests need enroot >= 4.0), or a SquashFS file's path
     mounts: list[tuple[str, str, bool]]  # (host path, container path, read-only); host may use $RUN_DIR/$WORK
     workdir: str
     env_names: list[str]  # every variable the container must get from the job, over the image's own
@@ -75,6 +75,7 @@ class PyxisStep:
     seeds: list[int]  # per task
     args: list[list[str]]  # per task, {seed} already filled in
     exports: dict[str, str] = field(default_factory=dict)  # the same for every task (passed --env values)
+    image_sha256: str | None = None  # ``image`` is a file: its sha256, checked before any container starts
 
 
 def _mount_spec(mounts: list[tuple[str, str, bool]]) -> str:
@@ -113,6 +114,10 @@ def pyxis_task_script(options: SbatchOptions, step: PyxisStep, *, python: str, s
         'WORK="$RUN_DIR/.workspace"',
         *( [f"export HERMETIC_CACHE={q(cache)}"] if cache else []),
         f"PROBE_SRC=$({q(python)} -c 'import hermetic.inimage.probe as p; print(p.PROBE_DIR)')",
+        *([f"# 0. the image file is the one submitted, or nothing runs (exit 65)",
+           f"echo {q(step.image_sha256 + '  ' + step.image)} | sha256sum --check --status || "
+           f"{{ echo {q('hermetic: ' + step.image + ': its sha256 is not the submitted ' + step.image_sha256 + ' (truncated or altered); nothing was run: export it again with hermetic export --squashfs')} >&2; exit 65; }}"]
+          if step.image_sha256 else []),
         "# 1. the probe, in the same image with the same devices (hermetic folds it into the record)",
         f"srun --ntasks=1 --export=PATH --container-image={step.image} {probe_mount} --no-container-mount-home "
         "--no-container-remap-root --no-container-entrypoint "

@@ -57,6 +57,7 @@ class Submission:
     summary_job_id: int | None = None
     engine: str = "docker"  # what runs the container on the nodes (hermetic.engines)
     shared_store: str | None = None  # a cache every node mounts, the image in it (hermetic.slurm.shared)
+    squashfs: dict[str, str] | None = None  # the image as one file there: {"path", "sha256"} (engines.squashfs)
 
     @property
     def dir(self) -> Path:
@@ -106,6 +107,7 @@ class Submission:
             "partition": self.partition, "nnodes": self.nnodes, "node_cache": self.node_cache,
             "python": self.python, "seed_policy": self.seed_policy, "job_id": self.job_id,
             "summary_job_id": self.summary_job_id, "engine": self.engine, "shared_store": self.shared_store,
+            "squashfs": self.squashfs,
         }
 
     def write(self) -> Path:
@@ -124,6 +126,14 @@ def request_fields(req: RunRequest, *, script: str, git: dict[str, Any] | None, 
         "resume_from": str(req.resume_from) if req.resume_from is not None else None,
         "distributed": req.distributed.to_json() if req.distributed is not None else None,
     }
+
+
+def _squashfs(doc: Any) -> dict[str, str] | None:
+    if doc is None:
+        return None
+    if not (isinstance(doc, dict) and isinstance(doc.get("path"), str) and isinstance(doc.get("sha256"), str)):
+        raise TypeError("squashfs: want {path, sha256}")
+    return {"path": doc["path"], "sha256": doc["sha256"]}
 
 
 def load_submission(path: Path) -> Submission:
@@ -145,7 +155,7 @@ def load_submission(path: Path) -> Submission:
             partition=doc["partition"], nnodes=int(doc["nnodes"]), node_cache=doc["node_cache"],
             python=doc["python"], seed_policy=doc["seed_policy"], job_id=doc.get("job_id"),
             summary_job_id=doc.get("summary_job_id"), engine=str(doc.get("engine") or "docker"),
-            shared_store=doc.get("shared_store"),
+            shared_store=doc.get("shared_store"), squashfs=_squashfs(doc.get("squashfs")),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SubmissionError(f"{path}: malformed submission ({e})") from None

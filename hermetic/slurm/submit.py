@@ -162,7 +162,7 @@ def image_source(store, paths: CachePaths, info, opts: "SlurmOptions") -> tuple[
     from hermetic.store.oci import OciStore
 
     digest = info.manifest_digest
-    if opts.container == "pyxis":  # enroot imports from a registry only
+    if opts.container == "pyxis" and opts.shared_store is None:  # enroot imports from a registry, or a file
         pushed, pull_from = pushed_location(store, digest, info.image_id)
         return ImageSource("registry", None, pull_from, f"pyxis: the nodes import it by digest from {pull_from}"), pushed
     if opts.shared_store is not None:
@@ -200,9 +200,6 @@ def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: li
     # 1. everything that can be refused, before anything is written or submitted
     if opts.container not in CONTAINERS:
         raise UsageError(f"--container {opts.container}: one of {', '.join(CONTAINERS)}")
-    if opts.container == "pyxis" and opts.shared_store is not None:
-        raise UsageError("--container pyxis with --shared-store: enroot imports images from a registry only; "
-                         "push the image, or use --container docker with --engine")
     engine = opts.engine or cfg.model.run.engine
     if opts.container == "pyxis" and (opts.nodes > 1 or template.distributed is not None):
         raise UsageError("--container pyxis with --nodes/--nproc-per-node: the pyxis export runs one process "
@@ -242,13 +239,14 @@ def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: li
     info = built.info
     source, pushed = image_source(store, paths, info, opts)
     log(source.why)  # which way the nodes get the image, and why
+    squashfs = _squashfs_for_nodes(engine, source, opts, info.manifest_digest, log)
     pull_from = source.pull_from or ""
 
     # 2. the submission: directories, snapshot, manifests, scripts (removed again if anything fails)
     made: list[Path] = []
     try:
         sub = _prepare(cfg, template, seeds, opts, partition.name, script, distributed, network, verified, info,
-                       pushed, made, log, engine=engine, source=source)
+                       pushed, made, log, engine=engine, source=source, squashfs=squashfs)
         job_script = _write_scripts(sub, opts, pull_from, script, cfg)
         held = "--hold" in opts.sbatch_args or "-H" in opts.sbatch_args
         job_id = ctl.sbatch(job_script, "--hold")  # released below, once every file names the job
@@ -280,7 +278,8 @@ def submit(cfg: LoadedConfig, paths: CachePaths, template: RunRequest, seeds: li
 
 def _prepare(cfg: LoadedConfig, template: RunRequest, seeds: list[int] | None, opts: SlurmOptions, partition: str,
              script: str, distributed: DistributedPlan | None, network: str, verified, info, pushed: list[str],
-             made: list[Path], log: Log, engine: str = "docker", source: "ImageSource | None" = None) -> Submission:
+             made: list[Path], log: Log, engine: str = "docker", source: "ImageSource | None" = None,
+             squashfs: dict[str, str] | None = None) -> Submission:
     from hermetic.run.snapshot import take_snapshot
 
     runs = cfg.runs_path
@@ -322,7 +321,7 @@ def _prepare(cfg: LoadedConfig, template: RunRequest, seeds: list[int] | None, o
         runs_dir=runs, config=cfg.resolved(), request=fields, members=members,
         image=dataclasses.asdict(info), repo_digests=pushed, container=opts.container, partition=partition,
         nnodes=opts.nodes, node_cache=opts.node_cache, python=sys.executable, seed_policy=policy,
-        engine=engine, shared_store=source.store if source is not None else None,
+        engine=engine, shared_store=source.store if source is not None else None, squashfs=squashfs,
     )
     for m in members:
         rd = sub.run_dir(m)
@@ -374,6 +373,26 @@ def _write_scripts(sub: Submission, opts: SlurmOptions, pull_from: str, script: 
     return path
 
 
+def _squashfs_for_nodes(engine: str, source: "ImageSource", opts: SlurmOptions, digest: str,
+                        log: Log) -> dict[str, str] | None:
+    """The image as one SquashFS file in the store every node mounts, made there once, where the nodes run it
+    from a file: pyxis from a --shared-store, and an engine that runs one (Charliecloud) unless
+    HERMETIC_IMAGE_FORM=directory. None otherwise."""
+    from hermetic.engines import get_engine
+    from hermetic.engines import squashfs as sqfs
+    from hermetic.store.oci import OciStore
+
+    if source.store is None:
+        return None
+    if opts.container != "pyxis" and not (get_engine(engine).runs_squashfs and sqfs.wanted_form() != "directory"):
+        return None
+    root = Path(source.store)
+    made = sqfs.make(OciStore(root / "oci"), digest, sqfs.store_path(root, digest))
+    log(f"the image as one file for the nodes: {made.path} ({made.size:,} bytes, sha256 {made.sha256[:12]}…, "
+        f"{'made now' if made.made else 'already there'}); each task checks its sha256 before it mounts it")
+    return {"path": str(made.path), "sha256": made.sha256}
+
+
 def _gpus_per_node(gpus: str | None) -> str | None:
     from hermetic.config.gpus import gpu_count
 
@@ -395,8 +414,11 @@ def _pyxis_step(sub: Submission, pull_from: str, script: str, cfg: LoadedConfig)
     from hermetic.core.reference import parse_image_name
     from hermetic.run.plan import passed_env
 
-    name = parse_image_name(pull_from)
-    image = f"{name.host}#{name.repository}@{sub.image['manifest_digest']}"
+    if sub.squashfs:  # pyxis mounts the file as it is (enroot imports nothing)
+        image, image_sha256 = sub.squashfs["path"], sub.squashfs["sha256"]
+    else:
+        name = parse_image_name(pull_from)
+        image, image_sha256 = f"{name.host}#{name.repository}@{sub.image['manifest_digest']}", None
     workdir = cfg.model.build.workdir
     mounts: list[tuple[str, str, bool]] = [("$WORK", workdir, False), ("$RUN_DIR/outputs", OUTPUTS_MOUNT, False),
                                            ("$RUN_DIR/.runtime", RUNTIME_MOUNT, False)]
@@ -408,7 +430,7 @@ def _pyxis_step(sub: Submission, pull_from: str, script: str, cfg: LoadedConfig)
     python = f"{cfg.model.build.prefix}/bin/python"
     command = [python, script] if script.endswith(".py") else [f"./{script}"]
     args = [script_args(sub.request["args"], m.seed) for m in sub.members]
-    return PyxisStep(image=image, mounts=mounts, workdir=workdir, env_names=env_names, command=command,
+    return PyxisStep(image=image, image_sha256=image_sha256, mounts=mounts, workdir=workdir, env_names=env_names, command=command,
                      run_dirs=[str(sub.run_dir(m)) for m in sub.members], seeds=[m.seed for m in sub.members],
                      args=args, exports=exports)
 
