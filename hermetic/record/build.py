@@ -1,19 +1,5 @@
-"""Helpers that assemble a record section by section (``hermetic run`` fills the rest).
-
-Typical use::
-
-    rid = new_run_id(now, name)
-    run_dir = create_run_dir(runs_root, rid)
-    rec = begin_record(rid, argv=sys.argv, script="train.py", args=[...], config=cfg.resolved(),
-                       config_sha256=cfg.sha256, gpus="all")
-    rec["image"] = {...}; rec["code"] = {...}; rec["data"] = {...}
-    rec["seed"] = seed_section(0, "config")
-    rec["env"] = env_section(determinism_env, passed_env)
-    rec["software"], rec["hardware"] = probe["software"], probe["hardware"]
-    write_record(run_dir, rec)                      # optional early record: status "interrupted"
-    ... run the container ...
-    rec = finish_record(rec, run_dir, status="succeeded", exit_code=0)
-    write_record(run_dir, rec)
+"""Helpers that assemble a record section by section (``hermetic run`` fills the rest): ``begin_record``, then
+``seed_section``, ``env_section``, an early ``write_record`` (status ``interrupted``), and ``finish_record``.
 """
 
 from __future__ import annotations

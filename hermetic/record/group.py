@@ -1,9 +1,7 @@
 """Multi-seed groups: runs/<group_id>/group.json summarizes the same run under several seeds.
 
-Only members that succeeded enter the statistics (a failed member's last
-metrics are not a result); non-finite values (a diverged seed) are counted
-but left out of mean and SD. Per metric: n, mean, sample SD and the 95%
-interval of the mean, mean ± t(0.975, n-1)·SD/√n (hermetic.core.stats).
+Only succeeded members enter the statistics; non-finite values are counted but left out of mean and SD
+(95% interval of the mean: hermetic.core.stats).
 """
 
 from __future__ import annotations

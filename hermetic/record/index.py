@@ -1,12 +1,7 @@
 """runs/.index.jsonl: one summary line per run or group, so listing never parses run.json.
 
-Written by ``write_record``/``write_group`` (one appended line each, under a
-flock; the last line for an ID wins) and repaired by the reader: directories
-the index does not know are read once and appended, entries whose directory
-is gone are dropped (the file is rewritten when they pile up). The index is a
-cache: deleting it is always safe, the next listing rebuilds it. This module
-imports only the standard library and hermetic.core.canonical/fsutil, so that
-``hermetic runs`` starts fast.
+Appended under a flock (the last line for an ID wins) and repaired by the reader. A cache: deleting it is safe.
+Standard library and hermetic.core only, so ``hermetic runs`` starts fast.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Metrics from what the script already writes (``run.metrics``: ``auto``, ``none`` or a list of sources),
-and the run's one normalized series file.
+"""Metrics from what the script already writes (``run.metrics``: ``auto``, ``none`` or a list of sources).
 
-Sources under outputs/: ``metrics.jsonl`` at its top (names as written), TensorBoard's ``*tfevents*``
-(``tensorboard/<tag>``), Lightning's ``metrics.csv`` (``lightning/<column>``), the Trainer's
-``trainer_state.json`` and ``*_results.json`` (``trainer/<key>``); several directories of one source name
-themselves as TensorBoard names runs. Wall-clock figures are kept apart and never compared. Every file was
-written by an untrusted script: read once in the collection step (hermetic.run.collect), streamed within the
-caps below (what they leave out is counted in ``metrics.left_out``), and written once by hermetic to
-``runs/<id>/metrics/series.jsonl``, whose sha256 the record keeps.
+Sources under outputs/: ``metrics.jsonl``, TensorBoard event files, Lightning's ``metrics.csv``, the Trainer's
+``trainer_state.json`` and ``*_results.json``. Read within the caps below, once, and written to
+``runs/<id>/metrics/series.jsonl``, whose sha256 the record keeps. Wall-clock figures are never compared.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The run directory on disk: create it, write and load run.json, find a run by ID.
-
-``runs/<id>/`` holds run.json (the record), README.md (how to reproduce it,
-in words), outputs/, logs/, code/ (source.tar, diff.patch) and data/
-(copies of the dataset manifests the run was verified against).
+"""The run directory on disk (run.json, README.md, outputs/, logs/, code/, data/): create it, write and load
+run.json, find a run by ID.
 """
 
 from __future__ import annotations

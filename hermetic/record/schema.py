@@ -1,10 +1,6 @@
 """The shape of run.json, checked strictly: every key present, nothing extra, right types.
 
-The record stays a plain dict everywhere (it is hashed, diffed and written as
-JSON); these models only *check* it. A malformed record is refused with one
-line naming the key path, e.g. ``image.packages[3].sha256: must be 64
-lowercase hex characters``. ``software`` and ``hardware`` are whatever the
-in-image probe reports, so only their container types are checked.
+The record stays a plain dict; a malformed one is refused with one line naming the key path.
 """
 
 from __future__ import annotations

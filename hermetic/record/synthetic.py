@@ -1,9 +1,4 @@
-"""A complete, plausible record built from fixed values: for tests, benchmarks and examples.
-
-Every section is filled the way ``hermetic run`` fills it, so a test can
-plant exactly one difference into a copy and check that ``hermetic diff``
-names it and nothing else.
-"""
+"""A complete, plausible record built from fixed values: for tests, benchmarks and examples."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""After the container: what the script left behind (outputs/, its working directory, the runtime's directory),
-collected in one step by a child running as the container's user (hermetic.hostfs.privdrop) through
-hermetic.hostfs.safetree (no link followed, no FIFO opened, names escaped), as plain JSON the record step seals.
-A link, a FIFO, a malformed metrics file or report is a note, never a lost exit code. Metrics files are read
-within hermetic.record.metrics' caps; TensorBoard's event files by TensorBoard's own reader (tb_scalars) in a
-locked-down container of the run's image, else as the container's user with the host's tensorboard, else noted.
+"""After the container: outputs/, the working directory and the runtime's directory collected in one step by a
+child running as the container's user, through hermetic.hostfs.safetree, as JSON the record step seals.
+A link, a FIFO or a malformed file is a note, never a lost exit code.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """What a run will be, decided before anything is built, verified or started (pure, or reads only).
 
-``RunRequest`` is what the user asked for (``hermetic run`` options, or a
-record for ``replay``); the functions here turn it and the config into
-typed plans: the script as a path in the snapshot, each dataset's host
-path, manifest and mount, the environment passed in, the container user.
+``RunRequest`` (``hermetic run`` options, or a record for ``replay``) and the config become typed plans.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """``hermetic replay RUN``: re-execute a recorded run with exactly its recorded inputs.
 
-The image by its manifest digest (from the store, pulled from a registry the
-record names when the store lacks it), the recorded source snapshot rather
-than today's working tree, the recorded config, seed, script, arguments,
-devices and network, and the same data, verified against the manifest copies
-kept in the run directory. An input that can no longer be had (image gone,
-data changed, snapshot damaged) refuses the replay and says which; so does an
-original whose outputs are no longer what its record says (it is what the
-replay is compared with).
+Image by digest, recorded snapshot, config, seed, script, args, devices, network and verified data; an input
+that can no longer be had, or an original whose outputs changed, refuses the replay and says which.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """``--resume-from RUN``: the earlier run's outputs, checked against its sealed record, put where its script wrote them.
 
-A resumed run trains on what the earlier run left (a checkpoint, or data a
-first step made), so those bytes are an input: they must be what the earlier
-run's record says it produced. Every file is hashed against ``outputs.files``
-of that run's sealed run.json before anything starts (a changed, missing or added
-file refuses the run, naming it), and again while it is copied (a file that
-changes in between refuses it too). What the earlier script wrote to /outputs
-goes to /outputs; what was collected from its working directory
-(``outputs.workdir.collected``, e.g. ``out/model.pt``) goes back to that path
-in the working directory, where the script will look for it.
+Every file is hashed against that run's ``outputs.files`` before anything starts and again while it is copied;
+/outputs files go to /outputs, collected working-directory files back to their path there.
 """
 
 from __future__ import annotations

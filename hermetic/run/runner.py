@@ -1,20 +1,8 @@
 """The order of a run: image -> data -> run dir -> container (at its gate) -> code -> probe -> record -> run.
 
-Every input is pinned or verified before the script can start: the image is
-built (a no-op when up to date) or, for a replay, taken by digest; each
-dataset is checked against its manifest (a failure stops here, before any
-run directory or container); the run directory is new, never reused. Then
-the container is started where the engine can (Docker: its create and start,
-mostly runc's time), its command held at a gate (engines.base.Gate)
-while the code is snapshotted into its working directory, the probe runs in
-the same image with the same devices and the record is written; the gate
-opens when all of that is done, and a failure on the way removes the
-container with its command never run. The record is written early (status
-``interrupted``) and again at the end, so even a hard kill leaves a record
-behind; Ctrl-C and SIGTERM end with status ``interrupted``.
-
-Nothing here prints: progress messages go to ``log`` (the CLI's), the
-container's output is streamed by the run's engine (hermetic.engines) when asked.
+Every input is pinned or verified before the script starts; the container's command waits at a gate
+(engines.base.Gate) until the code, probe and early record (``interrupted``) are in place. Nothing here prints:
+progress goes to ``log``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """The working directory: a writable copy of the code snapshot, and what the script left in it.
 
-Scripts written before hermetic write ``model.pt`` or ``out/ckpt.pt`` where
-they stand. The container's working directory is therefore a scratch copy
-of the snapshot (the snapshot in the run directory stays as it was), and
-after the run every file that is new or changed there, and matches
-``run.outputs``, is moved into ``runs/<id>/outputs/`` at the same relative
-path, where it is hashed and compared like anything written to /outputs.
-Caches (``__pycache__/``, ``*.pyc``) never count, nor the datasets mounted
-inside the directory. How much the directory may grow is bounded by
-``run.workdir_size``: a watcher stops the container when it grows past it.
+After the run, new or changed files matching ``run.outputs`` move to ``runs/<id>/outputs/`` (caches and mounted
+datasets never count); ``run.workdir_size`` bounds how much the directory may grow.
 """
 
 from __future__ import annotations
