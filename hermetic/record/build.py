@@ -11,10 +11,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hermetic import __version__
+from hermetic.config.secretnames import is_secret_name
 from hermetic.record.ids import iso_utc
-from hermetic.record.secrets_policy import is_secret_name
-
-METRICS_FILE = "outputs/metrics.jsonl"
 
 
 def begin_record(run_id: str, *, argv: Sequence[str], script: str, args: Sequence[str],

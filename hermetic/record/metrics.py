@@ -28,7 +28,7 @@ TENSORBOARD = "tensorboard"
 LIGHTNING = "lightning"
 TRAINER = "trainer"
 SOURCES = (JSONL, TENSORBOARD, LIGHTNING, TRAINER)
-JSONL_FILE = "metrics.jsonl"  # at the top of outputs/ (hermetic.record.build.METRICS_FILE)
+JSONL_FILE = "metrics.jsonl"  # at the top of outputs/
 SERIES_FILE = "metrics/series.jsonl"  # in the run directory, written by hermetic
 
 # Bounds on what the script's files may make hermetic read and keep (hermetic run stays within 300 MB).
@@ -73,12 +73,6 @@ def enabled_sources(setting: Any) -> tuple[str, ...]:
     if setting == "none":
         return ()
     return tuple(s for s in SOURCES if s in setting)
-
-
-def source_of(name: str) -> str:
-    """The source a metric name came from, by its prefix (bare names: metrics.jsonl)."""
-    head = name.split("/", 1)[0]
-    return head if head in SOURCES[1:] and "/" in name else JSONL
 
 
 # ---------------------------------------------------------------- finding the files

@@ -237,14 +237,6 @@ def metrics_series(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, list
     return dict(sorted(series.items()))
 
 
-def metrics_summary_at(dirfd: int, name: str, label: str) -> dict[str, Any]:
-    """metrics_summary of the regular file ``name`` in the directory ``dirfd`` (UnsafePath when it is a link
-    or special file); ``label`` names it in errors."""
-    fd = safetree.open_regular(dirfd, name)
-    with os.fdopen(fd, "r", encoding="utf-8", errors="replace", newline="\n") as f:
-        return _summarize(_parse_metric_lines(Path(label), f))
-
-
 def metric_lines(path: Path):  # -> Iterator[(line count, step or None, [(name, number)])]
     """The parsed lines of a metrics.jsonl (see metrics_summary for the rules).
 

@@ -16,7 +16,7 @@ from hermetic.core.errors import CannotCreate, EXIT_SOFTWARE, HermeticError, Int
 from hermetic.hostfs.fsutil import atomic_write_text
 from hermetic.record.index import GROUP_JSON, INDEX_NAME, RUN_JSON, append_entry, run_entry
 from hermetic.record.seal import seal, verify_seal
-from hermetic.record.secrets_policy import REDACTED, is_secret_name
+from hermetic.config.secretnames import REDACTED, is_secret_name
 
 RUN_SUBDIRS = ("outputs", "logs", "code", "data")
 README_NAME = "README.md"

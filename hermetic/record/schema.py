@@ -16,7 +16,7 @@ from hermetic.core.canonical import is_sha256_hex
 from hermetic.core.errors import DataError
 from hermetic.core.paths import name_pattern
 from hermetic.record.ids import RUN_ID_RE
-from hermetic.record.secrets_policy import is_secret_name
+from hermetic.config.secretnames import is_secret_name
 
 SCHEMA_VERSION = 1
 _ISO_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|\+00:00)$")

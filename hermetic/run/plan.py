@@ -172,7 +172,7 @@ def redact_argv(argv: list[str]) -> list[str]:
     argv.txt and invocation.argv keep the command line as typed; a secret
     given as NAME=VALUE must not ride along (env.secrets keeps its name).
     """
-    from hermetic.record.secrets_policy import REDACTED, is_secret_name
+    from hermetic.config.secretnames import REDACTED, is_secret_name
 
     def item(text: str) -> str:
         name, eq, _ = text.partition("=")

@@ -68,7 +68,7 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
                    argv: list[str], data_paths: dict[str, str] | None = None) -> tuple[LoadedConfig, RunRequest]:
     """The run again, as recorded. ``data_paths``: NAME -> where that dataset is on this machine
     (``--data``), when it is not at its recorded path; verified against the run's own manifest copy."""
-    from hermetic.record import secrets_policy
+    from hermetic.config.secretnames import is_secret_name
     from hermetic.record.verify import require_as_recorded
 
     # What the replay will be compared with: the original's outputs as its record says (stat-cached rehash)
@@ -126,7 +126,7 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
     if missing:
         raise ReplayRefused(f"secret variable(s) {', '.join(missing)} were passed to the original run; "
                             "set them in the environment (their values are never recorded)")
-    env += [k for k in env_sec.get("secrets", []) if secrets_policy.is_secret_name(k)]
+    env += [k for k in env_sec.get("secrets", []) if is_secret_name(k)]
 
     resume_dir = None
     if inv.get("resume_from"):

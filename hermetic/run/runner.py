@@ -336,7 +336,7 @@ def probe_image(engine, info: ImageInfo, python: str, user: ContainerUser, gpus:
                 paths: CachePaths, env: RunEnvironment) -> dict[str, Any]:
     """The probe in the training run's image, with its devices and the variables it was given (not its
     secrets, nor hermetic's per-run bookkeeping: neither changes what the machine is)."""
-    from hermetic.record.secrets_policy import is_secret_name
+    from hermetic.config.secretnames import is_secret_name
     from hermetic.run.probe import run_probe
 
     given = {k: v for k, v in env.given.items() if not is_secret_name(k)}
