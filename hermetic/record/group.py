@@ -168,11 +168,8 @@ def _mixed_inputs(members: list[dict[str, Any]]) -> list[str]:
 def write_group(runs_root: str | os.PathLike[str], group_id: str, member_run_ids: list[str], *,
                 now: datetime | None = None, name: str | None = None, extra: dict[str, Any] | None = None,
                 planned: list[int] | None = None) -> Path:
-    """Summarize the member runs into ``runs_root/group_id/group.json``; return that directory.
-
-    Each member must be a sealed run under ``runs_root`` whose
-    ``invocation.group`` is ``group_id``. May be called again (e.g. after
-    each member finishes); the file is replaced atomically each time.
+    """Summarize the member runs (sealed, under ``runs_root``, of ``invocation.group`` ``group_id``) into
+    ``runs_root/group_id/group.json``, replaced atomically on each call; return that directory.
     """
     root = Path(runs_root)
     members = [load_record(root / rid) for rid in member_run_ids]

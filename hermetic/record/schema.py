@@ -364,9 +364,7 @@ def _check_shape(model: type[_Strict], doc: Any, source: str) -> None:
 
 def validate_record(record: Any, *, source: str = "run.json", sealed: bool = True) -> dict[str, Any]:
     """Return ``record`` unchanged if it has the documented shape; else raise RecordError.
-
-    ``sealed=False`` accepts an empty ``record.record_sha256`` (a record about
-    to be sealed); loaded records must be sealed.
+    ``sealed=False`` accepts an empty ``record.record_sha256`` (a record about to be sealed).
     """
     _check_shape(Record, record, source)
     _check_cross_fields(record, source, sealed)
@@ -415,11 +413,8 @@ def _first_error(e: ValidationError, data: Any, source: str) -> str:
 
 
 def _key_path(loc: tuple[Any, ...], data: Any) -> str:
-    """pydantic's error location as a key path through the *data*: ``a.b[0]["odd/key"]``.
-
-    Parts that do not index into the data (union member tags such as
-    ``'int'``, pydantic's ``'[key]'`` marker) are dropped, so the path names
-    a key the user can find in the file.
+    """pydantic's error location as a key path through the *data* (``a.b[0]["odd/key"]``): parts that do
+    not index into the data (union tags, ``'[key]'``) are dropped.
     """
     out = ""
     node = data

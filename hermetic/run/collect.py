@@ -185,10 +185,8 @@ def stdout_entry_at(run_fd: int, notes: list[str] | None = None) -> dict[str, An
 def read_event_files(run_dir: str, events: list[dict[str, Any]], settings: RunSettings, kept: mx.Kept, *,
                      uid: int, gid: int) -> dict[str, Any]:
     """The scalars of the run's event files: ``{"parts", "reader": "image" | "host" | None, "notes", "left_out"}``,
-    within what ``kept`` (the other sources' points) leaves.
-
-    First in a locked-down container of the run's image (reader_container), else on the host in a
-    child as ``uid:gid`` with the host's tensorboard; where neither can, a note (module doc)."""
+    within what ``kept`` leaves: in a container of the run's image, else on the host as ``uid:gid``, else a note.
+    """
     notes: list[str] = []
     files, total = [], 0
     for e in events:
@@ -219,13 +217,9 @@ def reader_request(files: list[str], root: str = READER_OUTPUTS, max_points: int
 
 def reader_container(run_dir: str, files: list[str], settings: RunSettings, max_points: int, *, uid: int,
                      gid: int) -> tuple[bytes | None, str | None]:
-    """(what tb_scalars printed, None) from a container of the run's image on the run's engine, or (None, why
-    not).
-
-    The container is the probe's: the image by ID, a read-only root, tmpfs /tmp, every capability
-    dropped, no-new-privileges, no network, the pids limit, the container's user; the outputs are
-    mounted read-only and the reader's directory beside them; ``python -I`` (no PYTHONPATH, no user site,
-    not the script's directory on sys.path)."""
+    """(what tb_scalars printed, None) from a locked-down container of the run's image (the probe's, outputs
+    read-only, ``python -I``), or (None, why not).
+    """
     if settings.image_id is None or settings.python is None:
         return None, "the run's record names no image"
     from hermetic.engines import get_engine

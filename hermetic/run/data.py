@@ -49,11 +49,9 @@ class VerifiedDataset:
 
 def verify_datasets(plans: list[DatasetPlan], *, progress: bool, log: Callable[[str], None] | None = None,
                     say_how_to_accept: bool = True, reader: ContainerUser | None = None) -> list[VerifiedDataset]:
-    """All of them verified, or DataRefused naming each failing dataset (its problems as details);
-    with ``reader`` (the container's user), refused too when that user cannot read a file of one.
-
-    ``say_how_to_accept``: the refusal's hint says how to write the manifest again (not for a replay,
-    whose manifests are the run's own copies: there a change cannot be accepted)."""
+    """All of them verified, or DataRefused naming each failing one (also when ``reader``, the container's user,
+    cannot read a file). ``say_how_to_accept``: the hint says how to write the manifest again (not for a replay).
+    """
     verified, failed = [], []
     for d in plans:
         if not d.host_path.is_dir():

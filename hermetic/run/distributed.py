@@ -170,12 +170,9 @@ def with_reports(section: dict[str, Any], report: Mapping[str, Any]) -> dict[str
 
 
 def collect_rank_files_at(rtfd: int, runfd: int, plan: DistributedPlan) -> dict[str, dict[str, str]]:
-    """torchrun's per-rank logs -> ``logs/rank<R>/{stdout,stderr}.log``; the other ranks' outputs ->
-    ``ranks/<R>/outputs/``, for the directories ``rtfd`` (the runtime's) and ``runfd`` (the run's). Returns
-    ``{rank: {"stdout": path, "stderr": path}}`` (paths relative to the run directory).
-
-    The container wrote the runtime's directory: only regular files and real
-    directories are moved, through hermetic.hostfs.safetree (no link followed)."""
+    """torchrun's per-rank logs -> ``logs/rank<R>/``, the other ranks' outputs -> ``ranks/<R>/outputs/`` (from the
+    runtime's directory ``rtfd`` to the run's ``runfd``, through safetree); returns ``{rank: {"stdout", "stderr"}}``.
+    """
     from hermetic.hostfs import safetree
 
     logs: dict[str, dict[str, str]] = {}

@@ -50,11 +50,9 @@ class Reaped:
 
 
 def find_orphans(run_ids: Collection[str] | None = None, engines: Collection[str] | None = None) -> list[Orphan]:
-    """The containers whose driver is gone (only those of ``run_ids`` when given; on ``engines``, default every
-    engine whose containers can outlive their driver); [] when no engine answers.
-
-    One question to each engine (Docker's on its socket; Podman's only when it ever stored anything):
-    cheap enough for every ``hermetic runs``."""
+    """The containers whose driver is gone (of ``run_ids`` when given; on ``engines``, default every engine
+    whose containers can outlive their driver); [] when no engine answers.
+    """
     from hermetic.engines import get_engine, orphan_engines
 
     found = []
@@ -80,11 +78,9 @@ def find_orphans(run_ids: Collection[str] | None = None, engines: Collection[str
 
 def reap_orphans(*, by: str, run_ids: Collection[str] | None = None,
                  engines: Collection[str] | None = None) -> list[Reaped]:
-    """Stop and remove every orphan (of ``run_ids`` when given, on ``engines`` as find_orphans) and seal its
-    run's record; what was reaped.
-
-    ``by`` names the command, for the record's reason (``hermetic runs``). Nothing here raises for one
-    orphan's sake: what could not be done is said in its note."""
+    """Stop and remove every orphan (as find_orphans) and seal its run's record (reason names ``by``); what
+    was reaped. Nothing raises for one orphan's sake: its note says what could not be done.
+    """
     orphans = find_orphans(run_ids, engines)
     if not orphans:
         return []

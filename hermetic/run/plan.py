@@ -167,11 +167,7 @@ def passed_env(items: list[str]) -> dict[str, str]:
 
 
 def redact_argv(argv: list[str]) -> list[str]:
-    """argv with the value of each secret-named ``--env NAME=VALUE`` replaced by ``<redacted>``.
-
-    argv.txt and invocation.argv keep the command line as typed; a secret
-    given as NAME=VALUE must not ride along (env.secrets keeps its name).
-    """
+    """argv with the value of each secret-named ``--env NAME=VALUE`` replaced by ``<redacted>``."""
     from hermetic.config.secretnames import REDACTED, is_secret_name
 
     def item(text: str) -> str:

@@ -85,14 +85,10 @@ def _hash(fds: dict[str, int], outputs: str) -> dict[str, Any]:
 
 
 def seed_outputs(source: ResumeSource, outputs: Path, workspace: Path, *, uid: int, gid: int) -> None:
-    """Copy the checked outputs: /outputs' into ``outputs``, working-directory ones into ``workspace``;
-    each file hashed again as it is copied (ResumeRefused if it changed since the check).
-
-    As ``uid`` (who may read anything, write only as itself) and through
-    hermetic.hostfs.safetree: the earlier script made these files, and their record
-    can be rewritten and resealed by anyone, so a recorded link is recreated
-    as a link and never written through (``victimdir`` -> /etc, then
-    ``victimdir/x``: refused), and nothing is overwritten."""
+    """Copy the checked outputs (/outputs' into ``outputs``, working-directory ones into ``workspace``), each
+    rehashed as it is copied (ResumeRefused if changed), as ``uid`` through safetree: a recorded link is
+    recreated as a link, never written through, and nothing is overwritten.
+    """
     src = str(source.run_dir / "outputs")
     call_as(uid, gid, _seed, src, source.run_id, source.files, sorted(source.from_workdir), str(outputs),
             str(workspace), open_dirs=[src, str(outputs), str(workspace)], read_any=True)

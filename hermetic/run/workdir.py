@@ -122,13 +122,8 @@ def collect(workspace: Path, snapshot_files: dict[str, str], outputs: Path, *, i
             exclude: list[str], skip: list[str]) -> WorkdirResult:
     """Move what the script created or changed in ``workspace`` into ``outputs`` (same relative paths).
 
-    ``snapshot_files`` maps the snapshot's paths to their sha256 (the code
-    section); ``skip`` are directories inside the workspace that are not the
-    script's (the datasets' mount points). Both trees were written by the
-    script: every step goes through hermetic.hostfs.safetree (no link followed, no
-    FIFO or device opened); a file whose destination is taken by other bytes,
-    or lies behind a link the script made in /outputs, is a conflict and stays
-    where it was. Paths in the result are record names (safetree.record_name).
+    ``snapshot_files``: snapshot path -> sha256; ``skip``: directories that are not the script's (dataset mounts).
+    Through safetree; a destination taken by other bytes or behind a link is a conflict and stays. Record names.
     """
     wsfd = safetree.open_root(workspace)
     try:
