@@ -13,6 +13,7 @@ import importlib
 import os
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -47,6 +48,9 @@ if TYPE_CHECKING:
     from hermetic.run.resume import ResumeSource  # imported when a run resumes from another's outputs
 
 
+_BESIDE = ThreadPoolExecutor(1, thread_name_prefix="hermetic-beside")  # the source listing, beside the image check
+
+
 def _quiet(_msg: str) -> None:
     pass
 
@@ -72,7 +76,7 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     # The source files, listed once (for the links check here, the snapshot later) by git, in a thread beside
     # the image's no-op check (git's time, not ours); a link the code snapshot could not hold is refused before
     # anything is built or a run directory made.
-    listing = _Beside(check_source_links, cfg, plans) if not req.source_tar else None
+    listing = _BESIDE.submit(check_source_links, cfg, plans) if not req.source_tar else None
     try:
         info = prepare_image(cfg, paths, store, req, log, engine,  # 1. the image
                              before_build=listing.result if listing is not None else None)
@@ -105,29 +109,6 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
             if raised is None:
                 raise
             raise raised from None
-
-
-class _Beside:
-    """``fn(*args)`` run by a thread from now; ``result`` waits for it, and raises what it raised."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._outcome: tuple[bool, Any] | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name="hermetic-beside", daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        try:
-            self._outcome = (True, fn(*args))
-        except BaseException as e:  # noqa: BLE001 - raised again by result(), in the caller's thread
-            self._outcome = (False, e)
-
-    def result(self) -> Any:
-        self._thread.join()
-        assert self._outcome is not None
-        ok, value = self._outcome
-        if not ok:
-            raise value
-        return value
 
 
 @dataclass
