@@ -227,7 +227,7 @@ def test_a_secret_under_env_is_refused_with_the_run_time_way(tmp_path, text, lin
 
 
 def test_the_config_refuses_secrets_by_the_rule_the_record_uses():
-    from hermetic.record.secrets_policy import is_secret_name as record_rule
+    from hermetic.record import is_secret_name as record_rule
     from hermetic.config.secretnames import is_secret_name
 
     assert record_rule is is_secret_name

@@ -292,16 +292,16 @@ def test_the_source_listing_beside_the_image_check_answers_and_refuses_in_the_ca
     import threading
 
     from hermetic.core.errors import DataError
-    from hermetic.run.runner import _Beside
+    from hermetic.run.runner import _BESIDE
 
     seen = []
-    listed = _Beside(lambda a, b: (seen.append(threading.current_thread()), [a, b])[1], "x", "y")
+    listed = _BESIDE.submit(lambda a, b: (seen.append(threading.current_thread()), [a, b])[1], "x", "y")
     assert listed.result() == ["x", "y"] == listed.result() and seen[0] is not threading.current_thread()
 
     def refuse():
         raise DataError("ckpt: a symbolic link with an absolute target (/tmp); nothing was started")
 
-    refused = _Beside(refuse)
+    refused = _BESIDE.submit(refuse)
     for _ in range(2):
         with pytest.raises(DataError, match="ckpt: a symbolic link"):
             refused.result()

@@ -1,19 +1,5 @@
-"""Helpers that assemble a record section by section (``hermetic run`` fills the rest).
-
-Typical use::
-
-    rid = new_run_id(now, name)
-    run_dir = create_run_dir(runs_root, rid)
-    rec = begin_record(rid, argv=sys.argv, script="train.py", args=[...], config=cfg.resolved(),
-                       config_sha256=cfg.sha256, gpus="all")
-    rec["image"] = {...}; rec["code"] = {...}; rec["data"] = {...}
-    rec["seed"] = seed_section(0, "config")
-    rec["env"] = env_section(determinism_env, passed_env)
-    rec["software"], rec["hardware"] = probe["software"], probe["hardware"]
-    write_record(run_dir, rec)                      # optional early record: status "interrupted"
-    ... run the container ...
-    rec = finish_record(rec, run_dir, status="succeeded", exit_code=0)
-    write_record(run_dir, rec)
+"""Helpers that assemble a record section by section (``hermetic run`` fills the rest): ``begin_record``, then
+``seed_section``, ``env_section``, an early ``write_record`` (status ``interrupted``), and ``finish_record``.
 """
 
 from __future__ import annotations
@@ -25,10 +11,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hermetic import __version__
+from hermetic.config.secretnames import is_secret_name
 from hermetic.record.ids import iso_utc
-from hermetic.record.secrets_policy import is_secret_name
-
-METRICS_FILE = "outputs/metrics.jsonl"
 
 
 def begin_record(run_id: str, *, argv: Sequence[str], script: str, args: Sequence[str],
@@ -36,12 +20,8 @@ def begin_record(run_id: str, *, argv: Sequence[str], script: str, args: Sequenc
                  name: str | None = None, replay_of: str | None = None, group: str | None = None,
                  gpus: str | None = None, network: str = "none",
                  resume_from: str | None = None) -> dict[str, Any]:
-    """A record with ``record`` and ``invocation`` filled and status ``interrupted``.
-
-    The other sections are None (or empty) until the caller sets them;
-    write_record refuses the record, naming the first missing section, until
-    they are. Status starts as ``interrupted`` so that a record written early
-    and never finished says so.
+    """A record with ``record`` and ``invocation`` filled and status ``interrupted`` (so an early record that
+    never finishes says so); write_record refuses it until the caller has set the other sections.
     """
     return {
         "record": {"schema_version": 1, "run_id": run_id, "tool": f"hermetic {__version__}",
@@ -71,11 +51,8 @@ def env_section(determinism: Mapping[str, str], passed: Mapping[str, str]) -> di
 
 
 def seed_section(value: int, policy: str, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ``seed`` section; ``applied`` is what the in-image runtime reported (may be empty).
-
-    ``reseeded`` (when the runtime reported the seeds the process ended with, ``applied.final.seeds``):
-    the generators hermetic seeded with ``value`` (at start-up or by seed_everything) whose final seed
-    is another, i.e. that the script seeded itself -- the seed that was used, next to the one given.
+    """The ``seed`` section; ``applied`` is what the in-image runtime reported (may be empty). ``reseeded``:
+    the generators hermetic seeded with ``value`` whose final seed is another (the script seeded itself).
     """
     section: dict[str, Any] = {"value": value, "policy": policy, "applied": dict(applied or {})}
     reseeds = reseeded(value, section["applied"])
@@ -132,15 +109,9 @@ def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, e
                   notes: Sequence[str] = ()) -> dict[str, Any]:
     """A copy of ``record`` with status, exit code, end time, output hashes and metrics filled in.
 
-    ``outputs`` and ``metrics`` are what hermetic.run.collect found (as the
-    container's user); without them, output files are hashed under
-    ``run_dir/outputs`` and metrics read from them here (summarize_metrics:
-    regular files only, never a link; the series file written).
-    ``notes`` are what the collection noticed (a FIFO kept by kind, a metrics
-    file that is a link), kept in ``outputs.notes``. ``reason`` says why
-    hermetic itself failed or refused the run, ``hermetic_exit_code`` the code
-    it returned for it then (not the script's); ``workdir`` is what was
-    collected from the script's working directory (hermetic.run.workdir).
+    ``outputs``/``metrics``/``notes``: what hermetic.run.collect found (without them, hashed and read here);
+    ``reason``/``hermetic_exit_code``: why and with what code hermetic failed or refused the run; ``workdir``: what
+    was collected from the working directory.
     """
     # (the outputs' hashing, with safetree's ctypes, imported here: a run begins its record beside its
     # container's start, and imports what its end needs while the script runs)
@@ -170,11 +141,10 @@ def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, e
 
 def summarize_metrics(run_dir: str | Path, files: dict[str, Any] | None = None,
                       setting: Any = None) -> tuple[dict[str, Any], list[str]]:
-    """The ``metrics`` section from ``run_dir/outputs`` read in this process, and notes; the series file
-    written (hermetic.record.metrics). For a record finished without a collection (a refusal, a record
-    built by hand): ``files`` are its outputs as hashed, ``setting`` is ``run.metrics``. The files are the
-    script's: a link is not read and a malformed one leaves its metrics out, never the record unsealed;
-    TensorBoard's event files are read only by the collection (hermetic.run.collect)."""
+    """The ``metrics`` section from ``run_dir/outputs`` read in this process, and notes; the series file written.
+    For a record finished without a collection: ``files`` as hashed, ``setting`` is ``run.metrics``. No link is
+    read; TensorBoard's event files only by the collection.
+    """
     from hermetic.hostfs import safetree
     from hermetic.record import metrics as mx
 

@@ -1,9 +1,7 @@
 """Multi-seed groups: runs/<group_id>/group.json summarizes the same run under several seeds.
 
-Only members that succeeded enter the statistics (a failed member's last
-metrics are not a result); non-finite values (a diverged seed) are counted
-but left out of mean and SD. Per metric: n, mean, sample SD and the 95%
-interval of the mean, mean ± t(0.975, n-1)·SD/√n (hermetic.core.stats).
+Only succeeded members enter the statistics; non-finite values are counted but left out of mean and SD
+(95% interval of the mean: hermetic.core.stats).
 """
 
 from __future__ import annotations
@@ -170,11 +168,8 @@ def _mixed_inputs(members: list[dict[str, Any]]) -> list[str]:
 def write_group(runs_root: str | os.PathLike[str], group_id: str, member_run_ids: list[str], *,
                 now: datetime | None = None, name: str | None = None, extra: dict[str, Any] | None = None,
                 planned: list[int] | None = None) -> Path:
-    """Summarize the member runs into ``runs_root/group_id/group.json``; return that directory.
-
-    Each member must be a sealed run under ``runs_root`` whose
-    ``invocation.group`` is ``group_id``. May be called again (e.g. after
-    each member finishes); the file is replaced atomically each time.
+    """Summarize the member runs (sealed, under ``runs_root``, of ``invocation.group`` ``group_id``) into
+    ``runs_root/group_id/group.json``, replaced atomically on each call; return that directory.
     """
     root = Path(runs_root)
     members = [load_record(root / rid) for rid in member_run_ids]

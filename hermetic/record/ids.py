@@ -1,9 +1,6 @@
-"""Run and group identifiers: sortable by time, unique without coordination.
+"""Run and group identifiers: ``20261129-214500-1a2b3c[-name]`` (UTC time, 24 random bits).
 
-``20261129-214500-1a2b3c`` (UTC date, time, 24 random bits), optionally
-followed by ``-<name>``. Sorting the IDs as strings sorts the runs by start
-time, so a directory listing is already a history; the random part keeps two
-runs started in the same second on different machines apart.
+Sorted as strings they sort by start time; the random part keeps same-second runs apart.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """runs/.index.jsonl: one summary line per run or group, so listing never parses run.json.
 
-Written by ``write_record``/``write_group`` (one appended line each, under a
-flock; the last line for an ID wins) and repaired by the reader: directories
-the index does not know are read once and appended, entries whose directory
-is gone are dropped (the file is rewritten when they pile up). The index is a
-cache: deleting it is always safe, the next listing rebuilds it. This module
-imports only the standard library and hermetic.core.canonical/fsutil, so that
-``hermetic runs`` starts fast.
+Appended under a flock (the last line for an ID wins) and repaired by the reader. A cache: deleting it is safe.
+Standard library and hermetic.core only, so ``hermetic runs`` starts fast.
 """
 
 from __future__ import annotations
@@ -132,12 +127,8 @@ def read_index(runs_root: str | os.PathLike[str]) -> tuple[dict[str, dict[str, A
 
 
 def entry_from_dir(run_dir: Path) -> dict[str, Any]:
-    """Index entry read from the directory itself (run.json or group.json), or a placeholder.
-
-    Placeholders (status ``incomplete``: no record yet, the run is running or
-    was killed before writing one; ``unreadable``: a record that does not
-    parse) are shown but never written to the index, so the directory is
-    looked at again next time.
+    """Index entry read from the directory itself (run.json or group.json), or a placeholder (``incomplete``,
+    ``unreadable``) that is shown but never written to the index.
     """
     for fname, make in ((RUN_JSON, run_entry), (GROUP_JSON, group_entry)):
         path = run_dir / fname
@@ -185,12 +176,8 @@ def started_from_id(run_id: str) -> str | None:
 
 
 def list_entries(runs_root: str | os.PathLike[str], *, reindex: bool = False) -> list[dict[str, Any]]:
-    """Every run and group under ``runs_root``, newest first, repairing the index as needed.
-
-    Cost: one directory listing plus one read of the index; run.json files
-    are read only for directories the index does not know (all of them with
-    ``reindex=True``). Index writes are best effort: a read-only runs
-    directory is listed all the same.
+    """Every run and group under ``runs_root``, newest first, repairing the index (best effort) as needed;
+    run.json is read only for directories the index does not know (all with ``reindex=True``).
     """
     root = Path(runs_root)
     try:
@@ -237,11 +224,7 @@ def _append_many(root: Path, entries: list[dict[str, Any]]) -> None:
 
 
 def _rewrite(root: Path, names: set[str], fresh: list[dict[str, Any]], *, keep_known: bool) -> None:
-    """Replace the index with one line per live directory.
-
-    The index is re-read under the lock, so a line another process appended
-    since our first read (a newer record for a known run) is kept.
-    """
+    """Replace the index with one line per live directory, re-read under the lock (another process's lines stay)."""
     with file_lock(root / LOCK_NAME):
         current = read_index(root)[0] if keep_known else {}
         merged = {n: e for n, e in current.items() if n in names}

@@ -1,19 +1,8 @@
 """Whether a run is still going, and which process drives it.
 
-The process that executes a run (``hermetic run`` in the foreground, or the
-detached process of ``hermetic run --detach``) holds an flock on
-``runs/<id>/.running.lock`` for as long as the run lives and writes its pid
-beside it. The kernel drops the lock when that process dies, however it
-dies, so "running" is known, never guessed from a record that says
-``interrupted`` because its writer has not finished yet. ``hermetic logs
--f``, ``hermetic runs wait`` and ``hermetic stop`` read it; so does
-``hermetic runs`` to show a live run as ``running``.
-
-A container outlives a driver killed with SIGKILL, so each container names
-its driver (``driver_token``: host, pid and the process's start time, which
-tells a reused pid from the driver); ``driver_gone`` says when that process
-has ended, and hermetic.run.orphans then stops the container and seals the
-run's record.
+The driver holds an flock on ``runs/<id>/.running.lock`` for the run's life (the kernel drops it however the
+process dies) and writes its pid beside it. ``driver_token``/``driver_gone`` tell whether a container's driver
+(host, pid, start time) has ended, for hermetic.run.orphans.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Metrics from what the script already writes (``run.metrics``: ``auto``, ``none`` or a list of sources),
-and the run's one normalized series file.
+"""Metrics from what the script already writes (``run.metrics``: ``auto``, ``none`` or a list of sources).
 
-Sources under outputs/: ``metrics.jsonl`` at its top (names as written), TensorBoard's ``*tfevents*``
-(``tensorboard/<tag>``), Lightning's ``metrics.csv`` (``lightning/<column>``), the Trainer's
-``trainer_state.json`` and ``*_results.json`` (``trainer/<key>``); several directories of one source name
-themselves as TensorBoard names runs. Wall-clock figures are kept apart and never compared. Every file was
-written by an untrusted script: read once in the collection step (hermetic.run.collect), streamed within the
-caps below (what they leave out is counted in ``metrics.left_out``), and written once by hermetic to
-``runs/<id>/metrics/series.jsonl``, whose sha256 the record keeps.
+Sources under outputs/: ``metrics.jsonl``, TensorBoard event files, Lightning's ``metrics.csv``, the Trainer's
+``trainer_state.json`` and ``*_results.json``. Read within the caps below, once, and written to
+``runs/<id>/metrics/series.jsonl``, whose sha256 the record keeps. Wall-clock figures are never compared.
 """
 
 from __future__ import annotations
@@ -33,7 +28,7 @@ TENSORBOARD = "tensorboard"
 LIGHTNING = "lightning"
 TRAINER = "trainer"
 SOURCES = (JSONL, TENSORBOARD, LIGHTNING, TRAINER)
-JSONL_FILE = "metrics.jsonl"  # at the top of outputs/ (hermetic.record.build.METRICS_FILE)
+JSONL_FILE = "metrics.jsonl"  # at the top of outputs/
 SERIES_FILE = "metrics/series.jsonl"  # in the run directory, written by hermetic
 
 # Bounds on what the script's files may make hermetic read and keep (hermetic run stays within 300 MB).
@@ -58,32 +53,22 @@ COUNTERS = frozenset({"epoch", "batch", "iteration", "global_step", "step"})  # 
 
 
 def is_wall_clock(name: str) -> bool:
-    """Whether a metric of a framework's files is a wall-clock figure (never compared): its last name part
-    says a time (``train_runtime``, ``epoch_time``, ``timestamp``) or a rate per second
-    (``train_samples_per_second``)."""
+    """Whether a framework's metric is a wall-clock figure (never compared): a time or a rate per second."""
     return bool(_WALL_CLOCK.search(re.split(r"[/.]", name)[-1].lower()))
 
 
 def is_counter(name: str) -> bool:
-    """``epoch``, ``tensorboard/epoch``, ``trainer/epoch``...: a count logged beside the metrics (a straight
-    line over steps says nothing; plots leave them out unless they are all there is)."""
+    """``epoch``, ``tensorboard/epoch``...: a count logged beside the metrics (plots leave them out)."""
     return re.split(r"[/.]", name)[-1] in COUNTERS
 
 
 def enabled_sources(setting: Any) -> tuple[str, ...]:
-    """``run.metrics`` as the sources to read: ``auto`` (or an older record without the key) every one,
-    ``none`` none, a list those named."""
+    """``run.metrics`` as the sources to read: ``auto`` (or absent) every one, ``none`` none, a list those named."""
     if setting in (None, "auto"):
         return SOURCES
     if setting == "none":
         return ()
     return tuple(s for s in SOURCES if s in setting)
-
-
-def source_of(name: str) -> str:
-    """The source a metric name came from, by its prefix (bare names: metrics.jsonl)."""
-    head = name.split("/", 1)[0]
-    return head if head in SOURCES[1:] and "/" in name else JSONL
 
 
 # ---------------------------------------------------------------- finding the files
@@ -111,8 +96,7 @@ def source_of_file(rel: str) -> str | None:
 
 
 def find_sources(files: dict[str, dict[str, Any]], enabled: Sequence[str]) -> Found:
-    """The files of each enabled source among the outputs as hash_outputs recorded them (record names): only
-    regular files; a link or a FIFO where one would be is noted, never read."""
+    """The files of each enabled source among the recorded outputs: regular files only (a link or FIFO is noted)."""
     found = Found()
     for rel in sorted(files):
         source = source_of_file(rel)
@@ -146,8 +130,7 @@ def _run_dir_of(rel: str) -> str:
 
 
 def _latest_trainer_states(rels: list[str]) -> list[str]:
-    """``*_results.json`` and, per run directory, one trainer_state.json: its own, else the newest
-    checkpoint's (they are copies of the state as it was at each checkpoint)."""
+    """``*_results.json`` and, per run directory, one trainer_state.json: its own, else the newest checkpoint's."""
     states: dict[str, tuple[int, str]] = {}
     kept = []
     for rel in rels:
@@ -169,9 +152,9 @@ def _latest_trainer_states(rels: list[str]) -> list[str]:
 
 
 class Kept:
-    """What a run's readers keep, across its files: at most MAX_METRICS names (of MAX_NAME characters), MAX_POINTS
-    points of one (the last always the last written), MAX_TOTAL_POINTS in all. ``left_out`` counts the rest:
-    ``points``, ``other_names`` (values of names past the caps), ``values`` (not numbers), ``columns``, ``bytes``."""
+    """What a run's readers keep across files, within MAX_METRICS, MAX_NAME, MAX_POINTS and MAX_TOTAL_POINTS;
+    ``left_out`` counts the rest (``points``, ``other_names``, ``values``, ``columns``, ``bytes``).
+    """
 
     def __init__(self, parts: Iterable[dict[str, Any]] = (), left_out: dict[str, int] | None = None):
         parts = list(parts)
@@ -211,8 +194,7 @@ class Kept:
 
 
 def _number(v: Any) -> float | int | str | None:
-    """A number the record can hold (a huge integer as a float, a non-finite one by name); None for a boolean or
-    anything else."""
+    """A number the record can hold (huge int as float, non-finite by name); None for a boolean or anything else."""
     if isinstance(v, str):
         return v if v in NONFINITE else None
     if not isinstance(v, (int, float)) or isinstance(v, bool):
@@ -254,8 +236,7 @@ def _csv_lines(f: io.TextIOBase, kept: Kept, label: str) -> Iterable[str]:
 
 
 def read_lightning_csv(f: io.TextIOBase, label: str, kept: Kept) -> dict[str, list[list[Any]]]:
-    """Lightning's CSVLogger metrics.csv: a header (``epoch``, ``step``, then one column per logged name) and a
-    row per logging call with the other cells empty. ``step`` is each row's step (else its row number)."""
+    """Lightning's CSVLogger metrics.csv: a header and a row per logging call; ``step`` (else the row number)."""
     reader = csv.reader(_csv_lines(f, kept, label))
     try:
         header = next(reader)
@@ -291,8 +272,9 @@ def read_lightning_csv(f: io.TextIOBase, label: str, kept: Kept) -> dict[str, li
 
 
 def read_trainer_state(data: bytes, label: str, kept: Kept) -> tuple[dict[str, list[list[Any]]], int | None]:
-    """trainer_state.json's ``log_history`` (a list of dicts, each with ``step``): every number but ``step``
-    is a point at that step. Returns (series, the state's last step: ``global_step``, else the largest)."""
+    """trainer_state.json's ``log_history``: every number but ``step`` is a point at that step.
+    Returns (series, the last step: ``global_step``, else the largest).
+    """
     doc = _json_object(data, label)
     history = doc.get("log_history")
     if not isinstance(history, list):
@@ -336,9 +318,9 @@ def _json_object(data: bytes, label: str) -> dict[str, Any]:
 
 
 def read_file_parts(outputs_fd: int, found: Found) -> tuple[list[dict[str, Any]], list[str], dict[str, int]]:
-    """The parts of every source but TensorBoard's (read elsewhere: hermetic.inimage.tb_scalars), each as
-    ``{"source", "file", "series", "final", "steps"}``; a file that cannot be read is a note; the counts of
-    what the caps left out."""
+    """The parts of every source but TensorBoard's (``{"source", "file", "series", "final", "steps"}``), notes
+    for files that cannot be read, and Kept's counts.
+    """
     parts: list[dict[str, Any]] = []
     notes: list[str] = []
     kept = Kept()
@@ -378,8 +360,7 @@ def _max_step(series: dict[str, list[list[Any]]]) -> int | None:
 
 
 def event_part(rel: str, doc: dict[str, Any], kept: Kept) -> dict[str, Any]:
-    """tb_scalars' answer for one event file as a part (validated: the answer came from the script's
-    container or from reading its file)."""
+    """tb_scalars' answer for one event file as a part (validated: it came from the script's side)."""
     series: dict[str, list[list[Any]]] = {}
     tags = doc.get("tags") if isinstance(doc, dict) else None
     for tag, points in (tags.items() if isinstance(tags, dict) else ()):
@@ -396,8 +377,7 @@ def event_part(rel: str, doc: dict[str, Any], kept: Kept) -> dict[str, Any]:
 
 @dataclass
 class Assembled:
-    """The record's metrics section (without ``series``, which the caller adds once the file is written),
-    the series file's lines, and notes."""
+    """The record's metrics section (the caller adds ``series``), the series file's lines, and notes."""
 
     section: dict[str, Any]
     series: list[dict[str, Any]]
@@ -405,8 +385,7 @@ class Assembled:
 
 
 def _labels(dirs: Iterable[str]) -> dict[str, str]:
-    """Each run directory's label in metric names: '' when there is one, else its path from their common
-    parent (the parent itself by its own name)."""
+    """Each run directory's label in metric names: '' when there is one, else its path from their common parent."""
     dirs = sorted(set(dirs))
     if len(dirs) <= 1:
         return {d: "" for d in dirs}
@@ -419,8 +398,7 @@ def _labels(dirs: Iterable[str]) -> dict[str, str]:
 
 
 def _part_order(part: dict[str, Any]) -> tuple:
-    """Sources in SOURCES order, files by name; a Trainer's state before its results files (all_results.json
-    first), whose final figures win."""
+    """Sources in SOURCES order, files by name; a Trainer's state before its results files (whose finals win)."""
     base = posixpath.basename(part["file"])
     rank = 0 if base == "trainer_state.json" else (1 if base == "all_results.json" else 2)
     return (SOURCES.index(part["source"]), _run_dir_of(part["file"]), rank, part["file"])
@@ -428,9 +406,7 @@ def _part_order(part: dict[str, Any]) -> tuple:
 
 def assemble(parts: list[dict[str, Any]], *, readers: dict[str, str] | None = None,
              left_out: dict[str, int] | None = None) -> Assembled:
-    """The metrics section and series of a run from its parts (metrics.jsonl's first, as read).
-
-    ``readers``: how each source was read (TensorBoard: ``image`` or ``host``); ``left_out``: Kept's counts."""
+    """The metrics section and series from the parts; ``readers``: how each source was read, ``left_out``: Kept's."""
     notes: list[str] = []
     left_out = dict(left_out or {})
     named: dict[str, dict[str, Any]] = {}  # name -> {"source", "points", "final"}
@@ -531,8 +507,7 @@ def series_bytes(series: list[dict[str, Any]]) -> bytes:
 
 
 def write_series(run_dir: str | os.PathLike[str], series: list[dict[str, Any]]) -> dict[str, Any]:
-    """Write ``run_dir/metrics/series.jsonl`` (atomically, never through a link) and return the record's
-    ``metrics.series``: its path, sha256, size, and how many metrics and points it holds."""
+    """Write ``run_dir/metrics/series.jsonl`` (atomically, never through a link); return ``metrics.series``."""
     data = series_bytes(series)
     head, tail = SERIES_FILE.rsplit("/", 1)
     rootfd = safetree.open_root(run_dir)
@@ -580,9 +555,9 @@ class RunSeries:
 
 
 def load_series(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> RunSeries:
-    """The run's series: ``metrics/series.jsonl`` checked against the sha256 its record holds
-    (IntegrityError, exit 65, when it changed), or for a record from before series files the
-    metrics.jsonl in its outputs (read without following a link). Empty when the run logged nothing."""
+    """The run's series: ``metrics/series.jsonl`` checked against its recorded sha256 (IntegrityError, 65),
+    or an older record's outputs/metrics.jsonl (no link followed); empty when the run logged nothing.
+    """
     run_dir = Path(run_dir)
     metrics = record["metrics"]
     ref = metrics.get("series")
@@ -612,8 +587,7 @@ def load_series(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> RunS
 
 
 def run_series(entries: Iterable[dict[str, Any]]) -> RunSeries:
-    """The series file's entries (``{"name", "source", "points", "wall_clock"?}``: assemble's series, as
-    write_series writes them) as a RunSeries: what load_series reads back, without reading it back."""
+    """The series file's entries (assemble's series) as the RunSeries load_series would read back."""
     out = RunSeries()
     for e in sorted(entries, key=lambda e: e["name"]):
         out.series[e["name"]] = [(int(s), float(decode_number(v))) for s, v in e["points"]]

@@ -73,15 +73,9 @@ def compared_files(record: dict[str, Any]) -> dict[str, str]:
 def hash_outputs(outputs_dir: str | os.PathLike[str], notes: list[str] | None = None) -> dict[str, Any]:
     """``{"files": {relpath: {"sha256", "size", ...}}}`` for everything under ``outputs_dir``.
 
-    A script wrote this tree, so it is walked through hermetic.hostfs.safetree: no
-    link is followed and only regular files are opened. Paths are relative,
-    '/'-separated record names (safetree.record_name: a name that is not UTF-8
-    is escaped, reversibly). A regular file is recorded by the sha256 and size
-    of its bytes; a symbolic link by those of its target *text*, with
-    ``"symlink": target``; a FIFO, socket or device node by its kind
-    (``"type"``), with the sha256 of ``"<kind>:"`` and size 0 — never opened.
-    Directories nested deeper than safetree.MAX_DEPTH are not entered;
-    ``notes`` (when given) is told of them.
+    Walked through hermetic.hostfs.safetree, names as record names. A regular file by its bytes; a link by its
+    target text (``"symlink"``); a FIFO, socket or device by its kind (``"type"``, sha256 of ``"<kind>:"``, size 0),
+    never opened. Directories deeper than safetree.MAX_DEPTH are not entered; ``notes`` is told of them.
     """
     try:
         rootfd = safetree.open_root(outputs_dir)
@@ -193,13 +187,9 @@ def special_entry(kind: str) -> dict[str, Any]:
 def metrics_summary(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, Any]:
     """Summarize a metrics.jsonl: the last value of each metric and the step count.
 
-    Each line is a JSON object such as ``{"step": 3, "loss": 0.41, "val": {"acc": 0.9}}``.
-    Numbers (not booleans) are metrics; nested objects flatten to dotted
-    names (``val.acc``); ``step`` and time keys are not metrics. ``steps`` is
-    the largest ``step`` seen, or the number of lines when no line has one.
-    A truncated last line (no newline: the writer was killed) is ignored;
-    any other malformed line is an error naming the file and line.
-    Returns ``{"final": {}, "steps": None}`` when the file does not exist.
+    Numbers (not booleans) are metrics, nested objects flatten to dotted names, ``step`` and time keys are not
+    metrics. ``steps``: the largest ``step``, else the number of lines. A truncated last line is ignored, any other
+    malformed line is an error naming the file and line. ``{"final": {}, "steps": None}`` without a file.
     """
     path = Path(metrics_jsonl_path)
     if not is_regular_file(path):
@@ -221,11 +211,8 @@ def _summarize(lines) -> dict[str, Any]:
 
 
 def metrics_series(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
-    """Every metric's ``(step, value)`` points in file order, read as metrics_summary reads them.
-
-    A line without an integer ``step`` takes its line count (1, 2, ...) as
-    the step, the count metrics_summary reports as ``steps`` for such files.
-    ``{}`` when the file does not exist.
+    """Every metric's ``(step, value)`` points in file order, read as metrics_summary reads them (a line
+    without an integer ``step`` at its line count); ``{}`` when the file does not exist.
     """
     path = Path(metrics_jsonl_path)
     series: dict[str, list[tuple[int, float]]] = {}
@@ -235,14 +222,6 @@ def metrics_series(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, list
         for name, value in values:
             series.setdefault(name, []).append((count if step is None else step, float(value)))
     return dict(sorted(series.items()))
-
-
-def metrics_summary_at(dirfd: int, name: str, label: str) -> dict[str, Any]:
-    """metrics_summary of the regular file ``name`` in the directory ``dirfd`` (UnsafePath when it is a link
-    or special file); ``label`` names it in errors."""
-    fd = safetree.open_regular(dirfd, name)
-    with os.fdopen(fd, "r", encoding="utf-8", errors="replace", newline="\n") as f:
-        return _summarize(_parse_metric_lines(Path(label), f))
 
 
 def metric_lines(path: Path):  # -> Iterator[(line count, step or None, [(name, number)])]

@@ -122,16 +122,9 @@ def _prepare_text(r: Run) -> str:
 
 
 def docker_run_command(r: Run) -> str:
-    """A ``docker run`` line equivalent to the run's container (for a person to read and paste).
-
-    Built from the record: the same locked-down container (read-only root,
-    tmpfs /tmp, no capabilities, no network unless the run had it), the
-    venv's interpreter, the seed and every recorded variable (secrets by
-    name, so docker takes the value from the caller's environment), the
-    code as the writable working directory, each dataset read-only wherever
-    the run saw it, outputs at /outputs. It runs as the user the run did
-    (``invocation.user``: the image's user when hermetic ran as root); an
-    older record, which does not say, runs as the caller (``id -u``).
+    """A ``docker run`` line equivalent to the run's container (for a person to read and paste): the same
+    locked-down container, seed, variables (secrets by name), code, datasets and outputs, as the run's user
+    (an older record's: the caller, ``id -u``).
     """
     inv, env = r.invocation, r.env
     build = inv.config.get("build") or {}

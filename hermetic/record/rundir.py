@@ -1,8 +1,5 @@
-"""The run directory on disk: create it, write and load run.json, find a run by ID.
-
-``runs/<id>/`` holds run.json (the record), README.md (how to reproduce it,
-in words), outputs/, logs/, code/ (source.tar, diff.patch) and data/
-(copies of the dataset manifests the run was verified against).
+"""The run directory on disk (run.json, README.md, outputs/, logs/, code/, data/): create it, write and load
+run.json, find a run by ID.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from hermetic.core.errors import CannotCreate, EXIT_SOFTWARE, HermeticError, Int
 from hermetic.hostfs.fsutil import atomic_write_text
 from hermetic.record.index import GROUP_JSON, INDEX_NAME, RUN_JSON, append_entry, run_entry
 from hermetic.record.seal import seal, verify_seal
-from hermetic.record.secrets_policy import REDACTED, is_secret_name
+from hermetic.config.secretnames import REDACTED, is_secret_name
 
 RUN_SUBDIRS = ("outputs", "logs", "code", "data")
 README_NAME = "README.md"
@@ -30,11 +27,7 @@ class RunNotFound(NotFound):
 
 
 def create_run_dir(runs_root: str | os.PathLike[str], run_id: str) -> Path:
-    """Make ``runs_root/run_id`` and its subfolders; refuse if it already exists.
-
-    ``os.mkdir`` fails on an existing directory, so two runs can never share
-    (or overwrite) a directory, even when started at the same instant.
-    """
+    """Make ``runs_root/run_id`` and its subfolders; refuse if it already exists (``os.mkdir``: never shared)."""
     from hermetic.record.ids import is_run_id
 
     if not is_run_id(run_id):
@@ -52,11 +45,8 @@ def create_run_dir(runs_root: str | os.PathLike[str], run_id: str) -> Path:
 
 
 def adopt_run_dir(run_dir: str | os.PathLike[str]) -> Path:
-    """A run directory prepared ahead of the run (``hermetic submit`` makes one per task): it must
-    exist, be named by a run ID and hold no record yet; its missing subfolders are made.
-
-    The record is written once per run directory all the same: a second task
-    given the same directory (a requeued job) is refused.
+    """A run directory prepared ahead of the run (``hermetic submit``): it must exist, be named by a run ID and
+    hold no record yet (a requeued job's second task is refused); its missing subfolders are made.
     """
     from hermetic.record.ids import is_run_id
 
@@ -71,11 +61,8 @@ def adopt_run_dir(run_dir: str | os.PathLike[str]) -> Path:
 
 
 def redact_secrets(record: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``record`` in which no secret-named variable keeps its value.
-
-    env.passed and env.determinism lose such variables and their names join
-    env.secrets; in invocation.config any string under a secret-looking key
-    becomes ``<redacted>`` (config_sha256 stays the digest of the real config).
+    """A copy of ``record`` in which no secret-named variable keeps its value: env.passed and env.determinism
+    lose them to env.secrets; strings under secret-looking keys of invocation.config become ``<redacted>``.
     """
     out = copy.deepcopy(record)
     env = out.get("env")
@@ -104,13 +91,10 @@ def redact_tree(node: Any) -> Any:
 
 
 def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> dict[str, Any]:
-    """Validate, redact, seal and write ``run_dir/run.json`` (+ README.md, + index line).
+    """Validate, redact, seal and write ``run_dir/run.json`` (+ README.md, + index line); return the sealed record.
 
-    Returns the sealed record as written. May be called more than once for a
-    run (e.g. an early record with status ``interrupted``, then the final
-    one): each call replaces run.json atomically and the index keeps the
-    latest. Raises RecordError naming the key when the record is malformed;
-    nothing is written then.
+    May be called again (early record, then the final one): run.json is replaced atomically. RecordError
+    naming the key when the record is malformed; nothing is written then.
     """
     from hermetic.record.readme import render_readme
     from hermetic.record.schema import RecordError, validate_record
@@ -166,14 +150,9 @@ def load_json_doc(path: Path, what: str) -> Any:
 
 
 def load_record(run_dir_or_run_json: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read, validate and check the seal of a run.json (a run dir or the file itself), and that the directory
-    it lies in is named by its run ID: the one place every command that shows, compares, replays, resumes
-    from or exports a run loads its record.
-
-    RunNotFound (exit 66) when there is none, RecordError (exit 65) when it is
-    malformed, IntegrityError (exit 65) when it was edited after writing or
-    its directory was renamed (a record is never moved to another run's name).
-    The files beside it are checked by hermetic.record.verify.
+    """Read, validate and check the seal of a run.json (a run dir or the file itself) and its directory's name:
+    the one place commands load a record. RunNotFound (66) when there is none, RecordError (65) when malformed,
+    IntegrityError (65) when edited or renamed. The files beside it: hermetic.record.verify.
     """
     from hermetic.record.schema import validate_record
 
@@ -192,11 +171,7 @@ def load_record(run_dir_or_run_json: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def resolve_run(ref: str, runs_root: str | os.PathLike[str] | None) -> Path:
-    """A run or group directory from a path, an ID, or a unique ID prefix.
-
-    ``runs/20261129-214500-1a2b3c``, ``20261129-214500-1a2b3c`` and ``20261129-2145``
-    (when only one run starts so) all work. RunNotFound (exit 66) otherwise.
-    """
+    """A run or group directory from a path, an ID, or a unique ID prefix; RunNotFound (exit 66) otherwise."""
     p = Path(ref)
     if "/" in ref or ref in (".", "..") or p.is_file():
         if p.is_dir():

@@ -1,10 +1,6 @@
 """The shape of run.json, checked strictly: every key present, nothing extra, right types.
 
-The record stays a plain dict everywhere (it is hashed, diffed and written as
-JSON); these models only *check* it. A malformed record is refused with one
-line naming the key path, e.g. ``image.packages[3].sha256: must be 64
-lowercase hex characters``. ``software`` and ``hardware`` are whatever the
-in-image probe reports, so only their container types are checked.
+The record stays a plain dict; a malformed one is refused with one line naming the key path.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from hermetic.core.canonical import is_sha256_hex
 from hermetic.core.errors import DataError
 from hermetic.core.paths import name_pattern
 from hermetic.record.ids import RUN_ID_RE
-from hermetic.record.secrets_policy import is_secret_name
+from hermetic.config.secretnames import is_secret_name
 
 SCHEMA_VERSION = 1
 _ISO_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|\+00:00)$")
@@ -368,9 +364,7 @@ def _check_shape(model: type[_Strict], doc: Any, source: str) -> None:
 
 def validate_record(record: Any, *, source: str = "run.json", sealed: bool = True) -> dict[str, Any]:
     """Return ``record`` unchanged if it has the documented shape; else raise RecordError.
-
-    ``sealed=False`` accepts an empty ``record.record_sha256`` (a record about
-    to be sealed); loaded records must be sealed.
+    ``sealed=False`` accepts an empty ``record.record_sha256`` (a record about to be sealed).
     """
     _check_shape(Record, record, source)
     _check_cross_fields(record, source, sealed)
@@ -419,11 +413,8 @@ def _first_error(e: ValidationError, data: Any, source: str) -> str:
 
 
 def _key_path(loc: tuple[Any, ...], data: Any) -> str:
-    """pydantic's error location as a key path through the *data*: ``a.b[0]["odd/key"]``.
-
-    Parts that do not index into the data (union member tags such as
-    ``'int'``, pydantic's ``'[key]'`` marker) are dropped, so the path names
-    a key the user can find in the file.
+    """pydantic's error location as a key path through the *data* (``a.b[0]["odd/key"]``): parts that do
+    not index into the data (union tags, ``'[key]'``) are dropped.
     """
     out = ""
     node = data

@@ -1,9 +1,4 @@
-"""The record's own digest: sha256 of its canonical JSON with the digest field blank.
-
-run.json is written indented for people; the digest is over the canonical
-form (sorted keys, compact), so re-indenting the file does not break the
-seal and changing any value does.
-"""
+"""The record's own digest: sha256 of its canonical JSON with the digest field blank (re-indenting keeps it)."""
 
 from __future__ import annotations
 

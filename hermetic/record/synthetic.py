@@ -1,9 +1,4 @@
-"""A complete, plausible record built from fixed values: for tests, benchmarks and examples.
-
-Every section is filled the way ``hermetic run`` fills it, so a test can
-plant exactly one difference into a copy and check that ``hermetic diff``
-names it and nothing else.
-"""
+"""A complete, plausible record built from fixed values: for tests, benchmarks and examples."""
 
 from __future__ import annotations
 
@@ -110,15 +105,8 @@ def synthetic_record(run_id: str = "20261129-214500-1a2b3c", *, seed: int = 0, m
 
 
 def write_synthetic_run(runs_root, record: dict[str, Any], manifests: dict[str, str] | None = None):  # noqa: ANN001, ANN201
-    """Create the run dir, copy the dataset manifests into data/, write the outputs, write the record; return
-    the sealed record.
-
-    ``manifests`` maps dataset name -> manifest text (default: DATA_MANIFEST for
-    every dataset). Each dataset's manifest_sha256 is set from the text, and
-    each output file is written (a few bytes that stand for the recorded
-    digest: equal digests, equal files) with its sha256 and size set from
-    them, and so is the source snapshot, so that record and run directory agree, as they do after a real run
-    (hermetic.record.verify checks them).
+    """Create the run dir with its manifests (``manifests``: name -> text, default DATA_MANIFEST), outputs and
+    snapshot written to agree with the record, as after a real run; write the record and return it sealed.
     """
     from hermetic.record.rundir import create_run_dir, write_record
 

@@ -1,22 +1,8 @@
 """A run directory checked against its sealed record: records are checked, not trusted.
 
-``run.json``'s seal proves that the record is what hermetic wrote; it says
-nothing of the files beside it, which anyone may change (or rename the
-directory). So what compares or reuses a run checks them again first:
-
-- ``check_outputs``: every file under ``outputs/`` rehashed as the run hashed
-  them (hash_outputs_at: through hermetic.hostfs.safetree) against
-  ``outputs.files``; ``require_as_recorded`` (diff, replay) refuses a changed
-  or missing one, and checks the series and stdout log they compare too.
-- ``verify_run`` (``hermetic runs verify``): everything the record holds a
-  digest of that lives in the run directory (docs/run-record.md, "Checked,
-  not trusted").
-
-Rehashing is stat-cached (``runs/<id>/.outputs.statcache``, hermetic.data.statcache's
-format and git's racy-clean rule). The cache is written by the first look,
-never by the run (the collection hands the files back to hermetic's user,
-which changes every ctime), and only saves reading: a file it does not vouch
-for is hashed, and a cache that cannot be written means every look hashes.
+``check_outputs`` rehashes outputs/ against ``outputs.files`` (``require_as_recorded``: diff, replay);
+``verify_run`` (``hermetic runs verify``) checks everything the record holds a digest of. Rehashing is
+stat-cached in ``runs/<id>/.outputs.statcache`` (hermetic.data.statcache's format).
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""run.json as types, for the code that reads it: frozen dataclasses built from a checked record by ``view``.
+"""run.json as types: frozen dataclasses built from a checked record by ``view`` (no pydantic imported).
 
-The record stays a plain dict (it is hashed, sealed and written as JSON) and schema.py checks it where
-it is loaded or written (``load_record``, ``write_record``). These classes are its read side: the same
-sections and keys, as attributes, so a reader writes ``run.image.packages`` and ``p.version`` instead
-of string keys. No pydantic is imported here.
-
-A key the schema makes optional (absent from older records) reads as its default, None unless said,
-as ``.get`` would; keys a view does not know are left out. What the schema leaves free-form stays
-JSON: the resolved config, software and hardware (whatever the probe reported), ``seed.applied``, the
-image's labels and CUDA versions, metric values; so do the metric sources and series and the Slurm
-section, which their readers take as JSON.
+A key the schema makes optional reads as its default (None unless said); free-form parts (config, software,
+hardware, metric values, Slurm) stay JSON.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""After the container: what the script left behind (outputs/, its working directory, the runtime's directory),
-collected in one step by a child running as the container's user (hermetic.hostfs.privdrop) through
-hermetic.hostfs.safetree (no link followed, no FIFO opened, names escaped), as plain JSON the record step seals.
-A link, a FIFO, a malformed metrics file or report is a note, never a lost exit code. Metrics files are read
-within hermetic.record.metrics' caps; TensorBoard's event files by TensorBoard's own reader (tb_scalars) in a
-locked-down container of the run's image, else as the container's user with the host's tensorboard, else noted.
+"""After the container: outputs/, the working directory and the runtime's directory collected in one step by a
+child running as the container's user, through hermetic.hostfs.safetree, as JSON the record step seals.
+A link, a FIFO or a malformed file is a note, never a lost exit code.
 """
 
 from __future__ import annotations
@@ -188,10 +185,8 @@ def stdout_entry_at(run_fd: int, notes: list[str] | None = None) -> dict[str, An
 def read_event_files(run_dir: str, events: list[dict[str, Any]], settings: RunSettings, kept: mx.Kept, *,
                      uid: int, gid: int) -> dict[str, Any]:
     """The scalars of the run's event files: ``{"parts", "reader": "image" | "host" | None, "notes", "left_out"}``,
-    within what ``kept`` (the other sources' points) leaves.
-
-    First in a locked-down container of the run's image (reader_container), else on the host in a
-    child as ``uid:gid`` with the host's tensorboard; where neither can, a note (module doc)."""
+    within what ``kept`` leaves: in a container of the run's image, else on the host as ``uid:gid``, else a note.
+    """
     notes: list[str] = []
     files, total = [], 0
     for e in events:
@@ -222,13 +217,9 @@ def reader_request(files: list[str], root: str = READER_OUTPUTS, max_points: int
 
 def reader_container(run_dir: str, files: list[str], settings: RunSettings, max_points: int, *, uid: int,
                      gid: int) -> tuple[bytes | None, str | None]:
-    """(what tb_scalars printed, None) from a container of the run's image on the run's engine, or (None, why
-    not).
-
-    The container is the probe's: the image by ID, a read-only root, tmpfs /tmp, every capability
-    dropped, no-new-privileges, no network, the pids limit, the container's user; the outputs are
-    mounted read-only and the reader's directory beside them; ``python -I`` (no PYTHONPATH, no user site,
-    not the script's directory on sys.path)."""
+    """(what tb_scalars printed, None) from a locked-down container of the run's image (the probe's, outputs
+    read-only, ``python -I``), or (None, why not).
+    """
     if settings.image_id is None or settings.python is None:
         return None, "the run's record names no image"
     from hermetic.engines import get_engine

@@ -1,14 +1,7 @@
 """The data step: every dataset verified against its manifest before any run directory or container,
-and checked again, by stat alone, after the container exits.
+and checked again, by stat alone, after the container exits (``changed_during_run``).
 
-What the run keeps as its copy of a manifest are the bytes that were
-verified (``VerifiedDataset.manifest_bytes``), never a second read of the
-file, which could have changed in between. The verification's own stats are
-each dataset's identity (hermetic.data.identity); ``changed_during_run``
-compares them with the dataset as it is after the run, so a file changed at
-any time after it was verified -- before the container started or while it
-ran -- is named in the record and fails the run (docs/data.md, "While a run
-reads it").
+The run keeps the verified manifest bytes, never a second read of the file.
 """
 
 from __future__ import annotations
@@ -56,11 +49,9 @@ class VerifiedDataset:
 
 def verify_datasets(plans: list[DatasetPlan], *, progress: bool, log: Callable[[str], None] | None = None,
                     say_how_to_accept: bool = True, reader: ContainerUser | None = None) -> list[VerifiedDataset]:
-    """All of them verified, or DataRefused naming each failing dataset (its problems as details);
-    with ``reader`` (the container's user), refused too when that user cannot read a file of one.
-
-    ``say_how_to_accept``: the refusal's hint says how to write the manifest again (not for a replay,
-    whose manifests are the run's own copies: there a change cannot be accepted)."""
+    """All of them verified, or DataRefused naming each failing one (also when ``reader``, the container's user,
+    cannot read a file). ``say_how_to_accept``: the hint says how to write the manifest again (not for a replay).
+    """
     verified, failed = [], []
     for d in plans:
         if not d.host_path.is_dir():

@@ -1,14 +1,8 @@
 """``hermetic run --detach``: the run goes on in a process of its own; the terminal gets its ID at once.
 
-The same ``hermetic run`` command is started again, without ``--detach``,
-in a new session (no controlling terminal: closing the terminal sends it no
-hang-up), with stdin on /dev/null. It runs everything that can refuse the
-run (the build, the data verification) as a foreground run does; once its
-run directory exists it announces the run's ID through a pipe, moves its
-own output into ``runs/<id>/logs/hermetic.log`` and carries on. The
-starting process prints the ID and returns; if the run is refused before it
-exists, the starting process prints that error and exits with its code,
-exactly as a foreground run would.
+The same command is started again without ``--detach`` in a new session; once its run directory exists it
+sends the ID through a pipe and logs to ``runs/<id>/logs/hermetic.log``. A refusal before that is printed and
+exits with its code, as a foreground run would.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""Multi-process runs: torchrun inside the container, and what the record's ``distributed`` section holds.
+"""Multi-process runs: torchrun inside the container, and the record's ``distributed`` section.
 
-``hermetic run --nproc-per-node N`` starts ``python -m torch.distributed.run``
-in the one container: a c10d rendezvous on the container's own loopback
-(network none is enough), gloo on CPU, NCCL when GPUs are given. Across
-Slurm nodes (``hermetic submit --nodes M``) each node's container runs one
-torchrun with the static rendezvous at the first node, its node rank being
-SLURM_NODEID, so rank r always lands on the same node and local rank (c10d
-would order nodes by host name and pid, a different rank map each time).
-
-Everything here is pure but ``collect_rank_files_at`` (which moves torchrun's
-per-rank logs and the other ranks' outputs out of the runtime directory,
-as hermetic.run.collect does the rest: as the container's user, no link followed).
-Each rank's seed is the runtime's rule (hermetic.inimage.runtime.distributed:
-rank 0 keeps the run's seed, rank r derives its own); its device is
-``cuda:LOCAL_RANK`` with NCCL (the GPU the container sees at that index),
-``cpu`` with gloo.
+One node: c10d rendezvous on the container's loopback. Slurm nodes: torchrun's static rendezvous at the first
+node, node rank SLURM_NODEID, so rank r always lands on the same node. All pure but ``collect_rank_files_at``.
 """
 
 from __future__ import annotations
@@ -183,12 +170,9 @@ def with_reports(section: dict[str, Any], report: Mapping[str, Any]) -> dict[str
 
 
 def collect_rank_files_at(rtfd: int, runfd: int, plan: DistributedPlan) -> dict[str, dict[str, str]]:
-    """torchrun's per-rank logs -> ``logs/rank<R>/{stdout,stderr}.log``; the other ranks' outputs ->
-    ``ranks/<R>/outputs/``, for the directories ``rtfd`` (the runtime's) and ``runfd`` (the run's). Returns
-    ``{rank: {"stdout": path, "stderr": path}}`` (paths relative to the run directory).
-
-    The container wrote the runtime's directory: only regular files and real
-    directories are moved, through hermetic.hostfs.safetree (no link followed)."""
+    """torchrun's per-rank logs -> ``logs/rank<R>/``, the other ranks' outputs -> ``ranks/<R>/outputs/`` (from the
+    runtime's directory ``rtfd`` to the run's ``runfd``, through safetree); returns ``{rank: {"stdout", "stderr"}}``.
+    """
     from hermetic.hostfs import safetree
 
     logs: dict[str, dict[str, str]] = {}

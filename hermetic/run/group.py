@@ -1,11 +1,7 @@
 """``hermetic run --seeds``: the same run once per seed, summarized into a group record.
 
-Members run one after another with the seed as their only difference; the
-group's group.json (hermetic.record.group) is rewritten after each member
-(as long as that costs little next to the members' runs: GROUP_WRITE_SHARE)
-and always at the end, so an interrupted sweep still leaves a summary of the
-members that ran. Each member's record is loaded once, so a group of n
-members costs O(n) record loads, not O(n^2).
+group.json is rewritten after members (within GROUP_WRITE_SHARE) and at the end; each member's record is
+loaded once.
 """
 
 from __future__ import annotations

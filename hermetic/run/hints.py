@@ -1,14 +1,7 @@
 """One line of advice after a failed run, read from what the script wrote on stderr.
 
-The container of `hermetic run` has no network (only loopback) unless
-``--network host``, so a script that downloads a model, a dataset or an
-``evaluate`` metric at start fails with a connection error the user may not
-connect to hermetic. ``network_hint`` recognizes those errors (requests and
-urllib3, urllib, socket name resolution, huggingface_hub's offline and
-not-found errors, ``evaluate.load``'s "Couldn't find a module script") and
-says what to do instead. Pure: the caller reads the log (``failure_hint``
-reads at most the last ``TAIL_BYTES`` of each; the bytes are the script's, so
-they are only decoded and searched, never interpreted otherwise).
+``network_hint`` recognizes the errors of a script that downloads something in a container without network
+(requests, urllib, name resolution, huggingface_hub, ``evaluate.load``). The log's bytes are only searched.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
-"""Containers whose driver died: found, stopped, removed, and their runs' records sealed ``interrupted``.
+"""Containers whose driver died (SIGKILL, OOM): found, stopped, removed, and their runs' records sealed
+``interrupted``.
 
-The process that drives a run removes its container however the run ends,
-except when it is killed with SIGKILL (or the machine's OOM killer picks
-it): then the container goes on, writing into a run whose record says
-``interrupted``, and nothing would ever remove it. Every container hermetic
-creates names its driver (engines.base.DRIVER_LABEL: host, pid, start time);
-one whose driver is gone (liveness.driver_gone: same host, and the pid is
-free, a zombie, or another process's) is an orphan. ``hermetic run`` (and
-so each ``hermetic submit`` task), ``hermetic runs`` and ``hermetic stop``
-reap them: the container is stopped, its output (the engine kept all of it)
-becomes the run's logs, the record is sealed ``interrupted`` with the reason,
-the container is removed, then its working directory. Every engine whose
-containers can outlive their driver (``Engine.outlives_driver``: Docker's
-daemon, Podman's conmon) is asked the same way, by the same labels, through
-the engine's own handles; a Charliecloud container is its driver's child and
-dies with it, so it leaves no orphan, only its early record.
-
-Two reapers never seal one run twice: each holds the run's liveness lock
-while it reaps (a run another process holds is left to it), and a record
-already sealed is left as it is. Until its container is gone, no sweep of
-dead writers' files removes the run's working directory (engines.base.HOLDS_LABEL,
-honoured by hermetic.builder.gc), so a live container never loses the
-directory it writes in.
+Every container names its driver (engines.base.DRIVER_LABEL); one whose driver is gone (liveness.driver_gone) is
+an orphan. Its output becomes the run's logs, the record is sealed ``interrupted``, the container and then its
+working directory are removed. Each reaper holds the run's liveness lock, so no run is sealed twice.
 """
 
 from __future__ import annotations
@@ -68,11 +50,9 @@ class Reaped:
 
 
 def find_orphans(run_ids: Collection[str] | None = None, engines: Collection[str] | None = None) -> list[Orphan]:
-    """The containers whose driver is gone (only those of ``run_ids`` when given; on ``engines``, default every
-    engine whose containers can outlive their driver); [] when no engine answers.
-
-    One question to each engine (Docker's on its socket; Podman's only when it ever stored anything):
-    cheap enough for every ``hermetic runs``."""
+    """The containers whose driver is gone (of ``run_ids`` when given; on ``engines``, default every engine
+    whose containers can outlive their driver); [] when no engine answers.
+    """
     from hermetic.engines import get_engine, orphan_engines
 
     found = []
@@ -98,11 +78,9 @@ def find_orphans(run_ids: Collection[str] | None = None, engines: Collection[str
 
 def reap_orphans(*, by: str, run_ids: Collection[str] | None = None,
                  engines: Collection[str] | None = None) -> list[Reaped]:
-    """Stop and remove every orphan (of ``run_ids`` when given, on ``engines`` as find_orphans) and seal its
-    run's record; what was reaped.
-
-    ``by`` names the command, for the record's reason (``hermetic runs``). Nothing here raises for one
-    orphan's sake: what could not be done is said in its note."""
+    """Stop and remove every orphan (as find_orphans) and seal its run's record (reason names ``by``); what
+    was reaped. Nothing raises for one orphan's sake: its note says what could not be done.
+    """
     orphans = find_orphans(run_ids, engines)
     if not orphans:
         return []

@@ -1,9 +1,6 @@
 """What a run will be, decided before anything is built, verified or started (pure, or reads only).
 
-``RunRequest`` is what the user asked for (``hermetic run`` options, or a
-record for ``replay``); the functions here turn it and the config into
-typed plans: the script as a path in the snapshot, each dataset's host
-path, manifest and mount, the environment passed in, the container user.
+``RunRequest`` (``hermetic run`` options, or a record for ``replay``) and the config become typed plans.
 """
 
 from __future__ import annotations
@@ -170,12 +167,8 @@ def passed_env(items: list[str]) -> dict[str, str]:
 
 
 def redact_argv(argv: list[str]) -> list[str]:
-    """argv with the value of each secret-named ``--env NAME=VALUE`` replaced by ``<redacted>``.
-
-    argv.txt and invocation.argv keep the command line as typed; a secret
-    given as NAME=VALUE must not ride along (env.secrets keeps its name).
-    """
-    from hermetic.record.secrets_policy import REDACTED, is_secret_name
+    """argv with the value of each secret-named ``--env NAME=VALUE`` replaced by ``<redacted>``."""
+    from hermetic.config.secretnames import REDACTED, is_secret_name
 
     def item(text: str) -> str:
         name, eq, _ = text.partition("=")

@@ -1,11 +1,6 @@
 """Run the hardware/software probe inside the training image, with the same devices.
 
-The probe's answer depends on the image, the device flags and the host (its
-kernel boot, its engine, its driver), so it is cached under that key: the
-first run on a machine pays for one extra container start (and for
-``import torch``), later runs reuse the answer. A reboot (new boot_id),
-another engine, another image or another NVIDIA driver (its kernel module
-can be reloaded without a reboot) probes afresh.
+Cached per image, device flags, boot_id, engine and NVIDIA driver.
 """
 
 from __future__ import annotations

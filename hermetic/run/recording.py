@@ -1,9 +1,4 @@
-"""The record step: run.json's sections from what the earlier steps produced, and the files beside it.
-
-Everything here is a function of the plan and of the steps' results (the
-image's info, the verified datasets, the container's outcome); the record
-format itself lives in hermetic.record.
-"""
+"""The record step: run.json's sections from the plan and the earlier steps' results, and the files beside it."""
 
 from __future__ import annotations
 

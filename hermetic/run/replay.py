@@ -1,13 +1,7 @@
 """``hermetic replay RUN``: re-execute a recorded run with exactly its recorded inputs.
 
-The image by its manifest digest (from the store, pulled from a registry the
-record names when the store lacks it), the recorded source snapshot rather
-than today's working tree, the recorded config, seed, script, arguments,
-devices and network, and the same data, verified against the manifest copies
-kept in the run directory. An input that can no longer be had (image gone,
-data changed, snapshot damaged) refuses the replay and says which; so does an
-original whose outputs are no longer what its record says (it is what the
-replay is compared with).
+Image by digest, recorded snapshot, config, seed, script, args, devices, network and verified data; an input
+that can no longer be had, or an original whose outputs changed, refuses the replay and says which.
 """
 
 from __future__ import annotations
@@ -74,7 +68,7 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
                    argv: list[str], data_paths: dict[str, str] | None = None) -> tuple[LoadedConfig, RunRequest]:
     """The run again, as recorded. ``data_paths``: NAME -> where that dataset is on this machine
     (``--data``), when it is not at its recorded path; verified against the run's own manifest copy."""
-    from hermetic.record import secrets_policy
+    from hermetic.config.secretnames import is_secret_name
     from hermetic.record.verify import require_as_recorded
 
     # What the replay will be compared with: the original's outputs as its record says (stat-cached rehash)
@@ -132,7 +126,7 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
     if missing:
         raise ReplayRefused(f"secret variable(s) {', '.join(missing)} were passed to the original run; "
                             "set them in the environment (their values are never recorded)")
-    env += [k for k in env_sec.get("secrets", []) if secrets_policy.is_secret_name(k)]
+    env += [k for k in env_sec.get("secrets", []) if is_secret_name(k)]
 
     resume_dir = None
     if inv.get("resume_from"):

@@ -1,14 +1,7 @@
 """``--resume-from RUN``: the earlier run's outputs, checked against its sealed record, put where its script wrote them.
 
-A resumed run trains on what the earlier run left (a checkpoint, or data a
-first step made), so those bytes are an input: they must be what the earlier
-run's record says it produced. Every file is hashed against ``outputs.files``
-of that run's sealed run.json before anything starts (a changed, missing or added
-file refuses the run, naming it), and again while it is copied (a file that
-changes in between refuses it too). What the earlier script wrote to /outputs
-goes to /outputs; what was collected from its working directory
-(``outputs.workdir.collected``, e.g. ``out/model.pt``) goes back to that path
-in the working directory, where the script will look for it.
+Every file is hashed against that run's ``outputs.files`` before anything starts and again while it is copied;
+/outputs files go to /outputs, collected working-directory files back to their path there.
 """
 
 from __future__ import annotations
@@ -92,14 +85,10 @@ def _hash(fds: dict[str, int], outputs: str) -> dict[str, Any]:
 
 
 def seed_outputs(source: ResumeSource, outputs: Path, workspace: Path, *, uid: int, gid: int) -> None:
-    """Copy the checked outputs: /outputs' into ``outputs``, working-directory ones into ``workspace``;
-    each file hashed again as it is copied (ResumeRefused if it changed since the check).
-
-    As ``uid`` (who may read anything, write only as itself) and through
-    hermetic.hostfs.safetree: the earlier script made these files, and their record
-    can be rewritten and resealed by anyone, so a recorded link is recreated
-    as a link and never written through (``victimdir`` -> /etc, then
-    ``victimdir/x``: refused), and nothing is overwritten."""
+    """Copy the checked outputs (/outputs' into ``outputs``, working-directory ones into ``workspace``), each
+    rehashed as it is copied (ResumeRefused if changed), as ``uid`` through safetree: a recorded link is
+    recreated as a link, never written through, and nothing is overwritten.
+    """
     src = str(source.run_dir / "outputs")
     call_as(uid, gid, _seed, src, source.run_id, source.files, sorted(source.from_workdir), str(outputs),
             str(workspace), open_dirs=[src, str(outputs), str(workspace)], read_any=True)

@@ -1,20 +1,8 @@
 """The order of a run: image -> data -> run dir -> container (at its gate) -> code -> probe -> record -> run.
 
-Every input is pinned or verified before the script can start: the image is
-built (a no-op when up to date) or, for a replay, taken by digest; each
-dataset is checked against its manifest (a failure stops here, before any
-run directory or container); the run directory is new, never reused. Then
-the container is started where the engine can (Docker: its create and start,
-mostly runc's time), its command held at a gate (engines.base.Gate)
-while the code is snapshotted into its working directory, the probe runs in
-the same image with the same devices and the record is written; the gate
-opens when all of that is done, and a failure on the way removes the
-container with its command never run. The record is written early (status
-``interrupted``) and again at the end, so even a hard kill leaves a record
-behind; Ctrl-C and SIGTERM end with status ``interrupted``.
-
-Nothing here prints: progress messages go to ``log`` (the CLI's), the
-container's output is streamed by the run's engine (hermetic.engines) when asked.
+Every input is pinned or verified before the script starts; the container's command waits at a gate
+(engines.base.Gate) until the code, probe and early record (``interrupted``) are in place. Nothing here prints:
+progress goes to ``log``.
 """
 
 from __future__ import annotations
@@ -25,6 +13,7 @@ import importlib
 import os
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -59,6 +48,9 @@ if TYPE_CHECKING:
     from hermetic.run.resume import ResumeSource  # imported when a run resumes from another's outputs
 
 
+_BESIDE = ThreadPoolExecutor(1, thread_name_prefix="hermetic-beside")  # the source listing, beside the image check
+
+
 def _quiet(_msg: str) -> None:
     pass
 
@@ -84,7 +76,7 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
     # The source files, listed once (for the links check here, the snapshot later) by git, in a thread beside
     # the image's no-op check (git's time, not ours); a link the code snapshot could not hold is refused before
     # anything is built or a run directory made.
-    listing = _Beside(check_source_links, cfg, plans) if not req.source_tar else None
+    listing = _BESIDE.submit(check_source_links, cfg, plans) if not req.source_tar else None
     try:
         info = prepare_image(cfg, paths, store, req, log, engine,  # 1. the image
                              before_build=listing.result if listing is not None else None)
@@ -117,29 +109,6 @@ def execute(cfg: LoadedConfig, paths: CachePaths, req: RunRequest, *, log: Log |
             if raised is None:
                 raise
             raise raised from None
-
-
-class _Beside:
-    """``fn(*args)`` run by a thread from now; ``result`` waits for it, and raises what it raised."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._outcome: tuple[bool, Any] | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name="hermetic-beside", daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        try:
-            self._outcome = (True, fn(*args))
-        except BaseException as e:  # noqa: BLE001 - raised again by result(), in the caller's thread
-            self._outcome = (False, e)
-
-    def result(self) -> Any:
-        self._thread.join()
-        assert self._outcome is not None
-        ok, value = self._outcome
-        if not ok:
-            raise value
-        return value
 
 
 @dataclass
@@ -348,7 +317,7 @@ def probe_image(engine, info: ImageInfo, python: str, user: ContainerUser, gpus:
                 paths: CachePaths, env: RunEnvironment) -> dict[str, Any]:
     """The probe in the training run's image, with its devices and the variables it was given (not its
     secrets, nor hermetic's per-run bookkeeping: neither changes what the machine is)."""
-    from hermetic.record.secrets_policy import is_secret_name
+    from hermetic.config.secretnames import is_secret_name
     from hermetic.run.probe import run_probe
 
     given = {k: v for k, v in env.given.items() if not is_secret_name(k)}

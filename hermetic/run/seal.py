@@ -52,11 +52,9 @@ class RunFailed(CannotCreate):
 
 def collect_outputs(cfg: LoadedConfig, rec: dict[str, Any], datasets: Sequence[Any], workspace: Path | None,
                     run_dir: Path, user: ContainerUser, distributed: Any = None) -> "Collected":
-    """What the script left (hermetic.run.collect: as ``user``, no link followed), then the run directory
-    given back to hermetic's own user. ``datasets``: anything with a ``plan`` (a DatasetPlan).
-
-    A collection that fails (no space left, a bug) still leaves a record to
-    seal: its outputs empty and a note saying why."""
+    """What the script left (hermetic.run.collect, as ``user``), then the run directory given back to hermetic's
+    user; a failed collection still leaves a record to seal (empty outputs, a note). ``datasets``: DatasetPlans.
+    """
     from hermetic.hostfs import privdrop, safetree
     from hermetic.core.errors import HermeticError
     from hermetic.run.collect import CollectPlan, Collected, collect_run

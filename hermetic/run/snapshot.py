@@ -1,21 +1,9 @@
 """The code that ran: git state plus a normalized tar of the source tree.
 
-In a git work tree the snapshot holds the tracked files and the untracked
-files git does not ignore (what ``git status`` would show), read from the
-working tree as they are now; the commit, branch, dirty flag, ``git diff``
-patch and the untracked files' hashes are recorded beside it. A file git
-ignores (``lightning_logs/``, a checkpoint, a plot an earlier run left) is not
-code and stays out, unless it is tracked. Outside git it holds every file under
-the project root but those its ``.gitignore`` files ignore (git itself reads
-them, against a throwaway empty repository; with no git installed, every
-file), ``__pycache__`` and ``*.pyc`` left out. Either way the run directory, the
-datasets, their manifests (the record's data section) and .git are left
-out -- a dataset's project path even when it is a link out of the project.
-A symbolic link of the code must stay inside the project (``links_out``:
-``hermetic run`` refuses one that does not before anything is built). The
-tar is normalized like an image layer, so the same source gives the same
-snapshot sha256, and it is what the container sees at /workspace
-(extracted, read-only): edits made while a run is going do not leak into it.
+In git: tracked files and untracked ones git does not ignore, with commit, branch, dirty flag and diff. Outside
+git: every file but those .gitignore ignores. The run directory, datasets and .git stay out; a link must stay
+inside the project. The tar is normalized like an image layer (same source, same sha256) and is what the
+container sees, read-only, at /workspace.
 """
 
 from __future__ import annotations

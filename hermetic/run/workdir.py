@@ -1,14 +1,7 @@
 """The working directory: a writable copy of the code snapshot, and what the script left in it.
 
-Scripts written before hermetic write ``model.pt`` or ``out/ckpt.pt`` where
-they stand. The container's working directory is therefore a scratch copy
-of the snapshot (the snapshot in the run directory stays as it was), and
-after the run every file that is new or changed there, and matches
-``run.outputs``, is moved into ``runs/<id>/outputs/`` at the same relative
-path, where it is hashed and compared like anything written to /outputs.
-Caches (``__pycache__/``, ``*.pyc``) never count, nor the datasets mounted
-inside the directory. How much the directory may grow is bounded by
-``run.workdir_size``: a watcher stops the container when it grows past it.
+After the run, new or changed files matching ``run.outputs`` move to ``runs/<id>/outputs/`` (caches and mounted
+datasets never count); ``run.workdir_size`` bounds how much the directory may grow.
 """
 
 from __future__ import annotations
@@ -129,13 +122,8 @@ def collect(workspace: Path, snapshot_files: dict[str, str], outputs: Path, *, i
             exclude: list[str], skip: list[str]) -> WorkdirResult:
     """Move what the script created or changed in ``workspace`` into ``outputs`` (same relative paths).
 
-    ``snapshot_files`` maps the snapshot's paths to their sha256 (the code
-    section); ``skip`` are directories inside the workspace that are not the
-    script's (the datasets' mount points). Both trees were written by the
-    script: every step goes through hermetic.hostfs.safetree (no link followed, no
-    FIFO or device opened); a file whose destination is taken by other bytes,
-    or lies behind a link the script made in /outputs, is a conflict and stays
-    where it was. Paths in the result are record names (safetree.record_name).
+    ``snapshot_files``: snapshot path -> sha256; ``skip``: directories that are not the script's (dataset mounts).
+    Through safetree; a destination taken by other bytes or behind a link is a conflict and stays. Record names.
     """
     wsfd = safetree.open_root(workspace)
     try:

@@ -21,7 +21,7 @@ from hermetic.core.errors import NotFound, UsageError
 from hermetic.hostfs.fsutil import atomic_write_text
 from hermetic.core.paths import CachePaths, inside
 from hermetic.record import create_run_dir, new_group_id, new_run_id
-from hermetic.record.secrets_policy import is_secret_name
+from hermetic.config.secretnames import is_secret_name
 from hermetic.run.distributed import DistributedPlan, plan_distributed
 from hermetic.config.seedargs import script_args
 from hermetic.run.plan import RunRequest, passed_env, plan_datasets, resolve_script, snapshot_excludes
