@@ -21,12 +21,12 @@ import pytest
 from conftest import assert_clean_error, run_cli
 from run_support import containers_created_since, labelled_containers, run_dirs
 
-from hermetic.engines.base import GATE_CODE, GATE_FIFO, Gate
+from hermetic.engines.base import GATE_FIFO, Gate, gate_program
 
 
 def _gated(gate: Gate, command: list[str]) -> subprocess.Popen:
     """The gate's code run by this machine's Python, as the image's runs it (the FIFO at its host path)."""
-    return subprocess.Popen([sys.executable, "-I", "-S", "-c", GATE_CODE, str(gate.directory / GATE_FIFO), *command],
+    return subprocess.Popen([sys.executable, "-I", "-S", "-c", gate_program(), str(gate.directory / GATE_FIFO), *command],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

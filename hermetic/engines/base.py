@@ -284,15 +284,11 @@ class DeferredLaunch:
 
 
 GATE_FIFO = "open"
-# Run by the image's own interpreter as the container's command, ahead of the script's: it waits for one
-# byte on the gate (EOF: hermetic gave up or died, and the container ends with 70, EX_SOFTWARE), then
-# becomes the script's command (exec: same process, arguments, environment). -I -S: nothing of the image's
-# site-packages or of the run's environment is read before the script's own interpreter starts.
-GATE_CODE = ("import os,sys\n"
-             "f=os.open(sys.argv[1],os.O_RDONLY)\n"
-             "if os.read(f,1)!=b'g':raise SystemExit(70)\n"
-             "os.close(f)\n"
-             "os.execvp(sys.argv[2],sys.argv[2:])")
+
+
+def gate_program() -> str:
+    """The gate's program (hermetic.inimage.gate), given to the image's own interpreter with ``-c``."""
+    return (Path(__file__).resolve().parent.parent / "inimage" / "gate.py").read_text()
 
 
 class Gate:
@@ -321,7 +317,7 @@ class Gate:
     def command(self, python: str, command: list[str]) -> list[str]:
         from hermetic.config.containerpaths import GATE_MOUNT
 
-        return [python, "-I", "-S", "-c", GATE_CODE, f"{GATE_MOUNT}/{GATE_FIFO}", *command]
+        return [python, "-I", "-S", "-c", gate_program(), f"{GATE_MOUNT}/{GATE_FIFO}", *command]
 
     def mount(self) -> Mount:
         from hermetic.config.containerpaths import GATE_MOUNT

@@ -1,0 +1,1 @@
+"""Code that runs inside the image, on its own interpreter: stdlib only, nothing of the host side imported."""
