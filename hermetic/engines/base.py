@@ -292,13 +292,13 @@ def gate_program() -> str:
 
 
 class Gate:
-    """The door a container that starts early (``Engine.starts_early``) keeps its command behind while the
-    run's last steps (its record, code snapshot, probe) are done beside the engine's start of it.
+    """The door a training container's command waits at (hermetic.inimage.gate), and its tie to its driver.
 
     A FIFO in a directory of hermetic's, mounted read-only at GATE_MOUNT. hermetic holds it open from the
-    start (O_RDWR, close-on-exec), so the command's open never blocks; ``open`` writes the one byte the
-    command reads before it execs the script. If hermetic closes it (``close``) or dies first, the command
-    reads end of file and the container ends without running anything."""
+    start to the run's end (O_RDWR, close-on-exec), so the command's open never blocks; ``open`` writes the
+    one byte the command reads before it runs the script. If hermetic closes it (``close``) first, the command
+    reads end of file and the container ends unrun; if hermetic dies while the script runs, the gate reads
+    end of file and stops the script: a container (``Engine.outlives_driver``) ends with its driver."""
 
     def __init__(self, directory: Path) -> None:
         from hermetic.hostfs.filesystems import unfit_for_runs
@@ -306,9 +306,11 @@ class Gate:
         self.directory = directory
         fifo = directory / GATE_FIFO
         try:
-            os.mkfifo(fifo, 0o644)
-            os.chmod(fifo, 0o644)  # whatever the umask: the container's user opens it for reading
+            os.mkfifo(fifo, 0o600)
             self._fd: int | None = os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+            # whatever the umask: the container's user opens it for reading, and nobody else for writing (a
+            # writer other than hermetic would keep the container going after hermetic's death)
+            os.chmod(fifo, 0o444)
         except OSError as e:  # exFAT answers EIO, FAT EPERM, others ENOSYS or EOPNOTSUPP
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise
