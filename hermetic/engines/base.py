@@ -1,18 +1,9 @@
 """What every engine is given and answers: the container's spec, its outcome, the engine's own facts.
 
-A run's container is described once (``ContainerSpec``) and each engine maps
-it to its own flags (hermetic.engines.docker, .podman, .charliecloud). What an
-engine cannot give the way Docker gives it is either given another way and
-said in ``EngineInfo.notes`` (the record's ``invocation.engine.notes``), or
-refused before anything exists (``check_spec``): never silently dropped.
-
-The rest of hermetic knows an engine through this module alone: the
-``Engine`` protocol's methods and attributes (what it can load and how, where
-it keeps images, whether its containers can outlive their driver, how it
-reaches a GPU) say what differs, so nothing outside hermetic.engines decides
-by an engine's name. What an engine needs of a run it is given: the spec
-names the process that drives the container (``driver``), so the engines
-label their containers without knowing how a run's liveness is kept.
+A run's container is described once (``ContainerSpec``) and each engine maps it to its own flags; what an
+engine cannot give as Docker does is given another way and said in ``EngineInfo.notes``, or refused before
+anything exists (``check_spec``). The rest of hermetic knows an engine through this module: the ``Engine``
+protocol's attributes and methods say what differs, never an engine's name.
 """
 
 from __future__ import annotations
@@ -377,11 +368,6 @@ def interrupt_handlers() -> Iterator[None]:
 def container_home_env(env: dict[str, str]) -> dict[str, str]:
     """The container's variables: HOME on the /tmp tmpfs (the root filesystem is read-only) unless given."""
     return {"HOME": "/tmp", **env}
-
-
-def user_ids(spec_user: str) -> tuple[int, int]:
-    uid, _, gid = spec_user.partition(":")
-    return int(uid), int(gid or uid)
 
 
 def open_log_files(log_dir: Path) -> list[Any]:

@@ -1,25 +1,9 @@
 """The Docker Engine's container: created from the Engine API's own document, attached, started, waited for, removed.
 
-The container runs the image by ID with: the source snapshot read-only at
-/workspace, datasets read-only at their mount points, /outputs writable, a
-non-root user, a read-only root filesystem with a tmpfs /tmp (HOME lives
-there), every capability dropped, no-new-privileges, no network unless
-asked, a pids limit (processes and threads together: a fork bomb fills the
-container, not the host) and, when hermetic.yaml sets one, a memory limit
-with no swap around it. Ctrl-C or SIGTERM stop and remove it; the caller
-still writes the record, with status ``interrupted``.
-
-Every container hermetic creates names its driver (DRIVER_LABEL: host, pid,
-start time) and a training container its run directory and the working
-directory it writes (RUN_DIR_LABEL, HOLDS_LABEL): a driver killed with
-SIGKILL cannot remove its container, so hermetic.run.orphans finds it by
-these labels, stops it and seals the run's record. The driver is the spec's
-(``ContainerSpec.driver``: the run names itself).
-
-The client is docker-py's (hermetic.engines.dockerclient), the container
-docker-py's ``Container`` (reload, attrs, start, wait, stop, kill, remove,
-logs, attach); hermetic.engines.docker's DockerEngine is what the rest of
-hermetic asks.
+Locked down (``host_config``): read-only root with a tmpfs /tmp, no capability, no-new-privileges, no network
+unless asked, a pids limit and, when set, a memory limit with no swap around it. Every container names its
+driver, a training container its run directory and working directory (labels): the orphan reaper
+(hermetic.run.orphans) finds one whose driver died by them. The client and container are docker-py's.
 """
 
 from __future__ import annotations
