@@ -145,7 +145,7 @@ def test_the_gate_ends_the_scripts_group_when_its_driver_is_killed(tmp_path, dea
     gated = _gated(tmp_path, SLEEPER.format(setup=setup), marker)
     try:
         assert gated.stdout is not None and gated.stdout.readline() == b"ready\n"
-        assert len(processes_running(marker)) == 3  # the gate, the script, its worker
+        eventually(lambda: len(processes_running(marker)) == 3, "no worker")  # the gate, the script, its worker
         driver.kill()
         driver.wait()
         gated.wait(timeout=60)
