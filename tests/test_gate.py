@@ -4,7 +4,7 @@ hermetic starts the training container early (Docker's create and start take ~0.
 at a FIFO, makes the record, the code snapshot and the probe meanwhile, and only then lets the command run.
 What must hold: nothing of the script runs before the gate opens; a gate closed unopened (the run failed,
 or hermetic died) ends the container without running anything; the script, once through, is exactly the
-command it would have been (same process, arguments, environment); a run that fails before opening it
+command it would have been (arguments, environment); a run that fails before opening it
 leaves no container and no run directory behind.
 """
 
@@ -21,19 +21,19 @@ import pytest
 from conftest import assert_clean_error, run_cli
 from run_support import containers_created_since, labelled_containers, run_dirs
 
-from hermetic.engines.base import GATE_CODE, GATE_FIFO, Gate
+from hermetic.engines.base import GATE_FIFO, Gate, gate_program
 
 
 def _gated(gate: Gate, command: list[str]) -> subprocess.Popen:
     """The gate's code run by this machine's Python, as the image's runs it (the FIFO at its host path)."""
-    return subprocess.Popen([sys.executable, "-I", "-S", "-c", GATE_CODE, str(gate.directory / GATE_FIFO), *command],
+    return subprocess.Popen([sys.executable, "-I", "-S", "-c", gate_program(), str(gate.directory / GATE_FIFO), *command],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def test_the_command_runs_only_once_the_gate_opens_and_then_is_exactly_itself(tmp_path):
     gate = Gate(tmp_path)
     try:
-        proc = _gated(gate, [sys.executable, "-c", "import os, sys; print(os.getpid(), sys.argv[1:])", "a b", "c"])
+        proc = _gated(gate, [sys.executable, "-c", "import os, sys; print(os.getppid(), sys.argv[1:])", "a b", "c"])
         time.sleep(0.5)
         assert proc.poll() is None  # waiting at the gate
         gate.open()
@@ -42,9 +42,9 @@ def test_the_command_runs_only_once_the_gate_opens_and_then_is_exactly_itself(tm
         gate.close()
     assert proc.returncode == 0, err
     pid, argv = out.decode().split(" ", 1)
-    assert int(pid) == proc.pid  # exec: the same process, not a child of the gate
+    assert int(pid) == proc.pid  # the gate's child: it watches the FIFO while the script runs
     assert argv.strip() == "['a b', 'c']"
-    assert (tmp_path / GATE_FIFO).stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / GATE_FIFO).stat().st_mode & 0o777 == 0o444  # only hermetic's descriptor writes
 
 
 def test_a_gate_closed_unopened_ends_the_command_unrun(tmp_path):

@@ -40,6 +40,12 @@ WRITER = ("import time\n"
           "    time.sleep(0.2)\n")
 
 
+# A container ends itself when its driver dies (its gate: test_driver_death.py), unless the gate cannot act:
+# these scripts stop theirs (SIGSTOP to the script's parent), so that their containers outlive their driver,
+# as a container of a hermetic from before the gate did: the reaper is what ends them then.
+STOP_GATE = "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n"
+
+
 def unique() -> str:
     return "o" + uuid.uuid4().hex[:10]
 
@@ -58,9 +64,10 @@ def containers_of(client, run_id: str) -> list:
     return client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"})
 
 
-def start_writer(project: Path, name: str, script: str = "writer.py") -> tuple[subprocess.Popen, Path]:
+def start_writer(project: Path, name: str, script: str = "writer.py",
+                 stop_gate: bool = False) -> tuple[subprocess.Popen, Path]:
     """`hermetic run` of WRITER, until it wrote 3 files; (the driver, its run directory)."""
-    (project / script).write_text(WRITER)
+    (project / script).write_text((STOP_GATE if stop_gate else "") + WRITER)
     p = start_hermetic("run", "--name", name, script, cwd=project)
     found: list[Path] = []
 
@@ -77,7 +84,7 @@ def start_writer(project: Path, name: str, script: str = "writer.py") -> tuple[s
 
 def killed_run(project: Path, client, name: str) -> tuple[Path, int, object]:
     """A run whose driver was SIGKILLed mid-run: (run dir, the driver's pid, its container, still running)."""
-    p, run_dir = start_writer(project, name)
+    p, run_dir = start_writer(project, name, stop_gate=True)
     pid = sigkill(p)
     (container,) = containers_of(client, run_dir.name)
     assert container.status == "running"
@@ -190,8 +197,15 @@ def test_the_next_run_reaps_the_orphan_and_leaves_a_live_run_alone(project, dock
 @pytest.mark.docker
 @pytest.mark.timeout(400)
 def test_an_orphan_that_finished_by_itself_is_sealed_with_its_exit_and_all_its_output(project, docker_client):
-    (project / "brief.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(2)\n"
-                                      "print('finished', flush=True)\nopen('/outputs/done.txt', 'w').write('done')\n")
+    # its gate stopped, then let go (by a child of the script) once the script has exited
+    (project / "brief.py").write_text(STOP_GATE + "import time\nprint('started', flush=True)\ntime.sleep(2)\n"
+                                      "print('finished', flush=True)\nopen('/outputs/done.txt', 'w').write('done')\n"
+                                      "me, gate = os.getpid(), os.getppid()\n"
+                                      "if os.fork() == 0:\n"
+                                      "    while open(f'/proc/{me}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z':\n"
+                                      "        time.sleep(0.05)\n"
+                                      "    os.kill(gate, signal.SIGCONT)\n"
+                                      "    os._exit(0)\n")
     name = unique()
     p = start_hermetic("run", "--name", name, "brief.py", cwd=project)
     wait_for(p, lambda: (rd := run_dir_named(project, name)) is not None

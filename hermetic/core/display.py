@@ -1,12 +1,7 @@
 """Text that came from outside (a registry's error body, a header, a name) made safe to print as one line.
 
-A message that embeds such text must not be able to start a new line (and
-forge a ``hermetic: ok: …`` line after the error), move the cursor, or send a
-terminal escape: every C0 control (CR, LF, TAB, ESC, ...), DEL, every C1
-control (U+0080-U+009F, which some terminals take as 8-bit escapes), the
-Unicode line and paragraph separators and the bidirectional overrides are
-written as Python-style escapes (``\\n``, ``\\x1b``, ``\\u202e``). Printable
-text, including non-ASCII letters, passes unchanged.
+C0 and C1 controls, DEL, the Unicode line separators and bidirectional overrides are written as Python-style
+escapes (``\\n``, ``\\x1b``, ``\\u202e``): such text cannot start a line, move the cursor or send an escape.
 """
 
 from __future__ import annotations

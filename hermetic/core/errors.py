@@ -1,22 +1,14 @@
 """hermetic's exit codes, and the exception types the CLI turns into a one-line error and one of them.
 
-Every failure a user can cause (bad config, bad lock, tampered file, missing
-daemon) is raised as a HermeticError subclass with a message that names the
-culprit; its class says which exit code it gets. Anything else is a bug: the
-CLI prints the traceback and exits EXIT_SOFTWARE.
-
-The codes are sysexits(3)'s 64-78 range, so they do not collide with what
-training scripts return (0, 1, 2 and small numbers; 128+N for a signal).
-`hermetic run` passes the script's own exit code through unchanged; the run
-record's ``record.status`` (succeeded / failed / refused / interrupted) says
-whether a nonzero code came from the script or from hermetic. The table is
-documented in README.md ("Exit codes") and docs/run-record.md; a test keeps
-the two in step with this module.
+A failure a user can cause is a HermeticError subclass whose class gives its exit code (sysexits' 64-78:
+no clash with a script's own codes, which `hermetic run` passes through); anything else is a bug (70, with
+its traceback). The table is README.md's ("Exit codes"): a test keeps the two in step.
 """
 
 from __future__ import annotations
 
 import errno as _errno
+from typing import Any
 
 # Verdicts, not errors: `hermetic diff`, `replay` and `verify` compared something and say what they found.
 EXIT_OK = 0
@@ -52,6 +44,11 @@ class HermeticError(Exception):
 
     exit_code: int = EXIT_SOFTWARE
 
+    def __init_subclass__(cls, exit_code: int | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if exit_code is not None:
+            cls.exit_code = exit_code
+
     def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None,
                  details: list[str] | None = None):
         super().__init__(message)
@@ -65,22 +62,16 @@ class HermeticError(Exception):
         return self.message
 
 
-class UsageError(HermeticError):
+class UsageError(HermeticError, exit_code=EXIT_USAGE):
     """The command line is wrong: an unknown option, a bad value, flags that conflict."""
 
-    exit_code = EXIT_USAGE
 
-
-class ConfigError(HermeticError):
+class ConfigError(HermeticError, exit_code=EXIT_CONFIG):
     """hermetic.yaml (or a base recipe, the base catalog, a CI template) is unreadable or invalid."""
 
-    exit_code = EXIT_CONFIG
 
-
-class DataError(HermeticError):
+class DataError(HermeticError, exit_code=EXIT_DATAERR):
     """An input is not what it claims or what was recorded; nothing was built or run from it."""
-
-    exit_code = EXIT_DATAERR
 
 
 class LockError(DataError):
@@ -91,32 +82,24 @@ class IntegrityError(DataError):
     """Bytes did not match their expected digest."""
 
 
-class NotFound(HermeticError):
+class NotFound(HermeticError, exit_code=EXIT_NOINPUT):
     """A named thing (run, image, base, file, metric) does not exist where it was looked for."""
 
-    exit_code = EXIT_NOINPUT
 
-
-class Unavailable(HermeticError):
+class Unavailable(HermeticError, exit_code=EXIT_UNAVAILABLE):
     """A service or tool hermetic needs is missing, unreachable or failed to run."""
-
-    exit_code = EXIT_UNAVAILABLE
 
 
 class EngineError(Unavailable):
     """The Docker Engine is missing, unreachable or lacks a needed runtime."""
 
 
-class WorkerDied(HermeticError):
+class WorkerDied(HermeticError, exit_code=EXIT_OSERR):
     """A worker process stopped without answering (killed, out of memory)."""
 
-    exit_code = EXIT_OSERR
 
-
-class CannotCreate(HermeticError):
+class CannotCreate(HermeticError, exit_code=EXIT_CANTCREAT):
     """An output cannot be created or kept (it exists, or the run broke a limit)."""
-
-    exit_code = EXIT_CANTCREAT
 
 
 class DiskFull(CannotCreate, OSError):
@@ -185,28 +168,20 @@ def disk_full(e: OSError, path: object = None, *, what: str | None = None, writt
                     filename=where, needed=needed)
 
 
-class ReadError(HermeticError):
+class ReadError(HermeticError, exit_code=EXIT_IOERR):
     """A file could not be read (permissions, I/O error)."""
 
-    exit_code = EXIT_IOERR
 
-
-class TempFail(HermeticError):
+class TempFail(HermeticError, exit_code=EXIT_TEMPFAIL):
     """Waited and gave up; trying again later may succeed."""
 
-    exit_code = EXIT_TEMPFAIL
 
-
-class ProtocolError(HermeticError):
+class ProtocolError(HermeticError, exit_code=EXIT_PROTOCOL):
     """A registry (or another server) answered outside its protocol."""
 
-    exit_code = EXIT_PROTOCOL
 
-
-class PermissionDenied(HermeticError):
+class PermissionDenied(HermeticError, exit_code=EXIT_NOPERM):
     """Credentials were refused, missing or unreadable."""
-
-    exit_code = EXIT_NOPERM
 
 
 class MissingExtra(Unavailable):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -64,31 +64,17 @@ def cache_root() -> Path:
 class CachePaths:
     """Where each part of hermetic's cache lies under its root (HERMETIC_CACHE)."""
 
-    root: Path
+    root: Path  # the rest: its parts, named as their directories
+    wheels: Path = field(init=False, repr=False, compare=False)
+    oci: Path = field(init=False, repr=False, compare=False)
+    layers: Path = field(init=False, repr=False, compare=False)
+    builds: Path = field(init=False, repr=False, compare=False)
+    tmp: Path = field(init=False, repr=False, compare=False)
+    statcache: Path = field(init=False, repr=False, compare=False)
 
-    @property
-    def wheels(self) -> Path:
-        return self.root / "wheels"
-
-    @property
-    def oci(self) -> Path:
-        return self.root / "oci"
-
-    @property
-    def layers(self) -> Path:
-        return self.root / "layers"
-
-    @property
-    def builds(self) -> Path:
-        return self.root / "builds"
-
-    @property
-    def tmp(self) -> Path:
-        return self.root / "tmp"
-
-    @property
-    def statcache(self) -> Path:
-        return self.root / "statcache"
+    def __post_init__(self) -> None:
+        for part in ("wheels", "oci", "layers", "builds", "tmp", "statcache"):
+            object.__setattr__(self, part, self.root / part)
 
     def tmpdir(self) -> Path:
         self.tmp.mkdir(parents=True, exist_ok=True)

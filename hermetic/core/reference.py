@@ -1,15 +1,8 @@
-"""Image references: the grammar of ``base:`` and of push/pull arguments.
+"""Image references: the grammar of ``base:`` and of push/pull arguments, always pinned by digest.
 
-A base is always pinned by digest. Accepted spellings:
-
-- ``[HOST/]REPO[:TAG]@sha256:<hex>``: looked up in the local OCI store by
-  digest first (a digest names content, wherever it came from), then pulled
-  from HOST over the Distribution API. A name without a host (no '.' or ':'
-  in its first part, not 'localhost') is store-only, e.g. the bases that
-  ``hermetic base bootstrap`` makes.
-- ``oci:PATH@sha256:<hex>`` / ``oci-archive:PATH@sha256:<hex>``: an OCI image
-  layout directory or a tar of one; the digest is the manifest's.
-- ``docker:sha256:<hex>``: an image of the local engine, by its image ID.
+``[HOST/]REPO[:TAG]@sha256:<hex>`` (the store first, then HOST's registry; no host: store-only),
+``oci:PATH@sha256:<hex>`` / ``oci-archive:PATH@sha256:<hex>`` (a layout or its tar), ``docker:sha256:<hex>``
+(an image of the local engine, by ID).
 """
 
 from __future__ import annotations
@@ -89,9 +82,6 @@ class ImageName:
         if self.digest:
             s += "@" + self.digest
         return s
-
-    def with_digest(self, digest: str) -> "ImageName":
-        return ImageName(self.host, self.repository, self.tag, digest)
 
 
 def parse_image_name(ref: str) -> ImageName:

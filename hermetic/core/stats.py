@@ -1,12 +1,7 @@
 """Seed-noise statistics without SciPy: mean, sample SD, Student-t 95% intervals, Welch's test.
 
-The two-sided 95% Student t quantile (the 0.975 quantile) comes from a table
-for 1..30 degrees of freedom (values to 9 decimals, as printed in standard
-tables) and, beyond 30, the Cornish-Fisher expansion of t in powers of 1/df
-around the normal quantile 1.959964, which is within 1e-7 of the exact value
-there. Non-integer degrees of freedom (Welch's) up to 30 are rounded down, the
-usual textbook rule: the quantile is then slightly larger than the exact one,
-so the test errs towards "within seed noise", never towards a false alarm.
+The t quantile comes from a table for 1..30 degrees of freedom, then a Cornish-Fisher expansion; Welch's
+non-integer degrees of freedom are rounded down, so the test errs towards "within seed noise".
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """Worker processes that never outlive the command that started them.
 
-A process killed with SIGKILL runs no cleanup, so its workers must not rely
-on it: each worker asks the kernel for SIGKILL when its parent dies
-(``PR_SET_PDEATHSIG``, Linux), then checks that the parent it was started
-for is still there (it may have died before the request was made). Workers
-started from a fork server have the server as their parent, which exits when
-the command does; the check then looks at the command's own pid.
-
-Locks are the other half: hermetic.hostfs.filelocks' locks are never shared with a
-worker (see its module doc), so even a worker that lived on could not hold one.
-
-``start`` is the one way hermetic forks a worker of its own (data hashing,
-the tree hash's scan, the collection as another user): ``fn(*args)`` runs in
-the child, which dies with its parent and leaves Ctrl-C to it; what ``fn``
-returns, what it sends on the way (``send``) and the HermeticError it raises
-come back through a pipe as JSON (never pickle: the child may have dropped
-root), and ``Worker`` reads them, reaps the child, and ends it at once when
-the parent gives up on it. A child closes its copies of the parent's worker
-pipes (its elder siblings', and the parent's own answer pipe), so every pipe
-ends when its one writer does, and a reader never waits for a dead worker.
-
-An account may be refused another worker where root never is: at its limit
-of processes (``ulimit -u``, which counts threads too) or of open files
-(``ulimit -n``: each worker costs its parent a pipe, so no more than a
-quarter of the limit are started: ``affordable``). ``no_more_workers`` says
-so of an error, and a command that wanted helpers goes on with those it got
-(hashing: with its own process at least); one that cannot do without says so
-in one line (``limit_reached``).
+``start`` forks a worker: it asks for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``) and checks the
+parent is still there; ``fn(*args)``'s result, what it sends (``send``) and its HermeticError come back
+through a pipe as JSON (never pickle: the child may have dropped root). A child closes its copies of the
+other workers' pipes, so a reader never waits for a dead worker. An account at its limit of processes or
+open files gets fewer workers (``affordable``, ``no_more_workers``, ``limit_reached``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The engines that run hermetic's containers: Docker, Podman, Charliecloud (docs/architecture.md).
 
-``get_engine(name)`` gives one; each maps a ContainerSpec (hermetic.engines.base)
-to its own flags and takes its images straight from hermetic's OCI store. Outside
-this package only this module and ``base`` are imported (tests/test_architecture.py):
-what differs between engines is asked of the engine (its attributes and methods),
-never decided by its name.
+``get_engine(name)`` gives one. Outside this package only this module and ``base`` are imported
+(tests/test_architecture.py): what differs is asked of the engine, never decided by its name.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """What every engine is given and answers: the container's spec, its outcome, the engine's own facts.
 
-A run's container is described once (``ContainerSpec``) and each engine maps
-it to its own flags (hermetic.engines.docker, .podman, .charliecloud). What an
-engine cannot give the way Docker gives it is either given another way and
-said in ``EngineInfo.notes`` (the record's ``invocation.engine.notes``), or
-refused before anything exists (``check_spec``): never silently dropped.
-
-The rest of hermetic knows an engine through this module alone: the
-``Engine`` protocol's methods and attributes (what it can load and how, where
-it keeps images, whether its containers can outlive their driver, how it
-reaches a GPU) say what differs, so nothing outside hermetic.engines decides
-by an engine's name. What an engine needs of a run it is given: the spec
-names the process that drives the container (``driver``), so the engines
-label their containers without knowing how a run's liveness is kept.
+A run's container is described once (``ContainerSpec``) and each engine maps it to its own flags; what an
+engine cannot give as Docker does is given another way and said in ``EngineInfo.notes``, or refused before
+anything exists (``check_spec``). The rest of hermetic knows an engine through this module: the ``Engine``
+protocol's attributes and methods say what differs, never an engine's name.
 """
 
 from __future__ import annotations
@@ -284,25 +275,21 @@ class DeferredLaunch:
 
 
 GATE_FIFO = "open"
-# Run by the image's own interpreter as the container's command, ahead of the script's: it waits for one
-# byte on the gate (EOF: hermetic gave up or died, and the container ends with 70, EX_SOFTWARE), then
-# becomes the script's command (exec: same process, arguments, environment). -I -S: nothing of the image's
-# site-packages or of the run's environment is read before the script's own interpreter starts.
-GATE_CODE = ("import os,sys\n"
-             "f=os.open(sys.argv[1],os.O_RDONLY)\n"
-             "if os.read(f,1)!=b'g':raise SystemExit(70)\n"
-             "os.close(f)\n"
-             "os.execvp(sys.argv[2],sys.argv[2:])")
+
+
+def gate_program() -> str:
+    """The gate's program (hermetic.inimage.gate), given to the image's own interpreter with ``-c``."""
+    return (Path(__file__).resolve().parent.parent / "inimage" / "gate.py").read_text()
 
 
 class Gate:
-    """The door a container that starts early (``Engine.starts_early``) keeps its command behind while the
-    run's last steps (its record, code snapshot, probe) are done beside the engine's start of it.
+    """The door a training container's command waits at (hermetic.inimage.gate), and its tie to its driver.
 
     A FIFO in a directory of hermetic's, mounted read-only at GATE_MOUNT. hermetic holds it open from the
-    start (O_RDWR, close-on-exec), so the command's open never blocks; ``open`` writes the one byte the
-    command reads before it execs the script. If hermetic closes it (``close``) or dies first, the command
-    reads end of file and the container ends without running anything."""
+    start to the run's end (O_RDWR, close-on-exec), so the command's open never blocks; ``open`` writes the
+    one byte the command reads before it runs the script. If hermetic closes it (``close``) first, the command
+    reads end of file and the container ends unrun; if hermetic dies while the script runs, the gate reads
+    end of file and stops the script: a container (``Engine.outlives_driver``) ends with its driver."""
 
     def __init__(self, directory: Path) -> None:
         from hermetic.hostfs.filesystems import unfit_for_runs
@@ -310,9 +297,11 @@ class Gate:
         self.directory = directory
         fifo = directory / GATE_FIFO
         try:
-            os.mkfifo(fifo, 0o644)
-            os.chmod(fifo, 0o644)  # whatever the umask: the container's user opens it for reading
+            os.mkfifo(fifo, 0o600)
             self._fd: int | None = os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+            # whatever the umask: the container's user opens it for reading, and nobody else for writing (a
+            # writer other than hermetic would keep the container going after hermetic's death)
+            os.chmod(fifo, 0o444)
         except OSError as e:  # exFAT answers EIO, FAT EPERM, others ENOSYS or EOPNOTSUPP
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -321,7 +310,7 @@ class Gate:
     def command(self, python: str, command: list[str]) -> list[str]:
         from hermetic.config.containerpaths import GATE_MOUNT
 
-        return [python, "-I", "-S", "-c", GATE_CODE, f"{GATE_MOUNT}/{GATE_FIFO}", *command]
+        return [python, "-I", "-S", "-c", gate_program(), f"{GATE_MOUNT}/{GATE_FIFO}", *command]
 
     def mount(self) -> Mount:
         from hermetic.config.containerpaths import GATE_MOUNT
@@ -379,11 +368,6 @@ def interrupt_handlers() -> Iterator[None]:
 def container_home_env(env: dict[str, str]) -> dict[str, str]:
     """The container's variables: HOME on the /tmp tmpfs (the root filesystem is read-only) unless given."""
     return {"HOME": "/tmp", **env}
-
-
-def user_ids(spec_user: str) -> tuple[int, int]:
-    uid, _, gid = spec_user.partition(":")
-    return int(uid), int(gid or uid)
 
 
 def open_log_files(log_dir: Path) -> list[Any]:

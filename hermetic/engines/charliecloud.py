@@ -1,44 +1,11 @@
 """Charliecloud: the training container through ``ch-run``, unprivileged, no daemon, no image import.
 
-The image is its layers as directories (hermetic.engines.unpack: each layer
-blob of hermetic's store unpacked once, verified against its digest, under
-``$HERMETIC_CACHE/charliecloud/layers``) and a small record of the image
-(``images/<manifest hex>.json``: the layer order, the config's Env and
-WorkingDir). A layer another image already has is not unpacked again; an
-image whose record and layers are there is never made again.
-
-Each container is one process tree, hermetic's child:
-
-    setpriv --pdeathsig KILL -- unshare [--user --map-root-user] --mount --net --pid --fork --kill-child
-        --mount-proc -- catatonit -- sh -c SETUP ... exec ch-run ...
-
-``SETUP`` (in the new mount namespace, seen by no other process) stacks the
-layers read-only as an overlay (``userxattr``) under an empty top layer of
-the mount points; makes the bind mounts read-only where the spec says so
-(``ch-run -b`` binds are writable), a tmpfs for /tmp (run.tmp_size) and one
-for /dev/shm (run.shm_size), and a /dev of null, zero, full, random, urandom
-and tty only; then ch-run enters the image as the spec's user with exactly
-the image's and the run's variables (``--unset-env='*' --set-env``). No
-network (a new network namespace holds only a loopback that is down), a PID
-namespace of its own (catatonit is its init: it forwards SIGTERM to the
-script and reaps), no capability (ch-run's user namespace maps the user to
-itself; no_new_privs), a read-only root. The pids limit is RLIMIT_NPROC of
-the container's user namespace (its processes and threads are counted there,
-not the user's others); a memory limit cannot be given without a cgroup and
-is refused. The capability bounding set is the user namespace's own full
-set: nothing in it is held, and with no_new_privs and no root in the
-namespace nothing can be gained; the record says so.
-
-When hermetic is root, the container still runs unprivileged: the namespaces
-and mounts are made as root (so a dataset under a 0700 home can be bound),
-then ``setpriv`` becomes the spec's user (the image's non-root user) before
-its own user namespace and ch-run.
-
-Its driver's death ends it: setpriv asks the kernel for SIGKILL when hermetic
-dies (PR_SET_PDEATHSIG, kept across unshare: no credential changes there),
-unshare's ``--kill-child`` passes it to the namespace's init, and a PID
-namespace whose init dies is emptied by the kernel. No orphan survives a
-SIGKILLed driver, so there is nothing for hermetic.run.orphans to reap.
+The image is its layers unpacked once as directories (hermetic.engines.unpack) stacked as a read-only
+overlay. One process tree, hermetic's child: ``setpriv --pdeathsig KILL -- unshare [--user] --mount --net
+--pid --fork --kill-child -- catatonit -- sh -c SETUP; exec ch-run ...``: mounts made in its own mount
+namespace (read-only binds, tmpfs /tmp and /dev/shm, a /dev of a few nodes), no network, catatonit as the
+PID namespace's init, RLIMIT_NPROC as the pids limit (no cgroup: a memory limit is refused). Its driver's
+death ends it (PR_SET_PDEATHSIG, then the PID namespace's init): it leaves no orphan.
 """
 
 from __future__ import annotations

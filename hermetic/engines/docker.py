@@ -1,11 +1,7 @@
-"""The Docker Engine as hermetic.engines.base.Engine: what the rest of hermetic asks of it, answered by its pieces.
+"""The Docker Engine as hermetic.engines.base.Engine, answered by its pieces.
 
-``dockerclient`` (docker-py's client, made once per process), ``dockercontainer``
-(the locked-down container: created, attached, started in a thread of its
-own, waited for, its log completed, removed), ``dockerimages`` (images
-loaded from hermetic's store, tagged, listed, removed, saved),
-``dockerfeed`` (the load while a build goes on) and ``gpu`` (the NVIDIA
-runtime check, the device requests).
+``dockerclient`` (the client), ``dockercontainer`` (the container), ``dockerimages`` (images loaded, tagged,
+saved), ``dockerfeed`` (the load while a build goes on), ``gpu`` (the NVIDIA runtime).
 """
 
 from __future__ import annotations

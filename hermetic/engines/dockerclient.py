@@ -1,21 +1,9 @@
 """The Docker Engine's client: docker-py's, made once per process, that fails with the command that fixes it.
 
-docker-py (the Docker SDK for Python) speaks the Engine API; hermetic reads
-``DOCKER_HOST`` before it: ``unix://PATH`` (default /var/run/docker.sock; a
-bare path is one too) or ``tcp://HOST:PORT``, with TLS when
-``DOCKER_TLS_VERIFY`` or ``DOCKER_CERT_PATH`` is set (docker-py's
-``kwargs_from_env``); ``ssh://`` is refused with the socket forward to use,
-anything else by name. The API version is the engine's own, from one
-``GET /version`` (whose answer also gives the version the record names and
-``doctor`` prints), no newer than docker-py's newest and no older than the
-engine's minimum; an engine older than API 1.40 (Docker 19.03: DeviceRequests,
-Mounts, Init, PidsLimit) is refused by name.
-
-docker-py is imported on the first connect: a command that never reaches the
-engine (``hermetic runs`` with no container to ask about, a ``--no-load``
-build) does not import it (requests and urllib3 with it). Its errors are
-requests' (``docker.errors.APIError`` is an OSError) or
-``docker.errors.DockerException``; ``docker.errors.NotFound`` is a 404.
+``DOCKER_HOST`` is ``unix://PATH`` (default /var/run/docker.sock) or ``tcp://HOST:PORT`` (TLS from
+docker-py's ``kwargs_from_env``); ``ssh://`` and others are refused by name. The API version is the engine's
+own (one ``GET /version``), within docker-py's range; an engine older than API 1.40 is refused. docker-py
+is imported on the first connect only.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """The Docker Engine's container: created from the Engine API's own document, attached, started, waited for, removed.
 
-The container runs the image by ID with: the source snapshot read-only at
-/workspace, datasets read-only at their mount points, /outputs writable, a
-non-root user, a read-only root filesystem with a tmpfs /tmp (HOME lives
-there), every capability dropped, no-new-privileges, no network unless
-asked, a pids limit (processes and threads together: a fork bomb fills the
-container, not the host) and, when hermetic.yaml sets one, a memory limit
-with no swap around it. Ctrl-C or SIGTERM stop and remove it; the caller
-still writes the record, with status ``interrupted``.
-
-Every container hermetic creates names its driver (DRIVER_LABEL: host, pid,
-start time) and a training container its run directory and the working
-directory it writes (RUN_DIR_LABEL, HOLDS_LABEL): a driver killed with
-SIGKILL cannot remove its container, so hermetic.run.orphans finds it by
-these labels, stops it and seals the run's record. The driver is the spec's
-(``ContainerSpec.driver``: the run names itself).
-
-The client is docker-py's (hermetic.engines.dockerclient), the container
-docker-py's ``Container`` (reload, attrs, start, wait, stop, kill, remove,
-logs, attach); hermetic.engines.docker's DockerEngine is what the rest of
-hermetic asks.
+Locked down (``host_config``): read-only root with a tmpfs /tmp, no capability, no-new-privileges, no network
+unless asked, a pids limit and, when set, a memory limit with no swap around it. Every container names its
+driver, a training container its run directory and working directory (labels): the orphan reaper
+(hermetic.run.orphans) finds one whose driver died by them. The client and container are docker-py's.
 """
 
 from __future__ import annotations
@@ -32,8 +16,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hermetic.engines.base import (
-    LOG_FILES, ContainerSpec, Interrupted, RunOutcome, Watch, container_home_env, oom_reason, remove_container,
-    rewrite_logs, stop_container, watch_beside,
+    ContainerSpec, Interrupted, RunOutcome, Watch, container_home_env, interrupt_handlers, oom_reason,
+    open_log_files, remove_container, rewrite_logs, stop_container, watch_beside,
 )
 from hermetic.engines.gpu import NO_GPU_RUNTIME, device_requests
 from hermetic.core.errors import EngineError
@@ -138,9 +122,7 @@ class DockerLaunch:
     def __init__(self, client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
                  name: str | None = None) -> None:
         self.client, self.spec, self.echo = client, spec, echo
-        log_dir.mkdir(parents=True, exist_ok=True)
-        # Opened before the container exists: whatever it prints has a file to land in.
-        self.files = [open(log_dir / n, "wb") for n in LOG_FILES]
+        self.files = open_log_files(log_dir)  # before the container exists: what it prints has a file to land in
         self.container = None
         self._stream = None
         self._error: BaseException | None = None
@@ -159,19 +141,11 @@ class DockerLaunch:
             self._error = e
 
     def finish(self, watch: Watch | None = None) -> RunOutcome:
-        previous: dict[int, Any] = {}
-
-        def handler(signum, _frame):
-            raise Interrupted(signum)
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, handler)
         stopped: list[str] = []
         done = threading.Event()
         out_f, err_f, all_f = self.files
         outcome: RunOutcome
-        try:
+        with interrupt_handlers():
             try:
                 self._thread.join()
                 if self._error is not None:
@@ -217,11 +191,9 @@ class DockerLaunch:
                     stop_container(self.container)
                     rewrite_logs(self.container, self.files)  # what it printed but we had not read yet
                 outcome = RunOutcome(None, True, signal.Signals(signum).name)
-        finally:
-            done.set()
-            for sig, h in previous.items():
-                signal.signal(sig, h)
-            self._end(beside=True)
+            finally:
+                done.set()
+                self._end(beside=True)
         return outcome
 
     def cancel(self) -> None:

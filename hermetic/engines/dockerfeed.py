@@ -1,21 +1,10 @@
 """Loading into the Docker Engine while the build goes on (``DockerEngine.build_feed``).
 
-Docker applies an image's layers in order, each on the one below it, and a
-``docker load`` registers nothing until its stream ends. So instead of one
-load after the whole image is built, the layers are fed to the engine as
-*prefix images*: as soon as layers 0..j are all in the store and some layer
-after j is still being built, a throwaway image made of those layers alone
-(a minimal config, labelled ``org.hermetic.partial``) is loaded, carrying only
-the layers the engine lacks. While the engine unpacks and registers them, the
-other layers are still being built. When the image is complete, its real load
-finds every layer already there (or sends the few that are not), and the
-prefix images are removed (their layers stay: the image holds them).
-
-The real image is loaded by the same thread as soon as its config exists
-(``finish``), while the build goes on to its SBOM and provenance. A prefix
-load that the engine refuses stops the feed, and a refused final load is
-left to the caller's own load, which sends whatever the engine still lacks,
-as without the feed. Loads run one at a time, in layer order.
+As soon as layers 0..j are in the store, a throwaway *prefix image* of them (labelled
+``org.hermetic.partial``) is loaded with the layers the engine lacks, while later layers are still built;
+the real image's load (``finish``, as soon as its config exists) then finds them there, and the prefix
+images are removed. Loads run one at a time, in layer order; a refused load stops the feed and leaves the
+rest to the caller's own load.
 """
 
 from __future__ import annotations

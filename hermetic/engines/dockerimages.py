@@ -1,16 +1,8 @@
 """The Docker Engine's images: loaded from hermetic's OCI store, tagged, listed, removed, saved.
 
-Images are loaded as a docker-archive stream (manifest.json + config + layer
-tars) built from the OCI store on the fly; the engine keeps the config digest
-as the image ID, so the ID hermetic prints is the one ``docker image
-inspect`` shows. Each layer is hashed on its way out; a layer blob that no
-longer matches its digest stops the stream before manifest.json (so the
-engine keeps nothing) and is named in the error. A blob whose store note
-vouches for it (hermetic.store.intact: hashed since it last changed, as a
-build's or a pull's own blobs are) is sent without being hashed again, and a
-blob hashed on its way is noted; the engine still checks every layer against
-its diff_id. Everything goes through docker-py's low-level client
-(hermetic.engines.dockerclient).
+A load is a docker-archive stream made from the store on the fly (the engine keeps the config digest as the
+image ID); each layer is hashed on its way unless its store note vouches for it, and a mismatch stops the
+stream before manifest.json, so the engine keeps nothing.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """How each engine reaches the host's GPUs (``--gpus``), and the refusal when it cannot.
 
-Docker: the NVIDIA runtime registered with the engine, or the NVIDIA
-container toolkit's prestart hook beside a local daemon; the request is the
-Engine API's ``HostConfig.DeviceRequests`` (``gpu_runtime`` is what ``run
---gpus`` and ``doctor`` both check). Podman takes GPUs through CDI
-(``--device nvidia.com/gpu=all``; the spec is the NVIDIA Container Toolkit's
-``nvidia-ctk cdi generate``). Charliecloud takes them as ``ch-fromhost
---nvidia`` does: the driver's libraries and binaries that
-``nvidia-container-cli list`` names are copied into the image, and ldconfig is
-run in it. hermetic does that once per image and driver into a layer of its
-own (the upper directory of a writable overlay over the image's layers, in
-which ch-fromhost ran), stacked on the image for a GPU run, and binds the GPUs'
-device nodes (/dev/nvidia0..., nvidiactl, nvidia-uvm) into the container's
-/dev. What ``--gpus`` may say is hermetic.config.gpus' grammar, read by all three.
-
-No GPU machine was available where Podman's and Charliecloud's were written:
-their refusals are tested (no CDI spec, no nvidia-container-cli, no driver
-libraries, no device nodes), the injection itself is not (docs/gpu.md).
+Docker: the NVIDIA runtime or the container toolkit's hook, asked through ``HostConfig.DeviceRequests``.
+Podman: CDI (``--device nvidia.com/gpu=all``). Charliecloud: the driver's files that ``nvidia-container-cli
+list`` names, in a layer of hermetic's made once per image and driver (as ``ch-fromhost --nvidia`` does),
+and the GPUs' device nodes bound into /dev. Podman's and Charliecloud's injection is untested on a GPU
+(docs/gpu.md); their refusals are tested.
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """Podman: the training container through the ``podman`` command, rootful or rootless, no daemon.
 
-The image comes straight from hermetic's OCI store into containers-storage
-with ``skopeo copy oci:… containers-storage:…`` (the containers/image
-library's own transport: it checks every blob against its digest on the way
-and keeps the config digest as the image ID, so the ID is the one Docker
-shows); an image Podman holds (``podman image exists ID``) is never copied
-again, and layers it holds are not copied either.
-
-The container gets Docker's hardening mapped to Podman's flags: ``--user``
-(rootless: ``--userns=keep-id``, so the script runs as the invoking user and
-what it writes is theirs), ``--read-only --read-only-tmpfs=false`` and a
-tmpfs /tmp, ``--cap-drop all``, ``no-new-privileges``, ``--network none``,
-``--init`` (catatonit), ``--pids-limit`` and ``--memory``/``--memory-swap``.
-Where no cgroup can hold the limits (rootless Podman on cgroup v1, as on
-these machines), the pids limit is RLIMIT_NPROC of the container's user
-namespace (``--ulimit nproc``: its processes and threads, counted for that
-container) and the record says so; a memory limit is then refused. Podman's
-default ulimits cannot be set without CAP_SYS_RESOURCE (runc: ``error
-setting rlimit type 7``), so the container is given the driver's own
-(nofile, and nproc no higher than pid_max), as Docker gives its own.
-
-Variables reach the container through a file only the user can read
-(``--env-file``, removed after the run): a secret's value never appears on a
-command line, and podman's own environment stays the driver's (the
-container's HOME=/tmp there would move rootless Podman's storage). Containers
-carry the same labels as Docker's (driver, run, run directory, working
-directory), and hermetic.run.orphans finds Podman's orphans by them too.
+The image is copied from hermetic's OCI store with ``skopeo copy`` (its ID stays Docker's), once. Docker's
+hardening maps to Podman's flags; where no cgroup holds the limits (rootless on cgroup v1) the pids limit is
+RLIMIT_NPROC of the container's user namespace and a memory limit is refused. Variables go by a file only
+the user reads (``--env-file``), never on a command line. Containers carry Docker's labels: the orphan
+reaper finds them the same way.
 """
 
 from __future__ import annotations

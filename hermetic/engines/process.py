@@ -1,13 +1,8 @@
 """A container that is a child process (podman, ch-run): its output teed to the log files, its stop on a signal.
 
-Docker's container is driven through its API (hermetic.engines.docker); Podman
-and Charliecloud are driven as processes whose stdout and stderr are the
-container's. Both streams are read in threads, each byte written to its own
-log and, in arrival order, to combined.log (flushed as it comes: ``hermetic
-logs -f`` reads them while the run goes on) and echoed to the terminal when
-asked. SIGINT and SIGTERM stop the container through the engine's ``stop``
-and the outcome says ``interrupted``; a ``watch`` that reports a reason
-stops it the same way and the outcome names the reason.
+Both streams are read in threads into their own log and combined.log (flushed as they come: ``hermetic logs
+-f``) and echoed when asked. SIGINT and SIGTERM, or a ``watch``'s reason, stop it through the engine's
+``stop``; the outcome says why.
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
 """Image layers as directories, for engines that run an image from a directory tree (Charliecloud).
 
-Each layer blob of hermetic's OCI store is unpacked once into its own
-directory, named by the blob's digest (``<root>/<hex>``), by a normalizing tar
-reader that trusts nothing in the tar:
-
-* every entry is written beneath the layer's directory through directory
-  descriptors, never by path: no parent component may be a link (``O_NOFOLLOW``
-  on each), so nothing is written through a link; ``..`` and absolute names
-  are refused; a handful of descriptors are open at a time, however deep or
-  wide the tree (a plain account's ``ulimit -n`` bounds no layer);
-* regular files, directories and symbolic links are made (a link's target is
-  kept as written: it is resolved inside the container, never here); a hard
-  link must name a file already unpacked in the same layer; device nodes and
-  FIFOs are refused (those under ``dev/`` are skipped: the container's /dev is
-  made at each start);
-* setuid, setgid and the owner are dropped (files belong to whoever unpacks);
-* whiteouts (``.wh.NAME``, ``.wh..wh..opq``) become overlayfs's own (a 0/0
-  character device, the ``user.overlay.opaque`` xattr), so the layers stack
-  as an overlay mount with ``userxattr``, as an unprivileged user may mount it.
-
-The blob is checked against its digest before it is read (hermetic.store.intact:
-from its stat when it was hashed since it last changed, else rehashed), and
-the directory is renamed into place only once complete: a corrupt blob leaves
-no layer directory behind, and an existing directory is a layer that was
-verified when made.
+Each layer blob is checked against its digest, then unpacked once into ``<root>/<hex>`` by a tar reader that
+trusts nothing: written through directory descriptors (no link followed, ``..`` and absolute names refused),
+files, directories and links only (devices and FIFOs refused, ``dev/`` skipped), setuid, setgid and owners
+dropped, whiteouts made overlayfs's own (``userxattr``); renamed into place only once complete.
 """
 
 from __future__ import annotations
@@ -336,8 +316,3 @@ def _make_removable(path: Path) -> None:
         os.chmod(path, 0o700)
     except OSError:
         pass
-
-
-def remove_layer_dir(path: Path) -> None:
-    _make_removable(path)
-    shutil.rmtree(path, ignore_errors=True)

@@ -1,18 +1,8 @@
 """Which CUDA a lock pins: read from the locked nvidia-* wheels, never guessed.
 
-torch pins its CUDA libraries through PyPI wheels in two naming schemes (both
-checked against the wheels' real metadata):
-
-- suffixed (CUDA 12 and older): ``nvidia-cuda-runtime-cu12==12.8.90``,
-  ``nvidia-cudnn-cu12``, ``nvidia-cublas-cu12``, ... (``-cu11`` for CUDA 11);
-- cuda-toolkit (CUDA 13): the metapackage ``cuda-toolkit[cublas,cudart,...]``
-  pulls UNsuffixed ``nvidia-cuda-runtime==13.0.96``, ``nvidia-cublas``...,
-  while cuDNN and NCCL stay suffixed (``nvidia-cudnn-cu13``).
-
-The image's CUDA line is the runtime wheel's MAJOR.MINOR (12.8.90 -> 12.8);
-torch's local version tag (``+cu128``, ``+cpu``) is its own claim, checked
-against it in hermetic.gpu.wheels. torch from PyPI has no tag: on Linux it is
-a CUDA build whose CUDA is whatever its nvidia deps are.
+Suffixed wheels (``nvidia-cuda-runtime-cu12==12.8.90``: CUDA 12 and older) or the cuda-toolkit
+metapackage's unsuffixed ones (CUDA 13); the image's CUDA line is the runtime wheel's MAJOR.MINOR. torch's
+local tag (``+cu128``) is checked against it in hermetic.gpu.wheels.
 """
 
 from __future__ import annotations
@@ -40,7 +30,6 @@ CUDA_COMPONENTS = frozenset({
 })
 _NVIDIA_NAME = re.compile(r"^nvidia-(?P<component>[a-z0-9-]+?)(?:-cu(?P<cu>\d+))?$")
 
-LABEL_PREFIX = "org.hermetic."
 # CudaInfo field -> image label key
 LABELS = {
     "scheme": "org.hermetic.cuda.scheme",

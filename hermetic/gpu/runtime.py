@@ -1,17 +1,8 @@
 """Run-time checks (pure), from the probe's JSON (taken inside the container) and the image's labels.
 
-  check_driver       the host driver's CUDA version covers the image's CUDA runtime
-  check_arch         torch has kernels (SASS, or PTX to JIT) for each GPU
-
-Decisions (docs/gpu.md has the reasons at length):
-- driver older than the runtime within the same CUDA major: warn (NVIDIA's
-  minor-version compatibility runs precompiled kernels; PTX JIT of newer PTX
-  fails); ``strict=True`` refuses. A lower major: refuse.
-- GPU compute capability X.Y: ``sm_XY`` in torch's arch list is a match; an
-  ``sm_XZ`` with Z < Y is binary compatible (same major) and fine; an
-  arch-specific ``sm_XYa`` only matches X.Y exactly; a ``compute_XY`` (PTX)
-  entry <= the GPU's capability is accepted with a warning: the driver JITs it
-  at first use, so the machine code depends on the driver version.
+``check_driver``: the host driver's CUDA covers the image's runtime (an older minor warns, ``strict``
+refuses; an older major refuses). ``check_arch``: torch has kernels for each GPU (``sm_XY`` or a lower
+minor of the same major; PTX at or below the capability warns: JIT). docs/gpu.md has the reasons.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Build-time checks (pure): every locked wheel must run on the base image and its Python.
 
-  check_torch_cuda   torch's CUDA variant agrees with the nvidia-* wheels
-  check_glibc        the base's glibc satisfies every wheel's manylinux tag
-  check_python_abi   the image's Python accepts every wheel's interpreter/ABI tag
-
-Every check returns a list of Findings (empty = fine), each one line naming
-the package and both sides. Decision (docs/gpu.md has the reasons at length):
-torch ``+cpu`` with nvidia-* wheels in the lock is a warning, not a refusal:
-other packages (jax-cuda12-plugin, cupy-cuda12x) legitimately pull them;
-torch itself will not use them.
+``check_torch_cuda`` (torch's CUDA variant and the nvidia-* wheels), ``check_glibc`` (manylinux tags),
+``check_python_abi`` (interpreter and ABI tags): Findings, one line each naming the package and both sides.
+torch ``+cpu`` beside nvidia-* wheels only warns (other packages pull them).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """File locks (flock) that belong to the process that took them alone.
 
-flock locks belong to an open file, which a fork shares: a worker forked
-while a lock is held would keep it after the holder dies. So every lock
-descriptor is close-on-exec (a program we start never gets it), and a forked
-child lets go of its copies at once (``os.register_at_fork``): a SIGKILLed
-holder never leaves a stale lock behind, whatever it started. The kernel
-drops a lock when its holder dies, so "held" means "its holder lives": the
-temp files of fsutil are tied to their writers this way too (``open_held``).
-A filesystem without locks is one line (filesystems.NoLocks).
+A lock belongs to an open file, which a fork shares: so every lock descriptor is close-on-exec and a forked
+child lets go of its copies at once (``os.register_at_fork``). A SIGKILLed holder never leaves a lock
+behind, so "held" means "its holder lives" (fsutil's temp files rely on it).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """What the filesystem under a path is, and the one-line errors for one that refuses what hermetic needs.
 
-A cache or project on a filesystem that lacks what a local Linux one has ends
-in one line naming the path, the filesystem and what to do: no file locks
-(NFS without its lock daemon, Lustre without -o flock), no writes (a store
-every node mounts read-only; another user's cache; root on an NFS export
-that maps root to nobody, root_squash), one rename across two filesystems (a
-part of the cache mounted or symlinked elsewhere), no FIFOs or file owners
-for a run's scratch space (FAT, exFAT), no room left (errors.DiskFull). What
-such a filesystem merely lacks (permission bits, hard links, xattrs,
-O_TMPFILE, which hermetic's stores do not use) is no error:
-fsutil.set_mode leaves the bits to the mount.
+No file locks, no writes (read-only, another user's, root_squash), a rename across filesystems, no FIFOs or
+file owners for a run's scratch space, a full disk: one line naming the path, the filesystem and what to
+do. What a filesystem merely lacks (permission bits, hard links, xattrs) is no error.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Writing files so that nothing is ever half there: atomic writes, temp files tied to their writer,
 stat keys with git's racy-clean rule, streaming hashes.
 
-Content goes to a temporary file in the destination's directory and is
-renamed into place (rename is atomic on POSIX within one filesystem), so an
-interrupted process leaves either the old state or the new one -- plus, if it
-was killed, its temporary file. Each such file is tied to its writer: the
-writer holds an flock on it for as long as it writes (hermetic.hostfs.filelocks:
-never shared with a fork), the kernel drops that lock when the writer dies,
-so the next writer (``sweep_dead``) can tell a dead writer's leftover from a
-live writer's work without guessing by age. What a filesystem refuses on the
-way is one line naming it (hermetic.hostfs.filesystems).
+Content goes to a temporary file beside its destination, renamed into place. The writer holds an flock on
+it while it writes (hermetic.hostfs.filelocks), so the next writer (``sweep_dead``) tells a dead writer's
+leftover from a live writer's work without guessing by age.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Run a function as another user: a forked child that gave up root before it touched anything.
 
-hermetic often runs as root; what a training script left behind is handled
-(hermetic.hostfs.safetree) without following links, and, as a second wall, by a
-child process that runs as the container's uid and gid with no supplementary
-groups (``setgroups([])``, ``setresgid``, ``setresuid``): even a bug in the
-first wall cannot write where that user cannot. With ``read_any`` the child
-keeps one capability, CAP_DAC_READ_SEARCH (read and search any file, nothing
-else), for reading what an earlier run sealed as the invoking user
-(``--resume-from``); it still writes only as the container's user.
-
-The child is a hermetic.core.workers worker: its answer (JSON: the function's
-result must be JSON-serializable) comes back through a pipe, its
-HermeticError is re-raised here as the same class, a bug's traceback as a
-RuntimeError (exit 70); it dies with the parent, which ends it on Ctrl-C.
-When hermetic is not root, or the target is root, the function simply runs
-in this process (there is nothing to drop).
+The second wall behind hermetic.hostfs.safetree: a hermetic.core.workers child as the container's uid and
+gid, no supplementary groups (``read_any``: keeping CAP_DAC_READ_SEARCH only, to read what an earlier run
+sealed). Its JSON answer comes back through a pipe, its HermeticError as the same class, a bug as a
+RuntimeError. Not root, or a root target: the function runs in this process.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Trees an untrusted process wrote, handled from the host without ever following a link.
 
-After a training container exits, hermetic (often root) walks, hashes, reads,
-moves and copies what the script left in /outputs, its working directory and
-the runtime's report directory. Any name there may be a symbolic link to a host
-path (``victimdir -> /etc``, ``escdir -> ../../..``), a FIFO that blocks its
-reader forever, a socket, or a name that is not UTF-8. So every operation here
-starts from a directory descriptor and resolves a relative path one component
-at a time, each opened ``O_NOFOLLOW`` (``O_DIRECTORY`` for directories), or in
-one call with openat2(2)'s ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
-RESOLVE_NO_MAGICLINKS`` where the kernel has it (Linux >= 5.6): a link anywhere
-in a path is an error (``ELOOP``), never a detour. Only regular files are
-opened for reading, ``O_NONBLOCK`` and checked with fstat before a byte is
-read. Links are kept and recorded as links (their target text); FIFOs, sockets
-and device nodes are recorded by kind and never opened.
-
-Names are bytes on Linux; Python hands them out as ``str`` with undecodable
-bytes as lone surrogates (PEP 383), which JSON cannot carry. ``record_name``
-is the one escaping a record uses: UTF-8 text as is, except that ``%``, ``\\``,
-control characters (C0, DEL, C1) and every byte that is not part of valid UTF-8
-are written ``%XX`` (upper-case hex of the byte). ``fs_name`` reverses it
-exactly (``urllib.parse.unquote_to_bytes``).
+Every operation starts from a directory descriptor and resolves one component at a time with ``O_NOFOLLOW``
+(or openat2's ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``): a link is an error, never a detour. Only regular
+files are read (``O_NONBLOCK``, checked with fstat); links are recorded by their target, FIFOs, sockets and
+devices by kind. ``record_name`` writes a name in a record (``%XX`` for ``%``, ``\\``, controls and bytes
+that are not UTF-8); ``fs_name`` reverses it.
 """
 
 from __future__ import annotations
@@ -44,7 +29,6 @@ READ_SIZE = 1 << 20
 
 KINDS = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink", stat.S_IFIFO: "fifo",
          stat.S_IFSOCK: "socket", stat.S_IFCHR: "chardev", stat.S_IFBLK: "blockdev"}
-SPECIAL_KINDS = ("fifo", "socket", "chardev", "blockdev")
 
 
 class UnsafePath(DataError):

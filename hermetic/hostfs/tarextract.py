@@ -1,16 +1,9 @@
 """Extracting a tar whose members are not trusted, on every Python hermetic admits.
 
-PEP 706's ``filter="data"`` (CPython 3.12, backported to 3.11.4 and 3.10.12) is
-what hermetic extracts with. Older patch releases have no filter -- Debian 12's
-own python3 is 3.11.2 -- and their ``extractall`` would follow a member out of
-the destination. There each member goes through the same checks as the
-standard library's data filter, with the same messages, just before it is
-extracted (so a link made by an earlier member is seen by the next check, as
-the filter sees it): a name is taken relative (leading ``/`` stripped); a name
-or a link that resolves outside the destination, an absolute link target and
-anything but a file, directory or link (devices, FIFOs) are refused; setuid,
-setgid, sticky and group/other write bits are dropped; the owner is whoever
-extracts; directories get the default mode.
+PEP 706's ``filter="data"`` where Python has it; on older patch releases (Debian 12's 3.11.2) each member
+goes through the same checks, with the same messages, just before it is extracted: nothing outside the
+destination, no absolute link, files, directories and links only, no setuid, setgid, sticky or group/other
+write bit.
 """
 
 from __future__ import annotations

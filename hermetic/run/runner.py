@@ -266,8 +266,8 @@ def open_record(cfg: LoadedConfig, store: OciStore, req: RunRequest, info: Image
 @contextlib.contextmanager
 def _gate(engine, paths: CachePaths, run_id: str) -> Iterator[Gate | None]:
     """The gate a container that starts early waits at (engines.base.Gate), in a directory tied to this
-    process; None for an engine that starts it only when the run is ready."""
-    if not engine.starts_early:
+    process, which also ends a container that could outlive it; None for an engine that needs neither."""
+    if not (engine.starts_early or engine.outlives_driver):
         yield None
         return
     with owned_temp_dir(paths.tmpdir(), f"gate-{run_id}.") as where:
