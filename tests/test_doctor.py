@@ -15,7 +15,8 @@ from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, Oci
 from hermetic.store.wheels import WheelStore
 
 HERMETIC = str(Path(sys.executable).parent / "hermetic")
-NAMES = ["docker engine", "podman", "charliecloud", "gpu runtime", "nvidia driver", "disk", "dataset hashing", "oci store", "wheel store"]
+NAMES = ["docker engine", "podman", "charliecloud", "gpu runtime", "nvidia driver", "disk", "dataset hashing", "squashfs",
+         "oci store", "wheel store"]
 
 
 def doctor(cache: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
