@@ -185,8 +185,8 @@ from hermetic.data.treehash import scan_and_hash
 tree, hashed = scan_and_hash(sys.argv[1], workers=int(sys.argv[2]))
 print(json.dumps({tree.abspath(p): hashed.hex(i) for i, p in enumerate(tree.paths)}))
 """
-HASHING = [(HASH_FILES, "fork"), (HASH_FILES, "forkserver"), (SCAN_AND_HASH, "fork")]
-HASHING_IDS = ["forked", "pool", "scan_and_hash"]
+HASHING = [(HASH_FILES, "fork"), (HASH_FILES, "thread"), (SCAN_AND_HASH, "fork")]
+HASHING_IDS = ["forked", "threads", "scan_and_hash"]
 
 
 @pytest.mark.parametrize("code, method", HASHING, ids=HASHING_IDS)
