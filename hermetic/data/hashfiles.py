@@ -29,7 +29,6 @@ _INLINE_SPAN = 1000  # files between progress updates when hashing in-process
 _MAX_BATCHES = 512
 _COUNTERS = struct.Struct("qq")  # per hashing process: bytes done, files done
 _RECORD = struct.Struct("=II")  # a batch in the pipe: (start, end)
-OUTPUT_BYTES_PER_FILE = DIGEST_BYTES + KEY_BYTES
 
 # (packed keys, digests, errors) for one batch
 _Result = tuple[bytes, bytes, Errors]
@@ -156,12 +155,6 @@ class Control:
         self.mm.close()
 
 
-def output_views(mm: Any, n: int) -> tuple[memoryview, memoryview]:
-    """(digests, keys) regions at the start of a mapping: n * 32 bytes, then n * 40."""
-    view = memoryview(mm)
-    return view[:n * DIGEST_BYTES], view[n * DIGEST_BYTES:n * OUTPUT_BYTES_PER_FILE]
-
-
 def feed(queue_w: int, batches: list[tuple[int, int]]) -> None:
     """Write the batches as (start, end) uint32 records, at most PIPE_BUF bytes of whole records a write (so
     every 8-byte read gets one whole record), then close the pipe."""
@@ -177,9 +170,8 @@ def feed(queue_w: int, batches: list[tuple[int, int]]) -> None:
 
 
 def drain(paths: Sequence[str], queue: int, control: Control, slot: int, digests_out: Any, keys_out: Any,
-          after_batch: Callable[[], None] | None = None, dir_fd: int | None = None) -> Errors:
-    """Take (start, end) records from the ``queue`` pipe until it is empty; hash each
-    (``paths`` relative to ``dir_fd`` if given)."""
+          after_batch: Callable[[], None] | None = None) -> Errors:
+    """Take (start, end) records from the ``queue`` pipe until it is empty; hash each."""
     errors: Errors = []
     done_bytes = done_files = 0
     in_batch = 0
@@ -196,7 +188,7 @@ def drain(paths: Sequence[str], queue: int, control: Control, slot: int, digests
             break
         start, end = _RECORD.unpack(data)
         in_batch = 0
-        nbytes, errs = hash_span(paths, start, end, digests_out, keys_out, on_bytes, dir_fd)
+        nbytes, errs = hash_span(paths, start, end, digests_out, keys_out, on_bytes)
         errors += errs
         done_bytes += nbytes
         done_files += end - start
@@ -206,20 +198,9 @@ def drain(paths: Sequence[str], queue: int, control: Control, slot: int, digests
     return errors
 
 
-def start_drainer(queue_w: int, *args: Any) -> procs.Worker:
-    """A forked worker that runs ``drain(*args)`` and answers its errors: it first lets go of ``queue_w``,
-    the queue's write end, so that the queue ends when the feeder closes it."""
-    return procs.start("a hashing worker process", _drain_in_child, queue_w, args)
-
-
 def _drain_in_child(queue_w: int, args: tuple) -> Errors:
-    os.close(queue_w)
+    os.close(queue_w)  # (so that the queue ends when the feeder closes it)
     return drain(*args)
-
-
-def answered_errors(worker: procs.Worker, tick: Callable[[], None] | None = None) -> Errors:
-    """A drainer's errors (its answer: lists, made tuples again)."""
-    return [(i, msg) for i, msg in worker.result(tick)]
 
 
 def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: int, bar: Any,
@@ -229,8 +210,8 @@ def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: 
 
     n = len(paths)
     control = Control(workers)
-    out = mmap.mmap(-1, n * OUTPUT_BYTES_PER_FILE)
-    digests_out, keys_out = output_views(out, n)
+    out = mmap.mmap(-1, n * (DIGEST_BYTES + KEY_BYTES))
+    digests_out, keys_out = memoryview(out)[:n * DIGEST_BYTES], memoryview(out)[n * DIGEST_BYTES:]
     queue, queue_w = os.pipe()
     children: list[procs.Worker] = []
 
@@ -240,7 +221,8 @@ def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: 
     try:
         for slot in range(1, workers):
             try:
-                children.append(start_drainer(queue_w, paths, queue, control, slot, digests_out, keys_out))
+                children.append(procs.start("a hashing worker process", _drain_in_child, queue_w,
+                                            (paths, queue, control, slot, digests_out, keys_out)))
             except OSError as e:
                 if not procs.no_more_workers(e):
                     raise
@@ -251,7 +233,7 @@ def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: 
             while_hashing()
         errors = drain(paths, queue, control, 0, digests_out, keys_out, tick)
         for child in children:
-            errors += answered_errors(child, tick)
+            errors += [(i, msg) for i, msg in child.result(tick)]  # (lists, made tuples again)
         tick()
         return bytes(keys_out), bytes(digests_out), errors
     finally:
