@@ -179,14 +179,8 @@ paths = sorted(str(p) for p in Path(sys.argv[1]).rglob("*") if p.is_file())
 hashed = hash_files(paths, workers=int(sys.argv[2]), start_method=sys.argv[3])
 print(json.dumps(dict(zip(paths, hashed.hexes()))))
 """
-SCAN_AND_HASH = """
-import json, sys
-from hermetic.data.treehash import scan_and_hash
-tree, hashed = scan_and_hash(sys.argv[1], workers=int(sys.argv[2]))
-print(json.dumps({tree.abspath(p): hashed.hex(i) for i, p in enumerate(tree.paths)}))
-"""
-HASHING = [(HASH_FILES, "fork"), (HASH_FILES, "forkserver"), (SCAN_AND_HASH, "fork")]
-HASHING_IDS = ["forked", "pool", "scan_and_hash"]
+HASHING = [(HASH_FILES, "fork"), (HASH_FILES, "thread")]
+HASHING_IDS = ["forked", "threads"]
 
 
 @pytest.mark.parametrize("code, method", HASHING, ids=HASHING_IDS)
@@ -199,7 +193,7 @@ def test_hashing_goes_on_in_process_when_no_worker_can_be_started(tmp_path, code
     assert json.loads(proc.stdout) == digests
 
 
-@pytest.mark.parametrize("code, method", [HASHING[0], HASHING[2]], ids=[HASHING_IDS[0], HASHING_IDS[2]])
+@pytest.mark.parametrize("code, method", HASHING, ids=HASHING_IDS)
 def test_hashing_on_a_hundred_cores_fits_64_descriptors(tmp_path, code, method):
     """A forked worker costs its parent a pipe: a hundred of them once ran out of descriptors, and the
     workers started waited for batches that never came (a hang: the timeout is the failure)."""

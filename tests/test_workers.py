@@ -110,37 +110,30 @@ def _dataset(root: Path) -> None:
 HASH_AND_SAY = """
     import os, signal, sys
     from pathlib import Path
-    from hermetic.data import hashfiles, treehash
+    from hermetic.data import hashfiles
     from hermetic.core.errors import WorkerDied
     parent = os.getpid()
-    real_drain, real_scan = hashfiles.drain, treehash.scan_tree
-    def dying(real):
-        def f(*a, **k):
-            if os.getpid() != parent:
-                os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
-            return real(*a, **k)
-        return f
-    hashfiles.drain, treehash.scan_tree = dying(real_drain), dying(real_scan)
+    real_drain = hashfiles.drain
+    def dying(*a, **k):
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
+        return real_drain(*a, **k)
+    hashfiles.drain = dying
     root = sys.argv[1]
     try:
-        if sys.argv[2] == "hash_files":
-            hashfiles.hash_files(sorted(str(p) for p in Path(root).rglob("f*")), workers=3, start_method="fork")
-        else:
-            treehash.scan_and_hash(root, workers=3)
+        hashfiles.hash_files(sorted(str(p) for p in Path(root).rglob("f*")), workers=3, start_method="fork")
     except WorkerDied as e:
         print(e.exit_code, e)
 """
 
 
-@pytest.mark.parametrize("how", ["hash_files", "scan_and_hash"])
-def test_a_hashing_worker_killed_midway_ends_the_hashing_in_one_line(tmp_path, how):
+def test_a_hashing_worker_killed_midway_ends_the_hashing_in_one_line(tmp_path):
     """No hang waiting for a dead worker: its pipe ends, and the parent says so (exit 71)."""
     _dataset(tmp_path)
-    proc = _run(HASH_AND_SAY, str(tmp_path), how)
+    proc = _run(HASH_AND_SAY, str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"{EXIT_OSERR} ") and "ended without an answer (signal SIGKILL)" in proc.stdout
-    what = f"{tmp_path}: the scanning worker process" if how == "scan_and_hash" else "a hashing worker process"
-    assert what in proc.stdout, proc.stdout
+    assert "a hashing worker process" in proc.stdout, proc.stdout
 
 
 CTRL_C = """

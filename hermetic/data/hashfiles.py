@@ -3,8 +3,8 @@
 Processes, not threads: small files are per-file Python work that holds the GIL. A single-threaded process
 forks its workers (hermetic.core.workers.start): they take (start, end) batches from one pipe and write
 digests and stat keys into shared memory at each file's index; this process hashes too once ``while_hashing``
-is done. A process with other threads uses a fork server (forking it could deadlock) and pickles batches.
-Small jobs are hashed in-process. The account's limits bound the workers; where a fork is refused, those
+is done. A process with other threads (where a fork could deadlock) hashes in threads. Small jobs are hashed
+in-process. The account's limits bound the workers; where a fork is refused, those
 started (or this process alone) do the work.
 """
 
@@ -29,7 +29,6 @@ _INLINE_SPAN = 1000  # files between progress updates when hashing in-process
 _MAX_BATCHES = 512
 _COUNTERS = struct.Struct("qq")  # per hashing process: bytes done, files done
 _RECORD = struct.Struct("=II")  # a batch in the pipe: (start, end)
-OUTPUT_BYTES_PER_FILE = DIGEST_BYTES + KEY_BYTES
 
 # (packed keys, digests, errors) for one batch
 _Result = tuple[bytes, bytes, Errors]
@@ -66,12 +65,7 @@ def hash_files(
             if method == "fork":
                 keys, digests, errors = _hash_forked(paths, batches, workers, bar, while_hashing)
             else:
-                pooled = _hash_pool(paths, batches, workers, bar, while_hashing, method)
-                if pooled is None:  # no worker could be started: all of it here
-                    if while_hashing is not None:
-                        while_hashing()
-                    pooled = _hash_inline(paths, bar)
-                keys, digests, errors = pooled
+                keys, digests, errors = _hash_threaded(paths, batches, workers, bar, while_hashing)
     finally:
         bar.close()
     vanished = [i for i, msg in errors if msg is None]
@@ -83,7 +77,7 @@ def hash_files(
 
 
 def default_start_method() -> str:
-    return "fork" if threading.active_count() == 1 and hasattr(os, "fork") else "forkserver"
+    return "fork" if threading.active_count() == 1 and hasattr(os, "fork") else "thread"
 
 
 def plan(sizes: Sequence[int] | None, n: int, workers: int) -> list[tuple[int, int]]:
@@ -161,12 +155,6 @@ class Control:
         self.mm.close()
 
 
-def output_views(mm: Any, n: int) -> tuple[memoryview, memoryview]:
-    """(digests, keys) regions at the start of a mapping: n * 32 bytes, then n * 40."""
-    view = memoryview(mm)
-    return view[:n * DIGEST_BYTES], view[n * DIGEST_BYTES:n * OUTPUT_BYTES_PER_FILE]
-
-
 def feed(queue_w: int, batches: list[tuple[int, int]]) -> None:
     """Write the batches as (start, end) uint32 records, at most PIPE_BUF bytes of whole records a write (so
     every 8-byte read gets one whole record), then close the pipe."""
@@ -182,9 +170,8 @@ def feed(queue_w: int, batches: list[tuple[int, int]]) -> None:
 
 
 def drain(paths: Sequence[str], queue: int, control: Control, slot: int, digests_out: Any, keys_out: Any,
-          after_batch: Callable[[], None] | None = None, dir_fd: int | None = None) -> Errors:
-    """Take (start, end) records from the ``queue`` pipe until it is empty; hash each
-    (``paths`` relative to ``dir_fd`` if given)."""
+          after_batch: Callable[[], None] | None = None) -> Errors:
+    """Take (start, end) records from the ``queue`` pipe until it is empty; hash each."""
     errors: Errors = []
     done_bytes = done_files = 0
     in_batch = 0
@@ -201,7 +188,7 @@ def drain(paths: Sequence[str], queue: int, control: Control, slot: int, digests
             break
         start, end = _RECORD.unpack(data)
         in_batch = 0
-        nbytes, errs = hash_span(paths, start, end, digests_out, keys_out, on_bytes, dir_fd)
+        nbytes, errs = hash_span(paths, start, end, digests_out, keys_out, on_bytes)
         errors += errs
         done_bytes += nbytes
         done_files += end - start
@@ -211,20 +198,9 @@ def drain(paths: Sequence[str], queue: int, control: Control, slot: int, digests
     return errors
 
 
-def start_drainer(queue_w: int, *args: Any) -> procs.Worker:
-    """A forked worker that runs ``drain(*args)`` and answers its errors: it first lets go of ``queue_w``,
-    the queue's write end, so that the queue ends when the feeder closes it."""
-    return procs.start("a hashing worker process", _drain_in_child, queue_w, args)
-
-
 def _drain_in_child(queue_w: int, args: tuple) -> Errors:
-    os.close(queue_w)
+    os.close(queue_w)  # (so that the queue ends when the feeder closes it)
     return drain(*args)
-
-
-def answered_errors(worker: procs.Worker, tick: Callable[[], None] | None = None) -> Errors:
-    """A drainer's errors (its answer: lists, made tuples again)."""
-    return [(i, msg) for i, msg in worker.result(tick)]
 
 
 def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: int, bar: Any,
@@ -234,8 +210,8 @@ def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: 
 
     n = len(paths)
     control = Control(workers)
-    out = mmap.mmap(-1, n * OUTPUT_BYTES_PER_FILE)
-    digests_out, keys_out = output_views(out, n)
+    out = mmap.mmap(-1, n * (DIGEST_BYTES + KEY_BYTES))
+    digests_out, keys_out = memoryview(out)[:n * DIGEST_BYTES], memoryview(out)[n * DIGEST_BYTES:]
     queue, queue_w = os.pipe()
     children: list[procs.Worker] = []
 
@@ -245,7 +221,8 @@ def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: 
     try:
         for slot in range(1, workers):
             try:
-                children.append(start_drainer(queue_w, paths, queue, control, slot, digests_out, keys_out))
+                children.append(procs.start("a hashing worker process", _drain_in_child, queue_w,
+                                            (paths, queue, control, slot, digests_out, keys_out)))
             except OSError as e:
                 if not procs.no_more_workers(e):
                     raise
@@ -256,7 +233,7 @@ def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: 
             while_hashing()
         errors = drain(paths, queue, control, 0, digests_out, keys_out, tick)
         for child in children:
-            errors += answered_errors(child, tick)
+            errors += [(i, msg) for i, msg in child.result(tick)]  # (lists, made tuples again)
         tick()
         return bytes(keys_out), bytes(digests_out), errors
     finally:
@@ -271,89 +248,76 @@ def _hash_forked(paths: Sequence[str], batches: list[tuple[int, int]], workers: 
         control.close()
 
 
-# ---------------------------------------------------------------- fork-server workers
+# ---------------------------------------------------------------- threads
 
 
-_worker_state: dict[str, Any] = {}
-
-
-def _init_worker(counter: Any, stop: Any, owner: int) -> None:
-    import signal
-
-    procs.die_with_parent(owner)  # (the fork server is its parent; it exits with ``owner``)
-    # Ctrl-C is handled by the parent, which raises the stop flag.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _worker_state.update(counter=counter, stop=stop)
-
-
-def _hash_batch(paths: list[str]) -> _Result:
-    counter, stop = _worker_state["counter"], _worker_state["stop"]
-    if stop.value:
-        raise OSError(0, "interrupted")
-
-    reported = 0
-
-    def on_bytes(n: int) -> bool:  # progress inside a large file
-        nonlocal reported
-        reported += n
-        with counter.get_lock():
-            counter.value += n
-        return bool(stop.value)
-
+def _hash_threaded(paths: Sequence[str], batches: list[tuple[int, int]], workers: int, bar: Any,
+                   while_hashing: Callable[[], None] | None) -> _Result:
+    """``workers - 1`` threads and this one take the batches, where other threads make a fork unsafe (the C
+    loop and hashlib's large updates let go of the GIL). Threads the account's limits refuse are done without;
+    on an error or Ctrl-C, no batch starts and a large file being read ends."""
     n = len(paths)
     digests, keys = bytearray(n * DIGEST_BYTES), bytearray(n * KEY_BYTES)
-    nbytes, errors = hash_span(paths, 0, n, digests, keys, on_bytes)
-    with counter.get_lock():
-        counter.value += nbytes - reported
-    return bytes(keys), bytes(digests), errors
+    todo = iter(batches)
+    lock = threading.Lock()
+    stop = threading.Event()
+    done = [0, 0]  # bytes, files: for the progress bar
+    answers: list[Errors | BaseException] = []
 
+    def take() -> Errors:
+        errors: Errors = []
+        reported = 0
 
-def _hash_pool(paths: Sequence[str], batches: list[tuple[int, int]], workers: int, bar: Any,
-               while_hashing: Callable[[], None] | None, method: str) -> _Result | None:
-    """The batches hashed by a pool of ``workers`` processes; None where the pool could not start (the
-    account's limits, hermetic.core.workers): then the caller hashes them all itself."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        def on_bytes(nbytes: int) -> bool:  # progress inside a large file
+            nonlocal reported
+            reported += nbytes
+            with lock:
+                done[0] += nbytes
+            return stop.is_set()
 
-    ctx = multiprocessing.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload([__name__])
-    parts: dict[int, tuple[bytes, bytes]] = {}
-    errors: Errors = []
-    files_done = 0
-    stop = ctx.RawValue("b", 0)
-    ex = None
+        while not stop.is_set():
+            with lock:
+                start, end = next(todo, (0, 0))
+            if start == end:
+                break
+            reported = 0
+            nbytes, errs = hash_span(paths, start, end, digests, keys, on_bytes)
+            errors += errs
+            with lock:
+                done[0] += nbytes - reported
+                done[1] += end - start
+            if threading.current_thread() is threading.main_thread():
+                bar.update(*done)
+        return errors
+
+    def thread_main() -> None:
+        try:
+            answers.append(take())
+        except BaseException as e:  # raised in the caller's thread
+            stop.set()
+            answers.append(e)
+
+    threads: list[threading.Thread] = []
     try:
-        # Each of these may start a process (the resource tracker, the fork server, a worker) or a thread.
-        counter = ctx.Value("q", 0)
-        ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(counter, stop, os.getpid()))
-        futures = {ex.submit(_hash_batch, list(paths[s:e])): (s, e) for s, e in batches}
-    except (OSError, RuntimeError, EOFError) as e:
-        # (EOFError: the fork server, refused a fork, hung up without the worker's pid)
-        if not (procs.no_more_workers(e) or isinstance(e, EOFError)):
-            raise
-        stop.value = 1
-        if ex is not None:
-            ex.shutdown(wait=True, cancel_futures=True)
-        return None
-    try:
+        for _ in range(workers - 1):
+            t = threading.Thread(target=thread_main, name="hermetic-hash", daemon=True)
+            try:
+                t.start()
+            except RuntimeError:  # at the account's limit: those started, and this thread, do it all
+                break
+            threads.append(t)
         if while_hashing is not None:
             while_hashing()
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
-            for f in done:
-                start, end = futures.pop(f)
-                keys, digests, errs = f.result()
-                parts[start] = (keys, digests)
-                errors.extend((start + i, msg) for i, msg in errs)
-                files_done += end - start
-            bar.update(counter.value, files_done)
+        errors = take()
     except BaseException:
-        stop.value = 1
-        ex.shutdown(wait=True, cancel_futures=True)
+        stop.set()
         raise
-    ex.shutdown(wait=True)
-    order = sorted(parts)
-    return b"".join(parts[s][0] for s in order), b"".join(parts[s][1] for s in order), errors
+    finally:
+        for t in threads:
+            t.join()
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            raise answer
+        errors += answer
+    bar.update(*done)
+    return bytes(keys), bytes(digests), errors

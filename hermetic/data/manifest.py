@@ -118,11 +118,12 @@ def read_manifest_bytes(path: str | os.PathLike[str]) -> bytes:
 
 
 def parse_manifest(data: bytes | str, source: str = "<manifest>") -> Manifest:
-    digest, lines = _lines(data, source)
-    entries = _parse_fast(lines)
-    if entries is None:
-        entries = _parse_slow(lines, source)
-    return Manifest(entries, digest, None, source)
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    columns = parse_columns(data, source)
+    h = b"".join(columns.digests.values()).hex()
+    entries = dict(zip(columns.digests, [h[i:i + HEX_LEN] for i in range(0, len(h), HEX_LEN)]))
+    return Manifest(entries, columns.sha256, None, source)
 
 
 def parse_columns(data: bytes, source: str = "<manifest>") -> ManifestColumns:
@@ -134,7 +135,7 @@ def parse_columns(data: bytes, source: str = "<manifest>") -> ManifestColumns:
         by_path = dict(zip(paths, digests))
         if len(by_path) == len(paths):
             return ManifestColumns(by_path, digest)
-    _, lines = _lines(data, source)
+    lines = _lines(data, source)
     entries = _parse_slow(lines, source)  # refuses what the fast path only noticed
     return ManifestColumns({p: bytes.fromhex(h) for p, h in entries.items()}, digest)
 
@@ -165,11 +166,8 @@ def _columns_in_pieces(data: bytes, piece: int = 1 << 20) -> tuple[list[str], li
     return paths, digests
 
 
-def _lines(data: bytes | str, source: str) -> tuple[str, list[str]]:
-    """(sha256 of the bytes, lines without their LF)."""
-    if isinstance(data, str):
-        data = data.encode("utf-8", "surrogateescape")
-    digest = hashlib.sha256(data).hexdigest()
+def _lines(data: bytes, source: str) -> list[str]:
+    """The lines without their LF."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -180,7 +178,7 @@ def _lines(data: bytes | str, source: str) -> tuple[str, list[str]]:
         lines.pop()  # the final line's terminator
     if lines and max(map(len, lines)) > _LONG_CHARS:
         _refuse_long_lines(lines, source)
-    return digest, lines
+    return lines
 
 
 def _refuse_long_lines(lines: list[str], source: str) -> None:
@@ -190,17 +188,6 @@ def _refuse_long_lines(lines: list[str], source: str) -> None:
             if size > MANIFEST_LINE_MAX:
                 raise ManifestError(f"{source}:{i + 1}: a line of {size} bytes; a manifest line holds at most "
                                     f"{MANIFEST_LINE_MAX} (a hash and a path of at most 4096 bytes): not parsed")
-
-
-def _parse_fast(lines: list[str]) -> dict[str, str] | None:
-    """path -> lowercase hex, or None when any line needs the careful parser (or a path repeats)."""
-    fast = _columns_fast(lines)
-    if fast is None:
-        return None
-    paths, raw = fast
-    h = raw.hex()
-    entries = dict(zip(paths, [h[i:i + HEX_LEN] for i in range(0, len(h), HEX_LEN)]))
-    return entries if len(entries) == len(paths) else None
 
 
 def _columns_fast(lines: list[str]) -> tuple[list[str], bytes] | None:

@@ -22,7 +22,6 @@ from hermetic.data.manifest import (
 )
 from hermetic.data.scan import Tree, TreeError, resolve_root, scan_tree
 from hermetic.data.statcache import StatCache
-from hermetic.data.treehash import scan_and_hash
 from hermetic.core.errors import HermeticError, UsageError
 
 Mode = Literal["stat-cache", "full"]
@@ -106,25 +105,24 @@ def verify_dataset(
         restricted = None
         root_st = os.stat(real_root)
         root_key = (root_st.st_dev, root_st.st_ino)
-        if full:  # the scan happens in a worker process, while this one parses the manifest
-            job = _Job(real_root, manifest_path, manifest_bytes, None, cache, recorded_ns, workers, label)
-            report = job.full(exclude)
+        tree = scan_tree(real_root, exclude=exclude, stat=not full)
+        job = _Job(real_root, manifest_path, manifest_bytes, tree, cache, recorded_ns, workers, label)
+        if full:
+            report = job.full()
             identity = identity_of(real_root, root_key, job.seen[0], job.seen[1], recorded_ns, exclude)
         else:
-            tree = scan_tree(real_root, exclude=exclude, stat=True)
             restricted = tuple(tree.restricted)
-            report = _Job(real_root, manifest_path, manifest_bytes, tree, cache, recorded_ns, workers,
-                          label).with_stat_cache()
+            report = job.with_stat_cache()
             identity = identity_of(real_root, root_key, tree.paths, tree.keys, recorded_ns, exclude)
     return dataclasses.replace(report, seconds=time.perf_counter() - started, manifest_bytes=manifest_bytes,
                                restricted=restricted, identity=identity)
 
 
 class _Job:
-    """One verification: the manifest bytes, the cache, the scanned tree (``full``: None until scanned)."""
+    """One verification: the manifest bytes, the cache, the scanned tree."""
 
     def __init__(self, real_root: str, manifest_path: str | os.PathLike[str], manifest_bytes: bytes,
-                 tree: Tree | None, cache: StatCache, recorded_ns: int, workers: int | None, label: str | None):
+                 tree: Tree, cache: StatCache, recorded_ns: int, workers: int | None, label: str | None):
         self.root, self.manifest_path, self.manifest_bytes = real_root, str(manifest_path), manifest_bytes
         self.tree, self.cache, self.recorded_ns = tree, cache, recorded_ns
         self.workers, self.label = workers, label
@@ -151,7 +149,6 @@ class _Job:
 
     def with_stat_cache(self) -> VerifyReport:
         tree, cache = self.tree, self.cache
-        assert tree is not None
         paths, keys, abs_paths = tree.paths, tree.keys, tree.abs_paths
         total_bytes = tree.total_bytes
         if cache.note == self.ok_note and cache.digests_if_unchanged(abs_paths, keys) is not None:
@@ -202,9 +199,9 @@ class _Job:
                            file_count=len(paths), total_bytes=total_bytes, hashed_files=hashed_files,
                            hashed_bytes=hashed_bytes, cached_files=len(c_paths) - hashed_files)
 
-    def full(self, exclude: set[str] | frozenset[str] = frozenset()) -> VerifyReport:
-        """Hash every file (scanning the tree in a worker unless the job has one); meanwhile line the
-        manifest's digests up with the scan, so that one bytes comparison settles the usual case."""
+    def full(self) -> VerifyReport:
+        """Hash every file; meanwhile parse the manifest and line its digests up with the scan, so that one
+        bytes comparison settles the usual case."""
         ready: dict[str, Any] = {}
 
         def parse() -> None:
@@ -220,18 +217,14 @@ class _Job:
                     # that turns out to differ has its manifest parsed again, to say how.
                     del ready["columns"]
 
-        if self.tree is None:
-            tree, hashed = scan_and_hash(self.root, exclude=exclude, workers=self.workers,
-                                         progress_label=self.label, while_scanning=parse, while_hashing=line_up)
-        else:
-            tree = self.tree
+        tree = self.tree
 
-            def meanwhile() -> None:
-                parse()
-                line_up(tree)
+        def meanwhile() -> None:
+            parse()
+            line_up(tree)
 
-            hashed = hash_files(tree.abs_paths, None, workers=self.workers, progress_label=self.label,
-                                while_hashing=meanwhile)
+        hashed = hash_files(tree.abs_paths, None, workers=self.workers, progress_label=self.label,
+                            while_hashing=meanwhile)
         paths = tree.paths
         gone = set(hashed.vanished)
         keep = [i for i in range(len(paths)) if i not in gone] if gone else range(len(paths))

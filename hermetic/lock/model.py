@@ -17,10 +17,6 @@ class Target:
     glibc: tuple[int, int] = (2, 28)  # newest manylinux level accepted
     machine: str = "x86_64"
 
-    @property
-    def py_nodot(self) -> str:
-        return self.python_version.replace(".", "")
-
     def marker_environment(self) -> dict[str, str]:
         """PEP 508 environment of the image (for evaluating markers)."""
         full = self.python_version + ".0"
