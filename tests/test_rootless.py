@@ -168,9 +168,10 @@ def as_user(account, tmp_path_factory, session_cache, base_ref, registry, logreg
            "PATH": f"{venv}/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HERMETIC_CACHE": str(cache),
            "PIP_FIND_LINKS": str(wheelhouse), "PIP_NO_INDEX": "1"}
 
-    def hermetic(*args: str, expect: int | None = 0, timeout: float = 600) -> subprocess.CompletedProcess:
-        proc = subprocess.run([str(venv / "bin" / "hermetic"), *args], cwd=project, env=env, capture_output=True,
-                              text=True, timeout=timeout, **_as_account(pw))
+    def hermetic(*args: str, expect: int | None = 0, timeout: float = 600,
+                 more_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run([str(venv / "bin" / "hermetic"), *args], cwd=project, env={**env, **(more_env or {})},
+                              capture_output=True, text=True, timeout=timeout, **_as_account(pw))
         if expect is not None:
             assert proc.returncode == expect, (args, proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
         assert "Traceback" not in proc.stderr, proc.stderr
@@ -235,6 +236,9 @@ def test_a_plain_user_builds_runs_diffs_and_replays_without_root_or_docker(as_us
         assert rec["record"]["status"] == "succeeded", rec["record"]
         e = rec["invocation"]["engine"]
         assert (e["name"], e["rootless"]) == (engine, True)
+        if engine == "charliecloud":  # /dev/fuse is root's here: the layers as directories, and the record says why
+            assert e["image"]["form"] == "directory", e
+            assert any("cannot open /dev/fuse" in n for n in e["notes"]), e["notes"]
         assert rec["invocation"]["user"] == f"{pw.pw_uid}:{pw.pw_gid}"
         run_dir = project / "runs" / rec["record"]["run_id"]
         for p in [run_dir, *run_dir.rglob("*")]:  # what the container wrote is the user's, as is the record
@@ -281,3 +285,8 @@ def test_what_needs_root_is_refused_with_the_fix(as_user):
         assert set((project / "runs").iterdir()) == before
     finally:
         cfg.write_text(text)
+    # the image as one file asked for where this account may not mount it: one line with the fix, nothing run
+    refused = hermetic("run", "--engine", "charliecloud", "train.py", expect=69,
+                       more_env={"HERMETIC_IMAGE_FORM": "squashfs"})
+    assert "cannot open /dev/fuse" in refused.stderr and "HERMETIC_IMAGE_FORM=directory" in refused.stderr
+    assert set((project / "runs").iterdir()) == before

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from run_support import sha256_file
+
 from conftest import assert_clean_error, run_cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.docker]
@@ -56,6 +58,38 @@ def test_an_array_runs_from_a_shared_store_with_no_registry(logreg, slurm_cluste
     assert sub["engine"] == engine and sub["shared_store"] == str(shared_store)
     index = json.loads((shared_store / "oci" / "index.json").read_text())
     assert any(d["digest"] == rec["image"]["manifest_digest"] for d in index["manifests"])
+    if engine == "charliecloud":  # one file on the shared filesystem, placed once; each task checked and mounted it
+        files = list((shared_store / "squashfs").glob("*.sqfs"))
+        assert [f.name for f in files] == [f"sha256-{rec['image']['manifest_digest'][7:]}.sqfs"]
+        assert sub["squashfs"] == {"path": str(files[0]), "sha256": sha256_file(files[0])}
+        assert "the image as one file for the nodes" in proc.stderr
+        for m in group["members"]:
+            image = json.loads((runs / m["run_id"] / "run.json").read_text())["invocation"]["engine"]["image"]
+            assert image == {"form": "squashfs", **sub["squashfs"]}
+    else:
+        assert sub["squashfs"] is None
+
+
+@pytest.mark.timeout(900)
+def test_a_task_refuses_an_image_file_altered_after_submission(logreg, slurm_cluster, tmp_path):
+    """The file is placed at submit time; a task checks its sha256 in full before anything mounts it."""
+    store = tmp_path / "store"
+    proc = submit(logreg, "--engine", "charliecloud", "--shared-store", str(store), "--sbatch-arg=--hold",
+                  "--name", "altered", "--json", "train.py", "--epochs", "1")
+    doc = json.loads(proc.stdout)
+    sub = json.loads((Path(doc["dir"]) / "slurm" / "submit.json").read_text())
+    sqfs = Path(sub["squashfs"]["path"])
+    data = bytearray(sqfs.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    sqfs.write_bytes(bytes(data))
+    subprocess.run(["scontrol", "release", str(doc["job_id"])], check=True)
+    (task,) = slurm_cluster.wait(doc["job_id"], timeout=300)
+    assert task.exit_code == 65, task
+    log = "".join(p.read_text() for p in (Path(doc["dir"]) / "slurm" / "logs").glob("*.out"))
+    assert "truncated or altered" in log and str(sqfs) in log, log[-3000:]
+    assert "Traceback" not in log
+    rec = Path(doc["dir"]) / "run.json"
+    assert not rec.exists() or json.loads(rec.read_text())["record"]["status"] != "succeeded"
 
 
 def test_an_image_in_no_shared_store_and_never_pushed_is_refused_naming_both_ways(project, slurm_cluster):

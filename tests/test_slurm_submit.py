@@ -291,3 +291,26 @@ def test_pyxis_record_steps_run_for_real_on_a_node(project, pushed, slurm_cluste
     assert rec["data"]["logreg"]["verify_mode"] in ("stat-cache", "full")
     assert set(rec["outputs"]["files"]) == {"result.txt"} and rec["outputs"]["workdir"]["collected"] == ["result.txt"]
     assert not (run_dir / ".workspace").exists() and not (run_dir / ".runtime").exists()
+
+
+def test_pyxis_export_can_take_the_image_as_one_file_checked_before_it_runs(project, slurm_cluster, tmp_path):
+    """`--container pyxis --shared-store DIR`: the image as one SquashFS file in DIR (enroot imports nothing),
+    named to pyxis by its path; the job script checks its sha256 before any container starts (exit 65)."""
+    store = tmp_path / "store"
+    proc = submit(project, "--container", "pyxis", "--shared-store", str(store), "--sbatch-arg=--hold", "--json",
+                  "train.py", "--epochs", "2")
+    doc = json.loads(proc.stdout)
+    subprocess.run(["scancel", str(doc["job_id"])], capture_output=True)
+    sub = json.loads((Path(doc["dir"]) / "slurm" / "submit.json").read_text())
+    sqfs = Path(sub["squashfs"]["path"])
+    assert sqfs.parent == store / "squashfs" and sub["squashfs"]["sha256"] == sha256_file(sqfs)
+    script = Path(doc["script"]).read_text()
+    run_line = next(ln for ln in script.splitlines() if ln.startswith("srun ") and "--container-workdir" in ln)
+    assert f"--container-image={sqfs}" in run_line and f"--container-image={sqfs}" in lines_with(script, "probe.py")
+    check = next(ln for ln in script.splitlines() if "sha256sum --check" in ln)
+    lines = script.splitlines()
+    assert lines.index(check) < next(i for i, ln in enumerate(lines) if "probe.py" in ln and ln.startswith("srun"))
+    assert subprocess.run(["bash", "-c", check], capture_output=True).returncode == 0
+    sqfs.write_bytes(sqfs.read_bytes()[:4096])  # truncated on the shared filesystem
+    bad = subprocess.run(["bash", "-c", check], capture_output=True, text=True)
+    assert bad.returncode == 65 and "truncated or altered" in bad.stderr and "nothing was run" in bad.stderr

@@ -248,6 +248,11 @@ def format_record(record: dict[str, Any], run_dir: Path, check: Any = None) -> s
     lines.append(_line("image", f"{img.id}  ({len(img.packages)} packages, base {img.base}"
                        + (f"; {cuda}" if cuda else "") + ")"))
     lines.append(_line("", f"manifest {img.manifest_digest}" + "".join(f"; {d}" for d in img.repo_digests)))
+    engine = inv.engine
+    if engine is not None and engine.image is not None:  # what the engine ran the image from (Charliecloud)
+        form = (f"the SquashFS file {engine.image.path} (sha256 {engine.image.sha256})"
+                if engine.image.form == "squashfs" else f"its layers as directories under {engine.image.path}")
+        lines.append(_line("", f"run by {engine.name} {engine.version} from {form}"))
     snap, git = code.snapshot, code.git
     git_text = "not a git checkout" if git is None else (
         f"commit {str(git.commit)[:12]}" + (f" on {git.branch}" if git.branch else "")

@@ -118,9 +118,11 @@ class EngineInfo:
     version: str
     rootless: bool  # the engine runs as the invoking user, without root anywhere
     notes: tuple[str, ...] = ()  # hardening given another way than Docker gives it, in words
+    image: dict[str, Any] | None = None  # what it ran the image from, where not its own store: {form, path, sha256}
 
     def section(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "rootless": self.rootless, "notes": list(self.notes)}
+        out = {"name": self.name, "version": self.version, "rootless": self.rootless, "notes": list(self.notes)}
+        return out if self.image is None else {**out, "image": dict(self.image)}
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ class Engine(Protocol):
     """Where the engine keeps a run's image, in words ("the Docker Engine", "Podman's storage", ...)."""
 
     outlives_driver: bool
+    runs_squashfs: bool  # it can run an image from one SquashFS file (hermetic.engines.squashfs)
     """Whether a container can outlive the process that drives it (a daemon, or a process not tied to the
     driver's): hermetic.run.orphans asks such an engine for orphans, and the cache's sweep for held paths."""
 

@@ -1,7 +1,8 @@
 """Charliecloud: the training container through ``ch-run``, unprivileged, no daemon, no image import.
 
-The image is its layers unpacked once as directories (hermetic.engines.unpack) stacked as a read-only
-overlay. One process tree, hermetic's child: ``setpriv --pdeathsig KILL -- unshare [--user] --mount --net
+The image is one SquashFS file (hermetic.engines.squashfs) mounted by squashfuse where that can mount it,
+else its layers unpacked once as directories (hermetic.engines.unpack); either way a read-only overlay's
+lowest layer (HERMETIC_IMAGE_FORM: auto, squashfs or directory). One process tree, hermetic's child: ``setpriv --pdeathsig KILL -- unshare [--user] --mount --net
 --pid --fork --kill-child -- catatonit -- sh -c SETUP; exec ch-run ...``: mounts made in its own mount
 namespace (read-only binds, tmpfs /tmp and /dev/shm, a /dev of a few nodes), no network, catatonit as the
 PID namespace's init, RLIMIT_NPROC as the pids limit (no cgroup: a memory limit is refused). Its driver's
@@ -26,6 +27,7 @@ from hermetic.engines.base import (
     nproc_allowed, open_log_files,
 )
 from hermetic.engines.process import signal_exit_code, stream_process
+from hermetic.hostfs.fsutil import stat_key
 from hermetic.core.errors import EngineError, HermeticError, Unavailable
 
 INSTALL_HINT = "install Charliecloud (Debian: apt-get install charliecloud-runtime catatonit)"
@@ -60,10 +62,12 @@ class CharliecloudEngine:
     label = "charliecloud"
     image_home = "Charliecloud's layers"
     outlives_driver = False  # its container is its driver's child and dies with it (module doc)
+    runs_squashfs = True
 
     def __init__(self, root: Path | None = None) -> None:
         self._root = root
         self._version: str | None = None
+        self._checked: set[tuple[Any, ...]] = set()  # image files hashed in full by this process (stat keys)
 
     @property
     def root(self) -> Path:
@@ -90,7 +94,15 @@ class CharliecloudEngine:
         notes = [CAPS_NOTE, DEV_NOTE]
         if spec is None or spec.pids_limit is not None:
             notes.insert(0, PIDS_NOTE)
-        return EngineInfo("charliecloud", self.version(), os.geteuid() != 0, tuple(notes))
+        rec = self.image_record(spec.manifest_digest) if spec is not None and spec.manifest_digest else None
+        image = None
+        if rec is not None and rec.get("squashfs"):
+            image = {"form": "squashfs", **rec["squashfs"]}
+            notes.append(f"image: the SquashFS file {image['path']} (sha256 {image['sha256']}), mounted by squashfuse")
+        elif rec is not None:
+            image = {"form": "directory", "path": str(self.root / "layers"), "sha256": None}
+            notes.append(f"image: its layers as directories under {image['path']} ({self.image_form()[1]})")
+        return EngineInfo("charliecloud", self.version(), os.geteuid() != 0, tuple(notes), image)
 
     def engine_id(self) -> str:
         return f"charliecloud {self.version()} uid {os.geteuid()}"
@@ -155,20 +167,55 @@ class CharliecloudEngine:
             return dest
         dest.parent.mkdir(parents=True, exist_ok=True)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "USER": _user_name()}
-        return make_gpu_layer([self.root / "layers" / h for h in rec["layers"]], dest, env)
+        sq = Path(rec["squashfs"]["path"]) if rec.get("squashfs") else None
+        return make_gpu_layer([self.root / "layers" / h for h in rec.get("layers", [])], dest, env, sq)
 
     # -- images ----------------------------------------------------------------------------------------------
 
-    def image_record_path(self, manifest_digest: str) -> Path:
-        return self.root / "images" / f"{manifest_digest.split(':', 1)[1]}.json"
+    def image_form(self) -> tuple[str, str | None]:
+        """("squashfs" | "directory", why not the file): the file where squashfuse can mount it (module doc)."""
+        from hermetic.engines import squashfs as sqfs
 
-    def image_record(self, manifest_digest: str) -> dict[str, Any] | None:
+        form = sqfs.wanted_form()
+        if form == "directory":
+            return "directory", f"{sqfs.FORM_VARIABLE}=directory"
+        why = sqfs.fuse_reason() or (None if sqfs.tool_version() == sqfs.TOOL_VERSION or os.environ.get(
+            sqfs.FILE_VARIABLE) else f"no tar2sqfs {sqfs.TOOL_VERSION} to make the file")
+        if why is None:
+            return "squashfs", None
+        if form == "squashfs" or os.environ.get(sqfs.FILE_VARIABLE):
+            raise Unavailable(f"the image cannot run from {os.environ.get(sqfs.FILE_VARIABLE) or 'a SquashFS file'} "
+                              f"here: {why}; nothing was mounted or run",
+                              hint=f"install squashfuse and allow FUSE, or set {sqfs.FORM_VARIABLE}=directory "
+                                   "(the layers unpacked into the cache)")
+        return "directory", why
+
+    def image_record_path(self, manifest_digest: str, form: str = "directory") -> Path:
+        tail = "-squashfs" if form == "squashfs" else ""
+        return self.root / "images" / f"{manifest_digest.split(':', 1)[1]}{tail}.json"
+
+    def image_record(self, manifest_digest: str, form: str | None = None) -> dict[str, Any] | None:
+        """The image's record in ``form`` (default: the form it runs in here), when what it names is there."""
+        form = form or self.image_form()[0]
         try:
-            rec = json.loads(self.image_record_path(manifest_digest).read_text())
+            rec = json.loads(self.image_record_path(manifest_digest, form).read_text())
         except (OSError, ValueError):
             return None
+        if not isinstance(rec, dict):
+            return None
+        if form == "squashfs":
+            from hermetic.engines import squashfs as sqfs
+
+            given = os.environ.get(sqfs.FILE_VARIABLE)
+            if given:  # a Slurm task's file (its record names it, once checked in ensure_image)
+                return rec if rec.get("squashfs", {}).get("path") == given else None
+            try:  # the cache's own file, as recorded (a stat where it was hashed since); else made again
+                sqfs.check(Path(rec["squashfs"]["path"]), manifest_digest, rec["squashfs"]["sha256"], full=False)
+            except (HermeticError, KeyError, TypeError):
+                return None
+            return rec
         layers = self.root / "layers"
-        if not isinstance(rec, dict) or not all((layers / h).is_dir() for h in rec.get("layers", [])):
+        if not all((layers / h).is_dir() for h in rec.get("layers", [])):
             return None
         return rec
 
@@ -177,8 +224,10 @@ class CharliecloudEngine:
         return self.image_record(manifest_digest) is not None
 
     def build_feed(self, store: Any, base_config: dict[str, Any], base_layers: list[Any], total_layers: int,
-                   repo_tag: str | None, labels: dict[str, str]) -> "UnpackFeed":
-        """Each layer unpacked as soon as it is in the store, while the next is built."""
+                   repo_tag: str | None, labels: dict[str, str]) -> "UnpackFeed | None":
+        """Each layer unpacked as soon as it is in the store, while the next is built (the directory form)."""
+        if self.image_form()[0] == "squashfs":
+            return None
         return UnpackFeed(store, base_layers, self.root / "layers")
 
     def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
@@ -188,22 +237,37 @@ class CharliecloudEngine:
         from hermetic.engines.unpack import ensure_layer
         from hermetic.hostfs.fsutil import atomic_write_bytes
 
+        from hermetic.engines import squashfs as sqfs
+
         if feed is not None:
             feed.close()
-        if self.image_record(manifest_digest) is not None:
+        form = self.image_form()[0]
+        given = os.environ.get(sqfs.FILE_VARIABLE)
+        if self.image_record(manifest_digest, form) is not None and not given:
             return False
         manifest = store.read_json(manifest_digest)
         config = store.read_json(manifest["config"]["digest"])
         made = False
-        hexes = []
-        for layer in manifest["layers"]:
-            _path, now = ensure_layer(store, layer["digest"], layer.get("mediaType", ""), self.root / "layers")
-            made = made or now
-            hexes.append(layer["digest"].split(":", 1)[1])
         cc = config.get("config") or {}
-        rec = {"manifest_digest": manifest_digest, "image_id": manifest["config"]["digest"], "layers": hexes,
+        rec = {"manifest_digest": manifest_digest, "image_id": manifest["config"]["digest"],
                "env": list(cc.get("Env") or []), "workdir": cc.get("WorkingDir") or "/"}
-        path = self.image_record_path(manifest_digest)
+        if form == "squashfs":
+            if given:  # a Slurm task: the submitted file, its sha256 checked in full before anything mounts it
+                image = sqfs.check(Path(given), manifest_digest, os.environ.get(sqfs.EXPECT_VARIABLE) or None)
+            else:
+                from hermetic.core.paths import cache_root
+
+                image = sqfs.make(store, manifest_digest, sqfs.store_path(cache_root(), manifest_digest))
+                made = image.made
+            rec["squashfs"] = {"path": str(image.path), "sha256": image.sha256}
+        else:
+            hexes = []
+            for layer in manifest["layers"]:
+                _path, now = ensure_layer(store, layer["digest"], layer.get("mediaType", ""), self.root / "layers")
+                made = made or now
+                hexes.append(layer["digest"].split(":", 1)[1])
+            rec["layers"] = hexes
+        path = self.image_record_path(manifest_digest, form)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, json.dumps(rec, sort_keys=True).encode())
         return True
@@ -254,6 +318,14 @@ class CharliecloudEngine:
         rec = self.image_record(spec.manifest_digest)
         if rec is None:
             raise EngineError(f"image {spec.image_id[:19]} is not unpacked for Charliecloud; run `hermetic build`")
+        if rec.get("squashfs"):  # the bytes mounted are the ones recorded (a stat where they were hashed since)
+            from hermetic.engines import squashfs as sqfs
+
+            path = Path(rec["squashfs"]["path"])
+            seen = (str(path), *stat_key(path.stat()))  # a Slurm task's file: hashed in full once per process
+            full = bool(os.environ.get(sqfs.FILE_VARIABLE)) and seen not in self._checked
+            sqfs.check(path, spec.manifest_digest, rec["squashfs"]["sha256"], full=full)
+            self._checked.add(seen)
         uid, gid = _ids(spec.user)
         as_root = os.geteuid() == 0
         scratch = Path(_private_dir(uid, gid, as_root))
@@ -297,12 +369,17 @@ class CharliecloudEngine:
         targets = sorted({m.target for m in spec.mounts} | {"/tmp", spec.workdir})
         for t in targets:  # the top layer: the mount points (made here, in a tmpfs that holds no link)
             lines.append(f"{tools['mkdir']} -p \"$S/mp\"{q(t)}")
-        layer_paths = [self.root / "layers" / h for h in rec["layers"]]
+        layer_paths = [self.root / "layers" / h for h in rec.get("layers", [])]
         if spec.gpus:
             layer_paths.append(self.gpu_layer(rec))
         for i, path in enumerate(reversed(layer_paths)):  # short names: lowerdir must fit in one page
             lines.append(f"{tools['ln']} -s {q(str(path))} \"$S/l/{i}\"")
         lowers = ":".join(["../mp"] + [str(i) for i in range(len(layer_paths))])
+        if rec.get("squashfs"):  # the image's one file, the lowest layer (allow_other: root mounts, the user reads)
+            lines += [f"{tools['mkdir']} \"$S/sq\"",
+                      f"{_which('squashfuse', 'apt-get install squashfuse')} -o ro{',allow_other' if as_root else ''} "
+                      f"{q(rec['squashfs']['path'])} \"$S/sq\""]
+            lowers += ":../sq"
         lines += [f"cd \"$S/l\"",
                   f"{tools['mount']} -t overlay overlay -o ro,userxattr,lowerdir={lowers} \"$S/root\"",
                   "cd /"]

@@ -21,6 +21,7 @@ class DockerEngine:
     label = "docker engine"
     image_home = "the Docker Engine"
     outlives_driver = True  # a daemon's containers: a SIGKILLed driver leaves them running
+    runs_squashfs = False
     starts_early = True
 
     def __init__(self) -> None:

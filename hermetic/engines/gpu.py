@@ -10,6 +10,7 @@ and the GPUs' device nodes bound into /dev. Podman's and Charliecloud's injectio
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -227,15 +228,19 @@ def driver_version() -> str:
         return "unknown"
 
 
-def make_gpu_layer(layers: list[Path], dest: Path, ch_run_env: dict[str, str]) -> Path:
-    """The driver's files injected by ``ch-fromhost --nvidia`` into a writable overlay over ``layers``; its
-    upper directory, renamed to ``dest``, is the GPU layer (a lower layer of every GPU run of the image)."""
+def make_gpu_layer(layers: list[Path], dest: Path, ch_run_env: dict[str, str], squashfs: Path | None = None) -> Path:
+    """The driver's files injected by ``ch-fromhost --nvidia`` into a writable overlay over ``layers`` (or the
+    image's ``squashfs`` file, mounted by squashfuse); its upper directory, renamed to ``dest``, is the GPU layer
+    (a lower layer of every GPU run of the image)."""
     work = dest.with_name(dest.name + f".tmp{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
-    for d in ("upper", "work", "merged"):
+    for d in ("upper", "work", "merged", "sq"):
         (work / d).mkdir(parents=True)
     lowers = ":".join(str(p) for p in reversed(layers))
-    script = (f"set -eu; mount -t overlay overlay -o userxattr,lowerdir={lowers},upperdir={work}/upper,"
+    mount_file = ""
+    if squashfs is not None:
+        lowers, mount_file = f"{work}/sq", f"squashfuse -o ro {shlex.quote(str(squashfs))} {work}/sq; "
+    script = (f"set -eu; {mount_file}mount -t overlay overlay -o userxattr,lowerdir={lowers},upperdir={work}/upper,"
               f"workdir={work}/work {work}/merged; ch-fromhost --nvidia {work}/merged")
     unshare = ["unshare"] + (["--user", "--map-root-user"] if os.geteuid() != 0 else []) + ["--mount", "--", "sh", "-c"]
     proc = subprocess.run([*unshare, script], capture_output=True, text=True, env=ch_run_env)

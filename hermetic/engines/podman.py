@@ -86,6 +86,7 @@ class PodmanEngine:
     label = "podman"
     image_home = "Podman's storage"
     outlives_driver = True  # conmon keeps a container going after the `podman run` that started it is killed
+    runs_squashfs = False
 
     def __init__(self) -> None:
         self._version: str | None = None

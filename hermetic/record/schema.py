@@ -105,6 +105,14 @@ class Limits(_Strict):
     memory: Optional[str]  # a Docker size ("16g"), also the memory+swap limit
 
 
+class ImageForm(_Strict):
+    """What Charliecloud ran the image from: one SquashFS file (its path and sha256) or the layer directories."""
+
+    form: Literal["squashfs", "directory"]
+    path: str
+    sha256: Optional[str]
+
+
 class EngineUsed(_Strict):
     """What ran the container (hermetic.yaml run.engine, or --engine) and what it gave another way than Docker."""
 
@@ -112,6 +120,7 @@ class EngineUsed(_Strict):
     version: str
     rootless: bool  # the engine ran as the invoking user, without root anywhere
     notes: list[str]  # hardening given another way (a pids limit as RLIMIT_NPROC, ...): in words
+    image: Optional[ImageForm] = None
 
 
 class Invocation(_Strict):

@@ -38,11 +38,19 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class ImageForm:
+    form: str  # "squashfs" | "directory"
+    path: str
+    sha256: str | None
+
+
+@dataclass(frozen=True)
 class Engine:
     name: str
     version: str
     rootless: bool
     notes: list[str]
+    image: ImageForm | None = None
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
             rec = opened.record = open_record(cfg, store, req, info, datasets, script, run_id, run_dir, env, seed)
             rec["invocation"]["user"] = user.spec  # who the script ran as: the run README's by-hand command says it
             rec["invocation"]["limits"] = {"pids": m.run.pids, "memory": m.run.memory}  # what it is held to
-            rec["invocation"]["engine"] = engine.info(limits_spec(cfg)).section()  # which engine, its version, notes
+            rec["invocation"]["engine"] = engine.info(spec).section()  # which engine, its version, notes, image form
             rec["invocation"]["hostname"] = container_hostname(req.network)  # fixed: files named by host match
             rec["code"] = snapshot_code(cfg, req, run_dir, workspace, datasets, script, log, listed)  # 5. the code
             probe = probe_image(engine, info, python, user, req.gpus, paths, env)  # 6. same image, devices, env
@@ -394,8 +394,6 @@ def limits_spec(cfg: LoadedConfig) -> ContainerSpec:
     m = cfg.model.run
     return ContainerSpec(image_id="", command=[], mounts=[], env={}, user=container_user(cfg).spec,
                          pids_limit=m.pids, memory=m.memory, shm_size=m.shm_size, tmpfs_size=m.tmp_size)
-
-
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
