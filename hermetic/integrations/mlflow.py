@@ -89,17 +89,12 @@ def _text(value: Any, limit: int) -> str:
 
 def flatten(node: Any, prefix: str) -> dict[str, Any]:
     """Nested dicts and lists as dotted keys: ``config.datasets.0.mount``."""
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(flatten(v, f"{prefix}.{k}"))
-        return out
-    if isinstance(node, list) and node:
-        out = {}
-        for i, v in enumerate(node):
-            out.update(flatten(v, f"{prefix}.{i}"))
-        return out
-    return {prefix: node}
+    if not isinstance(node, (dict, list)) or not node:
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for k, v in node.items() if isinstance(node, dict) else enumerate(node):
+        out.update(flatten(v, f"{prefix}.{k}"))
+    return out
 
 
 def run_params(r: Run, *, without_seed: bool = False) -> dict[str, str]:
