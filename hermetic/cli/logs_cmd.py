@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, json_option
-from hermetic.cli.runs_common import runs_dir_option
+from hermetic.cli.common import emit_json
+from hermetic.cli.runs_common import runs_options
 
 FOLLOW_POLL_S = 0.2
 
@@ -48,8 +48,7 @@ def _log_file(run_dir: Path) -> Path:
 @click.argument("run", required=False, metavar="[RUN]")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the run writes, until it ends.")
 @click.option("--raw", is_flag=True, help="The bytes as the script wrote them, terminal escapes and all.")
-@runs_dir_option
-@config_option
+@runs_options(with_json=False)
 def logs(run: str | None, follow: bool, raw: bool, runs_dir: str | None, config_path: str | None) -> int:
     """Print a run's output (stdout and stderr, as they came); the newest run when RUN is left out.
 
@@ -99,9 +98,7 @@ def logs(run: str | None, follow: bool, raw: bool, runs_dir: str | None, config_
 @click.command()
 @click.argument("run", metavar="RUN")
 @click.option("--no-wait", is_flag=True, help="Return once asked, without waiting for the run to end.")
-@runs_dir_option
-@config_option
-@json_option
+@runs_options()
 def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None, as_json: bool) -> int:
     """Stop a running run: its container is stopped and its record says interrupted.
 
@@ -156,9 +153,7 @@ def _stop_orphan(run_dir: Path) -> bool:
 @click.argument("run", metavar="RUN")
 @click.option("--timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Give up after this long (exit 75, the run goes on).")
-@runs_dir_option
-@config_option
-@json_option
+@runs_options()
 def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str | None, as_json: bool) -> int:
     """Block until a run (or a seed group) ends, then exit as `hermetic run` would have.
 
