@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from hermetic.cli.common import emit_json
+from hermetic.cli.common import emit
 from hermetic.cli.runs_common import runs_options
 
 FOLLOW_POLL_S = 0.2
@@ -118,21 +118,16 @@ def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None,
     if not liveness.stop(run_dir):
         if _stop_orphan(run_dir):
             entry = entry_from_dir(run_dir)
-            if as_json:
-                emit_json({"id": run_dir.name, "stopped": True, "status": entry["status"], "orphan": True})
-            else:
-                click.echo(f"{run_dir.name}: {entry['status']} (its hermetic process had died; its container was "
-                           f"stopped and removed)")
+            emit(as_json, {"id": run_dir.name, "stopped": True, "status": entry["status"], "orphan": True},
+                 f"{run_dir.name}: {entry['status']} (its hermetic process had died; its container was stopped "
+                 "and removed)")
             return 0
         raise NotFound(f"{run_dir.name}: not running (see `hermetic runs show {run_dir.name}`)")
     if not no_wait:
         liveness.wait(run_dir)
     entry = entry_from_dir(run_dir)
     status = "running" if liveness.is_running(run_dir) else entry["status"]  # --no-wait: it may still be
-    if as_json:
-        emit_json({"id": run_dir.name, "stopped": True, "status": status})
-    else:
-        click.echo(f"{run_dir.name}: {status}{ran_note(entry)}")
+    emit(as_json, {"id": run_dir.name, "stopped": True, "status": status}, f"{run_dir.name}: {status}{ran_note(entry)}")
     return 0
 
 
@@ -175,11 +170,8 @@ def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str
         raise TempFail(f"{run_dir.name}: still running after {timeout:g} s")
     entry = entry_from_dir(run_dir)
     code = exit_code_of(run_dir, entry)
-    if as_json:
-        emit_json({**entry, "exit": code})
-    else:
-        click.echo(f"{run_dir.name}  {entry['status']}{ran_note(entry)}" + (f"  exit {entry['exit_code']}"
-                                                          if entry.get("exit_code") is not None else ""))
+    exit_text = f"  exit {entry['exit_code']}" if entry.get("exit_code") is not None else ""
+    emit(as_json, {**entry, "exit": code}, f"{run_dir.name}  {entry['status']}{ran_note(entry)}{exit_text}")
     return code
 
 

@@ -285,7 +285,7 @@ class MlflowExporter:
         exp_id = exp_id or self._experiment(experiment or self.experiment_name or config.get("name"))
         tags = run_tags(r, verdict=self._replay_verdict(run_dir, r))
         if parent is None and r.invocation.group:
-            found = self._find(exp_id, r.invocation.group)
+            found = self._index(exp_id).get(r.invocation.group)
             parent = found.info.run_id if found is not None else None
         if parent is not None:
             tags[PARENT_TAG] = parent
@@ -351,11 +351,8 @@ class MlflowExporter:
             self._exported[exp_id] = found
         return self._exported[exp_id]
 
-    def _find(self, exp_id: str, hermetic_id: str):  # -> mlflow.entities.Run | None
-        return self._index(exp_id).get(hermetic_id)
-
     def _find_or_create(self, exp_id: str, hermetic_id: str, started_at: str, tags: dict[str, str]):
-        run = self._find(exp_id, hermetic_id)
+        run = self._index(exp_id).get(hermetic_id)
         if run is not None:
             return run, False
         run = self.client.create_run(exp_id, start_time=millis(started_at), tags={**tags, RUN_ID_TAG: hermetic_id},
