@@ -118,32 +118,21 @@ def main(argv: list[str] | None = None) -> None:
         _exit(errors.EXIT_USAGE if isinstance(e, click.UsageError) or e.exit_code == 2 else e.exit_code, fast)
     except BrokenPipeError:
         _exit(errors.EXIT_BROKEN_PIPE, fast)
-    except OSError as e:
-        if limited := _limit_reached(e):
-            _print_error(limited.message, limited.hint)
-            _exit(limited.exit_code, fast)
-        if not errors.is_disk_full(e):
+    except Exception as e:
+        # A process or descriptor limit no code path named (``ulimit -n``, threading's "can't start new thread"), or
+        # as the last resort, a full disk no writer named (its file, where the OSError knows it); else a bug.
+        from hermetic.core.workers import limit_reached
+
+        failure = limit_reached(e, "hermetic") or (errors.disk_full(e) if errors.is_disk_full(e) else None)
+        if failure is None:
             _internal_error()
             _exit(errors.EXIT_SOFTWARE, fast)
-        # The last resort for a full disk no writer named: its file, where the OSError knows it.
-        full = errors.disk_full(e)
-        _print_error(full.message if full.filename else f"{full.message} (the write that failed named no file)",
-                     full.hint)
-        _exit(full.exit_code, fast)
-    except Exception as e:
-        if limited := _limit_reached(e):  # threading's "can't start new thread"
-            _print_error(limited.message, limited.hint)
-            _exit(limited.exit_code, fast)
-        _internal_error()
-        _exit(errors.EXIT_SOFTWARE, fast)
+        message = failure.message
+        if isinstance(failure, errors.DiskFull) and not failure.filename:
+            message += " (the write that failed named no file)"
+        _print_error(message, failure.hint)
+        _exit(failure.exit_code, fast)
     _exit(rv if isinstance(rv, int) else 0, fast)
-
-
-def _limit_reached(e: BaseException):
-    """A process or descriptor limit no code path named (``ulimit -n``, ``ulimit -u``): one line, exit 71."""
-    from hermetic.core.workers import limit_reached
-
-    return limit_reached(e, "hermetic")
 
 
 def _internal_error() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, json_option
+from hermetic.cli.common import config_option, emit, emit_json, json_option
 
 
 @click.group()
@@ -105,10 +105,7 @@ def pin_cmd(ref: str, config_path: str | None, as_json: bool) -> None:
             digest = resolve_tag(ref)
             pinned = f"{ref}@{digest}"
     where = _pin(config_path or ".", pinned, quiet=as_json)
-    if as_json:
-        emit_json({"reference": pinned, "config": where})
-    else:
-        click.echo(pinned)
+    emit(as_json, {"reference": pinned, "config": where}, pinned)
 
 
 @base.command("list")

@@ -28,6 +28,14 @@ def emit_json(value: Any) -> None:
     sys.stdout.write(shown(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False), "json") + "\n")
 
 
+def emit(as_json: bool, doc: Any, text: str) -> None:
+    """``doc`` as JSON (--json), else ``text``."""
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(text)
+
+
 def human_bytes(n: int) -> str:
     """1234567 -> '1.2 MB' (SI units, as docker and skopeo print sizes)."""
     size = float(n)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, json_option
-from hermetic.cli.runs_common import reading, runs_dir_option
+from hermetic.cli.common import emit_json
+from hermetic.cli.runs_common import reading, runs_options
 from hermetic.cli.runs_tools_cmd import check_plot_file, plot_option, plot_or_note
 from hermetic.record.locate import resolve_ref
 
@@ -18,9 +18,7 @@ from hermetic.record.locate import resolve_ref
 @click.option("--atol", type=click.FloatRange(min=0), default=1e-8, show_default=True,
               help="Absolute tolerance for 'metric within tolerance' (as numpy.isclose).")
 @plot_option
-@runs_dir_option
-@config_option
-@json_option
+@runs_options()
 def diff(run_a: str, run_b: str, rtol: float, atol: float, plot_file: str | None, runs_dir: str | None,
          config_path: str | None, as_json: bool) -> int:
     """Explain why two runs differ, most likely cause first.

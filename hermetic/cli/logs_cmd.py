@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, json_option
-from hermetic.cli.runs_common import runs_dir_option
+from hermetic.cli.common import emit
+from hermetic.cli.runs_common import runs_options
 
 FOLLOW_POLL_S = 0.2
 
@@ -48,8 +48,7 @@ def _log_file(run_dir: Path) -> Path:
 @click.argument("run", required=False, metavar="[RUN]")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the run writes, until it ends.")
 @click.option("--raw", is_flag=True, help="The bytes as the script wrote them, terminal escapes and all.")
-@runs_dir_option
-@config_option
+@runs_options(with_json=False)
 def logs(run: str | None, follow: bool, raw: bool, runs_dir: str | None, config_path: str | None) -> int:
     """Print a run's output (stdout and stderr, as they came); the newest run when RUN is left out.
 
@@ -99,9 +98,7 @@ def logs(run: str | None, follow: bool, raw: bool, runs_dir: str | None, config_
 @click.command()
 @click.argument("run", metavar="RUN")
 @click.option("--no-wait", is_flag=True, help="Return once asked, without waiting for the run to end.")
-@runs_dir_option
-@config_option
-@json_option
+@runs_options()
 def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None, as_json: bool) -> int:
     """Stop a running run: its container is stopped and its record says interrupted.
 
@@ -121,21 +118,16 @@ def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None,
     if not liveness.stop(run_dir):
         if _stop_orphan(run_dir):
             entry = entry_from_dir(run_dir)
-            if as_json:
-                emit_json({"id": run_dir.name, "stopped": True, "status": entry["status"], "orphan": True})
-            else:
-                click.echo(f"{run_dir.name}: {entry['status']} (its hermetic process had died; its container was "
-                           f"stopped and removed)")
+            emit(as_json, {"id": run_dir.name, "stopped": True, "status": entry["status"], "orphan": True},
+                 f"{run_dir.name}: {entry['status']} (its hermetic process had died; its container was stopped "
+                 "and removed)")
             return 0
         raise NotFound(f"{run_dir.name}: not running (see `hermetic runs show {run_dir.name}`)")
     if not no_wait:
         liveness.wait(run_dir)
     entry = entry_from_dir(run_dir)
     status = "running" if liveness.is_running(run_dir) else entry["status"]  # --no-wait: it may still be
-    if as_json:
-        emit_json({"id": run_dir.name, "stopped": True, "status": status})
-    else:
-        click.echo(f"{run_dir.name}: {status}{ran_note(entry)}")
+    emit(as_json, {"id": run_dir.name, "stopped": True, "status": status}, f"{run_dir.name}: {status}{ran_note(entry)}")
     return 0
 
 
@@ -156,9 +148,7 @@ def _stop_orphan(run_dir: Path) -> bool:
 @click.argument("run", metavar="RUN")
 @click.option("--timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Give up after this long (exit 75, the run goes on).")
-@runs_dir_option
-@config_option
-@json_option
+@runs_options()
 def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str | None, as_json: bool) -> int:
     """Block until a run (or a seed group) ends, then exit as `hermetic run` would have.
 
@@ -180,11 +170,8 @@ def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str
         raise TempFail(f"{run_dir.name}: still running after {timeout:g} s")
     entry = entry_from_dir(run_dir)
     code = exit_code_of(run_dir, entry)
-    if as_json:
-        emit_json({**entry, "exit": code})
-    else:
-        click.echo(f"{run_dir.name}  {entry['status']}{ran_note(entry)}" + (f"  exit {entry['exit_code']}"
-                                                          if entry.get("exit_code") is not None else ""))
+    exit_text = f"  exit {entry['exit_code']}" if entry.get("exit_code") is not None else ""
+    emit(as_json, {**entry, "exit": code}, f"{run_dir.name}  {entry['status']}{ran_note(entry)}{exit_text}")
     return code
 
 

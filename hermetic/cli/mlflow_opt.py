@@ -60,35 +60,32 @@ class MlflowCommand(ScriptCommand):
         return super().parse_args(ctx, bare_mlflow_flags(args, self, ctx.allow_interspersed_args))
 
 
-class MlflowTarget:
-    """Where ``hermetic run --mlflow`` exports, checked before the run starts (URI, installed extra)."""
+def mlflow_target(value: str | None) -> str | None:
+    """Where ``hermetic run --mlflow`` exports, checked before the run starts (a URI, the installed extra)."""
+    if value is None:
+        return None
+    from hermetic.integrations.mlflow import require, tracking_uri
 
-    def __init__(self, value: str):
-        from hermetic.integrations.mlflow import require, tracking_uri
-
-        self.uri = tracking_uri(value or None)
-        require()
-
-
-def mlflow_target(value: str | None) -> MlflowTarget | None:
-    return None if value is None else MlflowTarget(value)
+    uri = tracking_uri(value or None)
+    require()
+    return uri
 
 
-def export_after_run(target: MlflowTarget | None, dirs: list[Path], exit_code: int) -> int:
+def export_after_run(uri: str | None, dirs: list[Path], exit_code: int) -> int:
     """Export the finished run(s) or group; the run's exit code, or 1 when the run succeeded but the
     export failed (the record is on disk either way: the message says how to export it again)."""
-    if target is None:
+    if uri is None:
         return exit_code
     from hermetic.core.errors import HermeticError
     from hermetic.integrations.mlflow import export_paths
 
     try:
-        results = export_paths(dirs, target.uri)
+        results = export_paths(dirs, uri)
     except HermeticError as e:
         ids = " ".join(d.name for d in dirs)
         click.echo(f"hermetic: error: MLflow export failed: {e.message}", err=True)
         click.echo(f"hermetic: hint: the run is recorded; export it later with "
-                   f"`hermetic runs export --mlflow {target.uri} {ids}`", err=True)
+                   f"`hermetic runs export --mlflow {uri} {ids}`", err=True)
         return exit_code or 1
     for r in results:
         click.echo(f"exported {r.id} to MLflow run {r.mlflow_run_id}" + (f": {r.url}" if r.url else ""), err=True)

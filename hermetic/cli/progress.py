@@ -55,21 +55,16 @@ def download_bars(enabled: bool) -> tuple[Callable[[str, int, int | None], None]
     """(callback(filename, bytes delta, total), stop) for parallel wheel downloads; (None, no-op) when off."""
     if not enabled:
         return None, lambda: None
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-    prog = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                    console=stderr_console(), transient=True)
-    prog.start()
-    tasks: dict[str, Any] = {}
-    mu = threading.Lock()
+    bars = TransferBars()
+    advances: dict[str, Callable[[int], None]] = {}
 
     def cb(filename: str, delta: int, total: int | None) -> None:
-        with mu:
-            if filename not in tasks:
-                tasks[filename] = prog.add_task(filename[:48], total=total)
-            prog.advance(tasks[filename], delta)
+        with bars._lock:
+            if filename not in advances:
+                advances[filename] = bars.start(filename[:48], total)
+        advances[filename](delta)
 
-    return cb, prog.stop
+    return cb, bars.close
 
 
 def with_byte_bar(label: str, total: int, fn: Callable[[Callable[[int], None] | None], Any]) -> Any:

@@ -117,25 +117,34 @@ def _start_detached(script: str, as_json: bool) -> int:
 
 
 def _summary(result) -> None:
-    metrics = result.record.get("metrics", {}).get("final") or {}
-    shown = escape.shown(", ".join(f"{k}={v}" for k, v in list(metrics.items())[:4]))
     try:
-        click.echo(f"{result.run_id}  {result.status}  exit {result.exit_code}" + (f"  {shown}" if shown else ""))
+        click.echo(summary_line(result.run_id, result.status, result.exit_code, result.record))
         _say_reason(result)
     except OSError:  # nobody reads any more; the record says it all
         pass
 
 
+def summary_line(run_id: str, status: str, code: int, record: dict) -> str:
+    """``ID  STATUS  exit N  loss=0.1, ...``: a finished run in one line (its first four final metrics)."""
+    metrics = record.get("metrics", {}).get("final") or {}
+    shown = escape.shown(", ".join(f"{k}={v}" for k, v in list(metrics.items())[:4]))
+    return f"{run_id}  {status}  exit {code}" + (f"  {shown}" if shown else "")
+
+
 def _say_reason(result) -> None:
-    """hermetic failed the run itself (not the script): one error line, and where it is recorded. The
-    script failed for want of network (a download in its stderr): one hint line (hermetic.run.hints)."""
+    """hermetic failed the run itself (not the script): one error line, and where it is recorded."""
     if result.reason:
         click.echo(f"hermetic: error: run {result.run_id}: {escape.shown(result.reason)} (recorded in "
                    f"{result.run_dir / 'run.json'})", err=True)
-    if result.status == "failed" and result.record.get("invocation", {}).get("network") != "host":
+    say_hint(result.run_dir, result.status == "failed" and result.record.get("invocation", {}).get("network") != "host")
+
+
+def say_hint(run_dir, failed: bool) -> None:
+    """The script failed for want of network (a download in its stderr): one hint line (hermetic.run.hints)."""
+    if failed:
         from hermetic.run.hints import failure_hint
 
-        hint = failure_hint(result.run_dir)
+        hint = failure_hint(run_dir)
         if hint:
             click.echo(f"hermetic: hint: {escape.shown(hint)}", err=True)
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, json_option
+from hermetic.cli.common import emit_json
 from hermetic.cli.logs_cmd import wait
-from hermetic.cli.runs_common import reading, remember_location, runs_dir_option, runs_location
+from hermetic.cli.runs_common import reading, remember_location, runs_location, runs_options
 from hermetic.cli.runs_tools_cmd import export_cmd, plot_cmd
 from hermetic.core.escape import shown, shown_tree
 from hermetic.record.locate import resolve_ref, runs_root
@@ -25,9 +25,7 @@ NOT_KEY = ("lr",)  # the learning rate is a setting's schedule, not a result (a 
 
 
 @click.group(invoke_without_command=True)
-@runs_dir_option
-@config_option
-@json_option
+@runs_options()
 @click.option("-n", "--limit", type=click.IntRange(min=1), default=None, metavar="N", help="Show the newest N only.")
 @click.option("--reindex", is_flag=True, help="Rebuild runs/.index.jsonl from every run.json first.")
 @click.pass_context
@@ -165,9 +163,7 @@ def format_table(entries: list[dict[str, Any]], *, colour: bool) -> str:
 @runs.command("show")
 @click.argument("run_id", metavar="ID")
 @click.option("--no-rehash", is_flag=True, help="Do not rehash the output files (the line 'record' says so).")
-@runs_dir_option
-@config_option
-@json_option
+@runs_options()
 @click.pass_context
 def show(ctx: click.Context, run_id: str, no_rehash: bool, runs_dir: str | None, config_path: str | None,
          as_json: bool) -> None:
@@ -390,9 +386,7 @@ def format_group(g: dict[str, Any], gdir: Path) -> str:
 
 @runs.command("verify")
 @click.argument("refs", nargs=-1, metavar="[RUN]...")
-@runs_dir_option
-@config_option
-@json_option
+@runs_options()
 @click.pass_context
 def verify_cmd(ctx: click.Context, refs: tuple[str, ...], runs_dir: str | None, config_path: str | None,
                as_json: bool) -> None:

@@ -12,12 +12,20 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import click
 
+from hermetic.cli.common import config_option, json_option
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def runs_dir_option(f: F) -> F:
-    return click.option("--runs-dir", "runs_dir", metavar="DIR", default=None,
-                        help="The runs directory (default: runs_dir from hermetic.yaml, else ./runs).")(f)
+def runs_options(with_json: bool = True) -> Callable[[F], F]:
+    """--runs-dir, -C and (``with_json``) --json, shown in that order."""
+    def apply(f: F) -> F:
+        f = json_option(f) if with_json else f
+        f = config_option(f)
+        return click.option("--runs-dir", "runs_dir", metavar="DIR", default=None,
+                            help="The runs directory (default: runs_dir from hermetic.yaml, else ./runs).")(f)
+
+    return apply
 
 
 def remember_location(ctx: click.Context, runs_dir: str | None, config_path: str | None) -> None:

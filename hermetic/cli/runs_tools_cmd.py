@@ -11,9 +11,9 @@ from typing import Any, Callable, TypeVar
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, json_option
+from hermetic.cli.common import emit_json
 from hermetic.cli.mlflow_opt import MlflowCommand, mlflow_option
-from hermetic.cli.runs_common import reading, runs_dir_option, runs_location
+from hermetic.cli.runs_common import reading, runs_location, runs_options
 from hermetic.record.locate import resolve_ref, runs_root
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -34,9 +34,7 @@ def all_exportable(root: Path) -> list[Path]:
 @mlflow_option
 @click.option("--experiment", metavar="NAME",
               help="MLflow experiment (default: the project's name from hermetic.yaml, else 'hermetic').")
-@runs_dir_option
-@config_option
-@json_option
+@runs_options()
 @click.pass_context
 def export_cmd(ctx: click.Context, refs: tuple[str, ...], mlflow_uri: str | None, experiment: str | None,
                runs_dir: str | None, config_path: str | None, as_json: bool) -> None:
@@ -92,9 +90,7 @@ def export_cmd(ctx: click.Context, refs: tuple[str, ...], mlflow_uri: str | None
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="Where to write it: .png or .svg.")
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
               help="Only this metric (repeatable; default: every metric except counters like epoch).")
-@runs_dir_option
-@config_option
-@json_option
+@runs_options()
 @click.pass_context
 def plot_cmd(ctx: click.Context, refs: tuple[str, ...], output: str, metrics: tuple[str, ...],
              runs_dir: str | None, config_path: str | None, as_json: bool) -> None:

@@ -109,6 +109,7 @@ def _wait(sub, result, as_json: bool, log) -> int:
 
 def _report(sub, as_json: bool) -> int:
     """After the end: what `hermetic run` would have printed, and its exit code."""
+    from hermetic.cli.run_cmd import say_hint, summary_line
     from hermetic.record import load_record
     from hermetic.slurm.state import read_state
 
@@ -127,7 +128,7 @@ def _report(sub, as_json: bool) -> int:
         if state.get("reason"):
             line += f"  ({state['reason']})"
         click.echo(line)
-        _hint(sub.run_dir(m), state.get("status"))
+        say_hint(sub.run_dir(m), state.get("status") == "failed")
     first_failure = next((c for c in codes if c != 0), 0)
     if sub.kind == "run":
         m = sub.members[0]
@@ -141,10 +142,8 @@ def _report(sub, as_json: bool) -> int:
         if as_json:
             emit_json(rec)
         else:
-            final = rec.get("metrics", {}).get("final") or {}
-            shown = ", ".join(f"{k}={v}" for k, v in list(final.items())[:4])
-            click.echo(f"{m.run_id}  {rec['record']['status']}  exit {first_failure}" + (f"  {shown}" if shown else ""))
-            _hint(sub.run_dir(m), rec["record"]["status"])
+            click.echo(summary_line(m.run_id, rec["record"]["status"], first_failure, rec))
+            say_hint(sub.run_dir(m), rec["record"]["status"] == "failed")
         return first_failure
     group_json = sub.dir / "group.json"
     state = read_state(sub.dir)
@@ -154,16 +153,6 @@ def _report(sub, as_json: bool) -> int:
         click.echo(f"group {sub.submission_id}: {state.get('summary') or state.get('state')} -> "
                    f"{group_json if group_json.is_file() else sub.dir / 'slurm.json'}")
     return first_failure
-
-
-def _hint(run_dir: Path, status: str | None) -> None:
-    """A failed member whose stderr shows a failed download: the network hint `hermetic run` gives."""
-    if status == "failed":
-        from hermetic.run.hints import failure_hint
-
-        hint = failure_hint(run_dir)
-        if hint:
-            click.echo(f"hermetic: hint: {hint}", err=True)
 
 
 @click.command("slurm-task", hidden=True)

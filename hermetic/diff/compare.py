@@ -502,17 +502,11 @@ def compare_outputs(a: Run, b: Run, *, rtol: float, atol: float) -> OutputsDiff:
     files = []
     for path in sorted(fa.keys() | fb.keys()):
         x, y = fa.get(path), fb.get(path)
-        if path in volatile:
-            status = "not_compared"
-        elif x and y:
-            status = "equal" if x.sha256 == y.sha256 else "changed"
-        else:
-            status = "only_a" if x else "only_b"
-        files.append(FileComparison(path, status, x and x.sha256, y and y.sha256))
+        files.append(FileComparison(path, "not_compared" if path in volatile else _file_status(x, y),
+                                    x and x.sha256, y and y.sha256))
     sa, sb = a.outputs.stdout, b.outputs.stdout
     if sa or sb:  # run.outputs.stdout: what the script printed is an output too
-        status = ("equal" if sa.sha256 == sb.sha256 else "changed") if sa and sb else ("only_a" if sa else "only_b")
-        files.append(FileComparison((sa or sb).file, status, sa and sa.sha256, sb and sb.sha256))
+        files.append(FileComparison((sa or sb).file, _file_status(sa, sb), sa and sa.sha256, sb and sb.sha256))
     # Every metric's final value, whatever its source (a volatile event file's scalars are compared here
     # although its bytes are not); wall-clock figures (metrics.wall_clock) never.
     ma, mb = a.metrics.final, b.metrics.final
@@ -521,6 +515,12 @@ def compare_outputs(a: Run, b: Run, *, rtol: float, atol: float) -> OutputsDiff:
     return OutputsDiff(files=files, metrics=metrics,
                        status=((a.record.status, a.record.exit_code), (b.record.status, b.record.exit_code)),
                        steps=(a.metrics.steps, b.metrics.steps))
+
+
+def _file_status(x: Any, y: Any) -> str:
+    if x and y:
+        return "equal" if x.sha256 == y.sha256 else "changed"
+    return "only_a" if x else "only_b"
 
 
 def compare_metric(name: str, a: Any, b: Any, *, rtol: float, atol: float,

@@ -147,24 +147,19 @@ def _compare_one(path: str, roots: dict[str, int], fa: dict[str, Any], fb: dict[
         if hashlib.sha256(raw).hexdigest() != f.get("sha256"):
             return ContentDiff(path, "", note=f"run {label}'s copy is not what its record says")
         data[label] = raw
+    fmt, doing = guess.rstrip("?"), "read"
     try:
         fmt, tree_a, tree_b = _decode_pair(guess, data["A"], data["B"])
-    except Unreadable as e:
-        return ContentDiff(path, guess.rstrip("?"), note=str(e))
-    except RecursionError:
-        return ContentDiff(path, guess.rstrip("?"), note="nested too deeply to compare")
-    except Exception as e:  # noqa: BLE001 - a parser of untrusted bytes: whatever it raises, bytes it is
-        return ContentDiff(path, guess.rstrip("?"), note=f"cannot be read ({type(e).__name__})")
-    if fmt is None:
-        return ContentDiff(path, "", note="not a pickle")
-    try:
+        if fmt is None:
+            return ContentDiff(path, "", note="not a pickle")
+        doing = "compared"
         changes = list(diff_trees(tree_a, tree_b))
     except Unreadable as e:
         return ContentDiff(path, fmt, note=str(e))
     except RecursionError:
         return ContentDiff(path, fmt, note="nested too deeply to compare")
-    except Exception as e:  # noqa: BLE001 - values an untrusted file made: compared as bytes rather than fail
-        return ContentDiff(path, fmt, note=f"cannot be compared ({type(e).__name__})")
+    except Exception as e:  # noqa: BLE001 - untrusted bytes, or the values they made: then compared as bytes
+        return ContentDiff(path, fmt, note=f"cannot be {doing} ({type(e).__name__})")
     return summarize(path, fmt, changes)
 
 
@@ -252,36 +247,27 @@ def _pickle_kind(data: bytes) -> str:
 def _torch_archive(data: bytes) -> dict[str, Any]:
     """torch.save's zip: ``<name>/data.pkl`` (the structure) read as a pickle, every other entry (a tensor's
     storage, the format version) by its sha256, names without the archive's top directory."""
+    out: dict[str, Any] = {}
+    total = 0
     try:
-        return _read_archive(data)
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            for info in zf.infolist():
+                name = info.filename.partition("/")[2] or info.filename
+                if info.is_dir() or name in _TORCH_DERIVED_ENTRIES:
+                    continue
+                total += info.file_size
+                if info.file_size > MAX_CONTENT_BYTES or total > 4 * MAX_CONTENT_BYTES:
+                    raise Unreadable(f"archive entries larger than {MAX_CONTENT_BYTES >> 20} MiB")
+                with zf.open(info) as f:
+                    raw = f.read(MAX_CONTENT_BYTES + 1)
+                if len(raw) > MAX_CONTENT_BYTES:
+                    raise Unreadable(f"archive entry {name} larger than {MAX_CONTENT_BYTES >> 20} MiB")
+                structure = name == "data.pkl" or name.endswith("/data.pkl")
+                out[f"<{name}>"] = read_pickle(raw) if structure else f"sha256:{hashlib.sha256(raw).hexdigest()[:16]}"
     except Unreadable:
         raise
     except Exception as e:  # noqa: BLE001 - zipfile on corrupt bytes raises zlib.error, IndexError, ...
         raise Unreadable(f"not a readable zip archive ({type(e).__name__})") from None
-
-
-def _read_archive(data: bytes) -> dict[str, Any]:
-    zf = zipfile.ZipFile(io.BytesIO(data))
-    out: dict[str, Any] = {}
-    total = 0
-    with zf:
-        for info in zf.infolist():
-            if info.is_dir():
-                continue
-            name = info.filename.partition("/")[2] or info.filename
-            if name in _TORCH_DERIVED_ENTRIES:
-                continue
-            total += info.file_size
-            if info.file_size > MAX_CONTENT_BYTES or total > 4 * MAX_CONTENT_BYTES:
-                raise Unreadable(f"archive entries larger than {MAX_CONTENT_BYTES >> 20} MiB")
-            with zf.open(info) as f:
-                raw = f.read(MAX_CONTENT_BYTES + 1)
-            if len(raw) > MAX_CONTENT_BYTES:
-                raise Unreadable(f"archive entry {name} larger than {MAX_CONTENT_BYTES >> 20} MiB")
-            if name == "data.pkl" or name.endswith("/data.pkl"):
-                out[f"<{name}>"] = read_pickle(raw)
-            else:
-                out[f"<{name}>"] = "sha256:" + hashlib.sha256(raw).hexdigest()[:16]
     if not any(k.endswith("data.pkl>") for k in out):
         raise Unreadable("a zip archive without data.pkl (not torch.save's)")
     return out

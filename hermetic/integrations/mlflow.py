@@ -89,17 +89,12 @@ def _text(value: Any, limit: int) -> str:
 
 def flatten(node: Any, prefix: str) -> dict[str, Any]:
     """Nested dicts and lists as dotted keys: ``config.datasets.0.mount``."""
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(flatten(v, f"{prefix}.{k}"))
-        return out
-    if isinstance(node, list) and node:
-        out = {}
-        for i, v in enumerate(node):
-            out.update(flatten(v, f"{prefix}.{i}"))
-        return out
-    return {prefix: node}
+    if not isinstance(node, (dict, list)) or not node:
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for k, v in node.items() if isinstance(node, dict) else enumerate(node):
+        out.update(flatten(v, f"{prefix}.{k}"))
+    return out
 
 
 def run_params(r: Run, *, without_seed: bool = False) -> dict[str, str]:
@@ -290,7 +285,7 @@ class MlflowExporter:
         exp_id = exp_id or self._experiment(experiment or self.experiment_name or config.get("name"))
         tags = run_tags(r, verdict=self._replay_verdict(run_dir, r))
         if parent is None and r.invocation.group:
-            found = self._find(exp_id, r.invocation.group)
+            found = self._index(exp_id).get(r.invocation.group)
             parent = found.info.run_id if found is not None else None
         if parent is not None:
             tags[PARENT_TAG] = parent
@@ -356,11 +351,8 @@ class MlflowExporter:
             self._exported[exp_id] = found
         return self._exported[exp_id]
 
-    def _find(self, exp_id: str, hermetic_id: str):  # -> mlflow.entities.Run | None
-        return self._index(exp_id).get(hermetic_id)
-
     def _find_or_create(self, exp_id: str, hermetic_id: str, started_at: str, tags: dict[str, str]):
-        run = self._find(exp_id, hermetic_id)
+        run = self._index(exp_id).get(hermetic_id)
         if run is not None:
             return run, False
         run = self.client.create_run(exp_id, start_time=millis(started_at), tags={**tags, RUN_ID_TAG: hermetic_id},

@@ -58,7 +58,7 @@ def verify(name: ImageName, *, user_paths: CachePaths, key: Path | None = None, 
     """Rebuild ``name`` from its provenance in a scratch directory (under ``scratch_root``, default the
     system's temp dir; removed afterwards unless ``keep``) and compare."""
     from hermetic.provenance import PROVENANCE_FILE
-    from hermetic.reproduce.compare import config_differences, layer_differences, tar_differences
+    from hermetic.reproduce import compare
     from hermetic.reproduce.rebuild import rebuild, remove_scratch
     from hermetic.reproduce.source import open_subject
 
@@ -87,16 +87,16 @@ def verify(name: ImageName, *, user_paths: CachePaths, key: Path | None = None, 
         if not result.reproduced:
             contents = [x.contents for x in facts.layers]
             wheels = [x.wheels for x in facts.layers]
-            result.layers = layer_differences(subject.manifest, new_manifest, contents, wheels)
+            result.layers = compare.layer_differences(subject.manifest, new_manifest, contents, wheels)
             for diff in result.layers:
                 if diff.image_digest and diff.rebuilt_digest:
                     ours = store.blob_path(diff.rebuilt_digest)
                     theirs = subject.fetch_blob(diff.image_digest, store)
-                    lines = tar_differences(theirs, ours)
+                    lines = compare.tar_differences(theirs, ours)
                     diff.files_differing = len(lines)
-                    diff.files = lines[:8]
+                    diff.files = lines[:compare.MAX_FILE_NOTES]
             if result.image_id != result.rebuilt_image_id:
-                result.config = config_differences(subject.config, new_config)
+                result.config = compare.config_differences(subject.config, new_config)
             if not result.layers and not result.config:
                 ann = (subject.manifest.get("annotations"), new_manifest.get("annotations"))
                 result.config = [f"the manifests differ outside layers and config (annotations {ann[0]!r} vs "

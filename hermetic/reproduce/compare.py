@@ -83,24 +83,14 @@ def tar_differences(image_layer: Path, rebuilt_layer: Path) -> list[str]:
 
 def config_differences(image: dict[str, Any], rebuilt: dict[str, Any]) -> list[str]:
     """Config keys that differ (labels and env one by one; diff_ids are the layers' business)."""
-    lines = []
     ci, cr = image.get("config") or {}, rebuilt.get("config") or {}
-    li, lr = ci.get("Labels") or {}, cr.get("Labels") or {}
-    for k in sorted(li.keys() | lr.keys()):
-        if li.get(k) != lr.get(k):
-            lines.append(f"label {k}: {li.get(k)!r} in the image, {lr.get(k)!r} rebuilt")
-    ei = dict(e.partition("=")[::2] for e in ci.get("Env") or [])
-    er = dict(e.partition("=")[::2] for e in cr.get("Env") or [])
-    for k in sorted(ei.keys() | er.keys()):
-        if ei.get(k) != er.get(k):
-            lines.append(f"env {k}: {ei.get(k)!r} in the image, {er.get(k)!r} rebuilt")
-    for k in sorted((ci.keys() | cr.keys()) - {"Labels", "Env"}):
-        if ci.get(k) != cr.get(k):
-            lines.append(f"config.{k}: {ci.get(k)!r} in the image, {cr.get(k)!r} rebuilt")
-    for k in sorted((image.keys() | rebuilt.keys()) - {"config", "rootfs"}):
-        if image.get(k) != rebuilt.get(k):
-            lines.append(f"{k} differs")
-    return lines
+    env = [dict(e.partition("=")[::2] for e in c.get("Env") or []) for c in (ci, cr)]
+    rest = [{k: v for k, v in c.items() if k not in ("Labels", "Env")} for c in (ci, cr)]
+    keyed = (("label ", ci.get("Labels") or {}, cr.get("Labels") or {}), ("env ", *env), ("config.", *rest))
+    lines = [f"{what}{k}: {x.get(k)!r} in the image, {y.get(k)!r} rebuilt"
+             for what, x, y in keyed for k in sorted(x.keys() | y.keys()) if x.get(k) != y.get(k)]
+    return lines + [f"{k} differs" for k in sorted((image.keys() | rebuilt.keys()) - {"config", "rootfs"})
+                    if image.get(k) != rebuilt.get(k)]
 
 
 def layer_differences(image_manifest: dict[str, Any], rebuilt_manifest: dict[str, Any],
