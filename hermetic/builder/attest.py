@@ -82,11 +82,10 @@ def store_attestations(store: OciStore, facts: BuildFacts, paths: CachePaths, cr
 def gather_facts(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock,
                  info: ImageInfo) -> tuple[BuildFacts | None, str]:
     from hermetic import __version__
-    from hermetic.builder.inputs import runtime_sha256
-    from hermetic.builder.key import image_config_part
     from hermetic.builder.image import BASE_LAYERS_LABEL
+    from hermetic.builder.inputs import LAYER_FORMAT, runtime_sha256
     from hermetic.builder.install import VenvLayout
-    from hermetic.builder.inputs import LAYER_FORMAT
+    from hermetic.builder.key import image_config_part
     from hermetic.builder.layers import MAX_LAYERS, _installer_version, hermetic_layer_files, plan_layers
     from hermetic.store.fetch import resolve_from_store
     from hermetic.store.wheels import WheelStore

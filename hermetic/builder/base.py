@@ -6,7 +6,6 @@ engine (``docker save``). ``BaseFacts``: what later stages need of the base's fi
 
 from __future__ import annotations
 
-import gzip
 import json
 import posixpath
 import shutil
@@ -266,16 +265,6 @@ class BaseFacts:
                    dict(d["captured"]), tuple(d["glibc"]) if d.get("glibc") else None)  # type: ignore[arg-type]
 
 
-def open_layer(path: Path, *, seekable: bool = False) -> tarfile.TarFile:
-    """A layer blob as a tar stream, gzip or plain; ``seekable`` (a plain tar only): members whose data is
-    not read are skipped without reading it."""
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    if magic == b"\x1f\x8b":
-        return tarfile.open(fileobj=gzip.open(path, "rb"), mode="r|")
-    return tarfile.open(path, mode="r:" if seekable else "r|")
-
-
 def member_path(name: str) -> str:
     """A layer member's name as a path in the image, relative and normalized ('' for the root)."""
     return posixpath.normpath(name.lstrip("./").lstrip("/")) if name not in (".", "./") else ""
@@ -297,7 +286,7 @@ def scan_base(store: OciStore, base: BaseImage, cache_dir: Path) -> BaseFacts:
     libc_bytes: bytes | None = None
     for layer in base.layers:
         try:
-            tf = open_layer(store.blob_path(layer.digest))
+            tf = tarfile.open(store.blob_path(layer.digest), mode="r|*")  # gzip or plain
         except tarfile.TarError as e:
             raise DataError(f"base layer {layer.digest} is not a tar this build can read ({e})") from None
         with tf:

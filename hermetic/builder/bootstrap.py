@@ -24,14 +24,12 @@ from hermetic.builder.image import rfc3339
 from hermetic.builder.tarlayer import Entry, complete_parents, write_layer
 from hermetic.core.canonical import canonical_json
 from hermetic.config.load import format_key_path
+from hermetic.core.resources import images_dir
 from hermetic.core.errors import ConfigError, DataError, NotFound, Unavailable, disk_full
 from hermetic.hostfs.filesystems import naming_full_disk
 from hermetic.hostfs.fsutil import atomic_write_bytes, owned_temp_dir
 from hermetic.store.inuse import writing
 from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
-
-BOOTSTRAP_FORMAT = 1
-
 
 class RecipePython(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -51,12 +49,6 @@ class Recipe(BaseModel):
     include: list[str] = Field(default_factory=list)
     python: RecipePython
     env: dict[str, str] = Field(default_factory=dict)
-
-
-def images_dir() -> Path:
-    from hermetic.core.resources import images_dir as find
-
-    return find()
 
 
 def find_recipe(name_or_path: str) -> Path:
@@ -91,7 +83,6 @@ class BootstrapResult:
     layer_digest: str
     size: int
     packages: dict[str, str] = field(default_factory=dict)
-    reused: bool = False
 
 
 def rootfs_entries(tf: tarfile.TarFile) -> list[Entry]:
@@ -144,7 +135,7 @@ def _bootstrap(recipe_path: Path, store: OciStore, *, source_date_epoch: int, lo
     with owned_temp_dir(store.tmp, "bootstrap.") as tmp:  # a killed bootstrap's rootfs goes with its lock
         rootfs_tar = Path(tmp) / "rootfs.tar"
         cmd = [exe, f"--variant={recipe.variant}", f"--components={','.join(recipe.components)}",
-               "--mode=root" if _is_root() else "--mode=unshare", "--format=tar"]
+               "--mode=root" if os.geteuid() == 0 else "--mode=unshare", "--format=tar"]
         if recipe.include:
             cmd.append("--include=" + ",".join(recipe.include))
         cmd += [recipe.suite, str(rootfs_tar), recipe.mirror]
@@ -190,9 +181,3 @@ def _bootstrap(recipe_path: Path, store: OciStore, *, source_date_epoch: int, lo
     (store.root / "bootstrap").mkdir(exist_ok=True)
     atomic_write_bytes(store.root / "bootstrap" / f"{manifest_digest.split(':')[1]}.packages.json", canonical_json(packages))
     return BootstrapResult(f"{recipe.name}@{manifest_digest}", manifest_digest, config_digest, layer_digest, size, packages)
-
-
-def _is_root() -> bool:
-    import os
-
-    return os.geteuid() == 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hermetic.builder.base import BaseFacts, BaseImage, member_path, open_layer
+from hermetic.builder.base import BaseFacts, BaseImage, member_path
 from hermetic.builder.baseinterp import _LIBDIR, INTERPRETER_FORMAT, NO_BYTECODE_HINT, BaseInterpreter, BytecodeError
 from hermetic.core.errors import ConfigError
 from hermetic.hostfs.filesystems import naming_unwritable, not_one_filesystem
@@ -135,33 +135,6 @@ def _search(facts: BaseFacts, soname: str, origin: str, rpath: tuple[str, ...], 
 
 # -- copying out of the layers --------------------------------------------------------------------
 
-def _copy_pass(store: OciStore, base: BaseImage, wanted: dict[str, list[Path]]) -> dict[str, str]:
-    """One read of the layers: the last copy of each wanted regular file wins. Returns the wanted
-    members that were hardlinks, {path: target}."""
-    links: dict[str, str] = {}
-    for layer in base.layers:
-        try:
-            tf = open_layer(store.blob_path(layer.digest), seekable=True)  # file data is skipped, not read
-        except (OSError, tarfile.TarError) as e:
-            raise BytecodeError(f"base layer {layer.digest}: cannot read it ({e})") from None
-        with tf:
-            for m in tf:
-                name = member_path(m.name)
-                if name not in wanted:
-                    continue
-                if m.islnk():
-                    links[name] = member_path(m.linkname)
-                    continue
-                if not m.isreg():
-                    continue
-                f = tf.extractfile(m)
-                data = f.read() if f is not None else b""
-                links.pop(name, None)
-                for dest in wanted[name]:
-                    _write(dest, data, m)
-    return links
-
-
 def _write(dest: Path, data: bytes, m: tarfile.TarInfo) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(data)
@@ -170,55 +143,31 @@ def _write(dest: Path, data: bytes, m: tarfile.TarInfo) -> None:
 
 
 class _Layers:
-    """The base's files by path. Uncompressed layers are read once, for an index of their members
-    (the last layer's copy of a path wins), and files are then read by seeking; a gzip layer cannot
-    seek, so a base with one is read again for each set of files."""
+    """The base's files by path, from one read of its layers' headers (the last layer's copy of a path
+    wins); a file is then read by seeking, in each layer's order (a gzip layer only seeks forward cheaply)."""
 
     def __init__(self, store: OciStore, base: BaseImage) -> None:
-        self._store = store
         self._base = base
         self._tars: list[tarfile.TarFile] = []
-        self._index: dict[str, tuple[tarfile.TarFile, tarfile.TarInfo]] | None = None
-
-    def _build_index(self) -> dict[str, tuple[tarfile.TarFile, tarfile.TarInfo]] | None:
-        paths = [self._store.blob_path(layer.digest) for layer in self._base.layers]
+        self._index: dict[str, tuple[int, tarfile.TarInfo]] = {}
         try:
-            for p in paths:
-                with open(p, "rb") as f:
-                    if f.read(2) == b"\x1f\x8b":
-                        return None
-            index: dict[str, tuple[tarfile.TarFile, tarfile.TarInfo]] = {}
-            for p in paths:
-                tf = tarfile.open(p, mode="r:")
-                self._tars.append(tf)
-                for m in tf:
-                    index[member_path(m.name)] = (tf, m)
+            for i, layer in enumerate(base.layers):
+                self._tars.append(tarfile.open(store.blob_path(layer.digest), mode="r:*"))
+                for m in self._tars[i]:
+                    self._index[member_path(m.name)] = (i, m)
         except (OSError, tarfile.TarError) as e:
-            raise BytecodeError(f"base {self._base.ref.raw}: cannot read its layers ({e})") from None
-        return index
+            self.close()
+            raise BytecodeError(f"base {base.ref.raw}: cannot read its layer {layer.digest} ({e})") from None
 
     def copy_out(self, wanted: dict[str, list[Path]]) -> None:
         """Copy each wanted base file (its final content) to its destinations, following hardlinks."""
-        if self._index is None and not self._tars:
-            self._index = self._build_index()
-        if self._index is not None:
-            for name, dests in wanted.items():
-                hit = self._index.get(name)
-                if hit is None or not (hit[1].isreg() or hit[1].islnk()):
-                    continue
-                f = hit[0].extractfile(hit[1])
-                data = f.read() if f is not None else b""
-                for dest in dests:
-                    _write(dest, data, hit[1])
-        else:
-            todo = wanted
-            for _ in range(4):
-                links = _copy_pass(self._store, self._base, todo)
-                if not links:
-                    break
-                todo = {}
-                for name, target in links.items():
-                    todo.setdefault(target, []).extend(wanted.get(name) or [])
+        hits = sorted((hit[0], hit[1].offset_data, name, hit[1]) for name in wanted
+                      if (hit := self._index.get(name)) is not None and (hit[1].isreg() or hit[1].islnk()))
+        for layer, _offset, name, m in hits:
+            f = self._tars[layer].extractfile(m)
+            data = f.read() if f is not None else b""
+            for dest in wanted[name]:
+                _write(dest, data, m)
         missing = [name for name, dests in wanted.items() if not all(p.is_file() for p in dests)]
         if missing:
             raise BytecodeError(f"base {self._base.ref.raw}: could not copy /{missing[0]} out of its layers",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hermetic.core.canonical import is_sha256_hex, pretty_json
@@ -74,7 +74,6 @@ class BuildFacts:
     wheels: tuple[WheelFact, ...]
     layers: tuple[LayerFact, ...]
     sbom: dict[str, Any] | None = None  # {"digest", "size", "mediaType"} of the SBOM blob
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def lock_sha256(self) -> str:

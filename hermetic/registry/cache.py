@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hermetic.core.canonical import is_sha256_hex, sha256_digest
+from hermetic.core.canonical import is_sha256_hex
 from hermetic.core.errors import HermeticError, UsageError
 from hermetic.core.reference import ImageName, parse_image_name
 from hermetic.registry.client import RegistryClient
@@ -58,14 +58,7 @@ def cache_lookup(registry_repo: str, build_key: str, *, client: RegistryClient |
     """The manifest digest cached for ``build_key`` in ``registry_repo``, or None on a miss."""
     name = parse_cache_repo(registry_repo)
     tag = cache_tag(build_key)
-    client = client or RegistryClient(name.registry_host())
-    head = client.head_manifest(name.registry_repository(), tag)  # its Docker-Content-Digest is checked
-    if head is None:
-        return None
-    digest, _ = head
-    if digest:
-        return digest
-    return sha256_digest(client.get_manifest(name.registry_repository(), tag).body)
+    return (client or RegistryClient(name.registry_host())).tag_digest(name.registry_repository(), tag)
 
 
 def cache_fetch(store: OciStore, registry_repo: str, build_key: str, *, client: RegistryClient | None = None,
@@ -123,9 +116,9 @@ class RegistryCache:
 
     def publish(self, store: OciStore, key: str, manifest_digest: str, notes: list[str]) -> None:
         try:
-            if cache_lookup(self.registry_repo, key) == manifest_digest:
-                return
             pub = cache_publish(store, self.registry_repo, key, manifest_digest)
+            if not pub.pushed:
+                return
             if pub.replaced:
                 notes.append(f"the cache tag {pub.tag} named {pub.replaced}, a different image for the same "
                              "inputs: that build was not reproducible; replaced it")

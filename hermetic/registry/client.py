@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
 import requests
 
+from hermetic.core.canonical import sha256_digest
 from hermetic.core.display import escape_controls
 from hermetic.core.errors import EXIT_NOINPUT, IntegrityError
 from hermetic.core.reference import check_digest, is_digest, is_tag
@@ -318,6 +319,13 @@ class RegistryClient(Transport):
         if resp.status_code == 404:
             return None
         return self._digest_header(resp, what), resp.headers.get("Content-Type", "").split(";", 1)[0].strip()
+
+    def tag_digest(self, repository: str, tag: str) -> str | None:
+        """The digest ``tag`` names now (its Docker-Content-Digest, else the sha256 of the manifest), or None."""
+        head = self.head_manifest(repository, tag)
+        if head is None:
+            return None
+        return head[0] or sha256_digest(self.get_manifest(repository, tag).body)
 
     def put_manifest(self, repository: str, reference: str, body: bytes, media_type: str) -> str | None:
         """PUT a manifest under a tag or its digest; returns the registry's Docker-Content-Digest."""

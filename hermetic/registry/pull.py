@@ -198,15 +198,11 @@ def resolve_tag(ref: str, *, client: RegistryClient | None = None) -> str:
     if name.host is None:
         raise UsageError(f"{ref} names no registry host; write HOST[:PORT]/REPO[:TAG]")
     repository = name.registry_repository()
-    client = client or RegistryClient(name.registry_host())
     tag = name.tag or "latest"
-    head = client.head_manifest(repository, tag)  # its Docker-Content-Digest is checked to be a digest
-    if head is None:
+    digest = (client or RegistryClient(name.registry_host())).tag_digest(repository, tag)
+    if digest is None:
         raise NotFound(f"{name.registry_host()}/{repository}:{tag} not found in the registry")
-    digest, _ = head
-    if digest:
-        return digest
-    return sha256_digest(client.get_manifest(repository, tag).body)
+    return digest
 
 
 # -- helpers -----------------------------------------------------------------

@@ -103,10 +103,8 @@ class SourceSet:
         self.unreachable: set[str] = set()
         self._pages: dict[tuple[str, str], list[Candidate] | None] = {}
         self._mu = threading.Lock()
-        find_links = list(lock.find_links) + [f for f in sources.find_links if f not in lock.find_links]
-        indexes = list(lock.index_urls) + [i for i in sources.indexes() if i not in lock.index_urls]
-        self.find_links = find_links
-        self.indexes = indexes
+        self.find_links = list(lock.find_links) + [f for f in sources.find_links if f not in lock.find_links]
+        self.indexes = list(lock.index_urls) + [i for i in sources.indexes() if i not in lock.index_urls]
 
     def session(self):
         with self._session_lock:
@@ -144,9 +142,9 @@ class SourceSet:
             elif p.is_file() and p.suffix in (".html", ".htm"):
                 out = self._parse_html(p.read_text(errors="replace"), p.as_uri(), loc)
         else:
-            text = self._get_text(loc, accept="text/html")
-            if text is not None:
-                out = self._parse_html(text, loc, loc)
+            resp = self._get(loc, accept="text/html")
+            if resp is not None and resp.status_code == 200:
+                out = self._parse_html(resp.text, loc, loc)
         with self._mu:
             self._pages[key] = out
         return out
@@ -210,10 +208,6 @@ class SourceSet:
                 self.unreachable.add(host)
             return None
 
-    def _get_text(self, url: str, accept: str) -> str | None:
-        resp = self._get(url, accept)
-        return resp.text if resp is not None and resp.status_code == 200 else None
-
 
 def _matches(c: Candidate, wheel: LockedWheel) -> bool:
     nv = parse_wheel_name_version(c.filename)
@@ -224,12 +218,9 @@ def _matches(c: Candidate, wheel: LockedWheel) -> bool:
 
 
 def _is_sdist_of(c: Candidate, wheel: LockedWheel) -> bool:
-    if not c.filename.endswith(_SDIST_SUFFIXES):
+    stem = next((c.filename[:-len(s)] for s in _SDIST_SUFFIXES if c.filename.endswith(s)), None)
+    if stem is None:
         return False
-    stem = c.filename
-    for suf in _SDIST_SUFFIXES:
-        if stem.endswith(suf):
-            stem = stem[: -len(suf)]
     name, _, version = stem.rpartition("-")
     return canonicalize_name(name) == wheel.name and canonicalize_version(version) == canonicalize_version(wheel.version)
 

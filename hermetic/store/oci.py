@@ -357,13 +357,6 @@ class OciStore:
         except (ValueError, KeyError, HermeticError):
             return False
 
-    def live_blobs(self) -> set[str]:
-        """Blobs reachable from index.json."""
-        live: set[str] = set()
-        for d in self.manifests():
-            live |= self.live_blobs_from(d.digest)
-        return live
-
     def live_blobs_from(self, root_digest: str) -> set[str]:
         """The manifest (or index) and every blob it reaches."""
         live: set[str] = set()
