@@ -26,6 +26,7 @@ from hermetic.engines.base import (
     BuildFeed, ContainerSpec, DeferredLaunch, EngineInfo, Readiness, RunOutcome, Watch, container_home_env,
     nproc_allowed, open_log_files,
 )
+from hermetic.engines import squashfs as sqfs
 from hermetic.engines.process import signal_exit_code, stream_process
 from hermetic.hostfs.fsutil import stat_key
 from hermetic.core.errors import EngineError, HermeticError, Unavailable
@@ -174,8 +175,6 @@ class CharliecloudEngine:
 
     def image_form(self) -> tuple[str, str | None]:
         """("squashfs" | "directory", why not the file): the file where squashfuse can mount it (module doc)."""
-        from hermetic.engines import squashfs as sqfs
-
         form = sqfs.wanted_form()
         if form == "directory":
             return "directory", f"{sqfs.FORM_VARIABLE}=directory"
@@ -204,8 +203,6 @@ class CharliecloudEngine:
         if not isinstance(rec, dict):
             return None
         if form == "squashfs":
-            from hermetic.engines import squashfs as sqfs
-
             given = os.environ.get(sqfs.FILE_VARIABLE)
             if given:  # a Slurm task's file (its record names it, once checked in ensure_image)
                 return rec if rec.get("squashfs", {}).get("path") == given else None
@@ -236,8 +233,6 @@ class CharliecloudEngine:
         anything was unpacked."""
         from hermetic.engines.unpack import ensure_layer
         from hermetic.hostfs.fsutil import atomic_write_bytes
-
-        from hermetic.engines import squashfs as sqfs
 
         if feed is not None:
             feed.close()
@@ -319,8 +314,6 @@ class CharliecloudEngine:
         if rec is None:
             raise EngineError(f"image {spec.image_id[:19]} is not unpacked for Charliecloud; run `hermetic build`")
         if rec.get("squashfs"):  # the bytes mounted are the ones recorded (a stat where they were hashed since)
-            from hermetic.engines import squashfs as sqfs
-
             path = Path(rec["squashfs"]["path"])
             seen = (str(path), *stat_key(path.stat()))  # a Slurm task's file: hashed in full once per process
             full = bool(os.environ.get(sqfs.FILE_VARIABLE)) and seen not in self._checked
@@ -377,7 +370,7 @@ class CharliecloudEngine:
         lowers = ":".join(["../mp"] + [str(i) for i in range(len(layer_paths))])
         if rec.get("squashfs"):  # the image's one file, the lowest layer (allow_other: root mounts, the user reads)
             lines += [f"{tools['mkdir']} \"$S/sq\"",
-                      f"{_which('squashfuse', 'apt-get install squashfuse')} -o ro{',allow_other' if as_root else ''} "
+                      f"{_which(sqfs.MOUNTER, 'apt-get install squashfuse')} -o ro{',allow_other' if as_root else ''} "
                       f"{q(rec['squashfs']['path'])} \"$S/sq\""]
             lowers += ":../sq"
         lines += [f"cd \"$S/l\"",

@@ -239,7 +239,7 @@ def make_gpu_layer(layers: list[Path], dest: Path, ch_run_env: dict[str, str], s
     lowers = ":".join(str(p) for p in reversed(layers))
     mount_file = ""
     if squashfs is not None:
-        lowers, mount_file = f"{work}/sq", f"squashfuse -o ro {shlex.quote(str(squashfs))} {work}/sq; "
+        lowers, mount_file = f"{work}/sq", f"squashfuse_ll -o ro {shlex.quote(str(squashfs))} {work}/sq; "
     script = (f"set -eu; {mount_file}mount -t overlay overlay -o userxattr,lowerdir={lowers},upperdir={work}/upper,"
               f"workdir={work}/work {work}/merged; ch-fromhost --nvidia {work}/merged")
     unshare = ["unshare"] + (["--user", "--map-root-user"] if os.geteuid() != 0 else []) + ["--mount", "--", "sh", "-c"]

@@ -10,6 +10,7 @@ are the layers'; device nodes under dev/ are skipped (a runtime makes /dev), els
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -67,10 +68,13 @@ def wanted_form() -> str:
     return form
 
 
+MOUNTER = "squashfuse_ll"  # squashfuse's low-level (multithreaded) mounter, as ch-run's own: ~1.5x faster reads
+
+
 def fuse_reason() -> str | None:
-    """Why squashfuse cannot mount a file here (None: it can): no squashfuse, or no access to /dev/fuse."""
-    if shutil.which("squashfuse") is None:
-        return "squashfuse is not installed (Debian: apt-get install squashfuse)"
+    """Why squashfuse cannot mount a file here (None: it can): no squashfuse_ll, or no access to /dev/fuse."""
+    if shutil.which(MOUNTER) is None:
+        return f"{MOUNTER} is not installed (Debian: apt-get install squashfuse)"
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         return "this account cannot open /dev/fuse (FUSE is not allowed here)"
     return None
@@ -90,6 +94,7 @@ def sidecar_path(path: Path) -> Path:
     return path.with_name(path.name + ".json")
 
 
+@functools.lru_cache(maxsize=4)
 def tool_version(tool: str | None = None) -> str | None:
     """tar2sqfs's version (``tar2sqfs (squashfs-tools-ng) 1.2.0`` -> ``1.2.0``); None where it is missing."""
     exe = tool or shutil.which(TOOL)
