@@ -113,12 +113,12 @@ def read_index(runs_root: str | os.PathLike[str]) -> tuple[dict[str, dict[str, A
     lines = data.split(b"\n")
     try:  # one parse for the whole file is faster than one per line
         parsed = json.loads(b"[" + b",".join(ln for ln in lines if ln) + b"]")
-    except ValueError:  # a torn line from a killed writer: parse line by line, skip it
+    except (ValueError, RecursionError):  # a torn or crafted line: parse line by line, skip it
         parsed = []
         for raw in filter(None, lines):
             try:
                 parsed.append(json.loads(raw))
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue  # its directory gets re-read by list_entries
     for entry in parsed:
         if isinstance(entry, dict) and entry.get("v") == INDEX_VERSION and isinstance(entry.get("id"), str):
@@ -136,7 +136,7 @@ def entry_from_dir(run_dir: Path) -> dict[str, Any]:
             doc = json.loads(path.read_bytes())
         except FileNotFoundError:
             continue
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return _placeholder(run_dir.name, "unreadable")
         try:
             return make(doc, run_dir.name)
@@ -150,7 +150,7 @@ def _submitted_placeholder(run_dir: Path) -> dict[str, Any] | None:
     (``hermetic runs`` asks Slurm for the live one); never stored in the index."""
     try:
         doc = json.loads((run_dir / SLURM_JSON).read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(doc, dict):
         return None

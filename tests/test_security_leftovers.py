@@ -1,0 +1,61 @@
+"""Issue 40's leftovers: a record's JSON nested past Python's limit, a wrong type in hardware.gpus, hostile text in
+a run's README.md, TensorBoard tags without bound, and a replay or a Slurm submission of a record whose paths lie
+outside the project."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from hermetic.cli import main
+from hermetic.record.synthetic import synthetic_record, write_synthetic_run
+
+A, B = "20261129-214500-aaaaaa", "20261129-214500-bbbbbb"
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(argv))
+            code = 0
+        except SystemExit as e:
+            code = int(e.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture()
+def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent")
+    monkeypatch.setenv("HERMETIC_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "runs"
+    write_synthetic_run(root, synthetic_record(A))
+    write_synthetic_run(root, synthetic_record(B, seed=1))
+    return root
+
+
+@pytest.mark.parametrize("name", ["run.json", "group.json"])
+def test_a_record_nested_too_deeply_is_a_record_error_naming_it(tmp_path: Path, name: str) -> None:
+    from hermetic.record.rundir import load_json_doc
+    from hermetic.record.schema import RecordError
+
+    path = tmp_path / name
+    path.write_text('{"record": ' + DEEP + "}")
+    with pytest.raises(RecordError) as e:
+        load_json_doc(path, "run")
+    assert e.value.exit_code == 65 and e.value.message == f"{path}: not valid JSON: nested too deeply"
+
+
+def test_runs_lists_a_run_nested_too_deeply_as_unreadable(runs: Path) -> None:
+    """`hermetic runs` reads every run.json (and the index) it has not indexed: one too deep is a row, not a crash."""
+    (runs / A / "run.json").write_text('{"record": ' + DEEP + "}")
+    (runs / ".index.jsonl").write_text('{"v": 1, "id": "x", "deep": ' + DEEP + "}\n")
+    code, out, err = cli("runs", "--runs-dir", str(runs), "--json")
+    assert code == 0 and "Traceback" not in err, err[-2000:]
+    status = {e["id"]: e["status"] for e in json.loads(out)}
+    assert status[A] == "unreadable" and B in status and "x" not in status
