@@ -59,3 +59,16 @@ def test_runs_lists_a_run_nested_too_deeply_as_unreadable(runs: Path) -> None:
     assert code == 0 and "Traceback" not in err, err[-2000:]
     status = {e["id"]: e["status"] for e in json.loads(out)}
     assert status[A] == "unreadable" and B in status and "x" not in status
+
+
+@pytest.mark.parametrize("gpus", [-1, "x", [1], {"0": {}}])
+def test_a_wrong_type_in_hardware_gpus_is_refused_by_the_loader_naming_the_key(runs: Path, gpus: object) -> None:
+    from hermetic.core.canonical import pretty_json
+    from hermetic.record.seal import seal
+
+    rec = synthetic_record(A)
+    rec["hardware"]["gpus"] = gpus
+    (runs / A / "run.json").write_text(pretty_json(seal(rec)))
+    for argv in (("runs", "--runs-dir", str(runs), "show", A), ("diff", "--runs-dir", str(runs), A, B)):
+        code, _, err = cli(*argv)
+        assert code == 65 and err.startswith(f"hermetic: error: {runs / A / 'run.json'}: hardware.gpus"), err
