@@ -72,3 +72,34 @@ def test_a_wrong_type_in_hardware_gpus_is_refused_by_the_loader_naming_the_key(r
     for argv in (("runs", "--runs-dir", str(runs), "show", A), ("diff", "--runs-dir", str(runs), A, B)):
         code, _, err = cli(*argv)
         assert code == 65 and err.startswith(f"hermetic: error: {runs / A / 'run.json'}: hardware.gpus"), err
+
+
+HOSTILE = "\x1b]0;owned\x07\r\n# forged `x` [click](javascript:alert(1))"
+
+
+def test_a_hostile_record_renders_a_readme_with_no_raw_control_and_no_broken_code_span() -> None:
+    import re
+
+    from hermetic.record.readme import render_readme
+    from hermetic.record.seal import seal
+
+    rec = synthetic_record(A)
+    rec["record"]["tool"] = "hermetic " + HOSTILE
+    rec["invocation"]["config"]["runs_dir"] = "runs" + HOSTILE
+    rec["invocation"]["user"] = "1000:1000" + HOSTILE
+    rec["invocation"]["args"] = [HOSTILE]
+    rec["image"]["base"] = "python:3.11" + HOSTILE
+    rec["image"]["repo_digests"] = ["reg/x@sha256:" + HOSTILE]
+    rec["code"]["git"].update(commit="c" + HOSTILE, branch="main" + HOSTILE, dirty=True)
+    name, ds = next(iter(rec["data"].items()))
+    rec["data"] = {name + HOSTILE: {**ds, "path": "data" + HOSTILE, "mounts": ["/data" + HOSTILE],
+                                    "manifest_file": "data/m" + HOSTILE}}
+    rec["env"]["passed"] = {"K" + HOSTILE: "v" + HOSTILE}
+    rec["env"]["secrets"] = ["S" + HOSTILE]
+    text = render_readme(seal(rec))
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f]", text), [ln for ln in text.splitlines() if "owned" in ln]
+    assert "# forged" in text and not re.search("^ *# forged", text, re.M)
+    for line in text.splitlines():
+        assert line.count("`") % 2 == 0 or line.startswith("    "), line  # code blocks may hold any
+        prose = re.sub("`[^`]*`", "", line) if not line.startswith("    ") else ""
+        assert not re.search(r"(?<!\\)\]\(", prose), line
