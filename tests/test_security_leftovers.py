@@ -103,3 +103,31 @@ def test_a_hostile_record_renders_a_readme_with_no_raw_control_and_no_broken_cod
         assert line.count("`") % 2 == 0 or line.startswith("    "), line  # code blocks may hold any
         prose = re.sub("`[^`]*`", "", line) if not line.startswith("    ") else ""
         assert not re.search(r"(?<!\\)\]\(", prose), line
+
+
+def test_tensorboard_tags_are_capped_and_what_was_left_out_is_in_the_record(tmp_path: Path) -> None:
+    """1,200 scalar tags, one of 300 characters, and more points than the reader's budget: at most 1,000 tags are
+    read, the long one never, and metrics.left_out counts the values of the others and the points past the budget."""
+    pytest.importorskip("tensorboard")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_metrics_sources import collect, event_file, run_dir_with
+
+    from hermetic.inimage import tb_scalars
+    from hermetic.record import metrics as mx
+
+    scalars = {f"t{i:04d}": [(1, float(i))] for i in range(1200)}
+    scalars["L" * 300] = [(1, 1.0)]
+    scalars["t0000"] = [(s, float(s)) for s in range(1, 11)]
+    run_dir = run_dir_with(tmp_path, {})
+    path = event_file(run_dir / "outputs" / "tb", scalars)
+    doc = tb_scalars.read_scalars(str(path), 1005)
+    assert len(doc["tags"]) == 1000 and "L" * 300 not in doc["tags"]
+    assert doc["left_out"] == {"other_names": 201, "points": 3}  # t0000: steps 1-6 and 10 kept, 7-9 not
+    assert doc["tags"]["t0000"][-1] == [10, 10.0]
+    kept = mx.Kept()
+    mx.event_part("tb/x", doc, kept)
+    assert kept.left_out["other_names"] >= 201 and kept.left_out["points"] >= 3
+    got = collect(run_dir)
+    assert got.metrics["left_out"]["other_names"] >= 201 and len(got.metrics["final"]) <= 1000
