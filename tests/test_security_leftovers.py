@@ -131,3 +131,54 @@ def test_tensorboard_tags_are_capped_and_what_was_left_out_is_in_the_record(tmp_
     assert kept.left_out["other_names"] >= 201 and kept.left_out["points"] >= 3
     got = collect(run_dir)
     assert got.metrics["left_out"]["other_names"] >= 201 and len(got.metrics["final"]) <= 1000
+
+
+OUTSIDE = [("lock", "/etc/hermetic.lock"), ("runs_dir", "../elsewhere"), ("datasets", "/etc")]
+
+
+def _outside(config: dict, key: str, value: str) -> None:
+    if key == "datasets":
+        config["datasets"][0]["path"] = value
+    else:
+        config[key] = value
+
+
+@pytest.mark.parametrize("key,value", OUTSIDE)
+def test_a_replayed_record_whose_config_names_a_path_outside_the_project_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, value: str) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent")
+    monkeypatch.setenv("HERMETIC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HERMETIC_ALLOW_PATHS", raising=False)
+    rec = synthetic_record(A)
+    rec["image"]["repo_digests"] = []
+    _outside(rec["invocation"]["config"], key, value)
+    runs = tmp_path / "project" / "runs"
+    write_synthetic_run(runs, rec)
+    code, _, err = cli("replay", str(runs / A))
+    assert code == 78 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"hermetic: error: {runs / A / 'run.json'}: invocation.config: {key}") and value in err
+    assert "HERMETIC_ALLOW_PATHS" in err
+    monkeypatch.setenv("HERMETIC_ALLOW_PATHS", f"/etc:{tmp_path.parent}")  # allowed: on to the image, not stored
+    code, _, err = cli("replay", str(runs / A))
+    assert code not in (0, 78), err
+
+
+@pytest.mark.parametrize("key,value", OUTSIDE)
+def test_a_submission_whose_config_names_a_path_outside_the_project_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, value: str) -> None:
+    from hermetic.core.errors import ConfigError
+    from hermetic.slurm.submission import Submission
+
+    monkeypatch.delenv("HERMETIC_ALLOW_PATHS", raising=False)
+    config = synthetic_record(A)["invocation"]["config"]
+    _outside(config, key, value)
+    project = tmp_path / "project"
+    sub = Submission(kind="run", submission_id=A, project_root=project, runs_dir=project / "runs", config=config,
+                     request={}, members=[], image={}, repo_digests=[], container="docker", partition="p", nnodes=1,
+                     node_cache=None, python="python3", seed_policy="config")
+    with pytest.raises(ConfigError) as e:
+        sub.loaded_config()
+    assert e.value.exit_code == 78
+    assert e.value.message.startswith(f"{project / 'runs' / A / 'slurm' / 'submit.json'}: config: {key}")
+    monkeypatch.setenv("HERMETIC_ALLOW_PATHS", f"/etc:{tmp_path}")
+    assert sub.loaded_config().root == project
