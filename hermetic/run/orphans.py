@@ -1,10 +1,6 @@
-"""Containers whose driver died (SIGKILL, OOM): found, stopped, removed, and their runs' records sealed
-``interrupted``.
-
-Every container names its driver (engines.base.DRIVER_LABEL); one whose driver is gone (liveness.driver_gone) is
-an orphan. Its output becomes the run's logs, the record is sealed ``interrupted``, the container and then its
-working directory are removed. Each reaper holds the run's liveness lock, so no run is sealed twice.
-"""
+"""Containers whose driver died (SIGKILL, OOM; engines.base.DRIVER_LABEL names it, liveness.driver_gone tells):
+stopped, their output kept as the run's logs, the record sealed ``interrupted``, the container and its working
+directory removed. Each reaper holds the run's liveness lock, so no run is sealed twice."""
 
 from __future__ import annotations
 
