@@ -106,6 +106,7 @@ def test_a_killed_drivers_container_ends_within_seconds_and_the_next_command_sea
     assert rec["status"] == "interrupted"
     if engine != "charliecloud":  # the reaper found its (ended) container and sealed the record
         assert rec["finished_at"] and f"its driver (hermetic, pid {pid}) died" in rec["reason"]
+        assert "the container stopped the script itself when it saw its driver gone" in rec["reason"], rec["reason"]
         assert f"run {run_dir.name}: its driver" in proc.stderr
         left = subprocess.run([engine, "ps", "-a", "-q", "--filter", f"label=org.hermetic.run-id={run_dir.name}"],
                               capture_output=True, text=True, check=True).stdout.split()

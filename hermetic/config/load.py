@@ -372,7 +372,7 @@ def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
             raise ConfigError(f"{where}: {key}: {msg}{more}") from None
         raise ConfigError(f"{where}: {msg}{more}") from None
     _refuse_secrets(model, node, cfg_path)
-    _refuse_outside(model, node, cfg_path.resolve())
+    refuse_outside(model, node, cfg_path.resolve())
     return LoadedConfig(model=model, path=cfg_path.resolve())
 
 
@@ -442,10 +442,11 @@ def _refuse_secrets(model: "HermeticConfig", node: yaml.Node | None, cfg_path: P
 ALLOW_PATHS_ENV = "HERMETIC_ALLOW_PATHS"
 
 
-def _refuse_outside(model: "HermeticConfig", node: yaml.Node | None, cfg_path: Path) -> None:
+def refuse_outside(model: "HermeticConfig", node: yaml.Node | None, cfg_path: Path, source: str | None = None) -> None:
     """hermetic.yaml comes with the repository, which may be hostile: each host path it names lies inside the
     project, as written and (but for datasets, which may be links to big disks) once links are followed.
-    HERMETIC_ALLOW_PATHS (absolute directories, ':'-separated) widens that from outside the repository."""
+    HERMETIC_ALLOW_PATHS (absolute directories, ':'-separated) widens that from outside the repository.
+    ``source``: what the error names when the config came from elsewhere (a run's record, a Slurm submission)."""
     root = str(cfg_path.parent)
     extra = [p for p in os.environ.get(ALLOW_PATHS_ENV, "").split(":") if p]
     bad = next((p for p in extra if not p.startswith("/")), None)
@@ -463,7 +464,8 @@ def _refuse_outside(model: "HermeticConfig", node: yaml.Node | None, cfg_path: P
             continue
         line = _line_of(node, loc)
         how = "" if real == full or not any(inside(full, a) for a in allowed) else f" (a link to {real})"
-        raise ConfigError(f"{cfg_path}{f':{line}' if line else ''}: {format_key_path(loc)}: {value}{how} is outside "
+        where = source or f"{cfg_path}{f':{line}' if line else ''}"
+        raise ConfigError(f"{where}: {format_key_path(loc)}: {value}{how} is outside "
                           f"the project {root}; a path hermetic.yaml names stays inside it unless you allow the "
                           f"place: {ALLOW_PATHS_ENV}=/abs/dir[:/other] in the environment")
 

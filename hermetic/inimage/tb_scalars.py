@@ -1,22 +1,10 @@
-"""The scalars of TensorBoard event files, read with TensorBoard's own reader.
+"""The scalars of TensorBoard event files, read with TensorBoard's own reader (EventFileLoader).
 
-Standard library and ``tensorboard`` only (Python 3.8+): this file runs in two
-places. hermetic mounts it read-only into a second locked-down container of
-the run's own image, which has tensorboard when the script wrote event files
-with torch.utils.tensorboard, Lightning's TensorBoardLogger or the Trainer's
-TensorBoardCallback (hermetic.run.collect), and runs it there as
-``python -I tb_scalars.py REQUEST`` with the outputs mounted read-only;
-it prints one JSON document. Where the image has no tensorboard, the host
-imports it (``hermetic[tensorboard]``) in the collection child that runs as
-the container's user, and calls ``read_scalars`` on a descriptor it opened
-without following a link.
-
-``tensorboard.backend.event_processing.event_file_loader.EventFileLoader``
-does the reading (its record framing, CRCs and the ``data_compat`` layer that
-turns ``simple_value`` summaries into scalar tensors); a value is a scalar
-when its tag's summary metadata says so (the ``scalars`` plugin, or the
-scalar data class), as TensorBoard's own scalars dashboard decides.
-Wall times are never read: a value is its step and number.
+Standard library and ``tensorboard`` only (Python 3.8+): it runs as ``python -I tb_scalars.py REQUEST`` in a
+locked-down container of the run's image (outputs read-only; one JSON document printed), or, where the image has
+no tensorboard, in the host's collection child as the container's user (hermetic.run.collect). A value is a
+scalar when its tag's summary metadata says so, as TensorBoard's scalars dashboard decides; wall times are never
+read. Within caps: MAX_TAGS scalar tags of at most MAX_TAG characters, and the points the caller allows.
 """
 
 from __future__ import annotations
@@ -28,6 +16,8 @@ import sys
 
 NONFINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 DATA_CLASS_SCALAR = 1  # tensorboard.compat.proto.summary_pb2.DATA_CLASS_SCALAR
+MAX_TAGS = 1000  # scalar tags kept of one file (hermetic.record.metrics.MAX_METRICS)
+MAX_TAG = 200  # characters of one tag (hermetic.record.metrics.MAX_NAME)
 
 
 def available() -> str | None:
@@ -55,20 +45,19 @@ def _number(v: float):
 
 
 def read_scalars(path: str, max_points: int) -> dict:
-    """``{"tags": {tag: [[step, value], ...]}, "points": n, "truncated": [tags], "error": None | str}``.
-
-    Values as JSON can hold them (non-finite ones as ``"NaN"``, ``"Infinity"``);
-    at most ``max_points`` points in all, the rest counted in ``points`` and
-    their tags listed in ``truncated`` (the last value of a tag is always kept).
-    A truncated last record (the writer was killed) ends the file, as in
-    TensorBoard."""
+    """``{"tags": {tag: [[step, value], ...]}, "points": n, "truncated": [tags], "left_out": {"points": n,
+    "other_names": n}, "error": None | str}``: values as JSON holds them (``"NaN"``, ``"Infinity"``); at most
+    ``max_points`` points (the last value of a ``truncated`` tag always kept) of MAX_TAGS tags, the values left
+    out counted. A truncated last record (the writer was killed) ends the file, as in TensorBoard."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.util import tensor_util
 
     tags: dict = {}
-    scalar_tags: dict = {}
+    scalar_tags: dict = {}  # tag -> a scalar (at most MAX_TAGS of each kind kept)
+    kinds = {True: 0, False: 0}
     truncated: set = set()
     last: dict = {}
+    left_out = {"points": 0, "other_names": 0}
     kept = total = 0
     error = None
     try:
@@ -78,11 +67,16 @@ def read_scalars(path: str, max_points: int) -> dict:
             step = int(event.step)
             for value in event.summary.value:
                 tag = value.tag
-                if tag not in scalar_tags:  # the first value of a tag carries its metadata
+                scalar = scalar_tags.get(tag)
+                if scalar is None:  # the first value of a tag carries its metadata
                     meta = value.metadata
-                    scalar_tags[tag] = (meta.plugin_data.plugin_name == "scalars"
-                                        or meta.data_class == DATA_CLASS_SCALAR)
-                if not scalar_tags[tag] or not value.HasField("tensor"):
+                    scalar = meta.plugin_data.plugin_name == "scalars" or meta.data_class == DATA_CLASS_SCALAR
+                    if len(tag) > MAX_TAG or kinds[scalar] >= MAX_TAGS:
+                        left_out["other_names"] += scalar  # each value of it that says it is a scalar
+                        continue
+                    scalar_tags[tag] = scalar
+                    kinds[scalar] += 1
+                if not scalar or not value.HasField("tensor"):
                     continue
                 array = tensor_util.make_ndarray(value.tensor)
                 if array.size != 1 or array.dtype.kind not in "fiub":
@@ -94,6 +88,7 @@ def read_scalars(path: str, max_points: int) -> dict:
                     kept += 1
                 else:
                     truncated.add(tag)
+                    left_out["points"] += tag in last
                     last[tag] = point
     except Exception as e:  # a corrupt record past the framing: what was read so far stands
         error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
@@ -101,7 +96,9 @@ def read_scalars(path: str, max_points: int) -> dict:
         series = tags.setdefault(tag, [])
         if not series or series[-1] != point:
             series.append(point)
-    return {"tags": tags, "points": total, "truncated": sorted(truncated), "error": error}
+        else:
+            left_out["points"] += 1
+    return {"tags": tags, "points": total, "truncated": sorted(truncated), "left_out": left_out, "error": error}
 
 
 def _fs_name(recorded: str) -> str:

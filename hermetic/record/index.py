@@ -34,16 +34,17 @@ def index_path(runs_root: str | os.PathLike[str]) -> Path:
     return Path(runs_root) / INDEX_NAME
 
 
+def _head(kind: str, entry_id: str, meta: dict[str, Any], finished_at: str | None) -> dict[str, Any]:
+    """The keys that lead every index line, from a record's ``record`` or a group's ``group`` section."""
+    return {"v": INDEX_VERSION, "kind": kind, "id": entry_id, "started_at": meta["started_at"],
+            "finished_at": finished_at, "status": meta["status"]}
+
+
 def run_entry(record: dict[str, Any], dir_name: str | None = None) -> dict[str, Any]:
     """The index line for a run record (what ``hermetic runs`` shows)."""
     meta, inv = record["record"], record["invocation"]
     return {
-        "v": INDEX_VERSION,
-        "kind": "run",
-        "id": dir_name or meta["run_id"],
-        "started_at": meta["started_at"],
-        "finished_at": meta["finished_at"],
-        "status": meta["status"],
+        **_head("run", dir_name or meta["run_id"], meta, meta["finished_at"]),
         "exit_code": meta["exit_code"],
         "image": record["image"]["id"],
         "data": {name: ds["manifest_sha256"] for name, ds in sorted(record["data"].items())},
@@ -60,12 +61,7 @@ def group_entry(group: dict[str, Any], dir_name: str | None = None) -> dict[str,
     """The index line for a multi-seed group (group.json)."""
     meta = group["group"]
     return {
-        "v": INDEX_VERSION,
-        "kind": "group",
-        "id": dir_name or meta["group_id"],
-        "started_at": meta["started_at"],
-        "finished_at": meta["written_at"],
-        "status": meta["status"],
+        **_head("group", dir_name or meta["group_id"], meta, meta["written_at"]),
         "exit_code": None,
         "image": group["inputs"]["image"],
         "data": group["inputs"]["data"],
@@ -113,12 +109,12 @@ def read_index(runs_root: str | os.PathLike[str]) -> tuple[dict[str, dict[str, A
     lines = data.split(b"\n")
     try:  # one parse for the whole file is faster than one per line
         parsed = json.loads(b"[" + b",".join(ln for ln in lines if ln) + b"]")
-    except ValueError:  # a torn line from a killed writer: parse line by line, skip it
+    except (ValueError, RecursionError):  # a torn or crafted line: parse line by line, skip it
         parsed = []
         for raw in filter(None, lines):
             try:
                 parsed.append(json.loads(raw))
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue  # its directory gets re-read by list_entries
     for entry in parsed:
         if isinstance(entry, dict) and entry.get("v") == INDEX_VERSION and isinstance(entry.get("id"), str):
@@ -136,7 +132,7 @@ def entry_from_dir(run_dir: Path) -> dict[str, Any]:
             doc = json.loads(path.read_bytes())
         except FileNotFoundError:
             continue
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return _placeholder(run_dir.name, "unreadable")
         try:
             return make(doc, run_dir.name)
@@ -150,7 +146,7 @@ def _submitted_placeholder(run_dir: Path) -> dict[str, Any] | None:
     (``hermetic runs`` asks Slurm for the live one); never stored in the index."""
     try:
         doc = json.loads((run_dir / SLURM_JSON).read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(doc, dict):
         return None

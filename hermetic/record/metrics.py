@@ -369,6 +369,10 @@ def event_part(rel: str, doc: dict[str, Any], kept: Kept) -> dict[str, Any]:
         for p in points:
             if isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and not isinstance(p[0], bool):
                 kept.add(TENSORBOARD, series, safetree.display(tag), p[0], p[1])
+    left = doc.get("left_out") if isinstance(doc, dict) else None
+    for what, n in (left.items() if isinstance(left, dict) else ()):  # what the reader's own caps left out
+        if what in ("points", "other_names") and isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            kept.skip(what, n)
     return {"source": TENSORBOARD, "file": rel, "series": series, "final": {}, "steps": _max_step(series)}
 
 

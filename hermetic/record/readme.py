@@ -1,4 +1,5 @@
-"""runs/<id>/README.md: how to reproduce the run, in plain words, from its record."""
+"""runs/<id>/README.md: how to reproduce the run, in plain words, from its record. Record text reaches it escaped:
+as Markdown (``_md``), or in a code span or block (``_span``)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import shlex
 from string import Template
 from typing import Any
 
-from hermetic.record.view import Code, Dataset, Env, Meta, Run, view
+from hermetic.core.escape import shown
 from hermetic.core.resources import read_template
+from hermetic.record.view import Code, Dataset, Env, Meta, Run, view
 
 TEMPLATE_NAME = "run-README.md"
 FIGURE_NAME = "metrics.png"  # where the README's command draws the run's figure: beside run.json
@@ -17,19 +19,19 @@ def render_readme(record: dict[str, Any], *, run_dir: str | None = None) -> str:
     """The README text for a (sealed) record; ``run_dir`` defaults to ``runs/<id>``."""
     r = view(record)
     meta, image = r.record, r.image
-    run_dir = run_dir or f"{r.invocation.config.get('runs_dir') or 'runs'}/{meta.run_id}"
+    run_dir = _span(run_dir or f"{r.invocation.config.get('runs_dir') or 'runs'}/{meta.run_id}")
     values = {
         "run_id": meta.run_id,
         "run_dir": run_dir,
         "status_line": _status_line(meta),
         "figure_text": _figure_text(r, run_dir),
-        "tool": meta.tool,
+        "tool": _md(meta.tool),
         "record_sha256": meta.record_sha256 or "(not sealed)",
-        "image_id": f"`{image.id}`",
-        "manifest_digest": f"`{image.manifest_digest}`",
-        "repo_digests": "".join(f", pushed as `{d}`" for d in image.repo_digests),
-        "base": image.base,
-        "lock_sha256": f"`{image.lock_sha256}`",
+        "image_id": _code(image.id),
+        "manifest_digest": _code(image.manifest_digest),
+        "repo_digests": "".join(f", pushed as {_code(d)}" for d in image.repo_digests),
+        "base": _span(image.base),
+        "lock_sha256": _code(image.lock_sha256),
         "package_count": len(image.packages),
         "code_text": _code_text(r.code, meta.run_id, run_dir),
         "data_text": _data_text(r.data, run_dir),
@@ -42,6 +44,19 @@ def render_readme(record: dict[str, Any], *, run_dir: str | None = None) -> str:
         "output_count": len(r.outputs.files),
     }
     return Template(read_template(TEMPLATE_NAME)).substitute(values)
+
+
+def _md(text: object) -> str:
+    return shown(text, "markdown")
+
+
+def _span(text: object) -> str:
+    """``text`` for a Markdown code span or block: escaped, and no backtick in it that could end the span."""
+    return shown(text).replace("`", "\\x60")
+
+
+def _code(text: object) -> str:
+    return f"`{_span(text)}`"
 
 
 def _status_line(meta: Meta) -> str:
@@ -61,18 +76,19 @@ def _figure_text(r: Run, run_dir: str) -> str:
 
 def _code_text(code: Code, run_id: str, run_dir: str) -> str:
     snap, git = code.snapshot, code.git
-    lines = [f"`{run_dir}/code/source.tar` ({len(snap.files)} files, sha256",
-             f"   `{snap.sha256}`) is the exact source tree the run saw. Extract it:",
+    lines = [f"{_code(run_dir + '/code/source.tar')} ({len(snap.files)} files, sha256",
+             f"   {_code(snap.sha256)}) is the exact source tree the run saw. Extract it:",
              "",
              f"       mkdir code-{run_id} && tar -xf {run_dir}/code/source.tar -C code-{run_id}"]
     if git is None:
         lines += ["", "   The project was not a git checkout; the snapshot is the only copy."]
         return "\n".join(lines)
-    lines += ["", f"   Or from git: commit `{git.commit}`" + (f" (branch {git.branch})" if git.branch else "")]
+    branch = f" (branch {_md(git.branch)})" if git.branch else ""
+    lines += ["", f"   Or from git: commit {_code(git.commit)}{branch}"]
     if git.dirty:
         extra = []
         if git.diff_file:
-            extra.append(f"apply `{git.diff_file}` (`git apply`, sha256 `{git.diff_sha256}`)")
+            extra.append(f"apply {_code(git.diff_file)} (`git apply`, sha256 {_code(git.diff_sha256)})")
         if git.untracked:
             extra.append(f"add the {len(git.untracked)} untracked files (their sha256s are in "
                          "`code.git.untracked`; their bytes are in the snapshot)")
@@ -87,37 +103,37 @@ def _data_text(data: dict[str, Dataset], run_dir: str) -> str:
         return "\n   (this run used no datasets)"
     out = []
     for name, ds in sorted(data.items()):
-        where = ", ".join(f"`{w}`" for w in ds.seen_at)
-        out.append(f"   - `{name}`: `{ds.path}` mounted read-only at {where}; {ds.count} files, "
-                   f"{ds.bytes} bytes; manifest `{ds.manifest_file}` (sha256 `{ds.manifest_sha256}`,"
+        where = ", ".join(_code(w) for w in ds.seen_at)
+        out.append(f"   - {_code(name)}: {_code(ds.path)} mounted read-only at {where}; {ds.count} files, "
+                   f"{ds.bytes} bytes; manifest {_code(ds.manifest_file)} (sha256 {_code(ds.manifest_sha256)},"
                    " the dataset's ID). Check it with:")
         out.append("")
-        out.append(f"         (cd {shlex.quote(ds.path)} && sha256sum -c --quiet "
-                   f"\"$OLDPWD/{run_dir}/{ds.manifest_file}\")")
+        out.append(f"         (cd {_span(shlex.quote(ds.path))} && sha256sum -c --quiet "
+                   f"\"$OLDPWD/{run_dir}/{_span(ds.manifest_file)}\")")
         out.append("")
     return "\n" + "\n".join(out).rstrip()
 
 
 def _env_text(env: Env) -> str:
-    lines = [f"   - `{k}={v}` (determinism)" for k, v in sorted(env.determinism.items())]
-    lines += [f"   - `{k}={v}`" for k, v in sorted(env.passed.items())]
-    lines += [f"   - `{k}` (a secret: recorded by name only; supply your own value)" for k in env.secrets]
+    lines = [f"   - {_code(f'{k}={v}')} (determinism)" for k, v in sorted(env.determinism.items())]
+    lines += [f"   - {_code(f'{k}={v}')}" for k, v in sorted(env.passed.items())]
+    lines += [f"   - {_code(k)} (a secret: recorded by name only; supply your own value)" for k in env.secrets]
     return "\n".join(lines) if lines else "   (nothing)"
 
 
 def _prepare_text(r: Run) -> str:
     """Step 5's first lines: who the script ran as, and ./outputs and the code made writable for that user."""
-    run_id, user = r.record.run_id, r.invocation.user
+    run_id, user = r.record.run_id, r.invocation.user and _span(r.invocation.user)
     if not user:  # an older record: it does not say; run as yourself
         return ("With the code extracted to `./code-" + run_id + "` (the script's working\n"
                 "   directory: it may write there) and an empty `./outputs`, made writable for\n"
                 "   you (`mkdir -p outputs`), this `docker run` is equivalent to the container\n"
                 "   hermetic started:")
-    return (f"hermetic ran the script as user `{user}` (`invocation.user`). With the code\n"
+    return (f"hermetic ran the script as user {_code(user)} (`invocation.user`). With the code\n"
             f"   extracted to `./code-{run_id}` (the script's working directory: it may write\n"
             f"   there) and an empty `./outputs`, both writable by that user:\n\n"
             f"       mkdir -p outputs && chown -R {user} outputs code-{run_id}\n\n"
-            f"   (that is as root; as user {user} itself, `mkdir -p outputs` is enough),\n"
+            f"   (that is as root; as user {_md(user)} itself, `mkdir -p outputs` is enough),\n"
             f"   this `docker run` is equivalent to the container hermetic started:")
 
 
@@ -162,13 +178,13 @@ def _host_path(path: str) -> str:
 
 
 def _quote(arg: str) -> str:
-    """Shell-quote, but keep a leading $PWD and the caller's $(id ...) expandable."""
+    """Shell-quote, but keep a leading $PWD and the caller's $(id ...) expandable; escaped for the README."""
     if arg == "$(id -u):$(id -g)":
         return f'"{arg}"'
     if arg.startswith("$PWD"):
         rest = "".join("\\" + c if c in '"\\$`' else c for c in arg[4:])
-        return f'"$PWD{rest}"'
-    return shlex.quote(arg)
+        return _span(f'"$PWD{rest}"')
+    return _span(shlex.quote(arg))
 
 
 def _indent(text: str, n: int) -> str:

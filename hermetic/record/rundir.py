@@ -143,10 +143,11 @@ def load_json_doc(path: Path, what: str) -> Any:
         raise RunNotFound(f"{path}: cannot read: {e.strerror}") from None
     try:
         return json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         from hermetic.record.schema import RecordError
 
-        raise RecordError(f"{path}: not valid JSON: {e}") from None
+        why = "nested too deeply" if isinstance(e, RecursionError) else e
+        raise RecordError(f"{path}: not valid JSON: {why}") from None
 
 
 def load_record(run_dir_or_run_json: str | os.PathLike[str]) -> dict[str, Any]:

@@ -344,6 +344,13 @@ class Distributed(_Strict):
     logs: dict[str, dict[str, str]]  # rank -> {"stdout": path, "stderr": path} in the run dir
 
 
+class Hardware(_Strict):
+    """What the probe found (hermetic/inimage/probe/probe.py): typed where readers index into it, the rest kept."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    gpus: Optional[list[dict[str, Any]]] = None
+
+
 class Record(_Strict):
     record: RecordMeta
     invocation: Invocation
@@ -353,7 +360,7 @@ class Record(_Strict):
     seed: Seed
     env: Env
     software: dict[str, Any]
-    hardware: dict[str, Any]
+    hardware: Hardware
     outputs: Outputs
     metrics: Metrics
     # Optional sections (absent in records of runs that had neither).

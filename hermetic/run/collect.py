@@ -114,7 +114,7 @@ class RunSettings:
             return cls(image if isinstance(image, str) else None, f"{prefix}/bin/python", rec["record"]["run_id"],
                        mx.enabled_sources(run.get("metrics")), bool((run.get("outputs") or {}).get("stdout")),
                        engine if isinstance(engine, str) else None, manifest if isinstance(manifest, str) else None)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return cls()
 
 

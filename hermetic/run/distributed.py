@@ -6,11 +6,12 @@ node, node rank SLURM_NODEID, so rank r always lands on the same node. All pure 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from hermetic.config.containerpaths import RUNTIME_MOUNT
 from hermetic.core.errors import UsageError
@@ -178,43 +179,45 @@ def collect_rank_files_at(rtfd: int, runfd: int, plan: DistributedPlan) -> dict[
     logs: dict[str, dict[str, str]] = {}
     # <log-dir>/<rdzv id>_<random>/attempt_<n>/<local rank>/{stdout,stderr}.log; restarts are off: attempt_0.
     found = []
-    try:
-        tfd = safetree.open_dir(rtfd, TORCHRUN_LOG_DIR)
-    except (FileNotFoundError, safetree.UnsafePath):
-        tfd = None
-    if tfd is not None:
-        try:
-            for e in safetree.walk(tfd, prune=lambda rel: rel.count("/") >= 3):
-                parts = e.rel.split("/")
-                if (e.kind == "file" and len(parts) == 4 and parts[1].startswith("attempt_")
-                        and parts[2].isdigit() and parts[3] in ("stdout.log", "stderr.log", "error.json")):
-                    found.append((plan.node_rank * plan.nproc_per_node + int(parts[2]), e.rel, parts[3]))
-            for rank, rel, name in sorted(found):
-                try:
-                    safetree.move(tfd, rel, runfd, f"logs/rank{rank}/{name}")
-                except (safetree.UnsafePath, FileExistsError):
-                    continue
-                logs.setdefault(str(rank), {})[name.split(".")[0]] = f"logs/rank{rank}/{name}"
-        finally:
-            os.close(tfd)
-    try:
-        ofd = safetree.open_dir(rtfd, RANK_OUTPUTS_DIR)
-    except (FileNotFoundError, safetree.UnsafePath):
-        ofd = None
-    if ofd is not None:
-        try:
-            for name in sorted(os.listdir(ofd)):
-                st = os.stat(name, dir_fd=ofd, follow_symlinks=False)
-                if not (name.isdigit() and safetree.kind_of(st.st_mode) == "dir"):
-                    continue
-                dest = safetree.open_dir(runfd, f"ranks/{name}", create=True)
-                try:
-                    os.rename(name, "outputs", src_dir_fd=ofd, dst_dir_fd=dest)  # the directory itself
-                finally:
-                    os.close(dest)
-        finally:
-            os.close(ofd)
+    with _subdir(rtfd, TORCHRUN_LOG_DIR) as tfd:
+        for e in safetree.walk(tfd, prune=lambda rel: rel.count("/") >= 3) if tfd is not None else ():
+            parts = e.rel.split("/")
+            if (e.kind == "file" and len(parts) == 4 and parts[1].startswith("attempt_")
+                    and parts[2].isdigit() and parts[3] in ("stdout.log", "stderr.log", "error.json")):
+                found.append((plan.node_rank * plan.nproc_per_node + int(parts[2]), e.rel, parts[3]))
+        for rank, rel, name in sorted(found):
+            try:
+                safetree.move(tfd, rel, runfd, f"logs/rank{rank}/{name}")
+            except (safetree.UnsafePath, FileExistsError):
+                continue
+            logs.setdefault(str(rank), {})[name.split(".")[0]] = f"logs/rank{rank}/{name}"
+    with _subdir(rtfd, RANK_OUTPUTS_DIR) as ofd:
+        for name in sorted(os.listdir(ofd)) if ofd is not None else ():
+            st = os.stat(name, dir_fd=ofd, follow_symlinks=False)
+            if not (name.isdigit() and safetree.kind_of(st.st_mode) == "dir"):
+                continue
+            dest = safetree.open_dir(runfd, f"ranks/{name}", create=True)
+            try:
+                os.rename(name, "outputs", src_dir_fd=ofd, dst_dir_fd=dest)  # the directory itself
+            finally:
+                os.close(dest)
     return dict(sorted(logs.items(), key=lambda kv: int(kv[0])))
+
+
+@contextlib.contextmanager
+def _subdir(dirfd: int, rel: str) -> Iterator[int | None]:
+    """``rel`` under ``dirfd`` opened as a directory (closed after), or None where there is none or a link."""
+    from hermetic.hostfs import safetree
+
+    try:
+        fd = safetree.open_dir(dirfd, rel)
+    except (FileNotFoundError, safetree.UnsafePath):
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def plan_section(plan: DistributedPlan, rec: Mapping[str, Any], env: Any) -> dict[str, Any]:

@@ -1,10 +1,6 @@
-"""Containers whose driver died (SIGKILL, OOM): found, stopped, removed, and their runs' records sealed
-``interrupted``.
-
-Every container names its driver (engines.base.DRIVER_LABEL); one whose driver is gone (liveness.driver_gone) is
-an orphan. Its output becomes the run's logs, the record is sealed ``interrupted``, the container and then its
-working directory are removed. Each reaper holds the run's liveness lock, so no run is sealed twice.
-"""
+"""Containers whose driver died (SIGKILL, OOM; engines.base.DRIVER_LABEL names it, liveness.driver_gone tells):
+stopped, their output kept as the run's logs, the record sealed ``interrupted``, the container and its working
+directory removed. Each reaper holds the run's liveness lock, so no run is sealed twice."""
 
 from __future__ import annotations
 
@@ -23,6 +19,7 @@ from hermetic.hostfs.fsutil import sweep_dead
 from hermetic.record import liveness
 
 RUNTIME_DIR = ".runtime"  # seal.RUNTIME_DIR (seal is not imported: `hermetic runs` stays light)
+GATE_LINE = b"hermetic: the process that drove this run is gone; stopping the script"  # hermetic.inimage.gate's
 
 
 @dataclass(frozen=True)
@@ -146,8 +143,11 @@ def _reap_run(engine: Any, orphan: Orphan, run_dir: Path, by: str) -> Reaped | N
         what = f"its driver (hermetic, pid {orphan.driver.pid}) died while the container ran"
         done = f"`{by}` stopped it"
     else:
-        what = (f"its driver (hermetic, pid {orphan.driver.pid}) died; the script went on and exited "
-                f"{state.get('ExitCode', '?')}" + (" (out of memory)" if state.get("OOMKilled") else "") + " unwatched")
+        ended = f"exited {state.get('ExitCode', '?')}" + (" (out of memory)" if state.get("OOMKilled") else "")
+        what = f"its driver (hermetic, pid {orphan.driver.pid}) died; " + (
+            f"the container stopped the script itself when it saw its driver gone; the script {ended}"
+            if state.get("ExitCode") != 0 and _stopped_by_gate(run_dir / "logs" / "stderr.log")
+            else f"the script went on and {ended} unwatched")
         done = f"`{by}` found its container"
     reason = f"{what}; {done}"
     sealed, problem = _seal(run_dir, reason, orphan.workspace)
@@ -229,6 +229,16 @@ def _keep_logs(container: Any, log_dir: Path) -> None:
     except OSError:
         pass
 
+
+def _stopped_by_gate(stderr_log: Path) -> bool:
+    """The container's log ends with the gate's line: it stopped the script when its driver died (with a script
+    that exited 0, the gate saw its driver gone only after the script had finished by itself)."""
+    try:
+        with open(stderr_log, "rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - (64 << 10), 0))
+            return GATE_LINE in f.read()
+    except OSError:
+        return False
 
 
 def _remove_workspace(workspace: Path | None) -> None:

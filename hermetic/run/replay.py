@@ -10,7 +10,7 @@ import hashlib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hermetic.config.load import HermeticConfig, LoadedConfig
+from hermetic.config.load import HermeticConfig, LoadedConfig, refuse_outside
 from hermetic.core.errors import DataError, HermeticError, IntegrityError, NotFound
 from hermetic.hostfs.fsutil import sha256_file
 from hermetic.core.paths import CachePaths
@@ -79,6 +79,7 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
     except Exception as e:
         raise ReplayRefused(f"{run_dir}: the recorded config no longer validates: {e}") from None
     root = _project_root(run_dir, model.runs_dir)
+    refuse_outside(model, None, root / "hermetic.yaml", source=f"{run_dir / 'run.json'}: invocation.config")
     cfg = LoadedConfig(model=model, path=root / "hermetic.yaml")
 
     # the image

@@ -191,7 +191,7 @@ def after_failure(cfg: LoadedConfig, req: RunRequest, run_dir: Path, rec: dict[s
     try:  # the record on disk: a refusal (refuse_unfit_gpu) sealed its own copy of ``rec``
         if json.loads((run_dir / RUN_JSON).read_bytes())["record"]["finished_at"] is not None:
             return error if error is not exc else None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return error if error is not exc else None
     interrupted = isinstance(exc, KeyboardInterrupt)
     reason = error.message if error is not None else f"hermetic failed: {type(exc).__name__}: {exc}"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.builder.image_record import ImageInfo
-from hermetic.config.load import HermeticConfig, LoadedConfig
+from hermetic.config.load import HermeticConfig, LoadedConfig, refuse_outside
 from hermetic.core.errors import DataError, EXIT_NOINPUT
 from hermetic.hostfs.fsutil import atomic_write_text
 from hermetic.run.distributed import DistributedPlan
@@ -78,6 +78,7 @@ class Submission:
         except Exception as e:  # pydantic's ValidationError: the recorded config no longer validates
             raise SubmissionError(f"{self.dir / SUBMISSION_FILE}: the submitted config no longer validates "
                                   f"with this hermetic: {e}") from None
+        refuse_outside(model, None, self.project_root / "hermetic.yaml", source=f"{self.dir / SUBMISSION_FILE}: config")
         return LoadedConfig(model=model, path=self.project_root / "hermetic.yaml")
 
     def image_info(self) -> ImageInfo:
