@@ -19,9 +19,9 @@ from urllib3.exceptions import ConnectTimeoutError, ReadTimeoutError
 
 from hermetic.core.display import escape_controls
 from hermetic.core.errors import EXIT_UNAVAILABLE, IntegrityError, ProtocolError, UsageError
-from hermetic.registry.deadlines import (CONNECT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_RATE_ENV, RATE_WINDOW_ENV,
-                                         REQUEST_TIMEOUT_ENV, TOTAL_TIMEOUT_ENV, RegistryTimeout, Timeouts, Watch,
-                                         new_session, watch_requests)
+from hermetic.core.transfer import MAX_TIMEOUT_S, Watch, new_session, watch_requests
+from hermetic.registry.deadlines import (CONNECT_TIMEOUT_S, MIN_RATE_ENV, RATE_WINDOW_ENV, REQUEST_TIMEOUT_ENV,
+                                         TOTAL_TIMEOUT_ENV, RegistryTimeout, Timeouts)
 
 # Distribution refuses manifests over 4 MiB, containerd will not read them: a bigger answer is not a document.
 MAX_DOCUMENT_BYTES = 4 << 20
