@@ -9,7 +9,6 @@ import math
 import re
 import threading
 import time
-from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any, Iterator
 
@@ -41,26 +40,27 @@ class RegistryError(ProtocolError):
     code: str = ""  # the Distribution error code (e.g. DIGEST_INVALID), when the registry sent one
 
 
-@dataclass
 class TransferStats:
-    """What crossed the wire; thread-safe counters for parallel transfers."""
+    """What crossed the wire (COUNTS, read as attributes); thread-safe counters for parallel transfers."""
 
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    blobs_uploaded: int = 0
-    blobs_mounted: int = 0
-    blobs_skipped: int = 0
-    blobs_downloaded: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    COUNTS = ("bytes_sent", "bytes_received", "blobs_uploaded", "blobs_mounted", "blobs_skipped", "blobs_downloaded")
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(self.COUNTS, 0)
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> int:
+        if name in TransferStats.COUNTS:
+            return self._counts[name]
+        raise AttributeError(name)
 
     def add(self, **counts: int) -> None:
         with self._lock:
             for k, v in counts.items():
-                setattr(self, k, getattr(self, k) + v)
+                self._counts[k] += v
 
     def to_json(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in (
-            "bytes_sent", "bytes_received", "blobs_uploaded", "blobs_mounted", "blobs_skipped", "blobs_downloaded")}
+        return dict(self._counts)
 
 
 class Transport:

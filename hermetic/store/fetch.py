@@ -55,7 +55,7 @@ def best_stored(wheel: LockedWheel, store: WheelStore, target: Target) -> Stored
     """The stored file for this pin that an installer in the image would pick."""
     best: tuple[int, StoredWheel] | None = None
     for sw in store.find_any(wheel.sha256s):
-        prio = wheel_priority(sw.filename, target)
+        prio = wheel_priority(sw.path.name, target)
         if prio is not None and (best is None or prio < best[0]):
             best = (prio, sw)
     return best[1] if best else None
@@ -69,7 +69,7 @@ def resolve_from_store(lock: Lock, store: WheelStore) -> tuple[list[ResolvedWhee
         if sw is None:
             missing.append(w)
         else:
-            found.append(ResolvedWheel(w, sw.filename, sw.sha256, sw.size, str(sw.path)))
+            found.append(sw.resolved(w))
     return found, missing
 
 
@@ -321,11 +321,11 @@ def fetch(lock: Lock, store: WheelStore, sources: PipSources, *, jobs: int = 4,
             if progress:
                 progress(cand.filename, n, None)
 
-        sw = _download(cand, store, w, what, srcs, tick)
+        got = _download(cand, store, w, what, srcs, tick).resolved(w)
         with lock_mu:
-            report.downloaded.append(sw.filename)
-            report.bytes_downloaded += sw.size
-        return ResolvedWheel(w, sw.filename, sw.sha256, sw.size, str(sw.path))
+            report.downloaded.append(got.filename)
+            report.bytes_downloaded += got.size or 0
+        return got
 
     errors: list[HermeticError] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
