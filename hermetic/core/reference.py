@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 from hermetic.core.canonical import is_sha256_hex
 from hermetic.core.display import escape_controls
@@ -82,6 +82,20 @@ class ImageName:
         if self.digest:
             s += "@" + self.digest
         return s
+
+
+def parse_pinned(ref: str, digest: str, why: str, hint: Callable[[ImageName], str]) -> ImageName:
+    """``ref`` parsed and pinned by digest, else a UsageError: ``digest`` names the digest in the form's hint,
+    ``why`` ends the message of one not pinned, ``hint(name)`` is its hint."""
+    from hermetic.core.errors import UsageError
+
+    try:
+        name = parse_image_name(ref)
+    except ValueError as e:
+        raise UsageError(str(e), hint=f"write HOST[:PORT]/REPO@sha256:<{digest}>") from None
+    if name.digest is None:
+        raise UsageError(f"{ref} is not pinned by digest{why}", hint=hint(name))
+    return name
 
 
 def parse_image_name(ref: str) -> ImageName:

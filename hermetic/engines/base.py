@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
+from hermetic.core.errors import EngineError
+
 ENGINES = ("docker", "podman", "charliecloud")
 DEFAULT_ENGINE = "docker"
 
@@ -424,6 +426,44 @@ def rewrite_logs(container: Any, files: list[Any]) -> None:
             f.flush()
         except Exception:  # the engine lost it mid-way, or a full disk: keep what fits
             pass
+
+
+def echo_logs_past(files: list[Any], streamed: Any, echo: bool) -> None:
+    """After rewrite_logs: what each stream's log holds past the ``streamed`` bytes, echoed from the files."""
+    import shutil
+    import sys
+
+    for f, n, term in zip(files, streamed, (sys.stdout.buffer, sys.stderr.buffer) if echo else ()):
+        with contextlib.suppress(OSError, ValueError), open(f.name, "rb") as src:
+            src.seek(n)
+            shutil.copyfileobj(src, term)
+            term.flush()
+
+
+CAPTURE_LIMIT = 16 << 20  # bytes of each stream a probe or reader container may print: their answers are small
+
+
+class Capture:
+    """One stream of ``run_capture``, as it is read: its bytes up to ``limit`` (past it ``add`` says stop and
+    ``value`` fails, naming the container and the cap), or counted only (``limit`` None)."""
+
+    def __init__(self, what: str, stream: str, limit: int | None = CAPTURE_LIMIT) -> None:
+        self.what, self.stream, self.limit = what, stream, limit
+        self.data, self.size, self.over = bytearray(), 0, False
+
+    def add(self, chunk: bytes) -> bool:
+        self.size += len(chunk)
+        if self.limit is not None and self.size > self.limit:
+            self.over = True
+        elif self.limit is not None:
+            self.data += chunk
+        return not self.over
+
+    def value(self) -> bytes:
+        if self.over:
+            raise EngineError(f"{self.what} printed more than {self.limit >> 20} MiB on {self.stream} (the most a "
+                              f"probe or reader container may print); it was stopped there")
+        return bytes(self.data)
 
 
 def nproc_allowed(wanted: int) -> int:

@@ -27,7 +27,7 @@ from hermetic.engines.base import (
     nproc_allowed, open_log_files,
 )
 from hermetic.engines import squashfs as sqfs
-from hermetic.engines.process import signal_exit_code, stream_process
+from hermetic.engines.process import capture_process, signal_exit_code, stream_process
 from hermetic.hostfs.fsutil import stat_key
 from hermetic.core.errors import EngineError, HermeticError, Unavailable
 
@@ -292,12 +292,9 @@ class CharliecloudEngine:
 
     def run_capture(self, spec: ContainerSpec, timeout: float | None = None) -> tuple[int, bytes, bytes]:
         self.check_spec(spec)
-        with self._launch(spec) as (argv, env, _tree):
-            try:  # on a timeout, subprocess kills setpriv's process: its namespace's init dies with it
-                proc = subprocess.run(argv, capture_output=True, env=env, stdin=subprocess.DEVNULL, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise TimeoutError(f"the container still ran after {timeout} s") from None
-        return signal_exit_code(proc.returncode), proc.stdout, proc.stderr
+        with self._launch(spec) as (argv, env, _tree):  # killed, setpriv's process takes its namespace's init along
+            code, out, err = capture_process(argv, env, timeout, f"the container of image {spec.image_id[:19]}")
+        return signal_exit_code(code), out, err
 
     def containers_labelled(self, *labels: str) -> list[dict] | None:
         return []  # no container outlives its driver (module doc)

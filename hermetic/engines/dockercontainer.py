@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hermetic.engines.base import (
-    ContainerSpec, Interrupted, RunOutcome, Watch, container_home_env, interrupt_handlers, oom_reason,
-    open_log_files, remove_container, rewrite_logs, stop_container, watch_beside,
+    Capture, ContainerSpec, Interrupted, RunOutcome, Watch, container_home_env, echo_logs_past, interrupt_handlers,
+    oom_reason, open_log_files, remove_container, rewrite_logs, stop_container, watch_beside,
 )
 from hermetic.engines.gpu import NO_GPU_RUNTIME, device_requests
 from hermetic.core.errors import EngineError
@@ -279,18 +279,8 @@ def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: 
         return
     if sizes[0] <= streamed[0] and sizes[1] <= streamed[1]:
         return
-    try:
-        parts = [container.logs(stdout=True, stderr=False), container.logs(stdout=False, stderr=True)]
-    except Exception:
-        return
     rewrite_logs(container, files)
-    if echo:
-        for data, n, term in zip(parts, streamed, (sys.stdout.buffer, sys.stderr.buffer)):
-            try:
-                term.write(data[n:])
-                term.flush()
-            except (OSError, ValueError):
-                pass
+    echo_logs_past(files, streamed, echo)
 
 
 def _tee(data: bytes, f: BinaryIO, all_f: BinaryIO, term: BinaryIO | None) -> None:
@@ -335,8 +325,13 @@ def run_capture(client, spec: ContainerSpec, timeout: float | None = None) -> tu
             if timeout is None:
                 raise
             raise TimeoutError(f"container {container.id[:12]} still running after {timeout} s") from None
-        out = container.logs(stdout=True, stderr=False)
-        err = container.logs(stdout=False, stderr=True)
-        return int(result.get("StatusCode", 1)), out, err
+        caps = [Capture(f"container {container.id[:12]}", stream) for stream in ("stdout", "stderr")]
+        for cap, out in zip(caps, (True, False)):
+            chunks = container.logs(stdout=out, stderr=not out, stream=True, follow=False)
+            for chunk in chunks:
+                if not cap.add(chunk):
+                    break
+            chunks.close()
+        return int(result.get("StatusCode", 1)), caps[0].value(), caps[1].value()
     finally:
         remove_container(container)

@@ -20,14 +20,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from hermetic.engines.base import (
-    BuildFeed, ContainerSpec, DeferredLaunch, EngineInfo, Readiness, RunOutcome, Watch, container_home_env,
-    nproc_allowed, oom_reason, open_log_files,
+    BuildFeed, Capture, ContainerSpec, DeferredLaunch, EngineInfo, Readiness, RunOutcome, Watch, container_home_env,
+    echo_logs_past, nproc_allowed, oom_reason, open_log_files, rewrite_logs,
 )
 from hermetic.engines.gpu import cdi_devices, check_cdi
-from hermetic.engines.process import stream_process
+from hermetic.engines.process import capture_process, read_pipes, stream_process
 from hermetic.core.errors import EngineError, HermeticError, IntegrityError, Unavailable
 
 INSTALL_HINT = "install Podman (Debian: apt-get install podman catatonit uidmap skopeo)"
@@ -75,8 +75,8 @@ class PodmanContainer:
         self.engine.podman("rm", *(["-f"] if force else []), self.id)
 
     def logs(self, stdout: bool = True, stderr: bool = True, stream: bool = False, follow: bool = False):
-        data = self.engine.logs(self.id, stdout=stdout, stderr=stderr)
-        return iter([data]) if stream else data
+        chunks = self.engine.log_chunks(self.id, stdout=stdout, stderr=stderr)
+        return chunks if stream else b"".join(chunks)
 
 
 class PodmanEngine:
@@ -324,14 +324,9 @@ class PodmanEngine:
         try:
             with container_env_file(spec) as env_file:
                 args, env = self.create_args(spec, name, env_file)
-                try:
-                    proc = subprocess.run([self.binary(), args[0], "--rm", *args[1:]], capture_output=True, env=env,
-                                          stdin=subprocess.DEVNULL, timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    raise TimeoutError(f"container {name} still running after {timeout} s") from None
+                return capture_process([self.binary(), args[0], "--rm", *args[1:]], env, timeout, f"container {name}")
         finally:
             self.remove(name)
-        return proc.returncode, proc.stdout, proc.stderr
 
     def _stop(self, name: str) -> None:
         self.podman("stop", "-t", str(STOP_TIMEOUT), name, check=False, timeout=STOP_TIMEOUT + 60)
@@ -346,42 +341,29 @@ class PodmanEngine:
             return None
         return found[0] if isinstance(found, list) and found else None
 
-    def logs(self, container: str, *, stdout: bool = True, stderr: bool = True) -> bytes:
-        """What the container printed, from Podman's log (both streams: in the order it printed them)."""
-        cmd = [self.binary(), "logs", container]
-        if stdout and stderr:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            return proc.stdout
-        out, err = self.log_streams(container)
-        return out if stdout else err
-
-    def log_streams(self, container: str) -> tuple[bytes, bytes]:
-        """(stdout, stderr) the container printed, from one `podman logs` (it writes each to its own)."""
-        proc = subprocess.run([self.binary(), "logs", container], capture_output=True, stdin=subprocess.DEVNULL)
-        return proc.stdout, proc.stderr
+    def log_chunks(self, container: str, stdout: bool = True, stderr: bool = True) -> Iterator[bytes]:
+        """What the container printed, from Podman's log, as it is read (both streams: in the order printed)."""
+        out = subprocess.PIPE if stdout else subprocess.DEVNULL
+        err = (subprocess.STDOUT if stdout else subprocess.PIPE) if stderr else subprocess.DEVNULL
+        with subprocess.Popen([self.binary(), "logs", container], stdout=out, stderr=err,
+                              stdin=subprocess.DEVNULL) as proc:
+            pipe = proc.stdout if stdout else proc.stderr
+            yield from iter(lambda: pipe.read1(1 << 16), b"")  # type: ignore[union-attr]
 
     def _rewrite_logs(self, name: str, files: list[Any]) -> None:
-        out, err = self.log_streams(name)
-        for f, data in zip(files, (out, err, self.logs(name))):
-            with contextlib.suppress(OSError, ValueError):
-                f.seek(0)
-                f.truncate()
-                f.write(data)
-                f.flush()
+        rewrite_logs(PodmanContainer(self, name, {}), files)
 
     def _complete_logs(self, name: str, files: list[Any], streamed: tuple[int, int], echo: bool) -> None:
-        """Podman's own log when it holds more than was read from the process (moby#29285's twin)."""
-        import sys
-
-        parts = self.log_streams(name)
-        if len(parts[0]) <= streamed[0] and len(parts[1]) <= streamed[1]:
+        """Podman's own log when it holds more than was read from the process (moby#29285's twin); counted as it
+        is read, never held."""
+        sizes = [Capture(name, "stdout", None), Capture(name, "stderr", None)]
+        with subprocess.Popen([self.binary(), "logs", name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL) as proc:
+            read_pipes(proc, [c.add for c in sizes])
+        if sizes[0].size <= streamed[0] and sizes[1].size <= streamed[1]:
             return
         self._rewrite_logs(name, files)
-        if echo:
-            for data, n, term in zip(parts, streamed, (sys.stdout.buffer, sys.stderr.buffer)):
-                with contextlib.suppress(OSError, ValueError):
-                    term.write(data[n:])
-                    term.flush()
+        echo_logs_past(files, streamed, echo)
 
     # -- orphans ---------------------------------------------------------------------------------------------
 

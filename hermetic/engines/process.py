@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, Callable, Sequence
 
-from hermetic.engines.base import Interrupted, Watch, interrupt_handlers, watch_beside
+from hermetic.engines.base import Capture, Interrupted, Watch, interrupt_handlers, watch_beside
 
 _READ = 1 << 16
 
@@ -114,6 +114,44 @@ def stream_process(argv: Sequence[str], files: list[BinaryIO], *, stop: Callable
                 for stream in (proc.stdout, proc.stderr):
                     with contextlib.suppress(OSError, ValueError):
                         stream.close()  # type: ignore[union-attr]
+
+
+def read_pipes(proc: subprocess.Popen, sinks: Sequence[Callable[[bytes], bool]], timeout: float | None = None) -> int:
+    """Wait for ``proc``, its stdout and stderr handed as they come to ``sinks`` (a thread each): a sink that says
+    False kills it. subprocess.TimeoutExpired after ``timeout`` seconds (it is killed)."""
+    def pump(stream: IO[bytes], sink: Callable[[bytes], bool]) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for chunk in iter(lambda: stream.read1(_READ), b""):  # type: ignore[attr-defined]
+                if not sink(chunk):
+                    proc.kill()
+                    return
+
+    readers = [threading.Thread(target=pump, args=(stream, sink), daemon=True, name="hermetic-capture")
+               for stream, sink in zip((proc.stdout, proc.stderr), sinks)]
+    for t in readers:
+        t.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    for t in readers:
+        t.join()
+    return code
+
+
+def capture_process(argv: Sequence[str], env: dict[str, str] | None, timeout: float | None,
+                    what: str) -> tuple[int, bytes, bytes]:
+    """A run_capture's process to its end: (status, stdout, stderr), each within CAPTURE_LIMIT (past it, killed:
+    EngineError naming ``what``); TimeoutError after ``timeout`` seconds."""
+    caps = [Capture(what, "stdout"), Capture(what, "stderr")]
+    with subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=env) as proc:
+        try:
+            code = read_pipes(proc, [c.add for c in caps], timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{what} still running after {timeout} s") from None
+    return code, caps[0].value(), caps[1].value()
 
 
 @contextlib.contextmanager

@@ -19,8 +19,9 @@ from hermetic.core.canonical import sha256_digest
 from hermetic.core.display import escape_controls
 from hermetic.core.errors import EXIT_NOINPUT, IntegrityError
 from hermetic.core.reference import check_digest, is_digest, is_tag
+from hermetic.core.transfer import count_moved
 from hermetic.registry.auth import AuthError, Credentials, scope_for
-from hermetic.registry.deadlines import Timeouts, count_moved
+from hermetic.registry.deadlines import Timeouts
 from hermetic.registry.tokens import Authenticator
 from hermetic.registry.transport import (MAX_SHOWN, RegistryError, TransferStats, Transport, close_answer,
                                          read_answer)

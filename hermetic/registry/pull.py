@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from hermetic.core.canonical import sha256_digest
 from hermetic.core.display import escape_controls
 from hermetic.core.errors import DataError, HermeticError, IntegrityError, NotFound, ProtocolError, UsageError
-from hermetic.core.reference import ImageName, parse_image_name
+from hermetic.core.reference import ImageName, parse_image_name, parse_pinned
 from hermetic.registry.client import RegistryClient
 from hermetic.registry.deadlines import Timeouts
 from hermetic.registry.documents import descriptor, image_blobs, parse_document
@@ -49,15 +49,8 @@ class PullResult:
 
 
 def parse_pull_ref(ref: str) -> ImageName:
-    try:
-        name = parse_image_name(ref)
-    except ValueError as e:
-        raise UsageError(str(e), hint="write HOST[:PORT]/REPO@sha256:<digest>") from None
-    if name.digest is None:
-        raise UsageError(f"{ref} is not pinned by digest",
-                            hint=f"pull by digest: hermetic pull {_repo(name)}@sha256:… "
-                                 f"(the repo digest `hermetic push {name}` printed)")
-    return name
+    return parse_pinned(ref, "digest", "", lambda name: f"pull by digest: hermetic pull {_repo(name)}@sha256:… "
+                                                        f"(the repo digest `hermetic push {name}` printed)")
 
 
 def _repo(name: ImageName) -> str:

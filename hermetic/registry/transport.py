@@ -9,7 +9,6 @@ import math
 import re
 import threading
 import time
-from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any, Iterator
 
@@ -19,9 +18,9 @@ from urllib3.exceptions import ConnectTimeoutError, ReadTimeoutError
 
 from hermetic.core.display import escape_controls
 from hermetic.core.errors import EXIT_UNAVAILABLE, IntegrityError, ProtocolError, UsageError
-from hermetic.registry.deadlines import (CONNECT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_RATE_ENV, RATE_WINDOW_ENV,
-                                         REQUEST_TIMEOUT_ENV, TOTAL_TIMEOUT_ENV, RegistryTimeout, Timeouts, Watch,
-                                         new_session, watch_requests)
+from hermetic.core.transfer import MAX_TIMEOUT_S, Watch, new_session, watch_requests
+from hermetic.registry.deadlines import (CONNECT_TIMEOUT_S, MIN_RATE_ENV, RATE_WINDOW_ENV, REQUEST_TIMEOUT_ENV,
+                                         TOTAL_TIMEOUT_ENV, RegistryTimeout, Timeouts)
 
 # Distribution refuses manifests over 4 MiB, containerd will not read them: a bigger answer is not a document.
 MAX_DOCUMENT_BYTES = 4 << 20
@@ -41,26 +40,27 @@ class RegistryError(ProtocolError):
     code: str = ""  # the Distribution error code (e.g. DIGEST_INVALID), when the registry sent one
 
 
-@dataclass
 class TransferStats:
-    """What crossed the wire; thread-safe counters for parallel transfers."""
+    """What crossed the wire (COUNTS, read as attributes); thread-safe counters for parallel transfers."""
 
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    blobs_uploaded: int = 0
-    blobs_mounted: int = 0
-    blobs_skipped: int = 0
-    blobs_downloaded: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    COUNTS = ("bytes_sent", "bytes_received", "blobs_uploaded", "blobs_mounted", "blobs_skipped", "blobs_downloaded")
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(self.COUNTS, 0)
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> int:
+        if name in TransferStats.COUNTS:
+            return self._counts[name]
+        raise AttributeError(name)
 
     def add(self, **counts: int) -> None:
         with self._lock:
             for k, v in counts.items():
-                setattr(self, k, getattr(self, k) + v)
+                self._counts[k] += v
 
     def to_json(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in (
-            "bytes_sent", "bytes_received", "blobs_uploaded", "blobs_mounted", "blobs_skipped", "blobs_downloaded")}
+        return dict(self._counts)
 
 
 class Transport:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html.parser
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,8 @@ from urllib.parse import unquote, urljoin, urlsplit
 from packaging.utils import canonicalize_name, canonicalize_version
 
 from hermetic.core.errors import (EXIT_DATAERR, EXIT_NOINPUT, EXIT_UNAVAILABLE, DiskFull, HermeticError, IntegrityError,
-                             Unavailable)
+                             TempFail, Unavailable)
+from hermetic.core.transfer import MAX_TIMEOUT_S, MIN_RATE_ENV, RATE_WINDOW_ENV, Watch, min_rate, new_session, watch_requests
 from hermetic.lock.indexes import PipSources
 from hermetic.lock.model import Lock, LockedWheel, ResolvedWheel, Target
 from hermetic.lock.tags import parse_wheel_name_version, wheel_priority
@@ -53,7 +55,7 @@ def best_stored(wheel: LockedWheel, store: WheelStore, target: Target) -> Stored
     """The stored file for this pin that an installer in the image would pick."""
     best: tuple[int, StoredWheel] | None = None
     for sw in store.find_any(wheel.sha256s):
-        prio = wheel_priority(sw.filename, target)
+        prio = wheel_priority(sw.path.name, target)
         if prio is not None and (best is None or prio < best[0]):
             best = (prio, sw)
     return best[1] if best else None
@@ -67,7 +69,7 @@ def resolve_from_store(lock: Lock, store: WheelStore) -> tuple[list[ResolvedWhee
         if sw is None:
             missing.append(w)
         else:
-            found.append(ResolvedWheel(w, sw.filename, sw.sha256, sw.size, str(sw.path)))
+            found.append(sw.resolved(w))
     return found, missing
 
 
@@ -100,6 +102,7 @@ class SourceSet:
         self.timeout = timeout
         self._session = None
         self._session_lock = threading.Lock()
+        self.min_rate = min_rate()  # (bytes/s, window s) each download must keep
         self.unreachable: set[str] = set()
         self._pages: dict[tuple[str, str], list[Candidate] | None] = {}
         self._mu = threading.Lock()
@@ -109,11 +112,8 @@ class SourceSet:
     def session(self):
         with self._session_lock:
             if self._session is None:
-                import requests
-
-                s = requests.Session()
-                s.headers["User-Agent"] = "hermetic (+wheel fetch)"
-                self._session = s
+                self._session = new_session()  # one a download's Watch can cut (its minimum rate)
+                self._session.headers["User-Agent"] = "hermetic (+wheel fetch)"
             return self._session
 
     # -- listing --------------------------------------------------------
@@ -312,11 +312,11 @@ def fetch(lock: Lock, store: WheelStore, sources: PipSources, *, jobs: int = 4,
             if progress:
                 progress(cand.filename, n, None)
 
-        sw = _download(cand, store, w, what, srcs, tick)
+        got = _download(cand, store, w, what, srcs, tick).resolved(w)
         with lock_mu:
-            report.downloaded.append(sw.filename)
-            report.bytes_downloaded += sw.size
-        return ResolvedWheel(w, sw.filename, sw.sha256, sw.size, str(sw.path))
+            report.downloaded.append(got.filename)
+            report.bytes_downloaded += got.size or 0
+        return got
 
     errors: list[HermeticError] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -360,18 +360,36 @@ def _download(c: Candidate, store: WheelStore, w: LockedWheel, what: str, srcs: 
     import requests
     import urllib3.exceptions
 
+    rate, window = srcs.min_rate
+    watch = Watch(time.monotonic() + MAX_TIMEOUT_S, (rate, window))  # no deadline: the rate and read timeout
+    watch_requests(watch)
+    resp = None
+
+    def moved(n: int) -> None:
+        watch.moved(n)
+        tick(n)
+
     try:
         resp = srcs.session().get(url, stream=True, timeout=srcs.timeout)
-    except requests.RequestException as e:
-        raise FetchError(f"{what}: download of {c.filename} failed: {e.__class__.__name__}") from None
-    with resp:
-        if resp.status_code != 200:
-            raise FetchError(f"{what}: download of {c.filename} failed: HTTP {resp.status_code} from {urlsplit(url).netloc}")
-        resp.raw.decode_content = True  # what iter_content would do
-        try:
+        with resp:
+            if resp.status_code != 200:
+                raise FetchError(f"{what}: download of {c.filename} failed: HTTP {resp.status_code} from "
+                                 f"{urlsplit(url).netloc}")
+            resp.raw.decode_content = True  # what iter_content would do
             length = resp.headers.get("Content-Length", "")
-            return store.admit_stream(resp.raw.read, c.filename, w.sha256s, what=what, on_bytes=tick,
+            return store.admit_stream(resp.raw.read, c.filename, w.sha256s, what=what, on_bytes=moved,
                                       size=int(length) if length.isdigit() else None)
-        except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
-            raise FetchError(f"{what}: download of {c.filename} interrupted: {e.__class__.__name__}") from None
+    except (requests.RequestException, urllib3.exceptions.HTTPError, IntegrityError) as e:
+        if watch.fired:  # its socket shut: whatever the read then saw (an error, a short body)
+            raise TempFail(f"{what}: download of {c.filename} from {c.source}: {watch.seen:.0f} bytes/s over the "
+                           f"last {window:g} s, below the minimum of {rate:g} bytes/s ({MIN_RATE_ENV}, "
+                           f"{RATE_WINDOW_ENV}); nothing stored", hint="the index is stalled or too slow; try "
+                           f"again later, or lower {MIN_RATE_ENV} (0: no minimum)") from None
+        if isinstance(e, IntegrityError):
+            raise
+        raise FetchError(f"{what}: download of {c.filename} {'failed' if resp is None else 'interrupted'}: "
+                         f"{e.__class__.__name__}") from None
+    finally:
+        watch.close()
+        watch_requests(None)
 

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Iterator
 from hermetic.core.canonical import is_sha256_hex
 from hermetic.core.errors import IntegrityError, disk_full, is_disk_full
 from hermetic.hostfs.filesystems import naming_full_disk
+from hermetic.lock.model import LockedWheel, ResolvedWheel
 from hermetic.hostfs.fsutil import READ_SIZE, OwnedTemp, replace_file, set_mode, sha256_file, sweep_dead_once
 
 
@@ -24,13 +25,9 @@ class StoredWheel:
     sha256: str
     path: Path
 
-    @property
-    def filename(self) -> str:
-        return self.path.name
-
-    @property
-    def size(self) -> int:
-        return self.path.stat().st_size
+    def resolved(self, locked: LockedWheel) -> ResolvedWheel:
+        """The lock's pin as this file."""
+        return ResolvedWheel(locked, self.path.name, self.sha256, self.path.stat().st_size, str(self.path))
 
 
 class WheelStore:
