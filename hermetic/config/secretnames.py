@@ -1,5 +1,5 @@
-"""Which environment variables are secrets: names recorded, never values. Imports nothing of hermetic's, so
-that config refuses them under ``env:`` by the record's rule (hermetic.record.secrets_policy re-exports it)."""
+"""Which environment variables are secrets: names recorded, never values. Imports nothing of hermetic's: the
+one rule config refuses them by under ``env:`` and the record redacts them by."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """runs/.index.jsonl: one summary line per run or group, so listing never parses run.json.
 
 Appended under a flock (the last line for an ID wins) and repaired by the reader. A cache: deleting it is safe.
-Standard library and hermetic.core only, so ``hermetic runs`` starts fast.
+Standard library, core and hostfs only (no pydantic), so ``hermetic runs`` starts fast.
 """
 
 from __future__ import annotations
