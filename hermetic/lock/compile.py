@@ -34,7 +34,6 @@ class CompileResult:
     packages: int
     resolver: str
     warnings: list[str] = field(default_factory=list)
-    command: list[str] = field(default_factory=list)
     torch: TorchBuild | None = None  # which torch build the lock holds (hermetic.lock.torchbuild)
 
 
@@ -182,7 +181,7 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
         atomic_write_text(output_path, out_text)
         torch = torch_build(lock)
         warnings += mismatched_companions(lock, torch)
-        return CompileResult(output_path, len(lock.wheels), resolver, warnings, cmd, torch)
+        return CompileResult(output_path, len(lock.wheels), resolver, warnings, torch)
     finally:
         out.discard()
         if tmp_input is not None:

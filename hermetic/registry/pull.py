@@ -48,15 +48,16 @@ class PullResult:
         }
 
 
-def parse_pull_ref(ref: str) -> ImageName:
+def parse_pull_ref(ref: str, *, digest: str = "digest", why: str = "",
+                   hint: str = "pull by digest: hermetic pull {repo}@sha256:… "
+                               "(the repo digest `hermetic push {name}` printed)") -> ImageName:
+    """``ref`` parsed, pinned by digest (UsageError otherwise); ``hermetic verify`` says it in its own words."""
     try:
         name = parse_image_name(ref)
     except ValueError as e:
-        raise UsageError(str(e), hint="write HOST[:PORT]/REPO@sha256:<digest>") from None
+        raise UsageError(str(e), hint=f"write HOST[:PORT]/REPO@sha256:<{digest}>") from None
     if name.digest is None:
-        raise UsageError(f"{ref} is not pinned by digest",
-                            hint=f"pull by digest: hermetic pull {_repo(name)}@sha256:… "
-                                 f"(the repo digest `hermetic push {name}` printed)")
+        raise UsageError(f"{ref} is not pinned by digest{why}", hint=hint.format(ref=ref, repo=_repo(name), name=name))
     return name
 
 

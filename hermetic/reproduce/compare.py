@@ -61,24 +61,20 @@ def tar_differences(image_layer: Path, rebuilt_layer: Path) -> list[str]:
     lines = []
     for name in sorted(a.keys() | b.keys()):
         x, y = a.get(name), b.get(name)
-        if x == y:
-            continue
-        if y is None:
-            lines.append(f"{name}: only in the image")
-        elif x is None:
-            lines.append(f"{name}: only in the rebuild")
-        else:
-            what = []
-            for i, label in enumerate(_FIELDS):
-                if x[i] != y[i]:
-                    if label == "content sha256":
-                        what.append(f"content differs (sha256 {str(x[i])[:12]}… in the image, {str(y[i])[:12]}… rebuilt)")
-                    elif label == "mode":
-                        what.append(f"mode {x[i]:o} vs {y[i]:o}")
-                    else:
-                        what.append(f"{label} {x[i]!r} vs {y[i]!r}")
-            lines.append(f"{name}: {', '.join(what)}")
+        if x is None or y is None:
+            lines.append(f"{name}: only in the {'rebuild' if x is None else 'image'}")
+        elif x != y:
+            lines.append(f"{name}: " + ", ".join(_field_differs(label, p, q) for label, p, q in zip(_FIELDS, x, y)
+                                                 if p != q))
     return lines
+
+
+def _field_differs(label: str, x: Any, y: Any) -> str:
+    if label == "content sha256":
+        return f"content differs (sha256 {str(x)[:12]}… in the image, {str(y)[:12]}… rebuilt)"
+    if label == "mode":
+        return f"mode {x:o} vs {y:o}"
+    return f"{label} {x!r} vs {y!r}"
 
 
 def config_differences(image: dict[str, Any], rebuilt: dict[str, Any]) -> list[str]:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermetic.core.reference import ImageName, parse_image_name
+from hermetic.core.reference import ImageName
 from hermetic.core.canonical import sha256_digest
-from hermetic.core.errors import DataError, IntegrityError, UsageError
+from hermetic.core.errors import DataError, IntegrityError
 from hermetic.provenance import ATTESTATION_TYPES, MT_CYCLONEDX, MT_DSSE, MT_STATEMENT
 from hermetic.provenance.statement import PREDICATE_ANNOTATION, PREDICATE_TYPE, BuildFacts, ProvenanceError, read_statement
 from hermetic.store.oci import MANIFEST_TYPES, OciStore
@@ -59,14 +59,10 @@ class Subject:
 
 
 def parse_verify_ref(ref: str) -> ImageName:
-    try:
-        name = parse_image_name(ref)
-    except ValueError as e:
-        raise UsageError(str(e), hint="write HOST[:PORT]/REPO@sha256:<manifest digest>") from None
-    if name.digest is None:
-        raise UsageError(f"{ref} is not pinned by digest; verify checks one image, by its manifest digest",
-                          hint=f"{ref}@sha256:…")
-    return name
+    from hermetic.registry.pull import parse_pull_ref
+
+    return parse_pull_ref(ref, digest="manifest digest", why="; verify checks one image, by its manifest digest",
+                          hint="{ref}@sha256:…")
 
 
 def open_subject(name: ImageName, *, local_store: OciStore, key: Path | None) -> Subject:
