@@ -53,6 +53,8 @@ def _entries(path: Path) -> dict[str, tuple]:
 
 
 _FIELDS = ("type", "mode", "uid", "gid", "size", "mtime", "link target", "content sha256")
+_SAY = {"mode": "mode {x:o} vs {y:o}",  # how a field's difference reads; "{label} {x!r} vs {y!r}" for the others
+        "content sha256": "content differs (sha256 {x!s:.12}… in the image, {y!s:.12}… rebuilt)"}
 
 
 def tar_differences(image_layer: Path, rebuilt_layer: Path) -> list[str]:
@@ -64,17 +66,9 @@ def tar_differences(image_layer: Path, rebuilt_layer: Path) -> list[str]:
         if x is None or y is None:
             lines.append(f"{name}: only in the {'rebuild' if x is None else 'image'}")
         elif x != y:
-            lines.append(f"{name}: " + ", ".join(_field_differs(label, p, q) for label, p, q in zip(_FIELDS, x, y)
-                                                 if p != q))
+            lines.append(f"{name}: " + ", ".join(_SAY.get(label, "{label} {x!r} vs {y!r}").format(label=label, x=p, y=q)
+                                                 for label, p, q in zip(_FIELDS, x, y) if p != q))
     return lines
-
-
-def _field_differs(label: str, x: Any, y: Any) -> str:
-    if label == "content sha256":
-        return f"content differs (sha256 {str(x)[:12]}… in the image, {str(y)[:12]}… rebuilt)"
-    if label == "mode":
-        return f"mode {x:o} vs {y:o}"
-    return f"{label} {x!r} vs {y!r}"
 
 
 def config_differences(image: dict[str, Any], rebuilt: dict[str, Any]) -> list[str]:
