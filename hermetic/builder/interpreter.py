@@ -169,64 +169,19 @@ def _write(dest: Path, data: bytes, m: tarfile.TarInfo) -> None:
     os.utime(dest, (int(m.mtime), int(m.mtime)))  # the base's .pyc of a module names its source's mtime
 
 
-class _Layers:
-    """The base's files by path. Uncompressed layers are read once, for an index of their members
-    (the last layer's copy of a path wins), and files are then read by seeking; a gzip layer cannot
-    seek, so a base with one is read again for each set of files."""
-
-    def __init__(self, store: OciStore, base: BaseImage) -> None:
-        self._store = store
-        self._base = base
-        self._tars: list[tarfile.TarFile] = []
-        self._index: dict[str, tuple[tarfile.TarFile, tarfile.TarInfo]] | None = None
-
-    def _build_index(self) -> dict[str, tuple[tarfile.TarFile, tarfile.TarInfo]] | None:
-        paths = [self._store.blob_path(layer.digest) for layer in self._base.layers]
-        try:
-            for p in paths:
-                with open(p, "rb") as f:
-                    if f.read(2) == b"\x1f\x8b":
-                        return None
-            index: dict[str, tuple[tarfile.TarFile, tarfile.TarInfo]] = {}
-            for p in paths:
-                tf = tarfile.open(p, mode="r:")
-                self._tars.append(tf)
-                for m in tf:
-                    index[member_path(m.name)] = (tf, m)
-        except (OSError, tarfile.TarError) as e:
-            raise BytecodeError(f"base {self._base.ref.raw}: cannot read its layers ({e})") from None
-        return index
-
-    def copy_out(self, wanted: dict[str, list[Path]]) -> None:
-        """Copy each wanted base file (its final content) to its destinations, following hardlinks."""
-        if self._index is None and not self._tars:
-            self._index = self._build_index()
-        if self._index is not None:
-            for name, dests in wanted.items():
-                hit = self._index.get(name)
-                if hit is None or not (hit[1].isreg() or hit[1].islnk()):
-                    continue
-                f = hit[0].extractfile(hit[1])
-                data = f.read() if f is not None else b""
-                for dest in dests:
-                    _write(dest, data, hit[1])
-        else:
-            todo = wanted
-            for _ in range(4):
-                links = _copy_pass(self._store, self._base, todo)
-                if not links:
-                    break
-                todo = {}
-                for name, target in links.items():
-                    todo.setdefault(target, []).extend(wanted.get(name) or [])
-        missing = [name for name, dests in wanted.items() if not all(p.is_file() for p in dests)]
-        if missing:
-            raise BytecodeError(f"base {self._base.ref.raw}: could not copy /{missing[0]} out of its layers",
-                                hint=NO_BYTECODE_HINT)
-
-    def close(self) -> None:
-        for tf in self._tars:
-            tf.close()
+def _copy_out(store: OciStore, base: BaseImage, wanted: dict[str, list[Path]]) -> None:
+    """Copy each wanted base file (its final content) to its destinations, following hardlinks."""
+    todo = wanted
+    for _ in range(4):
+        links = _copy_pass(store, base, todo)
+        if not links:
+            break
+        todo = {}
+        for name, target in links.items():
+            todo.setdefault(target, []).extend(wanted.get(name) or [])
+    missing = [name for name, dests in wanted.items() if not all(p.is_file() for p in dests)]
+    if missing:
+        raise BytecodeError(f"base {base.ref.raw}: could not copy /{missing[0]} out of its layers", hint=NO_BYTECODE_HINT)
 
 
 def _tree_sha256(root: Path) -> str:
@@ -262,73 +217,69 @@ def base_interpreter(store: OciStore, base: BaseImage, facts: BaseFacts, python_
     startup |= {f for f in facts.files if f.startswith(f"{stdlib}/encodings/")}
     with naming_unwritable(cache_dir):
         cache_dir.mkdir(parents=True, exist_ok=True)
-    layers = _Layers(store, base)
-    try:
-        with owned_temp_dir(tmp_dir, "interpreter.") as tmp:
-            root = Path(tmp) / "root"
+    with owned_temp_dir(tmp_dir, "interpreter.") as tmp:
+        root = Path(tmp) / "root"
 
-            def at(rel: str) -> Path:
-                return root / rel
+        def at(rel: str) -> Path:
+            return root / rel
 
-            # The binary, the start-up modules, ld.so.conf.
-            first: dict[str, list[Path]] = {real: [at(real)]}
-            for f in startup | _ld_conf_files(facts):
-                first.setdefault(f, []).append(at(f))
-            layers.copy_out(first)
-            (root / stdlib / "lib-dynload").mkdir(parents=True, exist_ok=True)  # the prefix landmark; nothing is loaded from it
+        # The binary, the start-up modules, ld.so.conf.
+        first: dict[str, list[Path]] = {real: [at(real)]}
+        for f in startup | _ld_conf_files(facts):
+            first.setdefault(f, []).append(at(f))
+        _copy_out(store, base, first)
+        (root / stdlib / "lib-dynload").mkdir(parents=True, exist_ok=True)  # the prefix landmark; nothing is loaded from it
 
-            def read(rel: str) -> bytes | None:
-                p = at(rel)
-                return p.read_bytes() if p.is_file() else None
+        def read(rel: str) -> bytes | None:
+            p = at(rel)
+            return p.read_bytes() if p.is_file() else None
 
-            conf_dirs = _ld_conf_dirs(facts, read)
-            elf = read_elf(read(real) or b"", f"/{real}")
-            loader = None
-            if elf.interpreter:
-                loader = facts.resolve(elf.interpreter)
-                if loader is None or loader not in facts.files:
-                    raise BytecodeError(f"base {base.ref.raw}: /{real} needs the loader {elf.interpreter}, "
-                                        "which the image lacks", hint=NO_BYTECODE_HINT)
-                layers.copy_out({loader: [at(loader)]})
-            # Then the libraries, level by level, until DT_NEEDED's closure is complete.
-            found: dict[str, str] = {}  # soname -> its file in the base
-            todo = [(real, elf)]
-            while todo:
-                level: dict[str, list[Path]] = {}
-                for obj, info in todo:
-                    for soname in info.needed:
-                        if soname in found:
-                            continue
-                        lib = _search(facts, soname, posixpath.dirname(obj), info.rpath, info.runpath, conf_dirs)
-                        if lib is None:
-                            raise BytecodeError(f"base {base.ref.raw}: /{obj} needs {soname}, which is not in the image",
-                                                hint=NO_BYTECODE_HINT)
-                        found[soname] = lib
-                        level.setdefault(lib, []).append(root / _LIBDIR / soname)
-                layers.copy_out(level)
-                todo = [(lib, read_elf(dests[0].read_bytes(), f"/{lib}")) for lib, dests in level.items()]
-            interp = BaseInterpreter(final, loader, real, home, "", "", "", (0, 0, 0))
-            hello = _probe(interp, root)
-            version = tuple(hello["version"][:3])
-            if f"{version[0]}.{version[1]}" != python_version:
-                raise ConfigError(f"base {base.ref.raw}: python.path {python_path} is Python "
-                                  f"{'.'.join(map(str, version))}, but hermetic.yaml says python.version {python_version}",
-                                  hint="set python.version to the base's Python")
-            identity = hashlib.sha256(json.dumps({"files": _tree_sha256(root), "version": hello["version"],
-                                                  "magic": hello["magic"]}, sort_keys=True).encode()).hexdigest()
-            interp = BaseInterpreter(final, loader, real, home, identity, hello["magic"], hello["cache_tag"], version)  # type: ignore[arg-type]
-            atomic_write_bytes(root / "interpreter.json", json.dumps(interp.to_json(), sort_keys=True).encode(), fsync=False)
-            try:
+        conf_dirs = _ld_conf_dirs(facts, read)
+        elf = read_elf(read(real) or b"", f"/{real}")
+        loader = None
+        if elf.interpreter:
+            loader = facts.resolve(elf.interpreter)
+            if loader is None or loader not in facts.files:
+                raise BytecodeError(f"base {base.ref.raw}: /{real} needs the loader {elf.interpreter}, "
+                                    "which the image lacks", hint=NO_BYTECODE_HINT)
+            _copy_out(store, base, {loader: [at(loader)]})
+        # Then the libraries, level by level, until DT_NEEDED's closure is complete.
+        found: dict[str, str] = {}  # soname -> its file in the base
+        todo = [(real, elf)]
+        while todo:
+            level: dict[str, list[Path]] = {}
+            for obj, info in todo:
+                for soname in info.needed:
+                    if soname in found:
+                        continue
+                    lib = _search(facts, soname, posixpath.dirname(obj), info.rpath, info.runpath, conf_dirs)
+                    if lib is None:
+                        raise BytecodeError(f"base {base.ref.raw}: /{obj} needs {soname}, which is not in the image",
+                                            hint=NO_BYTECODE_HINT)
+                    found[soname] = lib
+                    level.setdefault(lib, []).append(root / _LIBDIR / soname)
+            _copy_out(store, base, level)
+            todo = [(lib, read_elf(dests[0].read_bytes(), f"/{lib}")) for lib, dests in level.items()]
+        interp = BaseInterpreter(final, loader, real, home, "", "", "", (0, 0, 0))
+        hello = _probe(interp, root)
+        version = tuple(hello["version"][:3])
+        if f"{version[0]}.{version[1]}" != python_version:
+            raise ConfigError(f"base {base.ref.raw}: python.path {python_path} is Python "
+                              f"{'.'.join(map(str, version))}, but hermetic.yaml says python.version {python_version}",
+                              hint="set python.version to the base's Python")
+        identity = hashlib.sha256(json.dumps({"files": _tree_sha256(root), "version": hello["version"],
+                                              "magic": hello["magic"]}, sort_keys=True).encode()).hexdigest()
+        interp = BaseInterpreter(final, loader, real, home, identity, hello["magic"], hello["cache_tag"], version)  # type: ignore[arg-type]
+        atomic_write_bytes(root / "interpreter.json", json.dumps(interp.to_json(), sort_keys=True).encode(), fsync=False)
+        try:
+            os.rename(root, final)
+        except OSError as e:
+            if e.errno == errno.EXDEV:  # bases/ mounted or symlinked apart from the cache's tmp/
+                raise not_one_filesystem(root, final) from None
+            if _current(final) is None:  # a stale copy (an older format): ours replaces it
+                os.rename(final, Path(tmp) / "stale")
                 os.rename(root, final)
-            except OSError as e:
-                if e.errno == errno.EXDEV:  # bases/ mounted or symlinked apart from the cache's tmp/
-                    raise not_one_filesystem(root, final) from None
-                if _current(final) is None:  # a stale copy (an older format): ours replaces it
-                    os.rename(final, Path(tmp) / "stale")
-                    os.rename(root, final)
-                # else another build finished the same copy first: use it
-    finally:
-        layers.close()
+            # else another build finished the same copy first: use it
     done = _current(final)
     if done is None:
         raise BytecodeError(f"base {base.ref.raw}: the copy of its interpreter at {final} is unreadable")
