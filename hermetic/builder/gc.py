@@ -275,13 +275,10 @@ def gc(paths: CachePaths, *, keep_builds: int = 10, dry_run: bool = False,
     builds (``on_wait(pids)`` first, when there are any), and no build starts until it is done."""
     store = OciStore(paths.oci)
     if not store.root.is_dir():
-        return GcReport([], [], 0, 0, 0, *_temp_counts(dead_temp_files(paths, remove=not dry_run)))
+        temp = dead_temp_files(paths, remove=not dry_run)
+        return GcReport([], [], 0, 0, 0, temp.count, temp.bytes)
     with collecting(store, on_wait):
         return _gc(paths, store, keep_builds=keep_builds, dry_run=dry_run)
-
-
-def _temp_counts(temp: Leftovers) -> tuple[int, int]:
-    return temp.count, temp.bytes
 
 
 def _gc(paths: CachePaths, store: OciStore, *, keep_builds: int, dry_run: bool) -> GcReport:
