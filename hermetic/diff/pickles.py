@@ -14,7 +14,7 @@ import io
 import itertools
 import pickle
 import pickletools
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from hermetic.diff.trees import MAX_DEPTH, MAX_VALUES, Unreadable
 from hermetic.core.display import escape_controls
@@ -266,72 +266,47 @@ def _exact(node: Any, limit: int = 200) -> str | None:
     """The exact text of a node that stands for a value (an enum member, a class, a persistent id, a key),
     or None when it would be longer than ``limit``: two different nodes never get the same text (a set's
     members in sorted order, whatever order the pickle holds them in)."""
-    size = [0]
+    size = 0
 
-    def put(text: str, out: list[str]) -> None:
-        size[0] += len(text)
-        if size[0] > limit:
+    def put(text: str) -> str:
+        nonlocal size
+        size += len(text)
+        if size > limit:
             raise _TooLong
-        out.append(text)
+        return text
 
-    def emit(x: Any, depth: int, out: list[str]) -> None:
+    def joined(left: str, items: Iterable[str], right: str) -> str:  # each item counted as it was made
+        out = put(left)
+        for i, item in enumerate(items):
+            out += (put(", ") if i else "") + item
+        return out + put(right)
+
+    def emit(x: Any, depth: int) -> str:
         if depth > 8:
             raise _TooLong
         if isinstance(x, _Global):
-            put(str(x), out)
-        elif isinstance(x, _Obj):
+            return put(str(x))
+        if isinstance(x, _Obj):
             if x.states or x.items or x.appended:
                 raise _TooLong
-            emit(x.cls, depth + 1, out)
-            put("(", out)
-            for i, a in enumerate(_as_tuple(x.args)):
-                if i:
-                    put(", ", out)
-                emit(a, depth + 1, out)
-            put(")", out)
-        elif isinstance(x, _Persistent):
-            put("<persistent ", out)
-            emit(x.pid, depth + 1, out)
-            put(">", out)
-        elif isinstance(x, (set, frozenset)):
-            members = []
-            for a in x:
-                text: list[str] = []
-                emit(a, depth + 1, text)  # counted here; the joins below count only the separators
-                members.append("".join(text))
-            put("{", out)
-            for i, text_of_member in enumerate(sorted(members)):
-                if i:
-                    put(", ", out)
-                out.append(text_of_member)
-            put("}", out)
-        elif isinstance(x, (list, tuple)):
-            put("(" if isinstance(x, tuple) else "[", out)
-            for i, a in enumerate(x):
-                if i:
-                    put(", ", out)
-                emit(a, depth + 1, out)
-            put(")" if isinstance(x, tuple) else "]", out)
-        elif isinstance(x, dict):
-            put("{", out)
-            for i, (k, v) in enumerate(x.items()):
-                if i:
-                    put(", ", out)
-                emit(_key(k), depth + 1, out)  # a key as the dict holds it: its text when it is not a scalar
-                put(": ", out)
-                emit(v, depth + 1, out)
-            put("}", out)
-        elif isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > 64:
-            put(f"0x{x:x}" if x.bit_length() < 4 * limit else "?" * (limit + 1), out)
-        else:
-            put(repr(_scalar(x)), out)
+            return emit(x.cls, depth + 1) + joined("(", (emit(a, depth + 1) for a in _as_tuple(x.args)), ")")
+        if isinstance(x, _Persistent):
+            return put("<persistent ") + emit(x.pid, depth + 1) + put(">")
+        if isinstance(x, (set, frozenset)):
+            return joined("{", sorted([emit(a, depth + 1) for a in x]), "}")
+        if isinstance(x, (list, tuple)):
+            brackets = "()" if isinstance(x, tuple) else "[]"
+            return joined(brackets[0], (emit(a, depth + 1) for a in x), brackets[1])
+        if isinstance(x, dict):  # a key as the dict holds it: its text when it is not a scalar
+            return joined("{", (emit(_key(k), depth + 1) + put(": ") + emit(v, depth + 1) for k, v in x.items()), "}")
+        if isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > 64:
+            return put(f"0x{x:x}" if x.bit_length() < 4 * limit else "?" * (limit + 1))
+        return put(repr(_scalar(x)))
 
-    parts: list[str] = []
     try:
-        emit(node, 0, parts)
+        return emit(node, 0)
     except _TooLong:
         return None
-    return "".join(parts)
 
 
 def _as_tuple(args: Any) -> tuple[Any, ...]:

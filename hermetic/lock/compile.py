@@ -34,7 +34,6 @@ class CompileResult:
     packages: int
     resolver: str
     warnings: list[str] = field(default_factory=list)
-    command: list[str] = field(default_factory=list)
     torch: TorchBuild | None = None  # which torch build the lock holds (hermetic.lock.torchbuild)
 
 
@@ -135,10 +134,6 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
                    "--only-binary", ":all:", "--quiet", "-o", tmp_out]
             if fmt == "pylock.toml":
                 cmd += ["--format", "pylock.toml"]
-            if upgrade:
-                cmd.append("--upgrade")
-            for fl in find_links:
-                cmd += ["--find-links", fl]
         elif resolver == "pip-tools":
             host = f"{sys.version_info.major}.{sys.version_info.minor}"
             if host != target.python_version:
@@ -149,12 +144,12 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
             cmd = [sys.executable, "-m", "piptools", "compile", resolve_input.name, "--generate-hashes",
                    "--no-header", "--no-emit-find-links", "--no-emit-index-url", "--pip-args", "--only-binary :all:",
                    "--quiet", "-o", tmp_out]
-            if upgrade:
-                cmd.append("--upgrade")
-            for fl in find_links:
-                cmd += ["--find-links", fl]
         else:
             raise UsageError(f"unknown resolver {resolver!r} (uv or pip-tools)")
+        if upgrade:
+            cmd.append("--upgrade")
+        for fl in find_links:
+            cmd += ["--find-links", fl]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=input_path.parent)
         except FileNotFoundError as e:
@@ -182,7 +177,7 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
         atomic_write_text(output_path, out_text)
         torch = torch_build(lock)
         warnings += mismatched_companions(lock, torch)
-        return CompileResult(output_path, len(lock.wheels), resolver, warnings, cmd, torch)
+        return CompileResult(output_path, len(lock.wheels), resolver, warnings, torch)
     finally:
         out.discard()
         if tmp_input is not None:

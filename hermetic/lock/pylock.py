@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from packaging.markers import Marker
 
 from hermetic.core.errors import LockError
 from hermetic.lock.model import LockedWheel, Target, canonical
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
-
-def read_pylock(path: Path, text: str, target: Target) -> tuple[list[LockedWheel], list[str]]:
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise LockError(f"{path}: invalid TOML: {e}") from None
+def read_pylock(path: Path, doc: dict[str, Any], target: Target) -> tuple[list[LockedWheel], list[str]]:
     version = str(doc.get("lock-version", ""))
     if not version.startswith("1."):
         raise LockError(f"{path}: lock-version {version or '(missing)'} is not supported (PEP 751 1.x)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 from hermetic.core.errors import LockError, NotFound, ReadError
 from hermetic.lock.model import Lock, Target
@@ -20,6 +21,17 @@ def lock_format(path: Path) -> str:
     if name == "pylock.toml" or (name.startswith("pylock.") and name.endswith(".toml")):
         return "pylock.toml"
     return "requirements"
+
+
+def _toml(path: Path, text: str) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise LockError(f"{path}: invalid TOML: {e}") from None
 
 
 def read_lock(path: str | Path, target: Target) -> Lock:
@@ -46,11 +58,11 @@ def read_lock(path: str | Path, target: Target) -> Lock:
     if fmt == "uv.lock":
         from hermetic.lock.uvlock import read_uv_lock
 
-        wheels, indexes = read_uv_lock(path, text, target)
+        wheels, indexes = read_uv_lock(path, _toml(path, text), target)
     elif fmt == "pylock.toml":
         from hermetic.lock.pylock import read_pylock
 
-        wheels, indexes = read_pylock(path, text, target)
+        wheels, indexes = read_pylock(path, _toml(path, text), target)
     else:
         from hermetic.lock.requirements import read_requirements_lock
 

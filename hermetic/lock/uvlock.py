@@ -11,12 +11,6 @@ from packaging.markers import Marker
 from hermetic.core.errors import LockError
 from hermetic.lock.model import LockedWheel, Target, canonical
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
-
 def _hash_hex(value: str, where: str) -> str:
     algo, _, hexpart = value.partition(":")
     if algo != "sha256" or len(hexpart) != 64:
@@ -24,11 +18,8 @@ def _hash_hex(value: str, where: str) -> str:
     return hexpart.lower()
 
 
-def read_uv_lock(path: Path, text: str, target: Target, *, groups: tuple[str, ...] = ()) -> tuple[list[LockedWheel], list[str]]:
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise LockError(f"{path}: invalid TOML: {e}") from None
+def read_uv_lock(path: Path, doc: dict[str, Any], target: Target, *,
+                 groups: tuple[str, ...] = ()) -> tuple[list[LockedWheel], list[str]]:
     packages: list[dict[str, Any]] = doc.get("package", [])
     if not packages:
         raise LockError(f"{path}: no [[package]] entries")

@@ -53,6 +53,8 @@ def _entries(path: Path) -> dict[str, tuple]:
 
 
 _FIELDS = ("type", "mode", "uid", "gid", "size", "mtime", "link target", "content sha256")
+_SAY = {"mode": "mode {x:o} vs {y:o}",  # how a field's difference reads; "{label} {x!r} vs {y!r}" for the others
+        "content sha256": "content differs (sha256 {x!s:.12}… in the image, {y!s:.12}… rebuilt)"}
 
 
 def tar_differences(image_layer: Path, rebuilt_layer: Path) -> list[str]:
@@ -61,23 +63,11 @@ def tar_differences(image_layer: Path, rebuilt_layer: Path) -> list[str]:
     lines = []
     for name in sorted(a.keys() | b.keys()):
         x, y = a.get(name), b.get(name)
-        if x == y:
-            continue
-        if y is None:
-            lines.append(f"{name}: only in the image")
-        elif x is None:
-            lines.append(f"{name}: only in the rebuild")
-        else:
-            what = []
-            for i, label in enumerate(_FIELDS):
-                if x[i] != y[i]:
-                    if label == "content sha256":
-                        what.append(f"content differs (sha256 {str(x[i])[:12]}… in the image, {str(y[i])[:12]}… rebuilt)")
-                    elif label == "mode":
-                        what.append(f"mode {x[i]:o} vs {y[i]:o}")
-                    else:
-                        what.append(f"{label} {x[i]!r} vs {y[i]!r}")
-            lines.append(f"{name}: {', '.join(what)}")
+        if x is None or y is None:
+            lines.append(f"{name}: only in the {'rebuild' if x is None else 'image'}")
+        elif x != y:
+            lines.append(f"{name}: " + ", ".join(_SAY.get(label, "{label} {x!r} vs {y!r}").format(label=label, x=p, y=q)
+                                                 for label, p, q in zip(_FIELDS, x, y) if p != q))
     return lines
 
 
