@@ -78,9 +78,10 @@ def push(ref: str, image: str | None, workers: int, sign_key: str | None, timeou
     Credentials: HERMETIC_REGISTRY_USER / HERMETIC_REGISTRY_PASSWORD, else
     ~/.docker/config.json (docker login, credential helpers). A registry that
     stalls ends the push with exit 75: --timeout bounds the whole push,
-    HERMETIC_REGISTRY_REQUEST_TIMEOUT (60 s) each request, and a blob that
-    moves slower than HERMETIC_REGISTRY_MIN_RATE (1024 bytes/s; 0: no minimum)
-    over HERMETIC_REGISTRY_RATE_WINDOW (30 s) is ended (docs/registry.md).
+    HERMETIC_REGISTRY_REQUEST_TIMEOUT each request, and a blob that moves
+    slower than HERMETIC_REGISTRY_MIN_RATE bytes/s (0: no minimum) over
+    HERMETIC_REGISTRY_RATE_WINDOW seconds is ended (defaults 60, 1024, 30;
+    docs/registry.md).
 
     \b
     Examples:
@@ -133,9 +134,9 @@ def pull(ref: str, platform: str, timeout: float | None, as_json: bool) -> None:
     resolves to its linux/amd64 image. The image gets the store ref
     HOST/REPO@sha256:… (readable with: skopeo inspect oci:STORE:REF). A
     registry that stalls ends the pull with exit 75: --timeout bounds the
-    whole pull, HERMETIC_REGISTRY_REQUEST_TIMEOUT (60 s) each request, and a
-    blob that moves slower than HERMETIC_REGISTRY_MIN_RATE (1024 bytes/s; 0:
-    no minimum) over HERMETIC_REGISTRY_RATE_WINDOW (30 s) is ended.
+    whole pull, HERMETIC_REGISTRY_REQUEST_TIMEOUT each request, and a blob
+    that moves slower than HERMETIC_REGISTRY_MIN_RATE bytes/s (0: no minimum)
+    over HERMETIC_REGISTRY_RATE_WINDOW seconds is ended (defaults 60, 1024, 30).
 
     \b
     Examples:

@@ -68,7 +68,7 @@ def wanted_form() -> str:
     return form
 
 
-MOUNTER = "squashfuse_ll"  # squashfuse's low-level (multithreaded) mounter, as ch-run's own: ~1.5x faster reads
+MOUNTER = "squashfuse_ll"  # squashfuse's low-level (multithreaded) mounter, as ch-run's own (docs/benchmarks.md)
 
 
 def fuse_reason() -> str | None:
