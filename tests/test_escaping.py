@@ -145,10 +145,9 @@ def test_doctor_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 def test_export_params_and_tags_escaped(runs: Path) -> None:
     """What `hermetic runs export` sends to the MLflow page (params, tags, the dataset's mount)."""
     from hermetic.integrations.mlflow import run_params, run_tags
-    from hermetic.record.rundir import load_record
-    from hermetic.record.view import view
+    from hermetic.record.rundir import load_run
 
-    r = view(load_record(runs / A))
+    r = load_run(runs / A)[1]
     params, tags = run_params(r), run_tags(r)
     assert_escaped(*params.values(), *tags.values())
     assert "--tag" in params["args"] and "\\x1b" in tags["hermetic.hardware.gpus"]

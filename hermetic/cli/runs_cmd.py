@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -18,6 +18,9 @@ from hermetic.cli.runs_common import reading, remember_location, runs_location, 
 from hermetic.cli.runs_tools_cmd import export_cmd, plot_cmd
 from hermetic.core.escape import shown, shown_tree
 from hermetic.record.locate import resolve_ref, runs_root
+
+if TYPE_CHECKING:
+    from hermetic.record.schema import Record
 
 KEY_METRICS = ("val_loss", "test_loss", "loss", "train_loss", "val_accuracy", "val_acc", "test_acc", "accuracy", "acc",
                "eval_loss")
@@ -198,15 +201,15 @@ def _show(ref_dir: Path, no_rehash: bool, as_json: bool) -> None:
         else:
             click.echo(format_group(shown_tree(group), Path(shown(ref_dir))))
         return
-    from hermetic.record.rundir import load_record
+    from hermetic.record.rundir import load_run
     from hermetic.record.verify import check_outputs
 
-    record = load_record(ref_dir)
+    record, model = load_run(ref_dir)
     check = None if no_rehash else check_outputs(ref_dir, record)
     if as_json:
         emit_json(record)
     else:
-        click.echo(format_record(shown_tree(record), Path(shown(ref_dir)), check))
+        click.echo(format_record(shown_tree(model), Path(shown(ref_dir)), check))
     if check is not None and not check.as_recorded:
         from hermetic.core.errors import IntegrityError
 
@@ -220,12 +223,9 @@ def _line(label: str, text: str) -> str:
     return f"  {click.style(label.ljust(9), bold=True)} {text}"
 
 
-def format_record(record: dict[str, Any], run_dir: Path, check: Any = None) -> str:
-    """The record in lines; ``check``: what rehashing the outputs found (hermetic.record.verify.OutputsCheck),
-    None when they were not rehashed."""
-    from hermetic.record.view import view
-
-    r = view(record)
+def format_record(r: Record, run_dir: Path, check: Any = None) -> str:
+    """The record (its model, shown_tree'd) in lines; ``check``: what rehashing the outputs found
+    (hermetic.record.verify.OutputsCheck), None when they were not rehashed."""
     meta, inv, img, code = r.record, r.invocation, r.image, r.code
     exit_text = f", exit {meta.exit_code}" if meta.exit_code is not None else ""
     lines = [click.style(f"run {meta.run_id}", bold=True) + "  "
@@ -240,7 +240,7 @@ def format_record(record: dict[str, Any], run_dir: Path, check: Any = None) -> s
     extra = "".join(f"  [{k} {v}]" for k, v in (("name", inv.name), ("group", inv.group), ("replay_of", inv.replay_of))
                     if v)
     lines.append(_line("command", " ".join(inv.argv) + extra))
-    cuda = ", ".join(f"{k} {v}" for k, v in img.cuda.items() if v)
+    cuda = ", ".join(f"{k} {v}" for k, v in sorted(img.cuda) if v)  # as run.json has them
     lines.append(_line("image", f"{img.id}  ({len(img.packages)} packages, base {img.base}"
                        + (f"; {cuda}" if cuda else "") + ")"))
     lines.append(_line("", f"manifest {img.manifest_digest}" + "".join(f"; {d}" for d in img.repo_digests)))
@@ -281,12 +281,12 @@ def format_record(record: dict[str, Any], run_dir: Path, check: Any = None) -> s
                            + (" ..." if len(d.ranks) > 4 else "")))
     if r.slurm:
         sl = r.slurm
-        array = f" (array {sl['array_job_id']}_{sl['array_task_id']})" if sl["array_job_id"] is not None else ""
-        pulled = f"; image pulled from {sl['image_pulled_from']}" if sl.get("image_pulled_from") else ""
-        lines.append(_line("slurm", f"job {sl['job_id']}{array} on {sl['node']}, partition {sl['partition']}, "
-                           f"{sl['container']}{pulled}"))
+        array = f" (array {sl.array_job_id}_{sl.array_task_id})" if sl.array_job_id is not None else ""
+        pulled = f"; image pulled from {sl.image_pulled_from}" if sl.image_pulled_from else ""
+        lines.append(_line("slurm", f"job {sl.job_id}{array} on {sl.node}, partition {sl.partition}, "
+                           f"{sl.container}{pulled}"))
     lines.append(_line("software", _software_text(r.software, seed.applied)))
-    lines.append(_line("hardware", _hardware_text(r.hardware)))
+    lines.append(_line("hardware", _hardware_text(r.hardware.model_dump(exclude_unset=True))))
     files, volatile = r.outputs.files, set(r.outputs.volatile or [])
     names = sorted(files, key=lambda p: (p in volatile, p))
     listed = ", ".join(p + (" (volatile)" if p in volatile else "") for p in names[:4])

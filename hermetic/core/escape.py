@@ -33,7 +33,11 @@ def shown(text: object, context: str = "line", limit: int | None = None) -> str:
 
 
 def shown_tree(node: Any) -> Any:
-    """Every string (keys too) in nested dicts and lists, as ``shown``: a record made safe to format."""
+    """Every string (keys too) in nested dicts, lists and pydantic models (a record's: hermetic.record.schema, copied
+    unchecked), as ``shown``: a record made safe to format."""
+    if hasattr(node, "model_construct"):
+        fields = {shown(k): shown_tree(v) for k, v in node}
+        return node.model_construct({shown(k) for k in node.model_fields_set}, **fields)
     if isinstance(node, str):
         return shown(node)
     if isinstance(node, dict):

@@ -15,20 +15,20 @@ from hermetic.diff.groups import GroupDiff, compare_group_metrics, decide_groups
 from hermetic.diff.manifests import read_manifest_file
 from hermetic.diff.model import LogsDiff, RunDiff
 from hermetic.diff.verdict import decide
-from hermetic.record.view import Run, view
+from hermetic.record.schema import Record, parse_record
 
 DEFAULT_RTOL = 1e-5  # numpy.isclose's defaults
 DEFAULT_ATOL = 1e-8
 
 
-def diff_records(a: dict[str, Any] | Run, b: dict[str, Any] | Run, *, manifests_a: dict[str, Any] | None = None,
+def diff_records(a: dict[str, Any] | Record, b: dict[str, Any] | Record, *, manifests_a: dict[str, Any] | None = None,
                  manifests_b: dict[str, Any] | None = None, rtol: float = DEFAULT_RTOL,
                  atol: float = DEFAULT_ATOL, label_a: str | None = None, label_b: str | None = None,
                  read_contents: Callable[[Iterable[str]], dict[str, Any]] | None = None) -> RunDiff:
-    """Compare two loaded records (or their views, hermetic.record.view); ``manifests_*`` map dataset name ->
+    """Compare two records (or their models, hermetic.record.schema.Record); ``manifests_*`` map dataset name ->
     {path: sha256} (per-file detail); ``read_contents(paths)``: what differs inside the changed output files
     (hermetic.diff.contents), when the run directories are at hand."""
-    a, b = (r if isinstance(r, Run) else view(r) for r in (a, b))
+    a, b = (r if isinstance(r, Record) else parse_record(r, sealed=False) for r in (a, b))
     sections = compare_sections(a, b, manifests_a or {}, manifests_b or {})
     outputs = compare_outputs(a, b, rtol=rtol, atol=atol)
     if read_contents is not None:
@@ -38,18 +38,18 @@ def diff_records(a: dict[str, Any] | Run, b: dict[str, Any] | Run, *, manifests_
                    {"rtol": rtol, "atol": atol})
 
 
-def run_manifests(run_dir: Path, record: Run) -> dict[str, Any]:
+def run_manifests(run_dir: Path, record: Record) -> dict[str, Any]:
     """The dataset manifest copies kept in the run dir (None for a missing one)."""
     return {name: read_manifest_file(run_dir / ds.manifest_file) for name, ds in record.data.items()}
 
 
 def diff_runs(dir_a: str | Path, dir_b: str | Path, *, rtol: float = DEFAULT_RTOL,
               atol: float = DEFAULT_ATOL) -> RunDiff:
-    from hermetic.record.rundir import load_record
+    from hermetic.record.rundir import load_run
     from hermetic.record.verify import require_as_recorded
 
     da, db = Path(dir_a), Path(dir_b)
-    a, b = load_record(da), load_record(db)
+    (a, va), (b, vb) = load_run(da), load_run(db)
     # The records are compared; the files beside them must still be what they say (stat-cached rehash).
     require_as_recorded(da, a, what="hermetic diff")
     require_as_recorded(db, b, what="hermetic diff")
@@ -58,7 +58,6 @@ def diff_runs(dir_a: str | Path, dir_b: str | Path, *, rtol: float = DEFAULT_RTO
 
         return compare_contents(da, db, a["outputs"]["files"], b["outputs"]["files"], paths)
 
-    va, vb = view(a), view(b)
     d = diff_records(va, vb, manifests_a=run_manifests(da, va), manifests_b=run_manifests(db, vb), rtol=rtol,
                      atol=atol, read_contents=read_contents)
     d.logs = compare_logs(da, db)
@@ -107,13 +106,13 @@ def diff_groups(dir_a: str | Path, dir_b: str | Path) -> GroupDiff:
     return GroupDiff(ga["group"]["group_id"], gb["group"]["group_id"], metrics, inputs, verdict, notes)
 
 
-def _first_member(group_dir: Path, group: dict[str, Any], notes: list[str]) -> Run | None:
+def _first_member(group_dir: Path, group: dict[str, Any], notes: list[str]) -> Record | None:
     from hermetic.core.errors import HermeticError
-    from hermetic.record.rundir import load_record
+    from hermetic.record.rundir import load_run
 
     members = [m for m in group["members"] if m["status"] == "succeeded"] or group["members"]
     try:
-        return view(load_record(group_dir.parent / members[0]["run_id"]))
+        return load_run(group_dir.parent / members[0]["run_id"])[1]
     except HermeticError as e:
         notes.append(f"inputs not compared: {e}")
         return None

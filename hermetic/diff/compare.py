@@ -17,7 +17,7 @@ from hermetic.config.determinism import SEED_KEY
 from hermetic.diff.distributed import compare_distributed
 from hermetic.diff.manifests import compare_manifests
 from hermetic.diff.model import Change, FileComparison, MetricComparison, OutputsDiff, SectionDiff
-from hermetic.record.view import Code, DataChanged, Env, Image, Invocation, Run, Seed
+from hermetic.record.schema import Code, DataChangedDuringRun, Env, Image, Invocation, Record, Seed
 from hermetic.config.seedargs import differ_only_by_seed, filled_template, has_placeholder
 
 INPUT_SECTIONS = ("image", "code", "config", "data", "seed", "env")
@@ -148,7 +148,7 @@ def compare_image(a: Image, b: Image) -> SectionDiff:
     if a.lock_sha256 != b.lock_sha256:
         s.changes.append(Change("image", "lock_sha256", "changed", a.lock_sha256, b.lock_sha256,
                                 f"lock {short(a.lock_sha256)} -> {short(b.lock_sha256)}", headline=not s.changes))
-    s.changes += diff_flat("image", a.cuda, b.cuda, prefix="cuda")
+    s.changes += diff_flat("image", a.cuda.model_dump(), b.cuda.model_dump(), prefix="cuda")
     # Labels that restate another section are listed, not causes: the config's hash (the config section
     # names the key that changed), the lock's and the base's digests (said above).
     s.changes += diff_flat("image", a.labels, b.labels, prefix="labels", material=lambda k: k not in _RESTATING_LABELS)
@@ -220,7 +220,7 @@ def compare_code(a: Code, b: Code, restated: frozenset[str] = frozenset()) -> Se
     return s
 
 
-def _restated_files(a: Run, b: Run) -> frozenset[str]:
+def _restated_files(a: Record, b: Record) -> frozenset[str]:
     from hermetic.provenance import PROVENANCE_FILE
 
     names = {"hermetic.yaml", "hermetic.image.json", PROVENANCE_FILE}  # the provenance restates the image
@@ -307,16 +307,16 @@ def changed_tokens(a: list[str], b: list[str]) -> str:
     return "; ".join(parts) + f" (the other {same} token{'s' if same != 1 else ''} the same)"
 
 
-def compare_data(a: Run, b: Run, manifests_a: Manifests, manifests_b: Manifests) -> SectionDiff:
+def compare_data(a: Record, b: Record, manifests_a: Manifests, manifests_b: Manifests) -> SectionDiff:
     s = SectionDiff("data", TITLES["data"], "input", same_as=", ".join(
         f"{n} {short(d.manifest_sha256, 8)}" for n, d in sorted(a.data.items())) or "none")
     for name in sorted(a.data.keys() | b.data.keys()):
         x, y = a.data.get(name), b.data.get(name)
         if x is None or y is None:
             kind = "added" if x is None else "removed"
-            # the dataset as recorded (asdict of its view would add the optional keys an older record lacks)
-            s.changes.append(Change("data", name, kind, a.json["data"].get(name), b.json["data"].get(name),
-                                    f"dataset {name} {kind}"))
+            # the dataset as recorded (without the optional keys an older record lacks)
+            s.changes.append(Change("data", name, kind, x and x.model_dump(exclude_unset=True),
+                                    y and y.model_dump(exclude_unset=True), f"dataset {name} {kind}"))
             continue
         if x.manifest_sha256 != y.manifest_sha256:
             ma, mb = manifests_a.get(name), manifests_b.get(name)
@@ -346,7 +346,7 @@ def compare_data(a: Run, b: Run, manifests_a: Manifests, manifests_b: Manifests)
     return s
 
 
-def during_run_text(during: DataChanged) -> str:
+def during_run_text(during: DataChangedDuringRun) -> str:
     """A record's ``data.<name>.changed_during_run`` in words: ``1 changed (train-x.f32)``."""
     if during.error:
         return str(during.error)
@@ -358,7 +358,7 @@ def during_run_text(during: DataChanged) -> str:
     return "; ".join(parts) + (f"; +{more} more" if more > 0 else "")
 
 
-def data_changed_during(record: Run, label: str) -> list[str]:
+def data_changed_during(record: Record, label: str) -> list[str]:
     """``data changed during run A: logreg: 1 changed (x.f32)``: one per dataset that changed while the run
     read it."""
     return [f"data changed during run {label}: {name}: {during_run_text(ds.changed_during_run)}"
@@ -495,7 +495,7 @@ def compare_cpu(a_hw: Json, b_hw: Json, a_sw: Json, b_sw: Json) -> SectionDiff:
 
 # --- outputs ------------------------------------------------------------------------------------
 
-def compare_outputs(a: Run, b: Run, *, rtol: float, atol: float) -> OutputsDiff:
+def compare_outputs(a: Record, b: Record, *, rtol: float, atol: float) -> OutputsDiff:
     fa, fb = a.outputs.files, b.outputs.files
     # Volatile in either run (run.outputs.volatile: a TensorBoard event file, say): listed, never compared.
     volatile = set(a.outputs.volatile or []) | set(b.outputs.volatile or [])
@@ -541,8 +541,9 @@ def compare_metric(name: str, a: Any, b: Any, *, rtol: float, atol: float,
     return MetricComparison(name, status, a, b, diff, rel if math.isfinite(rel) else None)
 
 
-def compare_sections(a: Run, b: Run, manifests_a: Manifests, manifests_b: Manifests) -> list[SectionDiff]:
+def compare_sections(a: Record, b: Record, manifests_a: Manifests, manifests_b: Manifests) -> list[SectionDiff]:
     """All sections, in causal order."""
+    hw_a, hw_b = (r.hardware.model_dump(exclude_unset=True) for r in (a, b))  # the probe's keys, as recorded
     return [
         compare_image(a.image, b.image),
         compare_code(a.code, b.code, _restated_files(a, b)),
@@ -553,8 +554,8 @@ def compare_sections(a: Run, b: Run, manifests_a: Manifests, manifests_b: Manife
         compare_seed(a.seed, b.seed),
         compare_env(a.env, b.env),
         compare_software(a.software, b.software),
-        compare_gpu(a.hardware, b.hardware, a.invocation.gpus, b.invocation.gpus),
-        _with_engine(compare_cpu(a.hardware, b.hardware, a.software, b.software), a.invocation, b.invocation),
+        compare_gpu(hw_a, hw_b, a.invocation.gpus, b.invocation.gpus),
+        _with_engine(compare_cpu(hw_a, hw_b, a.software, b.software), a.invocation, b.invocation),
     ]
 
 

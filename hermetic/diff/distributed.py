@@ -10,13 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from hermetic.diff.model import Change, SectionDiff
-from hermetic.record.view import Distributed, Rank, Run
+from hermetic.record.schema import Distributed, RankPlacement, Record
 
 TITLE = "processes and ranks"
-ONE_PROCESS = Distributed(launcher=None, world_size=1, nnodes=1, nproc_per_node=1, node_rank=0, backend=None,
-                          backend_version=None, rendezvous=None, seed_rule="", env={}, outputs_from=0, logs={},
-                          ranks=[Rank(rank=0, local_rank=0, node_rank=0, seed=0, device=None, gpu=None,
-                                      reported=None)])
+# Not a record's section (unchecked, launcher None): what a record without one compares as.
+ONE_PROCESS = Distributed.model_construct(
+    launcher=None, world_size=1, nnodes=1, nproc_per_node=1, node_rank=0, backend=None, backend_version=None,
+    rendezvous=None, seed_rule="", env={}, outputs_from=0, logs={},
+    ranks=[RankPlacement.model_construct(rank=0, local_rank=0, node_rank=0, seed=0, device=None, gpu=None,
+                                         reported=None)])
 
 
 def _describe(d: Distributed) -> str:
@@ -30,7 +32,7 @@ def rank_map(d: Distributed) -> dict[int, tuple[Any, Any, Any]]:
     return {int(r.rank): (r.node_rank, r.local_rank, r.device) for r in d.ranks}
 
 
-def compare_distributed(a_rec: Run, b_rec: Run) -> SectionDiff:
+def compare_distributed(a_rec: Record, b_rec: Record) -> SectionDiff:
     a, b = a_rec.distributed or ONE_PROCESS, b_rec.distributed or ONE_PROCESS
     s = SectionDiff("distributed", TITLE, "input", same_as=_describe(a))
     if a.world_size != b.world_size:

@@ -20,7 +20,7 @@ class Change:
     section: str
     key: str
     kind: Literal["added", "removed", "changed"]
-    a: Any  # a JSON value, or a part of the record as its view (hermetic.record.view: JSON again through asdict)
+    a: Any  # a JSON value, or a part of the record as its model (hermetic.record.schema: JSON by model_dump)
     b: Any
     note: str
     material: bool = True
@@ -62,7 +62,8 @@ class SectionDiff:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "title": self.title, "role": self.role, "differs": self.differs,
                 "summary": self.summary(99), "same_as": self.same_as, "warnings": self.warnings,
-                "changes": [asdict(c) for c in self.changes]}
+                "changes": [{k: v.model_dump() if hasattr(v, "model_dump") else v for k, v in asdict(c).items()}
+                            for c in self.changes]}
 
 
 @dataclass(frozen=True)

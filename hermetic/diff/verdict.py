@@ -14,11 +14,11 @@ from hermetic.diff.compare import data_changed_during, short
 from hermetic.diff.contents import names_text, volatile_globs_for, weights_first
 from hermetic.core.errors import EXIT_DIFFERENT, EXIT_NOTHING_COMPARED
 from hermetic.diff.model import OutputsDiff, SectionDiff, Verdict
-from hermetic.record.view import Run
+from hermetic.record.schema import Record
 from hermetic.config.seedargs import has_placeholder
 
 
-def knobs_not_set(record: Run) -> list[str]:
+def knobs_not_set(record: Record) -> list[str]:
     """The determinism settings this run lacked: CUBLAS_WORKSPACE_CONFIG, PYTHONHASHSEED, the BLAS/OpenMP
     threads; with torch, deterministic algorithms on and cudnn.benchmark off; any seeding at all."""
     missing = env_knobs_not_set({**record.env.passed, **record.env.determinism})
@@ -67,7 +67,7 @@ def ranked_inputs(sections: list[SectionDiff]) -> list[SectionDiff]:
     return [s for s in inputs if not s.only_effects] + [s for s in inputs if s.only_effects]
 
 
-def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: Run, b: Run) -> Verdict:
+def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: Record, b: Record) -> Verdict:
     inputs = ranked_inputs(sections)
     machine = [s for s in sections if s.role == "environment" and s.differs]
     warnings = [w for s in sections for w in s.warnings]
@@ -195,7 +195,7 @@ def wall_clock_text(outputs: OutputsDiff) -> str:
     return "; ".join(parts) + outputs.not_compared_note()
 
 
-def suggested_volatile(outputs: OutputsDiff, a: Run, b: Run) -> list[str]:
+def suggested_volatile(outputs: OutputsDiff, a: Record, b: Record) -> list[str]:
     """run.outputs.volatile that would keep the files differing only in wall-clock fields without comparing
     them: the run's own globs (B's, the later run's, else A's; the default for records without), then globs
     for those files (numbered directories folded into one glob where no compared file would match it)."""
@@ -223,7 +223,7 @@ def volatile_note(outputs: OutputsDiff, suggested: list[str]) -> str:
             f"the default)  volatile: {json.dumps(suggested)}")
 
 
-def seed_had_no_effect(a: Run, b: Run) -> str:
+def seed_had_no_effect(a: Record, b: Record) -> str:
     """The note for two runs that differ in the seed alone and came out bitwise identical: the verdict is
     still "inputs differ" (exit 1, as diff(1): they do), but a seed that changes nothing never reached
     what the script draws -- the usual reason being a script that seeds itself with a constant."""

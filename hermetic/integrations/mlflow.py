@@ -18,12 +18,14 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermetic.core.errors import DataError, HermeticError, MissingExtra, NotFound, Unavailable, UsageError
 from hermetic.core.escape import shown
 from hermetic.record.outputs import nan_key
-from hermetic.record.view import Dataset as DatasetRecord, Run, view
+
+if TYPE_CHECKING:
+    from hermetic.record.schema import Dataset as DatasetRecord, Record as Run
 
 RUN_ID_TAG = "hermetic.run_id"
 KIND_TAG = "hermetic.kind"
@@ -140,7 +142,7 @@ def run_tags(r: Run, *, verdict: Any = None) -> dict[str, str]:
         tags["mlflow.source.git.commit"] = git.commit
     for name, ds in sorted(r.data.items()):
         tags[f"hermetic.data.{name}.manifest_sha256"] = ds.manifest_sha256
-    gpus = [g.get("name") for g in (r.hardware.get("gpus") or []) if isinstance(g, dict)]
+    gpus = [g.get("name") for g in (r.hardware.gpus or []) if isinstance(g, dict)]
     if gpus:
         tags["hermetic.hardware.gpus"] = ", ".join(str(g) for g in gpus)
     for key, value in (("replay_of", inv.replay_of), ("group", inv.group), ("name", inv.name)):
@@ -270,14 +272,12 @@ class MlflowExporter:
     # -- runs and groups
 
     def _export_run(self, run_dir: Path, experiment: str | None, *, parent: str | None = None,
-                    exp_id: str | None = None, rec: dict[str, Any] | None = None) -> Exported:
-        """``rec``: the run's record when the caller loaded it already (a group's first member)."""
+                    exp_id: str | None = None, loaded: tuple[dict[str, Any], Run] | None = None) -> Exported:
+        """``loaded``: the run's record and model when the caller loaded them already (a group's first member)."""
         from hermetic.record.metrics import load_series
-        from hermetic.record.rundir import README_NAME, load_record
+        from hermetic.record.rundir import README_NAME, load_run
 
-        if rec is None:
-            rec = load_record(run_dir)
-        r = view(rec)
+        rec, r = loaded or load_run(run_dir)
         meta, config = r.record, r.invocation.config or {}
         series = load_series(run_dir, rec).series  # checked against the record before MLflow hears of the run
         datasets = [(name, ds, manifest_dataset(name, ds, project_dir(run_dir, config)))
@@ -301,13 +301,13 @@ class MlflowExporter:
 
     def _export_group(self, gdir: Path, experiment: str | None) -> Exported:
         from hermetic.record.group import load_group
-        from hermetic.record.rundir import load_record
+        from hermetic.record.rundir import load_run
 
         group = load_group(gdir)
         meta = group["group"]
         members = [gdir.parent / m["run_id"] for m in group["members"]]
-        first = load_record(members[0])
-        first_run = view(first)
+        first = load_run(members[0])
+        first_run = first[1]
         exp_id = self._experiment(experiment or self.experiment_name or first_run.invocation.config.get("name"))
         tags = group_tags(group)
         run, created = self._find_or_create(exp_id, meta["group_id"], meta["started_at"], tags)
@@ -317,7 +317,8 @@ class MlflowExporter:
             logged = self._log(run, created, params, tags, group_summary_metrics(group),
                                millis(meta["written_at"]) or 0)
             self._log_artifacts(run, created, [gdir / "group.json"])
-            children = [self._export_run(m, None, parent=run.info.run_id, exp_id=exp_id, rec=first if i == 0 else None)
+            children = [self._export_run(m, None, parent=run.info.run_id, exp_id=exp_id,
+                                         loaded=first if i == 0 else None)
                         for i, m in enumerate(members)]  # the first member's record is loaded once
             self.client.set_terminated(run.info.run_id, STATUS.get(meta["status"], "FAILED"),
                                        end_time=millis(meta["written_at"]))

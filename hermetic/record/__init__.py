@@ -20,8 +20,8 @@ _EXPORTS = {
     "load_group": "group", "write_group": "group",
     "is_run_id": "ids", "iso_utc": "ids", "new_group_id": "ids", "new_run_id": "ids",
     "list_entries": "index", "hash_outputs": "outputs", "metrics_summary": "outputs", "render_readme": "readme",
-    "adopt_run_dir": "rundir", "create_run_dir": "rundir", "load_record": "rundir", "resolve_run": "rundir",
-    "write_record": "rundir",
+    "adopt_run_dir": "rundir", "create_run_dir": "rundir", "load_record": "rundir", "load_run": "rundir",
+    "resolve_run": "rundir", "write_record": "rundir",
 }
 
 
@@ -40,7 +40,7 @@ def validate_record(record, *, source="run.json", sealed=True):  # noqa: ANN001 
 
 __all__ = [
     "adopt_run_dir", "begin_record", "create_run_dir", "env_section", "finish_record", "hash_outputs", "is_run_id",
-    "is_secret_name", "iso_utc", "list_entries", "load_group", "load_record", "metrics_summary",
+    "is_secret_name", "iso_utc", "list_entries", "load_group", "load_record", "load_run", "metrics_summary",
     "new_group_id", "new_run_id", "render_readme", "resolve_run", "seal", "seed_section",
     "validate_record", "verify_seal", "write_group", "write_record",
 ]

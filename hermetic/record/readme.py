@@ -9,15 +9,16 @@ from typing import Any
 
 from hermetic.core.escape import shown
 from hermetic.core.resources import read_template
-from hermetic.record.view import Code, Dataset, Env, Meta, Run, view
+from hermetic.record.schema import Code, Dataset, Env, Record, RecordMeta
 
 TEMPLATE_NAME = "run-README.md"
 FIGURE_NAME = "metrics.png"  # where the README's command draws the run's figure: beside run.json
 
 
-def render_readme(record: dict[str, Any], *, run_dir: str | None = None) -> str:
-    """The README text for a (sealed) record; ``run_dir`` defaults to ``runs/<id>``."""
-    r = view(record)
+def render_readme(record: Record | dict[str, Any], *, run_dir: str | None = None) -> str:
+    """The README text for a (sealed) record's model (or the record: its shape checked); ``run_dir`` defaults to
+    ``runs/<id>``."""
+    r = record if isinstance(record, Record) else Record.model_validate(record)
     meta, image = r.record, r.image
     run_dir = _span(run_dir or f"{r.invocation.config.get('runs_dir') or 'runs'}/{meta.run_id}")
     values = {
@@ -59,13 +60,13 @@ def _code(text: object) -> str:
     return f"`{_span(text)}`"
 
 
-def _status_line(meta: Meta) -> str:
+def _status_line(meta: RecordMeta) -> str:
     code = "" if meta.exit_code is None else f", exit code {meta.exit_code}"
     end = f", finished {meta.finished_at}" if meta.finished_at else ""
     return f"Status: **{meta.status}**{code}. Started {meta.started_at}{end}."
 
 
-def _figure_text(r: Run, run_dir: str) -> str:
+def _figure_text(r: Record, run_dir: str) -> str:
     """Under the status line of a finished run that logged metrics: the command that draws them. On demand:
     matplotlib's import and drawing are too slow to pay on every run."""
     if r.record.finished_at is None or not (r.metrics.series or r.metrics.file):
@@ -121,7 +122,7 @@ def _env_text(env: Env) -> str:
     return "\n".join(lines) if lines else "   (nothing)"
 
 
-def _prepare_text(r: Run) -> str:
+def _prepare_text(r: Record) -> str:
     """Step 5's first lines: who the script ran as, and ./outputs and the code made writable for that user."""
     run_id, user = r.record.run_id, r.invocation.user and _span(r.invocation.user)
     if not user:  # an older record: it does not say; run as yourself
@@ -137,7 +138,7 @@ def _prepare_text(r: Run) -> str:
             f"   this `docker run` is equivalent to the container hermetic started:")
 
 
-def docker_run_command(r: Run) -> str:
+def docker_run_command(r: Record) -> str:
     """A ``docker run`` line equivalent to the run's container (for a person to read and paste): the same
     locked-down container, seed, variables (secrets by name), code, datasets and outputs, as the run's user
     (an older record's: the caller, ``id -u``).

@@ -9,7 +9,7 @@ import copy
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermetic.core.canonical import pretty_json
 from hermetic.core.errors import CannotCreate, EXIT_SOFTWARE, HermeticError, IntegrityError, NotFound, UsageError
@@ -17,6 +17,9 @@ from hermetic.hostfs.fsutil import atomic_write_text
 from hermetic.record.index import GROUP_JSON, INDEX_NAME, RUN_JSON, append_entry, run_entry
 from hermetic.record.seal import seal, verify_seal
 from hermetic.config.secretnames import REDACTED, is_secret_name
+
+if TYPE_CHECKING:
+    from hermetic.record.schema import Record
 
 RUN_SUBDIRS = ("outputs", "logs", "code", "data")
 README_NAME = "README.md"
@@ -97,12 +100,12 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> dic
     naming the key when the record is malformed; nothing is written then.
     """
     from hermetic.record.readme import render_readme
-    from hermetic.record.schema import RecordError, validate_record
+    from hermetic.record.schema import RecordError, parse_record
 
     run_dir = Path(run_dir)
     source = str(run_dir / RUN_JSON)
     clean = redact_secrets(record)
-    validate_record(clean, source=source, sealed=False)
+    model = parse_record(clean, source=source, sealed=False)
     run_id = clean["record"]["run_id"]
     if run_dir.name != run_id:
         raise RecordError(f"{source}: record.run_id: {run_id!r} does not match the directory name "
@@ -112,7 +115,8 @@ def write_record(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> dic
     except ValueError as e:  # NaN/Infinity somewhere: JSON cannot hold them
         raise RecordError(f"{source}: {e} (store non-finite numbers as 'NaN'/'Infinity' strings)") from None
     atomic_write_text(run_dir / RUN_JSON, pretty_json(sealed))
-    atomic_write_text(run_dir / README_NAME, render_readme(sealed))
+    model.record.record_sha256 = sealed["record"]["record_sha256"]  # the one key sealing set
+    atomic_write_text(run_dir / README_NAME, render_readme(model))
     update_index(run_dir.parent, run_entry(sealed, run_dir.name))
     return sealed
 
@@ -155,11 +159,16 @@ def load_record(run_dir_or_run_json: str | os.PathLike[str]) -> dict[str, Any]:
     the one place commands load a record. RunNotFound (66) when there is none, RecordError (65) when malformed,
     IntegrityError (65) when edited or renamed. The files beside it: hermetic.record.verify.
     """
-    from hermetic.record.schema import validate_record
+    return load_run(run_dir_or_run_json)[0]
+
+
+def load_run(run_dir_or_run_json: str | os.PathLike[str]) -> tuple[dict[str, Any], Record]:
+    """load_record's record, and its model (hermetic.record.schema.Record: the typed view) from the one validation."""
+    from hermetic.record.schema import parse_record
 
     path = record_path(run_dir_or_run_json)
     doc = load_json_doc(path, "run")
-    validate_record(doc, source=str(path))
+    model = parse_record(doc, source=str(path))
     if not verify_seal(doc):
         raise IntegrityError(f"{path}: record_sha256 does not match the content; the record was changed "
                              "after hermetic wrote it")
@@ -168,7 +177,7 @@ def load_record(run_dir_or_run_json: str | os.PathLike[str]) -> dict[str, Any]:
     if where != run_id:
         raise IntegrityError(f"{path.parent}: the directory is named {where!r} but its record is run {run_id!r}; "
                              "a run directory is never renamed", hint=f"rename it back to {run_id}")
-    return doc
+    return doc, model
 
 
 def resolve_run(ref: str, runs_root: str | os.PathLike[str] | None) -> Path:

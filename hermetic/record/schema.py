@@ -1,6 +1,7 @@
 """The shape of run.json, checked strictly: every key present, nothing extra, right types.
 
-The record stays a plain dict; a malformed one is refused with one line naming the key path.
+A malformed record is refused with one line naming the key path; a valid one's model (``parse_record``) is the
+typed view its readers use, beside the plain dict that was loaded.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, StrictFloat, ValidationError
 
@@ -80,6 +81,9 @@ Number = Annotated[Union[int, float, str], PlainValidator(_number)]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+M = TypeVar("M", bound=_Strict)
 
 
 class RecordMeta(_Strict):
@@ -210,6 +214,11 @@ class Dataset(_Strict):
     verify_mode: Literal["stat-cache", "full"]
     # Present only when the dataset changed after it was verified, while the run used it (the run failed).
     changed_during_run: Optional[DataChangedDuringRun] = None
+
+    @property
+    def seen_at(self) -> list[Optional[str]]:
+        """Every path the container saw the dataset at (an older record names its ``mount`` only)."""
+        return self.mounts or [self.mount]
 
 
 class Seed(_Strict):
@@ -368,22 +377,28 @@ class Record(_Strict):
     distributed: Optional[Distributed] = None
 
 
-def _check_shape(model: type[_Strict], doc: Any, source: str) -> None:
-    """RecordError, naming ``source`` and the first wrong field, unless ``doc`` is an object ``model`` accepts."""
+def _check_shape(model: type[M], doc: Any, source: str) -> M:
+    """``doc`` as ``model``; RecordError, naming ``source`` and the first wrong field, unless it is an object
+    ``model`` accepts."""
     if not isinstance(doc, dict):
         raise RecordError(f"{source}: top level must be a JSON object (got {type(doc).__name__})")
     try:
-        model.model_validate(doc)
+        return model.model_validate(doc)
     except ValidationError as e:
         raise RecordError(_first_error(e, doc, source)) from None
 
 
-def validate_record(record: Any, *, source: str = "run.json", sealed: bool = True) -> dict[str, Any]:
-    """Return ``record`` unchanged if it has the documented shape; else raise RecordError.
-    ``sealed=False`` accepts an empty ``record.record_sha256`` (a record about to be sealed).
-    """
-    _check_shape(Record, record, source)
+def parse_record(record: Any, *, source: str = "run.json", sealed: bool = True) -> Record:
+    """``record`` as its model if it has the documented shape; else RecordError. ``sealed=False`` accepts an
+    empty ``record.record_sha256`` (a record about to be sealed)."""
+    model = _check_shape(Record, record, source)
     _check_cross_fields(record, source, sealed)
+    return model
+
+
+def validate_record(record: Any, *, source: str = "run.json", sealed: bool = True) -> dict[str, Any]:
+    """Return ``record`` unchanged if it has the documented shape (parse_record); else raise RecordError."""
+    parse_record(record, source=source, sealed=sealed)
     return record
 
 
