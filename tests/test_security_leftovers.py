@@ -182,3 +182,25 @@ def test_a_submission_whose_config_names_a_path_outside_the_project_is_refused(
     assert e.value.message.startswith(f"{project / 'runs' / A / 'slurm' / 'submit.json'}: config: {key}")
     monkeypatch.setenv("HERMETIC_ALLOW_PATHS", f"/etc:{tmp_path}")
     assert sub.loaded_config().root == project
+
+
+def test_a_replayed_records_dataset_path_must_be_where_its_config_leads(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record's own data.<name>.path is read again only where the recorded hermetic.yaml's dataset path
+    leads, or where HERMETIC_ALLOW_PATHS allows: a crafted record cannot have root hash /etc."""
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent")
+    monkeypatch.setenv("HERMETIC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HERMETIC_ALLOW_PATHS", raising=False)
+    rec = synthetic_record(A)
+    rec["image"]["repo_digests"] = []
+    name = next(iter(rec["data"]))
+    rec["data"][name]["path"] = "/etc"
+    runs = tmp_path / "project" / "runs"
+    write_synthetic_run(runs, rec)
+    code, _, err = cli("replay", str(runs / A))
+    assert code == 78 and len(err.splitlines()) == 1, err
+    assert f"data.{name}.path: /etc is not where the recorded hermetic.yaml's dataset {name} leads" in err
+    assert f"--data {name}=PATH" in err and "HERMETIC_ALLOW_PATHS" in err
+    monkeypatch.setenv("HERMETIC_ALLOW_PATHS", "/etc")  # allowed: on to the image (not stored here)
+    code, _, err = cli("replay", str(runs / A))
+    assert code not in (0, 78), err

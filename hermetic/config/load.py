@@ -442,18 +442,23 @@ def _refuse_secrets(model: "HermeticConfig", node: yaml.Node | None, cfg_path: P
 ALLOW_PATHS_ENV = "HERMETIC_ALLOW_PATHS"
 
 
+def allowed_places(root: str) -> tuple[list[str], list[str]]:
+    """(the project and the places HERMETIC_ALLOW_PATHS names, the same with their links followed too)."""
+    extra = [p for p in os.environ.get(ALLOW_PATHS_ENV, "").split(":") if p]
+    bad = next((p for p in extra if not p.startswith("/")), None)
+    if bad is not None:
+        raise ConfigError(f"{ALLOW_PATHS_ENV}: {bad} is not an absolute path")
+    allowed = [root, *(posixpath.normpath(p) for p in extra)]
+    return allowed, allowed + [os.path.realpath(p) for p in extra]
+
+
 def refuse_outside(model: "HermeticConfig", node: yaml.Node | None, cfg_path: Path, source: str | None = None) -> None:
     """hermetic.yaml comes with the repository, which may be hostile: each host path it names lies inside the
     project, as written and (but for datasets, which may be links to big disks) once links are followed.
     HERMETIC_ALLOW_PATHS (absolute directories, ':'-separated) widens that from outside the repository.
     ``source``: what the error names when the config came from elsewhere (a run's record, a Slurm submission)."""
     root = str(cfg_path.parent)
-    extra = [p for p in os.environ.get(ALLOW_PATHS_ENV, "").split(":") if p]
-    bad = next((p for p in extra if not p.startswith("/")), None)
-    if bad is not None:
-        raise ConfigError(f"{ALLOW_PATHS_ENV}: {bad} is not an absolute path")
-    allowed = [root, *(posixpath.normpath(p) for p in extra)]
-    real_allowed = allowed + [os.path.realpath(p) for p in extra]
+    allowed, real_allowed = allowed_places(root)
     named = [(("lock",), model.lock, True), (("runs_dir",), model.runs_dir, True)]
     for i, d in enumerate(model.datasets):
         named += [(("datasets", i, "path"), d.path, False), (("datasets", i, "manifest"), d.manifest, True)]

@@ -7,6 +7,7 @@ that can no longer be had, or an original whose outputs changed, refuses the rep
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -64,6 +65,23 @@ def replay_distributed(record: dict[str, Any]):  # -> DistributedPlan | None
     return DistributedPlan(int(d["nproc_per_node"]), d["backend"])
 
 
+def _recorded_path(run_dir: Path, model: HermeticConfig, root: Path, name: str, path: str) -> str:
+    """A dataset's recorded place, read again only where the recorded hermetic.yaml leads (a link in the project
+    may lead anywhere) or a place HERMETIC_ALLOW_PATHS allows: a record is untrusted, as hermetic.yaml is."""
+    from hermetic.config.load import ALLOW_PATHS_ENV, allowed_places
+    from hermetic.core.errors import ConfigError
+    from hermetic.core.paths import inside
+
+    ds = next((c for c in model.datasets if c.name == name), None)
+    leads = os.path.realpath(root / ds.path) if ds is not None else None
+    full = os.path.realpath(os.path.join(root, path))  # records hold it absolute
+    if full == leads or any(inside(full, a) for a in allowed_places(str(root))[1]):
+        return path
+    raise ConfigError(f"{run_dir / 'run.json'}: data.{name}.path: {path} is not where the recorded hermetic.yaml's "
+                      f"dataset {name} leads ({leads or 'no such dataset'}); pass --data {name}=PATH, or allow the "
+                      f"place: {ALLOW_PATHS_ENV}=/abs/dir in the environment")
+
+
 def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, echo: bool,
                    argv: list[str], data_paths: dict[str, str] | None = None) -> tuple[LoadedConfig, RunRequest]:
     """The run again, as recorded. ``data_paths``: NAME -> where that dataset is on this machine
@@ -80,6 +98,9 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
         raise ReplayRefused(f"{run_dir}: the recorded config no longer validates: {e}") from None
     root = _project_root(run_dir, model.runs_dir)
     refuse_outside(model, None, root / "hermetic.yaml", source=f"{run_dir / 'run.json'}: invocation.config")
+    for name, d in (record.get("data") or {}).items():
+        if name not in (data_paths or {}):
+            _recorded_path(run_dir, model, root, name, str(d.get("path")))
     cfg = LoadedConfig(model=model, path=root / "hermetic.yaml")
 
     # the image
@@ -113,8 +134,6 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
         manifests[name] = mf
 
     # env: values as recorded; secrets by name from today's environment
-    import os
-
     env_sec = record.get("env") or {}
     env = [f"{k}={v}" for k, v in (env_sec.get("passed") or {}).items()]
     # Knobs the original run was given with --env (recorded among the determinism knobs, where they took
