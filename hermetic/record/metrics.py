@@ -7,6 +7,7 @@ Sources under outputs/: ``metrics.jsonl``, TensorBoard event files, Lightning's 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -521,23 +522,14 @@ def write_series(run_dir: str | os.PathLike[str], series: list[dict[str, Any]]) 
         os.close(rootfd)
     tmp = f".{tail}.{os.getpid()}.tmp"
     try:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=dirfd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, safetree.CREATE_FLAGS, 0o644, dir_fd=dirfd)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        with os.fdopen(os.open(tmp, safetree.CREATE_FLAGS, 0o644, dir_fd=dirfd), "wb") as f:
+            f.write(data)
         os.rename(tmp, tail, src_dir_fd=dirfd, dst_dir_fd=dirfd)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dirfd)
-        except OSError:
-            pass
         raise
     finally:
         os.close(dirfd)
