@@ -32,8 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benches, whose helpers this one uses
 
 import bench_build as bb  # noqa: E402
 import bench_engines as be  # noqa: E402
@@ -41,7 +40,7 @@ import bench_engines as be  # noqa: E402
 from hermetic.core.reference import parse_base_reference  # noqa: E402
 from hermetic.store.oci import OciStore  # noqa: E402
 
-EXAMPLE = bb.REPO_ROOT / "examples" / "torch-mlp"
+EXAMPLE = be.EXAMPLE
 SCRIPT = "import torch\nprint('first line', torch.__version__, flush=True)\n"
 FIRST = re.compile(r"^first line ")
 DOCKER_TAG = "hermetic-bench/squashfs:latest"

@@ -122,6 +122,27 @@ def isolated_pip(monkeypatch, tmp_path) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
+
+def cli_in_process(*argv: str) -> tuple[int, str, str]:
+    """``hermetic ARGV`` in this process, as the console entry point runs it (hermetic.cli.main):
+    (exit code, stdout, stderr). What a command writes as bytes (`hermetic logs`) is in stdout too."""
+    import contextlib
+    import io
+
+    from hermetic.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    out.buffer = io.BytesIO()  # type: ignore[attr-defined]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(argv))
+            code = 0
+        except SystemExit as e:
+            code = int(e.code or 0)
+    text = out.getvalue() + out.buffer.getvalue().decode(errors="replace")  # type: ignore[attr-defined]
+    return code, text, err.getvalue()
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
             timeout: float = 900, base_env: dict[str, str] | None = None,
             whole_env: bool = False) -> subprocess.CompletedProcess:

@@ -77,3 +77,16 @@ def survivors(sid: int, grace: float = 10.0) -> list[int]:
 
 def children_of(pid: int) -> list[int]:
     return [p for p, state, ppid, _sid in _processes() if ppid == pid and state != "Z"]
+
+
+def processes_running(needle: str) -> list[int]:
+    """PIDs (not this process) whose command line holds ``needle``."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if needle.encode() in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found

@@ -18,6 +18,7 @@ import base64
 import http.client
 import io
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -603,3 +604,16 @@ def _sha256(data: bytes) -> str:
     import hashlib
 
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def registry_env(tmp_path: Path) -> dict[str, str]:
+    """A new process's environment for registry tests: its own cache, no credentials, no proxy, the default
+    deadlines."""
+    from hermetic.registry.deadlines import REQUEST_TIMEOUT_ENV, TOTAL_TIMEOUT_ENV
+
+    docker_config = tmp_path / "docker-config"
+    docker_config.mkdir(exist_ok=True)
+    out = {k: v for k, v in os.environ.items()
+           if k not in (TOTAL_TIMEOUT_ENV, REQUEST_TIMEOUT_ENV, "HERMETIC_REGISTRY_USER", "HERMETIC_REGISTRY_PASSWORD")
+           and "proxy" not in k.lower()}
+    return {**out, "HERMETIC_CACHE": str(tmp_path / "cache"), "DOCKER_CONFIG": str(docker_config)}

@@ -9,15 +9,13 @@ an internal error (exit 70) or a traceback; a record Python cannot even parse is
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from hermetic.cli import main
+from conftest import cli_in_process as cli
 from hermetic.core.canonical import pretty_json
 from hermetic.record.seal import seal
 from hermetic.record.synthetic import synthetic_record, write_synthetic_run
@@ -26,16 +24,6 @@ A, B = "20261129-214500-aaaaaa", "20261129-214500-bbbbbb"
 MISSING = object()
 SECTIONS = ("invocation", "image", "code", "data", "seed", "env", "software", "hardware", "outputs", "metrics")
 
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(argv))
-            code = 0
-        except SystemExit as e:
-            code = int(e.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 def assert_data_not_bug(argv: tuple[str, ...], code: int, err: str, *, expect: int | None = None) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from kill_support import sigkill, start_hermetic, wait_for
+from kill_support import processes_running, sigkill, start_hermetic, wait_for
 from run_support import run_dirs
 
 from hermetic.engines.base import GATE_FIFO, Gate, gate_program
@@ -38,18 +38,6 @@ def unique() -> str:
 
 def ticks(run_dir: Path) -> int:
     return len(list((run_dir / "outputs").glob("tick-*")))
-
-
-def processes_running(needle: str) -> list[int]:
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                if needle.encode() in (d / "cmdline").read_bytes():
-                    found.append(int(d.name))
-            except OSError:
-                pass
-    return found
 
 
 def running_containers(engine: str, run_id: str) -> list[str]:

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_clean_error, run_cli
-from kill_support import sigkill, start_hermetic, wait_for
+from kill_support import processes_running, sigkill, start_hermetic, wait_for
 from run_support import diff_json, hermetic_run, run_dir_of, run_dirs
 
 ENGINES = ("podman", "charliecloud")
@@ -44,18 +44,6 @@ def set_run_keys(project: Path, **keys) -> None:
     text = cfg.read_text()
     assert "\nrun:" not in text
     cfg.write_text(text + "run:\n" + "".join(f"  {k}: {v}\n" for k, v in keys.items()))
-
-
-def processes_running(needle: str) -> list[int]:
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                if needle.encode() in (d / "cmdline").read_bytes():
-                    found.append(int(d.name))
-            except OSError:
-                pass
-    return found
 
 
 # ---------------------------------------------------------------- the same run on every engine

@@ -7,15 +7,13 @@ that holds terminal escapes, a C1 control, a bidi override and a CR LF that woul
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-from hermetic.cli import main
+from conftest import cli_in_process as cli
 from hermetic.core.escape import shown, shown_tree
 from hermetic.record.synthetic import synthetic_record, write_synthetic_run
 
@@ -23,19 +21,6 @@ HOSTILE = "\x1b]0;owned\x07\x1b[8m\x9b\u202e\r\nbitwise identical"
 RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")  # any but "\n"
 A, B = "20261129-214500-aaaaaa", "20261129-214500-bbbbbb"
 
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    """``hermetic ARGV`` in this process, as the console entry point runs it (hermetic.cli.main)."""
-    out, err = io.StringIO(), io.StringIO()
-    out.buffer = io.BytesIO()  # type: ignore[attr-defined]  # `hermetic logs` writes bytes
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(argv))
-            code = 0
-        except SystemExit as e:
-            code = int(e.code or 0)
-    text = out.getvalue() + out.buffer.getvalue().decode(errors="replace")  # type: ignore[attr-defined]
-    return code, text, err.getvalue()
 
 
 def assert_escaped(*texts: str) -> None:

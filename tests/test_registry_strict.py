@@ -16,7 +16,6 @@ subprocess timeout only proves that nothing hangs.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 from pathlib import Path
@@ -38,6 +37,7 @@ from registry_support import (
     have_registry_tools,
     make_image,
     random_layer,
+    registry_env,
     self_signed_cert,
     start_registry,
 )
@@ -53,13 +53,7 @@ NO_HANG_S = 60  # a subprocess that runs longer than this hung (the deadlines in
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """A new process's environment: its own cache, no credentials, no proxy, default deadlines."""
-    docker_config = tmp_path / "docker-config"
-    docker_config.mkdir()
-    out = {k: v for k, v in os.environ.items()
-           if k not in (TOTAL_TIMEOUT_ENV, REQUEST_TIMEOUT_ENV, "HERMETIC_REGISTRY_USER", "HERMETIC_REGISTRY_PASSWORD")
-           and "proxy" not in k.lower()}
-    out.update({"HERMETIC_CACHE": str(tmp_path / "cache"), "DOCKER_CONFIG": str(docker_config)})
-    return out
+    return registry_env(tmp_path)
 
 
 def hermetic(*args: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:

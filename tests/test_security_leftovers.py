@@ -4,29 +4,17 @@ outside the project."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
 
-from hermetic.cli import main
+from conftest import cli_in_process as cli
 from hermetic.record.synthetic import synthetic_record, write_synthetic_run
 
 A, B = "20261129-214500-aaaaaa", "20261129-214500-bbbbbb"
 DEEP = "[" * 100_000 + "]" * 100_000
 
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(argv))
-            code = 0
-        except SystemExit as e:
-            code = int(e.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture()

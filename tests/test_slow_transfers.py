@@ -11,7 +11,6 @@ before the minimum rate, the crawls ran into it).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 from pathlib import Path
@@ -20,9 +19,11 @@ import pytest
 
 from conftest import assert_clean_error, run_cli
 from hermetic.core.canonical import sha256_digest
-from hermetic.registry.deadlines import MIN_RATE_ENV, RATE_WINDOW_ENV, REQUEST_TIMEOUT_ENV, TOTAL_TIMEOUT_ENV
+from hermetic.registry.deadlines import MIN_RATE_ENV, RATE_WINDOW_ENV
 from hermetic.store.oci import OciStore
-from registry_support import FakeRegistry, Reply, have_registry_tools, make_image, random_layer, start_registry
+from registry_support import (
+    FakeRegistry, Reply, have_registry_tools, make_image, random_layer, registry_env, start_registry,
+)
 
 pytestmark = [pytest.mark.registry]
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -34,12 +35,7 @@ BIG = 24 << 20  # more than the loopback socket buffers hold, so a slow reader h
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """A new process's environment: its own cache, no credentials, no proxy, default deadlines, the test's limits."""
-    docker_config = tmp_path / "docker-config"
-    docker_config.mkdir()
-    out = {k: v for k, v in os.environ.items()
-           if k not in (TOTAL_TIMEOUT_ENV, REQUEST_TIMEOUT_ENV, "HERMETIC_REGISTRY_USER", "HERMETIC_REGISTRY_PASSWORD")
-           and "proxy" not in k.lower()}
-    return {**out, **LIMITS, "HERMETIC_CACHE": str(tmp_path / "cache"), "DOCKER_CONFIG": str(docker_config)}
+    return {**registry_env(tmp_path), **LIMITS}
 
 
 def hermetic(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
