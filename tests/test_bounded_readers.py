@@ -54,10 +54,11 @@ def test_a_long_name_a_deep_object_and_a_huge_number_in_metrics_jsonl(tmp_path):
     assert "x" * 1000 not in got.metrics["final"] and got.metrics["left_out"]["other_names"] == 1
     assert got.metrics["final"] == {"big": "Infinity", "ok": 2, "nest.a.b": 3}
     got = collect(tmp_path / "2", {"metrics.jsonl": lines + deep + "\n"})
-    # Python <= 3.12 refuses the line (RecursionError: a note); 3.13's json reads it (its C recursion limit is
-    # not sys's), and nothing below MAX_NESTING is a metric: the same metrics either way, never a crash.
-    assert got.metrics["final"] == {"big": "Infinity", "ok": 2, "nest.a.b": 3}
-    assert all("metrics.jsonl:3: not a JSON object" in n for n in got.notes if ":3:" in n), got.notes
+    # Python <= 3.12's json refuses the line (RecursionError): the file is a note, as any bad line makes it;
+    # 3.13's reads it (its C recursion limit is not sys's) and nothing below MAX_NESTING is a metric. Never a crash.
+    refused = any("metrics.jsonl:3: not a JSON object" in n for n in got.notes)
+    assert got.metrics["final"] == ({} if refused else {"big": "Infinity", "ok": 2, "nest.a.b": 3}), got.notes
+    assert refused or sys.version_info >= (3, 13), got.notes
 
 
 def test_a_lightning_csv_of_many_columns_keeps_the_first_columns(tmp_path):
