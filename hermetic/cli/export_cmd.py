@@ -12,7 +12,7 @@ from hermetic.cli.common import config_option, emit_json, json_option
 @click.command("export")
 @click.argument("image", required=False)
 @click.option("--squashfs", "squashfs", is_flag=True, required=True,
-              help="Write the image's filesystem as one SquashFS file (the only form for now; required).")
+              help="Write the image's filesystem as one SquashFS file (the one form export writes).")
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Where the file goes (default: $HERMETIC_CACHE/squashfs/sha256-<manifest hex>.sqfs); its "
                    "sidecar PATH.json goes beside it.")
