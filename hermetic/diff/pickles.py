@@ -13,6 +13,7 @@ import hashlib
 import io
 import itertools
 import pickle
+import reprlib
 import pickletools
 from typing import Any, Callable, Iterable
 
@@ -214,6 +215,10 @@ class _Obj(_Inert):
     def __setstate__(self, state: Any) -> None:
         self.states.append(state)
 
+    @reprlib.recursive_repr("<cycle>")
+    def __repr__(self) -> str:  # no address: a key's text (``_key``) is the same at every read
+        return f"<{self.cls!r}{self.args!r} {self.states!r} {self.items!r} {self.appended!r}>"
+
     def __setitem__(self, key: Any, value: Any) -> None:  # SETITEMS on a dict subclass (OrderedDict)
         self.items[_key(key)] = value
 
@@ -229,6 +234,9 @@ class _Persistent(_Inert):
 
     def __init__(self, pid: Any):
         self.pid = pid
+
+    def __repr__(self) -> str:
+        return f"<persistent {self.pid!r}>"
 
 
 class _OutOfBand(bytes):
