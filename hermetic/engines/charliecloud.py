@@ -2,8 +2,9 @@
 
 The image is one SquashFS file (hermetic.engines.squashfs) mounted by squashfuse where that can mount it,
 else its layers unpacked once as directories (hermetic.engines.unpack); either way a read-only overlay's
-lowest layer (HERMETIC_IMAGE_FORM: auto, squashfs or directory). One process tree, hermetic's child: ``setpriv --pdeathsig KILL -- unshare [--user] --mount --net
---pid --fork --kill-child -- catatonit -- sh -c SETUP; exec ch-run ...``: mounts made in its own mount
+lowest layer (HERMETIC_IMAGE_FORM: auto, squashfs or directory). One process tree, hermetic's child:
+``setpriv --pdeathsig KILL -- unshare [--user] --mount --net --pid --fork --kill-child -- catatonit --
+sh -c SETUP; exec ch-run ...``: mounts made in its own mount
 namespace (read-only binds, tmpfs /tmp and /dev/shm, a /dev of a few nodes), no network, catatonit as the
 PID namespace's init, RLIMIT_NPROC as the pids limit (no cgroup: a memory limit is refused). Its driver's
 death ends it (PR_SET_PDEATHSIG, then the PID namespace's init): it leaves no orphan.
@@ -178,16 +179,30 @@ class CharliecloudEngine:
         form = sqfs.wanted_form()
         if form == "directory":
             return "directory", f"{sqfs.FORM_VARIABLE}=directory"
-        why = sqfs.fuse_reason() or (None if sqfs.tool_version() == sqfs.TOOL_VERSION or os.environ.get(
-            sqfs.FILE_VARIABLE) else f"no tar2sqfs {sqfs.TOOL_VERSION} to make the file")
+        given = os.environ.get(sqfs.FILE_VARIABLE)  # a Slurm task's file: nothing to make here
+        why = sqfs.fuse_reason()
+        if why is None and not given and sqfs.tool_version() != sqfs.TOOL_VERSION:
+            why = f"no tar2sqfs {sqfs.TOOL_VERSION} to make the file"
         if why is None:
             return "squashfs", None
-        if form == "squashfs" or os.environ.get(sqfs.FILE_VARIABLE):
-            raise Unavailable(f"the image cannot run from {os.environ.get(sqfs.FILE_VARIABLE) or 'a SquashFS file'} "
+        if form == "squashfs" or given:
+            raise Unavailable(f"the image cannot run from {given or 'a SquashFS file'} "
                               f"here: {why}; nothing was mounted or run",
                               hint=f"install squashfuse and allow FUSE, or set {sqfs.FORM_VARIABLE}=directory "
                                    "(the layers unpacked into the cache)")
         return "directory", why
+
+    def _check_given(self, path: Path, manifest_digest: str, sha256: str | None) -> sqfs.SquashImage:
+        """A Slurm task's file hashed in full against the submitted sha256, once per process while its stat
+        stays the same (the probe's container and the run's mount it after ensure_image's check)."""
+        try:
+            seen: tuple[Any, ...] | None = (str(path), *stat_key(path.stat()))
+        except OSError:
+            seen = None  # check says what is missing
+        image = sqfs.check(path, manifest_digest, sha256, full=seen is None or seen not in self._checked)
+        if seen is not None:
+            self._checked.add(seen)
+        return image
 
     def image_record_path(self, manifest_digest: str, form: str = "directory") -> Path:
         tail = "-squashfs" if form == "squashfs" else ""
@@ -248,7 +263,7 @@ class CharliecloudEngine:
                "env": list(cc.get("Env") or []), "workdir": cc.get("WorkingDir") or "/"}
         if form == "squashfs":
             if given:  # a Slurm task: the submitted file, its sha256 checked in full before anything mounts it
-                image = sqfs.check(Path(given), manifest_digest, os.environ.get(sqfs.EXPECT_VARIABLE) or None)
+                image = self._check_given(Path(given), manifest_digest, os.environ.get(sqfs.EXPECT_VARIABLE) or None)
             else:
                 from hermetic.core.paths import cache_root
 
@@ -310,12 +325,8 @@ class CharliecloudEngine:
         rec = self.image_record(spec.manifest_digest)
         if rec is None:
             raise EngineError(f"image {spec.image_id[:19]} is not unpacked for Charliecloud; run `hermetic build`")
-        if rec.get("squashfs"):  # the bytes mounted are the ones recorded (a stat where they were hashed since)
-            path = Path(rec["squashfs"]["path"])
-            seen = (str(path), *stat_key(path.stat()))  # a Slurm task's file: hashed in full once per process
-            full = bool(os.environ.get(sqfs.FILE_VARIABLE)) and seen not in self._checked
-            sqfs.check(path, spec.manifest_digest, rec["squashfs"]["sha256"], full=full)
-            self._checked.add(seen)
+        if rec.get("squashfs") and os.environ.get(sqfs.FILE_VARIABLE):  # (the cache's own: image_record checked it)
+            self._check_given(Path(rec["squashfs"]["path"]), spec.manifest_digest, rec["squashfs"]["sha256"])
         uid, gid = _ids(spec.user)
         as_root = os.geteuid() == 0
         scratch = Path(_private_dir(uid, gid, as_root))

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from hermetic.core.errors import DataError, HermeticError, IntegrityError, NotFound, Unavailable
+from hermetic.core.errors import DataError, HermeticError, IntegrityError, NotFound, Unavailable, UsageError
 from hermetic.hostfs.fsutil import sha256_file
-from hermetic.store.intact import blob_intact
+from hermetic.store.intact import REPAIR, blob_intact
 from hermetic.engines.unpack import GZIP_TYPES, OPAQUE_MARKER, WHITEOUT_PREFIX, LayerRefused, _normal_name
 
 TOOL = "tar2sqfs"
@@ -60,8 +60,6 @@ class SquashImage:
 
 def wanted_form() -> str:
     """HERMETIC_IMAGE_FORM, checked: auto, squashfs or directory."""
-    from hermetic.core.errors import UsageError
-
     form = os.environ.get(FORM_VARIABLE, "").strip() or "auto"
     if form not in FORMS:
         raise UsageError(f"{FORM_VARIABLE}={form!r}: one of {', '.join(FORMS)}")
@@ -132,8 +130,8 @@ def require_tool() -> tuple[str, str]:
     version = tool_version(exe)
     if version != TOOL_VERSION:
         raise Unavailable(f"{exe} is squashfs-tools-ng {version or 'of an unknown version'}, not the pinned "
-                               f"{TOOL_VERSION}: its files would not be byte-identical to other machines'",
-                               hint=INSTALL_HINT)
+                          f"{TOOL_VERSION}: its files would not be byte-identical to other machines'",
+                          hint=INSTALL_HINT)
     return exe, f"squashfs-tools-ng {TOOL_VERSION} ({compressor_library(exe)})"
 
 
@@ -182,7 +180,6 @@ def make(store: Any, manifest_digest: str, out: Path, *, jobs: int | None = None
         os.chmod(tmp, 0o644)
         os.replace(tmp, out)
         os.replace(side_tmp, sidecar_path(out))
-        blob_intact(out.parent, out, sha, size)  # noted: the next check trusts its stat
     finally:
         for p in (tmp, sidecar_path(tmp)):
             p.unlink(missing_ok=True)
@@ -235,8 +232,6 @@ def flatten(store: Any, layers: list[dict[str, Any]], out: IO[bytes]) -> int:
     """Write the image's filesystem (its ``layers``, lowest first) to ``out`` as one tar; the entry count.
 
     Each layer blob is checked against its digest before it is read (hermetic.store.intact)."""
-    from hermetic.store.intact import REPAIR, blob_intact
-
     upper: dict[str, bool] = {}     # path -> is a directory, from the layers above
     whited: set[str] = set()        # paths a layer above removed
     opaque: set[str] = set()        # directories whose lower contents a layer above removed

@@ -89,6 +89,17 @@ def _mount_spec(mounts: list[tuple[str, str, bool]]) -> str:
     return ",".join(parts)
 
 
+def _image_file_check(step: PyxisStep) -> list[str]:
+    """Where the image is a file: its sha256 checked before any container starts (65 otherwise)."""
+    if step.image_sha256 is None:
+        return []
+    said = (f"hermetic: {step.image}: its sha256 is not the submitted {step.image_sha256} (truncated or altered); "
+            "nothing was run: export it again with hermetic export --squashfs")
+    return ["# 0. the image file is the one submitted, or nothing runs (exit 65)",
+            f"echo {q(step.image_sha256 + '  ' + step.image)} | sha256sum --check --status || "
+            f"{{ echo {q(said)} >&2; exit 65; }}"]
+
+
 def pyxis_task_script(options: SbatchOptions, step: PyxisStep, *, python: str, submission: str,
                       cache: str | None, comment: Sequence[str]) -> str:
     """Probe and training containers by pyxis, hermetic's record steps around them (not run here: no enroot)."""
@@ -114,10 +125,7 @@ def pyxis_task_script(options: SbatchOptions, step: PyxisStep, *, python: str, s
         'WORK="$RUN_DIR/.workspace"',
         *( [f"export HERMETIC_CACHE={q(cache)}"] if cache else []),
         f"PROBE_SRC=$({q(python)} -c 'import hermetic.inimage.probe as p; print(p.PROBE_DIR)')",
-        *([f"# 0. the image file is the one submitted, or nothing runs (exit 65)",
-           f"echo {q(step.image_sha256 + '  ' + step.image)} | sha256sum --check --status || "
-           f"{{ echo {q('hermetic: ' + step.image + ': its sha256 is not the submitted ' + step.image_sha256 + ' (truncated or altered); nothing was run: export it again with hermetic export --squashfs')} >&2; exit 65; }}"]
-          if step.image_sha256 else []),
+        *_image_file_check(step),
         "# 1. the probe, in the same image with the same devices (hermetic folds it into the record)",
         f"srun --ntasks=1 --export=PATH --container-image={step.image} {probe_mount} --no-container-mount-home "
         "--no-container-remap-root --no-container-entrypoint "

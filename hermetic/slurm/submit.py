@@ -430,9 +430,9 @@ def _pyxis_step(sub: Submission, pull_from: str, script: str, cfg: LoadedConfig)
     python = f"{cfg.model.build.prefix}/bin/python"
     command = [python, script] if script.endswith(".py") else [f"./{script}"]
     args = [script_args(sub.request["args"], m.seed) for m in sub.members]
-    return PyxisStep(image=image, image_sha256=image_sha256, mounts=mounts, workdir=workdir, env_names=env_names, command=command,
-                     run_dirs=[str(sub.run_dir(m)) for m in sub.members], seeds=[m.seed for m in sub.members],
-                     args=args, exports=exports)
+    return PyxisStep(image=image, image_sha256=image_sha256, mounts=mounts, workdir=workdir, env_names=env_names,
+                     command=command, run_dirs=[str(sub.run_dir(m)) for m in sub.members],
+                     seeds=[m.seed for m in sub.members], args=args, exports=exports)
 
 
 __all__ = ["ImageNotPushed", "NotOnTheNodes", "SlurmOptions", "SubmitResult", "check_visible", "node_local_reason",

@@ -109,10 +109,11 @@ def run_task(submission_path: Path, *, log: Log, env: Mapping[str, str] | None =
                     log(f"image {sub.image['manifest_digest']}: {copied} blob(s) copied from the shared store "
                         f"{sub.shared_store} into this node's cache, each verified")
             slurm["image_store"] = sub.shared_store
-        if sub.squashfs:  # the engine mounts this file, once its sha256 is the submitted one (engines.squashfs)
-            from hermetic.engines import squashfs as sqfs
+            if sub.squashfs:  # the engine mounts this file once its sha256 is the submitted one (engines.squashfs)
+                from hermetic.engines import squashfs as sqfs
 
-            os.environ[sqfs.FILE_VARIABLE], os.environ[sqfs.EXPECT_VARIABLE] = sub.squashfs["path"], sub.squashfs["sha256"]
+                os.environ[sqfs.FILE_VARIABLE] = sub.squashfs["path"]
+                os.environ[sqfs.EXPECT_VARIABLE] = sub.squashfs["sha256"]
         else:
             pulled = ensure_recorded_image(store, sub.image["manifest_digest"], sub.repo_digests,
                                            image_id=sub.image["image_id"])
