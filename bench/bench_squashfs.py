@@ -154,8 +154,8 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the workdir")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if shutil.which("tar2sqfs") is None or shutil.which("squashfuse") is None or shutil.which("skopeo") is None:
-        sys.exit("bench_squashfs: needs tar2sqfs, squashfuse and skopeo (scripts/ensure-test-deps)")
+    if shutil.which("squashfuse_ll") is None or shutil.which("skopeo") is None:
+        sys.exit("bench_squashfs: needs squashfuse and skopeo (scripts/ensure-test-deps)")
     existed = args.workdir.exists()
     args.workdir.mkdir(parents=True, exist_ok=True)
     try:

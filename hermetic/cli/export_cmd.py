@@ -25,8 +25,9 @@ def export(image: str | None, squashfs: bool, output: str | None, config_path: s
     omitted for the image of hermetic.yaml (from hermetic.image.json). The
     file is made from the store's verified layers (whiteouts applied;
     owners, modes and times as the layers say; nothing unpacked on this
-    machine) by squashfs-tools-ng's tar2sqfs, whose version is pinned: the
-    same image gives the same bytes on every machine. A sidecar PATH.json
+    machine) by hermetic's own writer, data stored uncompressed (a run reads
+    libraries as they lie, not decompressed at every mount): the same image
+    gives the same bytes on every machine. A sidecar PATH.json
     binds the file's sha256 to the image's manifest digest; `hermetic verify
     FILE.sqfs` checks both. An intact file for the same image is kept.
 
@@ -36,8 +37,7 @@ def export(image: str | None, squashfs: bool, output: str | None, config_path: s
     CMD`); docs/scale-out.md says which where.
 
     Exit status: 0 written or already there; 66 no such image in the store;
-    65 a layer blob that fails its digest or holds what cannot be packed;
-    69 tar2sqfs missing or not the pinned version.
+    65 a layer blob that fails its digest or holds what cannot be packed.
 
     \b
     Examples:

@@ -38,7 +38,7 @@ def verify(ref: str, key: str | None, scratch: str | None, keep: bool, as_json: 
     Given FILE.sqfs (made by `hermetic export --squashfs`), checks the file
     against its sidecar, then makes it again from the image in the local
     store and compares the bytes: "reproduced" (0), "differs" (1); a
-    truncated, altered or misnamed file, or one from another tar2sqfs, is
+    truncated, altered or misnamed file, or one from another writer, is
     refused (65); an image not in the store, 66.
 
     \b

@@ -181,8 +181,6 @@ class CharliecloudEngine:
             return "directory", f"{sqfs.FORM_VARIABLE}=directory"
         given = os.environ.get(sqfs.FILE_VARIABLE)  # a Slurm task's file: nothing to make here
         why = sqfs.fuse_reason()
-        if why is None and not given and sqfs.tool_version() != sqfs.TOOL_VERSION:
-            why = f"no tar2sqfs {sqfs.TOOL_VERSION} to make the file"
         if why is None:
             return "squashfs", None
         if form == "squashfs" or given:
