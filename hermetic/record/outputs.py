@@ -192,15 +192,10 @@ def metrics_summary(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, Any
     path = Path(metrics_jsonl_path)
     if not is_regular_file(path):
         return {"final": {}, "steps": None}
-    return _summarize(metric_lines(path))
-
-
-def _summarize(lines) -> dict[str, Any]:
     final: dict[str, Any] = {}
     max_step: int | None = None
     count = 0
-    for _, step, values in lines:
-        count += 1
+    for count, step, values in metric_lines(path):
         if step is not None:
             max_step = step if max_step is None else max(max_step, step)
         for name, value in values:
