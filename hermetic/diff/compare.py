@@ -21,7 +21,6 @@ from hermetic.record.schema import Code, DataChangedDuringRun, Env, Image, Invoc
 from hermetic.config.seedargs import differ_only_by_seed, filled_template, has_placeholder
 
 INPUT_SECTIONS = ("image", "code", "config", "data", "seed", "env")
-ENVIRONMENT_SECTIONS = ("software", "gpu", "cpu")
 TITLES = {
     "image": "image and packages", "code": "code", "config": "config and arguments", "data": "data",
     "seed": "seed", "env": "environment variables", "software": "software versions and flags",
