@@ -21,7 +21,6 @@ from hermetic.record.schema import Code, DataChangedDuringRun, Env, Image, Invoc
 from hermetic.config.seedargs import differ_only_by_seed, filled_template, has_placeholder
 
 INPUT_SECTIONS = ("image", "code", "config", "data", "seed", "env")
-ENVIRONMENT_SECTIONS = ("software", "gpu", "cpu")
 TITLES = {
     "image": "image and packages", "code": "code", "config": "config and arguments", "data": "data",
     "seed": "seed", "env": "environment variables", "software": "software versions and flags",
@@ -134,36 +133,33 @@ def compare_image(a: Image, b: Image) -> SectionDiff:
         x, y = pa.get(name), pb.get(name)
         if x and y:
             if x.version != y.version:
-                s.changes.append(Change("image", f"packages.{name}", "changed", x, y,
-                                        f"{name} {x.version} -> {y.version}"))
+                s.add(f"packages.{name}", "changed", x, y, f"{name} {x.version} -> {y.version}")
             elif x.sha256 != y.sha256 or x.filename != y.filename:
-                s.changes.append(Change("image", f"packages.{name}", "changed", x, y, f"{name} {x.version} other "
-                                        f"wheel ({short(x.sha256, 8)} -> {short(y.sha256, 8)})"))
+                s.add(f"packages.{name}", "changed", x, y, f"{name} {x.version} other "
+                      f"wheel ({short(x.sha256, 8)} -> {short(y.sha256, 8)})")
         elif y:
-            s.changes.append(Change("image", f"packages.{name}", "added", None, y, f"{name} {y.version} added"))
+            s.add(f"packages.{name}", "added", None, y, f"{name} {y.version} added")
         elif x:
-            s.changes.append(Change("image", f"packages.{name}", "removed", x, None, f"{name} {x.version} removed"))
+            s.add(f"packages.{name}", "removed", x, None, f"{name} {x.version} removed")
     if a.base != b.base:
-        s.changes.append(Change("image", "base", "changed", a.base, b.base, f"base {short(a.base)} -> {short(b.base)}"))
+        s.add("base", "changed", a.base, b.base, f"base {short(a.base)} -> {short(b.base)}")
     if a.lock_sha256 != b.lock_sha256:
-        s.changes.append(Change("image", "lock_sha256", "changed", a.lock_sha256, b.lock_sha256,
-                                f"lock {short(a.lock_sha256)} -> {short(b.lock_sha256)}", headline=not s.changes))
+        s.add("lock_sha256", "changed", a.lock_sha256, b.lock_sha256,
+              f"lock {short(a.lock_sha256)} -> {short(b.lock_sha256)}", headline=not s.changes)
     s.changes += diff_flat("image", a.cuda.model_dump(), b.cuda.model_dump(), prefix="cuda")
     # Labels that restate another section are listed, not causes: the config's hash (the config section
     # names the key that changed), the lock's and the base's digests (said above).
     s.changes += diff_flat("image", a.labels, b.labels, prefix="labels", material=lambda k: k not in _RESTATING_LABELS)
     same_id = a.id == b.id
     if not same_id:
-        s.changes.append(Change("image", "id", "changed", a.id, b.id, f"image {short(a.id)} -> {short(b.id)}",
-                                headline=False))
+        s.add("id", "changed", a.id, b.id, f"image {short(a.id)} -> {short(b.id)}", headline=False)
     if a.manifest_digest != b.manifest_digest:
         # Same config (ID) but another manifest: the same image stored another way (e.g. compressed).
-        s.changes.append(Change("image", "manifest_digest", "changed", a.manifest_digest, b.manifest_digest,
-                                f"manifest {short(a.manifest_digest)} -> {short(b.manifest_digest)}",
-                                material=not same_id, headline=False))
+        s.add("manifest_digest", "changed", a.manifest_digest, b.manifest_digest,
+              f"manifest {short(a.manifest_digest)} -> {short(b.manifest_digest)}",
+              material=not same_id, headline=False)
     if sorted(a.repo_digests) != sorted(b.repo_digests):
-        s.changes.append(Change("image", "repo_digests", "changed", a.repo_digests, b.repo_digests,
-                                "pushed under other names", material=False))
+        s.add("repo_digests", "changed", a.repo_digests, b.repo_digests, "pushed under other names", material=False)
     if same_id:
         # The ID is the digest of the image config, which names every layer: equal IDs mean
         # equal images, whatever the package lists say.
@@ -196,9 +192,8 @@ def compare_code(a: Code, b: Code, restated: frozenset[str] = frozenset()) -> Se
         # The tree's digest restates its files: when only restated ones changed (hermetic.yaml's run.pids,
         # say), the config or image section names the change, not the code.
         restating = bool(files) and not any(c.material for c in files)
-        s.changes.append(Change("code", "snapshot.sha256", "changed", sa.sha256, sb.sha256,
-                                f"source tree {short(sa.sha256)} -> {short(sb.sha256)}", not restating,
-                                headline=False))
+        s.add("snapshot.sha256", "changed", sa.sha256, sb.sha256,
+              f"source tree {short(sa.sha256)} -> {short(sb.sha256)}", not restating, headline=False)
     # Git says where the bytes came from; the snapshot is the bytes. Git differences matter
     # only when the trees differ (an amended commit message changes nothing that runs).
     ga, gb = a.git, b.git
@@ -206,15 +201,15 @@ def compare_code(a: Code, b: Code, restated: frozenset[str] = frozenset()) -> Se
         s.same_as += f", commit {str(ga.commit)[:10]}"
     if ga is None or gb is None:
         if ga is not gb:
-            s.changes.append(Change("code", "git", "changed", ga, gb,
-                                    "git checkout -> no git" if gb is None else "no git -> git checkout", tree_differs))
+            s.add("git", "changed", ga, gb,
+                  "git checkout -> no git" if gb is None else "no git -> git checkout", tree_differs)
         return s
     fields = (("commit", "commit", ga.commit, gb.commit), ("dirty", "uncommitted changes", ga.dirty, gb.dirty),
               ("diff_sha256", "patch", ga.diff_sha256, gb.diff_sha256), ("branch", "branch", ga.branch, gb.branch))
     for key, label, x, y in fields:
         if x != y:
-            s.changes.append(Change("code", f"git.{key}", "changed", x, y, f"{label} {short(x, 10)} -> {short(y, 10)}",
-                                    tree_differs and key != "branch"))
+            s.add(f"git.{key}", "changed", x, y, f"{label} {short(x, 10)} -> {short(y, 10)}",
+                  tree_differs and key != "branch")
     s.changes += files_changes("code", ga.untracked, gb.untracked, what="untracked ", material=tree_differs,
                                prefix="git.untracked.")
     return s
@@ -256,14 +251,13 @@ def compare_config(a_inv: Invocation, b_inv: Invocation, seed_a: Any = None, see
         (ta, whole_a), (tb, whole_b) = tokens(a_inv, seed_a), tokens(b_inv, seed_b)
         note = (f"arguments '{whole_a}' -> '{whole_b}'" if len(whole_a) + len(whole_b) <= ARGS_SHOWN_WHOLE
                 else f"arguments: {changed_tokens(ta, tb)}")
-        s.changes.append(Change("config", "args", "changed", a_inv.args, b_inv.args, note))
+        s.add("args", "changed", a_inv.args, b_inv.args, note)
     for key, x, y in (("script", a_inv.script, b_inv.script), ("network", a_inv.network, b_inv.network),
                       ("resume_from", a_inv.resume_from, b_inv.resume_from)):
         if x != y:
-            s.changes.append(Change("config", key, "changed", x, y, f"{key} {short(x)} -> {short(y)}"))
+            s.add(key, "changed", x, y, f"{key} {short(x)} -> {short(y)}")
     if a_inv.config_sha256 != b_inv.config_sha256 and not s.changes:
-        s.changes.append(Change("config", "config_sha256", "changed", a_inv.config_sha256, b_inv.config_sha256,
-                                "config sha256 differs", False))
+        s.add("config_sha256", "changed", a_inv.config_sha256, b_inv.config_sha256, "config sha256 differs", False)
     return s
 
 
@@ -315,8 +309,8 @@ def compare_data(a: Record, b: Record, manifests_a: Manifests, manifests_b: Mani
         if x is None or y is None:
             kind = "added" if x is None else "removed"
             # the dataset as recorded (without the optional keys an older record lacks)
-            s.changes.append(Change("data", name, kind, x and x.model_dump(exclude_unset=True),
-                                    y and y.model_dump(exclude_unset=True), f"dataset {name} {kind}"))
+            s.add(name, kind, x and x.model_dump(exclude_unset=True),
+                  y and y.model_dump(exclude_unset=True), f"dataset {name} {kind}")
             continue
         if x.manifest_sha256 != y.manifest_sha256:
             ma, mb = manifests_a.get(name), manifests_b.get(name)
@@ -325,24 +319,20 @@ def compare_data(a: Record, b: Record, manifests_a: Manifests, manifests_b: Mani
                 s.changes += per_file or [Change("data", f"{name}.manifest_sha256", "changed", x.manifest_sha256,
                                                  y.manifest_sha256, f"{name}: manifest differs (same files)")]
             else:
-                s.changes.append(Change("data", f"{name}.manifest_sha256", "changed", x.manifest_sha256,
-                                        y.manifest_sha256,
-                                        f"{name}: manifest {short(x.manifest_sha256, 8)} -> "
-                                        f"{short(y.manifest_sha256, 8)} ({x.count} -> {y.count} files; "
-                                        "manifest copies not found, no per-file detail)"))
+                s.add(f"{name}.manifest_sha256", "changed", x.manifest_sha256, y.manifest_sha256,
+                      f"{name}: manifest {short(x.manifest_sha256, 8)} -> "
+                      f"{short(y.manifest_sha256, 8)} ({x.count} -> {y.count} files; "
+                      "manifest copies not found, no per-file detail)")
         for label, during in (("A", x.changed_during_run), ("B", y.changed_during_run)):
             if during:  # what that run read is not what its manifest says: a cause, whatever else differs
-                s.changes.append(Change("data", f"{name}.changed_during_run", "changed", x.changed_during_run,
-                                        y.changed_during_run,
-                                        f"{name} changed during run {label}: {during_run_text(during)}"))
+                s.add(f"{name}.changed_during_run", "changed", x.changed_during_run, y.changed_during_run,
+                      f"{name} changed during run {label}: {during_run_text(during)}")
         if x.seen_at != y.seen_at:
-            s.changes.append(Change("data", f"{name}.mounts", "changed", x.seen_at, y.seen_at,
-                                    f"{name} seen at {', '.join(map(str, x.seen_at))} -> "
-                                    f"{', '.join(map(str, y.seen_at))}"))
+            s.add(f"{name}.mounts", "changed", x.seen_at, y.seen_at,
+                  f"{name} seen at {', '.join(map(str, x.seen_at))} -> {', '.join(map(str, y.seen_at))}")
         for key, p, q in (("path", x.path, y.path), ("verify_mode", x.verify_mode, y.verify_mode)):
             if p != q:
-                s.changes.append(Change("data", f"{name}.{key}", "changed", p, q, f"{name}.{key} {p} -> {q}",
-                                        material=False))
+                s.add(f"{name}.{key}", "changed", p, q, f"{name}.{key} {p} -> {q}", material=False)
     return s
 
 
@@ -368,18 +358,17 @@ def data_changed_during(record: Record, label: str) -> list[str]:
 def compare_seed(a: Seed, b: Seed) -> SectionDiff:
     s = SectionDiff("seed", TITLES["seed"], "input", same_as=str(a.value))
     if a.value != b.value:
-        s.changes.append(Change("seed", "value", "changed", a.value, b.value, f"seed {a.value} -> {b.value}"))
+        s.add("value", "changed", a.value, b.value, f"seed {a.value} -> {b.value}")
     if a.policy != b.policy:
-        s.changes.append(Change("seed", "policy", "changed", a.policy, b.policy,
-                                f"seed chosen by {a.policy} -> {b.policy}", material=False))
+        s.add("policy", "changed", a.policy, b.policy, f"seed chosen by {a.policy} -> {b.policy}", material=False)
     # The seed the script set itself (HF's set_seed, Lightning's seed_everything) is the seed that was used.
     from hermetic.record.build import reseeded_text
 
     ra, rb = a.reseeded, b.reseeded
     if ra is not None and rb is not None and ra != rb:
-        s.changes.append(Change("seed", "reseeded", "changed", ra, rb,
-                                f"{reseeded_text(ra) or 'the script kept seed ' + str(a.value)} -> "
-                                f"{reseeded_text(rb) or 'the script kept seed ' + str(b.value)}"))
+        s.add("reseeded", "changed", ra, rb,
+              f"{reseeded_text(ra) or 'the script kept seed ' + str(a.value)} -> "
+              f"{reseeded_text(rb) or 'the script kept seed ' + str(b.value)}")
     elif ra and ra == rb:
         s.same_as += f" ({reseeded_text(ra)} in both)"
     # Only what the runtime applied as seeding or determinism can explain other outputs; the rest of its
@@ -403,9 +392,8 @@ def compare_env(a: Env, b: Env) -> SectionDiff:
     s.changes += diff_flat("env", a.passed, b.passed)
     sa, sb = set(a.secrets), set(b.secrets)
     for name in sorted(sa ^ sb):
-        s.changes.append(Change("env", f"secrets.{name}", "added" if name in sb else "removed", name in sa,
-                                name in sb, f"secret {name} {'passed' if name in sb else 'not passed'}",
-                                material=False))
+        s.add(f"secrets.{name}", "added" if name in sb else "removed", name in sa, name in sb,
+              f"secret {name} {'passed' if name in sb else 'not passed'}", material=False)
     return s
 
 
@@ -457,8 +445,7 @@ def compare_gpu(a_hw: Json, b_hw: Json, a_option: str | None, b_option: str | No
         s.changes.insert(0, Change("gpu", "gpus", "changed", len(gpus_a), len(gpus_b),
                                    f"{len(gpus_a)} GPU(s) -> {len(gpus_b)} GPU(s)"))
     if a_option != b_option:
-        s.changes.append(Change("gpu", "invocation.gpus", "changed", a_option, b_option,
-                                f"--gpus {a_option} -> {b_option}", material=False))
+        s.add("invocation.gpus", "changed", a_option, b_option, f"--gpus {a_option} -> {b_option}", material=False)
     for i, (x, y) in enumerate(zip(gpus_a, gpus_b, strict=False)):  # extra GPUs: counted above
         if not (isinstance(x, dict) and isinstance(y, dict)):
             continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hermetic.diff.model import Change, SectionDiff
+from hermetic.diff.model import SectionDiff
 from hermetic.record.schema import Distributed, RankPlacement, Record
 
 TITLE = "processes and ranks"
@@ -36,17 +36,15 @@ def compare_distributed(a_rec: Record, b_rec: Record) -> SectionDiff:
     a, b = a_rec.distributed or ONE_PROCESS, b_rec.distributed or ONE_PROCESS
     s = SectionDiff("distributed", TITLE, "input", same_as=_describe(a))
     if a.world_size != b.world_size:
-        s.changes.append(Change("distributed", "world_size", "changed", a.world_size, b.world_size,
-                                f"world size {a.world_size} -> {b.world_size}"))
+        s.add("world_size", "changed", a.world_size, b.world_size, f"world size {a.world_size} -> {b.world_size}")
     for key, label, x, y in (("nnodes", "nodes", a.nnodes, b.nnodes),
                              ("nproc_per_node", "processes per node", a.nproc_per_node, b.nproc_per_node)):
         if x != y:
-            s.changes.append(Change("distributed", key, "changed", x, y, f"{label} {x} -> {y}",
-                                    headline=a.world_size == b.world_size))
+            s.add(key, "changed", x, y, f"{label} {x} -> {y}", headline=a.world_size == b.world_size)
     for key, label, x, y in (("backend", "backend", a.backend, b.backend),
                              ("backend_version", "backend version", a.backend_version, b.backend_version)):
         if x != y:
-            s.changes.append(Change("distributed", key, "changed", x, y, f"{label} {x or 'none'} -> {y or 'none'}"))
+            s.add(key, "changed", x, y, f"{label} {x or 'none'} -> {y or 'none'}")
     if a.world_size == b.world_size:
         ma, mb = rank_map(a), rank_map(b)
         moved = [r for r in sorted(ma) if ma[r] != mb.get(r)]
@@ -54,19 +52,17 @@ def compare_distributed(a_rec: Record, b_rec: Record) -> SectionDiff:
             def place(p: tuple[Any, Any, Any]) -> str:
                 return f"node {p[0]} local {p[1]} {p[2] or 'default device'}"
 
-            s.changes.append(Change("distributed", "ranks", "changed", [ma[r] for r in moved], [mb[r] for r in moved],
-                                    "rank map: " + "; ".join(f"rank {r} {place(ma[r])} -> {place(mb[r])}"
-                                                             for r in moved[:3])
-                                    + (f"; +{len(moved) - 3} more" if len(moved) > 3 else "")))
+            s.add("ranks", "changed", [ma[r] for r in moved], [mb[r] for r in moved],
+                  "rank map: " + "; ".join(f"rank {r} {place(ma[r])} -> {place(mb[r])}" for r in moved[:3])
+                  + (f"; +{len(moved) - 3} more" if len(moved) > 3 else ""))
     ea, eb = a.env or {}, b.env or {}
     for k in sorted(ea.keys() | eb.keys()):
         if ea.get(k) != eb.get(k):
             # The env section judges these variables too; named here so the cause reads as the collectives'.
-            s.changes.append(Change("distributed", f"env.{k}", "changed", ea.get(k), eb.get(k),
-                                    f"{k} {ea.get(k) or 'unset'} -> {eb.get(k) or 'unset'}", material=False))
+            s.add(f"env.{k}", "changed", ea.get(k), eb.get(k),
+                  f"{k} {ea.get(k) or 'unset'} -> {eb.get(k) or 'unset'}", material=False)
     ra, rb = a.rendezvous, b.rendezvous
     if ra != rb and ra is not None and rb is not None:
-        s.changes.append(Change("distributed", "rendezvous", "changed", ra, rb,
-                                f"rendezvous {ra.backend} {ra.endpoint} -> {rb.backend} {rb.endpoint}",
-                                material=False))
+        s.add("rendezvous", "changed", ra, rb, f"rendezvous {ra.backend} {ra.endpoint} -> {rb.backend} {rb.endpoint}",
+              material=False)
     return s

@@ -37,6 +37,11 @@ class SectionDiff:
     warnings: list[str] = field(default_factory=list)
     same_as: str = ""  # short description of the shared value when nothing material differs
 
+    def add(self, key: str, kind: Literal["added", "removed", "changed"], a: Any, b: Any, note: str,
+            material: bool = True, **flags: bool) -> None:
+        """One more change of this section (``flags``: headline, effect)."""
+        self.changes.append(Change(self.name, key, kind, a, b, note, material, **flags))
+
     @property
     def material(self) -> list[Change]:
         return [c for c in self.changes if c.material]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hermetic.config.determinism import env_knobs_not_set
-from hermetic.diff.compare import data_changed_during, short
+from hermetic.diff.compare import data_changed_during, flatten, short
 from hermetic.diff.contents import names_text, volatile_globs_for, weights_first
 from hermetic.core.errors import EXIT_DIFFERENT, EXIT_NOTHING_COMPARED
 from hermetic.diff.model import OutputsDiff, SectionDiff, Verdict
@@ -48,16 +48,8 @@ def _torch_setting(at_exit: Any, applied: dict[str, Any], word: str, probed: Any
     whose key holds ``word``), else as the probe saw it; None when nothing says."""
     if at_exit is not None:
         return at_exit
-    found = next((v for k, v in _flat(applied) if word in k and isinstance(v, bool)), None)
+    found = next((v for k, v in flatten(applied).items() if word in k and isinstance(v, bool)), None)
     return found if found is not None else probed
-
-
-def _flat(d: dict[str, Any], prefix: str = ""):
-    for k, v in d.items():
-        if isinstance(v, dict):
-            yield from _flat(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}", v
 
 
 def ranked_inputs(sections: list[SectionDiff]) -> list[SectionDiff]:

@@ -73,17 +73,13 @@ def load_entry(path: str | os.PathLike[str]) -> Entry:
     return Entry(rec["record"]["run_id"], "run", series=found.series, wall_clock=found.wall_clock)
 
 
-def _by_step(points: list[tuple[int, float]]) -> dict[int, float]:
-    return dict(points)  # the last value logged for a step wins, as in metrics.final
-
-
 def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
 def first_difference(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> int | None:
     """The first step at which the two curves differ (a value, or a step only one has); None if equal."""
-    da, db = _by_step(a), _by_step(b)
+    da, db = dict(a), dict(b)  # the last value logged for a step wins, as in metrics.final
     for step in sorted(da.keys() | db.keys()):
         if step not in da or step not in db or not _same(da[step], db[step]):
             return step
@@ -96,18 +92,13 @@ def group_curve(members: list[Series], name: str) -> tuple[list[int], list[float
 
     per_step: dict[int, list[float]] = {}
     for m in members:
-        for step, value in _by_step(m.get(name, [])).items():
+        for step, value in dict(m.get(name, [])).items():
             if math.isfinite(value):
                 per_step.setdefault(step, []).append(value)
-    steps, means, lows, highs = [], [], [], []
-    for step in sorted(per_step):
-        st = summarize(per_step[step])
-        low, high = st["ci95"] or (st["mean"], st["mean"])  # one member: no band
-        steps.append(step)
-        means.append(st["mean"])
-        lows.append(low)
-        highs.append(high)
-    return steps, means, lows, highs
+    steps = sorted(per_step)
+    stats = [summarize(per_step[step]) for step in steps]
+    bands = [st["ci95"] or (st["mean"], st["mean"]) for st in stats]  # one member: no band
+    return steps, [st["mean"] for st in stats], [low for low, _ in bands], [high for _, high in bands]
 
 
 def build_panels(entries: Sequence[Entry], metrics: Sequence[str] | None = None):

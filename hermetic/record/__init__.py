@@ -21,7 +21,7 @@ _EXPORTS = {
     "is_run_id": "ids", "iso_utc": "ids", "new_group_id": "ids", "new_run_id": "ids",
     "list_entries": "index", "hash_outputs": "outputs", "metrics_summary": "outputs", "render_readme": "readme",
     "adopt_run_dir": "rundir", "create_run_dir": "rundir", "load_record": "rundir", "load_run": "rundir",
-    "resolve_run": "rundir", "write_record": "rundir",
+    "resolve_run": "rundir", "write_record": "rundir", "validate_record": "schema",
 }
 
 
@@ -29,13 +29,6 @@ def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-
-
-def validate_record(record, *, source="run.json", sealed=True):  # noqa: ANN001 - thin lazy wrapper
-    """See hermetic.record.schema.validate_record (imported on first use: it needs pydantic)."""
-    from hermetic.record.schema import validate_record as _validate
-
-    return _validate(record, source=source, sealed=sealed)
 
 
 __all__ = [

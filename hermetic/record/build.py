@@ -141,12 +141,14 @@ def finish_record(record: dict[str, Any], run_dir: str | Path, *, status: str, e
 
 def summarize_metrics(run_dir: str | Path, files: dict[str, Any] | None = None,
                       setting: Any = None) -> tuple[dict[str, Any], list[str]]:
-    """The ``metrics`` section from ``run_dir/outputs`` read in this process, and notes; the series file written.
-    For a record finished without a collection: ``files`` as hashed, ``setting`` is ``run.metrics``. No link is
-    read; TensorBoard's event files only by the collection.
+    """The ``metrics`` section from ``run_dir/outputs`` read in this process (every source but TensorBoard's,
+    whose event files only the collection reads), and notes; the series file written. For a record finished
+    without a collection: ``files`` as hash_outputs_at records them (hashed here when not given), ``setting``
+    is ``run.metrics``. No link is read.
     """
     from hermetic.hostfs import safetree
     from hermetic.record import metrics as mx
+    from hermetic.record.outputs import hash_outputs_at
 
     run_dir = Path(run_dir)
     try:
@@ -154,31 +156,19 @@ def summarize_metrics(run_dir: str | Path, files: dict[str, Any] | None = None,
     except OSError:
         return {"final": {}, "steps": None, "file": None}, []
     try:
-        section, series, notes = summarize_metrics_at(fd, files, setting)
+        found = mx.find_sources(files if files is not None else hash_outputs_at(fd)["files"],
+                                mx.enabled_sources(setting))
+        parts, notes, left_out = mx.read_file_parts(fd, found)
     finally:
         os.close(fd)
-    if series:
-        try:
-            section["series"] = mx.write_series(run_dir, series)
-        except (OSError, safetree.UnsafePath) as e:
-            notes.append(f"the metric series was not written ({mx.SERIES_FILE}): {getattr(e, 'message', None) or e}")
-    return section, notes
-
-
-def summarize_metrics_at(outputs_fd: int, files: dict[str, Any] | None = None,
-                         setting: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
-    """(metrics section, series, notes) for the outputs directory ``outputs_fd``: every source but
-    TensorBoard's (hermetic.record.metrics); ``files`` as hash_outputs_at records them (hashed here when
-    not given)."""
-    from hermetic.record import metrics as mx
-    from hermetic.record.outputs import hash_outputs_at
-
-    if files is None:
-        files = hash_outputs_at(outputs_fd)["files"]
-    found = mx.find_sources(files, mx.enabled_sources(setting))
-    parts, notes, left_out = mx.read_file_parts(outputs_fd, found)
     events = found.files.get(mx.TENSORBOARD) or []
     if events:
         notes.append(f"{len(events)} TensorBoard event file(s) not read: only a run's collection reads them")
     assembled = mx.assemble(parts, left_out=left_out)
-    return assembled.section, assembled.series, found.notes + notes + assembled.notes
+    section, notes = assembled.section, found.notes + notes + assembled.notes
+    if assembled.series:
+        try:
+            section["series"] = mx.write_series(run_dir, assembled.series)
+        except (OSError, safetree.UnsafePath) as e:
+            notes.append(f"the metric series was not written ({mx.SERIES_FILE}): {getattr(e, 'message', None) or e}")
+    return section, notes

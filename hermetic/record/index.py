@@ -107,16 +107,11 @@ def read_index(runs_root: str | os.PathLike[str]) -> tuple[dict[str, dict[str, A
         return {}, 0
     entries: dict[str, dict[str, Any]] = {}
     lines = data.split(b"\n")
-    try:  # one parse for the whole file is faster than one per line
-        parsed = json.loads(b"[" + b",".join(ln for ln in lines if ln) + b"]")
-    except (ValueError, RecursionError):  # a torn or crafted line: parse line by line, skip it
-        parsed = []
-        for raw in filter(None, lines):
-            try:
-                parsed.append(json.loads(raw))
-            except (ValueError, RecursionError):
-                continue  # its directory gets re-read by list_entries
-    for entry in parsed:
+    for raw in filter(None, lines):
+        try:
+            entry = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue  # a torn or crafted line: its directory gets re-read by list_entries
         if isinstance(entry, dict) and entry.get("v") == INDEX_VERSION and isinstance(entry.get("id"), str):
             entries[entry["id"]] = entry
     return entries, len(lines)

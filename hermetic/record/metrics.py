@@ -108,15 +108,11 @@ def find_sources(files: dict[str, dict[str, Any]], enabled: Sequence[str]) -> Fo
             kind = "link" if entry.get("symlink") is not None else entry["type"]
             found.notes.append(f"outputs/{rel}: a {kind}, not a regular file: its metrics were not read")
             continue
-        listed = found.files.setdefault(source, [])
-        if len(listed) >= MAX_FILES:
-            if len(listed) == MAX_FILES:
-                found.notes.append(f"{source}: more than {MAX_FILES} files; only the first {MAX_FILES} were read")
-                listed.append("")  # a marker: noted once
-            continue
-        listed.append(rel)
-    for source in found.files:
-        found.files[source] = [r for r in found.files[source] if r]
+        found.files.setdefault(source, []).append(rel)
+    for source, rels in found.files.items():
+        if len(rels) > MAX_FILES:
+            found.notes.append(f"{source}: more than {MAX_FILES} files; only the first {MAX_FILES} were read")
+            del rels[MAX_FILES:]
     if TRAINER in found.files:
         found.files[TRAINER] = _latest_trainer_states(found.files[TRAINER])
     return found

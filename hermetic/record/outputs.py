@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Protocol
 
 from hermetic.hostfs import safetree
+from hermetic.hostfs.fsutil import stat_key
 from hermetic.core.canonical import sha256_hex
 from hermetic.core.errors import DataError
 
@@ -119,7 +120,7 @@ def hash_outputs_at(rootfd: int, notes: list[str] | None = None, cache: DigestCa
             files[rel] = {"sha256": sha256_hex(data), "size": len(data),
                           "symlink": safetree.record_name(e.target or "")}
         elif e.kind == "file":
-            key = (e.st.st_dev, e.st.st_ino, e.st.st_size, e.st.st_mtime_ns, e.st.st_ctime_ns)
+            key = stat_key(e.st)
             known = cache.get(rel, key) if cache is not None else None
             if known is not None:
                 files[rel] = {"sha256": known, "size": e.st.st_size}
@@ -127,11 +128,8 @@ def hash_outputs_at(rootfd: int, notes: list[str] | None = None, cache: DigestCa
             fd = safetree.open_regular_at(dirfd, name, e.st, rel=e.rel)
             try:
                 digest, size = safetree.hash_fd(fd)
-                if cache is not None:
-                    after = os.fstat(fd)
-                    if size == e.st.st_size and key == (after.st_dev, after.st_ino, after.st_size,
-                                                        after.st_mtime_ns, after.st_ctime_ns):
-                        cache.put(rel, key, digest)
+                if cache is not None and size == e.st.st_size and key == stat_key(os.fstat(fd)):
+                    cache.put(rel, key, digest)
             finally:
                 os.close(fd)
             files[rel] = {"sha256": digest, "size": size}
@@ -194,15 +192,10 @@ def metrics_summary(metrics_jsonl_path: str | os.PathLike[str]) -> dict[str, Any
     path = Path(metrics_jsonl_path)
     if not is_regular_file(path):
         return {"final": {}, "steps": None}
-    return _summarize(metric_lines(path))
-
-
-def _summarize(lines) -> dict[str, Any]:
     final: dict[str, Any] = {}
     max_step: int | None = None
     count = 0
-    for _, step, values in lines:
-        count += 1
+    for count, step, values in metric_lines(path):
         if step is not None:
             max_step = step if max_step is None else max(max_step, step)
         for name, value in values:
@@ -237,17 +230,9 @@ def metric_lines(path: Path):  # -> Iterator[(line count, step or None, [(name, 
         yield from _parse_metric_lines(path, f)
 
 
-def _lines(f):
-    while True:
-        line = f.readline(MAX_METRICS_LINE + 1)
-        if not line:
-            return
-        yield line
-
-
 def _parse_metric_lines(path: Path, f):
     count = 0
-    for lineno, line in enumerate(_lines(f), 1):
+    for lineno, line in enumerate(iter(lambda: f.readline(MAX_METRICS_LINE + 1), ""), 1):
         complete = line.endswith("\n")
         if not complete and len(line) > MAX_METRICS_LINE:
             raise DataError(f"{path}:{lineno}: a line longer than {MAX_METRICS_LINE} characters")

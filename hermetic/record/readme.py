@@ -4,6 +4,7 @@ as Markdown (``_md``), or in a code span or block (``_span``)."""
 from __future__ import annotations
 
 import shlex
+import textwrap
 from string import Template
 from typing import Any
 
@@ -40,7 +41,7 @@ def render_readme(record: Record | dict[str, Any], *, run_dir: str | None = None
         "seed_policy": {"config": "hermetic.yaml", "cli": "the --seed option",
                         "group": "a --seeds group"}.get(r.seed.policy, r.seed.policy),
         "env_text": _env_text(r.env),
-        "docker_run": _indent(docker_run_command(r), 7),
+        "docker_run": textwrap.indent(docker_run_command(r), " " * 7),
         "prepare_text": _prepare_text(r),
         "output_count": len(r.outputs.files),
     }
@@ -167,15 +168,12 @@ def docker_run_command(r: Record) -> str:
     groups.append(["-v", f"$PWD/code-{r.record.run_id}:{workdir}"])
     # docker takes a relative host path for a volume name: make data paths absolute
     for _, ds in sorted(r.data.items()):
-        groups += [["-v", f"{_host_path(ds.path)}:{where}:ro"] for where in ds.seen_at]
+        host = ds.path if ds.path.startswith("/") else f"$PWD/{ds.path}"
+        groups += [["-v", f"{host}:{where}:ro"] for where in ds.seen_at]
     groups.append(["-v", "$PWD/outputs:/outputs"])
     groups.append([r.image.id])
     groups.append([python, inv.script, *inv.args])
     return " \\\n    ".join(" ".join(_quote(a) for a in g) for g in groups)
-
-
-def _host_path(path: str) -> str:
-    return path if path.startswith("/") else f"$PWD/{path}"
 
 
 def _quote(arg: str) -> str:
@@ -186,8 +184,3 @@ def _quote(arg: str) -> str:
         rest = "".join("\\" + c if c in '"\\$`' else c for c in arg[4:])
         return _span(f'"$PWD{rest}"')
     return _span(shlex.quote(arg))
-
-
-def _indent(text: str, n: int) -> str:
-    pad = " " * n
-    return "\n".join(pad + line for line in text.splitlines())

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.hostfs import safetree
+from hermetic.hostfs.fsutil import stat_key
 from hermetic.core.errors import HermeticError, IntegrityError
 from hermetic.record.outputs import hash_outputs_at
 
@@ -91,9 +92,7 @@ class OutputsCheck:
 
 
 def _same_entry(recorded: dict[str, Any], actual: dict[str, Any]) -> bool:
-    def norm(d: dict[str, Any]) -> dict[str, Any]:
-        return {k: d.get(k) for k in ("sha256", "size", "symlink", "type")}
-    return norm(recorded) == norm(actual)
+    return all(recorded.get(k) == actual.get(k) for k in ("sha256", "size", "symlink", "type"))
 
 
 def check_outputs(run_dir: str | os.PathLike[str], record: dict[str, Any], *, cache: bool = True,
@@ -123,8 +122,7 @@ def check_outputs(run_dir: str | os.PathLike[str], record: dict[str, Any], *, ca
         digests.save()
     regular = sum(1 for f in actual.values() if not f.get("type") and f.get("symlink") is None)
     hashed = len(digests.hashed) if cache and digests is not None else regular
-    changed = sorted(p for p in recorded.keys() & actual.keys()
-                     if recorded[p] != actual[p] and not _same_entry(recorded[p], actual[p]))
+    changed = sorted(p for p in recorded.keys() & actual.keys() if not _same_entry(recorded[p], actual[p]))
     return OutputsCheck(changed, sorted(recorded.keys() - actual.keys()), sorted(actual.keys() - recorded.keys()),
                         files=len(recorded), hashed=hashed, cached=regular - hashed)
 
@@ -137,10 +135,7 @@ def require_as_recorded(run_dir: str | os.PathLike[str], record: dict[str, Any],
     digests = OutputsStatCache(run_dir)
     check = check_outputs(run_dir, record, digests=digests)
     problems = [p for p in check.problems() if not p.endswith("(added since)")]
-    for name, ds in sorted(record["data"].items()):
-        problems += _file_problems(run_dir, ds["manifest_file"], ds["manifest_sha256"],
-                                   f"dataset {name}'s manifest copy", digests)
-    problems += _written_files_problems(run_dir, record, digests)
+    problems += _files_problems(run_dir, record, digests, code=False)
     digests.save()
     if problems:
         more = f" (+{len(problems) - _SHOWN} more)" if len(problems) > _SHOWN else ""
@@ -180,11 +175,10 @@ class RunVerification:
 def verify_run(run_dir: str | os.PathLike[str]) -> RunVerification:
     """Everything ``run_dir``'s sealed record holds a digest of, rehashed (module doc). Never raises for what
     it finds: each difference is one line of ``problems``."""
-    from hermetic.record.rundir import load_record
+    from hermetic.record.liveness import is_running
+    from hermetic.record.rundir import RunNotFound, load_record
 
     run_dir = Path(run_dir)
-    from hermetic.record.liveness import is_running
-    from hermetic.record.rundir import RunNotFound
 
     try:
         record = load_record(run_dir)  # the schema, the seal, the directory's name
@@ -203,49 +197,47 @@ def verify_run(run_dir: str | os.PathLike[str]) -> RunVerification:
         # Never sealed at the end (its driver was killed): the record holds no outputs to differ from, and
         # what the script left is not part of it. Only a recorded one that changed or went missing counts.
         result.outputs.added = []
-    result.problems += result.outputs.problems()
-    for name, ds in sorted(record["data"].items()):
-        result.problems += _file_problems(run_dir, ds["manifest_file"], ds["manifest_sha256"],
-                                          f"dataset {name}'s manifest copy", digests)
-    snap = record["code"]["snapshot"]
-    result.problems += _file_problems(run_dir, snap["file"], snap["sha256"], "the source snapshot", digests)
-    git = record["code"]["git"]
-    if git is not None and git.get("diff_file") and git.get("diff_sha256"):
-        result.problems += _file_problems(run_dir, git["diff_file"], git["diff_sha256"], "the git patch", digests)
-    result.problems += _written_files_problems(run_dir, record, digests)
+    result.problems += result.outputs.problems() + _files_problems(run_dir, record, digests, code=True)
     digests.save(complete=result.outputs.error is None)
     return result
 
 
-def _written_files_problems(run_dir: Path, record: dict[str, Any], digests: OutputsStatCache) -> list[str]:
-    """The metric series (metrics/series.jsonl) and the stdout log kept as an output, when the record has them."""
-    problems: list[str] = []
-    series = record["metrics"].get("series")
+def _files_problems(run_dir: Path, record: dict[str, Any], digests: OutputsStatCache, *, code: bool) -> list[str]:
+    """The files beside outputs/ the record holds a digest of: the datasets' manifest copies, with ``code`` the
+    source snapshot and git patch, the metric series (metrics/series.jsonl) and stdout kept as an output."""
+    files = [(ds["manifest_file"], ds["manifest_sha256"], f"dataset {name}'s manifest copy")
+             for name, ds in sorted(record["data"].items())]
+    if code:
+        snap, git = record["code"]["snapshot"], record["code"]["git"]
+        files.append((snap["file"], snap["sha256"], "the source snapshot"))
+        if git is not None and git.get("diff_file") and git.get("diff_sha256"):
+            files.append((git["diff_file"], git["diff_sha256"], "the git patch"))
+    series, stdout = record["metrics"].get("series"), record["outputs"].get("stdout")
     if series:
-        problems += _file_problems(run_dir, series["file"], series["sha256"], "the metric series", digests)
-    stdout = record["outputs"].get("stdout")
+        files.append((series["file"], series["sha256"], "the metric series"))
     if stdout:
-        problems += _file_problems(run_dir, stdout["file"], stdout["sha256"], "stdout, an output "
-                                   "(run.outputs.stdout)", digests)
-    return problems
+        files.append((stdout["file"], stdout["sha256"], "stdout, an output (run.outputs.stdout)"))
+    return [p for rel, sha256, what in files for p in _file_problems(run_dir, rel, sha256, what, digests)]
 
 
 def _file_problems(run_dir: Path, rel: str, sha256: str, what: str, digests: OutputsStatCache) -> list[str]:
     """[] when ``run_dir/rel`` is a regular file (never through a link) whose bytes hash to ``sha256``."""
     try:
-        fd = _open_in_run_dir(run_dir, rel)
+        rootfd = safetree.open_root(run_dir)
+        try:
+            fd = safetree.open_regular(rootfd, rel)
+        finally:
+            os.close(rootfd)
     except FileNotFoundError:
         return [f"{rel} ({what}) is missing"]
     except (OSError, safetree.UnsafePath) as e:
         return [f"{rel} ({what}) cannot be read: {getattr(e, 'message', None) or e.strerror}"]
     try:
-        st = os.fstat(fd)
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        key = stat_key(os.fstat(fd))
         digest = digests.get(_RUN_FILE + rel, key)
         if digest is None:
             digest, _size = safetree.hash_fd(fd)
-            after = os.fstat(fd)
-            if key == (after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns):
+            if key == stat_key(os.fstat(fd)):
                 digests.put(_RUN_FILE + rel, key, digest)
     finally:
         os.close(fd)
@@ -254,12 +246,3 @@ def _file_problems(run_dir: Path, rel: str, sha256: str, what: str, digests: Out
                 f"{digest[:12]} now)"]
     return []
 
-
-def _open_in_run_dir(run_dir: Path, rel: str) -> int:
-    """``rel`` (a path hermetic wrote, such as code/source.tar) opened for reading without following a link
-    on the way; UnsafePath when it is not a regular file."""
-    rootfd = safetree.open_root(run_dir)
-    try:
-        return safetree.open_regular(rootfd, rel)
-    finally:
-        os.close(rootfd)
