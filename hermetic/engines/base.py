@@ -172,46 +172,36 @@ class Engine(Protocol):
 
     def connect(self) -> None:
         """Fail now (EngineError / Unavailable, with what to do) when this engine cannot be used here."""
-        ...
 
     def readiness(self) -> Readiness:
         """Whether it can run here, and how (``hermetic doctor``'s line for it)."""
-        ...
 
     def gpu_readiness(self, gpu_on_host: bool) -> Readiness | None:
         """What ``hermetic doctor`` says of this engine's way to GPUs, where it says anything (None)."""
-        ...
 
     def info(self, spec: ContainerSpec | None = None) -> EngineInfo:
         """The engine's name, version and what it gives differently (for ``spec``, when given)."""
-        ...
 
     def engine_id(self) -> str:
         """Which engine installation this is (the probe's cache key)."""
-        ...
 
     def check_spec(self, spec: ContainerSpec) -> None:
         """Refuse (EngineError / Unavailable naming the key) what this engine cannot give, before anything exists."""
-        ...
 
     def check_gpus(self, gpus: str) -> None:
         """Refuse before any container exists when ``--gpus`` cannot work with this engine."""
-        ...
 
     def has_image(self, manifest_digest: str, image_id: str) -> bool:
         """Whether the engine holds the image (a replay's, which it may have lost since)."""
-        ...
 
     def build_feed(self, store: Any, base_config: dict[str, Any], base_layers: list[Any], total_layers: int,
                    repo_tag: str | None, labels: dict[str, str]) -> BuildFeed | None:
         """What loads the image while it is built (None: it is made runnable at the end only)."""
-        ...
 
     def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
                      feed: BuildFeed | None = None) -> bool:
         """The image made runnable from hermetic's OCI store, unless the engine has it (``feed``: this build's,
         closed); ``repo_tag`` pointed at it where the engine keeps tags. True when it was imported."""
-        ...
 
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                       watch: Watch | None = None) -> RunOutcome: ...
@@ -223,20 +213,16 @@ class Engine(Protocol):
     def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
                name: str | None = None) -> "Launched":
         """The container on its way (see Launched); ``run_streaming`` is ``launch`` then ``finish``."""
-        ...
 
     def run_capture(self, spec: ContainerSpec, timeout: float | None = None) -> tuple[int, bytes, bytes]:
         """Run to completion: (exit code, stdout, stderr); TimeoutError (the container removed) when it has not
         ended after ``timeout`` seconds."""
-        ...
 
     def containers_labelled(self, *labels: str) -> list[dict] | None:
         """Every container (any state) with all ``labels``, as Docker lists them; None when it cannot be asked."""
-        ...
 
     def container(self, container_id: str) -> Any:
         """A handle (reload, attrs, stop, kill, remove, logs: docker-py's Container's) or None when gone."""
-        ...
 
 
 class SavesImages(Protocol):
@@ -244,7 +230,6 @@ class SavesImages(Protocol):
 
     def save_image(self, image_id: str) -> Iterator[bytes]:
         """The image as a docker-archive tar (``docker save``), as it arrives; NotFound when there is none."""
-        ...
 
 
 class Launched(Protocol):

@@ -442,49 +442,41 @@ class UnpackFeed:
     ``ensure_image`` at the end finds them there. A layer that fails here is left to it (it says why)."""
 
     def __init__(self, store: Any, base_layers: list[Any], root: Path) -> None:
-        import queue
-        import threading
+        from concurrent.futures import ThreadPoolExecutor
 
         self._store = store
         self._root = root
-        self._queue: "queue.Queue[Any]" = queue.Queue()
-        for d in base_layers:
-            self._queue.put(d)
         self.timeline: list[dict[str, Any]] = []
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="unpack-feed", daemon=True)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="unpack-feed")
+        for d in base_layers:
+            self.layer_ready(0, d)
 
     def start(self) -> None:
-        if self._thread.ident is None:
-            self._thread.start()
+        """Nothing to do: each layer is unpacked as soon as it is ready."""
 
     def layer_ready(self, i: int, desc: Any, fresh: bool = False) -> None:
-        self._queue.put(desc)
+        self._pool.submit(self._unpack, desc)
 
     def finish(self, image_id: str, config_bytes: bytes) -> None:
         """Nothing to do: the layers are the image (its record is written by ensure_image)."""
 
-    def _run(self) -> None:
+    def _unpack(self, desc: Any) -> None:
         from hermetic.engines.unpack import ensure_layer
 
-        root = self._root
-        while (desc := self._queue.get()) is not None:
-            if self.error is not None:
-                continue
-            t = time.monotonic()
-            try:
-                _path, made = ensure_layer(self._store, desc.digest, desc.media_type, root)
-            except BaseException as e:  # left to ensure_image, which raises it with the fix
-                self.error = e
-                continue
-            if made:
-                self.timeline.append({"load": "unpack", "layers": 1, "bytes": desc.size, "from": t,
-                                      "to": time.monotonic()})
+        if self.error is not None:
+            return
+        t = time.monotonic()
+        try:
+            _path, made = ensure_layer(self._store, desc.digest, desc.media_type, self._root)
+        except BaseException as e:  # left to ensure_image, which raises it with the fix
+            self.error = e
+            return
+        if made:
+            self.timeline.append({"load": "unpack", "layers": 1, "bytes": desc.size, "from": t, "to": time.monotonic()})
 
     def close(self) -> None:
-        self._queue.put(None)
-        if self._thread.ident is not None:
-            self._thread.join()
+        self._pool.shutdown(wait=True)
 
     def remove_partials(self) -> None:
         """No prefix images here."""

@@ -122,6 +122,11 @@ def _cause(e: BaseException) -> str:
     return type(e).__name__
 
 
+def said(e: Exception) -> str:
+    """What the engine said (its message), for an error docker-py raised."""
+    return str(getattr(e, "explanation", None) or e)
+
+
 def containers_labelled(*labels: str) -> list[dict] | None:
     """Every container of the engine (any state) that has all ``labels`` ("KEY" or "KEY=VALUE"), as the
     engine lists them (``Id``, ``Labels``, ``State``, ...); None when no engine can be asked."""

@@ -38,13 +38,14 @@ def _is_stale(owner: str) -> bool:
 def sweep_stale_partials() -> list[str]:
     """Remove the prefix images of builds that were killed before they could (their layers stay while a
     real image holds them; otherwise the engine frees them). Returns the IDs removed."""
-    from hermetic.engines.dockerimages import images_labelled, remove_image
+    from hermetic.engines.dockerclient import engine_client
+    from hermetic.engines.dockerimages import remove_image
 
     removed = []
-    for image_id, owner in images_labelled(PARTIAL_LABEL).items():
-        if _is_stale(owner):
-            remove_image(image_id)
-            removed.append(image_id)
+    for row in engine_client().api.images(filters={"label": [PARTIAL_LABEL]}):
+        if _is_stale((row.get("Labels") or {}).get(PARTIAL_LABEL, "")):
+            remove_image(row["Id"])
+            removed.append(row["Id"])
     return removed
 
 

@@ -34,17 +34,6 @@ DOCTOR_HINT = "apt-get install podman catatonit uidmap skopeo (docs/scale-out.md
 STOP_TIMEOUT = 10  # seconds between SIGTERM and SIGKILL, as docker stop
 
 
-def _cgroup_v2() -> bool:
-    try:
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            left, _, right = line.partition(" - ")
-            if left.split()[4:5] == ["/sys/fs/cgroup"]:
-                return right.split()[:1] == ["cgroup2"]
-    except OSError:
-        pass
-    return False
-
-
 def _pid_max() -> int:
     try:
         return int(Path("/proc/sys/kernel/pid_max").read_text())
@@ -91,7 +80,7 @@ class PodmanEngine(ChildEngine):
         self._version: str | None = None
         self.rootless = os.geteuid() != 0
         # Rootless Podman on cgroup v1 has no cgroup it may write: the limits cannot be cgroup limits.
-        self.cgroup_limits = not self.rootless or _cgroup_v2()
+        self.cgroup_limits = not self.rootless or Path("/sys/fs/cgroup/cgroup.controllers").exists()  # cgroup v2
 
     # -- the command -------------------------------------------------------------------------------------
 
@@ -393,8 +382,8 @@ def container_env_file(spec: ContainerSpec):
 
 def podman_tag(repo_tag: str) -> str:
     """Docker's ``hermetic/NAME:latest`` as Podman names a local image (not docker.io's)."""
-    return repo_tag if repo_tag.split("/", 1)[0] in ("localhost",) or "." in repo_tag.split("/", 1)[0] \
-        else f"localhost/{repo_tag}"
+    host = repo_tag.split("/", 1)[0]
+    return repo_tag if host == "localhost" or "." in host else f"localhost/{repo_tag}"
 
 
 def _workdir(spec: ContainerSpec) -> str:
