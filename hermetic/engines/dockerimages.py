@@ -62,32 +62,23 @@ def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: 
     from docker.errors import APIError
 
     client = engine_client()
-    ids = list(candidates) + ([prefer] if prefer else [])
-    best = 0
 
-    def match(image_id: str) -> int:
+    def images() -> Iterator[str]:
+        yield from [*candidates, *([prefer] if prefer else [])]
+        try:
+            labelled = client.api.images(filters={"label": ["org.hermetic.version"]})  # asked only if need be
+        except APIError:
+            return
+        labelled.sort(key=lambda img: -_likeness(img.get("Labels") or {}, like or {}))
+        yield from (img["Id"] for img in labelled[:20])
+
+    best = 0
+    for image_id in images():
         try:
             have = client.api.inspect_image(image_id).get("RootFS", {}).get("Layers") or []
         except APIError:
-            return 0
-        n = 0
-        for a, b in zip(have, diff_ids):
-            if a != b:
-                break
-            n += 1
-        return n
-
-    for image_id in ids:
-        best = max(best, match(image_id))
-        if best == len(diff_ids):
-            return best
-    try:
-        labelled = client.api.images(filters={"label": ["org.hermetic.version"]})
-    except APIError:
-        return best
-    labelled.sort(key=lambda img: -_likeness(img.get("Labels") or {}, like or {}))
-    for img in labelled[:20]:
-        best = max(best, match(img["Id"]))
+            continue
+        best = max(best, len(os.path.commonprefix([have, diff_ids])))
         if best == len(diff_ids):
             break
     return best

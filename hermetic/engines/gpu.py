@@ -108,23 +108,15 @@ def cdi_device_names() -> set[str]:
     import yaml
 
     names: set[str] = set()
-    for d in CDI_DIRS:
+    for p in sorted(p for d in CDI_DIRS if os.access(d, os.R_OK | os.X_OK) for p in d.iterdir()
+                    if p.suffix in (".yaml", ".yml", ".json")):
         try:
-            entries = sorted(d.iterdir())
-        except OSError:
+            doc = yaml.safe_load(p.read_text())
+        except (OSError, yaml.YAMLError):
             continue
-        for p in entries:
-            if p.suffix not in (".yaml", ".yml", ".json"):
-                continue
-            try:
-                doc = yaml.safe_load(p.read_text())
-            except (OSError, yaml.YAMLError):
-                continue
-            if isinstance(doc, dict) and doc.get("kind") == CDI_KIND:
-                names.update(str(dev.get("name")) for dev in doc.get("devices") or [] if isinstance(dev, dict))
-                if names:
-                    names.add("all")
-    return names
+        if isinstance(doc, dict) and doc.get("kind") == CDI_KIND:
+            names.update(str(dev.get("name")) for dev in doc.get("devices") or [] if isinstance(dev, dict))
+    return names | {"all"} if names else names
 
 
 def check_cdi(gpus: str) -> None:
