@@ -153,8 +153,8 @@ class PodmanEngine(ChildEngine):
                                  "add one: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 USER")
         if missing:
             return Readiness("warn", f"Podman {version}, but {', '.join(missing)} missing", DOCTOR_HINT)
-        how = ("rootless" if self.rootless else "rootful") + (
-            ", pids limit as RLIMIT_NPROC, no memory limit (cgroup v1)" if not self.cgroup_limits else ", cgroup limits")
+        limits = ", cgroup limits" if self.cgroup_limits else ", pids limit as RLIMIT_NPROC, no memory limit (cgroup v1)"
+        how = ("rootless" if self.rootless else "rootful") + limits
         return Readiness("ok", f"Podman {version} ({how})")
 
     def check_gpus(self, gpus: str) -> None:
