@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from hermetic.engines.base import DEFAULT_ENGINE, ENGINES, HOLDS_LABEL, Engine, EngineInfo
 from hermetic.core.errors import UsageError
 
@@ -15,25 +17,12 @@ _made: dict[str, Engine] = {}
 def get_engine(name: str | None = None) -> Engine:
     """The engine called ``name`` (default: docker); one object per process and name."""
     name = name or DEFAULT_ENGINE
-    if name in _made:
-        return _made[name]
-    engine: Engine
-    if name == "docker":
-        from hermetic.engines.docker import DockerEngine
-
-        engine = DockerEngine()
-    elif name == "podman":
-        from hermetic.engines.podman import PodmanEngine
-
-        engine = PodmanEngine()
-    elif name == "charliecloud":
-        from hermetic.engines.charliecloud import CharliecloudEngine
-
-        engine = CharliecloudEngine()
-    else:
+    if name not in ENGINES:
         raise UsageError(f"engine {name!r}: one of {', '.join(ENGINES)}")
-    _made[name] = engine
-    return engine
+    if name not in _made:  # imported on first use: a run on one engine loads no other's module
+        module = importlib.import_module(f"hermetic.engines.{name}")
+        _made[name] = getattr(module, f"{name.capitalize()}Engine")()
+    return _made[name]
 
 
 def orphan_engines() -> tuple[str, ...]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
-from hermetic.core.errors import EngineError
+from hermetic.core.errors import EngineError, Unavailable
 
 ENGINES = ("docker", "podman", "charliecloud")
 DEFAULT_ENGINE = "docker"
@@ -171,46 +172,36 @@ class Engine(Protocol):
 
     def connect(self) -> None:
         """Fail now (EngineError / Unavailable, with what to do) when this engine cannot be used here."""
-        ...
 
     def readiness(self) -> Readiness:
         """Whether it can run here, and how (``hermetic doctor``'s line for it)."""
-        ...
 
     def gpu_readiness(self, gpu_on_host: bool) -> Readiness | None:
         """What ``hermetic doctor`` says of this engine's way to GPUs, where it says anything (None)."""
-        ...
 
     def info(self, spec: ContainerSpec | None = None) -> EngineInfo:
         """The engine's name, version and what it gives differently (for ``spec``, when given)."""
-        ...
 
     def engine_id(self) -> str:
         """Which engine installation this is (the probe's cache key)."""
-        ...
 
     def check_spec(self, spec: ContainerSpec) -> None:
         """Refuse (EngineError / Unavailable naming the key) what this engine cannot give, before anything exists."""
-        ...
 
     def check_gpus(self, gpus: str) -> None:
         """Refuse before any container exists when ``--gpus`` cannot work with this engine."""
-        ...
 
     def has_image(self, manifest_digest: str, image_id: str) -> bool:
         """Whether the engine holds the image (a replay's, which it may have lost since)."""
-        ...
 
     def build_feed(self, store: Any, base_config: dict[str, Any], base_layers: list[Any], total_layers: int,
                    repo_tag: str | None, labels: dict[str, str]) -> BuildFeed | None:
         """What loads the image while it is built (None: it is made runnable at the end only)."""
-        ...
 
     def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
                      feed: BuildFeed | None = None) -> bool:
         """The image made runnable from hermetic's OCI store, unless the engine has it (``feed``: this build's,
         closed); ``repo_tag`` pointed at it where the engine keeps tags. True when it was imported."""
-        ...
 
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                       watch: Watch | None = None) -> RunOutcome: ...
@@ -222,20 +213,16 @@ class Engine(Protocol):
     def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
                name: str | None = None) -> "Launched":
         """The container on its way (see Launched); ``run_streaming`` is ``launch`` then ``finish``."""
-        ...
 
     def run_capture(self, spec: ContainerSpec, timeout: float | None = None) -> tuple[int, bytes, bytes]:
         """Run to completion: (exit code, stdout, stderr); TimeoutError (the container removed) when it has not
         ended after ``timeout`` seconds."""
-        ...
 
     def containers_labelled(self, *labels: str) -> list[dict] | None:
         """Every container (any state) with all ``labels``, as Docker lists them; None when it cannot be asked."""
-        ...
 
     def container(self, container_id: str) -> Any:
         """A handle (reload, attrs, stop, kill, remove, logs: docker-py's Container's) or None when gone."""
-        ...
 
 
 class SavesImages(Protocol):
@@ -243,7 +230,6 @@ class SavesImages(Protocol):
 
     def save_image(self, image_id: str) -> Iterator[bytes]:
         """The image as a docker-archive tar (``docker save``), as it arrives; NotFound when there is none."""
-        ...
 
 
 class Launched(Protocol):
@@ -375,14 +361,80 @@ def container_home_env(env: dict[str, str]) -> dict[str, str]:
     return {"HOME": "/tmp", **env}
 
 
+def write_private(path: Path, text: str) -> None:
+    """A new file only this user reads (no link followed): the container's variables, never on a command line."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def open_log_files(log_dir: Path) -> list[Any]:
     """stdout.log, stderr.log, combined.log, opened (truncated) before the container exists."""
     log_dir.mkdir(parents=True, exist_ok=True)
     return [open(log_dir / n, "wb") for n in LOG_FILES]
 
 
-def is_root() -> bool:
-    return os.geteuid() == 0
+def close_files(files: list[Any]) -> None:
+    for f in files:
+        with contextlib.suppress(OSError):  # a full disk: what could not be flushed is lost, not the run
+            f.close()
+
+
+def tee(data: bytes, own: Any, combined: Any, term: Any) -> None:
+    """One chunk of a stream into its log and combined.log (flushed: ``hermetic logs -f`` reads them as the run
+    goes on) and the terminal (``term``, when echoed); a full disk or a closed terminal does not stop the run."""
+    with contextlib.suppress(OSError):
+        own.write(data)
+        combined.write(data)
+        own.flush()
+        combined.flush()
+    if term is not None:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (EPIPE), a hung-up terminal (EIO)
+            term.write(data)
+            term.flush()
+
+
+def last_line(text: str | None, default: str = "(no message)") -> str:
+    """The last line of a tool's error output that says something (at most 400 characters)."""
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip() and "not a shared mount" not in ln]
+    return lines[-1][:400] if lines else default
+
+
+def find_tool(name: str, hint: str) -> str:
+    """A tool's path, from PATH or the system's own directories; Unavailable saying ``hint`` when it has none."""
+    found = shutil.which(name) or next((p for d in ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
+                                        if os.access(p := os.path.join(d, name), os.X_OK)), None)
+    if found is None:
+        raise Unavailable(f"`{name}` is not installed; {hint}")
+    return found
+
+
+def user_name(uid: int | None = None) -> str:
+    import pwd
+
+    uid = os.geteuid() if uid is None else uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"u{uid}"
+
+
+class ChildEngine:
+    """What the engines whose container is a child process of hermetic's (Podman, Charliecloud) share: nothing
+    exists until ``finish`` (DeferredLaunch), and ``run --gpus``, not ``doctor``, checks their way to GPUs."""
+
+    name: str
+    starts_early = False
+
+    def engine_id(self) -> str:
+        return f"{self.name} {self.version()} uid {os.geteuid()}"  # type: ignore[attr-defined]
+
+    def gpu_readiness(self, gpu_on_host: bool) -> None:
+        return None
+
+    def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
+               name: str | None = None) -> DeferredLaunch:
+        return DeferredLaunch(self, spec, log_dir, echo=echo, name=name)
 
 
 # -- a container's handle (docker-py's Container, or one that behaves so: Engine.container) ----------------
@@ -430,7 +482,6 @@ def rewrite_logs(container: Any, files: list[Any]) -> None:
 
 def echo_logs_past(files: list[Any], streamed: Any, echo: bool) -> None:
     """After rewrite_logs: what each stream's log holds past the ``streamed`` bytes, echoed from the files."""
-    import shutil
     import sys
 
     for f, n, term in zip(files, streamed, (sys.stdout.buffer, sys.stderr.buffer) if echo else ()):

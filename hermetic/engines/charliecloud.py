@@ -19,15 +19,17 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 from hermetic.engines.base import (
-    BuildFeed, ContainerSpec, DeferredLaunch, EngineInfo, Readiness, RunOutcome, Watch, container_home_env,
-    nproc_allowed, open_log_files,
+    BuildFeed, ChildEngine, ContainerSpec, EngineInfo, Readiness, RunOutcome, Watch, close_files, container_home_env,
+    find_tool, last_line, nproc_allowed, open_log_files, user_name, write_private,
 )
 from hermetic.engines import squashfs as sqfs
+from hermetic.engines.gpu import charliecloud_gpu_files, driver_version, make_gpu_layer, nvidia_device_nodes
 from hermetic.engines.process import capture_process, signal_exit_code, stream_process
 from hermetic.hostfs.fsutil import stat_key
 from hermetic.core.errors import EngineError, HermeticError, Unavailable
@@ -37,18 +39,12 @@ DOCTOR_HINT = "apt-get install charliecloud-runtime catatonit (docs/scale-out.md
 INITS = ("catatonit", "tini-static", "docker-init", "tini")  # a static init, run as the PID namespace's init
 STOP_TIMEOUT = 10
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+DEV_LINKS = (("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+             ("stderr", "/proc/self/fd/2"))
 CAPS_NOTE = ("capability bounding set: the user namespace's own (no capability is held: ch-run maps the user to "
              "itself, no_new_privs)")
 PIDS_NOTE = "pids limit as RLIMIT_NPROC of the container's user namespace (no cgroup: Charliecloud is unprivileged)"
 DEV_NOTE = "/dev: null, zero, full, random, urandom, tty, a private /dev/shm and /dev/pts (no device cgroup)"
-
-
-def _which(name: str, hint: str) -> str:
-    found = shutil.which(name) or next((p for d in ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
-                                        if os.access(p := os.path.join(d, name), os.X_OK)), None)
-    if found is None:
-        raise Unavailable(f"`{name}` is not installed; {hint}")
-    return found
 
 
 def engine_root() -> Path:
@@ -57,7 +53,7 @@ def engine_root() -> Path:
     return cache_root() / "charliecloud"
 
 
-class CharliecloudEngine:
+class CharliecloudEngine(ChildEngine):
     """Charliecloud as hermetic.engines.base.Engine."""
 
     name = "charliecloud"
@@ -79,12 +75,12 @@ class CharliecloudEngine:
     # -- facts ---------------------------------------------------------------------------------------------
 
     def ch_run(self) -> str:
-        return _which("ch-run", INSTALL_HINT)
+        return find_tool("ch-run", INSTALL_HINT)
 
     def version(self) -> str:
         if self._version is None:
             proc = subprocess.run([self.ch_run(), "--version"], capture_output=True, text=True,
-                                  env={**os.environ, "USER": os.environ.get("USER") or _user_name()})
+                                  env={**os.environ, "USER": os.environ.get("USER") or user_name()})
             self._version = (proc.stdout.strip() or proc.stderr.strip() or "?").splitlines()[-1]
         return self._version
 
@@ -105,9 +101,6 @@ class CharliecloudEngine:
             image = {"form": "directory", "path": str(self.root / "layers"), "sha256": None}
             notes.append(f"image: its layers as directories under {image['path']} ({self.image_form()[1]})")
         return EngineInfo("charliecloud", self.version(), os.geteuid() != 0, tuple(notes), image)
-
-    def engine_id(self) -> str:
-        return f"charliecloud {self.version()} uid {os.geteuid()}"
 
     def check_spec(self, spec: ContainerSpec) -> None:
         if spec.memory is not None:
@@ -143,32 +136,24 @@ class CharliecloudEngine:
         trial = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "--", "sh", "-c",
                                 "mkdir -p /tmp && mount -t tmpfs tmpfs /tmp"], capture_output=True, text=True)
         if trial.returncode != 0:
-            why = (trial.stderr.strip().splitlines() or ["?"])[-1]
+            why = last_line(trial.stderr, "?")
             return Readiness("warn", f"Charliecloud {version}, but an unprivileged user namespace cannot mount "
                                      f"({why})", "allow unprivileged user namespaces (sysctl user.max_user_namespaces, "
                                                  "kernel.unprivileged_userns_clone=1)")
         return Readiness("ok", f"Charliecloud {version} (ch-run {shutil.which('ch-run')}; pids limit as RLIMIT_NPROC, "
                                "no memory limit)")
 
-    def gpu_readiness(self, gpu_on_host: bool) -> None:
-        """Nothing said by ``doctor``: the driver's files are checked by ``run --gpus`` (check_gpus)."""
-        return None
-
     def check_gpus(self, gpus: str) -> None:
-        from hermetic.engines.gpu import charliecloud_gpu_files, nvidia_device_nodes
-
         charliecloud_gpu_files()  # raises Unavailable with what to install
         nvidia_device_nodes(gpus)
 
     def gpu_layer(self, rec: dict[str, Any]) -> Path:
         """The image's layer of this host's NVIDIA driver files (ch-fromhost --nvidia), made once per driver."""
-        from hermetic.engines.gpu import driver_version, make_gpu_layer
-
         dest = self.root / "gpu" / f"{rec['manifest_digest'].split(':', 1)[1]}-{driver_version()}"
         if dest.is_dir():
             return dest
         dest.parent.mkdir(parents=True, exist_ok=True)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "USER": _user_name()}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "USER": user_name()}
         sq = Path(rec["squashfs"]["path"]) if rec.get("squashfs") else None
         return make_gpu_layer([self.root / "layers" / h for h in rec.get("layers", [])], dest, env, sq)
 
@@ -282,30 +267,22 @@ class CharliecloudEngine:
 
     # -- containers --------------------------------------------------------------------------------------
 
-    starts_early = False  # its container is a child process, started by finish (engines.base.DeferredLaunch)
-
-    def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
-               name: str | None = None) -> DeferredLaunch:
-        return DeferredLaunch(self, spec, log_dir, echo=echo, name=name)
-
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                       watch: Watch | None = None) -> RunOutcome:
         self.check_spec(spec)
         files = open_log_files(log_dir)
         try:
-            with self._launch(spec) as (argv, env, tree):
-                end = stream_process(argv, files, stop=lambda p: _stop(p), echo=echo, watch=watch, env=env)
+            with self._launch(spec) as (argv, env):
+                end = stream_process(argv, files, stop=_stop, echo=echo, watch=watch, env=env)
         finally:
-            for f in files:
-                with contextlib.suppress(OSError):
-                    f.close()
+            close_files(files)
         if end.interrupted:
             return RunOutcome(None, True, end.signal_name)
         return RunOutcome(signal_exit_code(end.returncode or 0), False, None, end.stopped_because)
 
     def run_capture(self, spec: ContainerSpec, timeout: float | None = None) -> tuple[int, bytes, bytes]:
         self.check_spec(spec)
-        with self._launch(spec) as (argv, env, _tree):  # killed, setpriv's process takes its namespace's init along
+        with self._launch(spec) as (argv, env):  # killed, setpriv's process takes its namespace's init along
             code, out, err = capture_process(argv, env, timeout, f"the container of image {spec.image_id[:19]}")
         return signal_exit_code(code), out, err
 
@@ -316,8 +293,8 @@ class CharliecloudEngine:
         return None
 
     @contextlib.contextmanager
-    def _launch(self, spec: ContainerSpec) -> Iterator[tuple[list[str], dict[str, str], Path]]:
-        """(argv, environment, scratch directory) of one container; the scratch directory goes afterwards."""
+    def _launch(self, spec: ContainerSpec) -> Iterator[tuple[list[str], dict[str, str]]]:
+        """(argv, environment) of one container; its scratch directory goes afterwards."""
         if not spec.manifest_digest:
             raise EngineError("Charliecloud runs an image from hermetic's store: the spec names no manifest")
         rec = self.image_record(spec.manifest_digest)
@@ -327,34 +304,32 @@ class CharliecloudEngine:
             self._check_given(Path(rec["squashfs"]["path"]), spec.manifest_digest, rec["squashfs"]["sha256"])
         uid, gid = _ids(spec.user)
         as_root = os.geteuid() == 0
-        scratch = Path(_private_dir(uid, gid, as_root))
+        scratch = Path(tempfile.mkdtemp(prefix="hermetic-ch-"))  # under /tmp: a 0700 home's could not be reached
         try:
+            os.chmod(scratch, 0o711)  # by the container's user
             for m in spec.mounts:  # a mount point inside another mount's source: made there (as docker does)
                 for other in spec.mounts:
                     if other is not m and _inside(m.target, other.target):
                         _mkdirs_beneath(Path(other.source), m.target[len(other.target):].strip("/"), uid, gid, as_root)
             env_file = scratch / "env"  # the variables by file: a secret's value never on a command line
-            env = {**_image_env(rec["env"]), **container_home_env(spec.env)}
+            image_env = dict(e.split("=", 1) for e in rec["env"] if "=" in e and not e.startswith("="))
+            env = {**image_env, **container_home_env(spec.env)}
             if spec.hostname:  # as Docker and Podman set it
                 env.setdefault("HOSTNAME", spec.hostname)
-            fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write("".join(f"{k}='{v}'\n" for k, v in env.items()))  # ch-run strips the outer quotes only
+            # ch-run strips the outer quotes only
+            write_private(env_file, "".join(f"{k}='{v}'\n" for k, v in env.items()))
             if as_root:
                 os.chown(env_file, uid, gid)
             argv = self._argv(spec, rec, scratch, uid, gid, as_root, env_file)
-            chain_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "USER": _user_name(uid),
-                         "LANG": "C.UTF-8", "HOME": "/tmp"}
-            yield argv, chain_env, scratch
+            yield argv, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "USER": user_name(uid), "LANG": "C.UTF-8",
+                         "HOME": "/tmp"}
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _argv(self, spec: ContainerSpec, rec: dict[str, Any], scratch: Path, uid: int, gid: int, as_root: bool,
               env_file: Path) -> list[str]:
-        tools = {t: _which(t, "install util-linux") for t in ("setpriv", "unshare", "prlimit", "mount", "umount",
-                                                               "mkdir", "ln", "touch")}
-        if spec.hostname:
-            tools["hostname"] = _which("hostname", "install hostname")
+        tools = ("setpriv", "unshare", "prlimit", "mount", "mkdir", "ln", "touch")
+        setpriv, unshare, prlimit, mount, mkdir, ln, touch = (find_tool(t, "install util-linux") for t in tools)
         q = shlex.quote
         stage = str(scratch / "s")
         os.mkdir(stage, 0o711)
@@ -362,69 +337,52 @@ class CharliecloudEngine:
             os.chown(stage, uid, gid)
         lines = ["set -eu", f"S={q(stage)}"]
         if spec.hostname:  # in the container's own UTS namespace (unshare --uts), seen by nothing else
-            lines.append(f"{tools['hostname']} {q(spec.hostname)}")
-        lines += [f"{tools['mount']} -t tmpfs -o mode=0711,size=16m,nosuid,nodev tmpfs \"$S\"",
-                  f"{tools['mkdir']} \"$S/root\" \"$S/mp\" \"$S/l\" \"$S/tmp\" \"$S/dev\""]
-        targets = sorted({m.target for m in spec.mounts} | {"/tmp", spec.workdir})
-        for t in targets:  # the top layer: the mount points (made here, in a tmpfs that holds no link)
-            lines.append(f"{tools['mkdir']} -p \"$S/mp\"{q(t)}")
+            lines.append(f"{find_tool('hostname', 'install hostname')} {q(spec.hostname)}")
+        lines += [f'{mount} -t tmpfs -o mode=0711,size=16m,nosuid,nodev tmpfs "$S"',
+                  f'{mkdir} "$S/root" "$S/mp" "$S/l" "$S/tmp" "$S/dev"']
+        # the top layer: the mount points (made here, in a tmpfs that holds no link)
+        lines += [f'{mkdir} -p "$S/mp"{q(t)}' for t in sorted({m.target for m in spec.mounts} | {"/tmp", spec.workdir})]
         layer_paths = [self.root / "layers" / h for h in rec.get("layers", [])]
         if spec.gpus:
             layer_paths.append(self.gpu_layer(rec))
-        for i, path in enumerate(reversed(layer_paths)):  # short names: lowerdir must fit in one page
-            lines.append(f"{tools['ln']} -s {q(str(path))} \"$S/l/{i}\"")
+        # short names: lowerdir must fit in one page
+        lines += [f'{ln} -s {q(str(path))} "$S/l/{i}"' for i, path in enumerate(reversed(layer_paths))]
         lowers = ":".join(["../mp"] + [str(i) for i in range(len(layer_paths))])
         if rec.get("squashfs"):  # the image's one file, the lowest layer (allow_other: root mounts, the user reads)
-            lines += [f"{tools['mkdir']} \"$S/sq\"",
-                      f"{_which(sqfs.MOUNTER, 'apt-get install squashfuse')} -o ro{',allow_other' if as_root else ''} "
-                      f"{q(rec['squashfs']['path'])} \"$S/sq\""]
+            squashfuse = find_tool(sqfs.MOUNTER, "apt-get install squashfuse")
+            lines += [f'{mkdir} "$S/sq"',
+                      f'{squashfuse} -o ro{",allow_other" if as_root else ""} {q(rec["squashfs"]["path"])} "$S/sq"']
             lowers += ":../sq"
-        lines += [f"cd \"$S/l\"",
-                  f"{tools['mount']} -t overlay overlay -o ro,userxattr,lowerdir={lowers} \"$S/root\"",
-                  "cd /"]
+        lines += ['cd "$S/l"', f'{mount} -t overlay overlay -o ro,userxattr,lowerdir={lowers} "$S/root"', "cd /"]
         binds = []
         for i, m in enumerate(spec.mounts):
-            lines.append(f"{tools['mkdir']} \"$S/b{i}\"")
-            lines.append(f"{tools['mount']} --bind {q(str(m.source))} \"$S/b{i}\"")
+            lines += [f'{mkdir} "$S/b{i}"', f'{mount} --bind {q(str(m.source))} "$S/b{i}"']
             if m.read_only:
-                lines.append(f"{tools['mount']} -o remount,bind,ro \"$S/b{i}\"")
+                lines.append(f'{mount} -o remount,bind,ro "$S/b{i}"')
             binds += ["-b", f"{stage}/b{i}:{m.target}"]
-        lines.append(f"{tools['mount']} -t tmpfs -o size={q(spec.tmpfs_size)},mode=1777,nosuid,nodev tmpfs \"$S/tmp\"")
+        lines.append(f'{mount} -t tmpfs -o size={q(spec.tmpfs_size)},mode=1777,nosuid,nodev tmpfs "$S/tmp"')
         # A /dev of a few nodes in place of the host's (ch-run binds this namespace's /dev into the image).
-        lines.append(f"{tools['mount']} -t tmpfs -o mode=0755,size=1m,nosuid tmpfs \"$S/dev\"")
-        for n in DEV_NODES + tuple(_gpu_device_nodes(spec.gpus)):
-            lines.append(f"{tools['touch']} \"$S/dev/{n}\" && {tools['mount']} --bind /dev/{n} \"$S/dev/{n}\"")
-        lines += [f"{tools['mkdir']} \"$S/dev/shm\" \"$S/dev/pts\"",
-                  f"{tools['mount']} -t tmpfs -o size={q(spec.shm_size)},mode=1777,nosuid,nodev,noexec tmpfs "
-                  "\"$S/dev/shm\"",
-                  f"{tools['mount']} -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts \"$S/dev/pts\"",
-                  f"{tools['ln']} -s pts/ptmx \"$S/dev/ptmx\"",
-                  f"{tools['ln']} -s /proc/self/fd \"$S/dev/fd\"",
-                  f"{tools['ln']} -s /proc/self/fd/0 \"$S/dev/stdin\"",
-                  f"{tools['ln']} -s /proc/self/fd/1 \"$S/dev/stdout\"",
-                  f"{tools['ln']} -s /proc/self/fd/2 \"$S/dev/stderr\"",
-                  f"{tools['mount']} --rbind \"$S/dev\" /dev"]
+        lines.append(f'{mount} -t tmpfs -o mode=0755,size=1m,nosuid tmpfs "$S/dev"')
+        gpu_nodes = nvidia_device_nodes(spec.gpus) if spec.gpus else []
+        lines += [f'{touch} "$S/dev/{n}" && {mount} --bind /dev/{n} "$S/dev/{n}"' for n in (*DEV_NODES, *gpu_nodes)]
+        lines += [f'{mkdir} "$S/dev/shm" "$S/dev/pts"',
+                  f'{mount} -t tmpfs -o size={q(spec.shm_size)},mode=1777,nosuid,nodev,noexec tmpfs "$S/dev/shm"',
+                  f'{mount} -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$S/dev/pts"']
+        lines += [f'{ln} -s {target} "$S/dev/{n}"' for n, target in DEV_LINKS]
+        lines.append(f'{mount} --rbind "$S/dev" /dev')
         ch = [self.ch_run(), "--uid", str(uid), "--gid", str(gid), "-c", spec.workdir, "--unset-env=*",
               f"--set-env={env_file}", "--env-no-expand", *binds, "-b", f"{stage}/tmp:/tmp", f"{stage}/root", "--",
               *spec.command]
         nproc = nproc_allowed(spec.pids_limit) if spec.pids_limit else None
-        limit = [tools["prlimit"], f"--nproc={nproc}:{nproc}", "--"] if nproc else []
-        inner = limit + ch
+        inner = ([prlimit, f"--nproc={nproc}:{nproc}", "--"] if nproc else []) + ch
         if as_root:  # the namespaces and mounts as root; the container as the spec's user, in a namespace of its own
-            inner = [tools["setpriv"], f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
-                     tools["unshare"], "--user", "--map-root-user", "--", *inner]
+            inner = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
+                     unshare, "--user", "--map-root-user", "--", *inner]
         lines.append("exec " + " ".join(q(a) for a in inner))
-        outer = [tools["setpriv"], "--pdeathsig", "KILL", "--", tools["unshare"]]
-        if not as_root:
-            outer += ["--user", "--map-root-user"]
-        outer += ["--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
-        if spec.hostname:
-            outer.append("--uts")
-        if spec.network == "none":
-            outer.append("--net")
-        outer += ["--", self.init(), "--", "/bin/sh", "-c", "\n".join(lines)]
-        return outer
-
+        return [setpriv, "--pdeathsig", "KILL", "--", unshare, *([] if as_root else ["--user", "--map-root-user"]),
+                "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", *(["--uts"] if spec.hostname else []),
+                *(["--net"] if spec.network == "none" else []), "--", self.init(), "--", "/bin/sh", "-c",
+                "\n".join(lines)]
 
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the container's init (it forwards it to the script); after STOP_TIMEOUT, SIGKILL to the
@@ -453,36 +411,8 @@ def _ids(user: str) -> tuple[int, int]:
     return int(uid), int(gid or uid)
 
 
-def _user_name(uid: int | None = None) -> str:
-    import pwd
-
-    uid = os.geteuid() if uid is None else uid
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"u{uid}"
-
-
-def _image_env(entries: list[str]) -> dict[str, str]:
-    out = {}
-    for e in entries:
-        k, sep, v = e.partition("=")
-        if sep and k:
-            out[k] = v
-    return out
-
-
 def _inside(path: str, parent: str) -> bool:
     return path != parent and path.startswith(parent.rstrip("/") + "/")
-
-
-def _private_dir(uid: int, gid: int, as_root: bool) -> str:
-    """A fresh directory the container's user can reach (under /tmp: a cache in a 0700 home could not be)."""
-    import tempfile
-
-    d = tempfile.mkdtemp(prefix="hermetic-ch-")
-    os.chmod(d, 0o711)
-    return d
 
 
 def _mkdirs_beneath(root: Path, rel: str, uid: int, gid: int, as_root: bool) -> None:
@@ -504,63 +434,47 @@ def _mkdirs_beneath(root: Path, rel: str, uid: int, gid: int, as_root: bool) -> 
         os.close(fd)
 
 
-def _gpu_device_nodes(gpus: str | None) -> list[str]:
-    if not gpus:
-        return []
-    from hermetic.engines.gpu import nvidia_device_nodes
-
-    return nvidia_device_nodes(gpus)
-
-
 class UnpackFeed:
     """Charliecloud's load while the build goes on: each layer unpacked (hermetic.engines.unpack) as soon as
     it is in the store, one at a time in a thread of its own, while the next one is built; the image's own
     ``ensure_image`` at the end finds them there. A layer that fails here is left to it (it says why)."""
 
     def __init__(self, store: Any, base_layers: list[Any], root: Path) -> None:
-        import queue
-        import threading
+        from concurrent.futures import ThreadPoolExecutor
 
         self._store = store
         self._root = root
-        self._queue: "queue.Queue[Any]" = queue.Queue()
-        for d in base_layers:
-            self._queue.put(d)
         self.timeline: list[dict[str, Any]] = []
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="unpack-feed", daemon=True)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="unpack-feed")
+        for d in base_layers:
+            self.layer_ready(0, d)
 
     def start(self) -> None:
-        if self._thread.ident is None:
-            self._thread.start()
+        """Nothing to do: each layer is unpacked as soon as it is ready."""
 
     def layer_ready(self, i: int, desc: Any, fresh: bool = False) -> None:
-        self._queue.put(desc)
+        self._pool.submit(self._unpack, desc)
 
     def finish(self, image_id: str, config_bytes: bytes) -> None:
         """Nothing to do: the layers are the image (its record is written by ensure_image)."""
 
-    def _run(self) -> None:
+    def _unpack(self, desc: Any) -> None:
         from hermetic.engines.unpack import ensure_layer
 
-        root = self._root
-        while (desc := self._queue.get()) is not None:
-            if self.error is not None:
-                continue
-            t = time.monotonic()
-            try:
-                _path, made = ensure_layer(self._store, desc.digest, desc.media_type, root)
-            except BaseException as e:  # left to ensure_image, which raises it with the fix
-                self.error = e
-                continue
-            if made:
-                self.timeline.append({"load": "unpack", "layers": 1, "bytes": desc.size, "from": t,
-                                      "to": time.monotonic()})
+        if self.error is not None:
+            return
+        t = time.monotonic()
+        try:
+            _path, made = ensure_layer(self._store, desc.digest, desc.media_type, self._root)
+        except BaseException as e:  # left to ensure_image, which raises it with the fix
+            self.error = e
+            return
+        if made:
+            self.timeline.append({"load": "unpack", "layers": 1, "bytes": desc.size, "from": t, "to": time.monotonic()})
 
     def close(self) -> None:
-        self._queue.put(None)
-        if self._thread.ident is not None:
-            self._thread.join()
+        self._pool.shutdown(wait=True)
 
     def remove_partials(self) -> None:
         """No prefix images here."""

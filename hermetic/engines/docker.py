@@ -6,12 +6,18 @@ saved), ``dockerfeed`` (the load while a build goes on), ``gpu`` (the NVIDIA run
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+from hermetic.engines import dockerimages as images
 from hermetic.engines.base import BuildFeed, ContainerSpec, EngineInfo, Readiness, RunOutcome, Watch
-from hermetic.engines.dockercontainer import DockerLaunch, run_capture, run_streaming
+from hermetic.engines.dockerclient import DEFAULT_HOST, containers_labelled, engine_client, engine_version
+from hermetic.engines.dockercontainer import DockerLaunch, run_capture
+from hermetic.engines.gpu import check_gpu_runtime, docker_gpu_readiness
 from hermetic.core.errors import EngineError
+
+START_HINT = "run scripts/ensure-docker"
 
 
 class DockerEngine:
@@ -25,55 +31,40 @@ class DockerEngine:
     starts_early = True
 
     def __init__(self) -> None:
-        self._client: Any = None
         self._info: dict[str, Any] | None = None
 
     @property
     def client(self) -> Any:
-        if self._client is None:
-            from hermetic.engines.dockerclient import engine_client
-
-            self._client = engine_client()
-        return self._client
+        return engine_client()  # "no Docker Engine answers at ..." with its fix
 
     def connect(self) -> None:
-        self.client  # noqa: B018 - engine_client(): "no Docker Engine answers at ..." with its fix
+        engine_client()
 
     def readiness(self) -> Readiness:
         """``hermetic doctor``'s line: the engine's version and API, and where it answers."""
-        import os
-
-        from hermetic.engines.dockerclient import DEFAULT_HOST, engine_version
-
-        hint = "run scripts/ensure-docker"
         try:
             v = engine_version()
         except EngineError as e:
-            return Readiness("fail", e.message, e.hint or hint)
+            return Readiness("fail", e.message, e.hint or START_HINT)
         except Exception as e:  # noqa: BLE001 - the daemon answered, but not usably
-            return Readiness("fail", f"Docker Engine error: {' '.join(str(e).split())}", hint)
+            return Readiness("fail", f"Docker Engine error: {' '.join(str(e).split())}", START_HINT)
         return Readiness("ok", f"Docker Engine {v.get('Version', '?')} (API {v.get('ApiVersion', '?')}) at "
                                f"{os.environ.get('DOCKER_HOST', DEFAULT_HOST)}")
 
     def gpu_readiness(self, gpu_on_host: bool) -> Readiness:
         """What ``hermetic run --gpus`` checks (hermetic.engines.gpu.gpu_runtime), said with what to do."""
-        from hermetic.engines.gpu import docker_gpu_readiness
-
         try:
             client = self.client
         except EngineError:
-            return Readiness("warn", "not checked (no Docker Engine)", "run scripts/ensure-docker")
+            return Readiness("warn", "not checked (no Docker Engine)", START_HINT)
         return docker_gpu_readiness(client, gpu_on_host)
 
     def info(self, spec: ContainerSpec | None = None) -> EngineInfo:
-        from hermetic.engines.dockerclient import engine_version
-
         version = str(engine_version().get("Version") or "?")
-        rootless = False
         try:
             rootless = any("rootless" in str(o) for o in (self.engine_info().get("SecurityOptions") or []))
         except Exception:
-            pass
+            rootless = False
         return EngineInfo("docker", version, rootless)
 
     def engine_info(self) -> dict[str, Any]:
@@ -93,15 +84,11 @@ class DockerEngine:
         """Nothing to refuse before: create() refuses a limit the engine dropped (and removes the container)."""
 
     def check_gpus(self, gpus: str) -> None:
-        from hermetic.engines.gpu import check_gpu_runtime
-
         check_gpu_runtime(self.client)
 
     def has_image(self, manifest_digest: str, image_id: str) -> bool:
         """By ID."""
-        from hermetic.engines.dockerimages import engine_has_image
-
-        return engine_has_image(image_id)
+        return images.engine_has_image(image_id)
 
     def build_feed(self, store: Any, base_config: dict[str, Any], base_layers: list[Any], total_layers: int,
                    repo_tag: str | None, labels: dict[str, str]) -> BuildFeed:
@@ -114,8 +101,6 @@ class DockerEngine:
                      feed: BuildFeed | None = None) -> bool:
         """Loaded unless the engine has it by ID (after a feed: its own load's answer, else only what the engine
         still lacks, its prefix images the candidates); ``repo_tag`` pointed at it either way."""
-        from hermetic.engines.dockerimages import engine_has_image, ensure_tag, load_image
-
         image_id = store.read_json(manifest_digest)["config"]["digest"]
         candidates: list[str] = []
         loaded: bool | None = None
@@ -124,22 +109,28 @@ class DockerEngine:
             loaded = getattr(feed, "final_loaded", None)
             candidates = list(getattr(feed, "partial_images", []))
         if loaded is None:
-            loaded = not engine_has_image(image_id)
+            loaded = not images.engine_has_image(image_id)
             if loaded:
-                load_image(store, manifest_digest, repo_tag=repo_tag, candidates=candidates)
+                images.load_image(store, manifest_digest, repo_tag=repo_tag, candidates=candidates)
         if repo_tag:
-            ensure_tag(image_id, repo_tag)
+            images.ensure_tag(image_id, repo_tag)
         return loaded
 
     def save_image(self, image_id: str) -> Any:
         """``docker save``: the docker-archive tar as it arrives (a ``docker:ID`` base)."""
-        from hermetic.engines.dockerimages import save_image
-
-        return save_image(image_id)
+        return images.save_image(image_id)
 
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                       watch: Watch | None = None) -> RunOutcome:
-        return run_streaming(self.client, spec, log_dir, echo=echo, name=name, watch=watch)
+        """``launch`` finished at once (cancelled when it fails)."""
+        launched = self.launch(spec, log_dir, echo=echo, name=name)
+        try:
+            return launched.finish(watch)
+        except BaseException:
+            launched.cancel()
+            raise
+        finally:
+            launched.close()
 
     def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
                name: str | None = None) -> DockerLaunch:
@@ -149,19 +140,13 @@ class DockerEngine:
         return run_capture(self.client, spec, timeout)
 
     def containers_labelled(self, *labels: str) -> list[dict] | None:
-        from hermetic.engines.dockerclient import containers_labelled
-
         return containers_labelled(*labels)
 
     def container(self, container_id: str) -> Any:
         """docker-py's Container, inspected; None when the engine has none (or cannot be asked)."""
-        try:
-            client = self.client
-        except EngineError:
-            return None
         from docker.errors import DockerException
 
         try:
-            return client.containers.get(container_id)
-        except (DockerException, OSError):
+            return self.client.containers.get(container_id)
+        except (EngineError, DockerException, OSError):
             return None

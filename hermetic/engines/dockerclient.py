@@ -111,15 +111,17 @@ def _cause(e: BaseException) -> str:
     todo: list[BaseException] = [e]
     while todo:
         err = todo.pop(0)
-        if id(err) in seen:
-            continue
-        seen.add(id(err))
-        module = type(err).__module__.split(".")[0]
-        if isinstance(err, OSError) and module not in ("requests", "urllib3", "docker"):
+        if isinstance(err, OSError) and type(err).__module__.split(".")[0] not in ("requests", "urllib3", "docker"):
             return type(err).__name__
-        todo += [a for a in getattr(err, "args", ()) if isinstance(a, BaseException)]
-        todo += [x for x in (err.__cause__, err.__context__, getattr(err, "reason", None)) if x is not None]
+        seen.add(id(err))
+        todo += [x for x in (*getattr(err, "args", ()), err.__cause__, err.__context__, getattr(err, "reason", None))
+                 if isinstance(x, BaseException) and id(x) not in seen]
     return type(e).__name__
+
+
+def said(e: Exception) -> str:
+    """What the engine said (its message), for an error docker-py raised."""
+    return str(getattr(e, "explanation", None) or e)
 
 
 def containers_labelled(*labels: str) -> list[dict] | None:

@@ -8,7 +8,6 @@ driver, a training container its run directory and working directory (labels): t
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 import threading
@@ -16,9 +15,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hermetic.engines.base import (
-    Capture, ContainerSpec, Interrupted, RunOutcome, Watch, container_home_env, echo_logs_past, interrupt_handlers,
-    oom_reason, open_log_files, remove_container, rewrite_logs, stop_container, watch_beside,
+    Capture, ContainerSpec, Interrupted, RunOutcome, Watch, close_files, container_home_env, echo_logs_past,
+    interrupt_handlers, oom_reason, open_log_files, remove_container, rewrite_logs, stop_container, tee, watch_beside,
 )
+from hermetic.engines.dockerclient import said
 from hermetic.engines.gpu import NO_GPU_RUNTIME, device_requests
 from hermetic.core.errors import EngineError
 
@@ -65,12 +65,12 @@ def create(client, spec: ContainerSpec, name: str | None = None):
         created = client.api.create_container_from_config(config, name=name)  # the Engine API's own document
         container = client.containers.get(created["Id"])  # inspected: the HostConfig the engine kept
     except NotFound as e:
-        msg = _said(e)
+        msg = said(e)
         if "image" in msg.lower() or "No such image" in msg:
             raise EngineError(f"the Docker Engine has no image {spec.image_id}; run `hermetic build`") from None
         raise EngineError(f"the Docker Engine refused the container: {msg}") from None
     except APIError as e:
-        msg = _said(e)
+        msg = said(e)
         if "capabilities: [[gpu]]" in msg or "nvidia" in msg.lower():
             raise EngineError(NO_GPU_RUNTIME) from None
         raise EngineError(f"the Docker Engine refused the container: {msg}") from None
@@ -82,34 +82,12 @@ def create(client, spec: ContainerSpec, name: str | None = None):
     return container
 
 
-def _said(e: Exception) -> str:
-    """What the engine said (its message), for an error docker-py raised."""
-    return str(getattr(e, "explanation", None) or e)
-
-
 def _dropped_limit(host_config: dict[str, Any], spec: ContainerSpec) -> str | None:
     if spec.pids_limit is not None and (host_config.get("PidsLimit") or 0) != spec.pids_limit:
         return f"pids limit (run.pids: {spec.pids_limit})"
     if spec.memory is not None and not host_config.get("Memory"):
         return f"memory limit (run.memory: {spec.memory})"
     return None
-
-
-def run_streaming(client, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
-                  watch: Watch | None = None) -> RunOutcome:
-    """Create, start, stream logs to the terminal and to log_dir, wait, remove (DockerLaunch, finished at once).
-
-    ``watch`` runs in a thread while the container does; when it reports a
-    reason, the container is stopped and the outcome says why.
-    """
-    launched = DockerLaunch(client, spec, log_dir, echo=echo, name=name)
-    try:
-        return launched.finish(watch)
-    except BaseException:
-        launched.cancel()
-        raise
-    finally:
-        launched.close()
 
 
 class DockerLaunch:
@@ -151,17 +129,6 @@ class DockerLaunch:
                 if self._error is not None:
                     raise self._error
                 container, stream = self.container, self._stream
-                # asked now, answered as the container ends (as the docker CLI does): no round trip after it
-                waited: dict[str, Any] = {}
-
-                def wait() -> None:
-                    try:
-                        waited["result"] = container.wait()
-                    except BaseException as e:  # raised below, in this thread
-                        waited["error"] = e
-
-                waiter = threading.Thread(target=wait, name="hermetic-wait", daemon=True)
-                waiter.start()
                 watch_beside(watch, done, lambda c=container: stop_container(c), stopped)
                 streamed = [0, 0]  # bytes of stdout, stderr read from the attach stream
                 ends = [bytearray(), bytearray()]  # the last of each (_complete_logs compares the log's tail)
@@ -169,15 +136,12 @@ class DockerLaunch:
                     if out:
                         streamed[0] += len(out)
                         _keep_end(ends[0], out)
-                        _tee(out, out_f, all_f, sys.stdout.buffer if self.echo else None)
+                        tee(out, out_f, all_f, sys.stdout.buffer if self.echo else None)
                     if err:
                         streamed[1] += len(err)
                         _keep_end(ends[1], err)
-                        _tee(err, err_f, all_f, sys.stderr.buffer if self.echo else None)
-                waiter.join()
-                if "error" in waited:
-                    raise waited["error"]
-                result = waited["result"]
+                        tee(err, err_f, all_f, sys.stderr.buffer if self.echo else None)
+                result = container.wait()
                 done.set()
                 _complete_logs(container, self.files, streamed, self.echo, ends)
                 code = int(result.get("StatusCode", 1))
@@ -211,9 +175,7 @@ class DockerLaunch:
         if self._ended:
             return
         self._ended = True
-        for f in self.files:
-            with contextlib.suppress(OSError):  # a full disk: what could not be flushed is lost, not the run
-                f.close()
+        close_files(self.files)
         if self._stream is not None:
             self._stream.close()
         if self.container is not None and beside:
@@ -281,22 +243,6 @@ def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: 
         return
     rewrite_logs(container, files)
     echo_logs_past(files, streamed, echo)
-
-
-def _tee(data: bytes, f: BinaryIO, all_f: BinaryIO, term: BinaryIO | None) -> None:
-    try:
-        f.write(data)
-        all_f.write(data)
-        f.flush()  # `hermetic logs -f` reads these files while the run goes on
-        all_f.flush()
-    except OSError:  # a full disk: the run goes on; the engine's own log completes the files at the end
-        pass
-    if term is not None:
-        try:
-            term.write(data)
-            term.flush()
-        except (OSError, ValueError):  # a closed pipe (EPIPE), a hung-up terminal (EIO): the run goes on
-            pass
 
 
 def _remove_labelled(client, labels: dict[str, str]) -> None:

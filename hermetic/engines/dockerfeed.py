@@ -9,6 +9,7 @@ rest to the caller's own load.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import threading
@@ -38,13 +39,14 @@ def _is_stale(owner: str) -> bool:
 def sweep_stale_partials() -> list[str]:
     """Remove the prefix images of builds that were killed before they could (their layers stay while a
     real image holds them; otherwise the engine frees them). Returns the IDs removed."""
-    from hermetic.engines.dockerimages import images_labelled, remove_image
+    from hermetic.engines.dockerclient import engine_client
+    from hermetic.engines.dockerimages import remove_image
 
     removed = []
-    for image_id, owner in images_labelled(PARTIAL_LABEL).items():
-        if _is_stale(owner):
-            remove_image(image_id)
-            removed.append(image_id)
+    for row in engine_client().api.images(filters={"label": [PARTIAL_LABEL]}):
+        if _is_stale((row.get("Labels") or {}).get(PARTIAL_LABEL, "")):
+            remove_image(row["Id"])
+            removed.append(row["Id"])
     return removed
 
 
@@ -75,7 +77,7 @@ class EngineFeed:
 
     def start(self) -> None:
         """Begin, once the layers found in the cache are reported (the engine is asked about them once)."""
-        if not self._thread.is_alive() and self._thread.ident is None:
+        if self._thread.ident is None:
             self._thread.start()
 
     def layer_ready(self, i: int, desc: Descriptor, fresh: bool = False) -> None:
@@ -85,12 +87,6 @@ class EngineFeed:
             if fresh:
                 self.fresh.add(desc.digest)
             self._cond.notify_all()
-
-    def _contiguous(self) -> int:
-        n = 0
-        while n in self._ready:
-            n += 1
-        return n
 
     def finish(self, image_id: str, config_bytes: bytes) -> None:
         """Every layer is ready and this is the image: load it (in the feed's thread)."""
@@ -126,7 +122,7 @@ class EngineFeed:
                 while True:
                     if self._closed:
                         return
-                    n = self._contiguous()
+                    n = next(k for k in itertools.count() if k not in self._ready)  # ready in a row
                     # Load a prefix only while something after it is still being built: once all
                     # layers are there, the real image's own load is as quick.
                     if n >= self._total:

@@ -7,51 +7,45 @@ stream before manifest.json, so the engine keeps nothing.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import threading
 from typing import TYPE_CHECKING, Iterator
 
-from hermetic.engines.dockerclient import engine_client
+from hermetic.engines.dockerclient import engine_client, said
 from hermetic.core.errors import EngineError, IntegrityError, NotFound
 
 if TYPE_CHECKING:
     from hermetic.store.oci import OciStore
 
 
+@contextlib.contextmanager
+def _engine_errors() -> Iterator[None]:
+    """docker-py's APIError as hermetic's EngineError, in the engine's words."""
+    from docker.errors import APIError
+
+    try:
+        yield
+    except APIError as e:
+        raise EngineError(f"Docker Engine error: {said(e)}") from None
+
+
+def _inspect(ref: str) -> dict | None:
+    """The engine's document of the image ``ref`` (an ID or a name); None when it has none."""
+    from docker.errors import NotFound
+
+    with _engine_errors():
+        try:
+            return engine_client().api.inspect_image(ref)
+        except NotFound:
+            return None
+
+
 def engine_has_image(image_id: str) -> bool:
     """Whether the engine holds an image of this ID (or name)."""
-    from docker.errors import APIError, NotFound
-
-    client = engine_client()
-    try:
-        client.api.inspect_image(image_id)
-        return True
-    except NotFound:
-        return False
-    except APIError as e:
-        raise EngineError(f"Docker Engine error: {_said(e)}") from None
-
-
-def _said(e: Exception) -> str:
-    """What the engine said (its message), for an error docker-py raised."""
-    return str(getattr(e, "explanation", None) or e)
-
-
-class _PipeReader(io.RawIOBase):
-    def __init__(self, fd: int) -> None:
-        self._f = os.fdopen(fd, "rb", buffering=0)
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[override]
-        return self._f.readinto(b)
-
-    def close(self) -> None:
-        self._f.close()
-        super().close()
+    return _inspect(image_id) is not None
 
 
 def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: ignore[assignment]
@@ -68,32 +62,23 @@ def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: 
     from docker.errors import APIError
 
     client = engine_client()
-    ids = list(candidates) + ([prefer] if prefer else [])
-    best = 0
 
-    def match(image_id: str) -> int:
+    def images() -> Iterator[str]:
+        yield from [*candidates, *([prefer] if prefer else [])]
+        try:
+            labelled = client.api.images(filters={"label": ["org.hermetic.version"]})  # asked only if need be
+        except APIError:
+            return
+        labelled.sort(key=lambda img: -_likeness(img.get("Labels") or {}, like or {}))
+        yield from (img["Id"] for img in labelled[:20])
+
+    best = 0
+    for image_id in images():
         try:
             have = client.api.inspect_image(image_id).get("RootFS", {}).get("Layers") or []
         except APIError:
-            return 0
-        n = 0
-        for a, b in zip(have, diff_ids):
-            if a != b:
-                break
-            n += 1
-        return n
-
-    for image_id in ids:
-        best = max(best, match(image_id))
-        if best == len(diff_ids):
-            return best
-    try:
-        labelled = client.api.images(filters={"label": ["org.hermetic.version"]})
-    except APIError:
-        return best
-    labelled.sort(key=lambda img: -_likeness(img.get("Labels") or {}, like or {}))
-    for img in labelled[:20]:
-        best = max(best, match(img["Id"]))
+            continue
+        best = max(best, len(os.path.commonprefix([have, diff_ids])))
         if best == len(diff_ids):
             break
     return best
@@ -140,15 +125,6 @@ def load_image(store: "OciStore", manifest_digest: str, repo_tag: str | None = N
 
 
 _CHUNK = 1 << 20
-
-
-def _chunks(reader: "_PipeReader"):
-    """The stream as ~1 MiB pieces (requests sends a generator as chunked transfer, one chunk each)."""
-    while True:
-        data = reader.read(_CHUNK)
-        if not data:
-            return
-        yield data
 
 
 class _HashingReader:
@@ -240,9 +216,9 @@ def load_layers(store: "OciStore", config_bytes: bytes, layer_blobs: list[tuple[
 
     t = threading.Thread(target=writer, daemon=True)
     t.start()
-    reader = _PipeReader(rfd)
-    try:
-        refused = _send_archive(_chunks(reader))
+    reader = os.fdopen(rfd, "rb", buffering=0)
+    try:  # ~1 MiB pieces: requests sends a generator as chunked transfer, one chunk each
+        refused = _send_archive(iter(lambda: reader.read(_CHUNK), b""))
     finally:
         reader.close()
         t.join()
@@ -268,49 +244,18 @@ def _send_archive(chunks: Iterator[bytes]) -> str | None:
             if isinstance(doc, dict) and doc.get("error"):
                 return str(doc["error"])
     except APIError as e:
-        return _said(e)
+        return said(e)
     except (DockerException, OSError) as e:  # the engine closed the stream before reading it all
         return f"the connection broke while the image was sent ({type(e).__name__}: {e})"
     return None
 
 
-def ensure_tag(image_id: str, repo_tag: str) -> bool:
-    """Point ``repo_tag`` at ``image_id`` when it names another image (or none); True when it changed."""
-    from docker.errors import APIError
-
-    if engine_tag_is(image_id, repo_tag):
-        return False
-    repo, _, tag = repo_tag.rpartition(":")
-    try:
-        engine_client().api.tag(image_id, repo, tag)
-        return True
-    except APIError as e:
-        raise EngineError(f"Docker Engine error: {_said(e)}") from None
-
-
-def engine_tag_is(image_id: str, repo_tag: str) -> bool:
-    """Whether ``repo_tag`` names ``image_id`` in the engine."""
-    from docker.errors import APIError, NotFound
-
-    client = engine_client()
-    try:
-        return client.api.inspect_image(repo_tag).get("Id") == image_id
-    except NotFound:
-        return False
-    except APIError as e:
-        raise EngineError(f"Docker Engine error: {_said(e)}") from None
-
-
-def images_labelled(label: str) -> dict[str, str]:
-    """Image ID -> the value of ``label``, for every image in the engine that has it."""
-    from docker.errors import APIError
-
-    client = engine_client()
-    try:
-        rows = client.api.images(filters={"label": [label]})
-    except APIError:
-        return {}
-    return {row["Id"]: (row.get("Labels") or {}).get(label, "") for row in rows}
+def ensure_tag(image_id: str, repo_tag: str) -> None:
+    """Point ``repo_tag`` at ``image_id`` when it names another image (or none)."""
+    if (_inspect(repo_tag) or {}).get("Id") != image_id:
+        repo, _, tag = repo_tag.rpartition(":")
+        with _engine_errors():
+            engine_client().api.tag(image_id, repo, tag)
 
 
 def remove_image(image_id: str) -> None:
@@ -327,21 +272,12 @@ def remove_image(image_id: str) -> None:
 def save_image(image_id: str) -> Iterator[bytes]:
     """``docker save`` of one image: the docker-archive tar, as it arrives; NotFound (hermetic's) when the
     engine has no such image, EngineError when it fails on the way."""
-    from docker.errors import APIError, NotFound as Missing
-
-    client = engine_client()
-    try:
-        client.api.inspect_image(image_id)
-    except Missing:
-        raise NotFound(f"the Docker Engine has no image {image_id}") from None
-    except APIError as e:
-        raise EngineError(f"Docker Engine error: {_said(e)}") from None
+    if _inspect(image_id) is None:
+        raise NotFound(f"the Docker Engine has no image {image_id}")
 
     def chunks() -> Iterator[bytes]:
-        try:
-            yield from client.api.get_image(image_id)
-        except APIError as e:
-            raise EngineError(f"Docker Engine error: {_said(e)}") from None
+        with _engine_errors():
+            yield from engine_client().api.get_image(image_id)
 
     return chunks()
 

@@ -13,11 +13,10 @@ import os
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hermetic.engines.base import Readiness
+from hermetic.engines.base import Readiness, last_line
 from hermetic.core.errors import EngineError, Unavailable
 
 # -- Docker ------------------------------------------------------------------------------------------------
@@ -28,55 +27,43 @@ NO_GPU_RUNTIME = "this Docker Engine has no NVIDIA runtime: install nvidia-conta
 GPU_HOOKS = ("nvidia-container-runtime-hook", "nvidia-ctk", "nvidia-container-toolkit")
 
 
-@dataclass(frozen=True)
-class GpuRuntime:
-    """How the Docker Engine can give a container GPUs: the NVIDIA runtime or hook it has, if any."""
-
-    available: bool
-    via: str  # "nvidia runtime", or the hook's path; "" when unavailable
-    runtimes: list[str]  # the engine's registered runtimes
-    default_runtime: str
-
-
-def gpu_runtime(client: Any) -> GpuRuntime:
-    """Whether ``--gpus`` can work on this Docker Engine (docker-py's client), and through what."""
+def gpu_runtime(client: Any) -> tuple[str, str]:
+    """What ``--gpus`` goes through on this Docker Engine (docker-py's client): "nvidia runtime", a hook's path, or
+    "" (nothing); and its runtimes, in words."""
     try:
         info = client.info()
     except Exception as e:  # noqa: BLE001 - docker-py's APIError or a transport error
         raise EngineError(f"cannot query the Docker Engine: {' '.join(str(e).split())}") from None
-    runtimes = sorted((info.get("Runtimes") or {}).keys())
-    default = str(info.get("DefaultRuntime", "?"))
+    runtimes = info.get("Runtimes") or {}
+    listed = f"runtimes: {', '.join(sorted(runtimes)) or 'none'}"
     if "nvidia" in runtimes:
-        return GpuRuntime(True, "nvidia runtime", runtimes, default)
+        return "nvidia runtime", f"{listed}; default {info.get('DefaultRuntime', '?')}"
     local = (os.environ.get("DOCKER_HOST") or "unix://").startswith("unix://")
     hook = next((found for name in GPU_HOOKS if (found := shutil.which(name))), None) if local else None
-    return GpuRuntime(bool(hook), hook or "", runtimes, default)
+    return hook or "", listed
 
 
 def check_gpu_runtime(client: Any) -> None:
     """Refuse before any container exists when --gpus cannot work on this Docker Engine."""
-    if not gpu_runtime(client).available:
+    if not gpu_runtime(client)[0]:
         raise EngineError(NO_GPU_RUNTIME)
 
 
 def docker_gpu_readiness(client: Any, gpu_on_host: bool) -> Readiness:
     """``hermetic doctor``'s GPU line: what ``run --gpus`` checks, said with what to do."""
     try:
-        rt = gpu_runtime(client)
+        via, listed = gpu_runtime(client)
     except EngineError as e:
         return Readiness("fail", e.message)
-    listed = ", ".join(rt.runtimes) or "none"
-    if rt.via == "nvidia runtime":
-        return Readiness("ok", f"nvidia runtime registered (runtimes: {listed}; default {rt.default_runtime})")
-    if rt.available:
-        return Readiness("ok", f"--gpus supported through {rt.via} (runtimes: {listed})")
+    if via == "nvidia runtime":
+        return Readiness("ok", f"nvidia runtime registered ({listed})")
+    if via:
+        return Readiness("ok", f"--gpus supported through {via} ({listed})")
     hint = ("install nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=docker` "
             "and restart dockerd")
     if gpu_on_host:
-        return Readiness("fail", f"no NVIDIA runtime in Docker (runtimes: {listed}): `hermetic run --gpus` will fail",
-                         hint)
-    return Readiness("warn", f"no NVIDIA runtime (runtimes: {listed}); no GPU on this host either: CPU runs only",
-                     hint)
+        return Readiness("fail", f"no NVIDIA runtime in Docker ({listed}): `hermetic run --gpus` will fail", hint)
+    return Readiness("warn", f"no NVIDIA runtime ({listed}); no GPU on this host either: CPU runs only", hint)
 
 
 def device_requests(gpus: str | None) -> list[dict[str, Any]]:
@@ -121,23 +108,15 @@ def cdi_device_names() -> set[str]:
     import yaml
 
     names: set[str] = set()
-    for d in CDI_DIRS:
+    for p in sorted(p for d in CDI_DIRS if os.access(d, os.R_OK | os.X_OK) for p in d.iterdir()
+                    if p.suffix in (".yaml", ".yml", ".json")):
         try:
-            entries = sorted(d.iterdir())
-        except OSError:
+            doc = yaml.safe_load(p.read_text())
+        except (OSError, yaml.YAMLError):
             continue
-        for p in entries:
-            if p.suffix not in (".yaml", ".yml", ".json"):
-                continue
-            try:
-                doc = yaml.safe_load(p.read_text())
-            except (OSError, yaml.YAMLError):
-                continue
-            if isinstance(doc, dict) and doc.get("kind") == CDI_KIND:
-                names.update(str(dev.get("name")) for dev in doc.get("devices") or [] if isinstance(dev, dict))
-                if names:
-                    names.add("all")
-    return names
+        if isinstance(doc, dict) and doc.get("kind") == CDI_KIND:
+            names.update(str(dev.get("name")) for dev in doc.get("devices") or [] if isinstance(dev, dict))
+    return names | {"all"} if names else names
 
 
 def check_cdi(gpus: str) -> None:
@@ -171,7 +150,7 @@ def charliecloud_gpu_files() -> list[str]:
     proc = subprocess.run([cli, "list", "--binaries", "--libraries"], capture_output=True, text=True)
     files = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode != 0 or not any("libcuda.so" in f for f in files):
-        why = (proc.stderr.strip().splitlines() or ["it names no libcuda.so"])[-1]
+        why = last_line(proc.stderr, "it names no libcuda.so")
         raise Unavailable(f"no NVIDIA driver libraries on this host for ch-fromhost --nvidia ({CLI} list: {why}); "
                           "install the NVIDIA driver")
     if not Path("/dev/nvidiactl").exists():
@@ -246,7 +225,7 @@ def make_gpu_layer(layers: list[Path], dest: Path, ch_run_env: dict[str, str], s
     proc = subprocess.run([*unshare, script], capture_output=True, text=True, env=ch_run_env)
     if proc.returncode != 0:
         shutil.rmtree(work, ignore_errors=True)
-        raise Unavailable(f"ch-fromhost --nvidia failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        raise Unavailable(f"ch-fromhost --nvidia failed: {last_line(proc.stderr, '?')}")
     os.rename(work / "upper", dest)
     shutil.rmtree(work, ignore_errors=True)
     return dest

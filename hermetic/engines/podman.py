@@ -16,15 +16,14 @@ import resource
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from hermetic.engines.base import (
-    BuildFeed, Capture, ContainerSpec, DeferredLaunch, EngineInfo, Readiness, RunOutcome, Watch, container_home_env,
-    echo_logs_past, nproc_allowed, oom_reason, open_log_files, rewrite_logs,
+    BuildFeed, Capture, ChildEngine, ContainerSpec, EngineInfo, Readiness, RunOutcome, Watch, close_files,
+    container_home_env, echo_logs_past, last_line, nproc_allowed, oom_reason, open_log_files, rewrite_logs,
+    write_private,
 )
 from hermetic.engines.gpu import cdi_devices, check_cdi
 from hermetic.engines.process import capture_process, read_pipes, stream_process
@@ -33,17 +32,6 @@ from hermetic.core.errors import EngineError, HermeticError, IntegrityError, Una
 INSTALL_HINT = "install Podman (Debian: apt-get install podman catatonit uidmap skopeo)"
 DOCTOR_HINT = "apt-get install podman catatonit uidmap skopeo (docs/scale-out.md, \"Engines\")"
 STOP_TIMEOUT = 10  # seconds between SIGTERM and SIGKILL, as docker stop
-
-
-def _cgroup_v2() -> bool:
-    try:
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            left, _, right = line.partition(" - ")
-            if left.split()[4:5] == ["/sys/fs/cgroup"]:
-                return right.split()[:1] == ["cgroup2"]
-    except OSError:
-        pass
-    return False
 
 
 def _pid_max() -> int:
@@ -79,7 +67,7 @@ class PodmanContainer:
         return chunks if stream else b"".join(chunks)
 
 
-class PodmanEngine:
+class PodmanEngine(ChildEngine):
     """Podman as hermetic.engines.base.Engine."""
 
     name = "podman"
@@ -92,7 +80,7 @@ class PodmanEngine:
         self._version: str | None = None
         self.rootless = os.geteuid() != 0
         # Rootless Podman on cgroup v1 has no cgroup it may write: the limits cannot be cgroup limits.
-        self.cgroup_limits = not self.rootless or _cgroup_v2()
+        self.cgroup_limits = not self.rootless or Path("/sys/fs/cgroup/cgroup.controllers").exists()  # cgroup v2
 
     # -- the command -------------------------------------------------------------------------------------
 
@@ -111,7 +99,7 @@ class PodmanEngine:
             raise EngineError(f"`podman {args[0]}` did not answer within {timeout:.0f} s") from None
         if check and proc.returncode != 0:
             err = proc.stderr if text else proc.stderr.decode("utf-8", "replace")
-            raise EngineError(f"`podman {' '.join(args[:2])}` failed (exit {proc.returncode}): {_last_error(err)}")
+            raise EngineError(f"`podman {' '.join(args[:2])}` failed (exit {proc.returncode}): {last_line(err)}")
         return proc
 
     # -- facts ----------------------------------------------------------------------------------------------
@@ -130,9 +118,6 @@ class PodmanEngine:
             notes.append("pids limit as RLIMIT_NPROC of the container's user namespace (--ulimit nproc): rootless "
                          "Podman on cgroup v1 has no cgroup to hold it")
         return EngineInfo("podman", self.version(), self.rootless, tuple(notes))
-
-    def engine_id(self) -> str:
-        return f"podman {self.version()} uid {os.geteuid()}"
 
     def check_spec(self, spec: ContainerSpec) -> None:
         if spec.memory is not None and not self.cgroup_limits:
@@ -168,13 +153,9 @@ class PodmanEngine:
                                  "add one: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 USER")
         if missing:
             return Readiness("warn", f"Podman {version}, but {', '.join(missing)} missing", DOCTOR_HINT)
-        how = ("rootless" if self.rootless else "rootful") + (
-            ", pids limit as RLIMIT_NPROC, no memory limit (cgroup v1)" if not self.cgroup_limits else ", cgroup limits")
+        limits = ", cgroup limits" if self.cgroup_limits else ", pids limit as RLIMIT_NPROC, no memory limit (cgroup v1)"
+        how = ("rootless" if self.rootless else "rootful") + limits
         return Readiness("ok", f"Podman {version} ({how})")
-
-    def gpu_readiness(self, gpu_on_host: bool) -> None:
-        """Nothing said by ``doctor``: the CDI spec is checked by ``run --gpus`` (check_gpus)."""
-        return None
 
     def check_gpus(self, gpus: str) -> None:
         check_cdi(gpus)
@@ -216,7 +197,7 @@ class PodmanEngine:
             proc = subprocess.run(["skopeo", "copy", "--quiet", f"oci:{root}:image", f"containers-storage:{dest}"],
                                   capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
-            err = _last_error(proc.stderr)
+            err = last_line(proc.stderr)
             if "digest" in err.lower() and "match" in err.lower():
                 from hermetic.store.intact import REPAIR
 
@@ -273,23 +254,8 @@ class PodmanEngine:
         proc_env = {k: v for k, v in os.environ.items() if k in _PODMAN_ENV or k.startswith(("CONTAINERS_", "XDG_"))}
         return args, proc_env
 
-    starts_early = False  # its container is a child process, started by finish (engines.base.DeferredLaunch)
-
-    def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
-               name: str | None = None) -> "PodmanLaunch":
-        return PodmanLaunch(self, spec, log_dir, echo=echo, name=name)
-
     def run_streaming(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True, name: str | None = None,
                       watch: Watch | None = None) -> RunOutcome:
-        return self.run_until_removed(spec, log_dir, echo=echo, name=name, watch=watch, remove=self.remove)
-
-    def remove(self, name: str) -> None:
-        """Remove a container of this process's by name (gone already: nothing to do)."""
-        self.podman("rm", "-f", name, check=False)
-
-    def run_until_removed(self, spec: ContainerSpec, log_dir: Path, *, echo: bool, name: str | None,
-                          watch: Watch | None, remove: Callable[[str], None]) -> RunOutcome:
-        """run_streaming, its container handed to ``remove`` (by name) at the end, whatever happened."""
         self.check_spec(spec)
         name = name or _unique_name()
         files = open_log_files(log_dir)
@@ -299,13 +265,13 @@ class PodmanEngine:
                 end = stream_process([self.binary(), *args], files, stop=lambda _p: self._stop(name), echo=echo,
                                      watch=watch, env=env)
             if end.interrupted:
-                self._rewrite_logs(name, files)
+                rewrite_logs(PodmanContainer(self, name, {}), files)
                 return RunOutcome(None, True, end.signal_name)
             # `podman run` exits with the container's status; Podman's record of it is read only when the
             # script did not exit 0 (an OOM kill, a start that failed): it costs a podman process
             state = {} if end.returncode == 0 else (self.inspect(name) or {}).get("State") or {}
             if end.returncode != 0 and not state:
-                raise EngineError(f"Podman could not run the container: {_last_error(_tail(log_dir))}")
+                raise EngineError(f"Podman could not run the container: {last_line(_tail(log_dir))}")
             if state.get("Error") and not state.get("StartedAt", "").startswith(("2", "1")):
                 raise EngineError(f"Podman could not start the container: {state['Error']}")
             self._complete_logs(name, files, end.streamed, echo)
@@ -313,10 +279,13 @@ class PodmanEngine:
             oom = oom_reason(spec.memory) if code != 0 and state.get("OOMKilled") else None
             return RunOutcome(code, False, None, end.stopped_because, oom_reason=oom)
         finally:
-            for f in files:
-                with contextlib.suppress(OSError):
-                    f.close()
-            remove(name)
+            close_files(files)
+            with contextlib.suppress(EngineError):  # did not answer: the orphan sweep removes it later
+                self.remove(name)
+
+    def remove(self, name: str) -> None:
+        """Remove a container of this process's by name (gone already: nothing to do)."""
+        self.podman("rm", "-f", name, check=False)
 
     def run_capture(self, spec: ContainerSpec, timeout: float | None = None) -> tuple[int, bytes, bytes]:
         self.check_spec(spec)
@@ -350,9 +319,6 @@ class PodmanEngine:
             pipe = proc.stdout if stdout else proc.stderr
             yield from iter(lambda: pipe.read1(1 << 16), b"")  # type: ignore[union-attr]
 
-    def _rewrite_logs(self, name: str, files: list[Any]) -> None:
-        rewrite_logs(PodmanContainer(self, name, {}), files)
-
     def _complete_logs(self, name: str, files: list[Any], streamed: tuple[int, int], echo: bool) -> None:
         """Podman's own log when it holds more than was read from the process (moby#29285's twin); counted as it
         is read, never held."""
@@ -362,7 +328,7 @@ class PodmanEngine:
             read_pipes(proc, [c.add for c in sizes])
         if sizes[0].size <= streamed[0] and sizes[1].size <= streamed[1]:
             return
-        self._rewrite_logs(name, files)
+        rewrite_logs(PodmanContainer(self, name, {}), files)
         echo_logs_past(files, streamed, echo)
 
     # -- orphans ---------------------------------------------------------------------------------------------
@@ -398,30 +364,6 @@ class PodmanEngine:
         return None if attrs is None else PodmanContainer(self, container_id, attrs)
 
 
-@dataclass
-class PodmanLaunch(DeferredLaunch):
-    """DeferredLaunch, its container removed by a thread (a `podman rm`) while the run's outputs are
-    collected; ``close`` joins it (not a daemon: the interpreter waits for it should a caller never close)."""
-
-    _removal: threading.Thread | None = field(default=None, init=False, repr=False)
-
-    def finish(self, watch: Watch | None = None) -> RunOutcome:
-        def remove(name: str) -> None:
-            with contextlib.suppress(EngineError):  # did not answer: the orphan sweep removes it later
-                self.engine.remove(name)
-
-        def remove_beside(name: str) -> None:
-            self._removal = threading.Thread(target=remove, args=(name,), name="hermetic-remove")
-            self._removal.start()
-
-        return self.engine.run_until_removed(self.spec, self.log_dir, echo=self.echo, name=self.name, watch=watch,
-                                             remove=remove_beside)
-
-    def close(self) -> None:
-        if self._removal is not None:
-            self._removal.join()
-
-
 _PODMAN_ENV = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "LC_ALL")
 
 
@@ -432,9 +374,7 @@ def container_env_file(spec: ContainerSpec):
     d = tempfile.mkdtemp(prefix="hermetic-podman-env-")
     try:
         path = Path(d) / "env"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("".join(f"{k}={v}\n" for k, v in container_home_env(spec.env).items()))
+        write_private(path, "".join(f"{k}={v}\n" for k, v in container_home_env(spec.env).items()))
         yield path
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -442,8 +382,8 @@ def container_env_file(spec: ContainerSpec):
 
 def podman_tag(repo_tag: str) -> str:
     """Docker's ``hermetic/NAME:latest`` as Podman names a local image (not docker.io's)."""
-    return repo_tag if repo_tag.split("/", 1)[0] in ("localhost",) or "." in repo_tag.split("/", 1)[0] \
-        else f"localhost/{repo_tag}"
+    host = repo_tag.split("/", 1)[0]
+    return repo_tag if host == "localhost" or "." in host else f"localhost/{repo_tag}"
 
 
 def _workdir(spec: ContainerSpec) -> str:
@@ -458,11 +398,6 @@ def _rlim(v: int) -> str:
 
 def _unique_name() -> str:
     return f"hermetic-{os.getpid()}-{time.monotonic_ns() % 10**12}"
-
-
-def _last_error(text: str) -> str:
-    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip() and "not a shared mount" not in ln]
-    return lines[-1][:400] if lines else "(no message)"
 
 
 def _tail(log_dir: Path) -> str:

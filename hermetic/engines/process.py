@@ -13,9 +13,9 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import IO, Any, BinaryIO, Callable, Sequence
+from typing import IO, BinaryIO, Callable, Sequence
 
-from hermetic.engines.base import Capture, Interrupted, Watch, interrupt_handlers, watch_beside
+from hermetic.engines.base import Capture, Interrupted, Watch, interrupt_handlers, tee, watch_beside
 
 _READ = 1 << 16
 
@@ -46,25 +46,11 @@ class _Tee:
                 return
             self.count += len(data)
             with self.lock:
-                try:
-                    self.own.write(data)
-                    self.combined.write(data)
-                    self.own.flush()
-                    self.combined.flush()
-                except OSError:  # a full disk: the run goes on
-                    pass
-            if self.term is not None:
-                try:
-                    self.term.write(data)
-                    self.term.flush()
-                except (OSError, ValueError):  # a closed pipe, a hung-up terminal: the run goes on
-                    pass
+                tee(data, self.own, self.combined, self.term)
 
 
 def stream_process(argv: Sequence[str], files: list[BinaryIO], *, stop: Callable[[subprocess.Popen], None],
-                   echo: bool = True, watch: Watch | None = None, env: dict[str, str] | None = None,
-                   pass_fds: Sequence[int] = (), popen_kwargs: dict[str, Any] | None = None,
-                   on_start: Callable[[subprocess.Popen], None] | None = None) -> ProcessEnd:
+                   echo: bool = True, watch: Watch | None = None, env: dict[str, str] | None = None) -> ProcessEnd:
     """Run ``argv`` to its end, its output teed into ``files`` (stdout.log, stderr.log, combined.log).
 
     ``stop(proc)`` ends the container (called on SIGINT/SIGTERM and when ``watch`` reports); it must make
@@ -80,10 +66,7 @@ def stream_process(argv: Sequence[str], files: list[BinaryIO], *, stop: Callable
     with interrupt_handlers():
         try:
             proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=env, pass_fds=tuple(pass_fds),
-                                    **(popen_kwargs or {}))
-            if on_start is not None:
-                on_start(proc)
+                                    stderr=subprocess.PIPE, env=env)
             for tee, stream in zip(tees, (proc.stdout, proc.stderr)):
                 t = threading.Thread(target=tee.pump, args=(stream,), daemon=True, name="hermetic-tee")
                 t.start()

@@ -8,6 +8,7 @@ dropped, whiteouts made overlayfs's own (``userxattr``); renamed into place only
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -305,14 +306,7 @@ def _copy_range(src_fd: int, dst_fd: int, offset: int, size: int) -> None:
 def _make_removable(path: Path) -> None:
     """Give back write permission on every directory under ``path`` (a layer unpacks some read-only)."""
     for d, subdirs, _files in os.walk(path):
-        for s in subdirs:
-            p = os.path.join(d, s)
+        for p in [d] + [os.path.join(d, s) for s in subdirs]:
             if not os.path.islink(p):
-                try:
+                with contextlib.suppress(OSError):
                     os.chmod(p, 0o700)
-                except OSError:
-                    pass
-    try:
-        os.chmod(path, 0o700)
-    except OSError:
-        pass

@@ -196,12 +196,7 @@ def cuda_info(pins: Iterable[Pin]) -> CudaInfo:
 
 def image_labels(info: CudaInfo) -> dict[str, str]:
     """OCI config labels recording the pinned CUDA stack (only values that are present)."""
-    out: dict[str, str] = {}
-    for attr, key in LABELS.items():
-        value = getattr(info, attr)
-        if value:
-            out[key] = str(value)
-    return out
+    return {key: str(getattr(info, attr)) for attr, key in LABELS.items() if getattr(info, attr)}
 
 
 def cuda_info_from_labels(labels: dict[str, str] | None) -> CudaInfo:

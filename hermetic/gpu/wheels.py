@@ -85,10 +85,7 @@ def check_torch_cuda(info: CudaInfo) -> list[Finding]:
 
 
 def _runtime_wheel_name(info: CudaInfo) -> str:
-    for w in info.wheels:
-        if w.component == "cuda-runtime":
-            return w.name
-    return "nvidia-cuda-runtime"
+    return next((w.name for w in info.wheels if w.component == "cuda-runtime"), "nvidia-cuda-runtime")
 
 
 # -- build: glibc / manylinux --------------------------------------------------
