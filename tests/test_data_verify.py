@@ -195,8 +195,7 @@ def test_unreadable_file_is_named(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the hashing engine
 
 
-@pytest.mark.parametrize("start_method", ["fork", "thread"])
-def test_worker_processes_hash_like_hashlib(tmp_path: Path, start_method: str) -> None:
+def test_worker_threads_hash_like_hashlib(tmp_path: Path) -> None:
     files = []
     for i in range(120):
         p = tmp_path / f"f{i}"
@@ -204,12 +203,12 @@ def test_worker_processes_hash_like_hashlib(tmp_path: Path, start_method: str) -
         files.append(str(p))
     expected = [sha(Path(p).read_bytes()) for p in files]
     for sizes in ([os.path.getsize(p) for p in files], None):  # batches by bytes, or by count
-        got = hash_files(files, sizes, workers=2, start_method=start_method)
+        got = hash_files(files, sizes, workers=2)
         assert got.hexes() == expected and got.vanished == []
         assert [got.key(i) for i in range(len(files))] == [stat_key(os.stat(p)) for p in files]
 
 
-@pytest.mark.parametrize("n", [10, 300])  # hashed in this process, or by forked workers
+@pytest.mark.parametrize("n", [10, 300])  # hashed in this thread, or by worker threads
 def test_a_file_that_cannot_be_read_is_named_after_the_rest_is_hashed(tmp_path: Path, n: int) -> None:
     files = [tmp_path / f"f{i:03d}" for i in range(n)]
     for p in files:
@@ -220,7 +219,7 @@ def test_a_file_that_cannot_be_read_is_named_after_the_rest_is_hashed(tmp_path: 
         hash_files([str(p) for p in files], workers=2)
 
 
-def test_workers_start_from_a_fork_server_when_threads_are_running(tmp_path: Path) -> None:
+def test_full_verify_hashes_while_other_threads_run(tmp_path: Path) -> None:
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
     t.start()

@@ -26,8 +26,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-import pytest
-
 from conftest import assert_clean_error
 from hermetic.core.errors import EXIT_OSERR
 from wheelfactory import make_index, make_wheel, requirements_lock, sha256_of
@@ -176,29 +174,25 @@ import json, sys
 from pathlib import Path
 from hermetic.data.hashfiles import hash_files
 paths = sorted(str(p) for p in Path(sys.argv[1]).rglob("*") if p.is_file())
-hashed = hash_files(paths, workers=int(sys.argv[2]), start_method=sys.argv[3])
+hashed = hash_files(paths, workers=int(sys.argv[2]))
 print(json.dumps(dict(zip(paths, hashed.hexes()))))
 """
-HASHING = [(HASH_FILES, "fork"), (HASH_FILES, "thread")]
-HASHING_IDS = ["forked", "threads"]
 
 
-@pytest.mark.parametrize("code, method", HASHING, ids=HASHING_IDS)
-def test_hashing_goes_on_in_process_when_no_worker_can_be_started(tmp_path, code, method):
-    """At the account's process limit the workers (forked, or a pool's) are refused; the files are hashed
-    all the same, and nothing is said (`verify --full` ran into a traceback)."""
+def test_hashing_goes_on_in_process_when_no_worker_can_be_started(tmp_path):
+    """At the account's process limit the worker threads are refused; the files are hashed all the same, and
+    nothing is said (`verify --full` ran into a traceback)."""
     digests = _dataset(tmp_path / "data")
-    proc = run_child(code, str(tmp_path / "data"), "4", method, nproc=1)
+    proc = run_child(HASH_FILES, str(tmp_path / "data"), "4", nproc=1)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert json.loads(proc.stdout) == digests
 
 
-@pytest.mark.parametrize("code, method", HASHING, ids=HASHING_IDS)
-def test_hashing_on_a_hundred_cores_fits_64_descriptors(tmp_path, code, method):
-    """A forked worker costs its parent a pipe: a hundred of them once ran out of descriptors, and the
-    workers started waited for batches that never came (a hang: the timeout is the failure)."""
+def test_hashing_on_a_hundred_cores_fits_64_descriptors(tmp_path):
+    """A hundred workers, each with a file open, once ran out of descriptors (a hang: the timeout is the
+    failure)."""
     digests = _dataset(tmp_path / "data")
-    proc = run_child(code, str(tmp_path / "data"), "100", method, nofile=NOFILE, timeout=60)
+    proc = run_child(HASH_FILES, str(tmp_path / "data"), "100", nofile=NOFILE, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == digests
 

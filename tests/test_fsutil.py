@@ -130,39 +130,6 @@ def test_pool_workers_die_with_their_parent(tmp_path):
         reap_all(int(pid) for pid in pids)
 
 
-def test_hashing_workers_die_with_their_parent(tmp_path):
-    """The data hashing's forked workers (verify of a big dataset) do not outlive a SIGKILLed verify."""
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(200):
-        (data / f"f{i:04d}").write_bytes(os.urandom(1024))
-    p, _ = start("""
-        import os, sys, threading, time
-        from hermetic.data import hashfiles
-        paths = sorted(os.path.join(sys.argv[1], n) for n in os.listdir(sys.argv[1]))
-        real = hashfiles.drain
-        def slow(*a, **k):
-            if os.getpid() != parent:
-                time.sleep(120)  # a worker, busy
-            return real(*a, **k)
-        parent = os.getpid()
-        hashfiles.drain = slow
-        print("ready", flush=True)
-        hashfiles.hash_files(paths, workers=3, start_method="fork")
-    """, str(data))
-    deadline = time.monotonic() + 30
-    children: list[int] = []
-    while time.monotonic() < deadline and len(children) < 2:
-        children = [int(c) for c in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()]
-        time.sleep(0.02)
-    assert len(children) == 2, children
-    kill(p)
-    try:
-        assert all(gone_within(c) for c in children)
-    finally:
-        reap_all(children)
-
-
 def test_a_dead_writers_temp_file_is_swept_and_a_live_ones_is_not(tmp_path):
     live = OwnedTemp(tmp_path, "blob.")  # this process's: alive
     os.write(live.fd, b"x" * 100)

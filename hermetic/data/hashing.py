@@ -1,4 +1,4 @@
-"""sha256 and stat key of each file in a span of a list: the loop every hashing process runs.
+"""sha256 and stat key of each file in a span of a list: the loop every hashing thread runs.
 
 Per file: open, fstat, one read of the size plus one byte (a short read is the whole file as of the fstat,
 whose key is recorded), one sha256; larger files in 1 MiB chunks into a reused buffer. Results go at each

@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hermetic.hostfs import safetree
 from hermetic.hostfs.privdrop import call_as
@@ -159,6 +159,18 @@ def _collect(fds: dict[str, int], plan_doc: dict[str, Any]) -> dict[str, Any]:
     return {"workdir": kept.to_json(), "outputs": outputs, "metric_parts": parts, "left_out": left_out,
             "events": events,
             "runtime_report": report, "rank_logs": rank_logs, "notes": notes}
+
+
+def give_back(run_dir: str | Path, skip: Callable[[str], bool] | None = None) -> None:
+    """The run directory given back to hermetic's user after the collection (root only: the child wrote as the
+    container's); ``skip`` as safetree.lchown_tree's."""
+    if os.getuid() != 0:
+        return
+    fd = safetree.open_root(Path(run_dir))
+    try:
+        safetree.lchown_tree(fd, os.getuid(), os.getgid(), skip=skip)
+    finally:
+        os.close(fd)
 
 
 def stdout_entry_at(run_fd: int, notes: list[str] | None = None) -> dict[str, Any] | None:

@@ -98,7 +98,7 @@ def reap_orphans(*, by: str, run_ids: Collection[str] | None = None,
 
 def _reap(engine: Any, orphan: Orphan, by: str) -> Reaped | None:
     if orphan.run_id is None or orphan.run_dir is None:  # a probe's: nothing to seal
-        container = _container(engine, orphan.id)
+        container = engine.container(orphan.id)  # its handle (docker-py's Container, or alike); None when gone
         if container is None:
             return None
         remove_container(container)
@@ -120,7 +120,7 @@ def _reap(engine: Any, orphan: Orphan, by: str) -> Reaped | None:
 def _remove_unsealed(engine: Any, orphan: Orphan, run_dir: Path, why: str) -> Reaped | None:
     """A run's orphan stopped and removed with its working copy, its record left as it is (``why``, the
     note's end); None when the container is gone already."""
-    container = _container(engine, orphan.id)
+    container = engine.container(orphan.id)
     if container is None:
         return None
     stop_container(container)
@@ -132,7 +132,7 @@ def _remove_unsealed(engine: Any, orphan: Orphan, run_dir: Path, why: str) -> Re
 
 
 def _reap_run(engine: Any, orphan: Orphan, run_dir: Path, by: str) -> Reaped | None:
-    container = _container(engine, orphan.id)  # asked again under the lock: another reaper may have been first
+    container = engine.container(orphan.id)  # asked again under the lock: another reaper may have been first
     if container is None:
         return None
     was_running = _state(container).get("Running", orphan.running)
@@ -187,7 +187,7 @@ def _collect(run_dir: Path, rec: dict[str, Any], workspace: Path | None):
     import posixpath
 
     from hermetic.core.paths import inside
-    from hermetic.run.collect import CollectPlan, collect_run
+    from hermetic.run.collect import CollectPlan, collect_run, give_back
 
     inv = rec["invocation"]
     user = str(inv.get("user") or f"{os.getuid()}:{os.getgid()}")
@@ -206,14 +206,7 @@ def _collect(run_dir: Path, rec: dict[str, Any], workspace: Path | None):
     try:
         return collect_run(plan, uid=uid, gid=gid)
     finally:
-        if os.getuid() == 0:
-            from hermetic.hostfs import safetree
-
-            fd = safetree.open_root(run_dir)
-            try:
-                safetree.lchown_tree(fd, os.getuid(), os.getgid())
-            finally:
-                os.close(fd)
+        give_back(run_dir)
 
 
 def _keep_logs(container: Any, log_dir: Path) -> None:
@@ -246,11 +239,6 @@ def _remove_workspace(workspace: Path | None) -> None:
     if workspace is not None:
         name = workspace.name + ".lock"
         sweep_dead(workspace.parent, lambda n: n == name)
-
-
-def _container(engine: Any, container_id: str) -> Any:
-    """The engine's handle of the container (docker-py's Container, or one that behaves so); None when gone."""
-    return engine.container(container_id)
 
 
 def _state(container: Any) -> dict[str, Any]:

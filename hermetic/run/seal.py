@@ -55,9 +55,9 @@ def collect_outputs(cfg: LoadedConfig, rec: dict[str, Any], datasets: Sequence[A
     """What the script left (hermetic.run.collect, as ``user``), then the run directory given back to hermetic's
     user; a failed collection still leaves a record to seal (empty outputs, a note). ``datasets``: DatasetPlans.
     """
-    from hermetic.hostfs import privdrop, safetree
+    from hermetic.hostfs import privdrop
     from hermetic.core.errors import HermeticError
-    from hermetic.run.collect import CollectPlan, Collected, collect_run
+    from hermetic.run.collect import CollectPlan, Collected, collect_run, give_back
 
     workdir = cfg.model.build.workdir
     skip = [posixpath.relpath(p, workdir) for d in datasets for p in d.plan.container_paths if inside(p, workdir)]
@@ -86,14 +86,9 @@ def collect_outputs(cfg: LoadedConfig, rec: dict[str, Any], datasets: Sequence[A
                               {"final": {}, "steps": None, "file": None}, {}, None,
                               [f"outputs not recorded: {why}"])
     finally:
-        if os.getuid() == 0:
-            fd = safetree.open_root(run_dir)
-            try:
-                # nodes/: the other nodes' run directories (hermetic.slurm.task), each given back by its
-                # own node when it is done; taking them now would take them from a node still collecting.
-                safetree.lchown_tree(fd, os.getuid(), os.getgid(), skip=lambda rel: rel == NODES_DIR)
-            finally:
-                os.close(fd)
+        # nodes/: the other nodes' run directories (hermetic.slurm.task), each given back by its
+        # own node when it is done; taking them now would take them from a node still collecting.
+        give_back(run_dir, skip=lambda rel: rel == NODES_DIR)
     collected.full_disk = full
     return collected
 

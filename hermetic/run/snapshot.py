@@ -62,21 +62,12 @@ def _exclude_specs(excludes: list[str]) -> list[str]:
     return [f":(exclude,literal){e}" for e in excludes if e not in ("", ".")]
 
 
-def _may_be_in_work_tree(root: Path) -> bool:
-    """False only where git could not find a repository for ``root``: no ``.git`` in it or above it, and
-    none named by the environment. Saves a git process at each run's start outside repositories."""
-    if os.environ.get("GIT_DIR") or os.environ.get("GIT_WORK_TREE"):
-        return True
-    here = root.resolve()  # git looks from the real directory, whatever link led to it
-    return any(os.path.lexists(d / ".git") for d in (here, *here.parents))
-
-
 def list_source_files(root: Path, excludes: list[str], use_git: bool = True) -> tuple[list[str], bool]:
     """(relative paths, in_git). Paths are files or symlinks, sorted."""
-    # One git question: ls-files fails outside a work tree (and is not asked where no .git could make one).
-    # Its paths are relative to ``root`` (git's current directory), not to the work tree's top.
+    # One git question: ls-files fails outside a work tree. Its paths are relative to ``root`` (git's current
+    # directory), not to the work tree's top.
     out = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".",
-               *_exclude_specs(excludes)) if use_git and _may_be_in_work_tree(root) else None
+               *_exclude_specs(excludes)) if use_git else None
     if out is not None:
         paths = []
         for rel in out.split("\0"):
@@ -169,14 +160,10 @@ def git_state(root: Path, run_dir: Path, untracked_hashes: dict[str, str],
     diff = diff or ""
     untracked_out = _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".",
                          *_exclude_specs(excludes)) or ""
-    untracked = {}
-    for p in untracked_out.split("\0"):
-        if p:
-            if p in untracked_hashes:  # relative to root (git's current directory), as the snapshot's
-                untracked[p] = untracked_hashes[p]
+    # relative to root (git's current directory), as the snapshot's
+    untracked = {p: untracked_hashes[p] for p in untracked_out.split("\0") if p in untracked_hashes}
     dirty = bool(diff) or bool(untracked)
-    diff_sha = None
-    diff_file = None
+    diff_sha = diff_file = None
     if diff:
         data = diff.encode("utf-8", "surrogateescape")
         (run_dir / DIFF_FILE).parent.mkdir(parents=True, exist_ok=True)
@@ -217,24 +204,13 @@ def take_snapshot(root: Path, run_dir: Path, excludes: list[str], *, use_git: bo
                              open=(lambda f=full: open(f, "rb"))))
     tar_path = run_dir / SNAPSHOT_FILE
     tar_path.parent.mkdir(parents=True, exist_ok=True)
-    h = hashlib.sha256()
-
-    class _Sink:
-        def __init__(self, f) -> None:
-            self.f = f
-
-        def write(self, b) -> int:
-            self.f.write(b)
-            h.update(b)
-            return len(b)
-
     with open(tar_path, "wb") as f:
-        write_layer(complete_parents(entries), _Sink(f), mtime=0)
+        write_layer(complete_parents(entries), f, mtime=0)
     warnings = []
     if total > 200 * 1024 * 1024:
         warnings.append(f"the source snapshot is {total / 1e6:.0f} MB; large data belongs in a dataset (hermetic.yaml datasets:)")
     git = git_state(root, run_dir, files, excludes) if in_git else None
-    return Snapshot(git, files, h.hexdigest(), tar_path, total, warnings)
+    return Snapshot(git, files, sha256_file(tar_path), tar_path, total, warnings)
 
 
 def extract_snapshot(tar_path: Path, dest: Path) -> None:
