@@ -67,10 +67,10 @@ def start_server(workdir: Path) -> tuple[subprocess.Popen, str]:
 
 
 def make_runs(root: Path, n: int, steps: int, names: list[str]) -> list[str]:
-    sys.path.insert(0, str(REPO))
+    sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the tests' synthetic records
     from hermetic.record import finish_record, write_record
     from hermetic.record.rundir import create_run_dir
-    from hermetic.record.synthetic import DATA_MANIFEST, T0, synthetic_record
+    from synthetic_records import DATA_MANIFEST, T0, synthetic_record
 
     ids = []
     for i in range(n):

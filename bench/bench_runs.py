@@ -32,7 +32,9 @@ from pathlib import Path
 from hermetic.core.canonical import pretty_json
 from hermetic.record.ids import iso_utc
 from hermetic.record.seal import seal
-from hermetic.record.synthetic import T0, synthetic_record
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' synthetic records
+from synthetic_records import T0, synthetic_record  # noqa: E402
 
 PY_LOOP = r"""
 import json, os, sys

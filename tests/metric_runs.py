@@ -1,6 +1,6 @@
 """Run directories with real metrics.jsonl files, for the plot and export tests.
 
-The record is the synthetic one (hermetic.record.synthetic) finished the way
+The record is the synthetic one (tests/synthetic_records.py) finished the way
 ``hermetic run`` finishes one: outputs hashed, metrics summarized from the
 file, then ``write_record``.
 """
@@ -14,7 +14,7 @@ from typing import Callable
 
 from hermetic.record import finish_record, write_group, write_record
 from hermetic.record.rundir import create_run_dir
-from hermetic.record.synthetic import DATA_MANIFEST, T0, synthetic_record
+from synthetic_records import DATA_MANIFEST, T0, synthetic_record
 
 
 def loss_curve(step: int) -> float:

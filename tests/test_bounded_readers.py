@@ -112,7 +112,7 @@ def test_the_points_of_all_sources_together_are_capped(tmp_path, monkeypatch):
 
 
 def test_a_record_with_left_out_counts_validates():
-    from hermetic.record.synthetic import synthetic_record
+    from synthetic_records import synthetic_record
 
     rec = synthetic_record(RID)
     rec["metrics"]["left_out"] = {"points": 3, "columns": 99_000}
@@ -202,7 +202,7 @@ def test_collected_outputs_lose_world_write_setuid_setgid_and_sticky_bits(tmp_pa
     assert modes == {out: 0o775, out / "shared": 0o775, out / "shared" / "w.txt": 0o664, out / "tool": 0o755,
                      out / "plain.txt": 0o644 & ~os.umask(os.umask(0))}, modes
     assert got.outputs["modes_cleared"] == {".": "0777", "shared": "1777", "shared/w.txt": "2666", "tool": "4755"}
-    from hermetic.record.synthetic import synthetic_record
+    from synthetic_records import synthetic_record
 
     rec = synthetic_record(RID)
     rec["outputs"]["modes_cleared"] = got.outputs["modes_cleared"]

@@ -99,7 +99,7 @@ def test_write_group_records_is_write_group_without_reloading(tmp_path):
 
     from hermetic.record import load_group, load_record, write_group
     from hermetic.record.group import write_group_records
-    from hermetic.record.synthetic import synthetic_record, write_synthetic_run
+    from synthetic_records import synthetic_record, write_synthetic_run
 
     root, gid = tmp_path / "runs", "20261129-210000-aaaaaa-g"
     ids = []

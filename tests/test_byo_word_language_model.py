@@ -33,7 +33,7 @@ from hermetic.record import load_group, write_group
 from hermetic.record.group import group_outcome, seeds_ran
 from hermetic.record.index import entry_from_dir, group_size, ran_note
 from hermetic.record.readme import render_readme
-from hermetic.record.synthetic import h, synthetic_record, write_synthetic_run
+from synthetic_records import h, synthetic_record, write_synthetic_run
 from run_support import diff_json, git_commit_all, hermetic_run, run_dir_of, run_dirs
 
 # word_language_model's seeding, without torch: --seed with a default, and the script seeds itself with it.

@@ -18,7 +18,7 @@ import pytest
 from conftest import cli_in_process as cli
 from hermetic.core.canonical import pretty_json
 from hermetic.record.seal import seal
-from hermetic.record.synthetic import synthetic_record, write_synthetic_run
+from synthetic_records import synthetic_record, write_synthetic_run
 
 A, B = "20261129-214500-aaaaaa", "20261129-214500-bbbbbb"
 MISSING = object()

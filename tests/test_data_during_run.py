@@ -28,7 +28,7 @@ from hermetic.data.statcache import stat_key
 from hermetic.data.verify import verify_dataset
 from hermetic.diff import diff_records
 from hermetic.record.schema import validate_record
-from hermetic.record.synthetic import synthetic_record
+from synthetic_records import synthetic_record
 from hermetic.record import seal
 from run_support import hermetic_run, run_dir_of
 

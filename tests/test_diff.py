@@ -13,7 +13,7 @@ from conftest import run_cli
 from hermetic.data.manifest import parse_manifest
 from hermetic.diff import diff_records, diff_runs
 from hermetic.diff.compare import INPUT_SECTIONS
-from hermetic.record.synthetic import DATA_MANIFEST, h, synthetic_record, write_synthetic_run
+from synthetic_records import DATA_MANIFEST, h, synthetic_record, write_synthetic_run
 
 A = "20261129-214500-aaaaaa"
 B = "20261129-220000-bbbbbb"

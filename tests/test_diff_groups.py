@@ -16,7 +16,7 @@ from hermetic.core.stats import summarize, t975, welch
 from hermetic.core.errors import IntegrityError
 from hermetic.record import load_group, write_group
 from hermetic.record.schema import RecordError
-from hermetic.record.synthetic import synthetic_record, write_synthetic_run
+from synthetic_records import synthetic_record, write_synthetic_run
 
 
 def student_t_cdf(t: float, df: float, steps: int = 20000) -> float:

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import cli_in_process as cli
 from hermetic.core.escape import shown, shown_tree
-from hermetic.record.synthetic import synthetic_record, write_synthetic_run
+from synthetic_records import synthetic_record, write_synthetic_run
 
 HOSTILE = "\x1b]0;owned\x07\x1b[8m\x9b\u202e\r\nbitwise identical"
 RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")  # any but "\n"

@@ -164,7 +164,7 @@ def test_a_gpu_refusal_is_recorded_as_refused_with_the_reason_and_hermetics_code
     from hermetic.core.errors import EXIT_UNAVAILABLE, Unavailable
     from hermetic.record import load_record
     from hermetic.record.index import entry_from_dir
-    from hermetic.record.synthetic import synthetic_record, write_synthetic_run
+    from synthetic_records import synthetic_record, write_synthetic_run
     from hermetic.run.runner import refuse_unfit_gpu
 
     runs = tmp_path / "runs"

@@ -20,7 +20,7 @@ import pytest
 from conftest import assert_clean_error, run_cli
 from hermetic.core.errors import IntegrityError
 from hermetic.record import metrics as mx
-from hermetic.record.synthetic import synthetic_record
+from synthetic_records import synthetic_record
 
 RID = "20261201-101500-aaaaaa"
 LIGHTNING_CSV = ("epoch,step,train_loss,val_loss\n"
@@ -271,12 +271,12 @@ def test_a_long_series_keeps_its_last_value(tmp_path, monkeypatch):
 def finished_run(root: Path, run_id: str = RID, files: dict[str, str] | None = None) -> dict:
     from hermetic.record import finish_record, write_record
     from hermetic.record.rundir import create_run_dir
-    from hermetic.record.synthetic import DATA_MANIFEST
+    from synthetic_records import DATA_MANIFEST
 
     rec = synthetic_record(run_id)
     run_dir = create_run_dir(root, run_id)
     (run_dir / "data" / "mnist.sha256").write_text(DATA_MANIFEST)
-    snap = rec["code"]["snapshot"]  # bytes that stand for the snapshot (hermetic.record.synthetic does so too)
+    snap = rec["code"]["snapshot"]  # bytes that stand for the snapshot (tests/synthetic_records.py does so too)
     (run_dir / snap["file"]).write_bytes(b"snapshot\n")
     snap["sha256"] = mx.hashlib.sha256(b"snapshot\n").hexdigest()
     for rel, text in (files or {"trainer/trainer_state.json": json.dumps(TRAINER_STATE)}).items():

@@ -241,7 +241,7 @@ def _run_without_mount(root: Path, run_id: str, *, minutes: int = 0) -> dict:
 
     from hermetic.record import finish_record, write_record
     from hermetic.record.rundir import create_run_dir
-    from hermetic.record.synthetic import DATA_MANIFEST, T0, synthetic_record
+    from synthetic_records import DATA_MANIFEST, T0, synthetic_record
 
     rec = synthetic_record(run_id, minutes=minutes)
     rec["data"]["mnist"]["mount"] = None

@@ -165,7 +165,7 @@ def test_a_finished_runs_readme_says_how_to_draw_its_figure_and_that_command_dra
 def test_an_early_record_and_a_run_without_metrics_give_no_figure_command(tmp_path):
     from hermetic.record import begin_record, write_record
     from hermetic.record.rundir import create_run_dir
-    from hermetic.record.synthetic import synthetic_record
+    from synthetic_records import synthetic_record
 
     rid = "20261129-235900-0f0f0f"
     full = synthetic_record(rid)

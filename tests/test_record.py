@@ -17,7 +17,7 @@ from hermetic.record import (
     metrics_summary, new_run_id, render_readme, seal, validate_record, verify_seal, write_record,
 )
 from hermetic.record.schema import RecordError
-from hermetic.record.synthetic import synthetic_record
+from synthetic_records import synthetic_record
 from hermetic.core.resources import template_path
 
 RID = "20261129-214500-1a2b3c"

@@ -1,7 +1,7 @@
 """Records are checked, not trusted (issue 24, item 10): what compares or reuses a run rehashes what its
 record holds a digest of first; a renamed run directory is refused; `hermetic runs verify`.
 
-The unit tests use synthetic run directories (hermetic.record.synthetic writes real output files that
+The unit tests use synthetic run directories (tests/synthetic_records.py writes real output files that
 agree with the record); the tests marked docker change real runs of examples/numpy-logreg after the fact.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from conftest import assert_clean_error, run_cli
 from hermetic.core.errors import IntegrityError
-from hermetic.record.synthetic import synthetic_record, write_synthetic_run
+from synthetic_records import synthetic_record, write_synthetic_run
 from hermetic.record.verify import CACHE_NAME, check_outputs, require_as_recorded, verify_run
 from run_support import git_commit_all, hermetic_run, run_dir_of, run_dirs
 

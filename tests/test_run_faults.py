@@ -249,7 +249,7 @@ def test_the_record_keeps_the_limits_and_diff_makes_a_limit_a_cause_only_when_a_
     from hermetic.diff import diff_records
     from hermetic.record import validate_record
     from hermetic.record.schema import RecordError
-    from hermetic.record.synthetic import synthetic_record
+    from synthetic_records import synthetic_record
 
     a = synthetic_record()
     a["invocation"]["config"]["run"] = {"pids": 4096, "memory": None}

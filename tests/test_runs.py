@@ -16,7 +16,7 @@ from hermetic.record import list_entries, load_record, resolve_run, seal, write_
 from hermetic.record.index import INDEX_NAME, read_index
 from hermetic.record.rundir import RunNotFound
 from hermetic.core.errors import UsageError
-from hermetic.record.synthetic import synthetic_record, write_synthetic_run
+from synthetic_records import synthetic_record, write_synthetic_run
 
 IDS = ["20261129-214500-aaaaaa", "20261129-220000-bbbbbb", "20261130-080000-cccccc-named"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_in_process as cli
-from hermetic.record.synthetic import synthetic_record, write_synthetic_run
+from synthetic_records import synthetic_record, write_synthetic_run
 
 A, B = "20261129-214500-aaaaaa", "20261129-214500-bbbbbb"
 DEEP = "[" * 100_000 + "]" * 100_000

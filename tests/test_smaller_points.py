@@ -10,7 +10,7 @@ import pytest
 
 from conftest import run_cli
 from hermetic.record.group import group_flags
-from hermetic.record.synthetic import synthetic_record
+from synthetic_records import synthetic_record
 from hermetic.run.resume import ResumeSource
 from run_support import hermetic_run, run_dir_of
 

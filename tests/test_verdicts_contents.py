@@ -25,7 +25,7 @@ from hermetic.diff import contents, diff_runs, pickles, trees
 from hermetic.diff.contents import compare_contents
 from hermetic.diff.pickles import read_pickle
 from hermetic.record.rundir import write_record
-from hermetic.record.synthetic import h, synthetic_record, write_synthetic_run
+from synthetic_records import h, synthetic_record, write_synthetic_run
 
 A = "20261129-214500-aaaaaa"
 B = "20261129-220000-bbbbbb"

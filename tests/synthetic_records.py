@@ -1,4 +1,4 @@
-"""A complete, plausible record built from fixed values: for tests, benchmarks and examples."""
+"""A complete, plausible record built from fixed values: for the tests and the benchmarks (bench/)."""
 
 from __future__ import annotations
 
