@@ -36,6 +36,13 @@ def emit(as_json: bool, doc: Any, text: str) -> None:
         click.echo(text)
 
 
+def oci_store():  # -> hermetic.store.oci.OciStore, imported when asked
+    from hermetic.core.paths import cache_paths
+    from hermetic.store.oci import OciStore
+
+    return OciStore(cache_paths().oci)
+
+
 def human_bytes(n: int) -> str:
     """1234567 -> '1.2 MB' (SI units, as docker and skopeo print sizes)."""
     size = float(n)

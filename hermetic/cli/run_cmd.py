@@ -62,8 +62,7 @@ def run(mlflow_uri, detach, as_json, script, args, **shared) -> int:
     from hermetic.run.runner import execute
 
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "run", script, *args]
-    made = request_template(shared, script=script, args=args, argv=argv, echo=not as_json)
-    cfg, template, seeds_list = made.cfg, made.request, made.seeds
+    cfg, template, seeds_list = request_template(shared, script=script, args=args, argv=argv, echo=not as_json)
     mlflow = mlflow_target(mlflow_uri)  # checked before the run: a URI, and hermetic[mlflow] installed
     paths = cache_paths()
     log, progress = run_log(not as_json)

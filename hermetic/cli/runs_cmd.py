@@ -14,7 +14,7 @@ import click
 
 from hermetic.cli.common import emit_json
 from hermetic.cli.logs_cmd import wait
-from hermetic.cli.runs_common import reading, remember_location, runs_location, runs_options
+from hermetic.cli.runs_common import reading, runs_location, runs_options
 from hermetic.cli.runs_tools_cmd import export_cmd, plot_cmd
 from hermetic.core.escape import shown, shown_tree
 from hermetic.record.locate import resolve_ref, runs_root
@@ -46,7 +46,6 @@ def runs(ctx: click.Context, runs_dir: str | None, config_path: str | None, as_j
       hermetic runs -n 20 --json       # the newest 20, as JSON
       hermetic runs show 20261129-21   # one run (a unique ID prefix is enough)
     """
-    remember_location(ctx, runs_dir, config_path)
     if ctx.invoked_subcommand is not None:
         return
     from hermetic.record.index import list_entries

@@ -28,14 +28,9 @@ def runs_options(with_json: bool = True) -> Callable[[F], F]:
     return apply
 
 
-def remember_location(ctx: click.Context, runs_dir: str | None, config_path: str | None) -> None:
-    """The ``runs`` group's own --runs-dir and -C, for its subcommands (``hermetic runs -C x show ID``)."""
-    ctx.obj = {"runs_dir": runs_dir, "config_path": config_path}
-
-
 def runs_location(ctx: click.Context, runs_dir: str | None, config_path: str | None) -> tuple[str | None, str | None]:
-    """A subcommand's --runs-dir and -C, else the ``runs`` group's (remember_location)."""
-    parent = ctx.obj or {}
+    """A subcommand's --runs-dir and -C, else the ``runs`` group's (``hermetic runs -C x show ID``)."""
+    parent = ctx.parent.params if ctx.parent else {}
     return runs_dir or parent.get("runs_dir"), config_path or parent.get("config_path")
 
 

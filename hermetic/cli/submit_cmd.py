@@ -68,8 +68,7 @@ def submit(partition, time_limit, cpus, nodes, sbatch_args, container, shared_st
     from hermetic.slurm.submit import SlurmOptions, submit as do_submit
 
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "submit", script, *args]
-    made = request_template(shared, script=script, args=args, argv=argv, nnodes=nodes)
-    cfg, template, seed_list = made.cfg, made.request, made.seeds
+    cfg, template, seed_list = request_template(shared, script=script, args=args, argv=argv, nnodes=nodes)
     opts = SlurmOptions(partition=partition, time=time_limit, cpus_per_task=cpus, nodes=nodes,
                         sbatch_args=tuple(sbatch_args), container=container, node_cache=node_cache,
                         shared_roots=tuple(Path(r) for r in shared_roots), engine=template.engine,
