@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import emit_json
-from hermetic.cli.runs_common import reading, runs_options
+from hermetic.cli.common import emit_json, reading, runs_options
 from hermetic.cli.runs_tools_cmd import check_plot_file, plot_option, plot_or_note
 from hermetic.record.locate import resolve_ref
 

@@ -16,8 +16,7 @@ from typing import Any
 
 import click
 
-from hermetic.cli.common import emit_json, json_option
-from hermetic.cli.progress import with_byte_bar
+from hermetic.cli.common import emit_json, json_option, with_byte_bar
 from hermetic.core.errors import EXIT_UNAVAILABLE
 
 GiB = 1 << 30

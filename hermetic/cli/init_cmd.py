@@ -95,4 +95,4 @@ def init(data: tuple[str, ...], base: str | None, python: str | None, name: str 
         click.echo("before the first run: `hermetic build` (it writes hermetic.image.json and "
                    "hermetic.provenance.json) and commit those with what init wrote, so the run is recorded by its "
                    "commit, not as dirty; or run now and commit after (docs/your-script.md)", err=True)
-        click.echo(f"next: {result.next_command}")
+        click.echo(f"next: {result.next}")

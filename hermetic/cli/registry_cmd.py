@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, human_bytes, json_option, oci_store
-from hermetic.cli.progress import transfer_progress
+from hermetic.cli.common import config_option, emit_json, human_bytes, json_option, oci_store, transfer_progress
 from hermetic.core.display import escape_controls
 from hermetic.core.errors import HermeticError, NotFound, UsageError
 

@@ -7,8 +7,7 @@ import sys
 
 import click
 
-from hermetic.cli.common import config_option, emit_json
-from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_option, mlflow_target
+from hermetic.cli.common import MlflowCommand, config_option, emit_json, export_after_run, mlflow_option, mlflow_target
 from hermetic.cli.run_options import parse_data, request_template, run_options
 from hermetic.core import escape
 from hermetic.engines.base import ENGINES
@@ -203,7 +202,7 @@ def replay(run_ref: str, config_path: str | None, data: tuple[str, ...], engine:
       hermetic replay runs/20261129-214500-1a2b3c
       hermetic replay --data synth=/scratch/synth runs/20261129-214500-1a2b3c   # the data moved
     """
-    from hermetic.cli.runs_common import reading
+    from hermetic.cli.common import reading
     from hermetic.core.paths import cache_paths
     from hermetic.diff import diff_paths
     from hermetic.diff.render import render

@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hermetic.cli.common import emit_json
+from hermetic.cli.common import emit_json, reading, runs_location, runs_options
 from hermetic.cli.logs_cmd import wait
-from hermetic.cli.runs_common import reading, runs_location, runs_options
 from hermetic.cli.runs_tools_cmd import export_cmd, plot_cmd
 from hermetic.core.escape import shown, shown_tree
 from hermetic.record.locate import resolve_ref, runs_root
@@ -69,7 +68,7 @@ def runs(ctx: click.Context, runs_dir: str | None, config_path: str | None, as_j
     sys.stdout.write(format_table(entries, colour=sys.stdout.isatty()))
 
 
-# The subcommands defined in their own modules (below this one: they import only cli/runs_common.py).
+# The subcommands defined in their own modules (below this one: they import only cli/common.py).
 runs.add_command(export_cmd)
 runs.add_command(plot_cmd)
 runs.add_command(wait)

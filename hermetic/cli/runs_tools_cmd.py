@@ -11,9 +11,7 @@ from typing import Any, Callable, TypeVar
 
 import click
 
-from hermetic.cli.common import emit_json
-from hermetic.cli.mlflow_opt import MlflowCommand, mlflow_option
-from hermetic.cli.runs_common import reading, runs_location, runs_options
+from hermetic.cli.common import MlflowCommand, emit_json, mlflow_option, reading, runs_location, runs_options
 from hermetic.record.locate import resolve_ref, runs_root
 
 F = TypeVar("F", bound=Callable[..., Any])
