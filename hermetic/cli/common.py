@@ -19,15 +19,9 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def config_option(f: F) -> F:
-    return click.option(
-        "-C", "--config", "config_path", metavar="PATH", default=None,
-        help="hermetic.yaml, or the directory holding it (default: ./hermetic.yaml).",
-    )(f)
-
-
-def json_option(f: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON document for scripts.")(f)
+config_option = click.option("-C", "--config", "config_path", metavar="PATH", default=None,
+                             help="hermetic.yaml, or the directory holding it (default: ./hermetic.yaml).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document for scripts.")
 
 
 def emit_json(value: Any) -> None:
@@ -153,11 +147,8 @@ OPTION = "--mlflow"
 URI_PREFIXES = ("file:", "databricks", "uc:", "sqlite:", "postgresql", "mysql", "mssql")
 
 
-def mlflow_option(f: F) -> F:
-    return click.option(
-        OPTION, "mlflow_uri", metavar="[URI]", default=None,
-        help="Export to this MLflow tracking server (alone: $MLFLOW_TRACKING_URI). Needs hermetic[mlflow].",
-    )(f)
+mlflow_option = click.option(OPTION, "mlflow_uri", metavar="[URI]", default=None, help="Export to this MLflow "
+                             "tracking server (alone: $MLFLOW_TRACKING_URI). Needs hermetic[mlflow].")
 
 
 def looks_like_uri(word: str) -> bool:

@@ -9,11 +9,10 @@ from hermetic.core.display import escape_controls
 from hermetic.core.errors import HermeticError, NotFound, UsageError
 
 
-def timeout_option(f):
-    return click.option(
-        "--timeout", type=click.FloatRange(min=0, min_open=True, max=30 * 86400), default=None, metavar="SECONDS",
-        help="Give up (exit 75) when the whole transfer is not done after this long. "
-             "Default: $HERMETIC_REGISTRY_TIMEOUT, else 3600.")(f)
+timeout_option = click.option(
+    "--timeout", type=click.FloatRange(min=0, min_open=True, max=30 * 86400), default=None, metavar="SECONDS",
+    help="Give up (exit 75) when the whole transfer is not done after this long. "
+         "Default: $HERMETIC_REGISTRY_TIMEOUT, else 3600.")
 
 
 def image_to_push(store, image: str | None, config_path: str | None) -> str:
