@@ -148,7 +148,7 @@ def test_clear_errors_without_a_server_or_the_extra(tmp_path, monkeypatch):
 
 
 def test_bare_mlflow_takes_no_script_or_run_id_as_its_uri():
-    from hermetic.cli.mlflow_opt import bare_mlflow_flags
+    from hermetic.cli.common import bare_mlflow_flags
     from hermetic.cli.run_cmd import run
 
     def parsed(args):

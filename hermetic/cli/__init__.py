@@ -45,20 +45,13 @@ COMMANDS: dict[str, str] = {
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [name for name in COMMANDS if _module_exists(COMMANDS[name])]
+        return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = COMMANDS.get(cmd_name)
-        if target is None or not _module_exists(target):
+        if cmd_name not in COMMANDS:
             return None
-        module_name, _, attr = target.partition(":")
+        module_name, _, attr = COMMANDS[cmd_name].partition(":")
         return getattr(importlib.import_module(module_name), attr)
-
-
-def _module_exists(target: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(target.partition(":")[0]) is not None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import config_option, emit, emit_json, json_option
+from dataclasses import asdict
+
+from hermetic.cli.common import config_option, emit, emit_json, json_option, oci_store
 
 
 @click.group()
@@ -30,8 +32,6 @@ def bootstrap_cmd(recipe: str, pin_config: str | None, source_date_epoch: int, a
       hermetic base bootstrap --pin .
     """
     from hermetic.builder.bootstrap import bootstrap, find_recipe
-    from hermetic.core.paths import cache_paths
-    from hermetic.store.oci import OciStore
 
     path = find_recipe(recipe)
     if pin_config:
@@ -39,14 +39,10 @@ def bootstrap_cmd(recipe: str, pin_config: str | None, source_date_epoch: int, a
 
         find_config(pin_config)  # a missing hermetic.yaml is said now, not after the bootstrap's minute
     log = None if as_json else (lambda s: click.echo(s, err=True))
-    res = bootstrap(path, OciStore(cache_paths().oci), source_date_epoch=source_date_epoch, log=log)
-    pinned = None
-    if pin_config:
-        pinned = _pin(pin_config, res.reference, quiet=as_json)
+    res = bootstrap(path, oci_store(), source_date_epoch=source_date_epoch, log=log)
+    pinned = _pin(pin_config, res.reference, quiet=as_json) if pin_config else None
     if as_json:
-        emit_json({"reference": res.reference, "manifest_digest": res.manifest_digest, "image_id": res.image_id,
-                   "layer_digest": res.layer_digest, "size": res.size, "packages": res.packages,
-                   "pinned": pinned})
+        emit_json({**asdict(res), "pinned": pinned})
         return
     click.echo(f"{len(res.packages)} Debian packages, {res.size / 1e6:.1f} MB layer")
     click.echo(res.reference)
@@ -82,8 +78,6 @@ def pin_cmd(ref: str, config_path: str | None, as_json: bool) -> None:
     """
     from hermetic.core.reference import parse_image_name
     from hermetic.core.errors import NotFound, UsageError
-    from hermetic.core.paths import cache_paths
-    from hermetic.store.oci import OciStore
 
     try:
         name = parse_image_name(ref)
@@ -92,8 +86,7 @@ def pin_cmd(ref: str, config_path: str | None, as_json: bool) -> None:
     if name.digest:
         pinned = ref
     else:
-        store = OciStore(cache_paths().oci)
-        local = store.resolve(ref) if not name.has_host else None
+        local = oci_store().resolve(ref) if not name.has_host else None
         if local is not None:
             pinned = f"{name.repository}@{local.digest}"
         elif not name.has_host:
@@ -113,8 +106,7 @@ def pin_cmd(ref: str, config_path: str | None, as_json: bool) -> None:
 def list_cmd(as_json: bool) -> None:
     """Show the base catalog (recipes to pin) and the bases already in the store."""
     from hermetic.builder.bootstrap import images_dir, load_recipe
-    from hermetic.core.paths import cache_paths
-    from hermetic.store.oci import OciStore
+    from hermetic.builder.catalog import load_catalog
 
     recipes = []
     if images_dir().is_dir():
@@ -123,14 +115,8 @@ def list_cmd(as_json: bool) -> None:
                 r = load_recipe(d / "recipe.yaml")
                 recipes.append({"recipe": d.name, "name": f"{r.name}:{r.tag}", "python": r.python.version,
                                 "how": f"hermetic base bootstrap {d.name} --pin ."})
-    catalog = []
-    try:
-        from hermetic.builder.catalog import load_catalog
-
-        catalog = [e.__dict__ if hasattr(e, "__dict__") else dict(e) for e in load_catalog()]
-    except ImportError:
-        pass
-    store = OciStore(cache_paths().oci)
+    catalog = [vars(e) for e in load_catalog()]
+    store = oci_store()
     local = {name: d.digest for name, d in sorted(store.refs().items())} if store.index_path.exists() else {}
     if as_json:
         emit_json({"recipes": recipes, "catalog": catalog, "store": local})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, human_bytes, json_option
+from hermetic.cli.common import config_option, emit_json, human_bytes, json_option, oci_store
 
 
 @click.command()
@@ -35,29 +35,24 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
     from hermetic.core.paths import cache_paths
 
     paths = cache_paths()
-    show = not as_json
     cfg = load_config(config_path)
-    log = (lambda s: click.echo(s, err=True)) if show else None
 
     def on_layer(b) -> None:
-        if show:
+        if not as_json:
             state = "cached" if b.cached else f"built in {b.seconds:.1f}s"
-            click.echo(f"  layer {b.descriptor.digest[7:19]}  {human_bytes(b.descriptor.size):>9}  {state:<16} {b.spec.description}", err=True)
+            click.echo(f"  layer {b.descriptor.digest[7:19]}  {human_bytes(b.descriptor.size):>9}  {state:<16} "
+                       f"{b.spec.description}", err=True)
 
     from hermetic.builder.build import build as do_build
     from hermetic.registry import pull_base
 
     cache = None
-    if cache_repo:
+    if cache_repo:  # the registry client only when asked: a no-op build stays light
         from hermetic.registry import RegistryCache
 
         cache = RegistryCache(cache_repo)
-    result = do_build(cfg, paths, offline=offline, load=not no_load, log=log, on_layer=on_layer,
-                      cache=cache, pull_base=pull_base)
-    _report(result, as_json)
-
-
-def _report(result, as_json: bool) -> None:
+    result = do_build(cfg, paths, offline=offline, load=not no_load, on_layer=on_layer, pull_base=pull_base,
+                      log=None if as_json else (lambda s: click.echo(s, err=True)), cache=cache)
     if as_json:
         emit_json(result.to_json())
         return
@@ -89,10 +84,8 @@ def inspect_image(image: str | None, config_path: str | None, as_json: bool) -> 
     from hermetic.builder.image_record import recorded_manifest_digest
     from hermetic.builder.inspect import describe, find_image
     from hermetic.config.load import find_config
-    from hermetic.core.paths import cache_paths
-    from hermetic.store.oci import OciStore
 
-    store = OciStore(cache_paths().oci)
+    store = oci_store()
     if image is None:
         manifest_digest = recorded_manifest_digest(find_config(config_path).parent)
     else:

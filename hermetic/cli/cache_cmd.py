@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import click
 
 from hermetic.cli.common import emit_json, human_bytes, json_option
@@ -48,10 +50,8 @@ def verify_cmd(repair: bool, as_json: bool) -> None:
     left = rep.leftovers
     if as_json:
         emit_json({"root": str(paths.root), "blobs": rep.blobs, "wheels": rep.wheels, "ok": rep.ok,
-                   "problems": rep.problems, "removed": rep.removed,
-                   "missing": [{"ref": m.ref, "image": m.image, "role": m.role, "digest": m.digest}
-                               for m in rep.missing],
-                   "dead_temp_files": {"count": left.count, "bytes": left.bytes, "paths": left.paths}})
+                   "problems": rep.problems, "removed": rep.removed, "missing": [asdict(m) for m in rep.missing],
+                   "dead_temp_files": asdict(left)})
     else:
         for b in rep.bad_blobs:
             click.echo(f"corrupt: blob {b.name}: {b.reason}")
@@ -99,12 +99,11 @@ def gc_cmd(keep_builds: int, dry_run: bool, as_json: bool) -> None:
 
     rep = gc(cache_paths(), keep_builds=keep_builds, dry_run=dry_run, on_wait=_say_waiting)
     if as_json:
-        emit_json({"kept_refs": rep.kept_refs, "dropped_refs": rep.dropped_refs, "removed_blobs": rep.removed_blobs,
-                   "freed_bytes": rep.freed_bytes, "removed_entries": rep.removed_entries,
-                   "temp_files": rep.temp_files, "temp_bytes": rep.temp_bytes, "dry_run": dry_run})
+        emit_json({**asdict(rep), "dry_run": dry_run})
         return
     verb = "would remove" if dry_run else "removed"
     click.echo(f"{verb} {rep.removed_blobs} blob(s) ({human_bytes(rep.freed_bytes)}), "
                f"{rep.temp_files} temp file(s) of dead writers ({human_bytes(rep.temp_bytes)})"
-               + ("" if dry_run else f", {rep.removed_entries} stale cache entr{'y' if rep.removed_entries == 1 else 'ies'}")
+               + ("" if dry_run else
+                  f", {rep.removed_entries} stale cache entr{'y' if rep.removed_entries == 1 else 'ies'}")
                + f"; {len(rep.dropped_refs)} old build ref(s); kept {len(rep.kept_refs)} ref(s)")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import emit_json
-from hermetic.cli.runs_common import reading, runs_options
-from hermetic.cli.runs_tools_cmd import check_plot_file, plot_option, plot_or_note
+from hermetic.cli.common import emit_json, reading, runs_options
+from hermetic.cli.runs_tools_cmd import plot_or_note
 from hermetic.record.locate import resolve_ref
 
 
@@ -17,7 +16,8 @@ from hermetic.record.locate import resolve_ref
               help="Relative tolerance for 'metric within tolerance' (as numpy.isclose).")
 @click.option("--atol", type=click.FloatRange(min=0), default=1e-8, show_default=True,
               help="Absolute tolerance for 'metric within tolerance' (as numpy.isclose).")
-@plot_option
+@click.option("--plot", "plot_file", metavar="FILE", default=None,
+              help="Also draw both runs' metrics over steps into FILE (.png or .svg; needs hermetic[plots]).")
 @runs_options()
 def diff(run_a: str, run_b: str, rtol: float, atol: float, plot_file: str | None, runs_dir: str | None,
          config_path: str | None, as_json: bool) -> int:
@@ -57,17 +57,19 @@ def diff(run_a: str, run_b: str, rtol: float, atol: float, plot_file: str | None
     from hermetic.diff import diff_paths
     from hermetic.diff.render import render
 
-    check_plot_file(plot_file)
+    if plot_file is not None:  # a bad suffix or a missing matplotlib, refused before any work
+        from hermetic.figures import render
+
+        render.figure_format(plot_file)
+        render.require("--plot")
     dir_a = resolve_ref(run_a, runs_dir, config_path)
     dir_b = resolve_ref(run_b, runs_dir, config_path)
     with reading(dir_a, dir_b):
         result = diff_paths(dir_a, dir_b, rtol=rtol, atol=atol)
         text = None if as_json else render(result)
-    if as_json:
-        plot = plot_or_note([dir_a, dir_b], plot_file) if plot_file else None
-        emit_json({**result.to_json(), **({"plot": plot} if plot is not None else {})})
-    else:
+    if not as_json:
         click.echo(text)
-        if plot_file:
-            plot_or_note([dir_a, dir_b], plot_file)
+    plot = plot_or_note([dir_a, dir_b], plot_file) if plot_file else None
+    if as_json:
+        emit_json({**result.to_json(), **({"plot": plot} if plot is not None else {})})
     return result.verdict.exit_code  # the verdict's, whatever the figure: it is an extra

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from hermetic.cli.common import emit_json, json_option
-from hermetic.cli.progress import with_byte_bar
+from hermetic.cli.common import emit_json, json_option, with_byte_bar
 from hermetic.core.errors import EXIT_UNAVAILABLE
 
 GiB = 1 << 30
@@ -34,27 +34,19 @@ class Check:
 
 # -- engines -------------------------------------------------------------------
 
-def check_engines(gpu_on_host: bool) -> tuple[list[Check], list[Check]]:
-    """(each engine's line, the GPU lines of those that say how they reach a GPU), each engine asked by
-    hermetic.engines (``readiness``, ``gpu_readiness``: what ``run`` itself checks)."""
+def check_engines(gpu_on_host: bool) -> list[Check]:
+    """Each engine's line, then the GPU lines of those that say how they reach a GPU, each engine asked by
+    hermetic.engines (``readiness``, ``gpu_readiness``: what ``run`` itself checks). An engine that cannot
+    run here is a failure only when no engine can: then nothing can run."""
     from hermetic.engines import ENGINES, get_engine
 
     engines = [get_engine(name) for name in ENGINES]
-    lines = [_check(e.label, e.readiness()) for e in engines]
-    gpu = [_check("gpu runtime", r) for e in engines if (r := e.gpu_readiness(gpu_on_host)) is not None]
-    return engines_verdict(lines, {e.label for e in engines}), gpu
-
-
-def _check(name: str, r: Any) -> Check:
-    return Check(name, r.status, r.detail, r.hint)
-
-
-def engines_verdict(checks: list[Check], engines: set[str]) -> list[Check]:
-    """An engine that cannot run here is a failure only when no engine can: then nothing can run."""
-    if any(c.name in engines and c.status == "ok" for c in checks):
-        return [Check(c.name, "warn", c.detail, c.hint) if c.name in engines and c.status == "fail" else c
-                for c in checks]
-    return [Check(c.name, "fail", c.detail, c.hint) if c.name in engines else c for c in checks]
+    ready = [e.readiness() for e in engines]
+    worst = "warn" if any(r.status == "ok" for r in ready) else "fail"
+    lines = [Check(e.label, worst if r.status != "ok" else "ok", r.detail, r.hint) for e, r in zip(engines, ready)]
+    gpu = [Check("gpu runtime", r.status, r.detail, r.hint)
+           for e in engines if (r := e.gpu_readiness(gpu_on_host)) is not None]
+    return lines + gpu
 
 
 def host_has_gpu(gpus: list[dict[str, Any]]) -> bool:
@@ -76,9 +68,7 @@ def check_driver(gpus: list[dict[str, Any]], errors: list[str], tried: list[str]
     name = "nvidia driver"
     if gpus:
         first = gpus[0]
-        models: dict[str, int] = {}
-        for g in gpus:
-            models[str(g.get("name"))] = models.get(str(g.get("name")), 0) + 1
+        models = Counter(str(g.get("name")) for g in gpus)
         listing = ", ".join(f"{m} x{n}" if n > 1 else m for m, n in models.items())
         detail = (f"driver {first.get('driver_version') or '?'} (CUDA {first.get('cuda_driver_version') or '?'}); "
                   f"{len(gpus)} GPU(s): {listing}")
@@ -105,8 +95,7 @@ def check_disk(root: Path) -> Check:
     probe = root
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    usage = shutil.disk_usage(probe)
-    free = usage.free
+    free = shutil.disk_usage(probe).free
     detail = f"{free / GiB:.1f} GiB free under {root}"
     if free < DISK_FAIL_BYTES:
         return Check(name, "fail", detail, "free space or set HERMETIC_CACHE to a larger disk")
@@ -142,9 +131,10 @@ def check_squashfs() -> Check:
 
 # -- stores ----------------------------------------------------------------------
 
-def check_stores(report: Any, paths: Any) -> tuple[Check, Check]:
+def check_stores(report: Any, paths: Any) -> list[Check]:
     """(oci store, wheel store) from `hermetic cache verify`'s report (hermetic.builder.gc.verify)."""
     root = paths.oci
+    what = "rehashed" if report.rehashed else "listed (not rehashed: --quick)"
     if not (root / "blobs" / "sha256").is_dir():
         oci = Check("oci store", "ok", f"empty ({root})")
     elif report.bad_blobs:
@@ -152,23 +142,19 @@ def check_stores(report: Any, paths: Any) -> tuple[Check, Check]:
         oci = Check("oci store", "fail", f"{len(bad)} of {report.blobs} blobs corrupt: {', '.join(bad[:3])}"
                                          + (" ..." if len(bad) > 3 else ""),
                     "delete the listed files; `hermetic build` / `hermetic pull` brings them back")
+    elif report.incomplete_refs:
+        oci = Check("oci store", "warn", f"{report.blobs} blobs {what}; ref(s) with missing blobs: "
+                    f"{', '.join(report.incomplete_refs[:3])}", "rebuild or pull those images again")
     else:
-        what = "rehashed" if report.rehashed else "listed (not rehashed: --quick)"
-        if report.incomplete_refs:
-            oci = Check("oci store", "warn", f"{report.blobs} blobs {what}; ref(s) with missing blobs: "
-                                             f"{', '.join(report.incomplete_refs[:3])}", "rebuild or pull those images again")
-        else:
-            oci = Check("oci store", "ok", f"{report.blobs} blobs {what}, {report.blob_bytes / GiB:.2f} GiB ({root})")
+        oci = Check("oci store", "ok", f"{report.blobs} blobs {what}, {report.blob_bytes / GiB:.2f} GiB ({root})")
     problems = report.wheel_problems
     if problems:
         wheels = Check("wheel store", "fail", f"{len(problems)} problem(s): {problems[0]}"
                                               + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
                        "delete the listed wheel directories; `hermetic fetch` downloads them again")
-    elif report.rehashed:
-        wheels = Check("wheel store", "ok", f"{report.wheels} wheels rehashed ({paths.wheels})")
     else:
-        wheels = Check("wheel store", "ok", f"{report.wheels} wheels listed (not rehashed: --quick) ({paths.wheels})")
-    return oci, wheels
+        wheels = Check("wheel store", "ok", f"{report.wheels} wheels {what} ({paths.wheels})")
+    return [oci, wheels]
 
 
 # -- all -------------------------------------------------------------------------
@@ -178,20 +164,14 @@ def run_doctor(*, rehash: bool = True) -> list[Check]:
     from hermetic.core.paths import cache_paths
 
     paths = cache_paths()
-    checks: list[Check] = []
     gpus, gpu_errors, tried = host_gpus()
-    engine_lines, gpu_lines = check_engines(host_has_gpu(gpus))
-    checks += engine_lines + gpu_lines
-    checks.append(check_driver(gpus, gpu_errors, tried))
-    checks.append(check_disk(paths.root))
-    checks.append(check_data_hashing())
-    checks.append(check_squashfs())
+    checks = check_engines(host_has_gpu(gpus)) + [check_driver(gpus, gpu_errors, tried), check_disk(paths.root),
+                                                   check_data_hashing(), check_squashfs()]
     blobs = paths.oci / "blobs" / "sha256"
     total = sum(p.stat().st_size for p in blobs.iterdir() if p.is_file()) if rehash and blobs.is_dir() else 0
     report = with_byte_bar("rehashing the stores", total,
                            lambda advance: verify(paths, rehash=rehash, on_blob=advance))
-    checks += check_stores(report, paths)
-    return checks
+    return checks + check_stores(report, paths)
 
 
 _MARK = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}

@@ -6,8 +6,7 @@ import time
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, json_option, progress_enabled
-from hermetic.cli.progress import download_bars
+from hermetic.cli.common import config_option, download_bars, emit_json, json_option, progress_enabled
 
 
 @click.command()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from hermetic.cli.common import emit_json, json_option
+from hermetic.cli.common import emit_json, json_option, oci_store
 from hermetic.scaffold import CI_TEMPLATES, VERSION_PLACEHOLDER, render_ci, write_ci  # noqa: F401 (the CLI's API)
 
 
@@ -63,13 +63,11 @@ def init(data: tuple[str, ...], base: str | None, python: str | None, name: str 
     ci_only = ci is not None and not (data or base or python or name or extras)
     result = None
     if not ci_only:
-        from hermetic.core.paths import cache_paths
         from hermetic.scaffold import init_project
-        from hermetic.store.oci import OciStore
 
         say = None if as_json else (lambda msg: click.echo(f"hermetic: {msg}", err=True))
         result = init_project(project_dir, data=list(data), base=base, python=python, name=name, force=force,
-                              store=OciStore(cache_paths().oci), extras=list(extras), log=say)
+                              store=oci_store(), extras=list(extras), log=say)
     ci_written = write_ci(project_dir, ci, force=force) if ci else None
     if as_json:
         out = result.to_json() if result else {}
@@ -97,4 +95,4 @@ def init(data: tuple[str, ...], base: str | None, python: str | None, name: str 
         click.echo("before the first run: `hermetic build` (it writes hermetic.image.json and "
                    "hermetic.provenance.json) and commit those with what init wrote, so the run is recorded by its "
                    "commit, not as dirty; or run now and commit after (docs/your-script.md)", err=True)
-        click.echo(f"next: {result.next_command}")
+        click.echo(f"next: {result.next}")

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import click
 
-from hermetic.cli.common import emit
-from hermetic.cli.runs_common import runs_options
+from hermetic.cli.common import emit, runs_options
 
 FOLLOW_POLL_S = 0.2
 

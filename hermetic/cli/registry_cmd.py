@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, human_bytes, json_option
-from hermetic.cli.progress import transfer_progress
+from hermetic.cli.common import config_option, emit_json, human_bytes, json_option, oci_store, transfer_progress
 from hermetic.core.display import escape_controls
 from hermetic.core.errors import HermeticError, NotFound, UsageError
 
 
-def timeout_option(f):
-    return click.option(
-        "--timeout", type=click.FloatRange(min=0, min_open=True, max=30 * 86400), default=None, metavar="SECONDS",
-        help="Give up (exit 75) when the whole transfer is not done after this long. "
-             "Default: $HERMETIC_REGISTRY_TIMEOUT, else 3600.")(f)
-
-
-def _store():
-    from hermetic.core.paths import cache_paths
-    from hermetic.store.oci import OciStore
-
-    return OciStore(cache_paths().oci)
+timeout_option = click.option(
+    "--timeout", type=click.FloatRange(min=0, min_open=True, max=30 * 86400), default=None, metavar="SECONDS",
+    help="Give up (exit 75) when the whole transfer is not done after this long. "
+         "Default: $HERMETIC_REGISTRY_TIMEOUT, else 3600.")
 
 
 def image_to_push(store, image: str | None, config_path: str | None) -> str:
@@ -92,7 +83,7 @@ def push(ref: str, image: str | None, workers: int, sign_key: str | None, timeou
     from hermetic.registry.push import parse_push_ref, push_image
 
     name = parse_push_ref(ref)
-    store = _store()
+    store = oci_store()
     digest = image_to_push(store, image, config_path)
     if sign_key:
         from pathlib import Path
@@ -148,7 +139,7 @@ def pull(ref: str, platform: str, timeout: float | None, as_json: bool) -> None:
     os_name, sep, arch = platform.partition("/")
     if not sep or not os_name or not arch:
         raise UsageError(f"--platform {platform}: write OS/ARCH, e.g. linux/amd64")
-    store = _store()
+    store = oci_store()
     progress = transfer_progress()
     try:
         result = pull_image(store, ref, platform=(os_name, arch), progress=progress, timeout=timeout)

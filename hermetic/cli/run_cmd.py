@@ -7,8 +7,7 @@ import sys
 
 import click
 
-from hermetic.cli.common import config_option, emit_json
-from hermetic.cli.mlflow_opt import MlflowCommand, export_after_run, mlflow_option, mlflow_target
+from hermetic.cli.common import MlflowCommand, config_option, emit_json, export_after_run, mlflow_option, mlflow_target
 from hermetic.cli.run_options import parse_data, request_template, run_options
 from hermetic.core import escape
 from hermetic.engines.base import ENGINES
@@ -62,8 +61,7 @@ def run(mlflow_uri, detach, as_json, script, args, **shared) -> int:
     from hermetic.run.runner import execute
 
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "run", script, *args]
-    made = request_template(shared, script=script, args=args, argv=argv, echo=not as_json)
-    cfg, template, seeds_list = made.cfg, made.request, made.seeds
+    cfg, template, seeds_list = request_template(shared, script=script, args=args, argv=argv, echo=not as_json)
     mlflow = mlflow_target(mlflow_uri)  # checked before the run: a URI, and hermetic[mlflow] installed
     paths = cache_paths()
     log, progress = run_log(not as_json)
@@ -204,7 +202,7 @@ def replay(run_ref: str, config_path: str | None, data: tuple[str, ...], engine:
       hermetic replay runs/20261129-214500-1a2b3c
       hermetic replay --data synth=/scratch/synth runs/20261129-214500-1a2b3c   # the data moved
     """
-    from hermetic.cli.runs_common import reading
+    from hermetic.cli.common import reading
     from hermetic.core.paths import cache_paths
     from hermetic.diff import diff_paths
     from hermetic.diff.render import render

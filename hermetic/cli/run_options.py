@@ -3,7 +3,6 @@ they make of it (a RunRequest template), written once for both."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import click
@@ -45,12 +44,10 @@ _HELP = {
         "nproc_per_node": "N processes per node with torchrun in each node's container.",
     },
 }
-SHARED = ("config_path", "gpus", "data", "seed", "seeds", "network", "engine", "env", "name", "resume_from",
-          "nproc_per_node")
 
 
 def run_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The options of one run (SHARED), as ``command`` ("run" or "submit") says them."""
+    """The options of one run, as ``command`` ("run" or "submit") says them."""
     h = _HELP[command]
     options = [
         config_option,
@@ -77,19 +74,10 @@ def run_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., An
     return apply
 
 
-@dataclass
-class Template:
-    """What the shared options ask for: the config, the request every run of it starts from, the seeds."""
-
-    cfg: Any  # hermetic.config.load.LoadedConfig
-    request: Any  # hermetic.run.plan.RunRequest
-    seeds: list[int] | None  # --seeds, expanded (None: one run)
-
-
 def request_template(shared: dict[str, Any], *, script: str, args: tuple[str, ...], argv: list[str],
-                     nnodes: int = 1, echo: bool = True) -> Template:
-    """The config and the RunRequest template the shared options describe, everything in them checked
-    before anything is built or asked: --seed with --seeds, the seeds' range, --data's form, --resume-from's
+                     nnodes: int = 1, echo: bool = True) -> tuple[Any, Any, list[int] | None]:
+    """(the LoadedConfig, the RunRequest every run starts from, --seeds expanded or None for one run) the
+    shared options describe, everything in them checked before anything is built or asked: --seed with --seeds, the seeds' range, --data's form, --resume-from's
     run, --nproc-per-node's plan (over ``nnodes`` nodes)."""
     from hermetic.config.load import load_config
     from hermetic.core.errors import UsageError
@@ -116,7 +104,7 @@ def request_template(shared: dict[str, Any], *, script: str, args: tuple[str, ..
                          seed=seed, seed_policy="cli" if seed is not None else "config", network=shared["network"],
                          env=list(shared["env"]), name=shared["name"], echo=echo, resume_from=resume_dir,
                          distributed=distributed, engine=shared["engine"])
-    return Template(cfg, request, seed_list)
+    return cfg, request, seed_list
 
 
 def check_gpus(value: str | None) -> str | None:

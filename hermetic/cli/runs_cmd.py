@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hermetic.cli.common import emit_json
+from hermetic.cli.common import emit_json, reading, runs_location, runs_options
 from hermetic.cli.logs_cmd import wait
-from hermetic.cli.runs_common import reading, remember_location, runs_location, runs_options
 from hermetic.cli.runs_tools_cmd import export_cmd, plot_cmd
 from hermetic.core.escape import shown, shown_tree
 from hermetic.record.locate import resolve_ref, runs_root
@@ -46,7 +45,6 @@ def runs(ctx: click.Context, runs_dir: str | None, config_path: str | None, as_j
       hermetic runs -n 20 --json       # the newest 20, as JSON
       hermetic runs show 20261129-21   # one run (a unique ID prefix is enough)
     """
-    remember_location(ctx, runs_dir, config_path)
     if ctx.invoked_subcommand is not None:
         return
     from hermetic.record.index import list_entries
@@ -70,7 +68,7 @@ def runs(ctx: click.Context, runs_dir: str | None, config_path: str | None, as_j
     sys.stdout.write(format_table(entries, colour=sys.stdout.isatty()))
 
 
-# The subcommands defined in their own modules (below this one: they import only cli/runs_common.py).
+# The subcommands defined in their own modules (below this one: they import only cli/common.py).
 runs.add_command(export_cmd)
 runs.add_command(plot_cmd)
 runs.add_command(wait)
@@ -230,74 +228,73 @@ def format_record(r: Record, run_dir: Path, check: Any = None) -> str:
     exit_text = f", exit {meta.exit_code}" if meta.exit_code is not None else ""
     lines = [click.style(f"run {meta.run_id}", bold=True) + "  "
              + click.style(f"{meta.status}{exit_text}", fg=_STATUS_COLOUR.get(meta.status))]
-    finished = f"   finished {meta.finished_at}" if meta.finished_at else ""
-    lines.append(_line("started", meta.started_at + finished))
+
+    def add(label: str, text: str) -> None:
+        lines.append(_line(label, text))
+
+    add("started", meta.started_at + (f"   finished {meta.finished_at}" if meta.finished_at else ""))
     if meta.reason:
-        lines.append(_line("reason", meta.reason))
+        add("reason", meta.reason)
     if inv.limits:
-        lines.append(_line("limits", f"pids {inv.limits.pids or 'unlimited'}, memory {inv.limits.memory or 'unlimited'}"
-                           " (run.pids, run.memory)"))
+        add("limits", f"pids {inv.limits.pids or 'unlimited'}, memory {inv.limits.memory or 'unlimited'}"
+            " (run.pids, run.memory)")
     extra = "".join(f"  [{k} {v}]" for k, v in (("name", inv.name), ("group", inv.group), ("replay_of", inv.replay_of))
                     if v)
-    lines.append(_line("command", " ".join(inv.argv) + extra))
+    add("command", " ".join(inv.argv) + extra)
     cuda = ", ".join(f"{k} {v}" for k, v in sorted(img.cuda) if v)  # as run.json has them
-    lines.append(_line("image", f"{img.id}  ({len(img.packages)} packages, base {img.base}"
-                       + (f"; {cuda}" if cuda else "") + ")"))
-    lines.append(_line("", f"manifest {img.manifest_digest}" + "".join(f"; {d}" for d in img.repo_digests)))
+    add("image", f"{img.id}  ({len(img.packages)} packages, base {img.base}" + (f"; {cuda}" if cuda else "") + ")")
+    add("", f"manifest {img.manifest_digest}" + "".join(f"; {d}" for d in img.repo_digests))
     engine = inv.engine
     if engine is not None and engine.image is not None:  # what the engine ran the image from (Charliecloud)
         form = (f"the SquashFS file {engine.image.path} (sha256 {engine.image.sha256})"
                 if engine.image.form == "squashfs" else f"its layers as directories under {engine.image.path}")
-        lines.append(_line("", f"run by {engine.name} {engine.version} from {form}"))
+        add("", f"run by {engine.name} {engine.version} from {form}")
     snap, git = code.snapshot, code.git
     git_text = "not a git checkout" if git is None else (
         f"commit {str(git.commit)[:12]}" + (f" on {git.branch}" if git.branch else "")
         + (f", dirty ({git.diff_file or 'no patch'}; {len(git.untracked)} untracked)" if git.dirty else ", clean"))
-    lines.append(_line("code", f"source {snap.sha256[:16]} ({len(snap.files)} files); {git_text}"))
-    lines.append(_line("config", f"sha256 {inv.config_sha256[:16]}; {inv.script} {' '.join(inv.args)}"
-                       + f"; network {inv.network}" + (f"; --gpus {inv.gpus}" if inv.gpus else "")))
+    add("code", f"source {snap.sha256[:16]} ({len(snap.files)} files); {git_text}")
+    add("config", f"sha256 {inv.config_sha256[:16]}; {inv.script} {' '.join(inv.args)}"
+        + f"; network {inv.network}" + (f"; --gpus {inv.gpus}" if inv.gpus else ""))
     if not r.data:
-        lines.append(_line("data", "none"))
+        add("data", "none")
     for name, ds in sorted(r.data.items()):
-        lines.append(_line("data", f"{name} {ds.manifest_sha256[:16]}  {ds.count} files, {ds.bytes} bytes, "
-                           f"{ds.path} -> {', '.join(map(str, ds.seen_at))} ({ds.verify_mode})"))
+        add("data", f"{name} {ds.manifest_sha256[:16]}  {ds.count} files, {ds.bytes} bytes, "
+            f"{ds.path} -> {', '.join(map(str, ds.seen_at))} ({ds.verify_mode})")
     if inv.resume_from:
-        lines.append(_line("resumed", f"from run {inv.resume_from}'s outputs (checked against its record)"))
+        add("resumed", f"from run {inv.resume_from}'s outputs (checked against its record)")
     from hermetic.record.build import reseeded_text
 
     seed = r.seed
     reseed = reseeded_text(seed.reseeded or {})  # the seed used, when the script chose its own
-    lines.append(_line("seed", f"{seed.value} (from {seed.policy}); " + (f"{reseed}; " if reseed else "")
-                       + _seeded_text(seed.applied)))
+    add("seed", f"{seed.value} (from {seed.policy}); " + (f"{reseed}; " if reseed else "") + _seeded_text(seed.applied))
     env_text = " ".join(f"{k}={v}" for k, v in sorted({**r.env.determinism, **r.env.passed}.items())) or "-"
     if r.env.secrets:
         env_text += f"  secrets (names only): {', '.join(r.env.secrets)}"
-    lines.append(_line("env", env_text))
+    add("env", env_text)
     if r.distributed:
         d = r.distributed
         seeds = ", ".join(f"{x.rank}:{x.seed}@{x.device}" for x in d.ranks[:4])
-        lines.append(_line("ranks", f"world size {d.world_size} ({d.nnodes} node(s) x {d.nproc_per_node}), "
-                           f"{d.backend} {d.backend_version or ''}".rstrip() + f"; rank:seed@device {seeds}"
-                           + (" ..." if len(d.ranks) > 4 else "")))
+        add("ranks", f"world size {d.world_size} ({d.nnodes} node(s) x {d.nproc_per_node}), "
+            f"{d.backend} {d.backend_version or ''}".rstrip() + f"; rank:seed@device {seeds}"
+            + (" ..." if len(d.ranks) > 4 else ""))
     if r.slurm:
         sl = r.slurm
         array = f" (array {sl.array_job_id}_{sl.array_task_id})" if sl.array_job_id is not None else ""
         pulled = f"; image pulled from {sl.image_pulled_from}" if sl.image_pulled_from else ""
-        lines.append(_line("slurm", f"job {sl.job_id}{array} on {sl.node}, partition {sl.partition}, "
-                           f"{sl.container}{pulled}"))
-    lines.append(_line("software", _software_text(r.software, seed.applied)))
-    lines.append(_line("hardware", _hardware_text(r.hardware.model_dump(exclude_unset=True))))
+        add("slurm", f"job {sl.job_id}{array} on {sl.node}, partition {sl.partition}, {sl.container}{pulled}")
+    add("software", _software_text(r.software, seed.applied))
+    add("hardware", _hardware_text(r.hardware.model_dump(exclude_unset=True)))
     files, volatile = r.outputs.files, set(r.outputs.volatile or [])
     names = sorted(files, key=lambda p: (p in volatile, p))
     listed = ", ".join(p + (" (volatile)" if p in volatile else "") for p in names[:4])
     listed += f", +{len(names) - 4} more" if len(names) > 4 else ""
-    lines.append(_line("outputs", f"{len(files)} files, {sum(f.size for f in files.values())} bytes"
-                       + (f": {listed}" if names else "")))
-    metric_text = ", ".join(f"{k}={_num(v)}" for k, v in r.metrics.final.items()) or "none"
+    size = sum(f.size for f in files.values())
+    add("outputs", f"{len(files)} files, {size} bytes" + (f": {listed}" if listed else ""))
     steps = r.metrics.steps
-    lines.append(_line("metrics", metric_text + (f"  (steps {steps})" if steps is not None else "")))
-    lines.append(_line("record", f"{run_dir}/run.json  sha256 {meta.record_sha256[:16]}  (seal verified; "
-                       + _rehash_text(check) + ")"))
+    add("metrics", (", ".join(f"{k}={_num(v)}" for k, v in r.metrics.final.items()) or "none")
+        + (f"  (steps {steps})" if steps is not None else ""))
+    add("record", f"{run_dir}/run.json  sha256 {meta.record_sha256[:16]}  (seal verified; {_rehash_text(check)})")
     return "\n".join(lines)
 
 
@@ -363,10 +360,8 @@ def format_group(g: dict[str, Any], gdir: Path) -> str:
     from hermetic.record.group import seeds_ran
 
     meta = g["group"]
-    lines = [click.style(f"group {meta['group_id']}", bold=True) + f"  {meta['status']}  "
-             f"({seeds_ran(g)})"]
-    for m in g["members"]:
-        lines.append(_line("member", f"{m['run_id']}  seed {m['seed']}  {m['status']}"))
+    lines = [click.style(f"group {meta['group_id']}", bold=True) + f"  {meta['status']}  ({seeds_ran(g)})"]
+    lines += [_line("member", f"{m['run_id']}  seed {m['seed']}  {m['status']}") for m in g["members"]]
     lines.append(_line("inputs", f"image {g['inputs']['image'][:19]}  config {g['inputs']['config_sha256'][:12]}  "
                        f"code {g['inputs']['code_sha256'][:12]}"
                        + (f"  MIXED: {', '.join(g['inputs']['mixed'])}" if g["inputs"]["mixed"] else "")))
@@ -413,13 +408,9 @@ def verify_cmd(ctx: click.Context, refs: tuple[str, ...], runs_dir: str | None, 
     from hermetic.record.verify import verify_run
 
     runs_dir, config_path = runs_location(ctx, runs_dir, config_path)
-    if refs:
-        dirs = [d for ref in refs for d in _member_dirs(resolve_ref(ref, runs_dir, config_path))]
-        where = ", ".join(refs)
-    else:
-        root = runs_root(runs_dir, config_path)
-        dirs = _all_run_dirs(root)
-        where = str(root)
+    root = None if refs else runs_root(runs_dir, config_path)
+    dirs = ([d for ref in refs for d in _member_dirs(resolve_ref(ref, runs_dir, config_path))] if root is None
+            else _all_run_dirs(root))
     with reading(*dirs):
         results = [verify_run(d) for d in dirs]
     checked = [r for r in results if r.status != "skipped"]
@@ -431,7 +422,7 @@ def verify_cmd(ctx: click.Context, refs: tuple[str, ...], runs_dir: str | None, 
         for r in results:
             click.echo(_verify_line(r))
     if not checked:
-        raise NotFound(f"no run records to verify in {where}")
+        raise NotFound(f"no run records to verify in {root or ', '.join(refs)}")
     if differ:
         first = differ[0]
         more = f" (and {len(differ) - 1} more runs)" if len(differ) > 1 else ""
@@ -454,15 +445,11 @@ def _verify_line(r: Any) -> str:
 
 def _all_run_dirs(root: Path) -> list[Path]:
     """Every run directory under ``root`` (groups are not runs: their members are), by name."""
-    import os
-
     from hermetic.record.index import is_group_dir
 
-    try:
-        names = sorted(e.name for e in os.scandir(root) if not e.name.startswith(".") and e.is_dir())
-    except FileNotFoundError:
+    if not root.is_dir():
         return []
-    return [root / n for n in names if not is_group_dir(root / n)]
+    return sorted(p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir() and not is_group_dir(p))
 
 
 def _member_dirs(ref_dir: Path) -> list[Path]:

@@ -1,4 +1,4 @@
-"""``hermetic runs export`` (to MLflow) and ``hermetic runs plot``, and ``hermetic diff --plot``'s option.
+"""``hermetic runs export`` (to MLflow) and ``hermetic runs plot``, and ``hermetic diff --plot``'s figure.
 
 Added to the ``runs`` group by cli/runs_cmd.py; mlflow and matplotlib are imported when an export or a figure
 starts.
@@ -7,16 +7,12 @@ starts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import click
 
-from hermetic.cli.common import emit_json
-from hermetic.cli.mlflow_opt import MlflowCommand, mlflow_option
-from hermetic.cli.runs_common import reading, runs_location, runs_options
+from hermetic.cli.common import MlflowCommand, emit_json, mlflow_option, reading, runs_location, runs_options
 from hermetic.record.locate import resolve_ref, runs_root
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def all_exportable(root: Path) -> list[Path]:
@@ -116,21 +112,6 @@ def plot_cmd(ctx: click.Context, refs: tuple[str, ...], output: str, metrics: tu
     result = write_plot(paths, output, metrics=list(metrics) or None)
     if as_json:
         emit_json(result.to_json())
-
-
-def plot_option(f: F) -> F:
-    return click.option("--plot", "plot_file", metavar="FILE", default=None,
-                        help="Also draw both runs' metrics over steps into FILE (.png or .svg; needs "
-                             "hermetic[plots]).")(f)
-
-
-def check_plot_file(plot_file: str | None) -> None:
-    """Refuse a bad suffix or a missing matplotlib before any work is done."""
-    if plot_file is not None:
-        from hermetic.figures import render
-
-        render.figure_format(plot_file)
-        render.require("--plot")
 
 
 def plot_or_note(paths: list[Path], output: str) -> dict[str, Any]:

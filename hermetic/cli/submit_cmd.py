@@ -68,8 +68,7 @@ def submit(partition, time_limit, cpus, nodes, sbatch_args, container, shared_st
     from hermetic.slurm.submit import SlurmOptions, submit as do_submit
 
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "submit", script, *args]
-    made = request_template(shared, script=script, args=args, argv=argv, nnodes=nodes)
-    cfg, template, seed_list = made.cfg, made.request, made.seeds
+    cfg, template, seed_list = request_template(shared, script=script, args=args, argv=argv, nnodes=nodes)
     opts = SlurmOptions(partition=partition, time=time_limit, cpus_per_task=cpus, nodes=nodes,
                         sbatch_args=tuple(sbatch_args), container=container, node_cache=node_cache,
                         shared_roots=tuple(Path(r) for r in shared_roots), engine=template.engine,
@@ -94,10 +93,6 @@ def submit(partition, time_limit, cpus, nodes, sbatch_args, container, shared_st
         else:
             click.echo(sub.submission_id)
         return 0
-    return _wait(sub, result, as_json, log)
-
-
-def _wait(sub, result, as_json: bool, log) -> int:
     from hermetic.slurm.state import wait_for
 
     last = result.summary_job_id or result.job_id
@@ -111,30 +106,23 @@ def _report(sub, as_json: bool) -> int:
     """After the end: what `hermetic run` would have printed, and its exit code."""
     from hermetic.cli.run_cmd import say_hint, summary_line
     from hermetic.record import load_record
+    from hermetic.run.seal import RunFailed
     from hermetic.slurm.state import read_state
 
-    codes = []
+    first_failure = 0
     for m in sub.members:
         state = read_state(sub.run_dir(m))
         code = state.get("exit_code")
         if code is None and state.get("state") != "finished":
-            from hermetic.run.seal import RunFailed
-
             code = RunFailed.exit_code  # the task ended without hermetic's word (killed, cancelled)
-        codes.append(int(code or 0))
-        if sub.kind == "run" or as_json:
-            continue
-        line = f"{m.run_id}  seed {m.seed}  {state.get('status') or state.get('state')}  exit {code}"
-        if state.get("reason"):
-            line += f"  ({state['reason']})"
-        click.echo(line)
-        say_hint(sub.run_dir(m), state.get("status") == "failed")
-    first_failure = next((c for c in codes if c != 0), 0)
+        first_failure = first_failure or int(code or 0)
+        if sub.kind == "group" and not as_json:
+            reason = f"  ({state['reason']})" if state.get("reason") else ""
+            click.echo(f"{m.run_id}  seed {m.seed}  {state.get('status') or state.get('state')}  exit {code}{reason}")
+            say_hint(sub.run_dir(m), state.get("status") == "failed")
     if sub.kind == "run":
         m = sub.members[0]
-        run_json = sub.run_dir(m) / "run.json"
-        if not run_json.is_file():
-            state = read_state(sub.run_dir(m))
+        if not (sub.run_dir(m) / "run.json").is_file():  # ``state``: the one member's
             click.echo(f"hermetic: error: run {m.run_id} left no record: "
                        f"{state.get('reason') or state.get('state')}", err=True)
             return first_failure

@@ -302,12 +302,9 @@ class LoadedConfig:
     def resolved(self) -> dict[str, Any]:
         return self.model.model_dump(mode="json")
 
-    def canonical_bytes(self) -> bytes:
-        return canonical_json(self.resolved())
-
     @property
     def sha256(self) -> str:
-        return sha256_hex(self.canonical_bytes())
+        return sha256_hex(canonical_json(self.resolved()))
 
 
 def find_config(path: str | Path | None) -> Path:
@@ -365,8 +362,7 @@ def parse_config(text: str, cfg_path: Path) -> LoadedConfig:
             if m:
                 key, msg = m.group(1), m.group(2)
                 loc = tuple(int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", key))
-        line = _line_of(node, loc)
-        where = f"{cfg_path}:{line}" if line else str(cfg_path)
+        where = _where(cfg_path, node, loc)
         more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
         if key:
             raise ConfigError(f"{where}: {key}: {msg}{more}") from None
@@ -429,14 +425,11 @@ def _refuse_secrets(model: "HermeticConfig", node: yaml.Node | None, cfg_path: P
 
     for loc, env in ((("env",), model.env), (("determinism", "env"), model.determinism.env)):
         name = next((k for k in env if is_secret_name(k)), None)
-        if name is None:
-            continue
-        line = _line_of(node, (*loc, name))
-        where = f"{cfg_path}:{line}" if line else str(cfg_path)
-        raise ConfigError(f"{where}: {format_key_path((*loc, name))}: looks like a secret (TOKEN, SECRET, KEY, "
-                          "PASSWORD or CREDENTIAL in its name), and env: is baked into the image and its records; "
-                          f"leave it out of hermetic.yaml and pass it at run time: hermetic run --env {name} "
-                          "(NAME alone takes the value from this shell's environment)")
+        if name is not None:
+            raise ConfigError(f"{_where(cfg_path, node, (*loc, name))}: {format_key_path((*loc, name))}: looks like a "
+                              "secret (TOKEN, SECRET, KEY, PASSWORD or CREDENTIAL in its name), and env: is baked into "
+                              f"the image and its records; leave it out of hermetic.yaml and pass it at run time: "
+                              f"hermetic run --env {name} (NAME alone takes the value from this shell's environment)")
 
 
 ALLOW_PATHS_ENV = "HERMETIC_ALLOW_PATHS"
@@ -467,25 +460,18 @@ def refuse_outside(model: "HermeticConfig", node: yaml.Node | None, cfg_path: Pa
         real = os.path.realpath(full) if follow else full
         if any(inside(full, a) for a in allowed) and any(inside(real, a) for a in real_allowed):
             continue
-        line = _line_of(node, loc)
         how = "" if real == full or not any(inside(full, a) for a in allowed) else f" (a link to {real})"
-        where = source or f"{cfg_path}{f':{line}' if line else ''}"
-        raise ConfigError(f"{where}: {format_key_path(loc)}: {value}{how} is outside "
-                          f"the project {root}; a path hermetic.yaml names stays inside it unless you allow the "
-                          f"place: {ALLOW_PATHS_ENV}=/abs/dir[:/other] in the environment")
+        raise ConfigError(f"{source or _where(cfg_path, node, loc)}: {format_key_path(loc)}: {value}{how} is "
+                          f"outside the project {root}; a path hermetic.yaml names stays inside it unless you allow "
+                          f"the place: {ALLOW_PATHS_ENV}=/abs/dir[:/other] in the environment")
 
 
 _KEY_PREFIX = re.compile(r"^([a-z_]+(?:\[\d+\]|\.[a-z_]+)*): (.*)$", re.S)
 
 
 def format_key_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
+    out = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
+    return out[1:] if out.startswith(".") else out
 
 
 def _reason(err: dict[str, Any]) -> str:
@@ -494,10 +480,7 @@ def _reason(err: dict[str, Any]) -> str:
         return "unknown key"
     if t == "missing":
         return "required key is missing"
-    msg = str(err["msg"])
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if msg.startswith(prefix):
-            msg = msg[len(prefix):]
+    msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if t.endswith("_type") or t in ("int_parsing", "string_type"):
         got = type(err.get("input")).__name__
         msg = f"{msg} (got {_yaml_type(got)})"
@@ -509,8 +492,8 @@ def _yaml_type(pytype: str) -> str:
             "list": "a list", "dict": "a mapping", "NoneType": "nothing (null)"}.get(pytype, pytype)
 
 
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the deepest YAML node the error location reaches."""
+def _where(cfg_path: Path, node: yaml.Node | None, loc: tuple[Any, ...]) -> str:
+    """``FILE:LINE`` of the deepest YAML node the error location reaches (``FILE`` when none)."""
     line = None
     for part in loc:
         if node is None:
@@ -529,4 +512,4 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
             line = node.start_mark.line + 1
         else:
             break
-    return line
+    return f"{cfg_path}:{line}" if line else str(cfg_path)

@@ -6,7 +6,7 @@ files and pyproject.toml locked; a hashed lock used as is), a dataset and manife
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -39,21 +39,13 @@ class InitResult:
     lock_source: str  # "locked FROM" | "used as it is"
     datasets: list[dict[str, str]] = field(default_factory=list)  # name, path, manifest, files, bytes
     gitignore: list[str] = field(default_factory=list)  # lines added
-    next_command: str = ""
+    next: str = ""  # the command to run next
     requirements_in: str | None = None  # where the requirements.in init wrote came from (None: none written)
     env: dict[str, str] = field(default_factory=dict)  # hermetic.yaml's env: as written
     own_package: str | None = None  # the project's own package(s), e.g. "mingpt/" (what PYTHONPATH is for)
 
     def to_json(self) -> dict:
-        return {"config": str(self.config), "name": self.name, "base": self.base, "base_source": self.base_source,
-                "python": self.python, "lock": self.lock, "lock_source": self.lock_source,
-                "requirements_in": self.requirements_in, "env": self.env, "own_package": self.own_package,
-                "datasets": self.datasets, "gitignore": self.gitignore, "next": self.next_command}
-
-
-def project_name(root: Path) -> str:
-    """The folder's name as hermetic.yaml's ``name:`` takes it (lowercase letters, digits, . _ -)."""
-    return slug(root.resolve().name, NAME_MAX) or "project"
+        return {**asdict(self), "config": str(self.config)}
 
 
 def init_project(root: Path, *, data: list[str], base: str | None = None, python: str | None = None,
@@ -67,7 +59,7 @@ def init_project(root: Path, *, data: list[str], base: str | None = None, python
     if config.exists() and not force:
         raise CannotCreate(f"{config} already exists; pass --force to replace it (or edit it)")
     dirs = [_dataset_dir(root, d) for d in data]
-    name = name or project_name(root)
+    name = name or slug(root.name, NAME_MAX) or "project"  # the folder's name, as ``name:`` takes it
     own = own_package(root)
     plan = _lock_plan(root, list(extras))  # a project whose requirements cannot be read is refused here
     base_ref, base_source, base_python = _base(base, store, log)
@@ -121,13 +113,7 @@ def _parse(path: Path):
 def _is_main_guard(node) -> bool:
     import ast
 
-    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
-        return False
-    t = node.test
-    sides = [t.left, *t.comparators]
-    return (len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq)
-            and any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
-            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
+    return isinstance(node, ast.If) and ast.unparse(node.test) in ("__name__ == '__main__'", "'__main__' == __name__")
 
 
 def _defines(node) -> bool:
@@ -272,17 +258,15 @@ def _fully_hashed(path: Path) -> bool:
 
 
 def _dataset_dir(root: Path, given: str) -> Path:
-    d = (root / given).resolve() if not Path(given).is_absolute() else Path(given).resolve()
+    d = (root / given).resolve()  # an absolute ``given`` stays itself
     if not d.is_dir():
         raise UsageError(f"--data {given}: not a directory; a dataset is a directory with a checksum manifest",
                          hint=(f"move {given} into a directory of its own (e.g. data/) and give that, or leave it "
                                "where it is: a file git tracks is part of the code snapshot, hashed with it")
                          if d.is_file() else None)
-    try:
-        d.relative_to(root)
-    except ValueError:
+    if not d.is_relative_to(root):
         raise UsageError(f"--data {given}: outside the project {root}; give a directory inside it "
-                            "(or add the dataset to hermetic.yaml with a mount: by hand)") from None
+                         "(or add the dataset to hermetic.yaml with a mount: by hand)")
     if d == root:
         raise UsageError(f"--data {given}: the whole project cannot be a dataset")
     return d

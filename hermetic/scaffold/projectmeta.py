@@ -130,7 +130,7 @@ def _with_extras(reqs: list[str], optional: dict[str, list[str]], extras: Sequen
                 todo += [e for e in own if e in optional]
     if extras:
         source += " + " + ", ".join(f"extra {e}" for e in extras)
-    return Declared(_dedupe(out), source)
+    return Declared(list(dict.fromkeys(out)), source)
 
 
 def _self_extras(requirement: str, name: Any) -> list[str] | None:
@@ -145,10 +145,6 @@ def _self_extras(requirement: str, name: Any) -> list[str] | None:
     except InvalidRequirement:
         return None
     return sorted(req.extras) if canonicalize_name(req.name) == canonicalize_name(name) else None
-
-
-def _dedupe(items: list[str]) -> list[str]:
-    return list(dict.fromkeys(items))
 
 
 def _str_list(value: Any, file: str, key: str) -> list[str]:
@@ -206,7 +202,7 @@ def _from_files(root: Path, files: list[str], doc: dict[str, Any], extras: Seque
         if not (root / f).is_file():
             raise NotFound(f"pyproject.toml: [tool.setuptools.dynamic] names {f}, which does not exist")
     source = "pyproject.toml [tool.setuptools.dynamic] dependencies" + "".join(f" + extra {e}" for e in extras)
-    return Declared([], source, files=_dedupe(files))
+    return Declared([], source, files=list(dict.fromkeys(files)))
 
 
 def _setup_cfg(root: Path) -> configparser.ConfigParser | None:
@@ -325,8 +321,7 @@ def _resolve_list(node: ast.expr, bindings: dict[str, ast.expr], path: Path, tex
 
 
 def _resolve_extras(node: ast.expr, bindings: dict[str, ast.expr], path: Path, text: str) -> dict[str, list[str]]:
-    if isinstance(node, ast.Name) and node.id in bindings:
-        node = bindings[node.id]
+    node = _bound(node, bindings)
     if not isinstance(node, ast.Dict):
         raise _computed(path, text, node, "extras_require")
     out: dict[str, list[str]] = {}
@@ -338,9 +333,13 @@ def _resolve_extras(node: ast.expr, bindings: dict[str, ast.expr], path: Path, t
     return out
 
 
+def _bound(node: ast.expr, bindings: dict[str, ast.expr]) -> ast.expr:
+    """What a module-level NAME is bound to (``node`` itself when it is no such name)."""
+    return bindings[node.id] if isinstance(node, ast.Name) and node.id in bindings else node
+
+
 def _resolve_str(node: ast.expr, bindings: dict[str, ast.expr]) -> str | None:
-    if isinstance(node, ast.Name) and node.id in bindings:
-        node = bindings[node.id]
+    node = _bound(node, bindings)
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
@@ -435,9 +434,7 @@ def _meta_from_setup_call(call: ast.Call, bindings: dict[str, ast.expr], meta: _
     keywords = {k.arg: k.value for k in call.keywords if k.arg is not None}
     if "name" in keywords:
         meta.name = meta.name or _resolve_str(keywords["name"], bindings)
-    pkgs = keywords.get("packages")
-    if isinstance(pkgs, ast.Name) and pkgs.id in bindings:
-        pkgs = bindings[pkgs.id]
+    pkgs = _bound(keywords["packages"], bindings) if "packages" in keywords else None
     if isinstance(pkgs, (ast.List, ast.Tuple)):
         try:
             meta.packages = sorted({str(p).split(".")[0] for p in ast.literal_eval(pkgs)})
