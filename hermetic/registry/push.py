@@ -6,6 +6,7 @@ The manifest goes last, so a push killed midway is finished by running it again.
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -199,14 +200,9 @@ class _Pusher:
 
     def upload(self, location: str, blob: Descriptor, advance) -> None:
         path = self.store.blob_path(blob.digest)
-        size = path.stat().st_size
-        if size != blob.size:
-            raise IntegrityError(f"store blob {blob.digest} is {size} bytes, the manifest says {blob.size}")
-
-        def opener():
-            return open(path, "rb")
-
-        if size > self.chunked_threshold:
-            self.client.upload_chunked(self.repository, location, blob.digest, size, opener, self.chunk_size, advance)
-        else:
-            self.client.upload_monolithic(self.repository, location, blob.digest, size, opener, advance)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != blob.size:
+                raise IntegrityError(f"store blob {blob.digest} is {size} bytes, the manifest says {blob.size}")
+            chunk_size = self.chunk_size if size > self.chunked_threshold else size
+            self.client.upload(self.repository, location, blob.digest, size, f, chunk_size, advance)

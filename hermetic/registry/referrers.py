@@ -42,7 +42,7 @@ def list_remote(client: RegistryClient, repository: str, subject_digest: str) ->
     for path, where, kind in ((f"referrers/{subject_digest}", f"the referrers of {repository}@{subject_digest}", "api"),
                               (f"manifests/{tag}", f"{repository}:{tag}", "tag")):
         resp = client.request("GET", f"/v2/{repository}/{path}", repository=repository, headers={"Accept": MT_INDEX},
-                              ok=(200, 404))
+                              ok=(200, 404), what=where)
         resp.close()
         if resp.status_code == 200:
             return _manifests(resp.content, f"registry {client.host}: {where}"), kind

@@ -114,8 +114,7 @@ class Transport:
             raise self._timeout_error(what, "total")
 
     def exchange(self, method: str, url: str, *, what: str, headers: dict[str, str], body: Any,
-                 bulk: bool = False, stream: bool = False, allow_redirects: bool = True,
-                 params: Any = None) -> requests.Response:
+                 bulk: bool = False, stream: bool = False, params: Any = None) -> requests.Response:
         """One HTTP exchange under the deadlines, retried where that is safe; raises requests' errors
         (other than timeouts, which are RegistryTimeout). Without ``stream`` the answer is read here,
         up to MAX_DOCUMENT_BYTES (an error answer: its first MAX_ERROR_BODY_BYTES).
@@ -136,7 +135,7 @@ class Transport:
             try:
                 resp = self.session.request(
                     method, url, headers=headers, data=body() if callable(body) else body, params=params,
-                    stream=True, allow_redirects=allow_redirects,
+                    stream=True,
                     timeout=(min(CONNECT_TIMEOUT_S, left), min(self.timeouts.request, left)))
                 if not stream:
                     read_answer(resp, self.host, what)
@@ -188,11 +187,11 @@ class Transport:
         return True
 
     def send(self, method: str, url: str, *, headers: dict[str, str], body: Any, what: str,
-             bulk: bool = False, stream: bool = False, allow_redirects: bool = True) -> requests.Response:
+             bulk: bool = False, stream: bool = False, params: Any = None) -> requests.Response:
         """``exchange``, a failure to reach the registry a RegistryError (exit 69) naming the request."""
         try:
             return self.exchange(method, url, what=what, headers=headers, body=body, bulk=bulk, stream=stream,
-                                 allow_redirects=allow_redirects)
+                                 params=params)
         except requests.RequestException as e:
             raise RegistryError(f"registry {self.host}: {method} {what} failed: {short_reason(e)}",
                                 exit_code=EXIT_UNAVAILABLE) from None
