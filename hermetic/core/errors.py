@@ -147,12 +147,9 @@ def disk_full(e: OSError, path: object = None, *, what: str | None = None, writt
               needed: int | None = None, at_least: bool = False, hint: str | None = None) -> DiskFull:
     """The one-line error for a write that failed with ENOSPC or EDQUOT (``is_disk_full(e)``).
 
-    It names ``path`` (the file or the store being written; the OSError's own
-    filename when it has one and no path is given), what was being written,
-    and how much was written and needed when known (``at_least``: ``needed``
-    is a lower bound). A DiskFull comes back as it is. The caller removes
-    what it half wrote before raising it.
-    """
+    It names ``path`` (the file or the store being written; the OSError's own filename when it has one and no path
+    is given), what was being written, and how much was written and needed when known (``at_least``: ``needed`` is a
+    lower bound). A DiskFull comes back as it is. The caller removes what it half wrote before raising it."""
     if isinstance(e, DiskFull):
         return e
     where = str(path) if path is not None else (str(e.filename) if e.filename is not None else None)

@@ -87,11 +87,9 @@ def _lock_fd(path: Path) -> int:
 def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     """An exclusive advisory lock (flock) held for the block's duration.
 
-    The kernel drops it when the holder dies, and no other process ever
-    shares it (close-on-exec, and let go of in forked children: module doc),
-    so a SIGKILLed holder never leaves a stale lock behind, even while
-    workers it forked are still alive.
-    """
+    The kernel drops it when the holder dies, and no other process ever shares it (close-on-exec, and let go of in
+    forked children: module doc), so a SIGKILLed holder never leaves a stale lock behind, even while workers it
+    forked are still alive."""
     fd = _lock_fd(Path(path))
     try:
         flock(fd, fcntl.LOCK_EX, path)

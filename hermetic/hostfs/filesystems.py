@@ -156,11 +156,9 @@ def naming_full_disk(path: str | os.PathLike[str], what: str | None = None, *,
                      needed: int | None = None) -> Iterator[None]:
     """Turn ENOSPC or EDQUOT raised in the block into ``errors.DiskFull`` naming ``path``.
 
-    For the writers (and, wrapped around a whole command, as the last resort):
-    an OSError that names its own file keeps that name (it is the more precise
-    one), a DiskFull raised deeper passes unchanged, any other error is left
-    alone. The block's own cleanup (temp files, ``finally``) has run by then.
-    """
+    For the writers (and, wrapped around a whole command, as the last resort): an OSError that names its own file
+    keeps that name (it is the more precise one), a DiskFull raised deeper passes unchanged, any other error is left
+    alone. The block's own cleanup (temp files, ``finally``) has run by then."""
     try:
         yield
     except DiskFull:

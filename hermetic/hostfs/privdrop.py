@@ -37,10 +37,9 @@ def call_as(uid: int, gid: int, fn: Callable[..., Any], *args: Any, open_dirs: S
             read_any: bool = False) -> Any:
     """``fn(dirfds, *args)`` run as ``uid:gid`` (module doc); its result must be JSON-serializable.
 
-    ``open_dirs`` are opened (``O_DIRECTORY | O_NOFOLLOW``) before the user
-    changes, and ``dirfds`` maps each to its descriptor: the function works
-    beneath them, so it needs no right to search their parents (a project in
-    a 0700 home, a cache under /root)."""
+    ``open_dirs`` are opened (``O_DIRECTORY | O_NOFOLLOW``) before the user changes, and ``dirfds`` maps each to its
+    descriptor: the function works beneath them, so it needs no right to search their parents (a project in a 0700
+    home, a cache under /root)."""
     fds = _open_dirs(open_dirs)  # here, as root: the child inherits them
     try:
         if not will_drop(uid):

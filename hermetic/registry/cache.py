@@ -92,11 +92,9 @@ def cache_publish(store: OciStore, registry_repo: str, build_key: str, manifest_
 class RegistryCache:
     """``hermetic build --cache REGISTRY/REPO``: the builder's ImageCache on a registry.
 
-    A hit is pulled by digest, every blob verified; a miss is built locally
-    and published. Builds are reproducible, so two runners that miss at once
-    publish the same digest under the same tag. An unreachable or read-only
-    registry is a note, never a failed build.
-    """
+    A hit is pulled by digest, every blob verified; a miss is built locally and published. Builds are reproducible,
+    so two runners that miss at once publish the same digest under the same tag. An unreachable or read-only
+    registry is a note, never a failed build."""
 
     def __init__(self, registry_repo: str):
         parse_cache_repo(registry_repo)  # a bad --cache value fails before any work

@@ -67,9 +67,8 @@ def default_ref_name(name: ImageName) -> str:
 def ensure_image(store: OciStore, ref_with_digest: str, *, client: RegistryClient | None = None) -> str:
     """The image manifest digest for ``ref_with_digest``, pulling it only if the store lacks it.
 
-    ``[host/]repo[:tag]@sha256:…``; a digest of an index resolves to its
-    linux/amd64 image. A name without a host is looked up in the store only.
-    """
+    ``[host/]repo[:tag]@sha256:…``; a digest of an index resolves to its linux/amd64 image. A name without a host is
+    looked up in the store only."""
     return pull_image(store, ref_with_digest, client=client).manifest_digest
 
 
@@ -178,10 +177,8 @@ def _pull_image(store: OciStore, ref: str | ImageName, *, client: RegistryClient
 def resolve_tag(ref: str, *, client: RegistryClient | None = None) -> str:
     """The digest a tag points to now (``host/repo[:tag]``, default tag ``latest``).
 
-    HEAD with Accept for OCI and Docker types; the registry's
-    Docker-Content-Digest, else the sha256 of the GET body. For a multi-arch
-    image this is the index digest, which is what a pin should name.
-    """
+    HEAD with Accept for OCI and Docker types; the registry's Docker-Content-Digest, else the sha256 of the GET
+    body. For a multi-arch image this is the index digest, which is what a pin should name."""
     try:
         name = parse_image_name(ref)
     except ValueError as e:

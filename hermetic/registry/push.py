@@ -78,11 +78,9 @@ def push_image(
 ) -> PushResult:
     """Push the image (or image index) ``manifest_digest`` from ``store`` to ``ref``.
 
-    Tags ``ref``'s tag when it has one, else pushes by digest only. Records the
-    repo digest (see ``repo_digests``) and where each blob now lives.
-    ``timeout``: seconds for the whole push (default HERMETIC_REGISTRY_TIMEOUT,
-    else an hour); a deadline that passes is RegistryTimeout (exit 75).
-    """
+    Tags ``ref``'s tag when it has one, else pushes by digest only. Records the repo digest (see ``repo_digests``)
+    and where each blob now lives. ``timeout``: seconds for the whole push (default HERMETIC_REGISTRY_TIMEOUT, else
+    an hour); a deadline that passes is RegistryTimeout (exit 75)."""
     name = parse_push_ref(ref) if isinstance(ref, str) else ref
     if name.digest is not None and name.digest != manifest_digest:
         raise UsageError(f"{name} names digest {name.digest}, but the image to push is {manifest_digest}")
