@@ -100,17 +100,16 @@ def push_image(
     return PushResult(manifest_digest, media_type, shown_host, repository, name.tag, client.stats, tuple(attached))
 
 
+@dataclass
 class _Pusher:
-    def __init__(self, store: OciStore, client: RegistryClient, host: str, repository: str, workers: int,
-                 chunked_threshold: int, chunk_size: int, progress: TransferProgress):
-        self.store = store
-        self.client = client
-        self.host = host
-        self.repository = repository
-        self.workers = workers
-        self.chunked_threshold = chunked_threshold
-        self.chunk_size = chunk_size
-        self.progress = progress
+    store: OciStore
+    client: RegistryClient
+    host: str
+    repository: str
+    workers: int
+    chunked_threshold: int
+    chunk_size: int
+    progress: TransferProgress
 
     def push_manifest(self, digest: str, tag: str | None) -> str:
         desc = self.store.find_manifest(digest)
