@@ -256,23 +256,24 @@ class RegistryClient(Transport):
         new_location = urljoin(self.base_url + "/", resp.headers.get("Location") or location)
         return (int(m.group(1)) + 1 if m else 0), new_location
 
-    def open_blob(self, repository: str, digest: str) -> requests.Response:
-        """A streaming GET of one blob (redirects followed; auth dropped on another host by requests);
-        read it with ``iter_answer``."""
-        return self.request("GET", f"/v2/{repository}/blobs/{_digest_arg(digest)}", repository=repository,
-                            stream=True, bulk=True, what=f"blob {digest} of {repository}")
-
     def iter_blob(self, repository: str, digest: str, chunk: int = 1 << 20) -> Iterator[bytes]:
-        resp = self.open_blob(repository, digest)
-        yield from self.iter_answer(resp, f"blob {digest} of {repository}", chunk)
+        """The bytes of one blob, streamed (redirects followed; auth dropped on another host by requests)."""
+        what = f"blob {_digest_arg(digest)} of {repository}"
+        resp = self.request("GET", f"/v2/{repository}/blobs/{digest}", repository=repository, stream=True, bulk=True,
+                            what=what)
+        yield from self.iter_answer(resp, what, chunk)
 
     # -- manifests ------------------------------------------------------------
     def get_manifest(self, repository: str, reference: str, accept: str = MANIFEST_ACCEPT) -> ManifestResponse:
+        """A manifest by tag or digest; one by digest must hash to it (IntegrityError otherwise)."""
         what = f"manifest {_reference_arg(reference)} of {repository}"
         resp = self.request("GET", f"/v2/{repository}/manifests/{reference}", repository=repository,
                             headers={"Accept": accept}, what=what)
         body = resp.content
         self.stats.add(bytes_received=len(body))
+        if is_digest(reference) and sha256_digest(body) != reference:
+            raise IntegrityError(f"registry {self.host} served {what} with content hashing to {sha256_digest(body)}; "
+                                 "nothing was stored")
         ctype = resp.headers.get("Content-Type", "").split(";", 1)[0].strip()
         return ManifestResponse(body, ctype, self._digest_header(resp, what))
 
