@@ -1,9 +1,8 @@
 """hermetic's exit codes, and the exception types the CLI turns into a one-line error and one of them.
 
-A failure a user can cause is a HermeticError subclass whose class gives its exit code (sysexits' 64-78:
-no clash with a script's own codes, which `hermetic run` passes through); anything else is a bug (70, with
-its traceback). The table is README.md's ("Exit codes"): a test keeps the two in step.
-"""
+A failure a user can cause is a HermeticError subclass whose class gives its exit code (sysexits' 64-78: no clash
+with a script's own codes, which `hermetic run` passes through); anything else is a bug (70, with its traceback).
+The table is README.md's ("Exit codes"): a test keeps the two in step."""
 
 from __future__ import annotations
 
@@ -105,10 +104,9 @@ class CannotCreate(HermeticError, exit_code=EXIT_CANTCREAT):
 class DiskFull(CannotCreate, OSError):
     """The filesystem, or the user's quota on it, is full (ENOSPC, EDQUOT): an output could not be written.
 
-    Also an OSError with the original errno, so that code which already treats
-    a failed write as "not kept" (``except OSError``: a cache note, a stat
-    cache) goes on doing so; everywhere else it reaches the CLI as one line
-    naming the path. Raised by ``disk_full`` (and filesystems.naming_full_disk)."""
+    Also an OSError with the original errno, so that code which already treats a failed write as "not kept"
+    (``except OSError``: a cache note, a stat cache) goes on doing so; everywhere else it reaches the CLI as one
+    line naming the path. Raised by ``disk_full`` (and filesystems.naming_full_disk)."""
 
     def __init__(self, message: str, *, hint: str | None = None, errno: int = _errno.ENOSPC,
                  filename: str | None = None, details: list[str] | None = None, needed: int | None = None):

@@ -1,9 +1,8 @@
 """Image references: the grammar of ``base:`` and of push/pull arguments, always pinned by digest.
 
 ``[HOST/]REPO[:TAG]@sha256:<hex>`` (the store first, then HOST's registry; no host: store-only),
-``oci:PATH@sha256:<hex>`` / ``oci-archive:PATH@sha256:<hex>`` (a layout or its tar), ``docker:sha256:<hex>``
-(an image of the local engine, by ID).
-"""
+``oci:PATH@sha256:<hex>`` / ``oci-archive:PATH@sha256:<hex>`` (a layout or its tar), ``docker:sha256:<hex>`` (an
+image of the local engine, by ID)."""
 
 from __future__ import annotations
 

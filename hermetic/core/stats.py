@@ -1,8 +1,7 @@
 """Seed-noise statistics without SciPy: mean, sample SD, Student-t 95% intervals, Welch's test.
 
-The t quantile comes from a table for 1..30 degrees of freedom, then a Cornish-Fisher expansion; Welch's
-non-integer degrees of freedom are rounded down, so the test errs towards "within seed noise".
-"""
+The t quantile comes from a table for 1..30 degrees of freedom, then a Cornish-Fisher expansion; Welch's non-integer
+degrees of freedom are rounded down, so the test errs towards "within seed noise"."""
 
 from __future__ import annotations
 

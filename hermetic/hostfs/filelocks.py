@@ -1,9 +1,8 @@
 """File locks (flock) that belong to the process that took them alone.
 
-A lock belongs to an open file, which a fork shares: so every lock descriptor is close-on-exec and a forked
-child lets go of its copies at once (``os.register_at_fork``). A SIGKILLed holder never leaves a lock
-behind, so "held" means "its holder lives" (fsutil's temp files rely on it).
-"""
+A lock belongs to an open file, which a fork shares: so every lock descriptor is close-on-exec and a forked child
+lets go of its copies at once (``os.register_at_fork``). A SIGKILLed holder never leaves a lock behind, so "held"
+means "its holder lives" (fsutil's temp files rely on it)."""
 
 from __future__ import annotations
 

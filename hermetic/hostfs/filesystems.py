@@ -1,9 +1,8 @@
 """What the filesystem under a path is, and the one-line errors for one that refuses what hermetic needs.
 
-No file locks, no writes (read-only, another user's, root_squash), a rename across filesystems, no FIFOs or
-file owners for a run's scratch space, a full disk: one line naming the path, the filesystem and what to
-do. What a filesystem merely lacks (permission bits, hard links, xattrs) is no error.
-"""
+No file locks, no writes (read-only, another user's, root_squash), a rename across filesystems, no FIFOs or file
+owners for a run's scratch space, a full disk: one line naming the path, the filesystem and what to do. What a
+filesystem merely lacks (permission bits, hard links, xattrs) is no error."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""Writing files so that nothing is ever half there: atomic writes, temp files tied to their writer,
-stat keys with git's racy-clean rule, streaming hashes.
+"""Writing files so that nothing is ever half there: atomic writes, temp files tied to their writer, stat keys with
+git's racy-clean rule, streaming hashes.
 
-Content goes to a temporary file beside its destination, renamed into place. The writer holds an flock on
-it while it writes (hermetic.hostfs.filelocks), so the next writer (``sweep_dead``) tells a dead writer's
-leftover from a live writer's work without guessing by age.
-"""
+Content goes to a temporary file beside its destination, renamed into place. The writer holds an flock on it while
+it writes (hermetic.hostfs.filelocks), so the next writer (``sweep_dead``) tells a dead writer's leftover from a
+live writer's work without guessing by age."""
 
 from __future__ import annotations
 
@@ -238,10 +237,9 @@ _swept_once: set[str] = set()  # directories this process has swept (sweep_dead_
 def sweep_dead_once(directory: str | os.PathLike[str], match: Callable[[str], bool] | None = None) -> Leftovers:
     """``sweep_dead(directory, match)`` the first time this process asks for ``directory``; nothing after.
 
-    The first writer of a process sweeps its store's tmp/ (a killed writer's
-    leftovers go before new ones are made); a build's sweep of the whole
-    cache (builder/gc.py dead_temp_files) counts as that first sweep, so no
-    directory is swept twice in one process."""
+    The first writer of a process sweeps its store's tmp/ (a killed writer's leftovers go before new ones are made);
+    a build's sweep of the whole cache (builder/gc.py dead_temp_files) counts as that first sweep, so no directory
+    is swept twice in one process."""
     key = os.path.realpath(directory)
     if key in _swept_once:
         return Leftovers()

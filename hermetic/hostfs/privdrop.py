@@ -1,10 +1,9 @@
 """Run a function as another user: a forked child that gave up root before it touched anything.
 
-The second wall behind hermetic.hostfs.safetree: a hermetic.core.workers child as the container's uid and
-gid, no supplementary groups (``read_any``: keeping CAP_DAC_READ_SEARCH only, to read what an earlier run
-sealed). Its JSON answer comes back through a pipe, its HermeticError as the same class, a bug as a
-RuntimeError. Not root, or a root target: the function runs in this process.
-"""
+The second wall behind hermetic.hostfs.safetree: a hermetic.core.workers child as the container's uid and gid, no
+supplementary groups (``read_any``: keeping CAP_DAC_READ_SEARCH only, to read what an earlier run sealed). Its JSON
+answer comes back through a pipe, its HermeticError as the same class, a bug as a RuntimeError. Not root, or a root
+target: the function runs in this process."""
 
 from __future__ import annotations
 

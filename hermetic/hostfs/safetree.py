@@ -1,11 +1,9 @@
 """Trees an untrusted process wrote, handled from the host without ever following a link.
 
-Every operation starts from a directory descriptor and resolves one component at a time with ``O_NOFOLLOW``:
-a link is an error, never a detour. Only regular
-files are read (``O_NONBLOCK``, checked with fstat); links are recorded by their target, FIFOs, sockets and
-devices by kind. ``record_name`` writes a name in a record (``%XX`` for ``%``, ``\\``, controls and bytes
-that are not UTF-8); ``fs_name`` reverses it.
-"""
+Every operation starts from a directory descriptor and resolves one component at a time with ``O_NOFOLLOW``: a link
+is an error, never a detour. Only regular files are read (``O_NONBLOCK``, checked with fstat); links are recorded by
+their target, FIFOs, sockets and devices by kind. ``record_name`` writes a name in a record (``%XX`` for ``%``,
+``\\``, controls and bytes that are not UTF-8); ``fs_name`` reverses it."""
 
 from __future__ import annotations
 
@@ -150,9 +148,8 @@ def walk(rootfd: int, *, prune: Callable[[str], bool] | None = None,
          on_too_deep: Callable[[str], None] | None = None) -> Iterator[Entry]:
     """Every entry under ``rootfd``, depth first, names sorted by their bytes; never through a link.
 
-    ``prune(rel)`` True skips a directory's contents (the directory itself is
-    still yielded). Directories nested deeper than MAX_DEPTH are yielded but
-    not entered (``on_too_deep`` is told)."""
+    ``prune(rel)`` True skips a directory's contents (the directory itself is still yielded). Directories nested
+    deeper than MAX_DEPTH are yielded but not entered (``on_too_deep`` is told)."""
     for _dirfd, _name, entry in walk_at(rootfd, prune=prune, on_too_deep=on_too_deep):
         yield entry
 

@@ -1,8 +1,7 @@
 """The CI build cache: the tag ``hk-<build key>`` stands for the image those inputs make (builds are
 byte-reproducible). A runner that finds it pulls by digest; one that misses builds and publishes; two that miss
 together PUT the same bytes under the same tag, one write. The full key goes in the tag (no truncation, no
-collisions).
-"""
+collisions)."""
 
 from __future__ import annotations
 

@@ -133,9 +133,8 @@ class RegistryClient(Transport):
     ) -> requests.Response:
         """One authenticated request; ``body`` may be a factory so a retry can resend it.
 
-        Raises RegistryError/AuthError for any status outside ``ok``, RegistryTimeout when a deadline
-        passes. ``stream``: the caller reads the answer (``iter_answer``). ``what`` names the blob or
-        manifest for messages.
+        Raises RegistryError/AuthError for any status outside ``ok``, RegistryTimeout when a deadline passes.
+        ``stream``: the caller reads the answer (``iter_answer``). ``what`` names the blob or manifest for messages.
         """
         self.auth.ping()
         url = url_or_path if "://" in url_or_path else self.base_url + url_or_path
@@ -219,9 +218,8 @@ class RegistryClient(Transport):
 
     def upload(self, repository: str, location: str, digest: str, size: int, f: IO[bytes], chunk_size: int,
                progress: ProgressFn | None = None) -> None:
-        """Send a blob into an upload session: one PUT ?digest= with the whole blob, or (a blob over
-        ``chunk_size``) PATCH chunks with Content-Range, then the PUT; a failed chunk resumes at the registry's
-        offset."""
+        """Send a blob into an upload session: one PUT ?digest= with the whole blob, or (a blob over ``chunk_size``)
+        PATCH chunks with Content-Range, then the PUT; a failed chunk resumes at the registry's offset."""
         what = f"the upload of blob {_digest_arg(digest)} to {repository}"
         offset = failures = 0
         while size > chunk_size and offset < size:

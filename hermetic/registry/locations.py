@@ -1,8 +1,7 @@
 """Where images and blobs live in registries, two records in the store dir (one flock, atomic rewrites):
 ``pushed.json`` (manifest digest -> repo digests, for run records) and ``blob-locations.json`` (blob digest ->
 ``host/repo``, for cross-repository mounts). A lost or corrupt record costs a mount or a repo digest, never
-correctness: an unreadable file reads as empty.
-"""
+correctness: an unreadable file reads as empty."""
 
 from __future__ import annotations
 

@@ -77,9 +77,8 @@ def pull_image(
     timeout: float | None = None,
 ) -> PullResult:
     """Pull ``ref`` (pinned by digest) into ``store``. ``timeout``: seconds for the whole pull (default
-    HERMETIC_REGISTRY_TIMEOUT, else an hour); a deadline that passes is RegistryTimeout (exit 75).
-    `hermetic cache gc` waits for it (hermetic.store.inuse.writing): its blobs are named by no ref until
-    the end."""
+    HERMETIC_REGISTRY_TIMEOUT, else an hour); a deadline that passes is RegistryTimeout (exit 75). `hermetic cache
+    gc` waits for it (hermetic.store.inuse.writing): its blobs are named by no ref until the end."""
     from hermetic.store.inuse import writing
 
     with writing(store):

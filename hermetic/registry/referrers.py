@@ -165,10 +165,8 @@ def download_small(client: RegistryClient, repository: str, digest: str, size: i
 def fetch_attestations(client: RegistryClient, repository: str, subject_digest: str) -> tuple[list[Artifact], list[str]]:
     """hermetic's attestations of the image for a pull: (verified artifacts, notes); nothing is stored.
 
-    A registry that cannot list referrers (an error other than 404) costs a
-    note, not the pull; bytes that do not match their digest, or documents that
-    are not about this image, fail it.
-    """
+    A registry that cannot list referrers (an error other than 404) costs a note, not the pull; bytes that do not
+    match their digest, or documents that are not about this image, fail it."""
     from hermetic.provenance import ATTESTATION_TYPES
 
     try:
@@ -180,10 +178,9 @@ def fetch_attestations(client: RegistryClient, repository: str, subject_digest: 
 
 
 def check_attestations(artifacts: list[Artifact], subject_digest: str, where: str) -> None:
-    """What the attestations say, checked before they are kept: every in-toto statement (bare or in a
-    DSSE envelope) is about ``subject_digest``; hermetic's provenance reads as one (read_statement); an
-    attached SBOM is the one that provenance names. (A signature's key is checked by `hermetic verify
-    --key`: a pull has no key.)"""
+    """What the attestations say, checked before they are kept: every in-toto statement (bare or in a DSSE envelope)
+    is about ``subject_digest``; hermetic's provenance reads as one (read_statement); an attached SBOM is the one
+    that provenance names. (A signature's key is checked by `hermetic verify --key`: a pull has no key.)"""
     from hermetic.provenance import MT_CYCLONEDX, MT_DSSE, MT_STATEMENT
     from hermetic.provenance.dsse import PAYLOAD_TYPE
     from hermetic.provenance.statement import BUILD_TYPE, PREDICATE_TYPE, read_statement
