@@ -48,10 +48,6 @@ def check_digest(value: object, what: str, error: type[Exception] = ValueError) 
     return value  # type: ignore[return-value]
 
 
-def _pin_hint(ref: str) -> str:
-    return f"pin it by digest: hermetic base pin {ref}"
-
-
 @dataclass(frozen=True)
 class ImageName:
     """``[host/]repository[:tag][@digest]`` split into parts."""
@@ -154,7 +150,7 @@ def parse_base_reference(ref: str) -> BaseReference:
         raise ValueError(f"{ref}: a bare digest is ambiguous; write docker:{ref} for an engine image ID, or NAME@{ref}")
     name = parse_image_name(ref)
     if name.digest is None:
-        raise ValueError(f"{ref} is a tag without a digest; {_pin_hint(ref)}")
+        raise ValueError(f"{ref} is a tag without a digest; pin it by digest: hermetic base pin {ref}")
     return BaseReference(kind="name", digest=name.digest, name=name, raw=ref)
 
 

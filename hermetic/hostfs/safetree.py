@@ -58,9 +58,7 @@ def fs_name(recorded: str) -> str:
     return os.fsdecode(unquote_to_bytes(recorded)) if "%" in recorded else recorded
 
 
-def display(name: str) -> str:
-    """A name that is safe to print on one line (no control characters, no lone surrogates)."""
-    return record_name(name)
+display = record_name  # a name safe to print on one line (no control characters, no lone surrogates)
 
 
 # ---------------------------------------------------------------- resolving, one component at a time
@@ -385,22 +383,22 @@ def _opened_sides(src_dirfd: int, src_rel: str, dst_dirfd: int, dst_rel: str) ->
         os.close(sd)
 
 
-def symlink(target: str, dst_dirfd: int, dst_rel: str) -> None:
+def _make(dst_dirfd: int, dst_rel: str, make: Callable[[str, int], None]) -> None:
+    """``make(name, dirfd)`` in the directory of ``dst_rel``, its directories made first."""
     head, tail = split(dst_rel)
     dd = open_dir(dst_dirfd, head, create=True)
     try:
-        os.symlink(target, tail, dir_fd=dd)
+        make(tail, dd)
     finally:
         os.close(dd)
+
+
+def symlink(target: str, dst_dirfd: int, dst_rel: str) -> None:
+    _make(dst_dirfd, dst_rel, lambda name, dd: os.symlink(target, name, dir_fd=dd))
 
 
 def mkfifo(dst_dirfd: int, dst_rel: str) -> None:
-    head, tail = split(dst_rel)
-    dd = open_dir(dst_dirfd, head, create=True)
-    try:
-        os.mkfifo(tail, 0o644, dir_fd=dd)
-    finally:
-        os.close(dd)
+    _make(dst_dirfd, dst_rel, lambda name, dd: os.mkfifo(name, 0o644, dir_fd=dd))
 
 
 def lchown_tree(rootfd: int, uid: int, gid: int, *, skip: Callable[[str], bool] | None = None) -> None:
