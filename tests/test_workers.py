@@ -23,11 +23,6 @@ def _answer(*values):
     return list(values)
 
 
-def _two_steps():
-    workers.send({"step": 1})
-    return "done"
-
-
 def _refuse():
     raise TreeError("a tree the worker refused", hint="its hint", details=["a line"])
 
@@ -44,12 +39,9 @@ def _open_descriptors():
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_a_worker_answers_what_it_sends_and_returns():
+def test_a_worker_answers_what_it_returns():
     with workers.start("a test worker", _answer, 1, ("a", "\udcff")) as w:
         assert w.result() == [1, ["a", "\udcff"]]  # JSON: a tuple comes back a list, an odd name intact
-    with workers.start("a test worker", _two_steps) as w:
-        assert w.receive() == {"step": 1}
-        assert w.result() == "done"
 
 
 def test_a_workers_error_is_raised_here_as_its_own_class():

@@ -1,8 +1,7 @@
 """Canonical JSON and digests: the identity of every document hermetic writes.
 
-Sorted keys and compact separators make equal data equal bytes, so a digest of
-the bytes is a digest of the meaning (design.md, "Identity").
-"""
+Sorted keys and compact separators make equal data equal bytes, so a digest of the bytes is a digest of the meaning
+(design.md, "Identity")."""
 
 from __future__ import annotations
 

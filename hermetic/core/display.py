@@ -1,8 +1,7 @@
 """Text that came from outside (a registry's error body, a header, a name) made safe to print as one line.
 
-C0 and C1 controls, DEL, the Unicode line separators and bidirectional overrides are written as Python-style
-escapes (``\\n``, ``\\x1b``, ``\\u202e``): such text cannot start a line, move the cursor or send an escape.
-"""
+C0 and C1 controls, DEL, the Unicode line separators and bidirectional overrides are written as Python-style escapes
+(``\\n``, ``\\x1b``, ``\\u202e``): such text cannot start a line, move the cursor or send an escape."""
 
 from __future__ import annotations
 

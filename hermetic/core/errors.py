@@ -1,9 +1,8 @@
 """hermetic's exit codes, and the exception types the CLI turns into a one-line error and one of them.
 
-A failure a user can cause is a HermeticError subclass whose class gives its exit code (sysexits' 64-78:
-no clash with a script's own codes, which `hermetic run` passes through); anything else is a bug (70, with
-its traceback). The table is README.md's ("Exit codes"): a test keeps the two in step.
-"""
+A failure a user can cause is a HermeticError subclass whose class gives its exit code (sysexits' 64-78: no clash
+with a script's own codes, which `hermetic run` passes through); anything else is a bug (70, with its traceback).
+The table is README.md's ("Exit codes"): a test keeps the two in step."""
 
 from __future__ import annotations
 
@@ -105,10 +104,9 @@ class CannotCreate(HermeticError, exit_code=EXIT_CANTCREAT):
 class DiskFull(CannotCreate, OSError):
     """The filesystem, or the user's quota on it, is full (ENOSPC, EDQUOT): an output could not be written.
 
-    Also an OSError with the original errno, so that code which already treats
-    a failed write as "not kept" (``except OSError``: a cache note, a stat
-    cache) goes on doing so; everywhere else it reaches the CLI as one line
-    naming the path. Raised by ``disk_full`` (and filesystems.naming_full_disk)."""
+    Also an OSError with the original errno, so that code which already treats a failed write as "not kept"
+    (``except OSError``: a cache note, a stat cache) goes on doing so; everywhere else it reaches the CLI as one
+    line naming the path. Raised by ``disk_full`` (and filesystems.naming_full_disk)."""
 
     def __init__(self, message: str, *, hint: str | None = None, errno: int = _errno.ENOSPC,
                  filename: str | None = None, details: list[str] | None = None, needed: int | None = None):
@@ -147,12 +145,9 @@ def disk_full(e: OSError, path: object = None, *, what: str | None = None, writt
               needed: int | None = None, at_least: bool = False, hint: str | None = None) -> DiskFull:
     """The one-line error for a write that failed with ENOSPC or EDQUOT (``is_disk_full(e)``).
 
-    It names ``path`` (the file or the store being written; the OSError's own
-    filename when it has one and no path is given), what was being written,
-    and how much was written and needed when known (``at_least``: ``needed``
-    is a lower bound). A DiskFull comes back as it is. The caller removes
-    what it half wrote before raising it.
-    """
+    It names ``path`` (the file or the store being written; the OSError's own filename when it has one and no path
+    is given), what was being written, and how much was written and needed when known (``at_least``: ``needed`` is a
+    lower bound). A DiskFull comes back as it is. The caller removes what it half wrote before raising it."""
     if isinstance(e, DiskFull):
         return e
     where = str(path) if path is not None else (str(e.filename) if e.filename is not None else None)

@@ -1,9 +1,8 @@
 """The one escaping rule for what hermetic shows that came from a run, a record, a registry or a file name.
 
-Control characters (C0 with ESC, CR, LF and TAB; DEL; C1), the Unicode line separators and the bidi
-controls become visible escapes (``\\x1b``, ``\\u202e``: hermetic.core.display), so no such text can
-retitle a terminal, colour or hide a line, or start a forged one. A context adds what its medium needs.
-"""
+Control characters (C0 with ESC, CR, LF and TAB; DEL; C1), the Unicode line separators and the bidi controls become
+visible escapes (``\\x1b``, ``\\u202e``: hermetic.core.display), so no such text can retitle a terminal, colour or
+hide a line, or start a forged one. A context adds what its medium needs."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Where hermetic keeps its content-addressed state.
 
-One cache root (HERMETIC_CACHE, else $XDG_CACHE_HOME/hermetic, else
-~/.cache/hermetic) holds the wheel store, the OCI blob store, the layer and
-build caches, and a tmp/ on the same filesystem so that every admission into
-a store is an atomic rename.
-"""
+One cache root (HERMETIC_CACHE, else $XDG_CACHE_HOME/hermetic, else ~/.cache/hermetic) holds the wheel store, the
+OCI blob store, the layer and build caches, and a tmp/ on the same filesystem so that every admission into a store
+is an atomic rename."""
 
 from __future__ import annotations
 

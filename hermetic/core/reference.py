@@ -1,9 +1,8 @@
 """Image references: the grammar of ``base:`` and of push/pull arguments, always pinned by digest.
 
 ``[HOST/]REPO[:TAG]@sha256:<hex>`` (the store first, then HOST's registry; no host: store-only),
-``oci:PATH@sha256:<hex>`` / ``oci-archive:PATH@sha256:<hex>`` (a layout or its tar), ``docker:sha256:<hex>``
-(an image of the local engine, by ID).
-"""
+``oci:PATH@sha256:<hex>`` / ``oci-archive:PATH@sha256:<hex>`` (a layout or its tar), ``docker:sha256:<hex>`` (an
+image of the local engine, by ID)."""
 
 from __future__ import annotations
 
@@ -47,10 +46,6 @@ def check_digest(value: object, what: str, error: type[Exception] = ValueError) 
     if not is_digest(value):
         raise error(f"{what}: {show_value(value)} is not a digest ({DIGEST_GRAMMAR})")
     return value  # type: ignore[return-value]
-
-
-def _pin_hint(ref: str) -> str:
-    return f"pin it by digest: hermetic base pin {ref}"
 
 
 @dataclass(frozen=True)
@@ -155,7 +150,7 @@ def parse_base_reference(ref: str) -> BaseReference:
         raise ValueError(f"{ref}: a bare digest is ambiguous; write docker:{ref} for an engine image ID, or NAME@{ref}")
     name = parse_image_name(ref)
     if name.digest is None:
-        raise ValueError(f"{ref} is a tag without a digest; {_pin_hint(ref)}")
+        raise ValueError(f"{ref} is a tag without a digest; pin it by digest: hermetic base pin {ref}")
     return BaseReference(kind="name", digest=name.digest, name=name, raw=ref)
 
 

@@ -1,9 +1,7 @@
 """Where hermetic's non-Python files (templates, base recipes) are found.
 
-In a source checkout (and an editable install) they live in the repository's
-templates/ folder next to the package; an installed wheel carries them in
-hermetic/templates/. Both are looked at, checkout first.
-"""
+In a source checkout (and an editable install) they live in the repository's templates/ folder next to the package;
+an installed wheel carries them in hermetic/templates/. Both are looked at, checkout first."""
 
 from __future__ import annotations
 

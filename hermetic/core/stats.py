@@ -1,8 +1,7 @@
 """Seed-noise statistics without SciPy: mean, sample SD, Student-t 95% intervals, Welch's test.
 
-The t quantile comes from a table for 1..30 degrees of freedom, then a Cornish-Fisher expansion; Welch's
-non-integer degrees of freedom are rounded down, so the test errs towards "within seed noise".
-"""
+The t quantile comes from a table for 1..30 degrees of freedom, then a Cornish-Fisher expansion; Welch's non-integer
+degrees of freedom are rounded down, so the test errs towards "within seed noise"."""
 
 from __future__ import annotations
 
@@ -57,12 +56,9 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
 def welch(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Welch's two-sided t-test at the 5% level on two ``summarize`` results.
 
-    ``within_noise`` is True when the difference of means is not significant
-    (|t| below the 0.975 quantile at the Welch-Satterthwaite df), False when
-    it is, None when either side has fewer than two values (no noise
-    estimate). With zero spread on both sides, equal means are within noise
-    and any difference is not.
-    """
+    ``within_noise`` is True when the difference of means is not significant (|t| below the 0.975 quantile at the
+    Welch-Satterthwaite df), False when it is, None when either side has fewer than two values (no noise estimate).
+    With zero spread on both sides, equal means are within noise and any difference is not."""
     out: dict[str, Any] = {"diff": None, "se": None, "df": None, "t": None, "t_crit": None, "within_noise": None}
     if a["mean"] is None or b["mean"] is None:
         out["reason"] = "metric missing on one side"

@@ -1,8 +1,7 @@
 """Worker processes that never outlive the command that started them.
 
 ``start`` forks a worker: it asks for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``) and checks the
-parent is still there; ``fn(*args)``'s result, what it sends (``send``) and its HermeticError come back
-through a pipe as JSON (never pickle: the child may have dropped root). A child closes its copies of the
+parent is still there; ``fn(*args)``'s result and its HermeticError come back through a pipe as JSON (never pickle: the child may have dropped root). A child closes its copies of the
 other workers' pipes, so a reader never waits for a dead worker. An account at its limit of processes or
 open files gets fewer workers (``affordable``, ``no_more_workers``, ``limit_reached``).
 """
@@ -13,7 +12,6 @@ import errno
 import json
 import os
 import signal
-import struct
 import sys
 from typing import Any, Callable
 
@@ -121,9 +119,7 @@ def affordable(workers: int) -> int:
 
 # ---------------------------------------------------------------- forked workers and their answers
 
-_FRAME = struct.Struct("=Q")  # the length of the JSON document that follows
 _plumbing: set[int] = set()  # this process's ends of worker pipes: a child it forks closes its copies first
-_answer = -1  # in a worker: the write end of its own pipe (send)
 
 
 class Worker:
@@ -137,22 +133,11 @@ class Worker:
         self._fd = fd
         self._status: int | None = None  # set once reaped
 
-    def receive(self, tick: Callable[[], None] | None = None) -> Any:
-        """The next value the child sent (``send``). Raises what ``result`` raises where it ended instead."""
-        doc = self._next(tick)
-        if doc is not None and "sent" in doc:
-            return doc["sent"]
-        self._end(doc)
-        raise RuntimeError(f"{self.what} returned without sending what was expected")
-
     def result(self, tick: Callable[[], None] | None = None) -> Any:
         """What the child's function returned; the child is reaped. Its HermeticError is raised here as the same
         class, a bug's traceback as a RuntimeError (exit 70), and WorkerDied (exit 71) where it ended without an
         answer (killed, out of memory). ``tick`` is called at each short poll while waiting (a progress bar)."""
-        doc = self._next(tick)
-        if doc is not None and "sent" in doc:
-            raise RuntimeError(f"{self.what} sent a value nobody received")
-        return self._end(doc)
+        return self._end(_read_answer(self._fd, tick))
 
     def stop(self) -> None:
         """End the child now (SIGKILL) if it was not reaped yet, and let go of its pipe."""
@@ -168,14 +153,6 @@ class Worker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    def _next(self, tick: Callable[[], None] | None) -> dict[str, Any] | None:
-        header = _read_exactly(self._fd, _FRAME.size, tick)
-        if len(header) < _FRAME.size:
-            return None
-        (size,) = _FRAME.unpack(header)
-        data = _read_exactly(self._fd, size, tick)
-        return json.loads(data) if len(data) == size else None
 
     def _end(self, doc: dict[str, Any] | None) -> Any:
         """Reap the child; ``doc``'s value, or the error it carries (``result``)."""
@@ -208,7 +185,7 @@ def start(what: str, fn: Callable[..., Any], *args: Any) -> Worker:
     """Fork a child that runs ``fn(*args)`` (module doc); ``what`` names it in errors ("a hashing worker process").
 
     Where the pipe or the fork is refused (an OSError: ``no_more_workers``, ``limit_reached``) nothing is left
-    open. What ``fn`` returns or sends must be JSON (lists come back for tuples)."""
+    open. What ``fn`` returns must be JSON (lists come back for tuples)."""
     owner = os.getpid()
     r, w = os.pipe()
     try:
@@ -226,15 +203,7 @@ def start(what: str, fn: Callable[..., Any], *args: Any) -> Worker:
     return Worker(pid, r, what)
 
 
-def send(value: Any) -> None:
-    """In a worker: pass ``value`` to the parent before the end (``Worker.receive``)."""
-    if _answer < 0:
-        raise RuntimeError("send() outside a worker")
-    _write_all(_answer, _frame({"sent": value}))
-
-
 def _child(owner: int, r: int, w: int, fn: Callable[..., Any], args: tuple) -> None:
-    global _answer
     code = 1
     try:
         die_with_parent(owner)
@@ -244,48 +213,39 @@ def _child(owner: int, r: int, w: int, fn: Callable[..., Any], args: tuple) -> N
             os.close(fd)
         _plumbing.clear()
         _plumbing.add(w)
-        _answer = w
         try:
-            data = _frame({"ok": fn(*args)})
+            data = json.dumps({"ok": fn(*args)})
         except HermeticError as e:
-            data = _frame({"error": _describe(e)})
+            data = json.dumps({"error": _describe(e)})
         except BaseException:
             import traceback
 
-            data = _frame({"bug": traceback.format_exc()})
-        _write_all(w, data)
+            data = json.dumps({"bug": traceback.format_exc()})
+        with os.fdopen(w, "wb") as f:
+            f.write(data.encode())
         code = 0
     finally:
         os._exit(code)
 
 
-def _frame(doc: dict[str, Any]) -> bytes:
-    data = json.dumps(doc).encode()
-    return _FRAME.pack(len(data)) + data
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _read_exactly(fd: int, size: int, tick: Callable[[], None] | None) -> bytes:
-    """``size`` bytes, fewer at EOF; ``tick`` at each short poll while waiting, if given."""
+def _read_answer(fd: int, tick: Callable[[], None] | None) -> dict[str, Any] | None:
+    """The JSON document the child wrote before its end of the pipe closed; None where it wrote none, or half
+    of one. ``tick`` at each short poll while waiting, if given."""
     import select
 
     chunks: list[bytes] = []
-    left = size
-    while left:
+    while True:
         if tick is not None and not select.select([fd], [], [], 0.1)[0]:
             tick()
             continue
-        chunk = os.read(fd, min(left, 1 << 20))
+        chunk = os.read(fd, 1 << 20)
         if not chunk:
             break
         chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+    try:
+        return json.loads(b"".join(chunks))
+    except ValueError:
+        return None
 
 
 def _describe(e: HermeticError) -> dict[str, Any]:

@@ -1,9 +1,8 @@
 """File locks (flock) that belong to the process that took them alone.
 
-A lock belongs to an open file, which a fork shares: so every lock descriptor is close-on-exec and a forked
-child lets go of its copies at once (``os.register_at_fork``). A SIGKILLed holder never leaves a lock
-behind, so "held" means "its holder lives" (fsutil's temp files rely on it).
-"""
+A lock belongs to an open file, which a fork shares: so every lock descriptor is close-on-exec and a forked child
+lets go of its copies at once (``os.register_at_fork``). A SIGKILLed holder never leaves a lock behind, so "held"
+means "its holder lives" (fsutil's temp files rely on it)."""
 
 from __future__ import annotations
 
@@ -77,27 +76,46 @@ def flock(fd: int, operation: int, path: str | os.PathLike[str]) -> None:
         raise no_locks(e, path) from None
 
 
-def _lock_fd(path: Path) -> int:
+@contextlib.contextmanager
+def _locked(path: str | os.PathLike[str], operation: int, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """An flock (``operation``: LOCK_EX or LOCK_SH) on ``path`` for the block, made if need be; ``on_wait()`` is
+    called once first when someone else holds it (to say what it waits for) before it blocks."""
+    path = Path(path)
     with naming_unwritable(path.parent):
         path.parent.mkdir(parents=True, exist_ok=True)
-        return open_held(path, os.O_RDWR | os.O_CREAT)
-
-
-@contextlib.contextmanager
-def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """An exclusive advisory lock (flock) held for the block's duration.
-
-    The kernel drops it when the holder dies, and no other process ever
-    shares it (close-on-exec, and let go of in forked children: module doc),
-    so a SIGKILLed holder never leaves a stale lock behind, even while
-    workers it forked are still alive.
-    """
-    fd = _lock_fd(Path(path))
+        fd = open_held(path, os.O_RDWR | os.O_CREAT)
     try:
-        flock(fd, fcntl.LOCK_EX, path)
+        try:
+            flock(fd, operation | fcntl.LOCK_NB, path)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            flock(fd, operation, path)
         yield
     finally:
         close_held(fd)  # closing the only descriptor of the open file releases the lock
+
+
+def file_lock(path: str | os.PathLike[str]) -> contextlib.AbstractContextManager[None]:
+    """An exclusive advisory lock (flock) held for the block's duration.
+
+    The kernel drops it when the holder dies, and no other process ever shares it (close-on-exec, and let go of in
+    forked children: module doc), so a SIGKILLed holder never leaves a stale lock behind, even while workers it
+    forked are still alive."""
+    return _locked(path, fcntl.LOCK_EX)
+
+
+def exclusive_file_lock(path: str | os.PathLike[str],
+                        on_wait: Callable[[], None] | None = None) -> contextlib.AbstractContextManager[None]:
+    """``file_lock``, calling ``on_wait()`` once first when the lock is held by someone else (to say
+    what it waits for) before it blocks."""
+    return _locked(path, fcntl.LOCK_EX, on_wait)
+
+
+def shared_file_lock(path: str | os.PathLike[str]) -> contextlib.AbstractContextManager[None]:
+    """A shared flock on ``path`` for the block: any number of holders together, none while
+    ``exclusive_file_lock`` is held. Not shared with a fork, gone when the holder dies (file_lock)."""
+    return _locked(path, fcntl.LOCK_SH)
 
 
 def is_locked(path: str | os.PathLike[str]) -> bool:
@@ -113,36 +131,6 @@ def is_locked(path: str | os.PathLike[str]) -> bool:
     finally:
         close_held(fd)
     return False
-
-
-@contextlib.contextmanager
-def shared_file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """A shared flock on ``path`` for the block: any number of holders together, none while
-    ``exclusive_file_lock`` is held. Not shared with a fork, gone when the holder dies (file_lock)."""
-    fd = _lock_fd(Path(path))
-    try:
-        flock(fd, fcntl.LOCK_SH, path)
-        yield
-    finally:
-        close_held(fd)
-
-
-@contextlib.contextmanager
-def exclusive_file_lock(path: str | os.PathLike[str],
-                        on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-    """``file_lock``, calling ``on_wait()`` once first when the lock is held by someone else (to say
-    what it waits for) before it blocks."""
-    fd = _lock_fd(Path(path))
-    try:
-        try:
-            flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, path)
-        except BlockingIOError:
-            if on_wait is not None:
-                on_wait()
-            flock(fd, fcntl.LOCK_EX, path)
-        yield
-    finally:
-        close_held(fd)
 
 
 def lock_holders(path: str | os.PathLike[str]) -> list[int]:

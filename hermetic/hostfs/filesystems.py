@@ -1,9 +1,8 @@
 """What the filesystem under a path is, and the one-line errors for one that refuses what hermetic needs.
 
-No file locks, no writes (read-only, another user's, root_squash), a rename across filesystems, no FIFOs or
-file owners for a run's scratch space, a full disk: one line naming the path, the filesystem and what to
-do. What a filesystem merely lacks (permission bits, hard links, xattrs) is no error.
-"""
+No file locks, no writes (read-only, another user's, root_squash), a rename across filesystems, no FIFOs or file
+owners for a run's scratch space, a full disk: one line naming the path, the filesystem and what to do. What a
+filesystem merely lacks (permission bits, hard links, xattrs) is no error."""
 
 from __future__ import annotations
 
@@ -42,16 +41,10 @@ def filesystem_of(path: str | os.PathLike[str]) -> tuple[str, str] | None:
     return best
 
 
-def _on(path: str | os.PathLike[str]) -> str:
-    return _named(filesystem_of(path))
-
-
-def _named(found: tuple[str, str] | None) -> str:
+def _on(path: str | os.PathLike[str], found: tuple[str, str] | None = None) -> str:
+    """The filesystem of ``path`` for a message (``found``: its ``filesystem_of``, when the caller has it)."""
+    found = found or filesystem_of(path)
     return f"{found[1]} at {found[0]}" if found is not None else "a filesystem not in /proc/self/mountinfo"
-
-
-def _in_cache(path: str | os.PathLike[str]) -> bool:
-    return inside(os.path.realpath(path), str(cache_root()))
 
 
 _REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
@@ -80,7 +73,7 @@ def not_writable(e: OSError, directory: str | os.PathLike[str]) -> NotWritable:
     """The one-line error for a refused write (errno EROFS, EACCES or EPERM) in ``directory``."""
     where = Path(directory)
     found = filesystem_of(where)
-    fs = _named(found)
+    fs = _on(where, found)
     owner = None
     if e.errno == errno.EROFS:
         reason = f"read-only file system ({fs})"
@@ -101,7 +94,7 @@ def not_writable(e: OSError, directory: str | os.PathLike[str]) -> NotWritable:
         else:
             reason = f"permission denied to uid {os.geteuid()} ({fs})"
     hint = "make it writable for this user, or work in a copy that is"
-    if _in_cache(where):
+    if inside(os.path.realpath(where), str(cache_root())):
         hint = ("set HERMETIC_CACHE to a directory of this user's on a writable local filesystem (the cache's "
                 "stores, locks and scratch space are written there)")
     if owner is not None and owner != os.geteuid():
@@ -156,11 +149,9 @@ def naming_full_disk(path: str | os.PathLike[str], what: str | None = None, *,
                      needed: int | None = None) -> Iterator[None]:
     """Turn ENOSPC or EDQUOT raised in the block into ``errors.DiskFull`` naming ``path``.
 
-    For the writers (and, wrapped around a whole command, as the last resort):
-    an OSError that names its own file keeps that name (it is the more precise
-    one), a DiskFull raised deeper passes unchanged, any other error is left
-    alone. The block's own cleanup (temp files, ``finally``) has run by then.
-    """
+    For the writers (and, wrapped around a whole command, as the last resort): an OSError that names its own file
+    keeps that name (it is the more precise one), a DiskFull raised deeper passes unchanged, any other error is left
+    alone. The block's own cleanup (temp files, ``finally``) has run by then."""
     try:
         yield
     except DiskFull:

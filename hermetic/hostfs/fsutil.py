@@ -1,10 +1,9 @@
-"""Writing files so that nothing is ever half there: atomic writes, temp files tied to their writer,
-stat keys with git's racy-clean rule, streaming hashes.
+"""Writing files so that nothing is ever half there: atomic writes, temp files tied to their writer, stat keys with
+git's racy-clean rule, streaming hashes.
 
-Content goes to a temporary file beside its destination, renamed into place. The writer holds an flock on
-it while it writes (hermetic.hostfs.filelocks), so the next writer (``sweep_dead``) tells a dead writer's
-leftover from a live writer's work without guessing by age.
-"""
+Content goes to a temporary file beside its destination, renamed into place. The writer holds an flock on it while
+it writes (hermetic.hostfs.filelocks), so the next writer (``sweep_dead``) tells a dead writer's leftover from a
+live writer's work without guessing by age."""
 
 from __future__ import annotations
 
@@ -58,14 +57,11 @@ def stat_key(st: os.stat_result) -> StatKey:
 def is_racy(mtime_ns: int, ctime_ns: int, recorded_ns: int) -> bool:
     """Git's racy-clean rule (Documentation/technical/racy-git.txt).
 
-    A file changed in the same timestamp tick as the stat that recorded it
-    keeps the same mtime and ctime, so a record made at ``recorded_ns`` is
-    trusted only when the file's mtime and ctime are strictly older than it
-    minus a slack: twice the timestamp granularity (inferred from the
-    timestamp's trailing zeros: whole seconds on FAT/HFS+/ext3, nanoseconds on
-    ext4/xfs/btrfs) plus a tick of the kernel's coarse clock, which stamps
-    files up to one tick behind ``time.time_ns()``. True: do not trust it.
-    """
+    A file changed in the same timestamp tick as the stat that recorded it keeps the same mtime and ctime, so a
+    record made at ``recorded_ns`` is trusted only when the file's mtime and ctime are strictly older than it minus
+    a slack: twice the timestamp granularity (inferred from the timestamp's trailing zeros: whole seconds on
+    FAT/HFS+/ext3, nanoseconds on ext4/xfs/btrfs) plus a tick of the kernel's coarse clock, which stamps files up to
+    one tick behind ``time.time_ns()``. True: do not trust it."""
     newest = mtime_ns if mtime_ns > ctime_ns else ctime_ns
     if newest + SAFE_AGE_NS < recorded_ns:
         return False  # the common case, decided without looking at granularity
@@ -81,11 +77,9 @@ def is_racy(mtime_ns: int, ctime_ns: int, recorded_ns: int) -> bool:
 class OwnedTemp:
     """A new temporary file in ``directory`` that this process holds an flock on.
 
-    ``fd`` is open for reading and writing and carries the lock until
-    ``close()`` (after the file was renamed into place) or ``discard()`` (the
-    file is removed). If the writer dies first, the kernel drops the lock and
-    the file is a dead writer's leftover for ``sweep_dead`` to remove.
-    """
+    ``fd`` is open for reading and writing and carries the lock until ``close()`` (after the file was renamed into
+    place) or ``discard()`` (the file is removed). If the writer dies first, the kernel drops the lock and the file
+    is a dead writer's leftover for ``sweep_dead`` to remove."""
 
     def __init__(self, directory: str | os.PathLike[str], prefix: str, suffix: str = "", *, mode: int = 0o600):
         directory = Path(directory)
@@ -134,9 +128,8 @@ class OwnedTemp:
 
 @contextlib.contextmanager
 def owned_temp_dir(directory: str | os.PathLike[str], prefix: str) -> Iterator[Path]:
-    """A new directory ``directory/PREFIXxxxx``, removed on exit, tied to this process by
-    ``PREFIXxxxx.lock`` beside it (an OwnedTemp): a dead owner's directory is swept with its
-    lock file."""
+    """A new directory ``directory/PREFIXxxxx``, removed on exit, tied to this process by ``PREFIXxxxx.lock`` beside
+    it (an OwnedTemp): a dead owner's directory is swept with its lock file."""
     with OwnedTemp(directory, prefix, ".lock") as owner:
         d = owner.path.with_suffix("")
         d.mkdir(mode=0o700)
@@ -172,12 +165,9 @@ def _tree_bytes(path: str) -> int:
 def _if_dead(path: str, remove: bool) -> int | None:
     """Bytes of ``path`` (and of the directory it owns) if its writer is dead, else None.
 
-    Test-and-remove under the file's own lock: a live writer holds it, so the
-    non-blocking attempt fails; a writer that created the file but has not
-    locked it yet blocks on our lock, then finds the file unlinked and makes
-    another (OwnedTemp); a file renamed into place meanwhile is no longer at
-    ``path`` and is left alone.
-    """
+    Test-and-remove under the file's own lock: a live writer holds it, so the non-blocking attempt fails; a writer
+    that created the file but has not locked it yet blocks on our lock, then finds the file unlinked and makes
+    another (OwnedTemp); a file renamed into place meanwhile is no longer at ``path`` and is left alone."""
     # Open for writing where it may be: over NFS, flock is a lock on the server's byte ranges, and an
     # exclusive one needs a file open for writing (flock(2)). Read-only where not (another user's claim,
     # a read-only store): then a lock that cannot be had there leaves the file as it is.
@@ -247,10 +237,9 @@ _swept_once: set[str] = set()  # directories this process has swept (sweep_dead_
 def sweep_dead_once(directory: str | os.PathLike[str], match: Callable[[str], bool] | None = None) -> Leftovers:
     """``sweep_dead(directory, match)`` the first time this process asks for ``directory``; nothing after.
 
-    The first writer of a process sweeps its store's tmp/ (a killed writer's
-    leftovers go before new ones are made); a build's sweep of the whole
-    cache (builder/gc.py dead_temp_files) counts as that first sweep, so no
-    directory is swept twice in one process."""
+    The first writer of a process sweeps its store's tmp/ (a killed writer's leftovers go before new ones are made);
+    a build's sweep of the whole cache (builder/gc.py dead_temp_files) counts as that first sweep, so no directory
+    is swept twice in one process."""
     key = os.path.realpath(directory)
     if key in _swept_once:
         return Leftovers()

@@ -1,10 +1,9 @@
 """Run a function as another user: a forked child that gave up root before it touched anything.
 
-The second wall behind hermetic.hostfs.safetree: a hermetic.core.workers child as the container's uid and
-gid, no supplementary groups (``read_any``: keeping CAP_DAC_READ_SEARCH only, to read what an earlier run
-sealed). Its JSON answer comes back through a pipe, its HermeticError as the same class, a bug as a
-RuntimeError. Not root, or a root target: the function runs in this process.
-"""
+The second wall behind hermetic.hostfs.safetree: a hermetic.core.workers child as the container's uid and gid, no
+supplementary groups (``read_any``: keeping CAP_DAC_READ_SEARCH only, to read what an earlier run sealed). Its JSON
+answer comes back through a pipe, its HermeticError as the same class, a bug as a RuntimeError. Not root, or a root
+target: the function runs in this process."""
 
 from __future__ import annotations
 
@@ -37,10 +36,9 @@ def call_as(uid: int, gid: int, fn: Callable[..., Any], *args: Any, open_dirs: S
             read_any: bool = False) -> Any:
     """``fn(dirfds, *args)`` run as ``uid:gid`` (module doc); its result must be JSON-serializable.
 
-    ``open_dirs`` are opened (``O_DIRECTORY | O_NOFOLLOW``) before the user
-    changes, and ``dirfds`` maps each to its descriptor: the function works
-    beneath them, so it needs no right to search their parents (a project in
-    a 0700 home, a cache under /root)."""
+    ``open_dirs`` are opened (``O_DIRECTORY | O_NOFOLLOW``) before the user changes, and ``dirfds`` maps each to its
+    descriptor: the function works beneath them, so it needs no right to search their parents (a project in a 0700
+    home, a cache under /root)."""
     fds = _open_dirs(open_dirs)  # here, as root: the child inherits them
     try:
         if not will_drop(uid):

@@ -1,16 +1,13 @@
 """Trees an untrusted process wrote, handled from the host without ever following a link.
 
-Every operation starts from a directory descriptor and resolves one component at a time with ``O_NOFOLLOW``
-(or openat2's ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``): a link is an error, never a detour. Only regular
-files are read (``O_NONBLOCK``, checked with fstat); links are recorded by their target, FIFOs, sockets and
-devices by kind. ``record_name`` writes a name in a record (``%XX`` for ``%``, ``\\``, controls and bytes
-that are not UTF-8); ``fs_name`` reverses it.
-"""
+Every operation starts from a directory descriptor and resolves one component at a time with ``O_NOFOLLOW``: a link
+is an error, never a detour. Only regular files are read (``O_NONBLOCK``, checked with fstat); links are recorded by
+their target, FIFOs, sockets and devices by kind. ``record_name`` writes a name in a record (``%XX`` for ``%``,
+``\\``, controls and bytes that are not UTF-8); ``fs_name`` reverses it."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import hashlib
 import os
@@ -61,62 +58,10 @@ def fs_name(recorded: str) -> str:
     return os.fsdecode(unquote_to_bytes(recorded)) if "%" in recorded else recorded
 
 
-def display(name: str) -> str:
-    """A name that is safe to print on one line (no control characters, no lone surrogates)."""
-    return record_name(name)
+display = record_name  # a name safe to print on one line (no control characters, no lone surrogates)
 
 
-# ---------------------------------------------------------------- openat2, and the fallback
-
-_SYS_OPENAT2 = 437  # the same number on every Linux architecture (it was added after the unified table)
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-_libc = None
-_openat2_state: bool | None = None  # None: not tried yet
-
-
-def use_openat2(enabled: bool | None) -> None:
-    """Force the component-by-component fallback (False), openat2 (True), or detect again (None). For tests."""
-    global _openat2_state
-    _openat2_state = enabled
-
-
-def openat2_available() -> bool:
-    global _openat2_state, _libc
-    if _openat2_state is None:
-        if os.environ.get("HERMETIC_NO_OPENAT2") or not hasattr(os, "O_PATH"):
-            _openat2_state = False
-        else:
-            try:
-                _libc = ctypes.CDLL(None, use_errno=True)
-                _libc.syscall.restype = ctypes.c_long
-                fd = _openat2_raw(os.open(".", DIR_FLAGS), b".", DIR_FLAGS, 0, close_dirfd=True)
-                os.close(fd)
-                _openat2_state = True
-            except (OSError, AttributeError):  # ENOSYS (kernel < 5.6), EPERM (a seccomp filter)
-                _openat2_state = False
-    return _openat2_state
-
-
-def _openat2_raw(dirfd: int, path: bytes, flags: int, mode: int, *, close_dirfd: bool = False) -> int:
-    how = _OpenHow(flags, mode, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
-    try:
-        fd = _libc.syscall(_SYS_OPENAT2, ctypes.c_int(dirfd), ctypes.c_char_p(path), ctypes.byref(how),
-                           ctypes.c_size_t(ctypes.sizeof(how)))
-    finally:
-        if close_dirfd:
-            os.close(dirfd)
-    if fd < 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), os.fsdecode(path))
-    return int(fd)
+# ---------------------------------------------------------------- resolving, one component at a time
 
 
 def _parts(rel: str) -> list[str]:
@@ -124,24 +69,6 @@ def _parts(rel: str) -> list[str]:
     if not rel or any(p in ("", ".", "..") for p in parts):
         raise UnsafePath(f"{display(rel)!r}: not a plain relative path")
     return parts
-
-
-def open_beneath(dirfd: int, rel: str, flags: int, mode: int = 0o644) -> int:
-    """``rel`` opened relative to ``dirfd``; no component may be a link (OSError ELOOP/ENOTDIR otherwise)."""
-    parts = _parts(rel)
-    if openat2_available():
-        return _openat2_raw(dirfd, os.fsencode(rel), flags | os.O_NOFOLLOW, mode)
-    cur = dirfd
-    try:
-        for p in parts[:-1]:
-            nxt = os.open(p, DIR_FLAGS, dir_fd=cur)
-            if cur != dirfd:
-                os.close(cur)
-            cur = nxt
-        return os.open(parts[-1], flags | os.O_NOFOLLOW, mode, dir_fd=cur)
-    finally:
-        if cur != dirfd:
-            os.close(cur)
 
 
 def open_root(path: str | os.PathLike[str]) -> int:
@@ -156,14 +83,6 @@ def open_dir(dirfd: int, rel: str, *, create: bool = False) -> int:
     UnsafePath when a component is a link or not a directory."""
     if not rel:
         return os.dup(dirfd)
-    if not create and openat2_available():
-        _parts(rel)
-        try:
-            return _openat2_raw(dirfd, os.fsencode(rel), DIR_FLAGS, 0)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
-                raise UnsafePath(f"{display(rel)}: runs through a link or a file") from None
-            raise
     cur = dirfd
     try:
         for p in _parts(rel):
@@ -227,9 +146,8 @@ def walk(rootfd: int, *, prune: Callable[[str], bool] | None = None,
          on_too_deep: Callable[[str], None] | None = None) -> Iterator[Entry]:
     """Every entry under ``rootfd``, depth first, names sorted by their bytes; never through a link.
 
-    ``prune(rel)`` True skips a directory's contents (the directory itself is
-    still yielded). Directories nested deeper than MAX_DEPTH are yielded but
-    not entered (``on_too_deep`` is told)."""
+    ``prune(rel)`` True skips a directory's contents (the directory itself is still yielded). Directories nested
+    deeper than MAX_DEPTH are yielded but not entered (``on_too_deep`` is told)."""
     for _dirfd, _name, entry in walk_at(rootfd, prune=prune, on_too_deep=on_too_deep):
         yield entry
 
@@ -465,22 +383,22 @@ def _opened_sides(src_dirfd: int, src_rel: str, dst_dirfd: int, dst_rel: str) ->
         os.close(sd)
 
 
-def symlink(target: str, dst_dirfd: int, dst_rel: str) -> None:
+def _make(dst_dirfd: int, dst_rel: str, make: Callable[[str, int], None]) -> None:
+    """``make(name, dirfd)`` in the directory of ``dst_rel``, its directories made first."""
     head, tail = split(dst_rel)
     dd = open_dir(dst_dirfd, head, create=True)
     try:
-        os.symlink(target, tail, dir_fd=dd)
+        make(tail, dd)
     finally:
         os.close(dd)
+
+
+def symlink(target: str, dst_dirfd: int, dst_rel: str) -> None:
+    _make(dst_dirfd, dst_rel, lambda name, dd: os.symlink(target, name, dir_fd=dd))
 
 
 def mkfifo(dst_dirfd: int, dst_rel: str) -> None:
-    head, tail = split(dst_rel)
-    dd = open_dir(dst_dirfd, head, create=True)
-    try:
-        os.mkfifo(tail, 0o644, dir_fd=dd)
-    finally:
-        os.close(dd)
+    _make(dst_dirfd, dst_rel, lambda name, dd: os.mkfifo(name, 0o644, dir_fd=dd))
 
 
 def lchown_tree(rootfd: int, uid: int, gid: int, *, skip: Callable[[str], bool] | None = None) -> None:

@@ -1,10 +1,8 @@
 """Extracting a tar whose members are not trusted, on every Python hermetic admits.
 
-PEP 706's ``filter="data"`` where Python has it; on older patch releases (Debian 12's 3.11.2) each member
-goes through the same checks, with the same messages, just before it is extracted: nothing outside the
-destination, no absolute link, files, directories and links only, no setuid, setgid, sticky or group/other
-write bit.
-"""
+PEP 706's ``filter="data"`` where Python has it; on older patch releases (Debian 12's 3.11.2) each member goes
+through the same checks, with the same messages, just before it is extracted: nothing outside the destination, no
+absolute link, files, directories and links only, no setuid, setgid, sticky or group/other write bit."""
 
 from __future__ import annotations
 

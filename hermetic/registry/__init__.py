@@ -1,9 +1,8 @@
 """OCI Distribution API: push and pull by digest, and the CI build cache.
 
-``auth`` (credentials), ``deadlines`` (limits and their watchdog), ``transport`` (HTTP under them), ``tokens``
-(the registry's challenge), ``client`` (blobs, uploads, manifests), ``locations`` (where images were pushed),
-``push`` / ``pull``, ``cache``; the public entry points are re-exported here (docs/architecture.md).
-"""
+``auth`` (credentials), ``deadlines`` (limits and their watchdog), ``transport`` (HTTP under them), ``tokens`` (the
+registry's challenge), ``client`` (blobs, uploads, manifests), ``locations`` (where images were pushed), ``push`` /
+``pull``, ``cache``; the public entry points are re-exported here (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -55,12 +55,6 @@ class Credentials:
 
 # -- where credentials live ---------------------------------------------------
 
-def docker_config_path(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    base = env.get("DOCKER_CONFIG")
-    return (Path(base).expanduser() if base else Path.home() / ".docker") / "config.json"
-
-
 def normalize_config_key(key: str) -> str:
     """``https://host:port/v1/`` -> ``host:port`` (how docker matches auths keys)."""
     k = key.strip()
@@ -83,7 +77,8 @@ def find_credentials(host: str, env: Mapping[str, str] | None = None) -> Credent
             missing = ENV_PASSWORD if user else ENV_USER
             raise AuthError(f"{missing} is not set (set both {ENV_USER} and {ENV_PASSWORD}, or neither)")
         return Credentials(username=user, password=password, source="environment")
-    path = docker_config_path(env)
+    path = (Path(env["DOCKER_CONFIG"]).expanduser() if env.get("DOCKER_CONFIG") else Path.home() / ".docker")
+    path /= "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

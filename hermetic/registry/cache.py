@@ -1,8 +1,7 @@
 """The CI build cache: the tag ``hk-<build key>`` stands for the image those inputs make (builds are
 byte-reproducible). A runner that finds it pulls by digest; one that misses builds and publishes; two that miss
 together PUT the same bytes under the same tag, one write. The full key goes in the tag (no truncation, no
-collisions).
-"""
+collisions)."""
 
 from __future__ import annotations
 
@@ -92,11 +91,9 @@ def cache_publish(store: OciStore, registry_repo: str, build_key: str, manifest_
 class RegistryCache:
     """``hermetic build --cache REGISTRY/REPO``: the builder's ImageCache on a registry.
 
-    A hit is pulled by digest, every blob verified; a miss is built locally
-    and published. Builds are reproducible, so two runners that miss at once
-    publish the same digest under the same tag. An unreachable or read-only
-    registry is a note, never a failed build.
-    """
+    A hit is pulled by digest, every blob verified; a miss is built locally and published. Builds are reproducible,
+    so two runners that miss at once publish the same digest under the same tag. An unreachable or read-only
+    registry is a note, never a failed build."""
 
     def __init__(self, registry_repo: str):
         parse_cache_repo(registry_repo)  # a bad --cache value fails before any work

@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterator
-from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
+from urllib.parse import urljoin
 
 import requests
 
@@ -53,16 +53,26 @@ def default_scheme(host: str) -> str:
     return "http" if is_loopback_host(host) or host in insecure else "https"
 
 
-# -- bodies ---------------------------------------------------------------------------
+class _Body:
+    """A slice of a blob file as a request body, called once per attempt (a factory) to start again from the
+    slice's start: every byte sent counts on the wire (TransferStats); progress counts one attempt's bytes,
+    undone when the slice is sent again (``rewind``)."""
 
-class _CountingReader:
-    """A file slice that reports each read to a callback; has a length for Content-Length."""
+    def __init__(self, f: IO[bytes], start: int, length: int, stats: TransferStats, progress: ProgressFn | None):
+        self._f, self._start, self._length = f, start, length
+        self._stats, self._progress = stats, progress
+        self._left = self.count = 0
 
-    def __init__(self, f: IO[bytes], length: int, on_bytes: Callable[[int], None]):
-        self._f = f
-        self._left = length
-        self._length = length
-        self._on_bytes = on_bytes
+    def __call__(self) -> "_Body":
+        self.rewind()
+        self._f.seek(self._start)
+        self._left = self._length
+        return self
+
+    def rewind(self) -> None:
+        if self.count and self._progress:
+            self._progress(-self.count)
+        self.count = 0
 
     def __len__(self) -> int:
         return self._length
@@ -70,11 +80,12 @@ class _CountingReader:
     def read(self, n: int = -1) -> bytes:
         if self._left <= 0:
             return b""
-        n = self._left if n is None or n < 0 else min(n, self._left)
-        data = self._f.read(n)
+        data = self._f.read(self._left if n is None or n < 0 else min(n, self._left))
         self._left -= len(data)
-        if data:
-            self._on_bytes(len(data))
+        self.count += len(data)
+        self._stats.add(bytes_sent=len(data))
+        if data and self._progress:
+            self._progress(len(data))
         count_moved(len(data), last=self._left <= 0 or not data)
         return data
 
@@ -84,22 +95,6 @@ class ManifestResponse:
     body: bytes
     media_type: str
     digest_header: str | None  # the registry's Docker-Content-Digest, checked to be a digest
-
-
-_BLOB_OR_MANIFEST = re.compile(r"/v2/(?P<repo>.+)/(?P<kind>blobs|manifests|referrers)/(?P<ref>[^/]+)")
-
-
-def _what(method: str, url: str) -> str:
-    """What a request moves, for messages: ``blob sha256:… of team/x``, ``manifest v1 of team/x``."""
-    parts = urlsplit(url)
-    m = _BLOB_OR_MANIFEST.fullmatch(parts.path)
-    if m and m["ref"] != "uploads":
-        kind = {"blobs": "blob", "manifests": "manifest", "referrers": "the referrers of"}[m["kind"]]
-        return escape_controls(f"{kind} {m['ref']} of {m['repo']}", MAX_SHOWN)
-    digest = dict(parse_qsl(parts.query)).get("digest")
-    if "/blobs/uploads/" in parts.path and digest:
-        return escape_controls(f"the upload of blob {digest}", MAX_SHOWN)
-    return escape_controls(parts.path, MAX_SHOWN)
 
 
 class RegistryClient(Transport):
@@ -132,25 +127,24 @@ class RegistryClient(Transport):
         body: bytes | Callable[[], Any] | None = None,
         stream: bool = False,
         ok: tuple[int, ...] = (200,),
-        what: str | None = None,
+        what: str,
         bulk: bool = False,
+        params: dict[str, str] | None = None,
     ) -> requests.Response:
         """One authenticated request; ``body`` may be a factory so a retry can resend it.
 
-        Raises RegistryError/AuthError for any status outside ``ok``, RegistryTimeout when a deadline
-        passes. ``stream``: the caller reads the answer (``iter_answer``). ``what`` names the blob or
-        manifest for messages (default: from the path).
+        Raises RegistryError/AuthError for any status outside ``ok``, RegistryTimeout when a deadline passes.
+        ``stream``: the caller reads the answer (``iter_answer``). ``what`` names the blob or manifest for messages.
         """
         self.auth.ping()
         url = url_or_path if "://" in url_or_path else self.base_url + url_or_path
-        what = what or _what(method, url)
         scopes = frozenset((scope_for(repository, actions),) + extra_scopes)
         for attempt in (1, 2):
             h = dict(headers or {})
             auth = self.auth.header(scopes)
             if auth:
                 h["Authorization"] = auth
-            resp = self.send(method, url, headers=h, body=body, what=what, bulk=bulk, stream=stream)
+            resp = self.send(method, url, headers=h, body=body, what=what, bulk=bulk, stream=stream, params=params)
             if resp.status_code != 401 or attempt == 2:
                 break
             # Expired token or a challenge that changed: learn it again, retry once.
@@ -206,15 +200,14 @@ class RegistryClient(Transport):
 
     def start_upload(self, repository: str, *, mount: str | None = None, mount_from: str | None = None) -> str | None:
         """POST an upload session; returns its Location, or None when the mount succeeded (201)."""
-        path = f"/v2/{repository}/blobs/uploads/"
-        extra: tuple[str, ...] = ()
-        what = f"an upload session in {repository}"
+        params, extra, what = None, (), f"an upload session in {repository}"
         if mount and mount_from:
-            path += "?" + urlencode({"mount": _digest_arg(mount), "from": mount_from})
+            params = {"mount": _digest_arg(mount), "from": mount_from}
             extra = (scope_for(mount_from, "pull"),)
             what = f"the mount of blob {mount} from {mount_from}"
-        resp = self.request("POST", path, repository=repository, actions="pull,push", extra_scopes=extra,
-                            headers={"Content-Length": "0"}, ok=(201, 202), what=what)
+        resp = self.request("POST", f"/v2/{repository}/blobs/uploads/", repository=repository, actions="pull,push",
+                            extra_scopes=extra, headers={"Content-Length": "0"}, ok=(201, 202), what=what,
+                            params=params)
         close_answer(resp)
         if resp.status_code == 201:
             return None
@@ -223,65 +216,35 @@ class RegistryClient(Transport):
             raise RegistryError(f"registry {self.host}: upload to {repository} answered 202 without a Location")
         return urljoin(self.base_url + "/", location)
 
-    def upload_monolithic(self, repository: str, location: str, digest: str, size: int,
-                          opener: Callable[[], IO[bytes]], progress: ProgressFn | None = None) -> None:
-        """One PUT ?digest= with the whole blob as its body."""
-        sent = _Tally(self.stats, progress)
-        files: list[IO[bytes]] = []
-
-        def body() -> _CountingReader:
-            sent.reset()
-            for f in files:
-                f.close()
-            f = opener()
-            files.append(f)
-            return _CountingReader(f, size, sent.add)
-
-        try:
-            self.request("PUT", _with_query(location, digest=_digest_arg(digest)), repository=repository,
-                         actions="pull,push",
-                         headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
-                         body=body, ok=(201,), what=f"the upload of blob {digest} to {repository}", bulk=True).close()
-        finally:
-            for f in files:
-                f.close()
-        sent.commit()
-
-    def upload_chunked(self, repository: str, location: str, digest: str, size: int,
-                       opener: Callable[[], IO[bytes]], chunk_size: int, progress: ProgressFn | None = None) -> None:
-        """PATCH chunks with Content-Range, then PUT ?digest=; a failed chunk resumes at the registry's offset."""
-        offset = 0
-        failures = 0
+    def upload(self, repository: str, location: str, digest: str, size: int, f: IO[bytes], chunk_size: int,
+               progress: ProgressFn | None = None) -> None:
+        """Send a blob into an upload session: one PUT ?digest= with the whole blob, or (a blob over ``chunk_size``)
+        PATCH chunks with Content-Range, then the PUT; a failed chunk resumes at the registry's offset."""
         what = f"the upload of blob {_digest_arg(digest)} to {repository}"
-        with opener() as f:
-            while offset < size:
-                length = min(chunk_size, size - offset)
-                sent = _Tally(self.stats, progress)
-
-                def body(start: int = offset, n: int = length, tally: _Tally = sent) -> _CountingReader:
-                    tally.reset()
-                    f.seek(start)
-                    return _CountingReader(f, n, tally.add)
-
-                try:
-                    resp = self.request(
-                        "PATCH", location, repository=repository, actions="pull,push", body=body,
-                        headers={"Content-Type": "application/octet-stream", "Content-Length": str(length),
-                                 "Content-Range": f"{offset}-{offset + length - 1}"},
-                        ok=(202,), what=what, bulk=True)
-                except RegistryError:
-                    failures += 1
-                    if failures > 3:
-                        raise
-                    sent.reset()
-                    offset, location = self._upload_offset(repository, location, what)
-                    continue
-                resp.close()
-                sent.commit()
-                location = urljoin(self.base_url + "/", resp.headers.get("Location") or location)
-                offset += length
-        self.request("PUT", _with_query(location, digest=digest), repository=repository, actions="pull,push",
-                     headers={"Content-Length": "0"}, body=b"", ok=(201,), what=what, bulk=True).close()
+        offset = failures = 0
+        while size > chunk_size and offset < size:
+            length = min(chunk_size, size - offset)
+            chunk = _Body(f, offset, length, self.stats, progress)
+            try:
+                resp = self.request(
+                    "PATCH", location, repository=repository, actions="pull,push", body=chunk,
+                    headers={"Content-Type": "application/octet-stream", "Content-Length": str(length),
+                             "Content-Range": f"{offset}-{offset + length - 1}"},
+                    ok=(202,), what=what, bulk=True)
+            except RegistryError:
+                failures += 1
+                if failures > 3:
+                    raise
+                chunk.rewind()
+                offset, location = self._upload_offset(repository, location, what)
+                continue
+            resp.close()
+            location = urljoin(self.base_url + "/", resp.headers.get("Location") or location)
+            offset += length
+        whole = _Body(f, 0, size, self.stats, progress) if size <= chunk_size else b""
+        self.request("PUT", location, repository=repository, actions="pull,push", params={"digest": digest},
+                     headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(whole))},
+                     body=whole, ok=(201,), what=what, bulk=True).close()
 
     def _upload_offset(self, repository: str, location: str, what: str) -> tuple[int, str]:
         """Where an upload session stands (GET on its location: Range 0-<last byte>)."""
@@ -291,23 +254,24 @@ class RegistryClient(Transport):
         new_location = urljoin(self.base_url + "/", resp.headers.get("Location") or location)
         return (int(m.group(1)) + 1 if m else 0), new_location
 
-    def open_blob(self, repository: str, digest: str) -> requests.Response:
-        """A streaming GET of one blob (redirects followed; auth dropped on another host by requests);
-        read it with ``iter_answer``."""
-        return self.request("GET", f"/v2/{repository}/blobs/{_digest_arg(digest)}", repository=repository,
-                            stream=True, bulk=True, what=f"blob {digest} of {repository}")
-
     def iter_blob(self, repository: str, digest: str, chunk: int = 1 << 20) -> Iterator[bytes]:
-        resp = self.open_blob(repository, digest)
-        yield from self.iter_answer(resp, f"blob {digest} of {repository}", chunk)
+        """The bytes of one blob, streamed (redirects followed; auth dropped on another host by requests)."""
+        what = f"blob {_digest_arg(digest)} of {repository}"
+        resp = self.request("GET", f"/v2/{repository}/blobs/{digest}", repository=repository, stream=True, bulk=True,
+                            what=what)
+        yield from self.iter_answer(resp, what, chunk)
 
     # -- manifests ------------------------------------------------------------
     def get_manifest(self, repository: str, reference: str, accept: str = MANIFEST_ACCEPT) -> ManifestResponse:
+        """A manifest by tag or digest; one by digest must hash to it (IntegrityError otherwise)."""
         what = f"manifest {_reference_arg(reference)} of {repository}"
         resp = self.request("GET", f"/v2/{repository}/manifests/{reference}", repository=repository,
                             headers={"Accept": accept}, what=what)
         body = resp.content
         self.stats.add(bytes_received=len(body))
+        if is_digest(reference) and sha256_digest(body) != reference:
+            raise IntegrityError(f"registry {self.host} served {what} with content hashing to {sha256_digest(body)}; "
+                                 "nothing was stored")
         ctype = resp.headers.get("Content-Type", "").split(";", 1)[0].strip()
         return ManifestResponse(body, ctype, self._digest_header(resp, what))
 
@@ -349,36 +313,6 @@ def _reference_arg(reference: str) -> str:
     if is_digest(reference) or (":" not in reference and is_tag(reference)):
         return reference
     return check_digest(reference, "a manifest named by a registry or the store", IntegrityError)
-
-
-class _Tally:
-    """Bytes of one upload attempt: the wire counter keeps every byte sent; progress is undone on a resend."""
-
-    def __init__(self, stats: TransferStats, progress: ProgressFn | None):
-        self._stats = stats
-        self._progress = progress
-        self.count = 0
-
-    def add(self, n: int) -> None:
-        self.count += n
-        self._stats.add(bytes_sent=n)
-        if self._progress:
-            self._progress(n)
-
-    def reset(self) -> None:
-        # A resend: progress goes back, the wire counter keeps what was really sent.
-        if self.count and self._progress:
-            self._progress(-self.count)
-        self.count = 0
-
-    def commit(self) -> None:
-        self.count = 0
-
-
-def _with_query(url: str, **params: str) -> str:
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True) + list(params.items())
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), parts.fragment))
 
 
 def _error_detail(resp: requests.Response) -> tuple[str, str]:

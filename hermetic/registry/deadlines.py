@@ -1,7 +1,6 @@
-"""The limits of a registry transfer (docs/registry.md, "Deadlines"): the whole push or pull, one request, and
-the slowest a blob may move; hermetic.core.transfer's watchdog keeps them, a missed one ends in RegistryTimeout
-(exit 75).
-"""
+"""The limits of a registry transfer (docs/registry.md, "Deadlines"): the whole push or pull, one request, and the
+slowest a blob may move; hermetic.core.transfer's watchdog keeps them, a missed one ends in RegistryTimeout (exit
+75)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """What a registry's documents (manifest, index, referrers list) say, checked before anything acts on it: each
-descriptor needs a media type, a ``sha256:<64 hex>`` digest and a whole size, else one line and 65.
-"""
+descriptor needs a media type, a ``sha256:<64 hex>`` digest and a whole size, else one line and 65."""
 
 from __future__ import annotations
 

@@ -1,14 +1,15 @@
 """Where images and blobs live in registries, two records in the store dir (one flock, atomic rewrites):
 ``pushed.json`` (manifest digest -> repo digests, for run records) and ``blob-locations.json`` (blob digest ->
 ``host/repo``, for cross-repository mounts). A lost or corrupt record costs a mount or a repo digest, never
-correctness: an unreadable file reads as empty.
-"""
+correctness: an unreadable file reads as empty."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from hermetic.hostfs.filelocks import file_lock
 from hermetic.hostfs.fsutil import atomic_write_text
@@ -29,8 +30,17 @@ def _read(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _write(path: Path, data: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n", fsync=False)
+@contextlib.contextmanager
+def _updated(store: OciStore, name: str) -> Iterator[dict[str, Any]]:
+    """The record ``name`` under the records' lock, for the block to change; rewritten when it did."""
+    store.ensure()
+    path = store.root / name
+    with file_lock(store.root / _LOCK_FILE):
+        data = _read(path)
+        before = copy.deepcopy(data)
+        yield data
+        if data != before:
+            atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n", fsync=False)
 
 
 def repo_digests(store: OciStore, manifest_digest: str) -> list[str]:
@@ -40,15 +50,8 @@ def repo_digests(store: OciStore, manifest_digest: str) -> list[str]:
 
 
 def record_image_location(store: OciStore, manifest_digest: str, repo_digest: str) -> None:
-    store.ensure()
-    path = store.root / PUSHED_FILE
-    with file_lock(store.root / _LOCK_FILE):
-        data = _read(path)
-        known = set(data.get(manifest_digest) or [])
-        if repo_digest in known:
-            return
-        data[manifest_digest] = sorted(known | {repo_digest})
-        _write(path, data)
+    with _updated(store, PUSHED_FILE) as data:
+        data[manifest_digest] = sorted(set(data.get(manifest_digest) or []) | {repo_digest})
 
 
 def blob_locations(store: OciStore, host: str, digest: str) -> list[str]:
@@ -59,17 +62,7 @@ def blob_locations(store: OciStore, host: str, digest: str) -> list[str]:
 
 
 def record_blob_locations(store: OciStore, host: str, repository: str, digests: Iterable[str]) -> None:
-    store.ensure()
     where = f"{host}/{repository}"
-    path = store.root / BLOB_LOCATIONS_FILE
-    with file_lock(store.root / _LOCK_FILE):
-        data = _read(path)
-        changed = False
+    with _updated(store, BLOB_LOCATIONS_FILE) as data:
         for digest in digests:
-            entries = [e for e in (data.get(digest) or []) if e != where]
-            new = ([where] + entries)[:MAX_LOCATIONS_PER_BLOB]
-            if new != data.get(digest):
-                data[digest] = new
-                changed = True
-        if changed:
-            _write(path, data)
+            data[digest] = ([where] + [e for e in (data.get(digest) or []) if e != where])[:MAX_LOCATIONS_PER_BLOB]

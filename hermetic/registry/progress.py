@@ -1,6 +1,5 @@
-"""Byte progress for transfers: ``TransferProgress.start(description, total)`` returns a callable that advances
-by n bytes; the library default is silent, the CLI passes its bars.
-"""
+"""Byte progress for transfers: ``TransferProgress.start(description, total)`` returns a callable that advances by n
+bytes; the library default is silent, the CLI passes its bars."""
 
 from __future__ import annotations
 

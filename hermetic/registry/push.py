@@ -6,6 +6,7 @@ The manifest goes last, so a push killed midway is finished by running it again.
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -77,11 +78,9 @@ def push_image(
 ) -> PushResult:
     """Push the image (or image index) ``manifest_digest`` from ``store`` to ``ref``.
 
-    Tags ``ref``'s tag when it has one, else pushes by digest only. Records the
-    repo digest (see ``repo_digests``) and where each blob now lives.
-    ``timeout``: seconds for the whole push (default HERMETIC_REGISTRY_TIMEOUT,
-    else an hour); a deadline that passes is RegistryTimeout (exit 75).
-    """
+    Tags ``ref``'s tag when it has one, else pushes by digest only. Records the repo digest (see ``repo_digests``)
+    and where each blob now lives. ``timeout``: seconds for the whole push (default HERMETIC_REGISTRY_TIMEOUT, else
+    an hour); a deadline that passes is RegistryTimeout (exit 75)."""
     name = parse_push_ref(ref) if isinstance(ref, str) else ref
     if name.digest is not None and name.digest != manifest_digest:
         raise UsageError(f"{name} names digest {name.digest}, but the image to push is {manifest_digest}")
@@ -101,17 +100,16 @@ def push_image(
     return PushResult(manifest_digest, media_type, shown_host, repository, name.tag, client.stats, tuple(attached))
 
 
+@dataclass
 class _Pusher:
-    def __init__(self, store: OciStore, client: RegistryClient, host: str, repository: str, workers: int,
-                 chunked_threshold: int, chunk_size: int, progress: TransferProgress):
-        self.store = store
-        self.client = client
-        self.host = host
-        self.repository = repository
-        self.workers = workers
-        self.chunked_threshold = chunked_threshold
-        self.chunk_size = chunk_size
-        self.progress = progress
+    store: OciStore
+    client: RegistryClient
+    host: str
+    repository: str
+    workers: int
+    chunked_threshold: int
+    chunk_size: int
+    progress: TransferProgress
 
     def push_manifest(self, digest: str, tag: str | None) -> str:
         desc = self.store.find_manifest(digest)
@@ -199,14 +197,9 @@ class _Pusher:
 
     def upload(self, location: str, blob: Descriptor, advance) -> None:
         path = self.store.blob_path(blob.digest)
-        size = path.stat().st_size
-        if size != blob.size:
-            raise IntegrityError(f"store blob {blob.digest} is {size} bytes, the manifest says {blob.size}")
-
-        def opener():
-            return open(path, "rb")
-
-        if size > self.chunked_threshold:
-            self.client.upload_chunked(self.repository, location, blob.digest, size, opener, self.chunk_size, advance)
-        else:
-            self.client.upload_monolithic(self.repository, location, blob.digest, size, opener, advance)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != blob.size:
+                raise IntegrityError(f"store blob {blob.digest} is {size} bytes, the manifest says {blob.size}")
+            chunk_size = self.chunk_size if size > self.chunked_threshold else size
+            self.client.upload(self.repository, location, blob.digest, size, f, chunk_size, advance)

@@ -18,7 +18,7 @@ from hermetic.core.display import escape_controls
 from hermetic.core.errors import IntegrityError
 from hermetic.core.reference import is_digest
 from hermetic.registry.client import RegistryClient
-from hermetic.registry.documents import descriptor, parse_document
+from hermetic.registry.documents import descriptor, image_blobs, parse_document
 from hermetic.registry.transport import RegistryError
 from hermetic.store.oci import MT_INDEX, MT_MANIFEST, OciStore
 from hermetic.store.referrers import (
@@ -42,7 +42,7 @@ def list_remote(client: RegistryClient, repository: str, subject_digest: str) ->
     for path, where, kind in ((f"referrers/{subject_digest}", f"the referrers of {repository}@{subject_digest}", "api"),
                               (f"manifests/{tag}", f"{repository}:{tag}", "tag")):
         resp = client.request("GET", f"/v2/{repository}/{path}", repository=repository, headers={"Accept": MT_INDEX},
-                              ok=(200, 404))
+                              ok=(200, 404), what=where)
         resp.close()
         if resp.status_code == 200:
             return _manifests(resp.content, f"registry {client.host}: {where}"), kind
@@ -134,9 +134,6 @@ def fetch_remote(client: RegistryClient, repository: str, subject_digest: str,
             raise IntegrityError(f"registry {client.host}: {what} is {d['size']} bytes; an attestation over "
                                  f"{MAX_ARTIFACT_BYTES} bytes is refused")
         body = client.get_manifest(repository, d["digest"], accept=MT_MANIFEST).body
-        if sha256_digest(body) != d["digest"]:
-            raise IntegrityError(f"registry {client.host} served {what} (manifest {d['digest']}) with content "
-                                 f"hashing to {sha256_digest(body)}; nothing was stored")
         doc = check_artifact(body, subject_digest, f"registry {client.host}: {what}")
         if doc.get("artifactType") != d.get("artifactType"):
             raise IntegrityError(f"registry {client.host}: {what}: the manifest {d['digest']} says its type is "
@@ -168,10 +165,8 @@ def download_small(client: RegistryClient, repository: str, digest: str, size: i
 def fetch_attestations(client: RegistryClient, repository: str, subject_digest: str) -> tuple[list[Artifact], list[str]]:
     """hermetic's attestations of the image for a pull: (verified artifacts, notes); nothing is stored.
 
-    A registry that cannot list referrers (an error other than 404) costs a
-    note, not the pull; bytes that do not match their digest, or documents that
-    are not about this image, fail it.
-    """
+    A registry that cannot list referrers (an error other than 404) costs a note, not the pull; bytes that do not
+    match their digest, or documents that are not about this image, fail it."""
     from hermetic.provenance import ATTESTATION_TYPES
 
     try:
@@ -183,10 +178,9 @@ def fetch_attestations(client: RegistryClient, repository: str, subject_digest: 
 
 
 def check_attestations(artifacts: list[Artifact], subject_digest: str, where: str) -> None:
-    """What the attestations say, checked before they are kept: every in-toto statement (bare or in a
-    DSSE envelope) is about ``subject_digest``; hermetic's provenance reads as one (read_statement); an
-    attached SBOM is the one that provenance names. (A signature's key is checked by `hermetic verify
-    --key`: a pull has no key.)"""
+    """What the attestations say, checked before they are kept: every in-toto statement (bare or in a DSSE envelope)
+    is about ``subject_digest``; hermetic's provenance reads as one (read_statement); an attached SBOM is the one
+    that provenance names. (A signature's key is checked by `hermetic verify --key`: a pull has no key.)"""
     from hermetic.provenance import MT_CYCLONEDX, MT_DSSE, MT_STATEMENT
     from hermetic.provenance.dsse import PAYLOAD_TYPE
     from hermetic.provenance.statement import BUILD_TYPE, PREDICATE_TYPE, read_statement
@@ -252,32 +246,19 @@ class BaseImage:
 
 
 def fetch_base(client: RegistryClient, repository: str, config: bytes, has_blob: Callable[[str], bool]) -> BaseImage | None:
-    """For a pull: the base's manifest and config from the same repository, when it has them (verified,
-    in memory); None when the image names no base, the repository lacks it, or a layer it lists is not
-    one ``has_blob`` knows (then it is not this image's base after all).
-
-    Its layers are the image's first layers; with the manifest too, the base is
-    a complete image in the store, so a later push sends it along again and a
-    local ``hermetic verify`` can rebuild on it.
-    """
+    """For a pull: the base's manifest and config from the same repository, when it has them (verified, in memory);
+    None when the image names no base, the repository lacks it, or a layer it lists is not one ``has_blob`` knows
+    (then it is not this image's base after all). Its layers are the image's first layers; with the manifest too,
+    the base is a complete image in the store, so a later push sends it along again and a local ``hermetic verify``
+    can rebuild on it."""
     base = base_digest_of(config)
     if not base:
         return None
     what = f"the base manifest {base} of {repository}"
     try:
-        resp = client.request("GET", f"/v2/{repository}/manifests/{base}", repository=repository,
-                              headers={"Accept": MT_MANIFEST}, ok=(200, 404), what=what)
+        body = client.get_manifest(repository, base, accept=MT_MANIFEST).body
     except RegistryError:
-        return None  # an optional extra: the image itself is complete
-    body = resp.content
-    resp.close()
-    if resp.status_code == 404:
-        return None
-    if sha256_digest(body) != base:
-        raise IntegrityError(f"registry {client.host} served {what} with content hashing to {sha256_digest(body)}; "
-                             "nothing was stored")
-    from hermetic.registry.documents import image_blobs
-
+        return None  # absent, or an optional extra the registry cannot give: the image itself is complete
     where = f"registry {client.host}: {what}"
     blobs = image_blobs(parse_document(body, where), where)
     config_desc, layers = blobs[0], blobs[1:]

@@ -1,7 +1,6 @@
 """How requests to one registry are authenticated: a ping of /v2/ learns the challenge before any body is sent;
-Basic gets the credentials auth.py finds, Bearer a token per set of scopes from its realm (kept until a 401).
-A token is printable ASCII or refused; secrets never go into a message.
-"""
+Basic gets the credentials auth.py finds, Bearer a token per set of scopes from its realm (kept until a 401). A
+token is printable ASCII or refused; secrets never go into a message."""
 
 from __future__ import annotations
 

@@ -9,12 +9,12 @@ import math
 import re
 import threading
 import time
-from email.utils import parsedate_to_datetime
 from typing import Any, Iterator
 
 import requests
 import urllib3.exceptions
 from urllib3.exceptions import ConnectTimeoutError, ReadTimeoutError
+from urllib3.util.retry import Retry
 
 from hermetic.core.display import escape_controls
 from hermetic.core.errors import EXIT_UNAVAILABLE, IntegrityError, ProtocolError, UsageError
@@ -114,8 +114,7 @@ class Transport:
             raise self._timeout_error(what, "total")
 
     def exchange(self, method: str, url: str, *, what: str, headers: dict[str, str], body: Any,
-                 bulk: bool = False, stream: bool = False, allow_redirects: bool = True,
-                 params: Any = None) -> requests.Response:
+                 bulk: bool = False, stream: bool = False, params: Any = None) -> requests.Response:
         """One HTTP exchange under the deadlines, retried where that is safe; raises requests' errors
         (other than timeouts, which are RegistryTimeout). Without ``stream`` the answer is read here,
         up to MAX_DOCUMENT_BYTES (an error answer: its first MAX_ERROR_BODY_BYTES).
@@ -136,21 +135,18 @@ class Transport:
             try:
                 resp = self.session.request(
                     method, url, headers=headers, data=body() if callable(body) else body, params=params,
-                    stream=True, allow_redirects=allow_redirects,
+                    stream=True,
                     timeout=(min(CONNECT_TIMEOUT_S, left), min(self.timeouts.request, left)))
                 if not stream:
                     read_answer(resp, self.host, what)
                 if watch.fired:  # a shut socket can also look like an answer that ended early
-                    raise _DeadlinePassed()
-            except _DeadlinePassed:
+                    raise requests.ConnectionError("the deadline watch shut the connection")
+            except BaseException as e:
                 watch.close()
                 if resp is not None:
                     resp.close()
-                raise self._timeout_error(what, which, watch) from None
-            except requests.RequestException as e:
-                watch.close()
-                if resp is not None:
-                    resp.close()
+                if not isinstance(e, requests.RequestException):
+                    raise
                 if watch.fired:
                     raise self._timeout_error(what, which, watch) from None
                 if _is_read_timeout(e):
@@ -160,11 +156,6 @@ class Transport:
                 if not retry or not self._wait(_backoff(attempt), ends_at):
                     raise
                 continue
-            except BaseException:
-                watch.close()
-                if resp is not None:
-                    resp.close()
-                raise
             finally:
                 watch_requests(None)
             if stream:
@@ -188,11 +179,11 @@ class Transport:
         return True
 
     def send(self, method: str, url: str, *, headers: dict[str, str], body: Any, what: str,
-             bulk: bool = False, stream: bool = False, allow_redirects: bool = True) -> requests.Response:
+             bulk: bool = False, stream: bool = False, params: Any = None) -> requests.Response:
         """``exchange``, a failure to reach the registry a RegistryError (exit 69) naming the request."""
         try:
             return self.exchange(method, url, what=what, headers=headers, body=body, bulk=bulk, stream=stream,
-                                 allow_redirects=allow_redirects)
+                                 params=params)
         except requests.RequestException as e:
             raise RegistryError(f"registry {self.host}: {method} {what} failed: {short_reason(e)}",
                                 exit_code=EXIT_UNAVAILABLE) from None
@@ -239,10 +230,6 @@ def read_answer(resp: requests.Response, host: str, what: str) -> None:
     close_answer(resp)
 
 
-class _DeadlinePassed(Exception):
-    pass
-
-
 def close_answer(resp: requests.Response) -> None:
     """Close an answer, and the Watch a streamed one keeps until its body is read."""
     watch = getattr(resp, "hermetic_watch", None)
@@ -251,31 +238,20 @@ def close_answer(resp: requests.Response) -> None:
     resp.close()
 
 
+def _cause(e: BaseException) -> BaseException:
+    """The urllib3 error under requests' wrapper (a MaxRetryError: its reason)."""
+    inner = e.args[0] if isinstance(e, requests.RequestException) and e.args else e
+    reason = getattr(inner, "reason", None)
+    return reason if isinstance(reason, BaseException) else inner
+
+
 def _is_read_timeout(e: BaseException) -> bool:
-    if isinstance(e, requests.ConnectTimeout):
-        return False
-    if isinstance(e, requests.ReadTimeout):
-        return True
-    return any(isinstance(x, ReadTimeoutError) for x in _causes(e))
+    return isinstance(e, requests.ReadTimeout) or isinstance(_cause(e), ReadTimeoutError)
 
 
 def _failed_to_connect(e: BaseException) -> bool:
     """The request never reached the server (refused, unreachable, name unknown): safe to send again."""
-    return isinstance(e, requests.ConnectTimeout) or any(isinstance(x, ConnectTimeoutError) for x in _causes(e))
-
-
-def _causes(e: BaseException) -> list[Any]:
-    out: list[Any] = []
-    stack: list[Any] = [e]
-    while stack and len(out) < 16:
-        x = stack.pop()
-        out.append(x)
-        stack += [a for a in getattr(x, "args", ()) if isinstance(a, BaseException)]
-        for attr in ("reason", "__cause__", "__context__"):
-            nxt = getattr(x, attr, None)
-            if isinstance(nxt, BaseException):
-                stack.append(nxt)
-    return out
+    return isinstance(e, requests.ConnectTimeout) or isinstance(_cause(e), ConnectTimeoutError)
 
 
 def _backoff(attempt: int) -> float:
@@ -285,15 +261,9 @@ def _backoff(attempt: int) -> float:
 
 def _retry_after(value: str | None, default: float) -> float:
     """Seconds a Retry-After header asks for (delta-seconds or an HTTP date); ``default`` without one."""
-    if not value:
-        return default
     try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError, IndexError, OverflowError):
+        return Retry().parse_retry_after(value) if value else default
+    except urllib3.exceptions.InvalidHeader:
         return default
 
 
