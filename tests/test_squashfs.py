@@ -225,3 +225,22 @@ def test_export_cli_writes_to_the_store_and_says_where(image, tmp_path):
     assert out["path"] == str(tmp_path / "squashfs" / sqfs.file_name(digest)) and out["made"] is True
     r = run_cli("export", "sha256:" + "1" * 64, "--squashfs", env=env)
     assert r.returncode == 66 and "no image" in r.stderr
+
+
+@pytest.mark.parametrize("layers", [[LOWER, UPPER], [WIDE]], ids=["layers", "wide"])
+def test_the_same_filesystem_as_squashfs_tools_ng_packs_from_the_same_entries(tmp_path, layers):
+    """An oracle hermetic did not write: the flattened entries as a tar, packed by tar2sqfs, compared by sqfsdiff
+    (contents, owners, modes, times) with hermetic's file."""
+    store = OciStore(tmp_path / "oci")
+    digest = make_image(store, layers)
+    made = sqfs.make(store, digest, tmp_path / "ours.sqfs")
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for info, data in sqfs.image_entries(store, store.read_json(digest)["layers"]):
+            tf.addfile(info, data)
+    theirs = tmp_path / "theirs.sqfs"
+    subprocess.run(["tar2sqfs", "--quiet", "--no-xattr", "--defaults", "uid=0,gid=0,mode=0755,mtime=0", str(theirs)],
+                   input=stream.getvalue(), check=True, capture_output=True)
+    diff = subprocess.run(["sqfsdiff", "--timestamps", "-a", str(theirs), "-b", str(made.path)],
+                          capture_output=True, text=True)
+    assert diff.returncode == 0, diff.stdout + diff.stderr

@@ -92,6 +92,7 @@ def write_image(entries: Iterable[tuple[tarfile.TarInfo, IO[bytes] | None]], out
         node.mode, node.uid, node.gid, node.mtime = _attrs(info)
         if info.issym():
             node.target = info.linkname.encode("utf-8", "surrogateescape")
+            node.mode = 0o777  # a link's own mode means nothing on Linux; 0777 as every packer writes it
         elif info.isreg():
             node.size, node.start = info.size, pos if info.size else 0
             pos = _copy_blocks(data, info.size, out, node.blocks, pos)
