@@ -303,7 +303,7 @@ class MlflowExporter:
         group = load_group(gdir)
         meta = group["group"]
         members = [gdir.parent / m["run_id"] for m in group["members"]]
-        first = load_run(members[0])
+        first = load_run(members[0])  # loaded once: the parent's params, then the first child
         first_run = first[1]
         exp_id = self._experiment(experiment or self.experiment_name or first_run.invocation.config.get("name"))
         tags = group_tags(group)
@@ -315,8 +315,7 @@ class MlflowExporter:
                                millis(meta["written_at"]) or 0)
             self._log_artifacts(run, created, [gdir / "group.json"])
             children = [self._export_run(m, None, parent=run.info.run_id, exp_id=exp_id,
-                                         loaded=first if i == 0 else None)
-                        for i, m in enumerate(members)]  # the first member's record is loaded once
+                                         loaded=first if i == 0 else None) for i, m in enumerate(members)]
             self.client.set_terminated(run.info.run_id, STATUS.get(meta["status"], "FAILED"),
                                        end_time=millis(meta["written_at"]))
         return Exported(meta["group_id"], "group", run.info.run_id, exp_id, created, logged,
