@@ -266,16 +266,14 @@ def _args(inv: Invocation) -> dict[str, Any]:
     return {"args": inv.args, "args_template": inv.args_template}
 
 
-def _engine_change(a_inv: Invocation, b_inv: Invocation) -> Change | None:
+def _engine_change(a_inv: Invocation, b_inv: Invocation) -> list[Change]:
     """The engine that ran the container (invocation.engine; a record without one ran on the Docker Engine), as a
     difference of the host: another engine is one (the machine differs), another version of it is listed only."""
     ea, eb = a_inv.engine, b_inv.engine
     (an, av), (bn, bv) = [(str(e.name or "docker"), str(e.version or "?")) if e else ("docker", "?") for e in (ea, eb)]
-    if (an, av) == (bn, bv) or (not ea and not eb):
-        return None
-    if (not ea or not eb) and an == bn:
-        return None  # an older record: Docker, version not recorded
-    return Change("cpu", "engine", "changed", ea, eb, f"engine {an} {av} -> {bn} {bv}", an != bn)
+    if (an, av) == (bn, bv) or (not ea and not eb) or ((not ea or not eb) and an == bn):
+        return []  # the same, or an older record: Docker, version not recorded
+    return [Change("cpu", "engine", "changed", ea, eb, f"engine {an} {av} -> {bn} {bv}", an != bn)]
 
 
 def changed_tokens(a: list[str], b: list[str]) -> str:
@@ -531,6 +529,8 @@ def compare_metric(name: str, a: Any, b: Any, *, rtol: float, atol: float,
 def compare_sections(a: Record, b: Record, manifests_a: Manifests, manifests_b: Manifests) -> list[SectionDiff]:
     """All sections, in causal order."""
     hw_a, hw_b = (r.hardware.model_dump(exclude_unset=True) for r in (a, b))  # the probe's keys, as recorded
+    host = compare_cpu(hw_a, hw_b, a.software, b.software)
+    host.changes += _engine_change(a.invocation, b.invocation)  # hermetic.engines: docker, podman, charliecloud
     return [
         compare_image(a.image, b.image),
         compare_code(a.code, b.code, _restated_files(a, b)),
@@ -542,13 +542,6 @@ def compare_sections(a: Record, b: Record, manifests_a: Manifests, manifests_b: 
         compare_env(a.env, b.env),
         compare_software(a.software, b.software),
         compare_gpu(hw_a, hw_b, a.invocation.gpus, b.invocation.gpus),
-        _with_engine(compare_cpu(hw_a, hw_b, a.software, b.software), a.invocation, b.invocation),
+        host,
     ]
 
-
-def _with_engine(host: SectionDiff, a_inv: Invocation, b_inv: Invocation) -> SectionDiff:
-    """The host section, with the engine when it changed (hermetic.engines: docker, podman, charliecloud)."""
-    change = _engine_change(a_inv, b_inv)
-    if change is not None:
-        host.changes.append(change)
-    return host

@@ -121,12 +121,9 @@ def decide(sections: list[SectionDiff], outputs: OutputsDiff, a: Record, b: Reco
     if effects:
         reported = "; ".join(f"{s.name} ({s.summary(2)})" for s in effects)
         line += f"; and what the runtime reported: {reported}" if named else f": what the runtime reported: {reported}"
-    if outputs.identical and outputs.compared:
-        line += "; outputs bitwise identical all the same"
-        if [s.name for s in inputs] == ["seed"]:
-            notes.insert(0, seed_had_no_effect(a, b))
-    elif outputs.only_wall_clock_differs:
-        line += "; outputs identical all the same, wall-clock fields aside"
+    if (outputs.identical and outputs.compared) or outputs.only_wall_clock_differs:
+        line += ("; outputs bitwise identical all the same" if outputs.identical else
+                 "; outputs identical all the same, wall-clock fields aside")
         if [s.name for s in inputs] == ["seed"]:
             notes.insert(0, seed_had_no_effect(a, b))
     elif not outputs.compared:

@@ -32,13 +32,10 @@ KIND_TAG = "hermetic.kind"
 PARENT_TAG = "mlflow.parentRunId"
 DEFAULT_EXPERIMENT = "hermetic"
 # MLflow's limits (mlflow.utils.validation): param values 6000 characters, tag values 8000
-# (5000 on older servers), dataset digests 36; at most 100 params or tags and 1000 metrics a batch.
+# (5000 on older servers), dataset digests 36. log_batch splits what is over its per-request limits itself.
 MAX_PARAM_VALUE = 6000
 MAX_TAG_VALUE = 5000
 MAX_DIGEST = 36
-PARAMS_PER_BATCH = 100  # and tags
-METRICS_PER_BATCH = 1000
-ENTITIES_PER_BATCH = 1000  # params, tags and metrics of one log_batch together
 SEARCH_PAGE = 1000
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "interrupted": "KILLED", "refused": "FAILED"}
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")  # what MLflow accepts in a key
@@ -306,7 +303,7 @@ class MlflowExporter:
         group = load_group(gdir)
         meta = group["group"]
         members = [gdir.parent / m["run_id"] for m in group["members"]]
-        first = load_run(members[0])
+        first = load_run(members[0])  # loaded once: the parent's params, then the first child
         first_run = first[1]
         exp_id = self._experiment(experiment or self.experiment_name or first_run.invocation.config.get("name"))
         tags = group_tags(group)
@@ -318,8 +315,7 @@ class MlflowExporter:
                                millis(meta["written_at"]) or 0)
             self._log_artifacts(run, created, [gdir / "group.json"])
             children = [self._export_run(m, None, parent=run.info.run_id, exp_id=exp_id,
-                                         loaded=first if i == 0 else None)
-                        for i, m in enumerate(members)]  # the first member's record is loaded once
+                                         loaded=first if i == 0 else None) for i, m in enumerate(members)]
             self.client.set_terminated(run.info.run_id, STATUS.get(meta["status"], "FAILED"),
                                        end_time=millis(meta["written_at"]))
         return Exported(meta["group_id"], "group", run.info.run_id, exp_id, created, logged,
@@ -364,7 +360,7 @@ class MlflowExporter:
     def _log(self, run, created: bool, params: dict[str, str], tags: dict[str, str],  # noqa: ANN001 - a Run
              series: dict[str, list[tuple[int, float]]], timestamp: int) -> int:
         """Params not yet there, every tag (tags may be updated; a new run got them when it was created),
-        metric points not yet logged: in as few log_batch calls as MLflow's limits allow."""
+        metric points not yet logged: in as few requests as MLflow's limits allow (log_batch splits them)."""
         from mlflow.entities import Metric, Param, RunTag
 
         rid = run.info.run_id
@@ -385,8 +381,7 @@ class MlflowExporter:
                 if (step, nan_key(value)) not in seen:
                     seen.add((step, nan_key(value)))
                     metrics.append(Metric(key, value, timestamp, step))
-        for batch in batches(new_params, new_tags, metrics):
-            self.client.log_batch(rid, **batch)
+        self.client.log_batch(rid, metrics=metrics, params=new_params, tags=new_tags)  # nothing sent when empty
         return len(metrics)
 
     def _log_datasets(self, run, datasets: list[tuple[str, DatasetRecord, Any]]) -> None:  # noqa: ANN001 - a Run
@@ -429,21 +424,6 @@ class MlflowExporter:
         if not self.uri.startswith(("http://", "https://")):
             return None
         return f"{self.uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run.info.run_id}"
-
-
-def batches(params: list[Any], tags: list[Any], metrics: list[Any]) -> list[dict[str, list[Any]]]:
-    """log_batch arguments for these entities within MLflow's limits (100 params, 100 tags, 1000 metrics,
-    1000 entities a call): as few calls as that allows, none when there is nothing."""
-    out = []
-    p = t = m = 0
-    while p < len(params) or t < len(tags) or m < len(metrics):
-        ps = params[p:p + PARAMS_PER_BATCH]
-        ts = tags[t:t + PARAMS_PER_BATCH]
-        room = min(METRICS_PER_BATCH, ENTITIES_PER_BATCH - len(ps) - len(ts))
-        ms = metrics[m:m + room]
-        out.append({"params": ps, "tags": ts, "metrics": ms})
-        p, t, m = p + len(ps), t + len(ts), m + len(ms)
-    return out
 
 
 def manifest_dataset(name: str, ds: DatasetRecord, project_dir: Path | None):  # -> mlflow.entities.Dataset

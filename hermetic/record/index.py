@@ -22,16 +22,12 @@ LOCK_NAME = ".index.lock"
 INDEX_VERSION = 1
 RUN_JSON = "run.json"
 GROUP_JSON = "group.json"
+SLURM_JSON = "slurm.json"  # beside a run or group `hermetic submit` prepared (hermetic.slurm.state)
 
 
 def is_group_dir(path: Path) -> bool:
     """A seed group's directory: its group.json, and no run.json (a member's own directory has one)."""
     return (path / GROUP_JSON).is_file() and not (path / RUN_JSON).is_file()
-SLURM_JSON = "slurm.json"  # beside a run or group `hermetic submit` prepared (hermetic.slurm.state)
-
-
-def index_path(runs_root: str | os.PathLike[str]) -> Path:
-    return Path(runs_root) / INDEX_NAME
 
 
 def _head(kind: str, entry_id: str, meta: dict[str, Any], finished_at: str | None) -> dict[str, Any]:
@@ -92,11 +88,6 @@ def ran_note(entry: dict[str, Any]) -> str:
     """`` (1 of 3 seeds ran)`` for a group that stopped short, else nothing."""
     ran, planned = _ran_planned(entry)
     return f" ({ran} of {planned} seeds ran)" if entry.get("kind") == "group" and ran < planned else ""
-
-
-def append_entry(runs_root: str | os.PathLike[str], entry: dict[str, Any]) -> None:
-    """Append one line, atomically with respect to other writers (flock + one write)."""
-    _append_many(Path(runs_root), [entry])
 
 
 def read_index(runs_root: str | os.PathLike[str]) -> tuple[dict[str, dict[str, Any]], int]:
@@ -184,7 +175,7 @@ def list_entries(runs_root: str | os.PathLike[str], *, reindex: bool = False) ->
         if reindex or (nlines == 0 and to_store) or (dead > 1000 and dead > len(live)):
             _rewrite(root, names, to_store, keep_known=not reindex)
         elif to_store:
-            _append_many(root, to_store)
+            append_entries(root, to_store)
     except OSError:
         pass
     out = list(live.values()) + fresh
@@ -198,7 +189,8 @@ def list_entries(runs_root: str | os.PathLike[str], *, reindex: bool = False) ->
     return out
 
 
-def _append_many(root: Path, entries: list[dict[str, Any]]) -> None:
+def append_entries(root: Path, entries: list[dict[str, Any]]) -> None:
+    """Append lines, atomically with respect to other writers (flock + one write)."""
     body = b"".join(canonical_json(e) + b"\n" for e in entries)
     with file_lock(root / LOCK_NAME):
         fd = os.open(root / INDEX_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)

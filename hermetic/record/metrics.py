@@ -45,7 +45,6 @@ MAX_COLUMNS = 1000  # columns of one metrics.csv
 MAX_POINTS = 100_000  # points kept of one metric's series (its final value is the last one, always)
 MAX_TOTAL_POINTS = 500_000  # points kept in all
 
-_EVENTS = re.compile(r"tfevents")  # TensorBoard's own test (io_wrapper.IsSummaryEventsFile)
 _RESULTS = re.compile(r"^[A-Za-z0-9]+(?:_[A-Za-z0-9]+)*_results\.json$")  # all_results.json, eval_results.json
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _WALL_CLOCK = re.compile(r"(?:^|_)(?:runtime|time|timestamp|walltime|duration|elapsed|seconds|secs)(?:_|$)"
@@ -87,7 +86,7 @@ def source_of_file(rel: str) -> str | None:
     base = rel.rsplit("/", 1)[-1]
     if rel == JSONL_FILE:
         return JSONL
-    if _EVENTS.search(base) and base.startswith("events.out."):
+    if base.startswith("events.out.") and "tfevents" in base:  # TensorBoard's own test (IsSummaryEventsFile)
         return TENSORBOARD
     if base == "metrics.csv":
         return LIGHTNING
@@ -131,13 +130,11 @@ def _latest_trainer_states(rels: list[str]) -> list[str]:
     states: dict[str, tuple[int, str]] = {}
     kept = []
     for rel in rels:
-        base = posixpath.basename(rel)
-        if base != "trainer_state.json":
-            if not _CHECKPOINT.match(posixpath.basename(posixpath.dirname(rel))):
+        m = _CHECKPOINT.match(posixpath.basename(posixpath.dirname(rel)))
+        if posixpath.basename(rel) != "trainer_state.json":
+            if not m:
                 kept.append(rel)  # a checkpoint holds no results files of its own; if one does, it is stale
             continue
-        parent = posixpath.basename(posixpath.dirname(rel))
-        m = _CHECKPOINT.match(parent)
         rank = 1 << 62 if m is None else int(m.group(1))  # the run directory's own state is the final one
         run = _run_dir_of(rel)
         if run not in states or rank > states[run][0]:
@@ -302,11 +299,8 @@ def read_results(data: bytes, label: str, kept: Kept) -> dict[str, Any]:
 
 
 def _json_object(data: bytes, label: str) -> dict[str, Any]:
-    def constant(name: str) -> float:
-        return NONFINITE[name]  # NaN, Infinity, -Infinity: what Python's json writes for them
-
-    try:
-        doc = json.loads(data.decode("utf-8", errors="replace"), parse_constant=constant)
+    try:  # NaN, Infinity, -Infinity: what Python's json writes for them
+        doc = json.loads(data.decode("utf-8", errors="replace"), parse_constant=NONFINITE.__getitem__)
     except (ValueError, RecursionError) as e:
         raise DataError(f"{label}: not JSON: {getattr(e, 'msg', e)}") from None
     if not isinstance(doc, dict):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from hermetic.core.canonical import pretty_json
 from hermetic.core.errors import CannotCreate, EXIT_SOFTWARE, HermeticError, IntegrityError, NotFound, UsageError
 from hermetic.hostfs.fsutil import atomic_write_text
-from hermetic.record.index import GROUP_JSON, INDEX_NAME, RUN_JSON, append_entry, run_entry
+from hermetic.record.index import GROUP_JSON, INDEX_NAME, RUN_JSON, append_entries, run_entry
 from hermetic.record.seal import seal, verify_seal
 from hermetic.config.secretnames import REDACTED, is_secret_name
 
@@ -125,7 +125,7 @@ def update_index(runs_root: Path, entry: dict[str, Any]) -> None:
     """Best effort: the index is a cache that listing repairs, so failing to write it
     must not fail a run; a stale index is removed so that it is rebuilt."""
     try:
-        append_entry(runs_root, entry)
+        append_entries(runs_root, [entry])
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(runs_root / INDEX_NAME)

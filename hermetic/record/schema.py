@@ -28,42 +28,26 @@ class RecordError(DataError):
     """run.json (or group.json) does not have the documented shape."""
 
 
-def _hex64(v: str) -> str:
-    if not is_sha256_hex(v):
-        raise ValueError(f"must be 64 lowercase hex characters (got {v[:80]!r})")
-    return v
+def _checked(test: Any, must: str, shown: int = 80) -> AfterValidator:
+    """A string check whose error says what the value ``must`` be and what it was (its first ``shown`` chars)."""
+    def check(v: str) -> str:
+        if not test(v):
+            raise ValueError(f"must be {must} (got {v[:shown]!r})")
+        return v
+
+    return AfterValidator(check)
 
 
-def _digest(v: str) -> str:
-    if not (v.startswith("sha256:") and is_sha256_hex(v[7:])):
-        raise ValueError(f"must be 'sha256:' and 64 lowercase hex characters (got {v[:80]!r})")
-    return v
+def _relpath(v: str) -> bool:
+    return bool(v) and not v.startswith("/") and "\\" not in v and not {"", ".", ".."} & set(v.split("/"))
 
 
-def _iso(v: str) -> str:
-    if not _ISO_UTC.match(v):
-        raise ValueError(f"must be an ISO 8601 UTC time like 2026-11-29T21:45:00.000Z (got {v[:80]!r})")
-    return v
-
-
-def _run_id(v: str) -> str:
-    if not RUN_ID_RE.match(v):
-        raise ValueError(f"must be a run ID like 20261129-214500-1a2b3c[-name] (got {v[:80]!r})")
-    return v
-
-
-def _relpath(v: str) -> str:
-    parts = v.split("/")
-    if not v or v.startswith("/") or "\\" in v or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"must be a relative '/'-separated path without '.' or '..' parts (got {v[:120]!r})")
-    return v
-
-
-Hex64 = Annotated[str, AfterValidator(_hex64)]
-Digest = Annotated[str, AfterValidator(_digest)]
-IsoTime = Annotated[str, AfterValidator(_iso)]
-RunId = Annotated[str, AfterValidator(_run_id)]
-RelPath = Annotated[str, AfterValidator(_relpath)]
+Hex64 = Annotated[str, _checked(is_sha256_hex, "64 lowercase hex characters")]
+Digest = Annotated[str, _checked(lambda v: v.startswith("sha256:") and is_sha256_hex(v[7:]),
+                                 "'sha256:' and 64 lowercase hex characters")]
+IsoTime = Annotated[str, _checked(_ISO_UTC.match, "an ISO 8601 UTC time like 2026-11-29T21:45:00.000Z")]
+RunId = Annotated[str, _checked(RUN_ID_RE.match, "a run ID like 20261129-214500-1a2b3c[-name]")]
+RelPath = Annotated[str, _checked(_relpath, "a relative '/'-separated path without '.' or '..' parts", 120)]
 NonNegInt = Annotated[int, Field(ge=0)]
 FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 
