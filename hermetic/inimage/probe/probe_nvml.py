@@ -1,5 +1,6 @@
 """The probe's NVML backends: pynvml (nvidia-ml-py) when importable, else ctypes on libnvidia-ml.so.1.
 
+Both answer ``call(name, *args)`` by pynvml's function names, with pynvml's results.
 Standard library only (pynvml is optional), Python 3.8+; see probe.py.
 """
 
@@ -45,94 +46,52 @@ class NvmlCtypes:
             ("memorySizeMB", ctypes.c_ulonglong),
         ]
 
+    # pynvml's name -> what the C function writes after its arguments: values by reference, or a string buffer
+    # of this size (and its size)
+    OUT = {
+        "nvmlDeviceGetCount": (ctypes.c_uint,),
+        "nvmlDeviceGetHandleByIndex": (ctypes.c_void_p,),
+        "nvmlDeviceGetName": 96,
+        "nvmlDeviceGetUUID": 96,
+        "nvmlDeviceGetMemoryInfo": (_Memory,),
+        "nvmlDeviceGetCudaComputeCapability": (ctypes.c_int, ctypes.c_int),
+        "nvmlSystemGetDriverVersion": 80,
+        "nvmlSystemGetCudaDriverVersion": (ctypes.c_int,),
+        "nvmlDeviceGetEccMode": (ctypes.c_int, ctypes.c_int),
+        "nvmlDeviceGetMigMode": (ctypes.c_uint, ctypes.c_uint),
+        "nvmlDeviceGetMaxClockInfo": (ctypes.c_uint,),
+        "nvmlDeviceGetPowerManagementLimit": (ctypes.c_uint,),
+        "nvmlDeviceGetPciInfo": (_Pci,),
+        "nvmlDeviceGetMaxMigDeviceCount": (ctypes.c_uint,),
+        "nvmlDeviceGetMigDeviceHandleByIndex": (ctypes.c_void_p,),
+        "nvmlDeviceGetAttributes_v2": (_Attributes,),
+    }
+    C_NAME = {  # the versioned C function pynvml calls under the plain name
+        "nvmlDeviceGetCount": "nvmlDeviceGetCount_v2",
+        "nvmlDeviceGetHandleByIndex": "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetPciInfo": "nvmlDeviceGetPciInfo_v3",
+    }
+
     def __init__(self):
         self.lib = ctypes.CDLL("libnvidia-ml.so.1")
         self.lib.nvmlErrorString.restype = ctypes.c_char_p
-        self._call("nvmlInit_v2")
+        self._check(self.lib.nvmlInit_v2())
 
-    def _call(self, name, *args):
-        rc = getattr(self.lib, name)(*args)
+    def _check(self, rc):
         if rc != 0:
             raise NvmlError(rc, (self.lib.nvmlErrorString(rc) or b"?").decode("utf-8", "replace"))
 
-    def _string(self, name, *args, size=96):
-        buf = ctypes.create_string_buffer(size)
-        self._call(name, *(args + (buf, ctypes.c_uint(size))))
-        return buf.value.decode("utf-8", "replace")
-
-    def _uint(self, name, *args):
-        v = ctypes.c_uint()
-        self._call(name, *(args + (ctypes.byref(v),)))
-        return v.value
-
-    def count(self):
-        return self._uint("nvmlDeviceGetCount_v2")
-
-    def handle(self, index):
-        h = ctypes.c_void_p()
-        self._call("nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index), ctypes.byref(h))
-        return h
-
-    def name(self, h):
-        return self._string("nvmlDeviceGetName", h)
-
-    def uuid(self, h):
-        return self._string("nvmlDeviceGetUUID", h)
-
-    def memory_total(self, h):
-        m = self._Memory()
-        self._call("nvmlDeviceGetMemoryInfo", h, ctypes.byref(m))
-        return int(m.total)
-
-    def compute_capability(self, h):
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        self._call("nvmlDeviceGetCudaComputeCapability", h, ctypes.byref(major), ctypes.byref(minor))
-        return major.value, minor.value
-
-    def driver_version(self):
-        return self._string("nvmlSystemGetDriverVersion", size=80)
-
-    def cuda_driver_version(self):
-        v = ctypes.c_int()
-        self._call("nvmlSystemGetCudaDriverVersion", ctypes.byref(v))
-        return v.value
-
-    def ecc_enabled(self, h):
-        cur, pend = ctypes.c_int(), ctypes.c_int()
-        self._call("nvmlDeviceGetEccMode", h, ctypes.byref(cur), ctypes.byref(pend))
-        return bool(cur.value)
-
-    def mig_enabled(self, h):
-        cur, pend = ctypes.c_uint(), ctypes.c_uint()
-        self._call("nvmlDeviceGetMigMode", h, ctypes.byref(cur), ctypes.byref(pend))
-        return cur.value == 1
-
-    def max_clock(self, h, clock_type):  # 1 = SM, 2 = memory
-        v = ctypes.c_uint()
-        self._call("nvmlDeviceGetMaxClockInfo", h, ctypes.c_int(clock_type), ctypes.byref(v))
-        return v.value
-
-    def power_limit_mw(self, h):
-        return self._uint("nvmlDeviceGetPowerManagementLimit", h)
-
-    def pci_bus_id(self, h):
-        pci = self._Pci()
-        self._call("nvmlDeviceGetPciInfo_v3", h, ctypes.byref(pci))
-        return pci.busId.decode("ascii", "replace")
-
-    def mig_handles(self, h):
-        out = []
-        for i in range(self._uint("nvmlDeviceGetMaxMigDeviceCount", h)):
-            mh = ctypes.c_void_p()
-            rc = self.lib.nvmlDeviceGetMigDeviceHandleByIndex(h, ctypes.c_uint(i), ctypes.byref(mh))
-            if rc == 0:
-                out.append(mh)
-        return out
-
-    def sm_count(self, mig_handle):
-        a = self._Attributes()
-        self._call("nvmlDeviceGetAttributes_v2", mig_handle, ctypes.byref(a))
-        return int(a.multiprocessorCount)
+    def call(self, name, *args):
+        fn, out = getattr(self.lib, self.C_NAME.get(name, name)), self.OUT[name]
+        if isinstance(out, int):
+            buf = ctypes.create_string_buffer(out)
+            self._check(fn(*(args + (buf, ctypes.c_uint(out)))))
+            return buf.value
+        values = [kind() for kind in out]
+        self._check(fn(*(args + tuple(ctypes.byref(v) for v in values))))
+        # a handle or a struct as it is (a handle's .value would be passed back as a C int), a number as its value
+        values = [v if isinstance(v, (ctypes.c_void_p, ctypes.Structure)) else v.value for v in values]
+        return values[0] if len(values) == 1 else tuple(values)
 
     def shutdown(self):
         self.lib.nvmlShutdown()
@@ -147,70 +106,12 @@ class NvmlPy:
         self.m = pynvml
         self.m.nvmlInit()
 
-    def _wrap(self, fn, *args):
+    def call(self, name, *args):
+        fn = getattr(self.m, name, None) or getattr(self.m, name.replace("_v2", ""))  # an older pynvml: no _v2
         try:
             return fn(*args)
         except self.m.NVMLError as e:
             raise NvmlError(getattr(e, "value", "?"), str(e))
-
-    @staticmethod
-    def _s(v):
-        return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-
-    def count(self):
-        return int(self._wrap(self.m.nvmlDeviceGetCount))
-
-    def handle(self, index):
-        return self._wrap(self.m.nvmlDeviceGetHandleByIndex, index)
-
-    def name(self, h):
-        return self._s(self._wrap(self.m.nvmlDeviceGetName, h))
-
-    def uuid(self, h):
-        return self._s(self._wrap(self.m.nvmlDeviceGetUUID, h))
-
-    def memory_total(self, h):
-        return int(self._wrap(self.m.nvmlDeviceGetMemoryInfo, h).total)
-
-    def compute_capability(self, h):
-        major, minor = self._wrap(self.m.nvmlDeviceGetCudaComputeCapability, h)
-        return int(major), int(minor)
-
-    def driver_version(self):
-        return self._s(self._wrap(self.m.nvmlSystemGetDriverVersion))
-
-    def cuda_driver_version(self):
-        return int(self._wrap(self.m.nvmlSystemGetCudaDriverVersion))
-
-    def ecc_enabled(self, h):
-        cur, _pending = self._wrap(self.m.nvmlDeviceGetEccMode, h)
-        return bool(cur)
-
-    def mig_enabled(self, h):
-        cur, _pending = self._wrap(self.m.nvmlDeviceGetMigMode, h)
-        return int(cur) == 1
-
-    def max_clock(self, h, clock_type):
-        return int(self._wrap(self.m.nvmlDeviceGetMaxClockInfo, h, clock_type))
-
-    def power_limit_mw(self, h):
-        return int(self._wrap(self.m.nvmlDeviceGetPowerManagementLimit, h))
-
-    def pci_bus_id(self, h):
-        return self._s(self._wrap(self.m.nvmlDeviceGetPciInfo, h).busId)
-
-    def mig_handles(self, h):
-        out = []
-        for i in range(int(self._wrap(self.m.nvmlDeviceGetMaxMigDeviceCount, h))):
-            try:
-                out.append(self.m.nvmlDeviceGetMigDeviceHandleByIndex(h, i))
-            except self.m.NVMLError:
-                continue
-        return out
-
-    def sm_count(self, mig_handle):
-        getter = getattr(self.m, "nvmlDeviceGetAttributes_v2", None) or self.m.nvmlDeviceGetAttributes
-        return int(self._wrap(getter, mig_handle).multiprocessorCount)
 
     def shutdown(self):
         try:
@@ -239,6 +140,20 @@ def open_nvml(tried, only=None):
     return None
 
 
+def _text(v):
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+def _mig_handles(nvml, h):
+    out = []
+    for i in range(int(nvml.call("nvmlDeviceGetMaxMigDeviceCount", h))):
+        try:
+            out.append(nvml.call("nvmlDeviceGetMigDeviceHandleByIndex", h, i))
+        except NvmlError:  # no slice at this index
+            continue
+    return out
+
+
 def _nvml_field(errors, path, fn, *args):
     """Like safe, but NVML's NOT_SUPPORTED becomes a plain null (a fact, not a failure)."""
     try:
@@ -250,30 +165,32 @@ def _nvml_field(errors, path, fn, *args):
 
 
 def gpus_from_nvml(nvml, errors):
-    driver = _nvml_field(errors, "hardware.gpus.driver_version", nvml.driver_version)
+    def field(path, convert, name, *args):
+        return _nvml_field(errors, path, lambda: convert(nvml.call(name, *args)))
+
+    driver = field("hardware.gpus.driver_version", _text, "nvmlSystemGetDriverVersion")
     cuda_driver = cuda_version_string(
-        _nvml_field(errors, "hardware.gpus.cuda_driver_version", nvml.cuda_driver_version))
+        field("hardware.gpus.cuda_driver_version", int, "nvmlSystemGetCudaDriverVersion"))
     gpus = []
-    count = _nvml_field(errors, "hardware.gpus", nvml.count) or 0
-    for i in range(count):
+    for i in range(field("hardware.gpus", int, "nvmlDeviceGetCount") or 0):
         p = "hardware.gpus[%d]." % i
         try:
-            h = nvml.handle(i)
+            h = nvml.call("nvmlDeviceGetHandleByIndex", i)
         except Exception as e:
             errors.append("%shandle: %s" % (p, reason(e)))
             continue
-        cc = _nvml_field(errors, p + "compute_capability", nvml.compute_capability, h)
-        mig = _nvml_field(errors, p + "mig_mode", nvml.mig_enabled, h)
-        sm_mhz = _nvml_field(errors, p + "clocks.sm_max_mhz", nvml.max_clock, h, 1)
-        mem_mhz = _nvml_field(errors, p + "clocks.mem_max_mhz", nvml.max_clock, h, 2)
-        power = _nvml_field(errors, p + "power_limit_w", nvml.power_limit_mw, h)
-        ecc = _nvml_field(errors, p + "ecc_enabled", nvml.ecc_enabled, h)
+        cc = field(p + "compute_capability", lambda v: "%d.%d" % tuple(v), "nvmlDeviceGetCudaComputeCapability", h)
+        mig = field(p + "mig_mode", lambda v: int(v[0]) == 1, "nvmlDeviceGetMigMode", h)
+        sm_mhz = field(p + "clocks.sm_max_mhz", int, "nvmlDeviceGetMaxClockInfo", h, 1)  # 1 = SM, 2 = memory
+        mem_mhz = field(p + "clocks.mem_max_mhz", int, "nvmlDeviceGetMaxClockInfo", h, 2)
+        power = field(p + "power_limit_w", int, "nvmlDeviceGetPowerManagementLimit", h)
+        ecc = field(p + "ecc_enabled", lambda v: bool(v[0]), "nvmlDeviceGetEccMode", h)
         gpu = {
             "index": i,
-            "name": _nvml_field(errors, p + "name", nvml.name, h),
-            "uuid": _nvml_field(errors, p + "uuid", nvml.uuid, h),
-            "memory_bytes": _nvml_field(errors, p + "memory_bytes", nvml.memory_total, h),
-            "compute_capability": "%d.%d" % cc if cc else None,
+            "name": field(p + "name", _text, "nvmlDeviceGetName", h),
+            "uuid": field(p + "uuid", _text, "nvmlDeviceGetUUID", h),
+            "memory_bytes": field(p + "memory_bytes", lambda v: int(v.total), "nvmlDeviceGetMemoryInfo", h),
+            "compute_capability": cc,
             "sm_count": None,
             "sm_count_source": None,
             "driver_version": driver,
@@ -282,25 +199,22 @@ def gpus_from_nvml(nvml, errors):
             "mig_mode": "not supported" if mig is None else ("enabled" if mig else "disabled"),
             "clocks": {"sm_max_mhz": sm_mhz, "mem_max_mhz": mem_mhz},
             "power_limit_w": round(power / 1000.0, 3) if power is not None else None,
-            "pci_bus_id": _nvml_field(errors, p + "pci_bus_id", nvml.pci_bus_id, h),
+            "pci_bus_id": field(p + "pci_bus_id", lambda v: _text(v.busId), "nvmlDeviceGetPciInfo", h),
         }
-        if not mig:
-            gpus.append(gpu)
-            continue
-        handles = _nvml_field(errors, p + "mig_devices", nvml.mig_handles, h) or []
+        handles = (_nvml_field(errors, p + "mig_devices", _mig_handles, nvml, h) or []) if mig else []
         if not handles:
-            gpus.append(gpu)  # MIG on, but no slice visible to us: list the parent
+            gpus.append(gpu)  # MIG off, or on with no slice visible to us: list the parent
             continue
         parent = {"index": i, "name": gpu["name"], "uuid": gpu["uuid"], "pci_bus_id": gpu["pci_bus_id"]}
         for j, mh in enumerate(handles):
             q = "hardware.gpus[%d].mig[%d]." % (i, j)
-            sm = _nvml_field(errors, q + "sm_count", nvml.sm_count, mh)
+            sm = field(q + "sm_count", lambda v: int(v.multiprocessorCount), "nvmlDeviceGetAttributes_v2", mh)
             slice_gpu = dict(gpu)
             slice_gpu.update({
                 "index": len(gpus),
-                "name": _nvml_field(errors, q + "name", nvml.name, mh),
-                "uuid": _nvml_field(errors, q + "uuid", nvml.uuid, mh),
-                "memory_bytes": _nvml_field(errors, q + "memory_bytes", nvml.memory_total, mh),
+                "name": field(q + "name", _text, "nvmlDeviceGetName", mh),
+                "uuid": field(q + "uuid", _text, "nvmlDeviceGetUUID", mh),
+                "memory_bytes": field(q + "memory_bytes", lambda v: int(v.total), "nvmlDeviceGetMemoryInfo", mh),
                 "sm_count": sm,
                 "sm_count_source": "nvml-mig-attributes" if sm is not None else None,
                 "mig_parent": parent,
