@@ -78,11 +78,8 @@ def collect_software(errors):
 
 
 def _determinism_env():
-    out = {}
-    for key, value in os.environ.items():
-        if key in ENV_EXACT or key.startswith(ENV_PREFIXES) or key.endswith(ENV_SUFFIXES):
-            out[key] = value
-    return dict(sorted(out.items()))
+    return {k: v for k, v in sorted(os.environ.items())
+            if k in ENV_EXACT or k.startswith(ENV_PREFIXES) or k.endswith(ENV_SUFFIXES)}
 
 
 def _import(errors, path, name):
@@ -170,21 +167,14 @@ def _numpy_config(np):
     except TypeError:
         cfg = None
     if isinstance(cfg, dict):
-        deps = cfg.get("Build Dependencies", {})
-        simd = cfg.get("SIMD Extensions", {})
-        out = {}
-        for lib in ("blas", "lapack"):
-            d = deps.get(lib) or {}
-            out[lib] = {k: d.get(k) for k in ("name", "version", "openblas configuration") if k in d}
-        out["simd_baseline"] = simd.get("baseline")
-        out["simd_found"] = simd.get("found")
+        deps, simd = cfg.get("Build Dependencies", {}), cfg.get("SIMD Extensions", {})
+        keep = ("name", "version", "openblas configuration")
+        out = {lib: {k: v for k, v in (deps.get(lib) or {}).items() if k in keep} for lib in ("blas", "lapack")}
+        out.update(simd_baseline=simd.get("baseline"), simd_found=simd.get("found"))
         return out
-    conf = np.__config__
-    out = {}
-    for lib in ("blas", "lapack"):
-        d = getattr(conf, lib + "_opt_info", None) or {}
-        out[lib] = {"libraries": d.get("libraries"), "define_macros": [list(m) for m in d.get("define_macros", [])]}
-    return out
+    infos = {lib: getattr(np.__config__, lib + "_opt_info", None) or {} for lib in ("blas", "lapack")}
+    return {lib: {"libraries": d.get("libraries"), "define_macros": [list(m) for m in d.get("define_macros", [])]}
+            for lib, d in infos.items()}
 
 
 def _blas_info(errors):
@@ -192,9 +182,7 @@ def _blas_info(errors):
     if tpc is None:
         return None
     pools = safe(errors, "software.blas", tpc.threadpool_info)
-    if pools is None:
-        return None
-    return [{k: pool[k] for k in sorted(pool)} for pool in pools]
+    return None if pools is None else [{k: pool[k] for k in sorted(pool)} for pool in pools]
 
 
 # -- hardware ---------------------------------------------------------------

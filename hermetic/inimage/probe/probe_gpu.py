@@ -182,6 +182,11 @@ def gpus_from_nvml(nvml, errors):
     def field(path, convert, name, *args):
         return _nvml_field(errors, path, lambda: convert(nvml.call(name, *args)))
 
+    def described(p, h):  # what a GPU and a MIG slice of it each have
+        return {"name": field(p + "name", _text, "nvmlDeviceGetName", h),
+                "uuid": field(p + "uuid", _text, "nvmlDeviceGetUUID", h),
+                "memory_bytes": field(p + "memory_bytes", lambda v: int(v.total), "nvmlDeviceGetMemoryInfo", h)}
+
     driver = field("hardware.gpus.driver_version", _text, "nvmlSystemGetDriverVersion")
     cuda_driver = cuda_version_string(
         field("hardware.gpus.cuda_driver_version", int, "nvmlSystemGetCudaDriverVersion"))
@@ -197,24 +202,17 @@ def gpus_from_nvml(nvml, errors):
         mig = field(p + "mig_mode", lambda v: int(v[0]) == 1, "nvmlDeviceGetMigMode", h)
         sm_mhz = field(p + "clocks.sm_max_mhz", int, "nvmlDeviceGetMaxClockInfo", h, 1)  # 1 = SM, 2 = memory
         mem_mhz = field(p + "clocks.mem_max_mhz", int, "nvmlDeviceGetMaxClockInfo", h, 2)
-        power = field(p + "power_limit_w", int, "nvmlDeviceGetPowerManagementLimit", h)
+        power = field(p + "power_limit_w", lambda v: round(int(v) / 1000.0, 3), "nvmlDeviceGetPowerManagementLimit", h)
         ecc = field(p + "ecc_enabled", lambda v: bool(v[0]), "nvmlDeviceGetEccMode", h)
-        gpu = {
-            "index": i,
-            "name": field(p + "name", _text, "nvmlDeviceGetName", h),
-            "uuid": field(p + "uuid", _text, "nvmlDeviceGetUUID", h),
-            "memory_bytes": field(p + "memory_bytes", lambda v: int(v.total), "nvmlDeviceGetMemoryInfo", h),
-            "compute_capability": cc,
-            "sm_count": None,
-            "sm_count_source": None,
-            "driver_version": driver,
-            "cuda_driver_version": cuda_driver,
-            "ecc_enabled": bool(ecc) if ecc is not None else False,  # NOT_SUPPORTED: ECC cannot be on
+        gpu = described(p, h)
+        gpu.update({
+            "index": i, "compute_capability": cc, "sm_count": None, "sm_count_source": None,
+            "driver_version": driver, "cuda_driver_version": cuda_driver,
+            "ecc_enabled": bool(ecc),  # NOT_SUPPORTED (None): ECC cannot be on
             "mig_mode": "not supported" if mig is None else ("enabled" if mig else "disabled"),
-            "clocks": {"sm_max_mhz": sm_mhz, "mem_max_mhz": mem_mhz},
-            "power_limit_w": round(power / 1000.0, 3) if power is not None else None,
+            "clocks": {"sm_max_mhz": sm_mhz, "mem_max_mhz": mem_mhz}, "power_limit_w": power,
             "pci_bus_id": field(p + "pci_bus_id", lambda v: _text(v.busId), "nvmlDeviceGetPciInfo", h),
-        }
+        })
         handles = (_nvml_field(errors, p + "mig_devices", _mig_handles, nvml, h) or []) if mig else []
         if not handles:
             gpus.append(gpu)  # MIG off, or on with no slice visible to us: list the parent
@@ -223,18 +221,9 @@ def gpus_from_nvml(nvml, errors):
         for j, mh in enumerate(handles):
             q = "hardware.gpus[%d].mig[%d]." % (i, j)
             sm = field(q + "sm_count", lambda v: int(v.multiprocessorCount), "nvmlDeviceGetAttributes_v2", mh)
-            slice_gpu = dict(gpu)
-            slice_gpu.update({
-                "index": len(gpus),
-                "name": field(q + "name", _text, "nvmlDeviceGetName", mh),
-                "uuid": field(q + "uuid", _text, "nvmlDeviceGetUUID", mh),
-                "memory_bytes": field(q + "memory_bytes", lambda v: int(v.total), "nvmlDeviceGetMemoryInfo", mh),
-                "sm_count": sm,
-                "sm_count_source": "nvml-mig-attributes" if sm is not None else None,
-                "mig_parent": parent,
-            })
-            gpus.append(slice_gpu)
-    for n, g in enumerate(gpus):
+            gpus.append(dict(gpu, sm_count=sm, sm_count_source="nvml-mig-attributes" if sm is not None else None,
+                             mig_parent=parent, **described(q, mh)))
+    for n, g in enumerate(gpus):  # MIG slices listed in their parent's place
         g["index"] = n
     return gpus
 
@@ -257,8 +246,7 @@ def _smi_value(raw):
 
 def gpus_from_nvidia_smi(smi, errors):
     fields = list(SMI_FIELDS)
-    proc = None
-    for _attempt in range(2):
+    while True:
         proc = subprocess.run(
             [smi, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30, universal_newlines=True,
@@ -266,9 +254,9 @@ def gpus_from_nvidia_smi(smi, errors):
         if proc.returncode == 0 or "compute_cap" not in fields:
             break
         fields.remove("compute_cap")  # drivers before ~510 do not know this field
-    if proc is None or proc.returncode != 0:
-        msg = " ".join(((proc.stderr or proc.stdout) if proc else "").split())
-        raise RuntimeError("nvidia-smi exited %s: %s" % (proc.returncode if proc else "?", msg))
+    if proc.returncode != 0:
+        msg = " ".join((proc.stderr or proc.stdout).split())
+        raise RuntimeError("nvidia-smi exited %s: %s" % (proc.returncode, msg))
     banner = ""
     try:
         banner = subprocess.run([smi], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30,
@@ -341,9 +329,8 @@ def cuda_devices_from_torch(errors, tried):
         for i in range(torch.cuda.device_count()):
             pr = torch.cuda.get_device_properties(i)
             uuid = getattr(pr, "uuid", None)
-            bus = None
-            if hasattr(pr, "pci_bus_id"):
-                bus = "%04x:%02x:%02x.0" % (getattr(pr, "pci_domain_id", 0), pr.pci_bus_id, pr.pci_device_id)
+            bus = ("%04x:%02x:%02x.0" % (getattr(pr, "pci_domain_id", 0), pr.pci_bus_id, pr.pci_device_id)
+                   if hasattr(pr, "pci_bus_id") else None)
             out.append(CudaDevice(pr.name, str(uuid) if uuid is not None else None, bus,
                                    "%d.%d" % (pr.major, pr.minor), int(pr.multi_processor_count),
                                    int(pr.total_memory), "torch"))
@@ -396,13 +383,8 @@ def cuda_devices_from_libcuda(errors, tried):
 
 
 def _norm_uuid(u):
-    if not u:
-        return None
-    u = u.lower()
-    for prefix in ("gpu-", "mig-"):
-        if u.startswith(prefix):
-            u = u[len(prefix):]
-    return re.sub(r"[^0-9a-f]", "", u) or None
+    """'GPU-1111...', 'MIG-...' and torch's '1111...' -> the hex digits (a prefix's letters are not hex)."""
+    return re.sub(r"[^0-9a-f]", "", (u or "").lower()) or None
 
 
 def _norm_bus(b):
@@ -431,28 +413,6 @@ def attach_sm_counts(gpus, cuda_devs, errors):
         g["sm_count_source"] = d.source
         if g.get("compute_capability") is None:
             g["compute_capability"] = d.cc
-
-
-def gpus_from_cuda(cuda_devs, cuda_driver):
-    return [{
-        "index": i, "name": d.name, "uuid": d.uuid, "memory_bytes": d.memory_bytes,
-        "compute_capability": d.cc, "sm_count": d.sm_count, "sm_count_source": d.source,
-        "driver_version": None, "cuda_driver_version": cuda_driver, "ecc_enabled": None,
-        "mig_mode": None, "clocks": {"sm_max_mhz": None, "mem_max_mhz": None},
-        "power_limit_w": None, "pci_bus_id": d.pci_bus_id,
-    } for i, d in enumerate(cuda_devs)]
-
-
-def libcuda_driver_version():
-    """ "12.4" from cuDriverGetVersion, or None."""
-    try:
-        cu = ctypes.CDLL("libcuda.so.1")
-        v = ctypes.c_int()
-        if cu.cuDriverGetVersion(ctypes.byref(v)) != 0:
-            return None
-        return cuda_version_string(v.value)
-    except Exception:
-        return None
 
 
 # -- which source says what ------------------------------------------------
@@ -510,7 +470,19 @@ def collect_gpus(errors, use_torch=True):
                 errors.append("hardware.gpus[%s].sm_count: no CUDA view (torch without CUDA, libcuda.so.1 missing)"
                               % g.get("index"))
     elif cuda_devs:
-        gpus = gpus_from_cuda(cuda_devs, libcuda_driver_version())
+        cuda_driver, v = None, ctypes.c_int()
+        try:
+            if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(v)) == 0:
+                cuda_driver = cuda_version_string(v.value)  # "12.4"
+        except Exception:  # no libcuda.so.1 (torch listed the GPUs)
+            pass
+        gpus = [{
+            "index": i, "name": d.name, "uuid": d.uuid, "memory_bytes": d.memory_bytes,
+            "compute_capability": d.cc, "sm_count": d.sm_count, "sm_count_source": d.source,
+            "driver_version": None, "cuda_driver_version": cuda_driver, "ecc_enabled": None,
+            "mig_mode": None, "clocks": {"sm_max_mhz": None, "mem_max_mhz": None},
+            "power_limit_w": None, "pci_bus_id": d.pci_bus_id,
+        } for i, d in enumerate(cuda_devs)]
         source = cuda_devs[0].source
         errors.append("hardware.gpus: listed from %s (no NVML, no nvidia-smi): driver version, ECC, MIG, "
                       "clocks and power limit unknown" % source)
