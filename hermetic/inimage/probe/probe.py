@@ -197,10 +197,8 @@ def collect_hardware(errors, use_torch=True):
         "memory_bytes": safe(errors, "hardware.memory_bytes", _mem_total),
         "memory_limit_bytes": safe(errors, "hardware.memory_limit_bytes", _cgroup_memory_limit),
     }
-    gpus, source, tried = collect_gpus(errors, use_torch=use_torch)
-    hw["gpus"] = gpus
-    hw["gpu_source"] = source
-    if not gpus:
+    hw["gpus"], hw["gpu_source"], tried = collect_gpus(errors, use_torch=use_torch)
+    if not hw["gpus"]:
         hw["gpu_note"] = NO_GPU_NOTE
         hw["gpu_sources_tried"] = tried
     return hw
@@ -258,10 +256,7 @@ def _cpu_info(errors):
 
 def _logical_cores():
     # What os.cpu_count() reads, but without Python 3.13's override (PYTHON_CPU_COUNT, -X cpu_count): the machine's.
-    try:
-        n = os.sysconf("SC_NPROCESSORS_ONLN")
-    except (ValueError, OSError, AttributeError):  # no such sysconf name here
-        return os.cpu_count()
+    n = os.sysconf("SC_NPROCESSORS_ONLN")  # a name every Linux libc (glibc, musl) has
     return n if n >= 1 else None
 
 

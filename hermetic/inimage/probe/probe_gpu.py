@@ -29,8 +29,6 @@ def cuda_version_string(code):
 # -- NVML -------------------------------------------------------------------
 
 class NvmlError(Exception):
-    NOT_SUPPORTED = 3
-
     def __init__(self, code, message):
         Exception.__init__(self, "NVML error %s: %s" % (code, message))
         self.code = code
@@ -44,21 +42,12 @@ class NvmlCtypes:
     class _Memory(ctypes.Structure):
         _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
-    class _Pci(ctypes.Structure):  # nvmlPciInfo_t (v3)
-        _fields_ = [
-            ("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
-            ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
-            ("busId", ctypes.c_char * 32),
-        ]
+    class _Pci(ctypes.Structure):  # nvmlPciInfo_t (v3): domain, bus, device, pciDeviceId, pciSubSystemId
+        _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("ids", ctypes.c_uint * 5), ("busId", ctypes.c_char * 32)]
 
-    class _Attributes(ctypes.Structure):  # nvmlDeviceAttributes_t
-        _fields_ = [
-            ("multiprocessorCount", ctypes.c_uint), ("sharedCopyEngineCount", ctypes.c_uint),
-            ("sharedDecoderCount", ctypes.c_uint), ("sharedEncoderCount", ctypes.c_uint),
-            ("sharedJpegCount", ctypes.c_uint), ("sharedOfaCount", ctypes.c_uint),
-            ("gpuInstanceSliceCount", ctypes.c_uint), ("computeInstanceSliceCount", ctypes.c_uint),
-            ("memorySizeMB", ctypes.c_ulonglong),
-        ]
+    class _Attributes(ctypes.Structure):  # nvmlDeviceAttributes_t: 7 more counts (shared engines, slices)
+        _fields_ = [("multiprocessorCount", ctypes.c_uint), ("counts", ctypes.c_uint * 7),
+                    ("memorySizeMB", ctypes.c_ulonglong)]
 
     # pynvml's name -> what the C function writes after its arguments: values by reference, or a string buffer
     # of this size (and its size)
@@ -173,7 +162,7 @@ def _nvml_field(errors, path, fn, *args):
     try:
         return fn(*args)
     except Exception as e:
-        if not (isinstance(e, NvmlError) and e.code == NvmlError.NOT_SUPPORTED):
+        if not (isinstance(e, NvmlError) and e.code == 3):  # NVML_ERROR_NOT_SUPPORTED
             errors.append("%s: %s" % (path, reason(e)))
         return None
 
