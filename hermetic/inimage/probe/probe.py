@@ -329,10 +329,8 @@ def main():
         doc = {"probe_version": PROBE_VERSION, "software": None, "hardware": None,
                "errors": ["probe: %s" % reason(e)]}
     finally:
-        try:
+        with contextlib.suppress(Exception):
             sys.stdout.flush()
-        except Exception:
-            pass
         if saved is not None:
             os.dup2(saved, 1)
             os.close(saved)

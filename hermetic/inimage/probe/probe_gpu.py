@@ -14,16 +14,12 @@ import subprocess
 
 
 def reason(exc):
-    text = "%s: %s" % (type(exc).__name__, exc)
-    return " ".join(text.split())  # one line
+    return " ".join(("%s: %s" % (type(exc).__name__, exc)).split())  # one line
 
 
 def cuda_version_string(code):
-    """12040 -> "12.4" (CUDA encodes major*1000 + minor*10)."""
-    if code is None:
-        return None
-    code = int(code)
-    return "%d.%d" % (code // 1000, (code % 1000) // 10)
+    """12040 -> "12.4" (CUDA encodes major*1000 + minor*10); None stays None."""
+    return None if code is None else "%d.%d" % (int(code) // 1000, (int(code) % 1000) // 10)
 
 
 # -- NVML -------------------------------------------------------------------
@@ -228,9 +224,7 @@ SMI_FIELDS = (
 
 def _smi_value(raw):
     raw = raw.strip()
-    if not raw or raw.startswith("[") or raw in ("N/A", "Not Supported"):
-        return None
-    return raw
+    return None if not raw or raw.startswith("[") or raw in ("N/A", "Not Supported") else raw
 
 
 def gpus_from_nvidia_smi(smi, errors):
@@ -277,8 +271,6 @@ def parse_nvidia_smi(csv_text, fields, banner, errors):
                 return None
 
         mib = num("memory.total", float)
-        ecc = row.get("ecc.mode.current")
-        mig = row.get("mig.mode.current")
         gpus.append({
             "index": num("index", int),
             "name": row.get("name"),
@@ -289,8 +281,8 @@ def parse_nvidia_smi(csv_text, fields, banner, errors):
             "sm_count_source": None,
             "driver_version": row.get("driver_version"),
             "cuda_driver_version": cuda_driver,
-            "ecc_enabled": (ecc or "").lower() == "enabled",
-            "mig_mode": (mig or "not supported").lower(),
+            "ecc_enabled": (row.get("ecc.mode.current") or "").lower() == "enabled",
+            "mig_mode": (row.get("mig.mode.current") or "not supported").lower(),
             "clocks": {"sm_max_mhz": num("clocks.max.sm", int), "mem_max_mhz": num("clocks.max.memory", int)},
             "power_limit_w": num("power.limit", float),
             "pci_bus_id": row.get("pci.bus_id"),
