@@ -18,13 +18,13 @@ PACKAGE = "hermetic.inimage"
 
 # The names the code imports itself by where it runs: the runtime is the image's top-level package
 # hermetic_runtime (its _startup.py imports it so); a script's directory is its sys.path[0], so probe.py
-# imports probe_util.py as ``probe_util`` (a sibling: a module file in the same directory).
+# imports probe_gpu.py as ``probe_gpu`` (a sibling: a module file in the same directory).
 IMAGE_NAMES = {"hermetic_runtime": "hermetic.inimage.runtime"}
 
 # The training environment's own packages, in some images and not in others: not the host side, and not
 # required. Each is imported only inside a function, so that every module imports where they are missing.
 ENVIRONMENT_PACKAGES = {
-    "torch": "the probe's SM counts (probe_cuda.py); the runtime loads it through _optional, by name",
+    "torch": "the probe's SM counts (probe_gpu.py); the runtime loads it through _optional, by name",
     "numpy": "the runtime loads it through _optional, by name; the probe's numpy/BLAS facts",
     "threadpoolctl": "the probe's BLAS thread pools",
     "pynvml": "the probe's NVML backend (nvidia-ml-py), before its ctypes fallback",

@@ -16,7 +16,7 @@ import pytest
 
 from hermetic.inimage.probe import PROBE_PATH, probe_files
 from hermetic.inimage.probe import probe as probe_mod
-from hermetic.inimage.probe import probe_cuda, probe_nvml, probe_smi, probe_util
+from hermetic.inimage.probe import probe_gpu
 
 OPTIONAL_IMPORTS = {"torch", "numpy", "threadpoolctl", "pynvml"}
 TOP_KEYS = {"probe_version", "software", "hardware", "errors"}
@@ -104,8 +104,7 @@ def test_probe_source_parses_as_python_38(path):
 
 
 def test_probe_is_its_entry_point_and_siblings():
-    assert [p.name for p in probe_files()] == ["probe.py", "probe_cuda.py", "probe_nvml.py", "probe_smi.py",
-                                               "probe_util.py"]
+    assert [p.name for p in probe_files()] == ["probe.py", "probe_gpu.py"]
 
 
 @pytest.mark.parametrize("path", probe_files(), ids=lambda p: p.name)
@@ -173,7 +172,7 @@ def test_forced_gpu_source_is_respected_and_bad_values_reported():
 
 # -- pure parts of the GPU path (no GPU on the development machines) ---------------
 
-SMI_FIELDS = list(probe_smi.SMI_FIELDS)
+SMI_FIELDS = list(probe_gpu.SMI_FIELDS)
 # Hand-written in nvidia-smi's documented csv,noheader,nounits form (two H100s;
 # an A100 with MIG on), not recorded.
 SMI_CSV = (
@@ -187,7 +186,7 @@ SMI_BANNER = ("| NVIDIA-SMI 550.54.15              Driver Version: 550.54.15    
 
 def test_parse_nvidia_smi_reads_every_field():
     errors: list[str] = []
-    gpus = probe_smi.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, SMI_BANNER, errors)
+    gpus = probe_gpu.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, SMI_BANNER, errors)
     assert errors == []
     h100, a100 = gpus
     assert h100["name"] == "NVIDIA H100 80GB HBM3"
@@ -204,36 +203,36 @@ def test_parse_nvidia_smi_reads_every_field():
 
 def test_parse_nvidia_smi_without_cuda_banner_reports_it():
     errors: list[str] = []
-    gpus = probe_smi.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, "garbage", errors)
+    gpus = probe_gpu.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, "garbage", errors)
     assert gpus[0]["cuda_driver_version"] is None
     assert errors == ["hardware.gpus.cuda_driver_version: no 'CUDA Version' in nvidia-smi output"]
 
 
 def test_sm_counts_attach_by_uuid_then_pci_bus():
     errors: list[str] = []
-    gpus = probe_smi.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, SMI_BANNER, errors)
+    gpus = probe_gpu.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, SMI_BANNER, errors)
     cuda = [
         # torch prints UUIDs without the GPU- prefix; libcuda gives raw bytes
-        probe_cuda.CudaDevice("NVIDIA H100 80GB HBM3", "11111111-2222-3333-4444-555555555555", None,
-                              "9.0", 132, 0, "torch"),
-        probe_cuda.CudaDevice("NVIDIA A100-SXM4-40GB", None, "0000:07:00.0", "8.0", 108, 0, "libcuda"),
+        probe_gpu.CudaDevice("NVIDIA H100 80GB HBM3", "11111111-2222-3333-4444-555555555555", None,
+                             "9.0", 132, 0, "torch"),
+        probe_gpu.CudaDevice("NVIDIA A100-SXM4-40GB", None, "0000:07:00.0", "8.0", 108, 0, "libcuda"),
     ]
-    probe_cuda.attach_sm_counts(gpus, cuda, errors)
+    probe_gpu.attach_sm_counts(gpus, cuda, errors)
     assert [(g["sm_count"], g["sm_count_source"]) for g in gpus] == [(132, "torch"), (108, "libcuda")]
     assert errors == []
 
 
 def test_sm_count_missing_from_cuda_view_is_an_error_not_a_guess():
     errors: list[str] = []
-    gpus = probe_smi.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, SMI_BANNER, errors)
-    probe_cuda.attach_sm_counts(gpus, [], errors)
+    gpus = probe_gpu.parse_nvidia_smi(SMI_CSV, SMI_FIELDS, SMI_BANNER, errors)
+    probe_gpu.attach_sm_counts(gpus, [], errors)
     assert all(g["sm_count"] is None for g in gpus)
     assert errors == [f"hardware.gpus[{i}].sm_count: not visible to CUDA (CUDA_VISIBLE_DEVICES?)" for i in (0, 1)]
 
 
 def test_versions_decode():
-    assert probe_util.cuda_version_string(12040) == "12.4"
-    assert probe_util.cuda_version_string(13000) == "13.0"
+    assert probe_gpu.cuda_version_string(12040) == "12.4"
+    assert probe_gpu.cuda_version_string(13000) == "13.0"
 
     def Nccl(v):  # noqa: N802 - stands for the torch module's shape
         return SimpleNamespace(cuda=SimpleNamespace(nccl=SimpleNamespace(version=lambda: v)))
@@ -245,9 +244,9 @@ def test_versions_decode():
 
 def test_nvml_structs_match_the_c_layout():
     # nvml.h: nvmlMemory_t 3 x u64; nvmlPciInfo_t (v3) 16+5*4+32 bytes; nvmlDeviceAttributes_t 8 x u32 + u64
-    assert ctypes.sizeof(probe_nvml.NvmlCtypes._Memory) == 24
-    assert ctypes.sizeof(probe_nvml.NvmlCtypes._Pci) == 68
-    assert ctypes.sizeof(probe_nvml.NvmlCtypes._Attributes) == 40
+    assert ctypes.sizeof(probe_gpu.NvmlCtypes._Memory) == 24
+    assert ctypes.sizeof(probe_gpu.NvmlCtypes._Pci) == 68
+    assert ctypes.sizeof(probe_gpu.NvmlCtypes._Attributes) == 40
 
 
 def test_arch_list_sorted_sm_before_ptx():

@@ -1,18 +1,9 @@
-"""The bytecode compiler that runs *inside the base image's own interpreter* (never imported by hermetic).
+"""The bytecode compiler the base image's own interpreter runs (``-S -s -c``; never imported by hermetic).
 
-hermetic/builder/bytecode.py starts the base's python with ``-S -s`` and this
-file's text as ``-c``; it must run on any CPython >= 3.7 with builtins only
-(no site, no stdlib imports: the only modules are the ones every interpreter
-has loaded at start-up), so that the compiler's state -- and so every byte it
-writes -- depends on the interpreter alone.
-
-Protocol over stdin/stdout (all integers little-endian u32):
-  hello  <- len, JSON {magic, cache_tag, version, maps}
-  request -> len(path), path (UTF-8, the file's final in-image path), len(source), source
-  answer <- status byte (0: a .pyc follows, 1: the source does not compile, the message follows), len, bytes
-EOF on stdin ends it. The .pyc is PEP 552 hash-based (no timestamp): what
-``py_compile.compile(..., invalidation_mode=UNCHECKED_HASH | CHECKED_HASH)``
-writes, with ``path`` as the code's co_filename.
+Builtins only (no site, no stdlib imports; any CPython >= 3.7), so the compiler's state, and so every byte it
+writes, depends on the interpreter alone. Over stdin/stdout, lengths as little-endian u32: hello <- JSON {magic,
+cache_tag, version, maps}; request -> path (the file's final in-image path), source; answer <- 0 and a PEP 552
+hash-based .pyc (co_filename = path, as py_compile writes it), or 1 and why the source does not compile. EOF ends it.
 """
 
 import _imp

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import sys
 
 NONFINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
@@ -39,9 +40,7 @@ def available() -> str | None:
 
 
 def _number(v: float):
-    if math.isfinite(v):
-        return v
-    return NONFINITE["nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")]
+    return v if math.isfinite(v) else NONFINITE[repr(v)]  # repr: "nan", "inf" or "-inf"
 
 
 def read_scalars(path: str, max_points: int) -> dict:
@@ -130,14 +129,11 @@ def main(argv: list) -> int:
             files[rel] = {"tags": {}, "points": 0, "truncated": [], "error": f"not opened: {e.strerror}"}
             continue
         try:
-            import stat
-
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size > int(request["max_bytes"]):
-                files[rel] = {"tags": {}, "points": 0, "truncated": [], "error": "not a regular file of the "
-                              "allowed size"}
-                continue
-            doc = read_scalars(f"/proc/self/fd/{fd}", max(budget, 0))
+                doc = {"tags": {}, "points": 0, "truncated": [], "error": "not a regular file of the allowed size"}
+            else:
+                doc = read_scalars(f"/proc/self/fd/{fd}", max(budget, 0))
         finally:
             os.close(fd)
         budget -= sum(len(v) for v in doc["tags"].values())

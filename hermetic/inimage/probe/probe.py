@@ -17,26 +17,15 @@ import json
 import os
 import platform
 import re
-import shutil
 import sys
 
 if __package__:  # imported from hermetic (doctor, tests)
-    from hermetic.inimage.probe.probe_cuda import (
-        attach_sm_counts, cuda_devices_from_libcuda, cuda_devices_from_torch, gpus_from_cuda, libcuda_driver_version,
-    )
-    from hermetic.inimage.probe.probe_nvml import gpus_from_nvml, open_nvml
-    from hermetic.inimage.probe.probe_smi import gpus_from_nvidia_smi
-    from hermetic.inimage.probe.probe_util import read_text, reason, safe
-else:  # run as a script inside the container: its siblings are imported from this directory
+    from hermetic.inimage.probe.probe_gpu import collect_gpus, reason
+else:  # run as a script inside the container: its sibling is imported from this directory
     _here = os.path.dirname(os.path.abspath(__file__))
     if _here not in sys.path:  # Python 3.11+ leave it out under PYTHONSAFEPATH (the image's or the run's env)
         sys.path.insert(0, _here)
-    from probe_cuda import (
-        attach_sm_counts, cuda_devices_from_libcuda, cuda_devices_from_torch, gpus_from_cuda, libcuda_driver_version,
-    )
-    from probe_nvml import gpus_from_nvml, open_nvml
-    from probe_smi import gpus_from_nvidia_smi
-    from probe_util import read_text, reason, safe
+    from probe_gpu import collect_gpus, reason
 
 PROBE_VERSION = 1
 NO_GPU_NOTE = "no GPU visible"
@@ -58,6 +47,20 @@ CPU_FLAGS_OF_INTEREST = (
 )
 CPU_FLAG_PREFIXES = ("avx512", "amx")
 
+def safe(errors, path, fn, *args):
+    """fn(*args), or None with "path: reason" appended to errors."""
+    try:
+        return fn(*args)
+    except Exception as e:  # a probe never raises
+        errors.append("%s: %s" % (path, reason(e)))
+        return None
+
+
+def read_text(path):
+    with open(path, "r", encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
 # -- software ---------------------------------------------------------------
 
 def collect_software(errors):
@@ -75,11 +78,8 @@ def collect_software(errors):
 
 
 def _determinism_env():
-    out = {}
-    for key, value in os.environ.items():
-        if key in ENV_EXACT or key.startswith(ENV_PREFIXES) or key.endswith(ENV_SUFFIXES):
-            out[key] = value
-    return dict(sorted(out.items()))
+    return {k: v for k, v in sorted(os.environ.items())
+            if k in ENV_EXACT or k.startswith(ENV_PREFIXES) or k.endswith(ENV_SUFFIXES)}
 
 
 def _import(errors, path, name):
@@ -137,13 +137,10 @@ def _nccl_version(torch):
 def _arch_list(torch):
     # get_arch_list() answers [] when no GPU is visible; the compiled-in list
     # (what the build check compares against) does not need a GPU.
-    flags = None
     getter = getattr(torch._C, "_cuda_getArchFlags", None)
-    if getter is not None:
-        flags = getter()
-    if flags:
-        return sorted(set(str(flags).split()), key=_arch_sort_key)
-    return sorted(set(torch.cuda.get_arch_list()), key=_arch_sort_key)
+    flags = getter() if getter is not None else None
+    archs = str(flags).split() if flags else torch.cuda.get_arch_list()
+    return sorted(set(archs), key=_arch_sort_key)
 
 
 def _arch_sort_key(arch):
@@ -170,21 +167,14 @@ def _numpy_config(np):
     except TypeError:
         cfg = None
     if isinstance(cfg, dict):
-        deps = cfg.get("Build Dependencies", {})
-        simd = cfg.get("SIMD Extensions", {})
-        out = {}
-        for lib in ("blas", "lapack"):
-            d = deps.get(lib) or {}
-            out[lib] = {k: d.get(k) for k in ("name", "version", "openblas configuration") if k in d}
-        out["simd_baseline"] = simd.get("baseline")
-        out["simd_found"] = simd.get("found")
+        deps, simd = cfg.get("Build Dependencies", {}), cfg.get("SIMD Extensions", {})
+        keep = ("name", "version", "openblas configuration")
+        out = {lib: {k: v for k, v in (deps.get(lib) or {}).items() if k in keep} for lib in ("blas", "lapack")}
+        out.update(simd_baseline=simd.get("baseline"), simd_found=simd.get("found"))
         return out
-    conf = np.__config__
-    out = {}
-    for lib in ("blas", "lapack"):
-        d = getattr(conf, lib + "_opt_info", None) or {}
-        out[lib] = {"libraries": d.get("libraries"), "define_macros": [list(m) for m in d.get("define_macros", [])]}
-    return out
+    infos = {lib: getattr(np.__config__, lib + "_opt_info", None) or {} for lib in ("blas", "lapack")}
+    return {lib: {"libraries": d.get("libraries"), "define_macros": [list(m) for m in d.get("define_macros", [])]}
+            for lib, d in infos.items()}
 
 
 def _blas_info(errors):
@@ -192,9 +182,7 @@ def _blas_info(errors):
     if tpc is None:
         return None
     pools = safe(errors, "software.blas", tpc.threadpool_info)
-    if pools is None:
-        return None
-    return [{k: pool[k] for k in sorted(pool)} for pool in pools]
+    return None if pools is None else [{k: pool[k] for k in sorted(pool)} for pool in pools]
 
 
 # -- hardware ---------------------------------------------------------------
@@ -209,10 +197,8 @@ def collect_hardware(errors, use_torch=True):
         "memory_bytes": safe(errors, "hardware.memory_bytes", _mem_total),
         "memory_limit_bytes": safe(errors, "hardware.memory_limit_bytes", _cgroup_memory_limit),
     }
-    gpus, source, tried = collect_gpus(errors, use_torch=use_torch)
-    hw["gpus"] = gpus
-    hw["gpu_source"] = source
-    if not gpus:
+    hw["gpus"], hw["gpu_source"], tried = collect_gpus(errors, use_torch=use_torch)
+    if not hw["gpus"]:
         hw["gpu_note"] = NO_GPU_NOTE
         hw["gpu_sources_tried"] = tried
     return hw
@@ -270,10 +256,7 @@ def _cpu_info(errors):
 
 def _logical_cores():
     # What os.cpu_count() reads, but without Python 3.13's override (PYTHON_CPU_COUNT, -X cpu_count): the machine's.
-    try:
-        n = os.sysconf("SC_NPROCESSORS_ONLN")
-    except (ValueError, OSError, AttributeError):  # no such sysconf name here
-        return os.cpu_count()
+    n = os.sysconf("SC_NPROCESSORS_ONLN")  # a name every Linux libc (glibc, musl) has
     return n if n >= 1 else None
 
 
@@ -302,80 +285,15 @@ def _cgroup_memory_limit():
 def _cgroup_cpus():
     """CPUs allowed by the cgroup's CFS quota (e.g. 2.0), or None when unlimited."""
     try:
-        quota, period = read_text("/sys/fs/cgroup/cpu.max").split()[:2]
-        if quota == "max":
+        quota, period = read_text("/sys/fs/cgroup/cpu.max").split()[:2]  # v2: "max 100000", "200000 100000"
+    except OSError:
+        try:  # v1: -1 when unlimited
+            quota, period = (read_text("/sys/fs/cgroup/cpu/cpu.cfs_%s_us" % k) for k in ("quota", "period"))
+        except OSError:
             return None
-        return int(quota) / int(period)
-    except OSError:
-        pass
-    try:
-        quota = int(read_text("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").strip())
-        period = int(read_text("/sys/fs/cgroup/cpu/cpu.cfs_period_us").strip())
-    except OSError:
+    if quota == "max" or int(quota) <= 0:
         return None
-    return None if quota <= 0 else quota / period
-
-
-# -- GPUs: which backend says what ------------------------------------------
-
-def collect_gpus(errors, use_torch=True):
-    """(gpus, source, sources_tried). gpus is [] when none is visible.
-
-    HERMETIC_PROBE_GPU_SOURCE=pynvml|nvml|nvidia-smi|cuda restricts the GPU list
-    to one source (to compare sources on a GPU machine, or to work around one).
-    """
-    tried = []
-    gpus = []
-    source = None
-    only = os.environ.get("HERMETIC_PROBE_GPU_SOURCE") or None
-    nvml = None
-    if only in (None, "pynvml", "nvml"):
-        nvml = open_nvml(tried, only)
-    elif only not in ("nvidia-smi", "cuda"):
-        errors.append("hardware.gpus: HERMETIC_PROBE_GPU_SOURCE=%r is not one of pynvml, nvml, nvidia-smi, cuda" % only)
-    if nvml is not None:
-        try:
-            gpus = gpus_from_nvml(nvml, errors)
-            source = nvml.source
-        finally:
-            nvml.shutdown()
-    elif only in (None, "nvidia-smi"):
-        smi = shutil.which("nvidia-smi")
-        if smi is None:
-            tried.append("nvidia-smi: not on PATH")
-        else:
-            try:
-                gpus = gpus_from_nvidia_smi(smi, errors)
-                source = "nvidia-smi"
-            except Exception as e:
-                tried.append("nvidia-smi: %s" % reason(e))
-                errors.append("hardware.gpus: nvidia-smi: %s" % reason(e))
-    # SM counts (and, with no NVML/nvidia-smi, the GPU list itself) from CUDA.
-    # With no GPU listed, CUDA failing to find one is the normal CPU case:
-    # its reasons go to sources_tried, not to errors.
-    need_cuda = not gpus or any(g.get("sm_count") is None for g in gpus)
-    cuda_devs = None
-    if need_cuda and (gpus or (nvml is None and only in (None, "cuda"))):
-        cuda_errors = errors if gpus else []
-        if use_torch:
-            cuda_devs = cuda_devices_from_torch(cuda_errors, tried)
-        if cuda_devs is None:
-            cuda_devs = cuda_devices_from_libcuda(cuda_errors, tried)
-        if not gpus:
-            tried.extend(cuda_errors)
-    if gpus and cuda_devs is not None:
-        attach_sm_counts(gpus, cuda_devs, errors)
-    elif gpus:
-        for g in gpus:
-            if g.get("sm_count") is None:
-                errors.append("hardware.gpus[%s].sm_count: no CUDA view (torch without CUDA, libcuda.so.1 missing)"
-                              % g.get("index"))
-    elif cuda_devs:
-        gpus = gpus_from_cuda(cuda_devs, libcuda_driver_version())
-        source = cuda_devs[0].source
-        errors.append("hardware.gpus: listed from %s (no NVML, no nvidia-smi): driver version, ECC, MIG, "
-                      "clocks and power limit unknown" % source)
-    return gpus, source, tried
+    return int(quota) / int(period)
 
 
 # -- entry points -----------------------------------------------------------
@@ -398,7 +316,6 @@ def collect(use_torch=True):
 def main():
     # Point fd 1 at stderr while collecting: native libraries write to fd 1
     # directly, and only the JSON may reach the real stdout.
-    saved = None
     try:
         sys.stdout.flush()
         saved = os.dup(1)
@@ -412,10 +329,8 @@ def main():
         doc = {"probe_version": PROBE_VERSION, "software": None, "hardware": None,
                "errors": ["probe: %s" % reason(e)]}
     finally:
-        try:
+        with contextlib.suppress(Exception):
             sys.stdout.flush()
-        except Exception:
-            pass
         if saved is not None:
             os.dup2(saved, 1)
             os.close(saved)
