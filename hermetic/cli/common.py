@@ -47,12 +47,9 @@ def oci_store():  # -> hermetic.store.oci.OciStore, imported when asked
 
 def human_bytes(n: int) -> str:
     """1234567 -> '1.2 MB' (SI units, as docker and skopeo print sizes)."""
-    size = float(n)
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{n} B"
+    for i, unit in enumerate(("B", "kB", "MB", "GB")):
+        if n < 1000 ** (i + 1) or unit == "GB":
+            return f"{n} B" if i == 0 else f"{n / 1000 ** i:.1f} {unit}"
 
 
 def stderr_console():  # -> rich.console.Console, imported lazily
