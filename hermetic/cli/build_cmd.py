@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from hermetic.cli.common import config_option, emit, emit_json, human_bytes, json_option, oci_store
+from hermetic.core.paths import cache_paths
 
 
 @click.command()
@@ -32,7 +33,6 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
       hermetic build --cache 127.0.0.1:5000/team/train   # CI: reuse across runners
     """
     from hermetic.config.load import load_config
-    from hermetic.core.paths import cache_paths
 
     paths = cache_paths()
     cfg = load_config(config_path)

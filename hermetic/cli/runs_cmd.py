@@ -18,6 +18,7 @@ from hermetic.cli.runs_tools_cmd import export_cmd, plot_cmd
 from hermetic.core.escape import shown, shown_tree
 from hermetic.record.index import group_size, is_group_dir, list_entries
 from hermetic.record.locate import resolve_ref, runs_root
+from hermetic.core.errors import IntegrityError, NotFound
 
 if TYPE_CHECKING:
     from hermetic.record.schema import Record
@@ -204,8 +205,6 @@ def _show(ref_dir: Path, no_rehash: bool, as_json: bool) -> None:
     else:
         click.echo(format_record(shown_tree(model), Path(shown(ref_dir)), check))
     if check is not None and not check.as_recorded:
-        from hermetic.core.errors import IntegrityError
-
         problems = [p for p in check.problems() if not p.endswith("(added since)")]
         raise IntegrityError(f"{ref_dir}: " + "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)"
                                                                          if len(problems) > 3 else ""),
@@ -399,7 +398,6 @@ def verify_cmd(ctx: click.Context, refs: tuple[str, ...], runs_dir: str | None, 
       hermetic runs verify                       # every run in ./runs
       hermetic runs verify 20261129-2145 --json
     """
-    from hermetic.core.errors import IntegrityError, NotFound
     from hermetic.record.verify import verify_run
 
     runs_dir, config_path = runs_location(ctx, runs_dir, config_path)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from hermetic.core.errors import CannotCreate, NotFound, UsageError
+from hermetic.core.errors import CannotCreate, LockError, NotFound, UsageError
 from hermetic.hostfs.fsutil import atomic_write_bytes, atomic_write_text
 from hermetic.core.paths import CONFIG_FILENAME, NAME_MAX, slug
 from hermetic.scaffold.projectmeta import WHAT_TO_DO, Declared, own_package
@@ -242,7 +242,6 @@ def _lock(root: Path, plan: _LockPlan, python: str, log) -> tuple[str, str]:
 
 
 def _fully_hashed(path: Path) -> bool:
-    from hermetic.core.errors import LockError
     from hermetic.lock.requirements import read_requirements_lock
     from hermetic.lock.model import Target
 
