@@ -7,6 +7,7 @@ import click
 from dataclasses import asdict
 
 from hermetic.cli.common import config_option, emit, emit_json, json_option, oci_store
+from hermetic.core.errors import NotFound, UsageError
 
 
 @click.group()
@@ -77,7 +78,6 @@ def pin_cmd(ref: str, config_path: str | None, as_json: bool) -> None:
       hermetic base pin 127.0.0.1:5000/bases/python:3.11-slim
     """
     from hermetic.core.reference import parse_image_name
-    from hermetic.core.errors import NotFound, UsageError
 
     try:
         name = parse_image_name(ref)

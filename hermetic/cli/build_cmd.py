@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, human_bytes, json_option, oci_store
+from hermetic.cli.common import config_option, emit, emit_json, human_bytes, json_option, oci_store
+from hermetic.core.paths import cache_paths
 
 
 @click.command()
@@ -32,7 +33,6 @@ def build(config_path: str | None, offline: bool, no_load: bool, cache_repo: str
       hermetic build --cache 127.0.0.1:5000/team/train   # CI: reuse across runners
     """
     from hermetic.config.load import load_config
-    from hermetic.core.paths import cache_paths
 
     paths = cache_paths()
     cfg = load_config(config_path)
@@ -91,18 +91,9 @@ def inspect_image(image: str | None, config_path: str | None, as_json: bool) -> 
     else:
         manifest_digest = find_image(store, image)
     info = describe(store, manifest_digest)
-    if as_json:
-        emit_json(info)
-        return
-    click.echo(f"manifest digest: {info['manifest_digest']}")
-    click.echo(f"image id:        {info['image_id']}")
-    click.echo(f"created:         {info['created']}   user: {info['user']}   workdir: {info['workdir']}")
-    click.echo("layers:")
-    for layer in info["layers"]:
-        click.echo(f"  {layer['digest'][7:19]}  {human_bytes(layer['size']):>9}  {layer['created_by']}")
-    click.echo("env:")
-    for e in info["env"]:
-        click.echo(f"  {e}")
-    click.echo("labels:")
-    for k, v in sorted(info["labels"].items()):
-        click.echo(f"  {k}={v}")
+    emit(as_json, info, "\n".join([
+        f"manifest digest: {info['manifest_digest']}", f"image id:        {info['image_id']}",
+        f"created:         {info['created']}   user: {info['user']}   workdir: {info['workdir']}", "layers:",
+        *(f"  {la['digest'][7:19]}  {human_bytes(la['size']):>9}  {la['created_by']}" for la in info["layers"]),
+        "env:", *(f"  {e}" for e in info["env"]),
+        "labels:", *(f"  {k}={v}" for k, v in sorted(info["labels"].items()))]))

@@ -7,6 +7,8 @@ from dataclasses import asdict
 import click
 
 from hermetic.cli.common import emit_json, human_bytes, json_option
+from hermetic.core.errors import IntegrityError
+from hermetic.core.paths import cache_paths
 
 
 @click.group()
@@ -42,8 +44,6 @@ def verify_cmd(repair: bool, as_json: bool) -> None:
       hermetic cache verify --repair
     """
     from hermetic.builder.gc import verify
-    from hermetic.core.errors import IntegrityError
-    from hermetic.core.paths import cache_paths
 
     paths = cache_paths()
     rep = verify(paths, repair=repair, on_wait=_say_waiting)
@@ -95,7 +95,6 @@ def gc_cmd(keep_builds: int, dry_run: bool, as_json: bool) -> None:
       hermetic cache gc --keep-builds 3 --json
     """
     from hermetic.builder.gc import gc
-    from hermetic.core.paths import cache_paths
 
     rep = gc(cache_paths(), keep_builds=keep_builds, dry_run=dry_run, on_wait=_say_waiting)
     if as_json:

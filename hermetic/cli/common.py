@@ -1,8 +1,8 @@
 """Options and output helpers shared by the commands: -C, --json, the runs commands' --runs-dir, ``--mlflow
 [URI]`` (alone: $MLFLOW_TRACKING_URI; it takes the next word only when that is a URI, so ``hermetic run --mlflow
 train.py`` runs train.py), the commands that run a SCRIPT, and the progress bars (rich, on stderr, only on a
-terminal; the packages report through callbacks and never draw). Only click and the standard library are
-imported here: ``hermetic runs`` lists on them alone.
+terminal; the packages report through callbacks and never draw). Only click, the standard library and
+hermetic.core (stdlib only) are imported here: ``hermetic runs`` lists on them alone.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import click
 
+from hermetic.core.errors import DataError, HermeticError
+from hermetic.core.escape import shown
+from hermetic.core.paths import cache_paths
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -25,8 +29,6 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print one JS
 
 
 def emit_json(value: Any) -> None:
-    from hermetic.core.escape import shown
-
     sys.stdout.write(shown(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False), "json") + "\n")
 
 
@@ -39,7 +41,6 @@ def emit(as_json: bool, doc: Any, text: str) -> None:
 
 
 def oci_store():  # -> hermetic.store.oci.OciStore, imported when asked
-    from hermetic.core.paths import cache_paths
     from hermetic.store.oci import OciStore
 
     return OciStore(cache_paths().oci)
@@ -47,12 +48,9 @@ def oci_store():  # -> hermetic.store.oci.OciStore, imported when asked
 
 def human_bytes(n: int) -> str:
     """1234567 -> '1.2 MB' (SI units, as docker and skopeo print sizes)."""
-    size = float(n)
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{n} B"
+    for i, unit in enumerate(("B", "kB", "MB", "GB")):
+        if n < 1000 ** (i + 1) or unit == "GB":
+            return f"{n} B" if i == 0 else f"{n / 1000 ** i:.1f} {unit}"
 
 
 def stderr_console():  # -> rich.console.Console, imported lazily
@@ -135,9 +133,6 @@ def reading(*run_dirs: Path) -> Iterator[None]:
     try:
         yield
     except (TypeError, AttributeError, KeyError, IndexError, ValueError, RecursionError) as e:
-        from hermetic.core.errors import DataError
-        from hermetic.core.escape import shown
-
         files = " or ".join(str(d / "run.json") if d.name != "run.json" else str(d) for d in run_dirs)
         why = "nested too deeply" if isinstance(e, RecursionError) else f"{type(e).__name__}: {e}"
         raise DataError(f"{files}: not a record hermetic can read ({shown(why, limit=200)})") from None
@@ -202,7 +197,6 @@ def export_after_run(uri: str | None, dirs: list[Path], exit_code: int) -> int:
     export failed (the record is on disk either way: the message says how to export it again)."""
     if uri is None:
         return exit_code
-    from hermetic.core.errors import HermeticError
     from hermetic.integrations.mlflow import export_paths
 
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, json_option
+from hermetic.cli.common import config_option, emit, json_option
 
 
 @click.group()
@@ -27,9 +27,6 @@ def show(config_path: str | None, as_json: bool) -> None:
 
     cfg = load_config(config_path)
     resolved = cfg.resolved()
-    if as_json:
-        emit_json({"path": str(cfg.path), "sha256": cfg.sha256, "config": resolved})
-        return
-    click.echo(f"# {cfg.path}")
-    click.echo(f"# sha256: {cfg.sha256}")
-    click.echo(yaml.safe_dump(resolved, sort_keys=True, default_flow_style=False).rstrip())
+    emit(as_json, {"path": str(cfg.path), "sha256": cfg.sha256, "config": resolved},
+         f"# {cfg.path}\n# sha256: {cfg.sha256}\n"
+         + yaml.safe_dump(resolved, sort_keys=True, default_flow_style=False).rstrip())

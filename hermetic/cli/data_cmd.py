@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from hermetic.cli.common import config_option, emit_json, json_option, progress_enabled
+from hermetic.core.errors import IntegrityError
 
 _SHOW_PER_KIND = 20
 
@@ -103,8 +104,6 @@ def verify_cmd(directory: Path | None, manifest: Path | None, full: bool, config
         raise click.UsageError("give both DIRECTORY and MANIFEST, or neither (to verify hermetic.yaml's datasets)")
     if directory is not None and (config_path or names):
         raise click.UsageError("-C/--config and --dataset apply only without DIRECTORY and MANIFEST")
-    from hermetic.core.errors import IntegrityError
-
     if directory is not None and manifest is not None:
         from hermetic.data.verify import verify_dataset
 

@@ -18,6 +18,8 @@ import click
 
 from hermetic.cli.common import emit_json, json_option, with_byte_bar
 from hermetic.core.errors import EXIT_UNAVAILABLE
+from hermetic.core.escape import shown
+from hermetic.core.paths import cache_paths
 
 GiB = 1 << 30
 DISK_WARN_BYTES = 10 * GiB
@@ -161,7 +163,6 @@ def check_stores(report: Any, paths: Any) -> list[Check]:
 
 def run_doctor(*, rehash: bool = True) -> list[Check]:
     from hermetic.builder.gc import verify
-    from hermetic.core.paths import cache_paths
 
     paths = cache_paths()
     gpus, gpu_errors, tried = host_gpus()
@@ -196,8 +197,6 @@ def doctor(quick: bool, as_json: bool) -> int:
       hermetic doctor
       hermetic doctor --quick --json | jq '.checks[] | select(.status != "ok")'
     """
-    from hermetic.core.escape import shown
-
     checks = run_doctor(rehash=not quick)
     failed = any(c.status == "fail" for c in checks)
     if as_json:

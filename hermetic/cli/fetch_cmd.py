@@ -7,6 +7,7 @@ import time
 import click
 
 from hermetic.cli.common import config_option, download_bars, emit_json, json_option, progress_enabled
+from hermetic.core.paths import cache_paths
 
 
 @click.command()
@@ -34,7 +35,6 @@ def fetch(config_path: str | None, lock_file: str | None, jobs: int, offline: bo
     from hermetic.lock.indexes import read_pip_sources
     from hermetic.lock.model import Target
     from hermetic.lock.read import read_lock
-    from hermetic.core.paths import cache_paths
     from hermetic.store.fetch import fetch as do_fetch
     from hermetic.store.wheels import WheelStore
 

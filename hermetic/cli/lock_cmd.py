@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from hermetic.cli.common import config_option, emit_json, json_option
+from hermetic.cli.common import config_option, emit, json_option
 
 
 @click.command()
@@ -51,11 +51,8 @@ def lock(input_file: Path | None, config_path: str | None, output: Path | None, 
                        check_indexes=not no_index_check, pip_find_links=not no_pip_find_links)
     for w in res.warnings:
         click.echo(f"hermetic: warning: {w}", err=True)
-    if as_json:
-        emit_json({"lock": str(res.output), "packages": res.packages, "resolver": res.resolver,
+    emit(as_json, {"lock": str(res.output), "packages": res.packages, "resolver": res.resolver,
                    "target": {"platform": target.platform, "python": target.python_version},
-                   "torch": res.torch.to_json() if res.torch else None, "warnings": res.warnings})
-    else:
-        click.echo(f"locked {res.packages} packages for {target.platform} / CPython {target.python_version} -> {res.output}")
-        if res.torch is not None:
-            click.echo(res.torch.sentence())
+                   "torch": res.torch.to_json() if res.torch else None, "warnings": res.warnings},
+         f"locked {res.packages} packages for {target.platform} / CPython {target.python_version} -> {res.output}"
+         + (f"\n{res.torch.sentence()}" if res.torch is not None else ""))

@@ -12,13 +12,14 @@ from pathlib import Path
 import click
 
 from hermetic.cli.common import emit, runs_options
+from hermetic.core.errors import EXIT_INTERRUPTED, EXIT_SOFTWARE, NotFound, TempFail
+from hermetic.core.escape import shown
 
 FOLLOW_POLL_S = 0.2
 
 
 def _run_dir(run: str | None, runs_dir: str | None, config_path: str | None) -> Path:
     """RUN as given, else the newest run (what `hermetic run --detach` just started, usually)."""
-    from hermetic.core.errors import NotFound
     from hermetic.record.index import list_entries
     from hermetic.record.locate import resolve_ref, runs_root
 
@@ -67,8 +68,6 @@ def logs(run: str | None, follow: bool, raw: bool, runs_dir: str | None, config_
 
     import codecs
 
-    from hermetic.core.escape import shown
-
     run_dir = _run_dir(run, runs_dir, config_path)
     out = sys.stdout.buffer
     text = codecs.getincrementaldecoder("utf-8")("backslashreplace")
@@ -109,7 +108,6 @@ def stop(run: str, no_wait: bool, runs_dir: str | None, config_path: str | None,
     Example:
       hermetic stop 20261201-0815
     """
-    from hermetic.core.errors import NotFound
     from hermetic.record import liveness
     from hermetic.record.index import entry_from_dir, ran_note
 
@@ -160,7 +158,6 @@ def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str
     Example:
       id=$(hermetic run --detach train.py) && hermetic runs wait "$id"
     """
-    from hermetic.core.errors import TempFail
     from hermetic.record import liveness
     from hermetic.record.index import entry_from_dir, ran_note
 
@@ -177,8 +174,6 @@ def wait(run: str, timeout: float | None, runs_dir: str | None, config_path: str
 def exit_code_of(run_dir: Path, entry: dict) -> int:
     """What `hermetic run` returned for this run (or seed group), from its record."""
     import json
-
-    from hermetic.core.errors import EXIT_INTERRUPTED, EXIT_SOFTWARE
 
     status = entry["status"]
     if status == "succeeded":

@@ -11,6 +11,7 @@ from hermetic.cli.common import MlflowCommand, config_option, emit_json, export_
 from hermetic.cli.run_options import parse_data, request_template, run_options
 from hermetic.core import escape
 from hermetic.engines.base import ENGINES
+from hermetic.core.paths import cache_paths
 
 
 @click.command(cls=MlflowCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -57,7 +58,6 @@ def run(mlflow_uri, detach, as_json, script, args, **shared) -> int:
     if detach:
         return _start_detached(script, as_json)
     keep_running_without_a_terminal()
-    from hermetic.core.paths import cache_paths
     from hermetic.run.runner import execute
 
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "run", script, *args]
@@ -203,7 +203,6 @@ def replay(run_ref: str, config_path: str | None, data: tuple[str, ...], engine:
       hermetic replay --data synth=/scratch/synth runs/20261129-214500-1a2b3c   # the data moved
     """
     from hermetic.cli.common import reading
-    from hermetic.core.paths import cache_paths
     from hermetic.diff import diff_paths
     from hermetic.diff.render import render
     from hermetic.record import load_record

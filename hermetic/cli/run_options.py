@@ -10,6 +10,7 @@ import click
 from hermetic.cli.common import config_option
 from hermetic.engines.base import ENGINES
 from hermetic.config.seedargs import MAX_GROUP_SEEDS
+from hermetic.core.errors import UsageError
 
 # Where the two commands say a shared option differently (what the option does is the same).
 _HELP = {
@@ -80,7 +81,6 @@ def request_template(shared: dict[str, Any], *, script: str, args: tuple[str, ..
     shared options describe, everything in them checked before anything is built or asked: --seed with --seeds, the seeds' range, --data's form, --resume-from's
     run, --nproc-per-node's plan (over ``nnodes`` nodes)."""
     from hermetic.config.load import load_config
-    from hermetic.core.errors import UsageError
     from hermetic.run.plan import RunRequest
     from hermetic.config.seedargs import parse_seeds
 
@@ -127,8 +127,6 @@ def check_seeds(value: str | None) -> str | None:
 
 def parse_data(items) -> dict[str, str]:
     """``--data NAME=PATH`` items -> {NAME: PATH}."""
-    from hermetic.core.errors import UsageError
-
     out = {}
     for item in items:
         n, eq, p = item.partition("=")

@@ -16,7 +16,9 @@ from hermetic.cli.common import emit_json, reading, runs_location, runs_options
 from hermetic.cli.logs_cmd import wait
 from hermetic.cli.runs_tools_cmd import export_cmd, plot_cmd
 from hermetic.core.escape import shown, shown_tree
+from hermetic.record.index import group_size, is_group_dir, list_entries
 from hermetic.record.locate import resolve_ref, runs_root
+from hermetic.core.errors import IntegrityError, NotFound
 
 if TYPE_CHECKING:
     from hermetic.record.schema import Record
@@ -47,8 +49,6 @@ def runs(ctx: click.Context, runs_dir: str | None, config_path: str | None, as_j
     """
     if ctx.invoked_subcommand is not None:
         return
-    from hermetic.record.index import list_entries
-
     root = runs_root(runs_dir, config_path)
     entries = list_entries(root, reindex=reindex)
     if reap_listed_orphans(entries, by="hermetic runs"):
@@ -121,8 +121,6 @@ def _num(v: Any) -> str:
 
 
 def format_row(e: dict[str, Any]) -> list[str]:
-    from hermetic.record.index import group_size
-
     started = (e.get("started_at") or "")[:16].replace("T", " ")
     status = e["status"] or "-"
     if e["kind"] == "group":
@@ -188,8 +186,6 @@ def show(ctx: click.Context, run_id: str, no_rehash: bool, runs_dir: str | None,
 
 
 def _show(ref_dir: Path, no_rehash: bool, as_json: bool) -> None:
-    from hermetic.record.index import is_group_dir
-
     if is_group_dir(ref_dir):
         from hermetic.record.group import load_group
 
@@ -209,8 +205,6 @@ def _show(ref_dir: Path, no_rehash: bool, as_json: bool) -> None:
     else:
         click.echo(format_record(shown_tree(model), Path(shown(ref_dir)), check))
     if check is not None and not check.as_recorded:
-        from hermetic.core.errors import IntegrityError
-
         problems = [p for p in check.problems() if not p.endswith("(added since)")]
         raise IntegrityError(f"{ref_dir}: " + "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)"
                                                                          if len(problems) > 3 else ""),
@@ -404,7 +398,6 @@ def verify_cmd(ctx: click.Context, refs: tuple[str, ...], runs_dir: str | None, 
       hermetic runs verify                       # every run in ./runs
       hermetic runs verify 20261129-2145 --json
     """
-    from hermetic.core.errors import IntegrityError, NotFound
     from hermetic.record.verify import verify_run
 
     runs_dir, config_path = runs_location(ctx, runs_dir, config_path)
@@ -445,8 +438,6 @@ def _verify_line(r: Any) -> str:
 
 def _all_run_dirs(root: Path) -> list[Path]:
     """Every run directory under ``root`` (groups are not runs: their members are), by name."""
-    from hermetic.record.index import is_group_dir
-
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir() and not is_group_dir(p))
@@ -454,8 +445,6 @@ def _all_run_dirs(root: Path) -> list[Path]:
 
 def _member_dirs(ref_dir: Path) -> list[Path]:
     """A run directory itself; a group's member run directories."""
-    from hermetic.record.index import is_group_dir
-
     if not is_group_dir(ref_dir):
         return [ref_dir]
     from hermetic.record.group import load_group

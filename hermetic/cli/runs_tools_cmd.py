@@ -13,6 +13,8 @@ import click
 
 from hermetic.cli.common import MlflowCommand, emit_json, mlflow_option, reading, runs_location, runs_options
 from hermetic.record.locate import resolve_ref, runs_root
+from hermetic.core.errors import HermeticError, UsageError
+from hermetic.core.escape import shown
 
 
 def all_exportable(root: Path) -> list[Path]:
@@ -55,8 +57,6 @@ def export_cmd(ctx: click.Context, refs: tuple[str, ...], mlflow_uri: str | None
       MLFLOW_TRACKING_URI=http://mlflow:5000 hermetic runs export --mlflow
       hermetic runs export --mlflow=./mlruns --experiment mnist --json
     """
-    from hermetic.core.errors import UsageError
-    from hermetic.core.escape import shown
     from hermetic.integrations.mlflow import MlflowExporter, tracking_uri
 
     if mlflow_uri is None:
@@ -118,9 +118,6 @@ def plot_or_note(paths: list[Path], output: str) -> dict[str, Any]:
     """``diff --plot``: the figure, or a note on stderr when there is nothing to draw (no metrics in either
     run, a series that cannot be read): the diff's verdict and exit code stand either way. The JSON that
     ``diff --json`` shows under ``plot``: PlotResult's, or ``{"path": None, "note": ...}``."""
-    from hermetic.core.errors import HermeticError
-    from hermetic.core.escape import shown
-
     try:
         return write_plot(paths, output).to_json()
     except HermeticError as e:
@@ -132,8 +129,6 @@ def write_plot(paths: list[Path], output: str, *, metrics: list[str] | None = No
     from hermetic.figures.runs import plot
 
     result = plot(paths, output, metrics=metrics)
-    from hermetic.core.escape import shown
-
     curves = ", ".join(f"{m}: {n}" for m, n in result.to_json()["curves"].items())
     click.echo(shown(f"wrote {result.path} ({curves} curves)"), err=True)
     return result

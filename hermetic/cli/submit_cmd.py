@@ -10,6 +10,8 @@ import click
 
 from hermetic.cli.common import ScriptCommand, emit_json
 from hermetic.cli.run_options import request_template, run_options
+from hermetic.core.errors import UsageError
+from hermetic.core.paths import cache_paths
 
 
 @click.command(cls=ScriptCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -64,7 +66,6 @@ def submit(partition, time_limit, cpus, nodes, sbatch_args, container, shared_st
       hermetic submit --wait train.py                        # block; exit like hermetic run
     """
     from hermetic.cli.run_cmd import run_log
-    from hermetic.core.paths import cache_paths
     from hermetic.slurm.submit import SlurmOptions, submit as do_submit
 
     argv = ["hermetic", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["hermetic", "submit", script, *args]
@@ -163,8 +164,6 @@ def slurm_task(submission: Path, phase: str, exit_code: int | None) -> int:
         begin(submission, log=log)
         return 0
     if exit_code is None:
-        from hermetic.core.errors import UsageError
-
         raise UsageError("--phase end needs --exit-code (the container's)")
     return end(submission, exit_code, log=log)
 

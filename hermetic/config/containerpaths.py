@@ -43,28 +43,13 @@ def dataset_container_paths(index: int, dataset: Any, *, workdir: str, prefix: s
     return out
 
 
+_GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|[^*?]+")
+_GLOB_REGEX = {"**/": "(?:[^/]+/)*", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+
+
 @lru_cache(maxsize=256)
 def glob_regex(glob: str) -> re.Pattern[str]:
-    parts = []
-    i = 0
-    while i < len(glob):
-        c = glob[i]
-        if glob.startswith("**/", i):
-            parts.append("(?:[^/]+/)*")
-            i += 3
-        elif glob.startswith("**", i):
-            parts.append(".*")
-            i += 2
-        elif c == "*":
-            parts.append("[^/]*")
-            i += 1
-        elif c == "?":
-            parts.append("[^/]")
-            i += 1
-        else:
-            parts.append(re.escape(c))
-            i += 1
-    return re.compile("".join(parts) + r"\Z")
+    return re.compile("".join(_GLOB_REGEX.get(t) or re.escape(t) for t in _GLOB_TOKEN.findall(glob)) + r"\Z")
 
 
 def glob_match(glob: str, relpath: str) -> bool:

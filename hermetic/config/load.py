@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hermetic.core.canonical import canonical_json, sha256_hex
 from hermetic.core.errors import ConfigError
@@ -88,6 +88,51 @@ def _check_size(v: str) -> str:
     return v
 
 
+def _check_version(v: str) -> str:
+    if not re.fullmatch(r"3\.\d{1,2}", v):
+        raise ValueError("must be MAJOR.MINOR, e.g. '3.11'")
+    return v
+
+
+def _check_mount(v: str) -> str:
+    if not v.startswith("/"):
+        raise ValueError("must be an absolute path in the container")
+    return container_path(v)
+
+
+def _check_user(v: str) -> str:
+    m = re.fullmatch(r"(\d+):(\d+)", v)
+    if not m or int(m.group(1)) == 0:
+        raise ValueError("must be a non-root UID:GID, e.g. '1000:1000'")
+    return v
+
+
+def _check_base(v: str) -> str:
+    parse_base_reference(v)  # raises ValueError with the pin hint
+    return v
+
+
+def _check_sources(v: Any) -> Any:
+    if isinstance(v, list):
+        if not v:
+            raise ValueError("an empty list reads no metrics: write none for that")
+        if len(set(v)) != len(v):
+            raise ValueError("names a source twice")
+    return v
+
+
+def _check_pids(v: int) -> int:
+    if v < 8:
+        raise ValueError("must be at least 8 (the container's init and the script are two already), or null for none")
+    return v
+
+
+def _check_memory(v: str) -> str:
+    if size_bytes(v) < 6 << 20:
+        raise ValueError("must be at least 6m (the Docker Engine's smallest memory limit), or null for none")
+    return v
+
+
 Name = Annotated[str, AfterValidator(_check_name)]
 Size = Annotated[str, AfterValidator(_check_size)]
 EnvMap = Annotated[dict[str, str], AfterValidator(_check_env_names)]
@@ -104,14 +149,7 @@ class PythonConfig(_Strict):
     """The interpreter inside the image that runs training."""
 
     path: ImagePath = "/usr/bin/python3"
-    version: str = "3.11"
-
-    @field_validator("version")
-    @classmethod
-    def _major_minor(cls, v: str) -> str:
-        if not re.fullmatch(r"3\.\d{1,2}", v):
-            raise ValueError("must be MAJOR.MINOR, e.g. '3.11'")
-        return v
+    version: Annotated[str, AfterValidator(_check_version)] = "3.11"
 
 
 class DeterminismConfig(_Strict):
@@ -128,16 +166,7 @@ class DatasetConfig(_Strict):
     name: Name
     path: HostPath
     manifest: HostPath
-    mount: Optional[str] = None
-
-    @field_validator("mount")
-    @classmethod
-    def _mount(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        if not v.startswith("/"):
-            raise ValueError("must be an absolute path in the container")
-        return container_path(v)
+    mount: Optional[Annotated[str, AfterValidator(_check_mount)]] = None
 
     @property
     def in_project(self) -> bool:
@@ -156,16 +185,8 @@ class BuildConfig(_Strict):
     # PEP 552 .pyc beside every installed module, compiled by the base's own interpreter
     # (docs/images.md, "Bytecode"); "none" ships sources only and compiles at every start.
     bytecode: Literal["unchecked-hash", "checked-hash", "none"] = "unchecked-hash"
-    user: str = "1000:1000"
+    user: Annotated[str, AfterValidator(_check_user)] = "1000:1000"
     workdir: ImagePath = "/workspace"
-
-    @field_validator("user")
-    @classmethod
-    def _uid_gid(cls, v: str) -> str:
-        m = re.fullmatch(r"(\d+):(\d+)", v)
-        if not m or int(m.group(1)) == 0:
-            raise ValueError("must be a non-root UID:GID, e.g. '1000:1000'")
-        return v
 
 
 # Files that differ every run by design: kept and hashed, never compared (TensorBoard names its event
@@ -203,41 +224,16 @@ class RunConfig(_Strict):
     outputs: OutputsConfig = Field(default_factory=lambda: OutputsConfig())
     # auto: every source found (metrics.jsonl, TensorBoard event files, Lightning's metrics.csv, the Trainer's
     # trainer_state.json and *_results.json), each metric named by its source; a list: only those; none: none.
-    metrics: Union[Literal["auto", "none"], list[MetricSource]] = "auto"
+    metrics: Annotated[Union[Literal["auto", "none"], list[MetricSource]], AfterValidator(_check_sources)] = "auto"
     # Limits that keep the host safe (docs/your-script.md, "Limits"); null: none. pids: the container's processes
     # and threads together. memory: RAM, no swap (the OOM killer ends the script, 137); /dev/shm and /tmp count.
-    pids: Optional[int] = Field(default=4096, le=PIDS_MAX)
-    memory: Optional[Size] = None
-
-    @field_validator("metrics")
-    @classmethod
-    def _sources_once(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            if not v:
-                raise ValueError("an empty list reads no metrics: write none for that")
-            if len(set(v)) != len(v):
-                raise ValueError("names a source twice")
-        return v
-
-    @field_validator("pids")
-    @classmethod
-    def _pids_enough_to_start(cls, v: int | None) -> int | None:
-        if v is not None and v < 8:
-            raise ValueError("must be at least 8 (the container's init and the script are two already), "
-                             "or null for none")
-        return v
-
-    @field_validator("memory")
-    @classmethod
-    def _memory_at_least_docker_minimum(cls, v: str | None) -> str | None:
-        if v is not None and size_bytes(v) < 6 << 20:
-            raise ValueError("must be at least 6m (the Docker Engine's smallest memory limit), or null for none")
-        return v
+    pids: Optional[Annotated[int, AfterValidator(_check_pids)]] = Field(default=4096, le=PIDS_MAX)
+    memory: Optional[Annotated[Size, AfterValidator(_check_memory)]] = None
 
 
 class HermeticConfig(_Strict):
     name: Name  # also the image's name in the store
-    base: str
+    base: Annotated[str, AfterValidator(_check_base)]
     python: PythonConfig = Field(default_factory=PythonConfig)
     lock: HostPath = "requirements.lock"
     determinism: DeterminismConfig = Field(default_factory=DeterminismConfig)
@@ -246,12 +242,6 @@ class HermeticConfig(_Strict):
     runs_dir: HostPath = "runs"
     build: BuildConfig = Field(default_factory=BuildConfig)
     run: RunConfig = Field(default_factory=RunConfig)
-
-    @field_validator("base")
-    @classmethod
-    def _base(cls, v: str) -> str:
-        parse_base_reference(v)  # raises ValueError with the pin hint
-        return v
 
     @model_validator(mode="after")
     def _datasets_fit_the_container(self) -> "HermeticConfig":

@@ -6,11 +6,12 @@ files and pyproject.toml locked; a hashed lock used as is), a dataset and manife
 
 from __future__ import annotations
 
+import ast
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from hermetic.core.errors import CannotCreate, NotFound, UsageError
+from hermetic.core.errors import CannotCreate, LockError, NotFound, UsageError
 from hermetic.hostfs.fsutil import atomic_write_bytes, atomic_write_text
 from hermetic.core.paths import CONFIG_FILENAME, NAME_MAX, slug
 from hermetic.scaffold.projectmeta import WHAT_TO_DO, Declared, own_package
@@ -102,8 +103,6 @@ def guess_script(root: Path) -> str | None:
 
 
 def _parse(path: Path):
-    import ast
-
     try:
         return ast.parse(path.read_bytes(), filename=str(path))
     except (OSError, SyntaxError, ValueError):
@@ -111,15 +110,11 @@ def _parse(path: Path):
 
 
 def _is_main_guard(node) -> bool:
-    import ast
-
     return isinstance(node, ast.If) and ast.unparse(node.test) in ("__name__ == '__main__'", "'__main__' == __name__")
 
 
 def _defines(node) -> bool:
     """A statement that only defines (imports, functions, classes, assignments, the docstring)."""
-    import ast
-
     return isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
                              ast.Assign, ast.AnnAssign)) or (isinstance(node, ast.Expr)
                                                              and isinstance(node.value, ast.Constant))
@@ -247,7 +242,6 @@ def _lock(root: Path, plan: _LockPlan, python: str, log) -> tuple[str, str]:
 
 
 def _fully_hashed(path: Path) -> bool:
-    from hermetic.core.errors import LockError
     from hermetic.lock.requirements import read_requirements_lock
     from hermetic.lock.model import Target
 

@@ -80,9 +80,10 @@ def declared_requirements(root: Path, extras: Sequence[str] = ()) -> Declared | 
             return _with_extras(reqs, {k: _str_list(v, "pyproject.toml", f"[project.optional-dependencies].{k}")
                                        for k, v in optional.items()},
                                 extras, "pyproject.toml [project].dependencies", project.get("name"))
-        files = _setuptools_dynamic_files(doc, "dependencies")
+        dyn = ((doc.get("tool") or {}).get("setuptools") or {}).get("dynamic") or {}
+        files = _dynamic_files(dyn.get("dependencies"))
         if files is not None:
-            return _from_files(root, files, doc, extras)
+            return _from_files(root, files, dyn.get("optional-dependencies"), extras)
     cfg = _setup_cfg(root)
     if cfg is not None and cfg.has_option("options", "install_requires"):
         return _from_setup_cfg(root, cfg, extras)
@@ -179,25 +180,22 @@ def _dynamic(project: dict[str, Any]) -> set[str]:
     return {d for d in dynamic if isinstance(d, str)} if isinstance(dynamic, list) else set()
 
 
-def _setuptools_dynamic_files(doc: dict[str, Any], key: str) -> list[str] | None:
-    """``[tool.setuptools.dynamic] dependencies = {file = [...]}``'s files, or None."""
-    entry = (((doc.get("tool") or {}).get("setuptools") or {}).get("dynamic") or {}).get(key)
+def _dynamic_files(entry: Any) -> list[str] | None:
+    """The files of a ``[tool.setuptools.dynamic]`` entry (``{file = [...]}``, or one file), or None."""
     files = entry.get("file") if isinstance(entry, dict) else None
     if isinstance(files, str):
         files = [files]
     return [f for f in files if isinstance(f, str)] if isinstance(files, list) else None
 
 
-def _from_files(root: Path, files: list[str], doc: dict[str, Any], extras: Sequence[str]) -> Declared:
+def _from_files(root: Path, files: list[str], optional: Any, extras: Sequence[str]) -> Declared:
     """Dependencies setuptools reads from requirement files: requirements.in includes them (-r FILE)."""
-    dyn = (((doc.get("tool") or {}).get("setuptools") or {}).get("dynamic") or {}).get("optional-dependencies")
     for extra in extras:
-        entry = dyn.get(extra) if isinstance(dyn, dict) else None
-        listed = entry.get("file") if isinstance(entry, dict) else None
+        listed = _dynamic_files(optional.get(extra) if isinstance(optional, dict) else None)
         if listed is None:
             raise UsageError(f"--extra {extra}: pyproject.toml declares no such optional dependencies "
                              "([tool.setuptools.dynamic.optional-dependencies])")
-        files = files + ([listed] if isinstance(listed, str) else [x for x in listed if isinstance(x, str)])
+        files = files + listed
     for f in files:
         if not (root / f).is_file():
             raise NotFound(f"pyproject.toml: [tool.setuptools.dynamic] names {f}, which does not exist")
