@@ -432,6 +432,10 @@ class ChildEngine:
     def gpu_readiness(self, gpu_on_host: bool) -> None:
         return None
 
+    def build_feed(self, store: Any, base_config: dict[str, Any], base_layers: list[Any], total_layers: int,
+                   repo_tag: str | None, labels: dict[str, str]) -> None:
+        return None  # the image is made runnable at the end (ensure_image)
+
     def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
                name: str | None = None) -> DeferredLaunch:
         return DeferredLaunch(self, spec, log_dir, echo=echo, name=name)
@@ -480,10 +484,21 @@ def rewrite_logs(container: Any, files: list[Any]) -> None:
             pass
 
 
-def echo_logs_past(files: list[Any], streamed: Any, echo: bool) -> None:
-    """After rewrite_logs: what each stream's log holds past the ``streamed`` bytes, echoed from the files."""
+def complete_logs(container: Any, files: list[Any], streamed: Any, echo: bool) -> None:
+    """The attach stream (or the child's pipe) can end before the engine delivered all of a container's output
+    when it exits quickly under load (moby#29285); the engine's own log has it all. Each stream's log is
+    counted as it is read (never held); when it holds more than was ``streamed``, the files are rewritten
+    from it and the rest is echoed."""
     import sys
 
+    try:
+        sizes = [sum(map(len, container.logs(stdout=out, stderr=not out, stream=True, follow=False)))
+                 for out in (True, False)]
+    except Exception:  # the engine lost it: keep what was streamed
+        return
+    if sizes[0] <= streamed[0] and sizes[1] <= streamed[1]:
+        return
+    rewrite_logs(container, files)
     for f, n, term in zip(files, streamed, (sys.stdout.buffer, sys.stderr.buffer) if echo else ()):
         with contextlib.suppress(OSError, ValueError), open(f.name, "rb") as src:
             src.seek(n)
@@ -496,17 +511,15 @@ CAPTURE_LIMIT = 16 << 20  # bytes of each stream a probe or reader container may
 
 class Capture:
     """One stream of ``run_capture``, as it is read: its bytes up to ``limit`` (past it ``add`` says stop and
-    ``value`` fails, naming the container and the cap), or counted only (``limit`` None)."""
+    ``value`` fails, naming the container and the cap)."""
 
-    def __init__(self, what: str, stream: str, limit: int | None = CAPTURE_LIMIT) -> None:
+    def __init__(self, what: str, stream: str, limit: int = CAPTURE_LIMIT) -> None:
         self.what, self.stream, self.limit = what, stream, limit
-        self.data, self.size, self.over = bytearray(), 0, False
+        self.data, self.over = bytearray(), False
 
     def add(self, chunk: bytes) -> bool:
-        self.size += len(chunk)
-        if self.limit is not None and self.size > self.limit:
-            self.over = True
-        elif self.limit is not None:
+        self.over = self.over or len(self.data) + len(chunk) > self.limit
+        if not self.over:
             self.data += chunk
         return not self.over
 
