@@ -338,15 +338,17 @@ def watch_beside(watch: Watch | None, done: threading.Event, stop: Callable[[], 
     threading.Thread(target=watch.run_until, args=(done, on_exceeded), daemon=True, name="hermetic-watch").start()
 
 
+def _raise_interrupted(signum: int, _frame: Any) -> None:
+    raise Interrupted(signum)
+
+
 @contextlib.contextmanager
-def interrupt_handlers() -> Iterator[None]:
+def interrupt_handlers(handler: Any = _raise_interrupted) -> Iterator[None]:
     """SIGINT and SIGTERM raise Interrupted while inside (main thread only), installed before the container
-    exists: a signal while it is created must not leave behind a container this process never heard of."""
+    exists: a signal while it is created must not leave behind a container this process never heard of.
+    (``signal.SIG_IGN``: a second Ctrl-C while the container is being stopped does not leave it half-stopped.)"""
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        def handler(signum, _frame):
-            raise Interrupted(signum)
-
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, handler)
     try:

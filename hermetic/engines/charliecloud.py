@@ -112,8 +112,7 @@ class CharliecloudEngine(ChildEngine):
         for k, v in spec.env.items():
             if "\n" in v or "\n" in k:
                 raise EngineError(f"--env {k}: a value with a line break cannot be given to ch-run")
-        self.ch_run()
-        self.init()
+        self.connect()
 
     def init(self) -> str:
         for name in INITS:

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 from hermetic.engines.base import (
     BuildFeed, ChildEngine, ContainerSpec, EngineInfo, Readiness, RunOutcome, Watch, close_files,
     complete_logs, container_home_env, last_line, nproc_allowed, oom_reason, open_log_files, rewrite_logs,
-    write_private,
+    user_name, write_private,
 )
 from hermetic.engines.gpu import cdi_devices, check_cdi
 from hermetic.engines.process import capture_process, stream_process
@@ -392,11 +392,8 @@ def _tail(log_dir: Path) -> str:
 
 def _has_subid_range() -> bool:
     """Whether /etc/subuid gives this user a range (rootless Podman's user namespace needs one)."""
-    import pwd
-
     try:
-        user = pwd.getpwuid(os.geteuid()).pw_name
         lines = Path("/etc/subuid").read_text().splitlines()
-    except (OSError, KeyError):
+    except OSError:
         return False
-    return any(ln.split(":")[0] in (user, str(os.geteuid())) for ln in lines if ln.count(":") == 2)
+    return any(ln.split(":")[0] in (user_name(), str(os.geteuid())) for ln in lines if ln.count(":") == 2)

@@ -68,7 +68,7 @@ def stream_process(argv: Sequence[str], files: list[BinaryIO], *, stop: Callable
         except (Interrupted, KeyboardInterrupt) as e:
             signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
             if proc is not None:
-                with _ignoring_interrupts():
+                with interrupt_handlers(signal.SIG_IGN):
                     stop(proc)
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(timeout=60)
@@ -118,20 +118,6 @@ def capture_process(argv: Sequence[str], env: dict[str, str] | None, timeout: fl
         for t in readers:
             t.join()
     return code, caps[0].value(), caps[1].value()
-
-
-@contextlib.contextmanager
-def _ignoring_interrupts():
-    """A second Ctrl-C while the container is being stopped does not leave it half-stopped."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, h in previous.items():
-            signal.signal(sig, h)
 
 
 def signal_exit_code(returncode: int) -> int:
