@@ -65,14 +65,10 @@ from pathlib import Path
 engine, name, log_dir = sys.argv[1:]
 from hermetic.engines.base import open_log_files
 files = open_log_files(Path(log_dir))
-if engine == "docker":
-    import docker
-    from hermetic.engines import dockercontainer
-    container = docker.from_env(timeout=300).containers.get(name)
-    dockercontainer._complete_logs(container, files, [0, 0], True, [bytearray(), bytearray()])
-else:
-    from hermetic.engines import get_engine
-    get_engine("podman")._complete_logs(name, files, (0, 0), True)
+from hermetic.engines import get_engine
+from hermetic.engines.base import complete_logs
+container = get_engine(engine).container(name)
+complete_logs(container, files, [0, 0], True)
 for f in files:
     f.close()
 """

@@ -338,15 +338,17 @@ def watch_beside(watch: Watch | None, done: threading.Event, stop: Callable[[], 
     threading.Thread(target=watch.run_until, args=(done, on_exceeded), daemon=True, name="hermetic-watch").start()
 
 
+def _raise_interrupted(signum: int, _frame: Any) -> None:
+    raise Interrupted(signum)
+
+
 @contextlib.contextmanager
-def interrupt_handlers() -> Iterator[None]:
+def interrupt_handlers(handler: Any = _raise_interrupted) -> Iterator[None]:
     """SIGINT and SIGTERM raise Interrupted while inside (main thread only), installed before the container
-    exists: a signal while it is created must not leave behind a container this process never heard of."""
+    exists: a signal while it is created must not leave behind a container this process never heard of.
+    (``signal.SIG_IGN``: a second Ctrl-C while the container is being stopped does not leave it half-stopped.)"""
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        def handler(signum, _frame):
-            raise Interrupted(signum)
-
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, handler)
     try:
@@ -432,6 +434,10 @@ class ChildEngine:
     def gpu_readiness(self, gpu_on_host: bool) -> None:
         return None
 
+    def build_feed(self, store: Any, base_config: dict[str, Any], base_layers: list[Any], total_layers: int,
+                   repo_tag: str | None, labels: dict[str, str]) -> None:
+        return None  # the image is made runnable at the end (ensure_image)
+
     def launch(self, spec: ContainerSpec, log_dir: Path, *, echo: bool = True,
                name: str | None = None) -> DeferredLaunch:
         return DeferredLaunch(self, spec, log_dir, echo=echo, name=name)
@@ -480,10 +486,21 @@ def rewrite_logs(container: Any, files: list[Any]) -> None:
             pass
 
 
-def echo_logs_past(files: list[Any], streamed: Any, echo: bool) -> None:
-    """After rewrite_logs: what each stream's log holds past the ``streamed`` bytes, echoed from the files."""
+def complete_logs(container: Any, files: list[Any], streamed: Any, echo: bool) -> None:
+    """The attach stream (or the child's pipe) can end before the engine delivered all of a container's output
+    when it exits quickly under load (moby#29285); the engine's own log has it all. Each stream's log is
+    counted as it is read (never held); when it holds more than was ``streamed``, the files are rewritten
+    from it and the rest is echoed."""
     import sys
 
+    try:
+        sizes = [sum(map(len, container.logs(stdout=out, stderr=not out, stream=True, follow=False)))
+                 for out in (True, False)]
+    except Exception:  # the engine lost it: keep what was streamed
+        return
+    if sizes[0] <= streamed[0] and sizes[1] <= streamed[1]:
+        return
+    rewrite_logs(container, files)
     for f, n, term in zip(files, streamed, (sys.stdout.buffer, sys.stderr.buffer) if echo else ()):
         with contextlib.suppress(OSError, ValueError), open(f.name, "rb") as src:
             src.seek(n)
@@ -496,17 +513,15 @@ CAPTURE_LIMIT = 16 << 20  # bytes of each stream a probe or reader container may
 
 class Capture:
     """One stream of ``run_capture``, as it is read: its bytes up to ``limit`` (past it ``add`` says stop and
-    ``value`` fails, naming the container and the cap), or counted only (``limit`` None)."""
+    ``value`` fails, naming the container and the cap)."""
 
-    def __init__(self, what: str, stream: str, limit: int | None = CAPTURE_LIMIT) -> None:
+    def __init__(self, what: str, stream: str, limit: int = CAPTURE_LIMIT) -> None:
         self.what, self.stream, self.limit = what, stream, limit
-        self.data, self.size, self.over = bytearray(), 0, False
+        self.data, self.over = bytearray(), False
 
     def add(self, chunk: bytes) -> bool:
-        self.size += len(chunk)
-        if self.limit is not None and self.size > self.limit:
-            self.over = True
-        elif self.limit is not None:
+        self.over = self.over or len(self.data) + len(chunk) > self.limit
+        if not self.over:
             self.data += chunk
         return not self.over
 

@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -113,8 +112,7 @@ class CharliecloudEngine(ChildEngine):
         for k, v in spec.env.items():
             if "\n" in v or "\n" in k:
                 raise EngineError(f"--env {k}: a value with a line break cannot be given to ch-run")
-        self.ch_run()
-        self.init()
+        self.connect()
 
     def init(self) -> str:
         for name in INITS:
@@ -218,22 +216,13 @@ class CharliecloudEngine(ChildEngine):
         """By its record and layers."""
         return self.image_record(manifest_digest) is not None
 
-    def build_feed(self, store: Any, base_config: dict[str, Any], base_layers: list[Any], total_layers: int,
-                   repo_tag: str | None, labels: dict[str, str]) -> "UnpackFeed | None":
-        """Each layer unpacked as soon as it is in the store, while the next is built (the directory form)."""
-        if self.image_form()[0] == "squashfs":
-            return None
-        return UnpackFeed(store, base_layers, self.root / "layers")
-
     def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
                      feed: BuildFeed | None = None) -> bool:
-        """Every layer unpacked (those missing: a build's feed did most), then the image's record; True when
-        anything was unpacked."""
+        """The image's SquashFS file made (or a Slurm task's checked), or every layer unpacked, then the image's
+        record; True when anything was made."""
         from hermetic.engines.unpack import ensure_layer
         from hermetic.hostfs.fsutil import atomic_write_bytes
 
-        if feed is not None:
-            feed.close()
         form = self.image_form()[0]
         given = os.environ.get(sqfs.FILE_VARIABLE)
         if self.image_record(manifest_digest, form) is not None and not given:
@@ -390,12 +379,10 @@ def _stop(proc: subprocess.Popen) -> None:
     init = _child_of(proc.pid)
     with contextlib.suppress(ProcessLookupError):
         os.kill(init if init is not None else proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT
-    while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+    try:
+        proc.wait(STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def _child_of(pid: int) -> int | None:
@@ -433,48 +420,3 @@ def _mkdirs_beneath(root: Path, rel: str, uid: int, gid: int, as_root: bool) -> 
     finally:
         os.close(fd)
 
-
-class UnpackFeed:
-    """Charliecloud's load while the build goes on: each layer unpacked (hermetic.engines.unpack) as soon as
-    it is in the store, one at a time in a thread of its own, while the next one is built; the image's own
-    ``ensure_image`` at the end finds them there. A layer that fails here is left to it (it says why)."""
-
-    def __init__(self, store: Any, base_layers: list[Any], root: Path) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self._store = store
-        self._root = root
-        self.timeline: list[dict[str, Any]] = []
-        self.error: BaseException | None = None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="unpack-feed")
-        for d in base_layers:
-            self.layer_ready(0, d)
-
-    def start(self) -> None:
-        """Nothing to do: each layer is unpacked as soon as it is ready."""
-
-    def layer_ready(self, i: int, desc: Any, fresh: bool = False) -> None:
-        self._pool.submit(self._unpack, desc)
-
-    def finish(self, image_id: str, config_bytes: bytes) -> None:
-        """Nothing to do: the layers are the image (its record is written by ensure_image)."""
-
-    def _unpack(self, desc: Any) -> None:
-        from hermetic.engines.unpack import ensure_layer
-
-        if self.error is not None:
-            return
-        t = time.monotonic()
-        try:
-            _path, made = ensure_layer(self._store, desc.digest, desc.media_type, self._root)
-        except BaseException as e:  # left to ensure_image, which raises it with the fix
-            self.error = e
-            return
-        if made:
-            self.timeline.append({"load": "unpack", "layers": 1, "bytes": desc.size, "from": t, "to": time.monotonic()})
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-    def remove_partials(self) -> None:
-        """No prefix images here."""

@@ -95,7 +95,7 @@ class DockerEngine:
         """Prefix images of the layers built so far, loaded while the rest is built (hermetic.engines.dockerfeed)."""
         from hermetic.engines.dockerfeed import EngineFeed
 
-        return EngineFeed(store, base_config, base_layers, total_layers, repo_tag, dict(labels))
+        return EngineFeed(store, base_config, base_layers, total_layers, repo_tag)
 
     def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
                      feed: BuildFeed | None = None) -> bool:

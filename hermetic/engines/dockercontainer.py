@@ -12,10 +12,10 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from hermetic.engines.base import (
-    Capture, ContainerSpec, Interrupted, RunOutcome, Watch, close_files, container_home_env, echo_logs_past,
+    Capture, ContainerSpec, Interrupted, RunOutcome, Watch, close_files, complete_logs, container_home_env,
     interrupt_handlers, oom_reason, open_log_files, remove_container, rewrite_logs, stop_container, tee, watch_beside,
 )
 from hermetic.engines.dockerclient import said
@@ -131,19 +131,16 @@ class DockerLaunch:
                 container, stream = self.container, self._stream
                 watch_beside(watch, done, lambda c=container: stop_container(c), stopped)
                 streamed = [0, 0]  # bytes of stdout, stderr read from the attach stream
-                ends = [bytearray(), bytearray()]  # the last of each (_complete_logs compares the log's tail)
                 for out, err in stream:
                     if out:
                         streamed[0] += len(out)
-                        _keep_end(ends[0], out)
                         tee(out, out_f, all_f, sys.stdout.buffer if self.echo else None)
                     if err:
                         streamed[1] += len(err)
-                        _keep_end(ends[1], err)
                         tee(err, err_f, all_f, sys.stderr.buffer if self.echo else None)
                 result = container.wait()
                 done.set()
-                _complete_logs(container, self.files, streamed, self.echo, ends)
+                complete_logs(container, self.files, streamed, self.echo)
                 code = int(result.get("StatusCode", 1))
                 # A script that survived the kill of a process of its own (and exited 0) is not failed for it.
                 oom = oom_reason(self.spec.memory) if code != 0 and _oom_killed(container) else None
@@ -194,55 +191,6 @@ def _oom_killed(container) -> bool:
         return bool((container.attrs.get("State") or {}).get("OOMKilled"))
     except Exception:  # the engine lost it: nothing to tell
         return False
-
-
-# Up to this much streamed, the engine's whole log is counted against it (a cost that grows with the log: the
-# engine decodes its json-file line by line); past it, the log's last lines are compared with the end of what
-# was streamed (the same cost whatever the size), and the whole log counted only on a mismatch.
-FULL_COUNT_BYTES = 1 << 20
-TAIL_LINES = 64  # json-file lines are at most 16 KiB: the tail is at most 1 MiB
-KEPT_END_BYTES = 2 << 20  # of each stream, kept while streaming to compare with the log's tail
-
-
-def _keep_end(kept: bytearray, data: bytes) -> None:
-    kept += data
-    if len(kept) > 2 * KEPT_END_BYTES:
-        del kept[:len(kept) - KEPT_END_BYTES]
-
-
-def _tail_streamed(container, ends: list[bytearray]) -> bool:
-    """Whether the engine's last log lines, per stream, end what was streamed: the attach stream's known loss
-    is its end (moby#29285). Blind only to a lost end that repeats the lines before it byte for byte."""
-    tails = [container.logs(stdout=True, stderr=False, tail=TAIL_LINES),
-             container.logs(stdout=False, stderr=True, tail=TAIL_LINES)]
-    return all(end.endswith(tail) for tail, end in zip(tails, ends))
-
-
-def _logged_bytes(container, stdout: bool) -> int:
-    """How many bytes of one stream the engine's log holds (read as it streams: never all in memory)."""
-    return sum(len(chunk) for chunk in container.logs(stdout=stdout, stderr=not stdout, stream=True, follow=False))
-
-
-def _complete_logs(container, files: list[BinaryIO], streamed: list[int], echo: bool,
-                   ends: list[bytearray]) -> None:
-    """The attach stream can end before the engine delivered all of a container's output when it exits
-    quickly under load (moby#29285: attach and the log are two paths); its json-file log has it all. When
-    the log holds more than was streamed, the files are rewritten from it and the rest is echoed. A long
-    output (FULL_COUNT_BYTES) is checked by its tail first (``ends``: the end of each stream as streamed)."""
-    if streamed[0] + streamed[1] > FULL_COUNT_BYTES:
-        try:
-            if _tail_streamed(container, ends):
-                return
-        except Exception:  # noqa: BLE001 - any doubt: counted in full below
-            pass
-    try:
-        sizes = [_logged_bytes(container, True), _logged_bytes(container, False)]
-    except Exception:  # the engine lost it: keep what was streamed
-        return
-    if sizes[0] <= streamed[0] and sizes[1] <= streamed[1]:
-        return
-    rewrite_logs(container, files)
-    echo_logs_past(files, streamed, echo)
 
 
 def _remove_labelled(client, labels: dict[str, str]) -> None:

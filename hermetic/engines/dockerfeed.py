@@ -54,13 +54,12 @@ class EngineFeed:
     """Layers in, prefix images out; ``finish`` loads the real image."""
 
     def __init__(self, store: OciStore, base_config: dict[str, Any], base_layers: list[Descriptor],
-                 total_layers: int, repo_tag: str | None, labels: dict[str, str] | None = None) -> None:
+                 total_layers: int, repo_tag: str | None) -> None:
         self._store = store
         self._arch = base_config.get("architecture", "amd64")
         self._os = base_config.get("os", "linux")
         self._total = total_layers  # base + ours
         self._repo_tag = repo_tag
-        self._labels = labels or {}  # the image's, to find the engine's images most like it
         self._ready: dict[int, Descriptor] = dict(enumerate(base_layers))
         self.fresh: set[str] = set()  # layers this build made: new to the engine, and so is every layer above
         self._base = len(base_layers)
@@ -133,8 +132,7 @@ class EngineFeed:
                 layers = [self._ready[k] for k in range(n)]
             diff_ids = [d.digest for d in layers]
             if self._worth_asking(layers):
-                self._engine_has = max(self._engine_has, layers_engine_has(diff_ids, prefer=self._repo_tag,
-                                                                           like=self._labels))
+                self._engine_has = max(self._engine_has, layers_engine_has(diff_ids, prefer=self._repo_tag))
                 if self._engine_has >= n:
                     continue
             config = canonical_json({
@@ -165,8 +163,7 @@ class EngineFeed:
         layers = [self._ready[k] for k in range(self._total)]
         skip = self._engine_has
         if self.error is not None or self._worth_asking(layers):
-            skip = layers_engine_has([d.digest for d in layers], self._partials, prefer=self._repo_tag,
-                                     like=self._labels)
+            skip = layers_engine_has([d.digest for d in layers], self._partials, prefer=self._repo_tag)
         t = time.monotonic()
         load_layers(self._store, config_bytes, [(d.digest, d.size) for d in layers], self._repo_tag, skip)
         self._note("image", layers[skip:], t)

@@ -49,15 +49,13 @@ def engine_has_image(image_id: str) -> bool:
 
 
 def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: ignore[assignment]
-                      prefer: str | None = None, like: dict[str, str] | None = None) -> int:
+                      prefer: str | None = None) -> int:
     """How many leading layers of this image the engine already holds.
 
     Docker reuses a layer only with the same chain below it, so what counts is
     the longest common prefix with an image the engine has: ``candidates``,
-    ``prefer`` (the tag this image replaces), then earlier hermetic images (by
-    label), those most ``like`` this one first (same title, same base, most
-    wheels in common, read from their labels); the search stops at the first
-    image that shares all of ``diff_ids``, and inspects at most 20.
+    ``prefer`` (the tag this image replaces), then the 20 newest hermetic images
+    (by label); the search stops at the first image that shares all of ``diff_ids``.
     """
     from docker.errors import APIError
 
@@ -65,12 +63,10 @@ def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: 
 
     def images() -> Iterator[str]:
         yield from [*candidates, *([prefer] if prefer else [])]
-        try:
-            labelled = client.api.images(filters={"label": ["org.hermetic.version"]})  # asked only if need be
+        try:  # asked only if need be; the Engine lists the newest first
+            yield from (img["Id"] for img in client.api.images(filters={"label": ["org.hermetic.version"]})[:20])
         except APIError:
             return
-        labelled.sort(key=lambda img: -_likeness(img.get("Labels") or {}, like or {}))
-        yield from (img["Id"] for img in labelled[:20])
 
     best = 0
     for image_id in images():
@@ -82,22 +78,6 @@ def layers_engine_has(diff_ids: list[str], candidates: list[str] = (),  # type: 
         if best == len(diff_ids):
             break
     return best
-
-
-def _likeness(labels: dict[str, str], like: dict[str, str]) -> int:
-    """How much an image's labels say it shares with another's (title, base, wheels)."""
-    score = 0
-    for key in ("org.opencontainers.image.title", "org.hermetic.base.digest"):
-        if like.get(key) and labels.get(key) == like.get(key):
-            score += 1000
-    packages = "org.hermetic.packages"
-    if like.get(packages) and labels.get(packages):
-        try:
-            mine = {tuple(p) for p in json.loads(like[packages])}
-            score += len(mine & {tuple(p) for p in json.loads(labels[packages])})
-        except (ValueError, TypeError):
-            pass
-    return score
 
 
 def load_image(store: "OciStore", manifest_digest: str, repo_tag: str | None = None,
@@ -113,8 +93,7 @@ def load_image(store: "OciStore", manifest_digest: str, repo_tag: str | None = N
     manifest = store.read_json(manifest_digest)
     config_bytes = store.read_blob(manifest["config"]["digest"])
     config = json.loads(config_bytes)
-    skip = layers_engine_has(list(config.get("rootfs", {}).get("diff_ids", [])), list(candidates), prefer=repo_tag,
-                             like=(config.get("config") or {}).get("Labels"))
+    skip = layers_engine_has(list(config.get("rootfs", {}).get("diff_ids", [])), list(candidates), prefer=repo_tag)
     layers = [(layer["digest"], int(layer["size"])) for layer in manifest["layers"]]
     try:
         return load_layers(store, config_bytes, layers, repo_tag, skip)

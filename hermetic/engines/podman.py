@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from hermetic.engines.base import (
-    BuildFeed, Capture, ChildEngine, ContainerSpec, EngineInfo, Readiness, RunOutcome, Watch, close_files,
-    container_home_env, echo_logs_past, last_line, nproc_allowed, oom_reason, open_log_files, rewrite_logs,
-    write_private,
+    BuildFeed, ChildEngine, ContainerSpec, EngineInfo, Readiness, RunOutcome, Watch, close_files,
+    complete_logs, container_home_env, last_line, nproc_allowed, oom_reason, open_log_files, rewrite_logs,
+    user_name, write_private,
 )
 from hermetic.engines.gpu import cdi_devices, check_cdi
-from hermetic.engines.process import capture_process, read_pipes, stream_process
+from hermetic.engines.process import capture_process, stream_process
 from hermetic.core.errors import EngineError, HermeticError, IntegrityError, Unavailable
 
 INSTALL_HINT = "install Podman (Debian: apt-get install podman catatonit uidmap skopeo)"
@@ -153,8 +153,8 @@ class PodmanEngine(ChildEngine):
                                  "add one: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 USER")
         if missing:
             return Readiness("warn", f"Podman {version}, but {', '.join(missing)} missing", DOCTOR_HINT)
-        limits = ", cgroup limits" if self.cgroup_limits else ", pids limit as RLIMIT_NPROC, no memory limit (cgroup v1)"
-        how = ("rootless" if self.rootless else "rootful") + limits
+        limits = "cgroup limits" if self.cgroup_limits else "pids limit as RLIMIT_NPROC, no memory limit (cgroup v1)"
+        how = f"{'rootless' if self.rootless else 'rootful'}, {limits}"
         return Readiness("ok", f"Podman {version} ({how})")
 
     def check_gpus(self, gpus: str) -> None:
@@ -165,11 +165,6 @@ class PodmanEngine(ChildEngine):
     def has_image(self, manifest_digest: str, image_id: str) -> bool:
         """By ID."""
         return self.podman("image", "exists", image_id, check=False).returncode == 0
-
-    def build_feed(self, store: Any, base_config: dict[str, Any], base_layers: list[Any], total_layers: int,
-                   repo_tag: str | None, labels: dict[str, str]) -> None:
-        """None: skopeo copies the whole image once it is in the store."""
-        return None
 
     def ensure_image(self, store: Any, manifest_digest: str, *, repo_tag: str | None = None,
                      feed: BuildFeed | None = None) -> bool:
@@ -274,7 +269,7 @@ class PodmanEngine(ChildEngine):
                 raise EngineError(f"Podman could not run the container: {last_line(_tail(log_dir))}")
             if state.get("Error") and not state.get("StartedAt", "").startswith(("2", "1")):
                 raise EngineError(f"Podman could not start the container: {state['Error']}")
-            self._complete_logs(name, files, end.streamed, echo)
+            complete_logs(PodmanContainer(self, name, {}), files, end.streamed, echo)
             code = int(state.get("ExitCode", end.returncode if end.returncode is not None else 1))
             oom = oom_reason(spec.memory) if code != 0 and state.get("OOMKilled") else None
             return RunOutcome(code, False, None, end.stopped_because, oom_reason=oom)
@@ -318,18 +313,6 @@ class PodmanEngine(ChildEngine):
                               stdin=subprocess.DEVNULL) as proc:
             pipe = proc.stdout if stdout else proc.stderr
             yield from iter(lambda: pipe.read1(1 << 16), b"")  # type: ignore[union-attr]
-
-    def _complete_logs(self, name: str, files: list[Any], streamed: tuple[int, int], echo: bool) -> None:
-        """Podman's own log when it holds more than was read from the process (moby#29285's twin); counted as it
-        is read, never held."""
-        sizes = [Capture(name, "stdout", None), Capture(name, "stderr", None)]
-        with subprocess.Popen([self.binary(), "logs", name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL) as proc:
-            read_pipes(proc, [c.add for c in sizes])
-        if sizes[0].size <= streamed[0] and sizes[1].size <= streamed[1]:
-            return
-        rewrite_logs(PodmanContainer(self, name, {}), files)
-        echo_logs_past(files, streamed, echo)
 
     # -- orphans ---------------------------------------------------------------------------------------------
 
@@ -409,11 +392,8 @@ def _tail(log_dir: Path) -> str:
 
 def _has_subid_range() -> bool:
     """Whether /etc/subuid gives this user a range (rootless Podman's user namespace needs one)."""
-    import pwd
-
     try:
-        user = pwd.getpwuid(os.geteuid()).pw_name
         lines = Path("/etc/subuid").read_text().splitlines()
-    except (OSError, KeyError):
+    except OSError:
         return False
-    return any(ln.split(":")[0] in (user, str(os.geteuid())) for ln in lines if ln.count(":") == 2)
+    return any(ln.split(":")[0] in (user_name(), str(os.geteuid())) for ln in lines if ln.count(":") == 2)

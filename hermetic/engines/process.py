@@ -29,26 +29,6 @@ class ProcessEnd:
     streamed: tuple[int, int]  # bytes read from stdout, stderr
 
 
-class _Tee:
-    """One stream's bytes into its log, combined.log (one lock: whole chunks, in arrival order), the terminal."""
-
-    def __init__(self, own: BinaryIO, combined: BinaryIO, lock: threading.Lock, term: BinaryIO | None) -> None:
-        self.own, self.combined, self.lock, self.term = own, combined, lock, term
-        self.count = 0
-
-    def pump(self, stream: IO[bytes]) -> None:
-        while True:
-            try:
-                data = stream.read1(_READ)  # type: ignore[attr-defined]
-            except (OSError, ValueError):
-                return
-            if not data:
-                return
-            self.count += len(data)
-            with self.lock:
-                tee(data, self.own, self.combined, self.term)
-
-
 def stream_process(argv: Sequence[str], files: list[BinaryIO], *, stop: Callable[[subprocess.Popen], None],
                    echo: bool = True, watch: Watch | None = None, env: dict[str, str] | None = None) -> ProcessEnd:
     """Run ``argv`` to its end, its output teed into ``files`` (stdout.log, stderr.log, combined.log).
@@ -56,9 +36,19 @@ def stream_process(argv: Sequence[str], files: list[BinaryIO], *, stop: Callable
     ``stop(proc)`` ends the container (called on SIGINT/SIGTERM and when ``watch`` reports); it must make
     the process end. The handlers go in before the process exists."""
     out_f, err_f, all_f = files
-    lock = threading.Lock()
-    tees = [_Tee(out_f, all_f, lock, sys.stdout.buffer if echo else None),
-            _Tee(err_f, all_f, lock, sys.stderr.buffer if echo else None)]
+    lock = threading.Lock()  # combined.log takes whole chunks, in arrival order
+    counts = [0, 0]
+
+    def teeing(i: int, own: BinaryIO, term: BinaryIO | None) -> Callable[[bytes], bool]:
+        def sink(data: bytes) -> bool:
+            counts[i] += len(data)
+            with lock:
+                tee(data, own, all_f, term)
+            return True
+        return sink
+
+    terms = (sys.stdout.buffer, sys.stderr.buffer) if echo else (None, None)
+    sinks = [teeing(0, out_f, terms[0]), teeing(1, err_f, terms[1])]
     stopped: list[str] = []
     done = threading.Event()
     proc: subprocess.Popen | None = None
@@ -67,21 +57,18 @@ def stream_process(argv: Sequence[str], files: list[BinaryIO], *, stop: Callable
         try:
             proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, env=env)
-            for tee, stream in zip(tees, (proc.stdout, proc.stderr)):
-                t = threading.Thread(target=tee.pump, args=(stream,), daemon=True, name="hermetic-tee")
-                t.start()
-                readers.append(t)
+            readers = _readers(proc, sinks)
             watch_beside(watch, done, lambda p=proc: stop(p), stopped)
             code = proc.wait()
             done.set()
             for t in readers:
                 t.join()
             return ProcessEnd(code, False, None, stopped[0] if stopped else None,
-                              (tees[0].count, tees[1].count))
+                              (counts[0], counts[1]))
         except (Interrupted, KeyboardInterrupt) as e:
             signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
             if proc is not None:
-                with _ignoring_interrupts():
+                with interrupt_handlers(signal.SIG_IGN):
                     stop(proc)
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(timeout=60)
@@ -90,7 +77,7 @@ def stream_process(argv: Sequence[str], files: list[BinaryIO], *, stop: Callable
                         proc.wait()
                     for t in readers:
                         t.join(timeout=10)
-            return ProcessEnd(None, True, signal.Signals(signum).name, None, (tees[0].count, tees[1].count))
+            return ProcessEnd(None, True, signal.Signals(signum).name, None, (counts[0], counts[1]))
         finally:
             done.set()
             if proc is not None:
@@ -99,9 +86,8 @@ def stream_process(argv: Sequence[str], files: list[BinaryIO], *, stop: Callable
                         stream.close()  # type: ignore[union-attr]
 
 
-def read_pipes(proc: subprocess.Popen, sinks: Sequence[Callable[[bytes], bool]], timeout: float | None = None) -> int:
-    """Wait for ``proc``, its stdout and stderr handed as they come to ``sinks`` (a thread each): a sink that says
-    False kills it. subprocess.TimeoutExpired after ``timeout`` seconds (it is killed)."""
+def _readers(proc: subprocess.Popen, sinks: Sequence[Callable[[bytes], bool]]) -> list[threading.Thread]:
+    """A thread each handing ``proc``'s stdout and stderr to ``sinks`` as they come: a sink that says False kills it."""
     def pump(stream: IO[bytes], sink: Callable[[bytes], bool]) -> None:
         with contextlib.suppress(OSError, ValueError):
             for chunk in iter(lambda: stream.read1(_READ), b""):  # type: ignore[attr-defined]
@@ -109,18 +95,11 @@ def read_pipes(proc: subprocess.Popen, sinks: Sequence[Callable[[bytes], bool]],
                     proc.kill()
                     return
 
-    readers = [threading.Thread(target=pump, args=(stream, sink), daemon=True, name="hermetic-capture")
+    readers = [threading.Thread(target=pump, args=(stream, sink), daemon=True, name="hermetic-pipe")
                for stream, sink in zip((proc.stdout, proc.stderr), sinks)]
     for t in readers:
         t.start()
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    for t in readers:
-        t.join()
-    return code
+    return readers
 
 
 def capture_process(argv: Sequence[str], env: dict[str, str] | None, timeout: float | None,
@@ -130,25 +109,15 @@ def capture_process(argv: Sequence[str], env: dict[str, str] | None, timeout: fl
     caps = [Capture(what, "stdout"), Capture(what, "stderr")]
     with subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           env=env) as proc:
+        readers = _readers(proc, [c.add for c in caps])
         try:
-            code = read_pipes(proc, [c.add for c in caps], timeout)
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            proc.kill()
             raise TimeoutError(f"{what} still running after {timeout} s") from None
+        for t in readers:
+            t.join()
     return code, caps[0].value(), caps[1].value()
-
-
-@contextlib.contextmanager
-def _ignoring_interrupts():
-    """A second Ctrl-C while the container is being stopped does not leave it half-stopped."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, h in previous.items():
-            signal.signal(sig, h)
 
 
 def signal_exit_code(returncode: int) -> int:

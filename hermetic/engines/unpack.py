@@ -67,15 +67,10 @@ def ensure_layer(store, digest: str, media_type: str, root: Path) -> tuple[Path,
 
 
 def unpack_tar(stream, dest: Path, *, gzip: bool = False, what: str = "layer") -> None:
-    """Every entry of the tar ``stream`` into the directory ``dest`` (module doc); LayerRefused names the entry.
-
-    An uncompressed tar in a file is read in place: each file's bytes are copied by the kernel
-    (copy_file_range), not through Python."""
+    """Every entry of the tar ``stream`` into the directory ``dest`` (module doc); LayerRefused names the entry."""
     dirs = _Dirs(os.open(dest, _DIR_FLAGS), what)
-    seekable = not gzip and hasattr(stream, "fileno")
     try:
-        with tarfile.open(fileobj=stream, mode="r:" if seekable else ("r|gz" if gzip else "r|")) as tf:
-            src_fd = stream.fileno() if seekable else None
+        with tarfile.open(fileobj=stream, mode="r|gz" if gzip else "r|") as tf:
             for member in tf:
                 name = _normal_name(member.name, what)
                 if name is None:
@@ -84,7 +79,7 @@ def unpack_tar(stream, dest: Path, *, gzip: bool = False, what: str = "layer") -
                 if parts[0] == "dev" and (member.ischr() or member.isblk() or member.isfifo()):
                     continue
                 parent_fd = dirs.get("/".join(parts[:-1]), name)
-                _make(tf, member, parent_fd, parts[-1], dirs, name, what, src_fd)
+                _make(tf, member, parent_fd, parts[-1], dirs, name, what)
         dirs.close_last()
         # Deepest first: a directory's mode may take away the search permission that reaching those beneath
         # it needs.
@@ -227,8 +222,8 @@ def _remove_tree(dirs: _Dirs, path: str) -> None:
             os.close(pfd)
 
 
-def _make(tf: tarfile.TarFile, m: tarfile.TarInfo, parent_fd: int, leaf: str, dirs: _Dirs, name: str, what: str,
-          src_fd: int | None) -> None:
+def _make(tf: tarfile.TarFile, m: tarfile.TarInfo, parent_fd: int, leaf: str, dirs: _Dirs, name: str,
+          what: str) -> None:
     if leaf == OPAQUE_MARKER:
         os.setxattr(parent_fd, OPAQUE_XATTR, b"y")
         return
@@ -251,13 +246,10 @@ def _make(tf: tarfile.TarFile, m: tarfile.TarInfo, parent_fd: int, leaf: str, di
         fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=parent_fd)
         try:
-            if src_fd is not None:
-                _copy_range(src_fd, fd, m.offset_data, m.size)
-            else:
-                src = tf.extractfile(m)
-                if src is not None:
-                    with os.fdopen(os.dup(fd), "wb", buffering=0) as out:
-                        shutil.copyfileobj(src, out, 1 << 20)
+            src = tf.extractfile(m)
+            if src is not None:
+                with os.fdopen(os.dup(fd), "wb", buffering=0) as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
@@ -286,21 +278,6 @@ def _make(tf: tarfile.TarFile, m: tarfile.TarInfo, parent_fd: int, leaf: str, di
         raise LayerRefused(f"{what}: entry {name!r} is a {kind}; hermetic unpacks no {kind}s outside dev/")
     else:
         raise LayerRefused(f"{what}: entry {name!r} is of a kind hermetic does not unpack ({m.type!r})")
-
-
-def _copy_range(src_fd: int, dst_fd: int, offset: int, size: int) -> None:
-    """``size`` bytes of ``src_fd`` from ``offset`` into ``dst_fd``, copied by the kernel where it can."""
-    done = 0
-    while done < size:
-        try:
-            n = os.copy_file_range(src_fd, dst_fd, size - done, offset + done)
-        except OSError as e:
-            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                raise
-            n = os.sendfile(dst_fd, src_fd, offset + done, size - done)
-        if n == 0:
-            raise LayerRefused(f"a file's bytes end early in the layer (at {offset + done} of {offset + size})")
-        done += n
 
 
 def _make_removable(path: Path) -> None:
