@@ -270,26 +270,6 @@ def test_file_deleted_while_the_workers_hash_is_vanished_or_was_hashed_before(tm
     assert all(hashed.hex(i) == sha(b"x" * int(p[1:])) for i, p in enumerate(tree.paths[:-1]))
 
 
-def test_full_verify_of_an_unchanged_tree_leaves_a_trusted_cache_file_alone(tmp_path: Path) -> None:
-    root, manifest = make_dataset(tmp_path, {f"f{i}": bytes([i]) * 10 for i in range(50)})
-    real = os.path.realpath(root)
-    cache = StatCache.for_tree(real)
-    assert verify_dataset(root, manifest, full=True, workers=2).ok
-    # Entries recorded well after the files were written, as on any dataset older than a few seconds.
-    tree = scan_tree(real, stat=False)
-    hashed = hash_files(tree.abs_paths, workers=1)
-    cache.replace(tree.abs_paths, hashed.keys_little_endian(), time.time_ns() + 5_000_000_000, hashed.digests)
-    cache.set_note(b"verified-manifest-sha256:" + sha(manifest.read_bytes()).encode())
-    cache.save()
-    before = cache.file.stat()
-    assert verify_dataset(root, manifest, full=True, workers=2).ok
-    assert cache.file.stat().st_ino == before.st_ino  # not rewritten
-    (root / "f3").write_bytes(b"changed")
-    assert verify_dataset(root, manifest, full=True, workers=2).changed[0][0] == "f3"
-    assert cache.file.stat().st_ino != before.st_ino  # rewritten: the default mode sees the change too
-    assert verify_dataset(root, manifest).changed[0][0] == "f3"
-
-
 def test_full_verify_rewrites_a_cache_too_recent_to_trust_as_a_whole(tmp_path: Path) -> None:
     """Entries recorded within ~2 s of their files' stamps would send every warm verify
     down the entry-by-entry path: --full records them again, at its own (later) time."""

@@ -132,20 +132,6 @@ class StatCache:
             return None  # some entry may be racy: let get_many decide one by one
         return self._digests
 
-    def is_current(self, paths: Sequence[str], packed_keys: bytes, digests: bytes, note: bytes, *,
-                   prefix: str = "") -> bool:
-        """Whether the file already holds exactly these entries (as for ``replace``; ``prefix`` + each path)
-        and this note, all trusted: then nothing need be written. Compared in the file's bytes, unloaded."""
-        if self._loaded or self._new or self._order is not None:
-            return False  # this object was used for something else: let the usual path decide
-        import mmap
-
-        try:
-            with open(self.file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                return _file_holds(memoryview(mm), paths, prefix, packed_keys, digests, note)
-        except (OSError, ValueError, BufferError):  # no file, or an empty one (mmap refuses those)
-            return False
-
     # ------------------------------------------------------------ updates
 
     def put(self, path: str, key: StatKey, sha256_hex: str, recorded_ns: int) -> None:
@@ -209,29 +195,22 @@ class StatCache:
             order = self._order
         else:
             order = self._paths + [p for p in self._new if p not in index]
-        new = self._new
-        recs = [new.get(p) for p in order]
-        if None not in recs:  # everything was (re)hashed: build whole columns at once
-            paths = order
-            keys = list(chain.from_iterable([r[0] for r in recs]))  # type: ignore[index]
-            recorded = [r[1] for r in recs]  # type: ignore[index]
-            digests = [r[2] for r in recs]  # type: ignore[index]
-        else:
-            stored = _ints(self._keys)
-            paths, keys, recorded, digests = [], [], [], []
-            for path, rec in zip(order, recs):
-                if rec is not None:
-                    keys.extend(rec[0])
-                    recorded.append(rec[1])
-                    digests.append(rec[2])
-                else:
-                    i = index.get(path)
-                    if i is None:
-                        continue
-                    keys.extend(stored[i * _KEY_INTS:(i + 1) * _KEY_INTS])
-                    recorded.append(self._recorded[i])
-                    digests.append(self._digests[i * _DIGEST:(i + 1) * _DIGEST])
-                paths.append(path)
+        new, stored = self._new, self._stored()
+        paths, keys, recorded, digests = [], [], [], []
+        for path in order:
+            rec = new.get(path)
+            if rec is not None:
+                keys.extend(rec[0])
+                recorded.append(rec[1])
+                digests.append(rec[2])
+            else:
+                i = index.get(path)
+                if i is None:
+                    continue
+                keys.extend(stored[i * _KEY_INTS:(i + 1) * _KEY_INTS])
+                recorded.append(self._recorded[i])
+                digests.append(self._digests[i * _DIGEST:(i + 1) * _DIGEST])
+            paths.append(path)
         key_arr = array("q", keys)
         if sys.byteorder != "little":
             key_arr.byteswap()
@@ -239,7 +218,7 @@ class StatCache:
 
     def _write(self, paths: Sequence[str], packed_keys: bytes, recorded: array, digests: bytes,
                newest_oldest: tuple[int, int] | None = None) -> None:
-        newest, oldest = newest_oldest or (_newest_stamp(packed_keys), _oldest(recorded))
+        newest, oldest = newest_oldest or (_newest_stamp(packed_keys), min(recorded, default=0))
         rec = recorded
         if sys.byteorder != "little":
             rec = array("q", recorded)
@@ -285,50 +264,6 @@ class StatCache:
         self._note, self._paths, self._keys, self._recorded, self._digests, self._newest, self._oldest = parsed
 
 
-def _file_holds(data: memoryview, paths: Sequence[str], prefix: str, packed_keys: bytes, digests: bytes,
-                note: bytes) -> bool:
-    """The check of ``StatCache.is_current`` on the file's bytes (see ``_parse`` for the layout)."""
-    try:
-        n = len(paths)
-        head = len(_MAGIC) + _HEADER.size
-        if len(data) < head or not _same(data[:len(_MAGIC)], _MAGIC):
-            return False
-        count, note_len, newest, oldest = _HEADER.unpack_from(data, len(_MAGIC))
-        if count != n or not _same(data[head:head + note_len], note):
-            return False
-        head += note_len
-        keys_end = head + n * _KEY_INTS * 8
-        rec_end = keys_end + n * 8
-        dig_end = rec_end + n * _DIGEST
-        if not (_same(data[head:keys_end], packed_keys) and _same(data[rec_end:dig_end], digests)):
-            return False
-        at = dig_end
-        step = 4096  # paths compared a slice at a time: no 100,000-path copy of the file's list
-        sep = "\0" + prefix
-        for i in range(0, n, step):
-            blob = ((sep if i else prefix) + sep.join(paths[i:i + step])).encode("utf-8", "surrogateescape")
-            if not _same(data[at:at + len(blob)], blob):
-                return False
-            at += len(blob)
-        # Trusted as a whole, as digests_if_unchanged wants them: a file changed within the
-        # slack of its entry's recorded time is re-hashed then, and a fresh time recorded now
-        # (by the caller's write) is what makes the next lookup skip it.
-        return at == len(data) and (not n or newest + _SAFE_AGE_NS < oldest)
-    except (ValueError, struct.error):  # (paths that cannot be encoded: not what the file holds)
-        return False
-    finally:
-        data.release()
-
-
-def _same(view: memoryview, data: bytes) -> bool:
-    """``view == data`` at memcmp speed (memoryview's own == goes element by element)."""
-    if len(view) != len(data):
-        return False
-    step = 1 << 16  # pieces small enough for malloc to reuse one block
-    other = memoryview(data)
-    return all(bytearray(view[i:i + step]) == other[i:i + step] for i in range(0, len(data), step))
-
-
 def _newest_stamp(packed_keys: bytes) -> int:
     """The latest mtime or ctime among little-endian packed keys (0 for none)."""
     if not packed_keys:
@@ -336,15 +271,6 @@ def _newest_stamp(packed_keys: bytes) -> int:
     # A view where little-endian is native, rather than a copy of 100,000 keys.
     stamps = memoryview(packed_keys).cast("q") if sys.byteorder == "little" else _ints(packed_keys)
     return max(max(stamps[3::_KEY_INTS]), max(stamps[4::_KEY_INTS]))
-
-
-def _oldest(recorded: array) -> int:
-    """The earliest recorded time (0 for none); one comparison when replace() wrote them all."""
-    if not recorded:
-        return 0
-    if recorded.tobytes() == recorded[:1].tobytes() * len(recorded):
-        return recorded[0]
-    return min(recorded)
 
 
 def _parse(data: bytes) -> tuple[bytes, list[str], bytes, array, bytes, int, int] | None:

@@ -161,37 +161,32 @@ class _Job:
         c_paths = paths if checked is None else [paths[i] for i in checked]
         c_keys = keys if checked is None else [keys[i] for i in checked]
         c_abs = abs_paths if checked is None else [abs_paths[i] for i in checked]
-        changed: list[tuple[str, str, str]] = []
         hashed_files = hashed_bytes = 0
-        raw = cache.digests_if_unchanged(c_abs, c_keys)
-        if raw is not None:  # warm: every digest from the cache, compared as one column
-            changed = _compare_raw(c_paths, raw, expected)
-        else:
-            digests = cache.get_many(c_abs, c_keys)
-            todo = [j for j, d in enumerate(digests) if d is None]
-            if todo:
-                hashed = hash_files([c_abs[j] for j in todo], [c_keys[j][2] for j in todo],
-                                    workers=self.workers, progress_label=self.label)
-                gone = set(hashed.vanished)
-                if len(todo) == len(c_paths) and checked is None and not gone:
-                    cache.replace(c_abs, hashed.keys_little_endian(), self.recorded_ns, hashed.digests)
-                else:
-                    done = [(k, j) for k, j in enumerate(todo) if k not in gone]
-                    cache.put_many([c_abs[j] for _, j in done], [hashed.key(k) for k, _ in done],
-                                   [hashed.hex(k) for k, _ in done], self.recorded_ns)
-                    lost = {todo[k] for k in gone}
-                    cache.retain([a for j, a in enumerate(c_abs) if j not in lost])
-                for k, j in enumerate(todo):
-                    if k in gone:  # deleted while we were hashing
-                        missing.append(c_paths[j])
-                        digests[j] = None
-                    else:
-                        digests[j] = hashed.hex(k)
-                hashed_files = len(todo) - len(gone)
-                hashed_bytes = sum(c_keys[j][2] for k, j in enumerate(todo) if k not in gone)
+        digests = cache.get_many(c_abs, c_keys)
+        todo = [j for j, d in enumerate(digests) if d is None]
+        if todo:
+            hashed = hash_files([c_abs[j] for j in todo], [c_keys[j][2] for j in todo],
+                                workers=self.workers, progress_label=self.label)
+            gone = set(hashed.vanished)
+            if len(todo) == len(c_paths) and checked is None and not gone:
+                cache.replace(c_abs, hashed.keys_little_endian(), self.recorded_ns, hashed.digests)
             else:
-                cache.retain(c_abs)
-            changed = [(p, expected[p], d) for p, d in zip(c_paths, digests) if d is not None and d != expected[p]]
+                done = [(k, j) for k, j in enumerate(todo) if k not in gone]
+                cache.put_many([c_abs[j] for _, j in done], [hashed.key(k) for k, _ in done],
+                               [hashed.hex(k) for k, _ in done], self.recorded_ns)
+                lost = {todo[k] for k in gone}
+                cache.retain([a for j, a in enumerate(c_abs) if j not in lost])
+            for k, j in enumerate(todo):
+                if k in gone:  # deleted while we were hashing
+                    missing.append(c_paths[j])
+                    digests[j] = None
+                else:
+                    digests[j] = hashed.hex(k)
+            hashed_files = len(todo) - len(gone)
+            hashed_bytes = sum(c_keys[j][2] for k, j in enumerate(todo) if k not in gone)
+        else:
+            cache.retain(c_abs)
+        changed = [(p, expected[p], d) for p, d in zip(c_paths, digests) if d is not None and d != expected[p]]
         if not (missing or extra or changed):
             cache.set_note(self.ok_note)
         cache.save()
@@ -252,13 +247,10 @@ class _Job:
                            hashed_bytes=total, cached_files=0)
 
     def _record(self, tree: Tree, hashed: Hashed, keep: Sequence[int], *, ok: bool) -> None:
-        """Put what ``full`` hashed in the stat cache -- unless it already says exactly that."""
+        """Put what ``full`` hashed in the stat cache."""
         cache = self.cache
         if len(keep) == len(tree.paths):
-            keys = hashed.keys_little_endian()
-            if ok and cache.is_current(tree.paths, keys, hashed.digests, self.ok_note, prefix=self.root + "/"):
-                return  # an unchanged tree verified again: nothing to write
-            cache.replace(tree.abs_paths, keys, self.recorded_ns, hashed.digests)
+            cache.replace(tree.abs_paths, hashed.keys_little_endian(), self.recorded_ns, hashed.digests)
         else:
             abs_paths = tree.abs_paths
             cache.put_many([abs_paths[i] for i in keep], [hashed.key(i) for i in keep],
@@ -285,15 +277,6 @@ def _partition(paths: list[str], expected: dict[str, str]) -> tuple[list[str], l
         present = set(paths)
         missing = [p for p in expected if p not in present]
     return extra, missing, (None if len(checked) == len(paths) else checked)
-
-
-def _compare_raw(paths: list[str], raw: bytes, expected: dict[str, str]) -> list[tuple[str, str, str]]:
-    """Changed files, given every path's raw digest in order -- one bytes comparison when none changed."""
-    if raw == bytes.fromhex("".join(map(expected.__getitem__, paths))):
-        return []
-    h = raw.hex()
-    actual = [h[j:j + 64] for j in range(0, len(h), 64)]
-    return [(p, expected[p], a) for p, a in zip(paths, actual) if a != expected[p]]
 
 
 def build_manifest(

@@ -8,6 +8,7 @@ NOT_REPRODUCED when it differs; a refusal is a HermeticError with its own code.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +60,7 @@ def verify(name: ImageName, *, user_paths: CachePaths, key: Path | None = None, 
     system's temp dir; removed afterwards unless ``keep``) and compare."""
     from hermetic.provenance import PROVENANCE_FILE
     from hermetic.reproduce import compare
-    from hermetic.reproduce.rebuild import rebuild, remove_scratch
+    from hermetic.reproduce.rebuild import rebuild
     from hermetic.reproduce.source import open_subject
 
     subject = open_subject(name, local_store=OciStore(user_paths.oci), key=key)
@@ -104,7 +105,7 @@ def verify(name: ImageName, *, user_paths: CachePaths, key: Path | None = None, 
         return result
     finally:
         if not keep:
-            remove_scratch(scratch)
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def render(result: VerifyResult) -> list[str]:

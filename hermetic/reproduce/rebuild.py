@@ -8,7 +8,6 @@ of another hermetic version is refused before anything is built.
 from __future__ import annotations
 
 import posixpath
-import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -167,14 +166,9 @@ def seed_wheels(facts: BuildFacts, lock_wheels: dict[str, LockedWheel], store: W
         found = None
         offered = []
         for label, cands in srcs.candidates(pin):
-            for c in cands:
-                if c.filename != w.filename:
-                    continue
-                if c.sha256 is not None and c.sha256 != w.sha256:
-                    offered.append(f"{label} offers it with sha256 {c.sha256}")
-                    continue
-                found = c
-                break
+            same = [c for c in cands if c.filename == w.filename]
+            offered += [f"{label} offers it with sha256 {c.sha256}" for c in same if c.sha256 not in (None, w.sha256)]
+            found = next((c for c in same if c.sha256 in (None, w.sha256)), None)
             if found:
                 break
         if found is None:
@@ -222,7 +216,3 @@ def rebuild(facts: BuildFacts, scratch: Path, *, user_paths: CachePaths, base_so
     result = build(cfg, paths, offline=True, load=False, log=log)
     notes += [n for n in result.notes if not n.startswith("no provenance")]
     return Rebuilt(result.manifest_digest, project, paths, notes)
-
-
-def remove_scratch(scratch: Path) -> None:
-    shutil.rmtree(scratch, ignore_errors=True)

@@ -8,10 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import posixpath
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from hermetic.core.paths import inside
 from hermetic.hostfs import safetree
 from hermetic.hostfs.privdrop import call_as
 from hermetic.record import metrics as mx
@@ -52,6 +54,23 @@ class Collected:
     rank_logs: dict[str, dict[str, str]] | None
     notes: list[str]
     full_disk: str | None = None  # runs/'s or the working directory's filesystem full as the script ended
+
+
+def record_plan(run_dir: Path, rec: dict[str, Any], workspace: Path | None, runtime_dir: Path,
+                ranks: dict[str, int] | None = None) -> CollectPlan:
+    """What to collect, as the run's early record says: its config's working directory and outputs, its
+    datasets' mount points there (skipped), its code snapshot; the directories given only where they are."""
+    config = rec["invocation"].get("config") or {}
+    workdir = (config.get("build") or {}).get("workdir") or "/workspace"
+    outputs = (config.get("run") or {}).get("outputs") or {}
+    skip = [posixpath.relpath(m, workdir) for d in (rec.get("data") or {}).values()
+            for m in (d.get("mounts") or []) if inside(m, workdir)]
+    include = outputs.get("include")
+    return CollectPlan(run_dir=str(run_dir), runtime_dir=str(runtime_dir) if runtime_dir.is_dir() else None,
+                       workspace=str(workspace) if workspace is not None and workspace.is_dir() else None,
+                       snapshot_files=((rec.get("code") or {}).get("snapshot") or {}).get("files") or {},
+                       include=list(["**"] if include is None else include),
+                       exclude=list(outputs.get("exclude") or []), skip=skip, ranks=ranks)
 
 
 def collect_run(plan: CollectPlan, *, uid: int, gid: int) -> Collected:

@@ -184,27 +184,12 @@ def _seal(run_dir: Path, reason: str, workspace: Path | None) -> tuple[bool, str
 
 
 def _collect(run_dir: Path, rec: dict[str, Any], workspace: Path | None):
-    import posixpath
+    from hermetic.run.collect import collect_run, give_back, record_plan
 
-    from hermetic.core.paths import inside
-    from hermetic.run.collect import CollectPlan, collect_run, give_back
-
-    inv = rec["invocation"]
-    user = str(inv.get("user") or f"{os.getuid()}:{os.getgid()}")
+    user = str(rec["invocation"].get("user") or f"{os.getuid()}:{os.getgid()}")
     uid, gid = (int(x) for x in user.split(":"))
-    config = inv.get("config") or {}
-    workdir = ((config.get("build") or {}).get("workdir")) or "/workspace"
-    outputs = ((config.get("run") or {}).get("outputs")) or {}
-    skip = [posixpath.relpath(m, workdir) for d in (rec.get("data") or {}).values()
-            for m in (d.get("mounts") or []) if inside(m, workdir)]
-    meta = run_dir / RUNTIME_DIR
-    plan = CollectPlan(run_dir=str(run_dir), runtime_dir=str(meta) if meta.is_dir() else None,
-                       workspace=str(workspace) if workspace is not None and workspace.is_dir() else None,
-                       snapshot_files=((rec.get("code") or {}).get("snapshot") or {}).get("files") or {},
-                       include=list(outputs.get("include") or ["**"]), exclude=list(outputs.get("exclude") or []),
-                       skip=skip)
     try:
-        return collect_run(plan, uid=uid, gid=gid)
+        return collect_run(record_plan(run_dir, rec, workspace, run_dir / RUNTIME_DIR), uid=uid, gid=gid)
     finally:
         give_back(run_dir)
 

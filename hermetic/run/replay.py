@@ -98,9 +98,22 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
         raise ReplayRefused(f"{run_dir}: the recorded config no longer validates: {e}") from None
     root = _project_root(run_dir, model.runs_dir)
     refuse_outside(model, None, root / "hermetic.yaml", source=f"{run_dir / 'run.json'}: invocation.config")
-    for name, d in (record.get("data") or {}).items():
-        if name not in (data_paths or {}):
-            _recorded_path(run_dir, model, root, name, str(d.get("path")))
+    # the data: recorded paths (or --data), verified against the run's own manifest copies
+    recorded = record.get("data") or {}
+    moved = dict(data_paths or {})
+    unknown = sorted(set(moved) - set(recorded))
+    if unknown:
+        from hermetic.core.errors import UsageError
+
+        raise UsageError(f"--data {unknown[0]}=...: run {record['record']['run_id']} read no dataset {unknown[0]!r} "
+                         f"(its datasets: {', '.join(sorted(recorded)) or 'none'})")
+    data_paths, manifests = {}, {}
+    for name, d in recorded.items():
+        data_paths[name] = (str(Path(moved[name]).resolve()) if name in moved
+                            else _recorded_path(run_dir, model, root, name, str(d.get("path"))))
+        manifests[name] = mf = run_dir / d["manifest_file"]
+        if not mf.is_file() or hashlib.sha256(mf.read_bytes()).hexdigest() != d["manifest_sha256"]:
+            raise ReplayRefused(f"dataset {name}: the run's manifest copy {mf} is missing or altered")
     cfg = LoadedConfig(model=model, path=root / "hermetic.yaml")
 
     # the image
@@ -115,23 +128,6 @@ def replay_request(run_dir: Path, record: dict[str, Any], paths: CachePaths, *, 
         raise ReplayRefused(f"{tar}: the recorded source snapshot is missing")
     if sha256_file(tar) != snap["sha256"]:
         raise IntegrityError(f"{tar}: the source snapshot does not match its recorded sha256 {snap['sha256'][:12]}")
-
-    # the data: recorded paths, verified against the run's own manifest copies
-    recorded = record.get("data") or {}
-    moved = dict(data_paths or {})
-    unknown = sorted(set(moved) - set(recorded))
-    if unknown:
-        from hermetic.core.errors import UsageError
-
-        raise UsageError(f"--data {unknown[0]}=...: run {record['record']['run_id']} read no dataset {unknown[0]!r} "
-                         f"(its datasets: {', '.join(sorted(recorded)) or 'none'})")
-    data_paths, manifests = {}, {}
-    for name, d in recorded.items():
-        mf = run_dir / d["manifest_file"]
-        if not mf.is_file() or hashlib.sha256(mf.read_bytes()).hexdigest() != d["manifest_sha256"]:
-            raise ReplayRefused(f"dataset {name}: the run's manifest copy {mf} is missing or altered")
-        data_paths[name] = str(Path(moved[name]).resolve()) if name in moved else d["path"]
-        manifests[name] = mf
 
     # env: values as recorded; secrets by name from today's environment
     env_sec = record.get("env") or {}

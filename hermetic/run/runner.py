@@ -167,7 +167,7 @@ def _run_in_dir(engine, cfg: LoadedConfig, paths: CachePaths, store: OciStore, r
         outcome = launched.finish(SizeWatch(workspace, size_bytes(m.run.workdir_size), m.run.workdir_size))
         data_changes = changed_during_run(datasets)  # 7b. the data, by stat, against what was verified
         # 8. what the script left (outputs, working directory, the runtime's report), as its user, no link followed
-        collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, user, req.distributed)
+        collected = collect_outputs(rec, workspace, run_dir, user, req.distributed)
         if req.distributed is not None:  # per-rank logs kept, what each rank reported
             rec["distributed"] = finish_section(rec["distributed"], collected.runtime_report, collected.rank_logs or {})
         # 9. the record, sealed while the engine removes the container (awaited as this block ends, after the

@@ -9,13 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import posixpath
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
-from hermetic.core.paths import inside
 from hermetic.config.load import LoadedConfig
 from hermetic.core.errors import EXIT_SOFTWARE, CannotCreate
 from hermetic.engines.base import RunOutcome
@@ -50,27 +48,20 @@ class RunFailed(CannotCreate):
     the exit code when the script itself exited 0; record.reason says why."""
 
 
-def collect_outputs(cfg: LoadedConfig, rec: dict[str, Any], datasets: Sequence[Any], workspace: Path | None,
-                    run_dir: Path, user: ContainerUser, distributed: Any = None) -> "Collected":
-    """What the script left (hermetic.run.collect, as ``user``), then the run directory given back to hermetic's
-    user; a failed collection still leaves a record to seal (empty outputs, a note). ``datasets``: DatasetPlans.
+def collect_outputs(rec: dict[str, Any], workspace: Path | None, run_dir: Path, user: ContainerUser,
+                    distributed: Any = None) -> "Collected":
+    """What the script left (hermetic.run.collect, as ``user``, as its early record says), then the run directory
+    given back to hermetic's user; a failed collection still leaves a record to seal (empty outputs, a note).
     """
     from hermetic.hostfs import privdrop
     from hermetic.core.errors import HermeticError
-    from hermetic.run.collect import CollectPlan, Collected, collect_run, give_back
+    from hermetic.run.collect import Collected, collect_run, give_back, record_plan
 
-    workdir = cfg.model.build.workdir
-    skip = [posixpath.relpath(p, workdir) for d in datasets for p in d.plan.container_paths if inside(p, workdir)]
-    out = cfg.model.run.outputs
-    meta = run_dir / RUNTIME_DIR
     ranks = None
     if distributed is not None:
         ranks = {"node_rank": distributed.node_rank, "nproc_per_node": distributed.nproc_per_node}
         (run_dir / "ranks").mkdir(exist_ok=True)
-    plan = CollectPlan(run_dir=str(run_dir), runtime_dir=str(meta) if meta.is_dir() else None,
-                       workspace=str(workspace) if workspace is not None else None,
-                       snapshot_files=rec["code"]["snapshot"]["files"], include=list(out.include),
-                       exclude=list(out.exclude), skip=skip, ranks=ranks)
+    plan = record_plan(run_dir, rec, workspace, run_dir / RUNTIME_DIR, ranks)
     if privdrop.will_drop(user.uid):  # where the collecting user must be able to write: its own trees, and
         for d in ("logs", "ranks"):   # (only the directories themselves) the rank logs' and outputs' places
             if (run_dir / d).is_dir() and not (run_dir / d).is_symlink():
@@ -192,7 +183,7 @@ def after_failure(cfg: LoadedConfig, req: RunRequest, run_dir: Path, rec: dict[s
     reason = error.message if error is not None else f"hermetic failed: {type(exc).__name__}: {exc}"
     code = error.exit_code if error is not None else EXIT_SOFTWARE
     try:
-        collected = collect_outputs(cfg, rec, [], None, run_dir, container_user(cfg))
+        collected = collect_outputs(rec, None, run_dir, container_user(cfg))
         release_space(run_dir)
         sealed = finish_record(rec, run_dir, status="interrupted" if interrupted else "failed", exit_code=None,
                                reason=None if interrupted else reason, outputs=collected.outputs,

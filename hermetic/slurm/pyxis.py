@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from hermetic.run.plan import DatasetPlan, passed_env, plan_datasets
+from hermetic.run.plan import passed_env, plan_datasets
 from hermetic.slurm.state import write_state
 from hermetic.slurm.submission import Submission, load_submission
 from hermetic.slurm.task import member_of, slurm_section
@@ -21,13 +20,6 @@ from hermetic.slurm.task import member_of, slurm_section
 Log = Callable[[str], None]
 WORKSPACE = ".workspace"  # the job script mounts $RUN_DIR/.workspace as the working directory
 PROBE_FILE = ".probe.json"  # what the script's probe step printed
-
-
-@dataclass(frozen=True)
-class _Planned:
-    """A dataset as collect_outputs needs it (its container paths); verified in ``begin``."""
-
-    plan: DatasetPlan
 
 
 def _context(submission_path: Path) -> tuple[Submission, dict[str, Any], Path]:
@@ -85,16 +77,14 @@ def end(submission_path: Path, exit_code: int, *, log: Log) -> int:
 
     sub, _slurm, run_dir = _context(submission_path)
     member = member_of(sub, os.environ)
-    cfg = sub.loaded_config()
     req = sub.run_request(member, slurm=None, distributed=None)
     rec = load_record(run_dir)
     rec["record"]["record_sha256"] = ""
-    datasets = [_Planned(p) for p in plan_datasets(cfg, req.data_paths, req.manifest_paths)]
     workspace = run_dir / WORKSPACE
     # enroot runs the container as the job's own user (no --container-remap-root): what the script wrote
     # is that user's, so it is that user who collects it (still through safetree: no link followed).
     job_user = ContainerUser(f"{os.getuid()}:{os.getgid()}", os.getuid(), os.getgid())
-    collected = collect_outputs(cfg, rec, datasets, workspace, run_dir, job_user)
+    collected = collect_outputs(rec, workspace, run_dir, job_user)
     shutil.rmtree(workspace, ignore_errors=True)
     (run_dir / PROBE_FILE).unlink(missing_ok=True)
     result = seal_run(req, run_dir.name, run_dir, rec, RunOutcome(exit_code, False), collected, log)

@@ -100,16 +100,8 @@ class Submission:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA, "kind": self.kind, "submission_id": self.submission_id,
-            "project_root": str(self.project_root), "runs_dir": str(self.runs_dir), "config": self.config,
-            "request": self.request, "members": [dataclasses.asdict(m) for m in self.members],
-            "image": self.image, "repo_digests": self.repo_digests, "container": self.container,
-            "partition": self.partition, "nnodes": self.nnodes, "node_cache": self.node_cache,
-            "python": self.python, "seed_policy": self.seed_policy, "job_id": self.job_id,
-            "summary_job_id": self.summary_job_id, "engine": self.engine, "shared_store": self.shared_store,
-            "squashfs": self.squashfs,
-        }
+        return {**dataclasses.asdict(self), "schema": SCHEMA, "project_root": str(self.project_root),
+                "runs_dir": str(self.runs_dir)}
 
     def write(self) -> Path:
         path = self.dir / SUBMISSION_FILE
