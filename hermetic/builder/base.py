@@ -335,8 +335,7 @@ def _glibc(facts: BaseFacts, libc_bytes: bytes | None) -> tuple[int, int] | None
 
 
 def os_pretty_name(facts: BaseFacts) -> str | None:
+    from hermetic.provenance.sbom import os_release
+
     text = facts.captured.get("etc/os-release") or facts.captured.get("usr/lib/os-release") or ""
-    for line in text.splitlines():
-        if line.startswith("PRETTY_NAME="):
-            return line.split("=", 1)[1].strip().strip('"')
-    return None
+    return os_release(text).get("PRETTY_NAME")

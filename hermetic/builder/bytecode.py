@@ -2,19 +2,20 @@
 
 Hash-based .pyc files (no timestamp) beside each site-packages ``.py``, compiled from its final in-image
 path by the base's interpreter (interpreter.py copies it; hermetic/inimage/pyc_server.py is what it runs),
-one compiler per layer fed in tar order so the compile overlaps the tar writing. Not in RECORD.
+one compiler per layer, fed in tar order while the tar is written. Not in RECORD.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import json
 import os
 import posixpath
+import queue
 import subprocess
 import threading
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -34,14 +35,9 @@ def pyc_path(py_path: str, cache_tag: str) -> str:
     return posixpath.join(head, "__pycache__", f"{stem}.{cache_tag}.pyc")
 
 
-def pyc_flags(data: bytes) -> int:
-    """The PEP 552 flags word: 0 timestamp-based, 1 unchecked hash, 3 checked hash."""
-    return int.from_bytes(data[4:8], "little")
-
-
 @dataclass(frozen=True)
 class BytecodeSpec:
-    """What a layer worker needs to compile (picklable): the interpreter and the mode."""
+    """What compiling a layer's bytecode needs: the interpreter and the mode."""
 
     interpreter: BaseInterpreter
     mode: str
@@ -76,9 +72,6 @@ class Compiler:
         self.interp = interp
         self.mode = mode
         self._proc = proc
-        self._results: dict[int, tuple[int, bytes]] = {}
-        self._failed: BaseException | None = None
-        self._done = threading.Condition()
         self._threads: list[threading.Thread] = []
         self.hello = self._read_hello()
         check_maps(list(self.hello.get("maps") or []), interp.root)
@@ -119,65 +112,46 @@ class Compiler:
                                 "with; remove its copy under $HERMETIC_CACHE/bases and build again")
         return hello
 
-    # -- pipelined use: submit everything, then take results in order ---------------------------
+    def submit(self, jobs: list[tuple[str, bytes]]) -> Callable[[], bytes | None]:
+        """Compile ``jobs`` ([(in-image path, source)]) in order, in the background; each call of the
+        returned function waits for the next job's .pyc (None: its source does not compile)."""
+        answers: queue.SimpleQueue = queue.SimpleQueue()
 
-    def submit(self, jobs: list[tuple[str, Callable[[], bytes]]]) -> None:
-        """Compile ``jobs`` ([(in-image path, source)]) in order, in the background."""
         def feed() -> None:
             stdin = self._proc.stdin
             assert stdin is not None
             try:
-                for path, source in jobs:
-                    data = source()
+                for path, data in jobs:
                     p = path.encode("utf-8", "surrogateescape")
                     stdin.write(len(p).to_bytes(4, "little") + p + len(data).to_bytes(4, "little"))
                     stdin.write(data)
                 stdin.close()
-            except BaseException as e:  # a bad zip member, or the compiler died (BrokenPipeError)
-                self._fail(e)
-                try:
-                    stdin.close()
-                except OSError:
-                    pass
+            except (OSError, ValueError):  # the compiler died (or was closed on a failure): the collector says why
+                pass
 
         def collect() -> None:
             try:
-                for i in range(len(jobs)):
+                for _ in jobs:
                     head = self._read_exact(5)
-                    data = self._read_exact(int.from_bytes(head[1:], "little"))
-                    with self._done:
-                        self._results[i] = (head[0], data)
-                        self._done.notify_all()
+                    answers.put((head[0], self._read_exact(int.from_bytes(head[1:], "little"))))
             except BaseException as e:
-                self._fail(e)
+                answers.put(e)
 
         for target in (feed, collect):
             t = threading.Thread(target=target, daemon=True)
             t.start()
             self._threads.append(t)
 
-    def _fail(self, e: BaseException) -> None:
-        with self._done:
-            if self._failed is None:
-                self._failed = e
-            self._done.notify_all()
-
-    def result(self, i: int) -> bytes | None:
-        """Job ``i``'s .pyc, or None when its source does not compile (waits for it)."""
-        with self._done:
-            while i not in self._results and self._failed is None:
-                self._done.wait()
-            if i in self._results:
-                status, data = self._results.pop(i)
-                return data if status == 0 else None
-            failed = self._failed
-        if isinstance(failed, (BrokenPipeError, BytecodeError)):
-            raise failed if isinstance(failed, BytecodeError) else self._died()
-        raise failed  # type: ignore[misc]
+        def next_pyc() -> bytes | None:
+            got = answers.get()
+            if isinstance(got, BaseException):
+                raise got
+            return got[1] if got[0] == 0 else None
+        return next_pyc
 
     def compile_all(self, jobs: list[tuple[str, bytes]]) -> list[bytes | None]:
-        self.submit([(path, (lambda s=src: s)) for path, src in jobs])
-        return [self.result(i) for i in range(len(jobs))]
+        next_pyc = self.submit(jobs)
+        return [next_pyc() for _ in jobs]
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -208,75 +182,25 @@ class Compiler:
 
 # -- a layer's entries, with their bytecode ------------------------------------------------------
 
-def add_bytecode(entries: list[Entry], site_packages: str, spec: BytecodeSpec,
-                 reopen: dict[str, Callable[[], bytes]]) -> tuple[list[Entry], Compiler | None]:
-    """``entries`` plus a .pyc entry for every .py under ``site_packages``, compiling in the background.
-
-    ``reopen`` gives, for an entry's path, a way to read its source that is
-    safe from another thread (the feeder's own zip handle); the bytes read are
-    kept so that the tar's .py entry does not decompress them again. The caller
-    closes the returned compiler once the layer is written.
-    """
+def add_bytecode(entries: list[Entry], site_packages: str, spec: BytecodeSpec) -> tuple[list[Entry], Compiler | None]:
+    """``entries`` plus a .pyc entry for every .py under ``site_packages``, compiled in the background while
+    the tar is written (the sources are read once, here). The caller closes the returned compiler."""
     root = site_packages.strip("/") + "/"
     have = {e.path for e in entries}
-    jobs: list[tuple[str, str]] = []
+    out, jobs = [], []
     for e in entries:
-        if e.kind == "file" and e.path.startswith(root) and e.path.endswith(".py"):
-            pyc = pyc_path(e.path, spec.interpreter.cache_tag)
-            if pyc not in have:  # a wheel that ships its own .pyc keeps it (RECORD names it)
-                jobs.append((pyc, e.path))
+        pyc = pyc_path(e.path, spec.interpreter.cache_tag)
+        # (a wheel that ships its own .pyc keeps it: RECORD names it)
+        if e.kind == "file" and e.path.startswith(root) and e.path.endswith(".py") and pyc not in have:
+            assert e.open is not None
+            with e.open() as f:
+                data = f.read()
+            e = dataclasses.replace(e, open=lambda d=data: io.BytesIO(d))
+            jobs.append((pyc, e.path, data))
+        out.append(e)
     if not jobs:
         return entries, None
     jobs.sort(key=lambda j: j[0].encode("utf-8", "surrogateescape"))  # the order the tar writer needs them in
-    compiled = {path for _pyc, path in jobs}
     compiler = Compiler.start(spec.interpreter, spec.mode)
-    read_once: dict[str, bytes] = {}
-
-    def source_of(path: str) -> Callable[[], bytes]:
-        def read() -> bytes:
-            data = reopen[path]()
-            read_once[path] = data
-            return data
-        return read
-
-    compiler.submit([("/" + path, source_of(path)) for _pyc, path in jobs])
-    out = []
-    for e in entries:
-        if e.path in compiled:
-            original = e.open
-
-            def cached_open(path: str = e.path, original: Callable | None = original):
-                data = read_once.pop(path, None)
-                if data is None:  # the tar got here before the compiler's feeder did
-                    assert original is not None
-                    return original()
-                return io.BytesIO(data)
-            e = Entry(e.path, e.kind, e.mode, e.uid, e.gid, e.size, e.linkname, cached_open)
-        out.append(e)
-    for i, (pyc, _path) in enumerate(jobs):
-        out.append(Entry(pyc, "file", 0o644, produce=(lambda i=i: compiler.result(i))))
-    return out, compiler
-
-
-class ZipMembers:
-    """A wheel's members read through a zip handle of its own (for the compiler's feeder thread)."""
-
-    def __init__(self, wheel: Path) -> None:
-        self._wheel = wheel
-        self._zf: zipfile.ZipFile | None = None
-        self._lock = threading.Lock()
-
-    def reader(self, name: str) -> Callable[[], bytes]:
-        def read() -> bytes:
-            with self._lock:
-                if self._zf is None:
-                    self._zf = zipfile.ZipFile(self._wheel)
-                zf = self._zf
-            return zf.read(name)
-        return read
-
-    def close(self) -> None:
-        with self._lock:
-            if self._zf is not None:
-                self._zf.close()
-                self._zf = None
+    next_pyc = compiler.submit([("/" + path, data) for _pyc, path, data in jobs])
+    return out + [Entry(pyc, "file", 0o644, produce=next_pyc) for pyc, _path, _data in jobs], compiler

@@ -20,7 +20,7 @@ from hermetic.hostfs.fsutil import Leftovers, is_atomic_temp, sweep_dead, sweep_
 from hermetic.core.paths import CachePaths
 from hermetic.store import intact
 from hermetic.store.inuse import claimed_images, collecting
-from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, OciStore
+from hermetic.store.oci import OciStore
 from hermetic.store.wheels import WheelStore
 
 
@@ -160,48 +160,13 @@ def _verify(paths: CachePaths, store: OciStore, *, repair: bool, rehash: bool,
 
 
 def missing_blobs(store: OciStore, ref: str, digest: str) -> list[MissingBlob]:
-    """What the image ``ref`` names (``digest``: its manifest or index) and the store lacks: the
-    manifest itself, its config and layers; an index's manifests that the store keeps (every one a
-    referrers index lists: the store writes them all), and theirs. A blob that is present but does
-    not parse is a corrupt blob, reported as such by the rehash, not here."""
+    """What the image ``ref`` names (``digest``: its manifest or index) and the store lacks (OciStore.walk:
+    of a referrers index, every manifest it lists, as the store writes them all)."""
     from hermetic.store.referrers import subject_of_tag
 
-    out: list[MissingBlob] = []
     every_child = subject_of_tag(ref) is not None
-    todo: list[tuple[str, str]] = [("manifest", digest)]
-    seen: set[str] = set()
-    while todo:
-        role, dg = todo.pop(0)
-        if dg in seen:
-            continue
-        seen.add(dg)
-        if not store.has_blob(dg):
-            out.append(MissingBlob(ref, digest, role, dg))
-            continue
-        try:
-            doc = store.read_json(dg)
-        except Exception:  # corrupt: the rehash names it
-            continue
-        if not isinstance(doc, dict):
-            continue
-        prefix = "" if dg == digest else f"{role} "
-        media_type = doc.get("mediaType") or ""
-        if isinstance(doc.get("manifests"), list) or media_type in INDEX_TYPES:
-            for i, m in enumerate(doc.get("manifests") or [], 1):
-                child = (m or {}).get("digest", "") if isinstance(m, dict) else ""
-                if child and (every_child or store.has_blob(child)):
-                    todo.append((f"{prefix}manifest {i} ({child[:19]})", child))
-        elif "layers" in doc or media_type in MANIFEST_TYPES:
-            try:
-                config = doc["config"]["digest"]
-                layers = [layer["digest"] for layer in doc.get("layers") or []]
-            except (KeyError, TypeError):
-                continue
-            for r, d in [("config", config)] + [(f"layer {i}", x) for i, x in enumerate(layers, 1)]:
-                if d not in seen and not store.has_blob(d):
-                    seen.add(d)
-                    out.append(MissingBlob(ref, digest, prefix + r, d))
-    return out
+    return [MissingBlob(ref, digest, role, d) for role, d, present in store.walk(digest, every_child=every_child)
+            if not present]
 
 
 def _verify_blobs(store: OciStore, rep: VerifyReport, *, repair: bool,

@@ -7,11 +7,9 @@ unless a base's ownership is kept, modes 0644/0755, hardlinks as files, no xattr
 from __future__ import annotations
 
 import io
-import os
 import stat
 import tarfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Literal
 
 from hermetic.core.errors import DataError
@@ -52,34 +50,6 @@ class Entry:
 def normalized_mode(st_mode: int) -> int:
     """0755 for anything executable by its owner, else 0644 (Jib/ko's rule)."""
     return 0o755 if st_mode & stat.S_IXUSR else 0o644
-
-
-def entries_from_dir(root: Path, prefix: str = "") -> list[Entry]:
-    """Files, dirs and symlinks under ``root`` as normalized entries at ``prefix``/...
-
-    Ownership and times are dropped; modes collapse to 0644/0755; a symlink
-    keeps its target text. Sockets, FIFOs and devices are refused.
-    """
-    out: list[Entry] = []
-    root = Path(root)
-    base = prefix.strip("/")
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = os.path.relpath(dirpath, root)
-        for name in dirnames + filenames:
-            full = os.path.join(dirpath, name)
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            path = f"{base}/{rel}" if base else rel
-            st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                out.append(Entry(path, "symlink", 0o777, linkname=os.readlink(full)))
-            elif stat.S_ISDIR(st.st_mode):
-                out.append(Entry(path, "dir", DIR_MODE))
-            elif stat.S_ISREG(st.st_mode):
-                out.append(Entry(path, "file", normalized_mode(st.st_mode), size=st.st_size,
-                                 open=(lambda f=full: open(f, "rb"))))
-            else:
-                raise DataError(f"{full}: not a regular file, directory or symlink; refusing to put it in a layer")
-    return out
 
 
 def _tarinfo(e: Entry, mtime: int) -> tarfile.TarInfo:
