@@ -96,73 +96,58 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
         store = OciStore(paths.oci).ensure()
         with writing(store):  # `cache gc` waits for this build: its blobs are named by no ref until the end
             try:
-                result = _build_locked(cfg, paths, store, lock, key, offline=offline, load=load, log=log,
-                                       on_layer=on_layer, cache=cache, pull_base=pull_base, t0=t0, built=built,
-                                       notes=notes, feeds=feeds, engine=engine, before_build=before_build)
-                claim_image(store, result.manifest_digest)  # what the caller (a run) uses after the lock is gone
-                return result
+                with file_lock(paths.builds / f".{key}.lock"):
+                    digest = lookup_build(paths, store, key)
+                    source = "local"
+                    if digest is not None:
+                        check_image(store, digest)  # trusted only if every blob still matches its digest
+                    elif before_build is not None:
+                        before_build()
+                    if digest is None and cache is not None and not offline:
+                        digest = cache.pull(store, key, notes)
+                        source = "registry"
+                    if digest is None:
+                        from hermetic.builder.base import resolve_base
+                        from hermetic.builder.gc import dead_temp_files
+
+                        dead_temp_files(paths, remove=True, once=True)  # a killed writer's leftovers go first
+                        base = resolve_base(store, cfg.model.base, pull=None if offline else pull_base)  # then fetch
+                        wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
+                        digest, built, build_notes = _build(cfg, paths, store, lock, wheels, key, base,
+                                                            on_layer=on_layer, feeds=feeds if load else None,
+                                                            engine=engine)
+                        notes += build_notes
+                        source = "built"
+                    if source != "local":
+                        seal_image(store, digest)  # what this build wrote or pulled: trusted from its stat now
+                        remember_build(paths, key, digest)
+                info = ImageInfo.from_store(store, digest, key)
+                from hermetic.builder.attest import ensure_attestations
+
+                # SBOM + provenance as referrers of the image (issue 20), before a cache publish pushes them.
+                notes += ensure_attestations(cfg, paths, store, lock, info)
+                if cache is not None and source != "registry" and not offline:
+                    cache.publish(store, key, digest, notes)
+                feed = feeds[0] if feeds else None
+                loaded = _ensure_loaded(store, info, cfg.model.name, load, feed, engine)
+                _point_latest(store, info, cfg.model.name)
+                record = write_image_record(cfg.root, cfg.model.lock, info)
+                claim_image(store, digest)  # what the caller (a run) uses after the lock is gone
+                # The result (not the record) also says which layers this build made or reused.
+                loads = [{**e, "from": round(e["from"] - t0, 3), "to": round(e["to"] - t0, 3)}
+                         for e in (feed.timeline if feed else [])]
+                return BuildResult(info, layer_rows(info, built), source == "local", loaded, time.monotonic() - t0,
+                                   record, notes, loads)
             finally:
                 for feed in feeds:
                     feed.close()
                     feed.remove_partials()
 
 
-def _build_locked(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, key: str, *, offline: bool,
-                  load: bool, log, on_layer, cache: ImageCache | None, pull_base: PullImage | None, t0: float,
-                  built: list[BuiltLayer], notes: list[str], feeds: list["BuildFeed"],
-                  engine: str = "docker", before_build: Callable[[], object] | None = None) -> BuildResult:
-    with file_lock(paths.builds / f".{key}.lock"):
-        digest = lookup_build(paths, store, key)
-        source = "local"
-        if digest is not None:
-            check_image(store, digest)  # trusted only if every blob still matches its digest
-        elif before_build is not None:
-            before_build()
-        if digest is None and cache is not None and not offline:
-            digest = cache.pull(store, key, notes)
-            source = "registry"
-        if digest is None:
-            from hermetic.builder.base import resolve_base
-            from hermetic.builder.gc import dead_temp_files
-
-            dead_temp_files(paths, remove=True, once=True)  # a killed writer's leftovers go before we write
-            base = resolve_base(store, cfg.model.base, pull=None if offline else pull_base)  # before any fetch
-            wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
-            digest, layers_built, build_notes = _build(cfg, paths, store, lock, wheels, key, base, log=log,
-                                                       on_layer=on_layer, feeds=feeds if load else None,
-                                                       engine=engine)
-            built += layers_built
-            notes += build_notes
-            source = "built"
-        if source != "local":
-            seal_image(store, digest)  # what this build wrote or pulled: trusted from its stat from now on
-            remember_build(paths, key, digest)
-    info = ImageInfo.from_store(store, digest, key)
-    from hermetic.builder.attest import ensure_attestations
-
-    # SBOM + provenance as referrers of the image (issue 20), before a cache publish pushes them along.
-    notes += ensure_attestations(cfg, paths, store, lock, info)
-    if cache is not None and source != "registry" and not offline:
-        cache.publish(store, key, digest, notes)
-    return finish(cfg, store, info, noop=source == "local", load=load, t0=t0, notes=notes, built=built,
-                  feed=feeds[0] if feeds else None, engine=engine)
-
-
 def read_config_lock(cfg: LoadedConfig) -> Lock:
     from hermetic.lock.read import read_lock
 
     return read_lock(cfg.lock_path, Target(python_version=cfg.model.python.version))
-
-
-def finish(cfg: LoadedConfig, store: OciStore, info: ImageInfo, *, noop: bool, load: bool, t0: float,
-           notes: list[str] | None = None, built: list[BuiltLayer] | None = None,
-           feed: "BuildFeed | None" = None, engine: str = "docker") -> BuildResult:
-    loaded = _ensure_loaded(store, info, cfg.model.name, load, feed, engine)
-    _point_latest(store, info, cfg.model.name)
-    record = write_image_record(cfg.root, cfg.model.lock, info)
-    # The result (not the record) also says which layers this build made or reused.
-    loads = [{**e, "from": round(e["from"] - t0, 3), "to": round(e["to"] - t0, 3)} for e in (feed.timeline if feed else [])]
-    return BuildResult(info, layer_rows(info, built), noop, loaded, time.monotonic() - t0, record, notes or [], loads)
 
 
 def _point_latest(store: OciStore, info: ImageInfo, name: str) -> None:
@@ -207,8 +192,8 @@ def lookup_build(paths: CachePaths, store: OciStore, key: str) -> str | None:
 
 
 def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wheels: list[ResolvedWheel],
-           key: str, base: BaseImage, *, log, on_layer,
-           feeds: list["BuildFeed"] | None = None, engine: str = "docker") -> tuple[str, list[BuiltLayer], list[str]]:
+           key: str, base: BaseImage, *, on_layer, feeds: list["BuildFeed"] | None = None,
+           engine: str = "docker") -> tuple[str, list[BuiltLayer], list[str]]:
     from hermetic.builder.base import scan_base
     from hermetic.builder.checks import run_build_checks
     from hermetic.builder.image import BASE_LAYERS_LABEL, LayerRef, image_config, image_manifest
@@ -277,8 +262,7 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
         manifest["annotations"] = {"org.hermetic.layers.gzip": f"zlib {zlib.ZLIB_RUNTIME_VERSION} level 6"}
     manifest_digest, manifest_size, _ = store.put_json(manifest)
     desc = Descriptor(MT_MANIFEST, manifest_digest, manifest_size)
-    store.set_ref(f"{m.name}:latest", desc)
-    store.set_ref(f"{m.name}:bk-{key[:16]}", desc)
+    store.set_ref(f"{m.name}:bk-{key[:16]}", desc)  # (NAME:latest: build() points it, as after a no-op)
     return manifest_digest, built, notes
 
 
