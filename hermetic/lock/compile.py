@@ -204,9 +204,7 @@ def _with_header(body: str, fmt: str, input_path: Path, output_path: Path, targe
             f"CPython {target.python_version}.\nDo not edit: rerun hermetic lock.")
     if input_path.name != "pyproject.toml":
         note += f" {INPUT_LABEL}: the input file (its name and place are not part of the lock)."
-    if fmt == "pylock.toml":
-        header = "".join(f"# {ln}\n" for ln in note.splitlines())
-        return header + body
     header = "".join(f"# {ln}\n" for ln in note.splitlines())
-    header += "".join(line + "\n" for line in index_lines)
+    if fmt != "pylock.toml":  # (pylock.toml names each package's index itself)
+        header += "".join(line + "\n" for line in index_lines)
     return header + body

@@ -209,20 +209,19 @@ class SourceSet:
             return None
 
 
+def _same_pin(name: str, version: str, wheel: LockedWheel) -> bool:
+    return canonicalize_name(name) == wheel.name and canonicalize_version(version) == canonicalize_version(wheel.version)
+
+
 def _matches(c: Candidate, wheel: LockedWheel) -> bool:
     nv = parse_wheel_name_version(c.filename)
-    if nv is None:
-        return False
-    name, version = nv
-    return canonicalize_name(name) == wheel.name and canonicalize_version(version) == canonicalize_version(wheel.version)
+    return nv is not None and _same_pin(*nv, wheel)
 
 
 def _is_sdist_of(c: Candidate, wheel: LockedWheel) -> bool:
     stem = next((c.filename[:-len(s)] for s in _SDIST_SUFFIXES if c.filename.endswith(s)), None)
-    if stem is None:
-        return False
-    name, _, version = stem.rpartition("-")
-    return canonicalize_name(name) == wheel.name and canonicalize_version(version) == canonicalize_version(wheel.version)
+    name, _, version = (stem or "").rpartition("-")
+    return stem is not None and _same_pin(name, version, wheel)
 
 
 def choose(wheel: LockedWheel, sources: SourceSet, target: Target) -> tuple[Candidate | None, list[str]]:
