@@ -88,7 +88,7 @@ def _answers(data: bytes, n: int) -> tuple[dict, list[bytes | None]]:
 
 def test_the_copied_interpreter_compiles_exactly_as_the_base_does_in_a_container(base, interpreter, docker_client):
     from hermetic.builder.bytecode import SERVER, Compiler
-    from hermetic.builder.baseinterp import _ENV
+    from hermetic.builder.bytecode import _ENV
     from hermetic.engines.dockerimages import load_image
 
     store, b, _facts = base
@@ -226,7 +226,7 @@ def test_checked_hash_and_no_bytecode_are_choices_of_the_image(tmp_path, use_ses
 
 
 def test_read_elf_and_the_host_library_guard(tmp_path):
-    from hermetic.builder.baseinterp import BytecodeError, check_maps
+    from hermetic.builder.bytecode import BytecodeError, check_maps
     from hermetic.builder.interpreter import read_elf
 
     info = read_elf(Path("/bin/sh").resolve().read_bytes(), "/bin/sh")

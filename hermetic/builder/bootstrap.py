@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hermetic.builder.dpkg import installed_packages
+from hermetic.builder.libc import installed_packages
 from hermetic.builder.image import rfc3339
 from hermetic.builder.tarlayer import Entry, complete_parents, write_layer
 from hermetic.core.canonical import canonical_json

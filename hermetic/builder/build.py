@@ -195,7 +195,6 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
            key: str, base: BaseImage, *, on_layer, feeds: list["BuildFeed"] | None = None,
            engine: str = "docker") -> tuple[str, list[BuiltLayer], list[str]]:
     from hermetic.builder.base import scan_base
-    from hermetic.builder.checks import run_build_checks
     from hermetic.builder.image import BASE_LAYERS_LABEL, LayerRef, image_config, image_manifest
     from hermetic.builder.install import VenvLayout
     from hermetic.builder.layers import MAX_LAYERS, LayerCache, build_layers, hermetic_layer_files, plan_layers
@@ -205,7 +204,15 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
         facts = scan_base(store, base, paths.root / "bases")
     if not facts.exists(m.python.path):
         raise ConfigError(f"base {m.base}: has no interpreter at python.path {m.python.path}")
-    notes = run_build_checks(cfg, wheels, facts)
+    from hermetic.gpu.cuda import cuda_info
+    from hermetic.gpu.findings import raise_for_failures, warnings
+    from hermetic.gpu.wheels import build_checks
+
+    # Every wheel runs on the base and its Python (hermetic.gpu.wheels): the first misfit refuses the build.
+    findings = build_checks(cuda_info(wheels), [w.filename for w in wheels], glibc=facts.glibc,
+                            python_version=m.python.version)
+    raise_for_failures(findings)
+    notes = [f.message for f in warnings(findings)]
     layout = VenvLayout(m.build.prefix, m.python.version, m.python.path)
     specs = plan_layers(wheels, hermetic_layer_files(layout), max_layers=MAX_LAYERS - len(base.layers))
     bytecode = None

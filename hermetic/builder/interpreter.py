@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.builder.base import BaseFacts, BaseImage, member_path
-from hermetic.builder.baseinterp import _LIBDIR, INTERPRETER_FORMAT, NO_BYTECODE_HINT, BaseInterpreter, BytecodeError
+from hermetic.builder.bytecode import (_LIBDIR, INTERPRETER_FORMAT, NO_BYTECODE_HINT, BaseInterpreter, BytecodeError,
+                                       Compiler)
 from hermetic.core.errors import ConfigError
 from hermetic.hostfs.filesystems import naming_unwritable, not_one_filesystem
 from hermetic.hostfs.fsutil import atomic_write_bytes, owned_temp_dir, set_mode
@@ -295,8 +296,6 @@ def _current(final: Path) -> BaseInterpreter | None:
 
 def _probe(interp: BaseInterpreter, root: Path) -> dict[str, Any]:
     """Start the copied interpreter once (from where it was copied to) and read its hello."""
-    from hermetic.builder.bytecode import Compiler
-
     probe = BaseInterpreter(root, interp.loader, interp.executable, interp.home, "", "", "", (0, 0, 0))
     with Compiler.start(probe, "unchecked-hash") as c:
         return c.hello

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from hermetic.builder.dpkg import installed_packages
+from hermetic.provenance.sbom import installed_deb_packages
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,11 @@ _MUSL_LOADERS = ("/lib/ld-musl-x86_64.so.1", "/lib/ld-musl-aarch64.so.1")
 # "GNU C Library (Debian GLIBC 2.36-9+deb12u7) stable release version 2.36."
 # "ld.so (Ubuntu GLIBC 2.39-0ubuntu8.3) stable release version 2.39."
 _RELEASE = re.compile(rb"(?:GNU C Library|ld\.so) \([^)]*\) (?:stable |development )?release version (\d+)\.(\d+)")
+
+
+def installed_packages(text: str) -> dict[str, str]:
+    """{package: version} of the installed packages of a dpkg status file, sorted by name."""
+    return {p.name: p.version for p in installed_deb_packages(text)}
 
 
 def _dpkg_libc6(text: str) -> tuple[int, int] | None:
