@@ -15,35 +15,25 @@ from hermetic.lock.model import LockedWheel, Target, canonical
 
 _VCS_PREFIXES = ("git+", "hg+", "svn+", "bzr+")
 _HASH = re.compile(r"(?:^|\s)--hash(?:=|\s+)(\S+)")
+_COMMENT = re.compile(r"(?:^|[ \t])#.*")
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Join backslash continuations; strip comments. Yields (first line no, text)."""
+    """Join backslash continuations; strip comments ('#' at a line's start or after whitespace: pip's rule).
+    Returns (first line no, text) of each non-empty logical line."""
     out: list[tuple[int, str]] = []
-    buf: list[str] = []
+    parts: list[str] = []
     start = 0
-    for no, raw in enumerate(text.splitlines(), start=1):
-        line = raw
-        # A comment starts at '#' preceded by whitespace or at column 0 (pip's rule).
-        if line.lstrip().startswith("#"):
-            line = ""
-        elif " #" in line or "\t#" in line:
-            line = line[: min(i for i in (line.find(" #"), line.find("\t#")) if i >= 0)]
-        if not buf:
+    for no, raw in enumerate(text.splitlines() + [""], start=1):  # (the empty last line ends a continuation)
+        line = _COMMENT.sub("", raw).rstrip()
+        if not parts:
             start = no
-        stripped = line.rstrip()
-        if stripped.endswith("\\"):
-            buf.append(stripped[:-1])
-            continue
-        buf.append(stripped)
-        joined = " ".join(part.strip() for part in buf).strip()
-        buf = []
-        if joined:
-            out.append((start, joined))
-    if buf:
-        joined = " ".join(part.strip() for part in buf).strip()
-        if joined:
-            out.append((start, joined))
+        parts.append(line.removesuffix("\\").strip())
+        if not line.endswith("\\"):
+            joined = " ".join(parts).strip()
+            parts = []
+            if joined:
+                out.append((start, joined))
     return out
 
 
