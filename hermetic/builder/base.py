@@ -91,9 +91,12 @@ def resolve_base(store: OciStore, ref_text: str, *, pull: PullImage | None = Non
         if not store.has_image(ref.digest):
             import_oci(store, Path(ref.path or ""), ref.digest, archive=ref.kind == "oci-archive")
         return load_base(store, ref, ref.digest)
-    # kind == "name": content-addressed, so any copy in the store will do.
-    if store.has_blob(ref.digest) and _complete(store, ref.digest):
-        return load_base(store, ref, ref.digest)
+    # kind == "name": content-addressed, so any complete copy in the store will do.
+    if store.has_blob(ref.digest):
+        try:
+            return load_base(store, ref, ref.digest)
+        except (HermeticError, ValueError, KeyError, TypeError):
+            pass  # incomplete or unreadable: pulled again, where it can be
     assert ref.name is not None
     if not ref.name.has_host:
         raise NotFound(
@@ -110,19 +113,6 @@ def resolve_base(store: OciStore, ref_text: str, *, pull: PullImage | None = Non
         e.args = (e.message,)
         raise
     return load_base(store, ref, digest)
-
-
-def _complete(store: OciStore, digest: str) -> bool:
-    try:
-        doc = store.read_json(digest)
-    except (HermeticError, ValueError):
-        return False
-    if "manifests" in doc:
-        try:
-            return _complete(store, _pick_platform(doc, digest))
-        except HermeticError:
-            return False
-    return store.has_image(digest)
 
 
 # -- importers -----------------------------------------------------------

@@ -297,23 +297,22 @@ class OciStore:
     def set_ref(self, name: str, desc: Descriptor) -> None:
         """Point ``name`` at a manifest (replacing what it named before)."""
         self.ensure()
-        with file_lock(self.root / ".index.lock"):
-            index = self._read_index()
-            keep = [m for m in index["manifests"] if m.get("annotations", {}).get(REF_ANNOTATION) != name]
-            entry = desc.to_json()
-            entry.setdefault("annotations", {})[REF_ANNOTATION] = name
-            keep.append(entry)
-            index["manifests"] = keep
-            self._write_index(index)
+        self._replace_ref(name, desc)
 
     def remove_ref(self, name: str) -> bool:
+        return self._replace_ref(name, None)
+
+    def _replace_ref(self, name: str, desc: Descriptor | None) -> bool:
+        """``name`` now names ``desc`` (None: nothing); whether it named something before."""
         with file_lock(self.root / ".index.lock"):
             index = self._read_index()
             keep = [m for m in index["manifests"] if m.get("annotations", {}).get(REF_ANNOTATION) != name]
-            changed = len(keep) != len(index["manifests"])
+            had = len(keep) != len(index["manifests"])
+            if desc is not None:
+                keep.append({**desc.to_json(), "annotations": {**desc.annotations, REF_ANNOTATION: name}})
             index["manifests"] = keep
             self._write_index(index)
-            return changed
+            return had
 
     # -- images ---------------------------------------------------------
     def find_manifest(self, digest: str) -> Descriptor | None:
