@@ -7,6 +7,7 @@ is what it runs), one compiler per layer, fed in tar order while the tar is writ
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
@@ -213,22 +214,17 @@ class Compiler:
         return [next_pyc() for _ in jobs]
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                if self._proc.stdin and not self._proc.stdin.closed:
-                    self._proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        with contextlib.suppress(OSError):  # (a dead compiler's pipe)
+            self._proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
         for t in self._threads:
             t.join(timeout=5)
-        for f in (self._proc.stdout, self._proc.stderr):
-            if f:
-                f.close()
+        self._proc.stdout.close()  # type: ignore[union-attr]
+        self._proc.stderr.close()  # type: ignore[union-attr]
 
     def __enter__(self) -> "Compiler":
         return self

@@ -305,13 +305,8 @@ def fetch(lock: Lock, store: WheelStore, sources: PipSources, *, jobs: int = 4,
                 why += f" (unreachable: {', '.join(down)})"
             raise FetchError(f"{where}: {w.name}=={w.version}: no wheel for {lock.target.platform} / CPython "
                              f"{lock.target.python_version}: {why}", exit_code=EXIT_UNAVAILABLE if down else EXIT_NOINPUT)
-        what = f"{w.name}=={w.version}"
-
-        def tick(n: int) -> None:
-            if progress:
-                progress(cand.filename, n, None)
-
-        got = _download(cand, store, w, what, srcs, tick).resolved(w)
+        tick = (lambda n: progress(cand.filename, n, None)) if progress else (lambda n: None)
+        got = _download(cand, store, w, f"{w.name}=={w.version}", srcs, tick).resolved(w)
         with lock_mu:
             report.downloaded.append(got.filename)
             report.bytes_downloaded += got.size or 0
