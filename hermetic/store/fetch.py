@@ -210,7 +210,8 @@ class SourceSet:
 
 
 def _same_pin(name: str, version: str, wheel: LockedWheel) -> bool:
-    return canonicalize_name(name) == wheel.name and canonicalize_version(version) == canonicalize_version(wheel.version)
+    return canonicalize_name(name) == wheel.name and (canonicalize_version(version)
+                                                      == canonicalize_version(wheel.version))
 
 
 def _matches(c: Candidate, wheel: LockedWheel) -> bool:
