@@ -8,10 +8,11 @@ from pathlib import Path
 
 from packaging.markers import InvalidMarker, Marker
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from hermetic.core.canonical import is_sha256_hex
 from hermetic.core.errors import LockError
-from hermetic.lock.model import LockedWheel, Target, canonical
+from hermetic.lock.model import LockedWheel, Target
 
 _VCS_PREFIXES = ("git+", "hg+", "svn+", "bzr+")
 _HASH = re.compile(r"(?:^|\s)--hash(?:=|\s+)(\S+)")
@@ -75,7 +76,7 @@ def read_requirements_lock(path: Path, text: str, target: Target) -> tuple[list[
         except InvalidRequirement as e:
             # packaging's message quotes the line after its first line: the file's text is never echoed
             raise LockError(f"{where}: invalid requirement: {str(e).splitlines()[0]}") from None
-        name = canonical(req.name)
+        name = canonicalize_name(req.name)
         if req.marker is not None and not _marker_applies(req.marker, env, where):
             continue
         if req.url:
@@ -86,8 +87,6 @@ def read_requirements_lock(path: Path, text: str, target: Target) -> tuple[list[
             filename = req.url.rsplit("/", 1)[-1].split("#")[0]
             if not filename.endswith(".whl"):
                 raise LockError(f"{where}: {name}: {filename} is not a wheel; sdists need a build, which is not hermetic")
-            from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-
             try:
                 _, version, _, _ = parse_wheel_filename(filename)
             except InvalidWheelFilename as e:

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from packaging.markers import Marker
+from packaging.utils import canonicalize_name
 
 from hermetic.core.errors import LockError
-from hermetic.lock.model import LockedWheel, Target, canonical
+from hermetic.lock.model import LockedWheel, Target
 
 def _hash_hex(value: str, where: str) -> str:
     algo, _, hexpart = value.partition(":")
@@ -26,7 +27,7 @@ def read_uv_lock(path: Path, doc: dict[str, Any], target: Target, *,
     env = target.marker_environment()
     by_name: dict[str, list[dict[str, Any]]] = {}
     for p in packages:
-        by_name.setdefault(canonical(p["name"]), []).append(p)
+        by_name.setdefault(canonicalize_name(p["name"]), []).append(p)
 
     def is_root(p: dict[str, Any]) -> bool:
         src = p.get("source", {})
@@ -40,7 +41,7 @@ def read_uv_lock(path: Path, doc: dict[str, Any], target: Target, *,
         marker = dep.get("marker")
         if marker and not Marker(marker).evaluate(env):
             return None
-        cands = by_name.get(canonical(dep["name"]), [])
+        cands = by_name.get(canonicalize_name(dep["name"]), [])
         if "version" in dep:
             cands = [c for c in cands if c.get("version") == dep["version"]]
         if "source" in dep:
@@ -60,7 +61,7 @@ def read_uv_lock(path: Path, doc: dict[str, Any], target: Target, *,
                     stack.append((p, set(dep.get("extra", []))))
     while stack:
         pkg, extras = stack.pop()
-        key = (canonical(pkg["name"]), pkg.get("version", ""))
+        key = (canonicalize_name(pkg["name"]), pkg.get("version", ""))
         have = extras_wanted.get(key)
         if have is not None and extras <= have:
             continue
