@@ -139,13 +139,13 @@ def gather_facts(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lo
 
 
 def _sbom(store: OciStore, facts: BuildFacts, paths: CachePaths, created_epoch: int) -> bytes:
-    from hermetic.provenance.sbom import SbomWheel, make_sbom
+    from hermetic.provenance.sbom import make_sbom
 
     captured = _base_captured(store, facts, paths.root / "bases")
     return make_sbom(
         image_name=facts.name, manifest_digest=facts.manifest_digest, created_epoch=created_epoch,
         hermetic_version=facts.hermetic_version, runtime_sha256=facts.runtime_sha256,
-        wheels=[SbomWheel(w.name, w.version, w.filename, w.sha256) for w in facts.wheels],
+        wheels=facts.wheels,
         dpkg_status=captured.get("var/lib/dpkg/status", ""),
         os_release_text=captured.get("etc/os-release") or captured.get("usr/lib/os-release") or "",
     )

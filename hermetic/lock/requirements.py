@@ -67,8 +67,7 @@ def read_requirements_lock(path: Path, text: str, target: Target) -> tuple[list[
         stray = re.search(r"(?:^|\s)(--?[A-Za-z][\w-]*)", rest)
         if stray:
             raise LockError(f"{where}: unsupported per-requirement option {stray.group(1)!r}")
-        req_tokens = [rest.strip()]
-        req_text = " ".join(req_tokens)
+        req_text = rest.strip()
         if req_text.startswith(_VCS_PREFIXES):
             raise LockError(f"{where}: {req_text.split()[0]}: VCS requirements need a build and are not hermetic; pin a wheel with a hash")
         try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from hermetic.core.canonical import pretty_json
+from hermetic.provenance.statement import WheelFact
 
 
 @dataclass(frozen=True)
@@ -50,16 +51,8 @@ def os_release(text: str) -> dict[str, str]:
     return out
 
 
-@dataclass(frozen=True)
-class SbomWheel:
-    name: str
-    version: str
-    filename: str
-    sha256: str
-
-
 def make_sbom(*, image_name: str, manifest_digest: str, created_epoch: int, hermetic_version: str,
-              runtime_sha256: str, wheels: Iterable[SbomWheel], dpkg_status: str, os_release_text: str) -> bytes:
+              runtime_sha256: str, wheels: Iterable[WheelFact], dpkg_status: str, os_release_text: str) -> bytes:
     """The CycloneDX 1.6 JSON bytes for one image."""
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.bom import Bom
