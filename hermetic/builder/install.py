@@ -134,8 +134,8 @@ def wheel_files(wheel_path: Path, layout: VenvLayout) -> tuple[zipfile.ZipFile, 
     return zf, dest.files
 
 
-def venv_files(layout: VenvLayout) -> dict[str, tuple[str, bytes | str]]:
-    """The venv skeleton: in-image path -> ("file", bytes) | ("symlink", target)."""
+def venv_files(layout: VenvLayout) -> dict[str, bytes | str]:
+    """The venv skeleton: in-image path -> a file's bytes | a symlink's target."""
     home = posixpath.dirname(layout.base_python)
     cfg = (
         f"home = {home}\n"
@@ -145,9 +145,9 @@ def venv_files(layout: VenvLayout) -> dict[str, tuple[str, bytes | str]]:
     ).encode()
     major = layout.python_version.split(".")[0]
     return {
-        f"{layout.prefix}/pyvenv.cfg": ("file", cfg),
-        f"{layout.bin}/python": ("symlink", layout.base_python),
-        f"{layout.bin}/python{major}": ("symlink", "python"),
-        f"{layout.bin}/python{layout.python_version}": ("symlink", "python"),
-        f"{layout.prefix}/lib64": ("symlink", "lib"),
+        f"{layout.prefix}/pyvenv.cfg": cfg,
+        f"{layout.bin}/python": layout.base_python,
+        f"{layout.bin}/python{major}": "python",
+        f"{layout.bin}/python{layout.python_version}": "python",
+        f"{layout.prefix}/lib64": "lib",
     }

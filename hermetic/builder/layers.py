@@ -200,9 +200,7 @@ def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs
 
 def hermetic_layer_files(layout: VenvLayout) -> dict[str, bytes | str]:
     """The venv skeleton and the in-image runtime package ``hermetic_runtime``."""
-    files: dict[str, bytes | str] = {}
-    for path, (kind, value) in venv_files(layout).items():
-        files[path] = value if kind == "symlink" else (value if isinstance(value, bytes) else value.encode())
+    files = venv_files(layout)
     for rel, data in runtime_files().items():
         if rel == STARTUP_MODULE:  # imported at every interpreter start by the .pth: a module of its own
             files[f"{layout.site_packages}/_hermetic_startup.py"] = data
