@@ -19,7 +19,7 @@ from hermetic.builder.tarlayer import DirAttrs
 from hermetic.core.errors import ConfigError, DataError, HermeticError, IntegrityError, NotFound
 from hermetic.hostfs.fsutil import atomic_write_bytes, owned_temp_dir
 from hermetic.core.reference import BaseReference, parse_base_reference
-from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
+from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 from hermetic.hostfs.tarextract import extract_all
 
 FACTS_VERSION = 1
@@ -199,15 +199,11 @@ def import_from_engine(store: OciStore, image_id: str, *, engine: str) -> str:
                 _copy_blob(store, src, diff_id, size)
             except IntegrityError:
                 raise IntegrityError(f"docker:{image_id}: layer {layer_path} does not match its diff_id {diff_id}") from None
-            layers.append(Descriptor(MT_LAYER, diff_id, size).to_json())
-    from hermetic.core.canonical import canonical_json
+            layers.append(Descriptor(MT_LAYER, diff_id, size))
+    from hermetic.builder.image import image_manifest
 
-    manifest_doc = {"schemaVersion": 2, "mediaType": MT_MANIFEST,
-                    "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": len(config_bytes)},
-                    "layers": layers}
-    data = canonical_json(manifest_doc)
-    digest = store.put_bytes(data)
-    store.set_ref(f"docker-{image_id.split(':')[1][:12]}", Descriptor(MT_MANIFEST, digest, len(data)))
+    digest, size, _ = store.put_json(image_manifest(config_digest, len(config_bytes), layers))
+    store.set_ref(f"docker-{image_id.split(':')[1][:12]}", Descriptor(MT_MANIFEST, digest, size))
     return digest
 
 
