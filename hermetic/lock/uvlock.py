@@ -19,8 +19,7 @@ def _hash_hex(value: str, where: str) -> str:
     return hexpart.lower()
 
 
-def read_uv_lock(path: Path, doc: dict[str, Any], target: Target, *,
-                 groups: tuple[str, ...] = ()) -> tuple[list[LockedWheel], list[str]]:
+def read_uv_lock(path: Path, doc: dict[str, Any], target: Target) -> tuple[list[LockedWheel], list[str]]:
     packages: list[dict[str, Any]] = doc.get("package", [])
     if not packages:
         raise LockError(f"{path}: no [[package]] entries")
@@ -53,12 +52,6 @@ def read_uv_lock(path: Path, doc: dict[str, Any], target: Target, *,
     chosen: dict[tuple[str, str], dict[str, Any]] = {}
     extras_wanted: dict[tuple[str, str], set[str]] = {}
     stack: list[tuple[dict[str, Any], set[str]]] = [(r, set()) for r in roots]
-    for r in roots:
-        for g in groups:
-            for dep in r.get("dev-dependencies", {}).get(g, []):
-                p = pick(dep, r["name"])
-                if p is not None:
-                    stack.append((p, set(dep.get("extra", []))))
     while stack:
         pkg, extras = stack.pop()
         key = (canonicalize_name(pkg["name"]), pkg.get("version", ""))
