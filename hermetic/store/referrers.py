@@ -64,7 +64,7 @@ class Artifact:
         return d
 
 
-def artifact_manifest(subject: Descriptor, artifact_type: str, blob: bytes, *, blob_media_type: str | None = None,
+def artifact_manifest(subject: Descriptor, artifact_type: str, blob: bytes, *,
                       annotations: dict[str, str] | None = None) -> Artifact:
     """An artifact manifest (canonical JSON) for ``blob`` about ``subject``: pure."""
     doc: dict[str, Any] = {
@@ -72,7 +72,7 @@ def artifact_manifest(subject: Descriptor, artifact_type: str, blob: bytes, *, b
         "mediaType": MT_MANIFEST,
         "artifactType": artifact_type,
         "config": dict(EMPTY_DESCRIPTOR),
-        "layers": [{"mediaType": blob_media_type or artifact_type, "digest": sha256_digest(blob), "size": len(blob)}],
+        "layers": [{"mediaType": artifact_type, "digest": sha256_digest(blob), "size": len(blob)}],
         "subject": {"mediaType": subject.media_type, "digest": subject.digest, "size": subject.size},
     }
     if annotations:
