@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Callable, Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from hermetic import __version__
 from hermetic.builder.image_record import ImageInfo, write_image_record
-from hermetic.builder.result import BuildResult, layer_rows
 from hermetic.builder.key import build_key, image_config_sha256
 from hermetic.core.canonical import canonical_json
 from hermetic.config.load import LoadedConfig
@@ -33,6 +34,50 @@ if TYPE_CHECKING:  # what only a real build uses is imported there: a no-op does
     from hermetic.builder.base import BaseImage, PullImage
     from hermetic.engines.base import BuildFeed
     from hermetic.builder.layers import BuiltLayer
+
+
+@dataclass
+class BuildResult:
+    """What a build made: the image, its layers, whether it was a no-op or loaded, how long it took."""
+
+    info: ImageInfo
+    layers: list[dict[str, Any]]
+    noop: bool
+    loaded: bool
+    seconds: float
+    record_path: Path
+    notes: list[str] = field(default_factory=list)
+    engine_loads: list[dict[str, Any]] = field(default_factory=list)  # each load into the engine: what, from/to (s)
+
+    @property
+    def image_id(self) -> str:
+        return self.info.image_id
+
+    @property
+    def manifest_digest(self) -> str:
+        return self.info.manifest_digest
+
+    @property
+    def build_key(self) -> str:
+        return self.info.build_key
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image_id": self.image_id, "manifest_digest": self.manifest_digest, "build_key": self.build_key,
+                "layers": self.layers, "noop": self.noop, "loaded": self.loaded,
+                "seconds": round(self.seconds, 3), "record": str(self.record_path), "notes": self.notes,
+                "engine_loads": self.engine_loads}
+
+
+def layer_rows(info: ImageInfo, built: list[BuiltLayer] | None = None) -> list[dict[str, Any]]:
+    """The image's layers, each with whether this build made it or reused it, and its packages."""
+    built = built or []
+    first_built = len(info.layers) - len(built)
+    rows = []
+    for i, layer in enumerate(info.layers):
+        b = built[i - first_built] if built and i >= first_built else None
+        rows.append({**layer, "cached": b.cached if b else True, "seconds": round(b.seconds, 3) if b else 0.0,
+                     "packages": [f"{w.locked.name}=={w.locked.version}" for w in b.spec.wheels] if b else []})
+    return rows
 
 
 class ImageCache(Protocol):
