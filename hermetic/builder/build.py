@@ -165,7 +165,7 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
                         source = "built"
                     if source != "local":
                         seal_image(store, digest)  # what this build wrote or pulled: trusted from its stat now
-                        remember_build(paths, key, digest)
+                        atomic_write_bytes(paths.builds / f"{key}.json", canonical_json({"manifest_digest": digest}))
                 info = ImageInfo.from_store(store, digest, key)
                 from hermetic.builder.attest import ensure_attestations
 
@@ -220,10 +220,6 @@ def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool, feed
 def engine_tag(name: str) -> str:
     """The engine's tag for a config's image."""
     return f"hermetic/{name}:latest" if "/" not in name else f"{name}:latest"
-
-
-def remember_build(paths: CachePaths, key: str, manifest_digest: str) -> None:
-    atomic_write_bytes(paths.builds / f"{key}.json", canonical_json({"manifest_digest": manifest_digest}))
 
 
 def lookup_build(paths: CachePaths, store: OciStore, key: str) -> str | None:

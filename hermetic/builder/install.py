@@ -59,10 +59,6 @@ class InstalledFile:
     data: bytes | None = None
 
 
-def _b64_sha256(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
 def _collecting_destination(scheme_dict: dict[str, str], interpreter: str, zf: zipfile.ZipFile):
     from installer.destinations import SchemeDictionaryDestination
     from installer.records import Hash, RecordEntry
@@ -94,7 +90,8 @@ def _collecting_destination(scheme_dict: dict[str, str], interpreter: str, zf: z
                 return RecordEntry(path, Hash("sha256", self.claimed[member]), size)
             data = stream.read()
             self.files[target] = InstalledFile(len(data), is_executable, data=data)
-            return RecordEntry(path, Hash("sha256", _b64_sha256(data)), len(data))
+            b64 = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            return RecordEntry(path, Hash("sha256", b64), len(data))
 
         def write_script(self, name: str, module: str, attr: str, section):  # type: ignore[override]
             script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)

@@ -118,10 +118,6 @@ def _ld_conf_dirs(facts: BaseFacts, read) -> list[str]:
     return out
 
 
-def _ld_conf_files(facts: BaseFacts) -> set[str]:
-    return {f for f in facts.files if f == "etc/ld.so.conf" or f.startswith("etc/ld.so.conf.d/")}
-
-
 def _search(facts: BaseFacts, soname: str, origin: str, rpath: tuple[str, ...], runpath: tuple[str, ...],
             conf_dirs: list[str]) -> str | None:
     dirs = list(rpath if not runpath else ()) + list(runpath) + conf_dirs + list(_DEFAULT_LIB_DIRS)
@@ -222,7 +218,8 @@ def base_interpreter(store: OciStore, base: BaseImage, facts: BaseFacts, python_
 
             # The binary, the start-up modules, ld.so.conf.
             first: dict[str, list[Path]] = {real: [at(real)]}
-            for f in startup | _ld_conf_files(facts):
+            ld_conf = {f for f in facts.files if f == "etc/ld.so.conf" or f.startswith("etc/ld.so.conf.d/")}
+            for f in startup | ld_conf:
                 first.setdefault(f, []).append(at(f))
             layers.copy_out(first)
             (root / stdlib / "lib-dynload").mkdir(parents=True, exist_ok=True)  # the prefix landmark; nothing is loaded from it

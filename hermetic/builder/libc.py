@@ -44,19 +44,15 @@ def installed_packages(text: str) -> dict[str, str]:
     return {p.name: p.version for p in installed_deb_packages(text)}
 
 
-def _dpkg_libc6(text: str) -> tuple[int, int] | None:
-    m = re.match(r"^(?:\d+:)?(\d+)\.(\d+)", installed_packages(text).get("libc6", ""))
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def detect_libc(read_file: ReadFile) -> LibcInfo:
     """What C library a root filesystem has, from its files (read_file(abs path) -> bytes or None)."""
     for path in ("/var/lib/dpkg/status", "/var/lib/dpkg/status.d/libc6"):  # Debian/Ubuntu; distroless
         data = read_file(path)
         if data:
-            v = _dpkg_libc6(data.decode("utf-8", "replace"))
-            if v:
-                return LibcInfo("glibc", v, f"{path} (libc6)")
+            libc6 = installed_packages(data.decode("utf-8", "replace")).get("libc6", "")
+            m = re.match(r"^(?:\d+:)?(\d+)\.(\d+)", libc6)
+            if m:
+                return LibcInfo("glibc", (int(m.group(1)), int(m.group(2))), f"{path} (libc6)")
     for path in _LIBC_SO + _LD_SO:
         data = read_file(path)
         if not data:
