@@ -122,12 +122,8 @@ def _installer_version() -> str:
 def relevant_parents(prefix: str, base_dirs: dict[str, DirAttrs]) -> dict[str, DirAttrs]:
     """Attributes of the base's directories that our layers' paths pass through."""
     parts = prefix.strip("/").split("/")
-    out = {}
-    for i in range(1, len(parts) + 1):
-        p = "/".join(parts[:i])
-        if p in base_dirs:
-            out[p] = base_dirs[p]
-    return out
+    ancestors = ("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return {p: base_dirs[p] for p in ancestors if p in base_dirs}
 
 
 class LayerCache:
