@@ -2,7 +2,7 @@
 
 Hash-based .pyc files (no timestamp) beside each site-packages ``.py``, compiled from its final in-image
 path by the base's interpreter (interpreter.py copies it out: ``BaseInterpreter``; hermetic/inimage/pyc_server.py
-is what it runs), one compiler per layer, fed in tar order while the tar is written. Not in RECORD.
+is what it runs), one compiler per layer. Not in RECORD.
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ import io
 import json
 import os
 import posixpath
-import queue
 import subprocess
-import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hermetic.builder.inputs import COMPILER_FORMAT
 from hermetic.builder.tarlayer import Entry
@@ -126,13 +124,12 @@ def _cannot_start(interp: BaseInterpreter, e: OSError) -> BytecodeError:
 
 
 class Compiler:
-    """One compiler process of the base's interpreter; sources in, .pyc bytes out, pipelined."""
+    """One compiler process of the base's interpreter: sources in, .pyc bytes out."""
 
     def __init__(self, interp: BaseInterpreter, mode: str, proc: subprocess.Popen) -> None:
         self.interp = interp
         self.mode = mode
         self._proc = proc
-        self._threads: list[threading.Thread] = []
         self.hello = self._read_hello()
         check_maps(list(self.hello.get("maps") or []), interp.root)
 
@@ -155,11 +152,12 @@ class Compiler:
             raise self._died()
         return data
 
-    def _died(self) -> BytecodeError:
-        self._proc.kill()
-        err = self._proc.stderr.read().decode("utf-8", "replace") if self._proc.stderr else ""
-        code = self._proc.wait()
-        tail = " ".join(err.strip().splitlines()[-3:]) or f"exit status {code}"
+    def _died(self, err: bytes | None = None) -> BytecodeError:
+        """Why it stopped: the end of what it wrote to stderr (read here, after killing it, unless given)."""
+        if err is None:
+            self._proc.kill()
+            err = self._proc.stderr.read()  # type: ignore[union-attr]
+        tail = " ".join(err.decode("utf-8", "replace").strip().splitlines()[-3:]) or f"exit status {self._proc.wait()}"
         return BytecodeError(f"the base's interpreter /{self.interp.executable} stopped while compiling: {tail}",
                              hint=NO_BYTECODE_HINT)
 
@@ -172,46 +170,23 @@ class Compiler:
                                 "with; remove its copy under $HERMETIC_CACHE/bases and build again")
         return hello
 
-    def submit(self, jobs: list[tuple[str, bytes]]) -> Callable[[], bytes | None]:
-        """Compile ``jobs`` ([(in-image path, source)]) in order, in the background; each call of the
-        returned function waits for the next job's .pyc (None: its source does not compile)."""
-        answers: queue.SimpleQueue = queue.SimpleQueue()
-
-        def feed() -> None:
-            stdin = self._proc.stdin
-            assert stdin is not None
-            try:
-                for path, data in jobs:
-                    p = path.encode("utf-8", "surrogateescape")
-                    stdin.write(len(p).to_bytes(4, "little") + p + len(data).to_bytes(4, "little"))
-                    stdin.write(data)
-                stdin.close()
-            except (OSError, ValueError):  # the compiler died (or was closed on a failure): the collector says why
-                pass
-
-        def collect() -> None:
-            try:
-                for _ in jobs:
-                    head = self._read_exact(5)
-                    answers.put((head[0], self._read_exact(int.from_bytes(head[1:], "little"))))
-            except BaseException as e:
-                answers.put(e)
-
-        for target in (feed, collect):
-            t = threading.Thread(target=target, daemon=True)
-            t.start()
-            self._threads.append(t)
-
-        def next_pyc() -> bytes | None:
-            got = answers.get()
-            if isinstance(got, BaseException):
-                raise got
-            return got[1] if got[0] == 0 else None
-        return next_pyc
-
     def compile_all(self, jobs: list[tuple[str, bytes]]) -> list[bytes | None]:
-        next_pyc = self.submit(jobs)
-        return [next_pyc() for _ in jobs]
+        """The .pyc of each job (in-image path, source), or None where its source does not compile; the
+        compiler ends with the batch."""
+        frames = []
+        for path, data in jobs:
+            p = path.encode("utf-8", "surrogateescape")
+            frames += [len(p).to_bytes(4, "little"), p, len(data).to_bytes(4, "little"), data]
+        out, err = self._proc.communicate(b"".join(frames))
+        answers: list[bytes | None] = []
+        pos = 0
+        for _ in jobs:
+            n = int.from_bytes(out[pos + 1:pos + 5], "little")
+            if pos + 5 + n > len(out):
+                raise self._died(err)
+            answers.append(out[pos + 5:pos + 5 + n] if out[pos] == 0 else None)
+            pos += 5 + n
+        return answers
 
     def close(self) -> None:
         with contextlib.suppress(OSError):  # (a dead compiler's pipe)
@@ -221,8 +196,6 @@ class Compiler:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        for t in self._threads:
-            t.join(timeout=5)
         self._proc.stdout.close()  # type: ignore[union-attr]
         self._proc.stderr.close()  # type: ignore[union-attr]
 
@@ -237,9 +210,8 @@ class Compiler:
 
 # -- a layer's entries, with their bytecode ------------------------------------------------------
 
-def add_bytecode(entries: list[Entry], site_packages: str, spec: BytecodeSpec) -> tuple[list[Entry], Compiler | None]:
-    """``entries`` plus a .pyc entry for every .py under ``site_packages``, compiled in the background while
-    the tar is written (the sources are read once, here). The caller closes the returned compiler."""
+def add_bytecode(entries: list[Entry], site_packages: str, spec: BytecodeSpec) -> list[Entry]:
+    """``entries`` plus a .pyc entry for every .py under ``site_packages`` that compiles."""
     root = site_packages.strip("/") + "/"
     have = {e.path for e in entries}
     out, jobs = [], []
@@ -250,12 +222,12 @@ def add_bytecode(entries: list[Entry], site_packages: str, spec: BytecodeSpec) -
             assert e.open is not None
             with e.open() as f:
                 data = f.read()
-            e = replace(e, open=lambda d=data: io.BytesIO(d))
-            jobs.append((pyc, e.path, data))
+            e = replace(e, open=lambda d=data: io.BytesIO(d))  # (the tar takes the bytes read here)
+            jobs.append((pyc, "/" + e.path, data))
         out.append(e)
     if not jobs:
-        return entries, None
-    jobs.sort(key=lambda j: j[0].encode("utf-8", "surrogateescape"))  # the order the tar writer needs them in
-    compiler = Compiler.start(spec.interpreter, spec.mode)
-    next_pyc = compiler.submit([("/" + path, data) for _pyc, path, data in jobs])
-    return out + [Entry(pyc, "file", 0o644, produce=next_pyc) for pyc, _path, _data in jobs], compiler
+        return entries
+    with Compiler.start(spec.interpreter, spec.mode) as compiler:
+        pycs = compiler.compile_all([(path, data) for _pyc, path, data in jobs])
+    return out + [Entry(pyc, "file", 0o644, size=len(code), open=lambda c=code: io.BytesIO(c))
+                  for (pyc, _path, _src), code in zip(jobs, pycs) if code is not None]

@@ -184,9 +184,7 @@ def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs
                 entries.append(Entry(path.strip("/"), "file", 0o644, size=len(value),
                                      open=(lambda d=value: io.BytesIO(d))))
         if bytecode is not None:
-            entries, compiler = add_bytecode(entries, layout.site_packages, bytecode)
-            if compiler is not None:
-                stack.enter_context(compiler)
+            entries = add_bytecode(entries, layout.site_packages, bytecode)
         entries = complete_parents(entries, parents)
         with store.writer(needed=sum(e.size for e in entries)) as w:  # (for a full disk's message)
             size = write_layer(entries, w, mtime=mtime)

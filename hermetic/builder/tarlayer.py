@@ -37,9 +37,6 @@ class Entry:
     size: int = 0
     linkname: str = ""
     open: Callable[[], BinaryIO] | None = None
-    # A file whose bytes are made while the tar is written (a .pyc being compiled): called when the
-    # writer gets to it; None means "no such file after all" (its source did not compile).
-    produce: Callable[[], bytes | None] | None = None
 
     def __post_init__(self) -> None:
         p = self.path
@@ -127,12 +124,7 @@ def write_layer(entries: list[Entry], sink, *, mtime: int) -> int:
     try:
         for e in entries:
             ti = _tarinfo(e, mtime)
-            if e.kind == "file" and e.produce is not None:
-                data = e.produce()
-                if data is not None:
-                    ti.size = len(data)
-                    tf.addfile(ti, io.BytesIO(data))
-            elif e.kind == "file":
+            if e.kind == "file":
                 if e.open is None:
                     raise DataError(f"{e.path}: no content source")
                 with e.open() as f:

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Callable, Iterable
 from urllib.parse import unquote, urljoin, urlsplit
 
-from packaging.utils import canonicalize_name, canonicalize_version
+from packaging.utils import InvalidWheelFilename, canonicalize_name, canonicalize_version, parse_wheel_filename
 
 from hermetic.core.errors import (EXIT_DATAERR, EXIT_NOINPUT, EXIT_UNAVAILABLE, DiskFull, HermeticError, IntegrityError,
                              TempFail, Unavailable)
 from hermetic.core.transfer import MAX_TIMEOUT_S, MIN_RATE_ENV, RATE_WINDOW_ENV, Watch, min_rate, new_session, watch_requests
 from hermetic.lock.indexes import PipSources
 from hermetic.lock.model import Lock, LockedWheel, ResolvedWheel, Target
-from hermetic.lock.tags import parse_wheel_name_version, wheel_priority
+from hermetic.lock.tags import wheel_priority
 from hermetic.store.wheels import StoredWheel, WheelStore
 from hermetic.core.workers import limit_reached
 
@@ -124,15 +124,21 @@ class SourceSet:
             yield "the lock's file URLs", direct
         per_pkg = [wheel.index] if wheel.index else []
         for loc in self.find_links:
-            yield f"find-links {loc}", self._find_links(loc)
+            yield f"find-links {loc}", self._once((loc, ""), lambda: self._find_links(loc)) or []
         for idx in per_pkg + [i for i in self.indexes if i not in per_pkg]:
-            yield f"index {idx}", self._index_page(idx, wheel.name) or []
+            yield f"index {idx}", self._once((idx, wheel.name), lambda: self._index_page(idx, wheel.name)) or []
 
-    def _find_links(self, loc: str) -> list[Candidate]:
-        key = (loc, "")
+    def _once(self, key: tuple[str, str], ask: Callable[[], list[Candidate] | None]) -> list[Candidate] | None:
+        """A source's answer for ``key``, asked at most once (two downloads at once may both ask)."""
         with self._mu:
             if key in self._pages:
-                return self._pages[key] or []
+                return self._pages[key]
+        answer = ask()
+        with self._mu:
+            self._pages[key] = answer
+        return answer
+
+    def _find_links(self, loc: str) -> list[Candidate]:
         out: list[Candidate] = []
         path = loc[len("file://"):] if loc.startswith("file://") else loc
         if "://" not in path:
@@ -145,15 +151,9 @@ class SourceSet:
             resp = self._get(loc, accept="text/html")
             if resp is not None and resp.status_code == 200:
                 out = self._parse_html(resp.text, loc, loc)
-        with self._mu:
-            self._pages[key] = out
         return out
 
     def _index_page(self, index: str, name: str) -> list[Candidate] | None:
-        key = (index, name)
-        with self._mu:
-            if key in self._pages:
-                return self._pages[key]
         base = index.rstrip("/") + "/" + canonicalize_name(name) + "/"
         result: list[Candidate] | None = None
         if base.startswith("file://") or "://" not in base:
@@ -175,8 +175,6 @@ class SourceSet:
                     result = self._parse_html(resp.text, resp.url, index)
             elif resp is not None and resp.status_code == 404:
                 result = []
-        with self._mu:
-            self._pages[key] = result
         return result
 
     def _parse_html(self, text: str, base_url: str, label: str) -> list[Candidate]:
@@ -215,8 +213,11 @@ def _same_pin(name: str, version: str, wheel: LockedWheel) -> bool:
 
 
 def _matches(c: Candidate, wheel: LockedWheel) -> bool:
-    nv = parse_wheel_name_version(c.filename)
-    return nv is not None and _same_pin(*nv, wheel)
+    try:
+        name, version, _build, _tags = parse_wheel_filename(c.filename)
+    except InvalidWheelFilename:
+        return False
+    return _same_pin(name, str(version), wheel)
 
 
 def _is_sdist_of(c: Candidate, wheel: LockedWheel) -> bool:
