@@ -21,23 +21,17 @@ from hermetic.provenance.statement import (
     statement_bytes,
 )
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
-from hermetic.store.referrers import TITLE_ANNOTATION, Artifact, add_referrers, artifact_manifest, list_referrers, read_artifact
-
-
-def stored_attestation(store: OciStore, manifest_digest: str, artifact_type: str) -> Artifact | None:
-    """The artifact of ``artifact_type`` about the image (verified bytes), or None."""
-    for d in list_referrers(store, manifest_digest, artifact_type):
-        if artifact_type != MT_STATEMENT or (d.get("annotations") or {}).get(PREDICATE_ANNOTATION) == PREDICATE_TYPE:
-            return read_artifact(store, d, manifest_digest)
-    return None
+from hermetic.store.referrers import TITLE_ANNOTATION, add_referrers, artifact_manifest, list_referrers, read_artifact
 
 
 def stored_provenance(store: OciStore, manifest_digest: str) -> bytes | None:
-    art = stored_attestation(store, manifest_digest, MT_STATEMENT)
-    if art is None:
-        return None
-    read_statement(art.blob, subject_digest=manifest_digest, what=f"stored provenance {art.digest}")
-    return art.blob
+    """The image's provenance in the store (every byte verified, checked to be about it), or None."""
+    for d in list_referrers(store, manifest_digest, MT_STATEMENT):
+        if (d.get("annotations") or {}).get(PREDICATE_ANNOTATION) == PREDICATE_TYPE:
+            art = read_artifact(store, d, manifest_digest)
+            read_statement(art.blob, subject_digest=manifest_digest, what=f"stored provenance {art.digest}")
+            return art.blob
+    return None
 
 
 def ensure_attestations(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock,

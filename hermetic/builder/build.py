@@ -174,7 +174,12 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
                 if cache is not None and source != "registry" and not offline:
                     cache.publish(store, key, digest, notes)
                 feed = feeds[0] if feeds else None
-                loaded = _ensure_loaded(store, info, cfg.model.name, load, feed, engine)
+                loaded = False
+                if load:  # runnable in the engine, its tag pointed at it (after a feed: only what it still lacks)
+                    from hermetic.engines import get_engine
+
+                    tag = engine_tag(cfg.model.name)
+                    loaded = get_engine(engine).ensure_image(store, digest, repo_tag=tag, feed=feed)
                 _point_latest(store, info, cfg.model.name)
                 record = write_image_record(cfg.root, cfg.model.lock, info)
                 claim_image(store, digest)  # what the caller (a run) uses after the lock is gone
@@ -203,18 +208,6 @@ def _point_latest(store: OciStore, info: ImageInfo, name: str) -> None:
     current = store.resolve(ref)
     if current is None or current.digest != info.manifest_digest:
         store.set_ref(ref, Descriptor(MT_MANIFEST, info.manifest_digest, store.blob_size(info.manifest_digest)))
-
-
-def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool, feed: "BuildFeed | None" = None,
-                   engine: str = "docker") -> bool:
-    """Make the image runnable in the engine unless it holds it (after a feed, only what it still lacks), its
-    tag pointed at it (hermetic.engines: loaded into Docker, copied into Podman's storage, unpacked for
-    Charliecloud); True when anything was loaded."""
-    if not load:
-        return False
-    from hermetic.engines import get_engine
-
-    return get_engine(engine).ensure_image(store, info.manifest_digest, repo_tag=engine_tag(name), feed=feed)
 
 
 def engine_tag(name: str) -> str:
