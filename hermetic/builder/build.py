@@ -142,7 +142,11 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
         with writing(store):  # `cache gc` waits for this build: its blobs are named by no ref until the end
             try:
                 with file_lock(paths.builds / f".{key}.lock"):
-                    digest = lookup_build(paths, store, key)
+                    try:  # what was built for the key, if the store still holds all of it (check_image: its bytes)
+                        digest = json.loads((paths.builds / f"{key}.json").read_text())["manifest_digest"]
+                        digest = digest if store.has_image(digest) else None
+                    except (FileNotFoundError, ValueError, KeyError):
+                        digest = None
                     source = "local"
                     if digest is not None:
                         check_image(store, digest)  # trusted only if every blob still matches its digest
@@ -180,7 +184,11 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
 
                     tag = engine_tag(cfg.model.name)
                     loaded = get_engine(engine).ensure_image(store, digest, repo_tag=tag, feed=feed)
-                _point_latest(store, info, cfg.model.name)
+                # NAME:latest names this image after every build, a no-op too: two projects of one name in one
+                # cache, or an older build of this one, may have moved it (the engine's tag: its ensure_image).
+                latest = store.resolve(f"{cfg.model.name}:latest")
+                if latest is None or latest.digest != digest:
+                    store.set_ref(f"{cfg.model.name}:latest", Descriptor(MT_MANIFEST, digest, store.blob_size(digest)))
                 record = write_image_record(cfg.root, cfg.model.lock, info)
                 claim_image(store, digest)  # what the caller (a run) uses after the lock is gone
                 # The result (not the record) also says which layers this build made or reused.
@@ -200,29 +208,9 @@ def read_config_lock(cfg: LoadedConfig) -> Lock:
     return read_lock(cfg.lock_path, Target(python_version=cfg.model.python.version))
 
 
-def _point_latest(store: OciStore, info: ImageInfo, name: str) -> None:
-    """``NAME:latest`` in the store names this image after every build, a no-op too: two projects of one name
-    in one cache, or an older build of this one, may have moved it since (the engine's own tag, where it
-    keeps tags, is pointed by its ensure_image)."""
-    ref = f"{name}:latest"
-    current = store.resolve(ref)
-    if current is None or current.digest != info.manifest_digest:
-        store.set_ref(ref, Descriptor(MT_MANIFEST, info.manifest_digest, store.blob_size(info.manifest_digest)))
-
-
 def engine_tag(name: str) -> str:
     """The engine's tag for a config's image."""
     return f"hermetic/{name}:latest" if "/" not in name else f"{name}:latest"
-
-
-def lookup_build(paths: CachePaths, store: OciStore, key: str) -> str | None:
-    """The manifest digest built for ``key``, if the store still holds all of it."""
-    try:
-        md = json.loads((paths.builds / f"{key}.json").read_text())["manifest_digest"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return None
-    # Presence only; the caller checks the blobs' contents (check_image).
-    return md if store.has_image(md) else None
 
 
 def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wheels: list[ResolvedWheel],

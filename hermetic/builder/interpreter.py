@@ -18,7 +18,6 @@ import struct
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hermetic.builder.base import BaseFacts, BaseImage, member_path
 from hermetic.builder.bytecode import (_LIBDIR, INTERPRETER_FORMAT, NO_BYTECODE_HINT, BaseInterpreter, BytecodeError,
@@ -254,8 +253,9 @@ def base_interpreter(store: OciStore, base: BaseImage, facts: BaseFacts, python_
                         level.setdefault(lib, []).append(root / _LIBDIR / soname)
                 layers.copy_out(level)
                 todo = [(lib, read_elf(dests[0].read_bytes(), f"/{lib}")) for lib, dests in level.items()]
-            interp = BaseInterpreter(final, loader, real, home, "", "", "", (0, 0, 0))
-            hello = _probe(interp, root)
+            probe = BaseInterpreter(root, loader, real, home, "", "", "", (0, 0, 0))  # run once where it is now
+            with Compiler.start(probe, "unchecked-hash") as c:
+                hello = c.hello
             version = tuple(hello["version"][:3])
             if f"{version[0]}.{version[1]}" != python_version:
                 raise ConfigError(f"base {base.ref.raw}: python.path {python_path} is Python "
@@ -289,10 +289,3 @@ def _current(final: Path) -> BaseInterpreter | None:
         return BaseInterpreter.from_json(final, d) if d.get("format") == INTERPRETER_FORMAT else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _probe(interp: BaseInterpreter, root: Path) -> dict[str, Any]:
-    """Start the copied interpreter once (from where it was copied to) and read its hello."""
-    probe = BaseInterpreter(root, interp.loader, interp.executable, interp.home, "", "", "", (0, 0, 0))
-    with Compiler.start(probe, "unchecked-hash") as c:
-        return c.hello

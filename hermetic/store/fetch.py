@@ -51,21 +51,13 @@ class FetchReport:
     notes: list[str] = field(default_factory=list)
 
 
-def best_stored(wheel: LockedWheel, store: WheelStore, target: Target) -> StoredWheel | None:
-    """The stored file for this pin that an installer in the image would pick."""
-    best: tuple[int, StoredWheel] | None = None
-    for sw in store.find_any(wheel.sha256s):
-        prio = wheel_priority(sw.path.name, target)
-        if prio is not None and (best is None or prio < best[0]):
-            best = (prio, sw)
-    return best[1] if best else None
-
-
 def resolve_from_store(lock: Lock, store: WheelStore) -> tuple[list[ResolvedWheel], list[LockedWheel]]:
     """(wheels found in the store, pins still missing) — no network."""
     found, missing = [], []
-    for w in lock.wheels:
-        sw = best_stored(w, store, lock.target)
+    for w in lock.wheels:  # the stored file for each pin that an installer in the image would pick
+        ranked = [(wheel_priority(sw.path.name, lock.target), sw) for sw in store.find_any(w.sha256s)]
+        ranked = [(p, sw) for p, sw in ranked if p is not None]
+        sw = min(ranked, key=lambda r: r[0])[1] if ranked else None
         if sw is None:
             missing.append(w)
         else:
