@@ -100,10 +100,6 @@ class BytecodeSpec:
     interpreter: BaseInterpreter
     mode: str
 
-    def key_part(self) -> dict[str, str]:
-        """The part of a layer key that decides the .pyc bytes."""
-        return {"mode": self.mode, "compiler": self.interpreter.identity}
-
 
 def _cannot_start(interp: BaseInterpreter, e: OSError) -> BytecodeError:
     """Why the copy of the base's interpreter (under HERMETIC_CACHE/bases) did not start: a cache on a

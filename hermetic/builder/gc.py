@@ -277,18 +277,10 @@ def gc(paths: CachePaths, *, keep_builds: int = 10, dry_run: bool = False,
         entries = 0
         if not dry_run:
             entries = _drop_dangling_entries(paths, store)
-            entries += _drop_orphan_notes(store)
+            notes = intact.notes_dir(store.root)  # intact.py's notes of blobs that are gone
+            for note in notes.iterdir() if notes.is_dir() else ():
+                if is_sha256_hex(note.name) and not store.has_blob("sha256:" + note.name):
+                    note.unlink(missing_ok=True)
+                    entries += 1
         temp = dead_temp_files(paths, remove=not dry_run)
         return GcReport(sorted(kept), sorted(dropped), removed, freed, entries, temp.count, temp.bytes)
-
-
-def _drop_orphan_notes(store: OciStore) -> int:
-    """intact.py's notes of blobs that are gone."""
-    n = 0
-    d = intact.notes_dir(store.root)
-    if d.is_dir():
-        for note in d.iterdir():
-            if is_sha256_hex(note.name) and not store.has_blob("sha256:" + note.name):
-                note.unlink(missing_ok=True)
-                n += 1
-    return n

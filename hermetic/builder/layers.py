@@ -23,7 +23,8 @@ from hermetic.builder.inputs import LAYER_FORMAT, STARTUP_MODULE, runtime_files
 from hermetic.builder.install import VenvLayout, venv_files, wheel_files
 from hermetic.builder.tarlayer import DirAttrs, Entry, complete_parents, write_layer
 from hermetic.core.canonical import canonical_sha256
-from hermetic.hostfs.fsutil import atomic_write_bytes
+from hermetic.core.errors import IntegrityError
+from hermetic.hostfs.fsutil import atomic_write_bytes, sha256_file
 from hermetic.lock.model import ResolvedWheel
 from hermetic.store.oci import MT_LAYER, MT_LAYER_GZIP, Descriptor, OciStore
 
@@ -94,19 +95,17 @@ def plan_layers(wheels: list[ResolvedWheel], hermetic_files: dict[str, bytes | s
 
 def layer_key(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs], mtime: int,
               bytecode: BytecodeSpec | None = None) -> str:
-    def digest_file(v: bytes | str) -> str:
-        return ("link:" + v) if isinstance(v, str) else hashlib.sha256(v).hexdigest()
-
     return canonical_sha256({
         "format": LAYER_FORMAT,
         "kind": spec.kind,
         "wheels": sorted(w.sha256 for w in spec.wheels),
-        "files": {p: digest_file(v) for p, v in sorted(spec.files.items())},
+        "files": {p: ("link:" + v) if isinstance(v, str) else hashlib.sha256(v).hexdigest()
+                  for p, v in sorted(spec.files.items())},
         "prefix": layout.prefix, "python": layout.python_version, "base_python": layout.base_python,
         "parents": {k: [v.mode, v.uid, v.gid] for k, v in sorted(parents.items())},
         "mtime": mtime,
         "installer": _installer_version(),
-        "bytecode": bytecode.key_part() if bytecode else None,
+        "bytecode": {"mode": bytecode.mode, "compiler": bytecode.interpreter.identity} if bytecode else None,
     })
 
 
@@ -148,28 +147,17 @@ class LayerCache:
         atomic_write_bytes(self._path(key), json.dumps(entry, sort_keys=True).encode(), fsync=False)
 
 
-def verify_wheel(w: ResolvedWheel) -> None:
-    """A stored wheel must still hash to its name before its bytes go into a layer."""
-    from hermetic.core.errors import IntegrityError
-    from hermetic.hostfs.fsutil import sha256_file
-
-    actual = sha256_file(w.url or "")
-    if actual != w.sha256:
-        raise IntegrityError(
-            f"{w.locked.name}=={w.locked.version}: stored wheel {w.filename} is corrupt "
-            f"(expected sha256 {w.sha256}, found {actual})",
-            hint="run `hermetic cache verify --repair`, then `hermetic fetch`",
-        )
-
-
 def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs], mtime: int,
                 store: OciStore, bytecode: BytecodeSpec | None = None) -> Descriptor:
     """Install (as entries, straight from the zips), compile, normalize, tar and hash one layer into the store."""
     entries: list[Entry] = []
     with contextlib.ExitStack() as stack:
         for w in spec.wheels:
-            assert w.url is not None
-            verify_wheel(w)
+            actual = sha256_file(w.url or "")  # a stored wheel must still hash to its name before it goes in
+            if actual != w.sha256:
+                raise IntegrityError(f"{w.locked.name}=={w.locked.version}: stored wheel {w.filename} is corrupt "
+                                     f"(expected sha256 {w.sha256}, found {actual})",
+                                     hint="run `hermetic cache verify --repair`, then `hermetic fetch`")
             zf, files = wheel_files(Path(w.url), layout)
             stack.enter_context(zf)
             for path, f in files.items():

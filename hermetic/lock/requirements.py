@@ -6,7 +6,6 @@ import re
 import shlex
 from pathlib import Path
 
-from packaging.markers import InvalidMarker, Marker
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
@@ -76,8 +75,11 @@ def read_requirements_lock(path: Path, text: str, target: Target) -> tuple[list[
             # packaging's message quotes the line after its first line: the file's text is never echoed
             raise LockError(f"{where}: invalid requirement: {str(e).splitlines()[0]}") from None
         name = canonicalize_name(req.name)
-        if req.marker is not None and not _marker_applies(req.marker, env, where):
-            continue
+        try:
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+        except Exception as e:  # packaging raises UndefinedEnvironmentName etc.
+            raise LockError(f"{where}: cannot evaluate marker {req.marker}: {e}") from None
         if req.url:
             if req.url.startswith(_VCS_PREFIXES):
                 raise LockError(f"{where}: {name}: VCS requirements need a build and are not hermetic; pin a wheel with a hash")
@@ -126,10 +128,3 @@ def _option_line(where: str, tokens: list[str], index_urls: list[str], find_link
     else:
         shown = f" {opt!r}" if re.fullmatch(r"--?[A-Za-z][\w-]*", opt) else ""
         raise LockError(f"{where}: unsupported option{shown}")
-
-
-def _marker_applies(marker: Marker, env: dict[str, str], where: str) -> bool:
-    try:
-        return marker.evaluate(env)
-    except (InvalidMarker, Exception) as e:  # packaging raises UndefinedEnvironmentName etc.
-        raise LockError(f"{where}: cannot evaluate marker {marker}: {e}") from None

@@ -12,12 +12,6 @@ from packaging.utils import canonicalize_name
 from hermetic.core.errors import LockError
 from hermetic.lock.model import LockedWheel, Target
 
-def _hash_hex(value: str, where: str) -> str:
-    algo, _, hexpart = value.partition(":")
-    if algo != "sha256" or len(hexpart) != 64:
-        raise LockError(f"{where}: unsupported hash {value!r} (sha256 required)")
-    return hexpart.lower()
-
 
 def read_uv_lock(path: Path, doc: dict[str, Any], target: Target) -> tuple[list[LockedWheel], list[str]]:
     packages: list[dict[str, Any]] = doc.get("package", [])
@@ -86,7 +80,10 @@ def read_uv_lock(path: Path, doc: dict[str, Any], target: Target) -> tuple[list[
         for w in files:
             if "hash" not in w:
                 raise LockError(f"{where}: wheel {w.get('url', w.get('filename', '?'))} has no hash")
-            hashes.add(_hash_hex(w["hash"], where))
+            algo, _, hexpart = w["hash"].partition(":")
+            if algo != "sha256" or len(hexpart) != 64:
+                raise LockError(f"{where}: unsupported hash {w['hash']!r} (sha256 required)")
+            hashes.add(hexpart.lower())
             if "url" in w:
                 urls.append(w["url"])
                 filenames.append(w["url"].rsplit("/", 1)[-1].split("#")[0])

@@ -89,7 +89,7 @@ class BlobWriter:
         self._expected_size = expected_size
         self._needed = expected_size if expected_size is not None else needed
         self._full: DiskFull | None = None
-        store.sweep_tmp_once()
+        sweep_dead_once(store.tmp)  # dead writers' temp files, once per process (the first writer does)
         with naming_full_disk(store.root, self.WHAT, needed=self._needed):
             self._owner = OwnedTemp(store.tmp, "blob.")
         self._tmp = self._owner.path
@@ -186,10 +186,6 @@ class OciStore:
     @property
     def index_path(self) -> Path:
         return self.root / "index.json"
-
-    def sweep_tmp_once(self) -> None:
-        """Remove dead writers' temp files from tmp/, once per process (the first writer does)."""
-        sweep_dead_once(self.tmp)
 
     def ensure(self) -> "OciStore":
         with naming_unwritable(self.root):  # another user's store, a read-only one: one line (filesystems)
