@@ -88,7 +88,7 @@ def _answers(data: bytes, n: int) -> tuple[dict, list[bytes | None]]:
 
 def test_the_copied_interpreter_compiles_exactly_as_the_base_does_in_a_container(base, interpreter, docker_client):
     from hermetic.builder.bytecode import SERVER, Compiler
-    from hermetic.builder.baseinterp import _ENV
+    from hermetic.builder.bytecode import _ENV
     from hermetic.engines.dockerimages import load_image
 
     store, b, _facts = base
@@ -129,7 +129,7 @@ def test_each_file_compiles_the_same_alone_or_after_others(interpreter):
 
 
 def test_pyc_bytes_are_pep552_hash_based_with_the_final_path(interpreter):
-    from hermetic.builder.bytecode import Compiler, pyc_flags, pyc_path
+    from hermetic.builder.bytecode import Compiler, pyc_path
 
     path, src = f"/{SITE}/tricky/plain.py", TRICKY["plain.py"]
     with Compiler.start(interpreter, "unchecked-hash") as c:
@@ -144,6 +144,11 @@ def test_pyc_bytes_are_pep552_hash_based_with_the_final_path(interpreter):
         assert unchecked[8:16] == importlib.util.source_hash(src)
         assert marshal.loads(unchecked[16:]).co_filename == path
     assert pyc_path(f"{SITE}/a/b.py", "cpython-311") == f"{SITE}/a/__pycache__/b.cpython-311.pyc"
+
+
+def pyc_flags(data: bytes) -> int:
+    """The PEP 552 flags word: 0 timestamp-based, 1 unchecked hash, 3 checked hash."""
+    return int.from_bytes(data[4:8], "little")
 
 
 def _layer_members(store, manifest_digest: str, base_layers: int) -> dict[str, bytes | None]:
@@ -172,7 +177,7 @@ def pyc_wheels(tmp_path_factory, isolated_pip, monkeypatch):
 
 def test_the_image_ships_hash_based_pycs_that_its_interpreter_uses_without_compiling(
         tmp_path, use_session_cache, base_ref, pyc_wheels, docker_client):
-    from hermetic.builder.bytecode import pyc_flags, pyc_path
+    from hermetic.builder.bytecode import pyc_path
     from hermetic.store.oci import OciStore
 
     proj = make_project(tmp_path / "p", base_ref, pyc_wheels)
@@ -204,7 +209,6 @@ def test_the_image_ships_hash_based_pycs_that_its_interpreter_uses_without_compi
 
 
 def test_checked_hash_and_no_bytecode_are_choices_of_the_image(tmp_path, use_session_cache, base_ref, pyc_wheels):
-    from hermetic.builder.bytecode import pyc_flags
     from hermetic.store.oci import OciStore
 
     store = OciStore(use_session_cache / "oci")
@@ -222,7 +226,7 @@ def test_checked_hash_and_no_bytecode_are_choices_of_the_image(tmp_path, use_ses
 
 
 def test_read_elf_and_the_host_library_guard(tmp_path):
-    from hermetic.builder.baseinterp import BytecodeError, check_maps
+    from hermetic.builder.bytecode import BytecodeError, check_maps
     from hermetic.builder.interpreter import read_elf
 
     info = read_elf(Path("/bin/sh").resolve().read_bytes(), "/bin/sh")

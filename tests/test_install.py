@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from pathlib import Path
 
 import pytest
 
 from hermetic.builder.install import VenvLayout, wheel_files
 from hermetic.builder.layers import LayerSpec, build_layer
-from hermetic.builder.tarlayer import complete_parents, entries_from_dir, write_layer
-from hermetic.core.errors import HermeticError
+from hermetic.builder.tarlayer import DIR_MODE, Entry, complete_parents, normalized_mode, write_layer
+from hermetic.core.errors import DataError, HermeticError
 from hermetic.lock.model import LockedWheel, ResolvedWheel
 from hermetic.store.oci import OciStore
 from wheelfactory import make_wheel, sha256_of
@@ -31,6 +33,34 @@ def rich_wheel(tmp_path: Path) -> Path:
         "gamma-1.0.data/data/share/gamma/notes.txt": b"notes\n",
         "gamma/sub/deep.py": b"X = 1\n",
     })
+
+
+def entries_from_dir(root: Path, prefix: str = "") -> list[Entry]:
+    """Files, dirs and symlinks under ``root`` as normalized entries at ``prefix``/...
+
+    Ownership and times are dropped; modes collapse to 0644/0755; a symlink
+    keeps its target text. Sockets, FIFOs and devices are refused.
+    """
+    out: list[Entry] = []
+    root = Path(root)
+    base = prefix.strip("/")
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            path = f"{base}/{rel}" if base else rel
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                out.append(Entry(path, "symlink", 0o777, linkname=os.readlink(full)))
+            elif stat.S_ISDIR(st.st_mode):
+                out.append(Entry(path, "dir", DIR_MODE))
+            elif stat.S_ISREG(st.st_mode):
+                out.append(Entry(path, "file", normalized_mode(st.st_mode), size=st.st_size,
+                                 open=(lambda f=full: open(f, "rb"))))
+            else:
+                raise DataError(f"{full}: not a regular file, directory or symlink; refusing to put it in a layer")
+    return out
 
 
 def _digest_of_installer_tree(wheel: Path, tmp: Path) -> str:

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.builder.dpkg import installed_packages
-from hermetic.builder.libc import _LIBC_SO, detect_libc, glibc_from_rootfs
+from hermetic.builder.libc import _LIBC_SO, detect_libc, glibc_from_rootfs, installed_packages
 
 
 # -- the base image's glibc ---------------------------------------------------------

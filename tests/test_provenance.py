@@ -20,7 +20,7 @@ from hermetic.core.canonical import sha256_digest
 from hermetic.core.errors import DataError, IntegrityError
 from hermetic.provenance import MT_CYCLONEDX, MT_STATEMENT
 from hermetic.provenance.dsse import PAYLOAD_TYPE, pae, sign, verify
-from hermetic.provenance.sbom import SbomWheel, installed_deb_packages, make_sbom
+from hermetic.provenance.sbom import installed_deb_packages, make_sbom
 from hermetic.provenance.statement import (
     BuildFacts, LayerFact, ProvenanceError, WheelFact, read_statement, statement, statement_bytes,
 )
@@ -136,8 +136,8 @@ def test_dpkg_status_lists_installed_packages_only() -> None:
 def _sbom() -> bytes:
     return make_sbom(image_name="demo", manifest_digest=IMAGE, created_epoch=0, hermetic_version="0.1.0",
                      runtime_sha256="78" * 32,
-                     wheels=[SbomWheel("numpy", "2.4.6", "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl",
-                                       WHEEL_SHA)],
+                     wheels=[WheelFact("numpy", "2.4.6", "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl",
+                                       WHEEL_SHA, None, None)],
                      dpkg_status=DPKG_STATUS, os_release_text=OS_RELEASE)
 
 

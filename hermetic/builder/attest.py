@@ -21,23 +21,17 @@ from hermetic.provenance.statement import (
     statement_bytes,
 )
 from hermetic.store.oci import MT_MANIFEST, Descriptor, OciStore
-from hermetic.store.referrers import TITLE_ANNOTATION, Artifact, add_referrers, artifact_manifest, list_referrers, read_artifact
-
-
-def stored_attestation(store: OciStore, manifest_digest: str, artifact_type: str) -> Artifact | None:
-    """The artifact of ``artifact_type`` about the image (verified bytes), or None."""
-    for d in list_referrers(store, manifest_digest, artifact_type):
-        if artifact_type != MT_STATEMENT or (d.get("annotations") or {}).get(PREDICATE_ANNOTATION) == PREDICATE_TYPE:
-            return read_artifact(store, d, manifest_digest)
-    return None
+from hermetic.store.referrers import TITLE_ANNOTATION, add_referrers, artifact_manifest, list_referrers, read_artifact
 
 
 def stored_provenance(store: OciStore, manifest_digest: str) -> bytes | None:
-    art = stored_attestation(store, manifest_digest, MT_STATEMENT)
-    if art is None:
-        return None
-    read_statement(art.blob, subject_digest=manifest_digest, what=f"stored provenance {art.digest}")
-    return art.blob
+    """The image's provenance in the store (every byte verified, checked to be about it), or None."""
+    for d in list_referrers(store, manifest_digest, MT_STATEMENT):
+        if (d.get("annotations") or {}).get(PREDICATE_ANNOTATION) == PREDICATE_TYPE:
+            art = read_artifact(store, d, manifest_digest)
+            read_statement(art.blob, subject_digest=manifest_digest, what=f"stored provenance {art.digest}")
+            return art.blob
+    return None
 
 
 def ensure_attestations(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock,
@@ -139,13 +133,13 @@ def gather_facts(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lo
 
 
 def _sbom(store: OciStore, facts: BuildFacts, paths: CachePaths, created_epoch: int) -> bytes:
-    from hermetic.provenance.sbom import SbomWheel, make_sbom
+    from hermetic.provenance.sbom import make_sbom
 
     captured = _base_captured(store, facts, paths.root / "bases")
     return make_sbom(
         image_name=facts.name, manifest_digest=facts.manifest_digest, created_epoch=created_epoch,
         hermetic_version=facts.hermetic_version, runtime_sha256=facts.runtime_sha256,
-        wheels=[SbomWheel(w.name, w.version, w.filename, w.sha256) for w in facts.wheels],
+        wheels=facts.wheels,
         dpkg_status=captured.get("var/lib/dpkg/status", ""),
         os_release_text=captured.get("etc/os-release") or captured.get("usr/lib/os-release") or "",
     )

@@ -19,7 +19,7 @@ from hermetic.builder.tarlayer import DirAttrs
 from hermetic.core.errors import ConfigError, DataError, HermeticError, IntegrityError, NotFound
 from hermetic.hostfs.fsutil import atomic_write_bytes, owned_temp_dir
 from hermetic.core.reference import BaseReference, parse_base_reference
-from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
+from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 from hermetic.hostfs.tarextract import extract_all
 
 FACTS_VERSION = 1
@@ -91,9 +91,12 @@ def resolve_base(store: OciStore, ref_text: str, *, pull: PullImage | None = Non
         if not store.has_image(ref.digest):
             import_oci(store, Path(ref.path or ""), ref.digest, archive=ref.kind == "oci-archive")
         return load_base(store, ref, ref.digest)
-    # kind == "name": content-addressed, so any copy in the store will do.
-    if store.has_blob(ref.digest) and _complete(store, ref.digest):
-        return load_base(store, ref, ref.digest)
+    # kind == "name": content-addressed, so any complete copy in the store will do.
+    if store.has_blob(ref.digest):
+        try:
+            return load_base(store, ref, ref.digest)
+        except (HermeticError, ValueError, KeyError, TypeError):
+            pass  # incomplete or unreadable: pulled again, where it can be
     assert ref.name is not None
     if not ref.name.has_host:
         raise NotFound(
@@ -110,19 +113,6 @@ def resolve_base(store: OciStore, ref_text: str, *, pull: PullImage | None = Non
         e.args = (e.message,)
         raise
     return load_base(store, ref, digest)
-
-
-def _complete(store: OciStore, digest: str) -> bool:
-    try:
-        doc = store.read_json(digest)
-    except (HermeticError, ValueError):
-        return False
-    if "manifests" in doc:
-        try:
-            return _complete(store, _pick_platform(doc, digest))
-        except HermeticError:
-            return False
-    return store.has_image(digest)
 
 
 # -- importers -----------------------------------------------------------
@@ -209,15 +199,11 @@ def import_from_engine(store: OciStore, image_id: str, *, engine: str) -> str:
                 _copy_blob(store, src, diff_id, size)
             except IntegrityError:
                 raise IntegrityError(f"docker:{image_id}: layer {layer_path} does not match its diff_id {diff_id}") from None
-            layers.append(Descriptor(MT_LAYER, diff_id, size).to_json())
-    from hermetic.core.canonical import canonical_json
+            layers.append(Descriptor(MT_LAYER, diff_id, size))
+    from hermetic.builder.image import image_manifest
 
-    manifest_doc = {"schemaVersion": 2, "mediaType": MT_MANIFEST,
-                    "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": len(config_bytes)},
-                    "layers": layers}
-    data = canonical_json(manifest_doc)
-    digest = store.put_bytes(data)
-    store.set_ref(f"docker-{image_id.split(':')[1][:12]}", Descriptor(MT_MANIFEST, digest, len(data)))
+    digest, size, _ = store.put_json(image_manifest(config_digest, len(config_bytes), layers))
+    store.set_ref(f"docker-{image_id.split(':')[1][:12]}", Descriptor(MT_MANIFEST, digest, size))
     return digest
 
 
@@ -335,8 +321,7 @@ def _glibc(facts: BaseFacts, libc_bytes: bytes | None) -> tuple[int, int] | None
 
 
 def os_pretty_name(facts: BaseFacts) -> str | None:
+    from hermetic.provenance.sbom import os_release
+
     text = facts.captured.get("etc/os-release") or facts.captured.get("usr/lib/os-release") or ""
-    for line in text.splitlines():
-        if line.startswith("PRETTY_NAME="):
-            return line.split("=", 1)[1].strip().strip('"')
-    return None
+    return os_release(text).get("PRETTY_NAME")

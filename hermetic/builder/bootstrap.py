@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hermetic.builder.dpkg import installed_packages
-from hermetic.builder.image import rfc3339
+from hermetic.builder.libc import installed_packages
+from hermetic.builder.image import image_manifest, rfc3339
 from hermetic.builder.tarlayer import Entry, complete_parents, write_layer
 from hermetic.core.canonical import canonical_json
 from hermetic.config.load import format_key_path
@@ -29,7 +29,7 @@ from hermetic.core.errors import ConfigError, DataError, NotFound, Unavailable, 
 from hermetic.hostfs.filesystems import naming_full_disk
 from hermetic.hostfs.fsutil import atomic_write_bytes, owned_temp_dir
 from hermetic.store.inuse import writing
-from hermetic.store.oci import MT_CONFIG, MT_LAYER, MT_MANIFEST, Descriptor, OciStore
+from hermetic.store.oci import MT_LAYER, MT_MANIFEST, Descriptor, OciStore
 
 class RecipePython(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -173,9 +173,7 @@ def _bootstrap(recipe_path: Path, store: OciStore, *, source_date_epoch: int, lo
                      "created_by": f"hermetic base bootstrap {recipe.name} (mmdebstrap {recipe.suite} {recipe.variant})"}],
     }
     config_digest, config_size, _ = store.put_json(config)
-    manifest = {"schemaVersion": 2, "mediaType": MT_MANIFEST,
-                "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": config_size},
-                "layers": [{"mediaType": MT_LAYER, "digest": layer_digest, "size": size}]}
+    manifest = image_manifest(config_digest, config_size, [Descriptor(MT_LAYER, layer_digest, size)])
     manifest_digest, manifest_size, _ = store.put_json(manifest)
     store.set_ref(f"{recipe.name}:{recipe.tag}", Descriptor(MT_MANIFEST, manifest_digest, manifest_size))
     (store.root / "bootstrap").mkdir(exist_ok=True)

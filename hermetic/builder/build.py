@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Callable, Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from hermetic import __version__
 from hermetic.builder.image_record import ImageInfo, write_image_record
-from hermetic.builder.result import BuildResult, layer_rows
 from hermetic.builder.key import build_key, image_config_sha256
 from hermetic.core.canonical import canonical_json
 from hermetic.config.load import LoadedConfig
@@ -33,6 +34,50 @@ if TYPE_CHECKING:  # what only a real build uses is imported there: a no-op does
     from hermetic.builder.base import BaseImage, PullImage
     from hermetic.engines.base import BuildFeed
     from hermetic.builder.layers import BuiltLayer
+
+
+@dataclass
+class BuildResult:
+    """What a build made: the image, its layers, whether it was a no-op or loaded, how long it took."""
+
+    info: ImageInfo
+    layers: list[dict[str, Any]]
+    noop: bool
+    loaded: bool
+    seconds: float
+    record_path: Path
+    notes: list[str] = field(default_factory=list)
+    engine_loads: list[dict[str, Any]] = field(default_factory=list)  # each load into the engine: what, from/to (s)
+
+    @property
+    def image_id(self) -> str:
+        return self.info.image_id
+
+    @property
+    def manifest_digest(self) -> str:
+        return self.info.manifest_digest
+
+    @property
+    def build_key(self) -> str:
+        return self.info.build_key
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image_id": self.image_id, "manifest_digest": self.manifest_digest, "build_key": self.build_key,
+                "layers": self.layers, "noop": self.noop, "loaded": self.loaded,
+                "seconds": round(self.seconds, 3), "record": str(self.record_path), "notes": self.notes,
+                "engine_loads": self.engine_loads}
+
+
+def layer_rows(info: ImageInfo, built: list[BuiltLayer] | None = None) -> list[dict[str, Any]]:
+    """The image's layers, each with whether this build made it or reused it, and its packages."""
+    built = built or []
+    first_built = len(info.layers) - len(built)
+    rows = []
+    for i, layer in enumerate(info.layers):
+        b = built[i - first_built] if built and i >= first_built else None
+        rows.append({**layer, "cached": b.cached if b else True, "seconds": round(b.seconds, 3) if b else 0.0,
+                     "packages": [f"{w.locked.name}=={w.locked.version}" for w in b.spec.wheels] if b else []})
+    return rows
 
 
 class ImageCache(Protocol):
@@ -96,56 +141,65 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
         store = OciStore(paths.oci).ensure()
         with writing(store):  # `cache gc` waits for this build: its blobs are named by no ref until the end
             try:
-                result = _build_locked(cfg, paths, store, lock, key, offline=offline, load=load, log=log,
-                                       on_layer=on_layer, cache=cache, pull_base=pull_base, t0=t0, built=built,
-                                       notes=notes, feeds=feeds, engine=engine, before_build=before_build)
-                claim_image(store, result.manifest_digest)  # what the caller (a run) uses after the lock is gone
-                return result
+                with file_lock(paths.builds / f".{key}.lock"):
+                    try:  # what was built for the key, if the store still holds all of it (check_image: its bytes)
+                        digest = json.loads((paths.builds / f"{key}.json").read_text())["manifest_digest"]
+                        digest = digest if store.has_image(digest) else None
+                    except (FileNotFoundError, ValueError, KeyError):
+                        digest = None
+                    source = "local"
+                    if digest is not None:
+                        check_image(store, digest)  # trusted only if every blob still matches its digest
+                    elif before_build is not None:
+                        before_build()
+                    if digest is None and cache is not None and not offline:
+                        digest = cache.pull(store, key, notes)
+                        source = "registry"
+                    if digest is None:
+                        from hermetic.builder.base import resolve_base
+                        from hermetic.builder.gc import dead_temp_files
+
+                        dead_temp_files(paths, remove=True, once=True)  # a killed writer's leftovers go first
+                        base = resolve_base(store, cfg.model.base, pull=None if offline else pull_base)  # then fetch
+                        wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
+                        digest, built, build_notes = _build(cfg, paths, store, lock, wheels, key, base,
+                                                            on_layer=on_layer, feeds=feeds if load else None,
+                                                            engine=engine)
+                        notes += build_notes
+                        source = "built"
+                    if source != "local":
+                        seal_image(store, digest)  # what this build wrote or pulled: trusted from its stat now
+                        atomic_write_bytes(paths.builds / f"{key}.json", canonical_json({"manifest_digest": digest}))
+                info = ImageInfo.from_store(store, digest, key)
+                from hermetic.builder.attest import ensure_attestations
+
+                # SBOM + provenance as referrers of the image (issue 20), before a cache publish pushes them.
+                notes += ensure_attestations(cfg, paths, store, lock, info)
+                if cache is not None and source != "registry" and not offline:
+                    cache.publish(store, key, digest, notes)
+                feed = feeds[0] if feeds else None
+                loaded = False
+                if load:  # runnable in the engine, its tag pointed at it (after a feed: only what it still lacks)
+                    from hermetic.engines import get_engine
+
+                    tag = engine_tag(cfg.model.name)
+                    loaded = get_engine(engine).ensure_image(store, digest, repo_tag=tag, feed=feed)
+                # NAME:latest names this image after every build, a no-op too: two projects of one name in one
+                # cache, or an older build of this one, may have moved it (the engine's tag: its ensure_image).
+                latest = store.resolve(f"{cfg.model.name}:latest")
+                if latest is None or latest.digest != digest:
+                    store.set_ref(f"{cfg.model.name}:latest", Descriptor(MT_MANIFEST, digest, store.blob_size(digest)))
+                record = write_image_record(cfg.root, cfg.model.lock, info)
+                claim_image(store, digest)  # what the caller (a run) uses after the lock is gone
+                # The result (not the record) also says which layers this build made or reused.
+                loads = [{**e, "from": round(e["from"] - t0, 3), "to": round(e["to"] - t0, 3)}
+                         for e in (feed.timeline if feed else [])]
+                return BuildResult(info, layer_rows(info, built), source == "local", loaded, time.monotonic() - t0,
+                                   record, notes, loads)
             finally:
                 for feed in feeds:
                     feed.close()
                     feed.remove_partials()
-
-
-def _build_locked(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, key: str, *, offline: bool,
-                  load: bool, log, on_layer, cache: ImageCache | None, pull_base: PullImage | None, t0: float,
-                  built: list[BuiltLayer], notes: list[str], feeds: list["BuildFeed"],
-                  engine: str = "docker", before_build: Callable[[], object] | None = None) -> BuildResult:
-    with file_lock(paths.builds / f".{key}.lock"):
-        digest = lookup_build(paths, store, key)
-        source = "local"
-        if digest is not None:
-            check_image(store, digest)  # trusted only if every blob still matches its digest
-        elif before_build is not None:
-            before_build()
-        if digest is None and cache is not None and not offline:
-            digest = cache.pull(store, key, notes)
-            source = "registry"
-        if digest is None:
-            from hermetic.builder.base import resolve_base
-            from hermetic.builder.gc import dead_temp_files
-
-            dead_temp_files(paths, remove=True, once=True)  # a killed writer's leftovers go before we write
-            base = resolve_base(store, cfg.model.base, pull=None if offline else pull_base)  # before any fetch
-            wheels = _resolve_wheels(lock, paths, offline=offline, log=log)
-            digest, layers_built, build_notes = _build(cfg, paths, store, lock, wheels, key, base, log=log,
-                                                       on_layer=on_layer, feeds=feeds if load else None,
-                                                       engine=engine)
-            built += layers_built
-            notes += build_notes
-            source = "built"
-        if source != "local":
-            seal_image(store, digest)  # what this build wrote or pulled: trusted from its stat from now on
-            remember_build(paths, key, digest)
-    info = ImageInfo.from_store(store, digest, key)
-    from hermetic.builder.attest import ensure_attestations
-
-    # SBOM + provenance as referrers of the image (issue 20), before a cache publish pushes them along.
-    notes += ensure_attestations(cfg, paths, store, lock, info)
-    if cache is not None and source != "registry" and not offline:
-        cache.publish(store, key, digest, notes)
-    return finish(cfg, store, info, noop=source == "local", load=load, t0=t0, notes=notes, built=built,
-                  feed=feeds[0] if feeds else None, engine=engine)
 
 
 def read_config_lock(cfg: LoadedConfig) -> Lock:
@@ -154,63 +208,15 @@ def read_config_lock(cfg: LoadedConfig) -> Lock:
     return read_lock(cfg.lock_path, Target(python_version=cfg.model.python.version))
 
 
-def finish(cfg: LoadedConfig, store: OciStore, info: ImageInfo, *, noop: bool, load: bool, t0: float,
-           notes: list[str] | None = None, built: list[BuiltLayer] | None = None,
-           feed: "BuildFeed | None" = None, engine: str = "docker") -> BuildResult:
-    loaded = _ensure_loaded(store, info, cfg.model.name, load, feed, engine)
-    _point_latest(store, info, cfg.model.name)
-    record = write_image_record(cfg.root, cfg.model.lock, info)
-    # The result (not the record) also says which layers this build made or reused.
-    loads = [{**e, "from": round(e["from"] - t0, 3), "to": round(e["to"] - t0, 3)} for e in (feed.timeline if feed else [])]
-    return BuildResult(info, layer_rows(info, built), noop, loaded, time.monotonic() - t0, record, notes or [], loads)
-
-
-def _point_latest(store: OciStore, info: ImageInfo, name: str) -> None:
-    """``NAME:latest`` in the store names this image after every build, a no-op too: two projects of one name
-    in one cache, or an older build of this one, may have moved it since (the engine's own tag, where it
-    keeps tags, is pointed by its ensure_image)."""
-    ref = f"{name}:latest"
-    current = store.resolve(ref)
-    if current is None or current.digest != info.manifest_digest:
-        store.set_ref(ref, Descriptor(MT_MANIFEST, info.manifest_digest, store.blob_size(info.manifest_digest)))
-
-
-def _ensure_loaded(store: OciStore, info: ImageInfo, name: str, load: bool, feed: "BuildFeed | None" = None,
-                   engine: str = "docker") -> bool:
-    """Make the image runnable in the engine unless it holds it (after a feed, only what it still lacks), its
-    tag pointed at it (hermetic.engines: loaded into Docker, copied into Podman's storage, unpacked for
-    Charliecloud); True when anything was loaded."""
-    if not load:
-        return False
-    from hermetic.engines import get_engine
-
-    return get_engine(engine).ensure_image(store, info.manifest_digest, repo_tag=engine_tag(name), feed=feed)
-
-
 def engine_tag(name: str) -> str:
     """The engine's tag for a config's image."""
     return f"hermetic/{name}:latest" if "/" not in name else f"{name}:latest"
 
 
-def remember_build(paths: CachePaths, key: str, manifest_digest: str) -> None:
-    atomic_write_bytes(paths.builds / f"{key}.json", canonical_json({"manifest_digest": manifest_digest}))
-
-
-def lookup_build(paths: CachePaths, store: OciStore, key: str) -> str | None:
-    """The manifest digest built for ``key``, if the store still holds all of it."""
-    try:
-        md = json.loads((paths.builds / f"{key}.json").read_text())["manifest_digest"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return None
-    # Presence only; the caller checks the blobs' contents (check_image).
-    return md if store.has_image(md) else None
-
-
 def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wheels: list[ResolvedWheel],
-           key: str, base: BaseImage, *, log, on_layer,
-           feeds: list["BuildFeed"] | None = None, engine: str = "docker") -> tuple[str, list[BuiltLayer], list[str]]:
+           key: str, base: BaseImage, *, on_layer, feeds: list["BuildFeed"] | None = None,
+           engine: str = "docker") -> tuple[str, list[BuiltLayer], list[str]]:
     from hermetic.builder.base import scan_base
-    from hermetic.builder.checks import run_build_checks
     from hermetic.builder.image import BASE_LAYERS_LABEL, LayerRef, image_config, image_manifest
     from hermetic.builder.install import VenvLayout
     from hermetic.builder.layers import MAX_LAYERS, LayerCache, build_layers, hermetic_layer_files, plan_layers
@@ -220,7 +226,15 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
         facts = scan_base(store, base, paths.root / "bases")
     if not facts.exists(m.python.path):
         raise ConfigError(f"base {m.base}: has no interpreter at python.path {m.python.path}")
-    notes = run_build_checks(cfg, wheels, facts)
+    from hermetic.gpu.cuda import cuda_info
+    from hermetic.gpu.findings import raise_for_failures, warnings
+    from hermetic.gpu.wheels import build_checks
+
+    # Every wheel runs on the base and its Python (hermetic.gpu.wheels): the first misfit refuses the build.
+    findings = build_checks(cuda_info(wheels), [w.filename for w in wheels], glibc=facts.glibc,
+                            python_version=m.python.version)
+    raise_for_failures(findings)
+    notes = [f.message for f in warnings(findings)]
     layout = VenvLayout(m.build.prefix, m.python.version, m.python.path)
     specs = plan_layers(wheels, hermetic_layer_files(layout), max_layers=MAX_LAYERS - len(base.layers))
     bytecode = None
@@ -277,8 +291,7 @@ def _build(cfg: LoadedConfig, paths: CachePaths, store: OciStore, lock: Lock, wh
         manifest["annotations"] = {"org.hermetic.layers.gzip": f"zlib {zlib.ZLIB_RUNTIME_VERSION} level 6"}
     manifest_digest, manifest_size, _ = store.put_json(manifest)
     desc = Descriptor(MT_MANIFEST, manifest_digest, manifest_size)
-    store.set_ref(f"{m.name}:latest", desc)
-    store.set_ref(f"{m.name}:bk-{key[:16]}", desc)
+    store.set_ref(f"{m.name}:bk-{key[:16]}", desc)  # (NAME:latest: build() points it, as after a no-op)
     return manifest_digest, built, notes
 
 

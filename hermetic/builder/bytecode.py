@@ -1,27 +1,86 @@
 """PEP 552 bytecode for every installed module, compiled by the image's own interpreter.
 
 Hash-based .pyc files (no timestamp) beside each site-packages ``.py``, compiled from its final in-image
-path by the base's interpreter (interpreter.py copies it; hermetic/inimage/pyc_server.py is what it runs),
-one compiler per layer fed in tar order so the compile overlaps the tar writing. Not in RECORD.
+path by the base's interpreter (interpreter.py copies it out: ``BaseInterpreter``; hermetic/inimage/pyc_server.py
+is what it runs), one compiler per layer. Not in RECORD.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
 import os
 import posixpath
 import subprocess
-import threading
-import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
-from hermetic.builder.baseinterp import NO_BYTECODE_HINT, BaseInterpreter, BytecodeError, check_maps
+from hermetic.builder.inputs import COMPILER_FORMAT
 from hermetic.builder.tarlayer import Entry
+from hermetic.core.errors import Unavailable
 from hermetic.hostfs.filesystems import filesystem_of
+
+INTERPRETER_FORMAT = COMPILER_FORMAT
+NO_BYTECODE_HINT = "set `build.bytecode: none` in hermetic.yaml to build the image without bytecode"
+_LIBDIR = ".lib"  # inside the copy: every needed library under its soname
+_ENV = {  # the whole environment of the compiler: nothing of the host's
+    "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
+    "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "1", "LC_ALL": "C", "PATH": "/nonexistent",
+}
+
+
+class BytecodeError(Unavailable):
+    """The base's interpreter cannot be found, copied or run on this host (EX_UNAVAILABLE)."""
+
+
+@dataclass(frozen=True)
+class BaseInterpreter:
+    """The base's python, copied out and runnable here; what it reported when it first ran."""
+
+    root: Path
+    loader: str | None  # relative to root
+    executable: str  # relative to root
+    home: str  # relative to root: the prefix (PYTHONHOME), e.g. "usr"
+    identity: str
+    magic: str
+    cache_tag: str
+    version: tuple[int, int, int]
+
+    def argv(self, *args: str) -> list[str]:
+        exe = str(self.root / self.executable)
+        if self.loader is None:
+            return [exe, *args]
+        loader = str(self.root / self.loader)
+        inhibit = ["--inhibit-cache"] if "ld-linux" in posixpath.basename(self.loader) else []
+        return [loader, *inhibit, "--library-path", str(self.root / _LIBDIR), exe, *args]
+
+    def env(self) -> dict[str, str]:
+        return {**_ENV, "PYTHONHOME": str(self.root / self.home)}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": INTERPRETER_FORMAT, "loader": self.loader, "executable": self.executable, "home": self.home,
+                "identity": self.identity, "magic": self.magic, "cache_tag": self.cache_tag,
+                "version": list(self.version)}
+
+    @classmethod
+    def from_json(cls, root: Path, d: dict[str, Any]) -> "BaseInterpreter":
+        return cls(root, d["loader"], d["executable"], d["home"], d["identity"], d["magic"], d["cache_tag"],
+                   tuple(d["version"]))  # type: ignore[arg-type]
+
+
+def check_maps(maps: list[str], root: Path) -> None:
+    """Every file mapped into the compiler comes from the copy of the base."""
+    prefix = str(root.resolve()) + os.sep
+    for path in maps:
+        if path.startswith("/proc/"):
+            continue
+        if not os.path.realpath(path).startswith(prefix):
+            raise BytecodeError(f"the base's interpreter loaded {path} from this host, not from the image; "
+                                "refusing to compile with it", hint=NO_BYTECODE_HINT)
+
 
 MODES = ("unchecked-hash", "checked-hash")
 SERVER = Path(__file__).resolve().parent.parent / "inimage" / "pyc_server.py"
@@ -34,21 +93,12 @@ def pyc_path(py_path: str, cache_tag: str) -> str:
     return posixpath.join(head, "__pycache__", f"{stem}.{cache_tag}.pyc")
 
 
-def pyc_flags(data: bytes) -> int:
-    """The PEP 552 flags word: 0 timestamp-based, 1 unchecked hash, 3 checked hash."""
-    return int.from_bytes(data[4:8], "little")
-
-
 @dataclass(frozen=True)
 class BytecodeSpec:
-    """What a layer worker needs to compile (picklable): the interpreter and the mode."""
+    """What compiling a layer's bytecode needs: the interpreter and the mode."""
 
     interpreter: BaseInterpreter
     mode: str
-
-    def key_part(self) -> dict[str, str]:
-        """The part of a layer key that decides the .pyc bytes."""
-        return {"mode": self.mode, "compiler": self.interpreter.identity}
 
 
 def _cannot_start(interp: BaseInterpreter, e: OSError) -> BytecodeError:
@@ -70,16 +120,12 @@ def _cannot_start(interp: BaseInterpreter, e: OSError) -> BytecodeError:
 
 
 class Compiler:
-    """One compiler process of the base's interpreter; sources in, .pyc bytes out, pipelined."""
+    """One compiler process of the base's interpreter: sources in, .pyc bytes out."""
 
     def __init__(self, interp: BaseInterpreter, mode: str, proc: subprocess.Popen) -> None:
         self.interp = interp
         self.mode = mode
         self._proc = proc
-        self._results: dict[int, tuple[int, bytes]] = {}
-        self._failed: BaseException | None = None
-        self._done = threading.Condition()
-        self._threads: list[threading.Thread] = []
         self.hello = self._read_hello()
         check_maps(list(self.hello.get("maps") or []), interp.root)
 
@@ -102,11 +148,12 @@ class Compiler:
             raise self._died()
         return data
 
-    def _died(self) -> BytecodeError:
-        self._proc.kill()
-        err = self._proc.stderr.read().decode("utf-8", "replace") if self._proc.stderr else ""
-        code = self._proc.wait()
-        tail = " ".join(err.strip().splitlines()[-3:]) or f"exit status {code}"
+    def _died(self, err: bytes | None = None) -> BytecodeError:
+        """Why it stopped: the end of what it wrote to stderr (read here, after killing it, unless given)."""
+        if err is None:
+            self._proc.kill()
+            err = self._proc.stderr.read()  # type: ignore[union-attr]
+        tail = " ".join(err.decode("utf-8", "replace").strip().splitlines()[-3:]) or f"exit status {self._proc.wait()}"
         return BytecodeError(f"the base's interpreter /{self.interp.executable} stopped while compiling: {tail}",
                              hint=NO_BYTECODE_HINT)
 
@@ -119,83 +166,34 @@ class Compiler:
                                 "with; remove its copy under $HERMETIC_CACHE/bases and build again")
         return hello
 
-    # -- pipelined use: submit everything, then take results in order ---------------------------
-
-    def submit(self, jobs: list[tuple[str, Callable[[], bytes]]]) -> None:
-        """Compile ``jobs`` ([(in-image path, source)]) in order, in the background."""
-        def feed() -> None:
-            stdin = self._proc.stdin
-            assert stdin is not None
-            try:
-                for path, source in jobs:
-                    data = source()
-                    p = path.encode("utf-8", "surrogateescape")
-                    stdin.write(len(p).to_bytes(4, "little") + p + len(data).to_bytes(4, "little"))
-                    stdin.write(data)
-                stdin.close()
-            except BaseException as e:  # a bad zip member, or the compiler died (BrokenPipeError)
-                self._fail(e)
-                try:
-                    stdin.close()
-                except OSError:
-                    pass
-
-        def collect() -> None:
-            try:
-                for i in range(len(jobs)):
-                    head = self._read_exact(5)
-                    data = self._read_exact(int.from_bytes(head[1:], "little"))
-                    with self._done:
-                        self._results[i] = (head[0], data)
-                        self._done.notify_all()
-            except BaseException as e:
-                self._fail(e)
-
-        for target in (feed, collect):
-            t = threading.Thread(target=target, daemon=True)
-            t.start()
-            self._threads.append(t)
-
-    def _fail(self, e: BaseException) -> None:
-        with self._done:
-            if self._failed is None:
-                self._failed = e
-            self._done.notify_all()
-
-    def result(self, i: int) -> bytes | None:
-        """Job ``i``'s .pyc, or None when its source does not compile (waits for it)."""
-        with self._done:
-            while i not in self._results and self._failed is None:
-                self._done.wait()
-            if i in self._results:
-                status, data = self._results.pop(i)
-                return data if status == 0 else None
-            failed = self._failed
-        if isinstance(failed, (BrokenPipeError, BytecodeError)):
-            raise failed if isinstance(failed, BytecodeError) else self._died()
-        raise failed  # type: ignore[misc]
-
     def compile_all(self, jobs: list[tuple[str, bytes]]) -> list[bytes | None]:
-        self.submit([(path, (lambda s=src: s)) for path, src in jobs])
-        return [self.result(i) for i in range(len(jobs))]
+        """The .pyc of each job (in-image path, source), or None where its source does not compile; the
+        compiler ends with the batch."""
+        frames = []
+        for path, data in jobs:
+            p = path.encode("utf-8", "surrogateescape")
+            frames += [len(p).to_bytes(4, "little"), p, len(data).to_bytes(4, "little"), data]
+        out, err = self._proc.communicate(b"".join(frames))
+        answers: list[bytes | None] = []
+        pos = 0
+        for _ in jobs:
+            n = int.from_bytes(out[pos + 1:pos + 5], "little")
+            if pos + 5 + n > len(out):
+                raise self._died(err)
+            answers.append(out[pos + 5:pos + 5 + n] if out[pos] == 0 else None)
+            pos += 5 + n
+        return answers
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                if self._proc.stdin and not self._proc.stdin.closed:
-                    self._proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        for t in self._threads:
-            t.join(timeout=5)
-        for f in (self._proc.stdout, self._proc.stderr):
-            if f:
-                f.close()
+        with contextlib.suppress(OSError):  # (a dead compiler's pipe)
+            self._proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc.stdout.close()  # type: ignore[union-attr]
+        self._proc.stderr.close()  # type: ignore[union-attr]
 
     def __enter__(self) -> "Compiler":
         return self
@@ -208,75 +206,24 @@ class Compiler:
 
 # -- a layer's entries, with their bytecode ------------------------------------------------------
 
-def add_bytecode(entries: list[Entry], site_packages: str, spec: BytecodeSpec,
-                 reopen: dict[str, Callable[[], bytes]]) -> tuple[list[Entry], Compiler | None]:
-    """``entries`` plus a .pyc entry for every .py under ``site_packages``, compiling in the background.
-
-    ``reopen`` gives, for an entry's path, a way to read its source that is
-    safe from another thread (the feeder's own zip handle); the bytes read are
-    kept so that the tar's .py entry does not decompress them again. The caller
-    closes the returned compiler once the layer is written.
-    """
+def add_bytecode(entries: list[Entry], site_packages: str, spec: BytecodeSpec) -> list[Entry]:
+    """``entries`` plus a .pyc entry for every .py under ``site_packages`` that compiles."""
     root = site_packages.strip("/") + "/"
     have = {e.path for e in entries}
-    jobs: list[tuple[str, str]] = []
+    out, jobs = [], []
     for e in entries:
-        if e.kind == "file" and e.path.startswith(root) and e.path.endswith(".py"):
-            pyc = pyc_path(e.path, spec.interpreter.cache_tag)
-            if pyc not in have:  # a wheel that ships its own .pyc keeps it (RECORD names it)
-                jobs.append((pyc, e.path))
-    if not jobs:
-        return entries, None
-    jobs.sort(key=lambda j: j[0].encode("utf-8", "surrogateescape"))  # the order the tar writer needs them in
-    compiled = {path for _pyc, path in jobs}
-    compiler = Compiler.start(spec.interpreter, spec.mode)
-    read_once: dict[str, bytes] = {}
-
-    def source_of(path: str) -> Callable[[], bytes]:
-        def read() -> bytes:
-            data = reopen[path]()
-            read_once[path] = data
-            return data
-        return read
-
-    compiler.submit([("/" + path, source_of(path)) for _pyc, path in jobs])
-    out = []
-    for e in entries:
-        if e.path in compiled:
-            original = e.open
-
-            def cached_open(path: str = e.path, original: Callable | None = original):
-                data = read_once.pop(path, None)
-                if data is None:  # the tar got here before the compiler's feeder did
-                    assert original is not None
-                    return original()
-                return io.BytesIO(data)
-            e = Entry(e.path, e.kind, e.mode, e.uid, e.gid, e.size, e.linkname, cached_open)
+        pyc = pyc_path(e.path, spec.interpreter.cache_tag)
+        # (a wheel that ships its own .pyc keeps it: RECORD names it)
+        if e.kind == "file" and e.path.startswith(root) and e.path.endswith(".py") and pyc not in have:
+            assert e.open is not None
+            with e.open() as f:
+                data = f.read()
+            e = replace(e, open=lambda d=data: io.BytesIO(d))  # (the tar takes the bytes read here)
+            jobs.append((pyc, "/" + e.path, data))
         out.append(e)
-    for i, (pyc, _path) in enumerate(jobs):
-        out.append(Entry(pyc, "file", 0o644, produce=(lambda i=i: compiler.result(i))))
-    return out, compiler
-
-
-class ZipMembers:
-    """A wheel's members read through a zip handle of its own (for the compiler's feeder thread)."""
-
-    def __init__(self, wheel: Path) -> None:
-        self._wheel = wheel
-        self._zf: zipfile.ZipFile | None = None
-        self._lock = threading.Lock()
-
-    def reader(self, name: str) -> Callable[[], bytes]:
-        def read() -> bytes:
-            with self._lock:
-                if self._zf is None:
-                    self._zf = zipfile.ZipFile(self._wheel)
-                zf = self._zf
-            return zf.read(name)
-        return read
-
-    def close(self) -> None:
-        with self._lock:
-            if self._zf is not None:
-                self._zf.close()
-                self._zf = None
+    if not jobs:
+        return entries
+    with Compiler.start(spec.interpreter, spec.mode) as compiler:
+        pycs = compiler.compile_all([(path, data) for _pyc, path, data in jobs])
+    return out + [Entry(pyc, "file", 0o644, size=len(code), open=lambda c=code: io.BytesIO(c))
+                  for (pyc, _path, _src), code in zip(jobs, pycs) if code is not None]

@@ -99,14 +99,10 @@ def _entry(p: Path, i: int, raw: Any) -> CatalogEntry:
         raise ConfigError(f"{where}: 'provides' takes python, glibc and cuda")
     provides = {k: (None if v is None else str(v)) for k, v in provides.items()}
     glibc = provides.get("glibc")
-    if glibc is not None and not _is_major_minor(glibc):
+    major, dot, minor = (glibc or "").partition(".")
+    if glibc is not None and not (dot and major.isdigit() and minor.isdigit()):
         raise ConfigError(f"{where}: provides.glibc {glibc!r} is not MAJOR.MINOR")
     return CatalogEntry(
         name=name, ref=ref, kind=kind, provides=provides, gpu=bool(raw.get("gpu", True)),
         notes=" ".join(str(raw.get("notes") or "").split()), how=str(raw.get("how") or ""),
     )
-
-
-def _is_major_minor(s: str) -> bool:
-    major, dot, minor = s.partition(".")
-    return bool(dot) and major.isdigit() and minor.isdigit()

@@ -8,6 +8,7 @@ the attestations of what it keeps; the rest goes. Both hold the gc lock (builds 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ from hermetic.hostfs.fsutil import Leftovers, is_atomic_temp, sweep_dead, sweep_
 from hermetic.core.paths import CachePaths
 from hermetic.store import intact
 from hermetic.store.inuse import claimed_images, collecting
-from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, OciStore
+from hermetic.store.oci import OciStore
 from hermetic.store.wheels import WheelStore
 
 
@@ -127,81 +128,40 @@ def verify(paths: CachePaths, *, repair: bool = False, rehash: bool = True,
     repair holds the gc lock (``on_wait(pids)`` when it waits for builds).
     """
     store = OciStore(paths.oci)
-    if repair and store.root.is_dir():
-        with collecting(store, on_wait):
-            return _verify(paths, store, repair=True, rehash=rehash, on_blob=on_blob)
-    return _verify(paths, store, repair=False, rehash=rehash, on_blob=on_blob)
-
-
-def _verify(paths: CachePaths, store: OciStore, *, repair: bool, rehash: bool,
-            on_blob: Callable[[int], None] | None) -> VerifyReport:
+    repair = repair and store.root.is_dir()
     rep = VerifyReport(rehashed=rehash)
-    _verify_blobs(store, rep, repair=repair, on_blob=on_blob)
-    if store.index_path.exists():
-        for ref, desc in sorted(store.refs().items()):
-            rep.missing += missing_blobs(store, ref, desc.digest)
-        if repair:
-            for ref in rep.incomplete_refs:
-                store.remove_ref(ref)
-                rep.removed.append(f"ref {ref} (incomplete: {REBUILD_HINT})")
-    wheels = WheelStore(paths.wheels)
-    rep.wheels = sum(1 for _ in wheels.entries())
-    if rehash:
-        for p in wheels.verify():
-            rep.wheel_problems.append(p)
+    with collecting(store, on_wait) if repair else contextlib.nullcontext():
+        _verify_blobs(store, rep, repair=repair, on_blob=on_blob)
+        if store.index_path.exists():
+            for ref, desc in sorted(store.refs().items()):
+                rep.missing += missing_blobs(store, ref, desc.digest)
             if repair:
-                sha = Path(p.split(":")[0]).parent.name
-                wheels.remove(sha)
-                rep.removed.append(f"wheel {sha}")
-    if repair and rep.removed:
-        _drop_dangling_entries(paths, store)
-    rep.leftovers = dead_temp_files(paths, remove=False)
-    return rep
+                for ref in rep.incomplete_refs:
+                    store.remove_ref(ref)
+                    rep.removed.append(f"ref {ref} (incomplete: {REBUILD_HINT})")
+        wheels = WheelStore(paths.wheels)
+        rep.wheels = sum(1 for _ in wheels.entries())
+        if rehash:
+            for p in wheels.verify():
+                rep.wheel_problems.append(p)
+                if repair:
+                    sha = Path(p.split(":")[0]).parent.name
+                    wheels.remove(sha)
+                    rep.removed.append(f"wheel {sha}")
+        if repair and rep.removed:
+            _drop_dangling_entries(paths, store)
+        rep.leftovers = dead_temp_files(paths, remove=False)
+        return rep
 
 
 def missing_blobs(store: OciStore, ref: str, digest: str) -> list[MissingBlob]:
-    """What the image ``ref`` names (``digest``: its manifest or index) and the store lacks: the
-    manifest itself, its config and layers; an index's manifests that the store keeps (every one a
-    referrers index lists: the store writes them all), and theirs. A blob that is present but does
-    not parse is a corrupt blob, reported as such by the rehash, not here."""
+    """What the image ``ref`` names (``digest``: its manifest or index) and the store lacks (OciStore.walk:
+    of a referrers index, every manifest it lists, as the store writes them all)."""
     from hermetic.store.referrers import subject_of_tag
 
-    out: list[MissingBlob] = []
     every_child = subject_of_tag(ref) is not None
-    todo: list[tuple[str, str]] = [("manifest", digest)]
-    seen: set[str] = set()
-    while todo:
-        role, dg = todo.pop(0)
-        if dg in seen:
-            continue
-        seen.add(dg)
-        if not store.has_blob(dg):
-            out.append(MissingBlob(ref, digest, role, dg))
-            continue
-        try:
-            doc = store.read_json(dg)
-        except Exception:  # corrupt: the rehash names it
-            continue
-        if not isinstance(doc, dict):
-            continue
-        prefix = "" if dg == digest else f"{role} "
-        media_type = doc.get("mediaType") or ""
-        if isinstance(doc.get("manifests"), list) or media_type in INDEX_TYPES:
-            for i, m in enumerate(doc.get("manifests") or [], 1):
-                child = (m or {}).get("digest", "") if isinstance(m, dict) else ""
-                if child and (every_child or store.has_blob(child)):
-                    todo.append((f"{prefix}manifest {i} ({child[:19]})", child))
-        elif "layers" in doc or media_type in MANIFEST_TYPES:
-            try:
-                config = doc["config"]["digest"]
-                layers = [layer["digest"] for layer in doc.get("layers") or []]
-            except (KeyError, TypeError):
-                continue
-            for r, d in [("config", config)] + [(f"layer {i}", x) for i, x in enumerate(layers, 1)]:
-                if d not in seen and not store.has_blob(d):
-                    seen.add(d)
-                    out.append(MissingBlob(ref, digest, prefix + r, d))
-    return out
+    return [MissingBlob(ref, digest, role, d) for role, d, present in store.walk(digest, every_child=every_child)
+            if not present]
 
 
 def _verify_blobs(store: OciStore, rep: VerifyReport, *, repair: bool,
@@ -278,60 +238,49 @@ def gc(paths: CachePaths, *, keep_builds: int = 10, dry_run: bool = False,
         temp = dead_temp_files(paths, remove=not dry_run)
         return GcReport([], [], 0, 0, 0, temp.count, temp.bytes)
     with collecting(store, on_wait):
-        return _gc(paths, store, keep_builds=keep_builds, dry_run=dry_run)
+        refs = store.refs() if store.index_path.exists() else {}
+        build_refs = [n for n in refs if ":bk-" in n]
+        mtime = {}
+        for n in build_refs:
+            prefix = n.split(":bk-", 1)[1]
+            hits = list(paths.builds.glob(f"{prefix}*.json")) if paths.builds.is_dir() else []
+            mtime[n] = max((h.stat().st_mtime for h in hits), default=0.0)
+        build_refs.sort(key=lambda n: mtime[n], reverse=True)
+        dropped = build_refs[keep_builds:]
+        from hermetic.store.referrers import referrers_to_keep, subject_of_tag
 
-
-def _gc(paths: CachePaths, store: OciStore, *, keep_builds: int, dry_run: bool) -> GcReport:
-    refs = store.refs() if store.index_path.exists() else {}
-    build_refs = [n for n in refs if ":bk-" in n]
-    mtime = {}
-    for n in build_refs:
-        prefix = n.split(":bk-", 1)[1]
-        hits = list(paths.builds.glob(f"{prefix}*.json")) if paths.builds.is_dir() else []
-        mtime[n] = max((h.stat().st_mtime for h in hits), default=0.0)
-    build_refs.sort(key=lambda n: mtime[n], reverse=True)
-    dropped = build_refs[keep_builds:]
-    from hermetic.store.referrers import referrers_to_keep, subject_of_tag
-
-    kept = [n for n in refs if n not in dropped and subject_of_tag(n) is None]
-    live: set[str] = set()
-    for n in kept:
-        live |= store.live_blobs_from(refs[n].digest)
-    for digest in claimed_images(store, sweep=not dry_run):  # images running processes use (a run's), named by a ref or not
-        live |= store.live_blobs_from(digest)
-    # Attestations (OCI 1.1 referrers) live exactly as long as the image they are about (not reported as refs).
-    attached, orphaned = referrers_to_keep(store, refs, live)
-    live |= attached
-    removed = freed = 0
-    if not dry_run:
-        for n in dropped + orphaned:
-            store.remove_ref(n)
-    for digest in list(store.iter_blobs()):
-        if digest in live:
-            continue
-        p = store.blob_path(digest)
-        try:
-            freed += p.stat().st_size
-        except FileNotFoundError:
-            continue
-        removed += 1
+        kept = [n for n in refs if n not in dropped and subject_of_tag(n) is None]
+        live: set[str] = set()
+        for n in kept:
+            live |= store.live_blobs_from(refs[n].digest)
+        # Images running processes use (a run's), named by a ref or not.
+        for digest in claimed_images(store, sweep=not dry_run):
+            live |= store.live_blobs_from(digest)
+        # Attestations (OCI 1.1 referrers) live exactly as long as the image they are about (not reported as refs).
+        attached, orphaned = referrers_to_keep(store, refs, live)
+        live |= attached
+        removed = freed = 0
         if not dry_run:
-            store.remove_blob(digest)
-    entries = 0
-    if not dry_run:
-        entries = _drop_dangling_entries(paths, store)
-        entries += _drop_orphan_notes(store)
-    temp = dead_temp_files(paths, remove=not dry_run)
-    return GcReport(sorted(kept), sorted(dropped), removed, freed, entries, temp.count, temp.bytes)
-
-
-def _drop_orphan_notes(store: OciStore) -> int:
-    """intact.py's notes of blobs that are gone."""
-    n = 0
-    d = intact.notes_dir(store.root)
-    if d.is_dir():
-        for note in d.iterdir():
-            if is_sha256_hex(note.name) and not store.has_blob("sha256:" + note.name):
-                note.unlink(missing_ok=True)
-                n += 1
-    return n
+            for n in dropped + orphaned:
+                store.remove_ref(n)
+        for digest in list(store.iter_blobs()):
+            if digest in live:
+                continue
+            p = store.blob_path(digest)
+            try:
+                freed += p.stat().st_size
+            except FileNotFoundError:
+                continue
+            removed += 1
+            if not dry_run:
+                store.remove_blob(digest)
+        entries = 0
+        if not dry_run:
+            entries = _drop_dangling_entries(paths, store)
+            notes = intact.notes_dir(store.root)  # intact.py's notes of blobs that are gone
+            for note in notes.iterdir() if notes.is_dir() else ():
+                if is_sha256_hex(note.name) and not store.has_blob("sha256:" + note.name):
+                    note.unlink(missing_ok=True)
+                    entries += 1
+        temp = dead_temp_files(paths, remove=not dry_run)
+        return GcReport(sorted(kept), sorted(dropped), removed, freed, entries, temp.count, temp.bytes)

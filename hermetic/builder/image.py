@@ -25,12 +25,6 @@ def rfc3339(epoch: int) -> str:
     return _dt.datetime.fromtimestamp(epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def determinism_env(cfg: HermeticConfig) -> dict[str, str]:
-    """The knobs baked into the image for the configured mode (hermetic.config.determinism)."""
-    d = cfg.determinism
-    return knob_env(d.mode, d.threads, cfg.build.source_date_epoch, d.env)  # hermetic.yaml's env overrides any knob
-
-
 def image_env(cfg: HermeticConfig, base_env: list[str], venv_bin: str, venv_prefix: str) -> list[str]:
     """Base env, then the venv, then determinism knobs, then user env; sorted by name."""
     env: dict[str, str] = {}
@@ -44,7 +38,8 @@ def image_env(cfg: HermeticConfig, base_env: list[str], venv_bin: str, venv_pref
     env["PYTHONUNBUFFERED"] = "1"  # logs stream as they happen
     # Older NVIDIA container toolkits inject only `utility` when unset: no libcuda.
     env.setdefault("NVIDIA_DRIVER_CAPABILITIES", "compute,utility")
-    env.update(determinism_env(cfg))
+    d = cfg.determinism  # the knobs for the configured mode (hermetic.config.determinism); hermetic.yaml's env wins
+    env.update(knob_env(d.mode, d.threads, cfg.build.source_date_epoch, d.env))
     env.update(cfg.env)
     return [f"{k}={env[k]}" for k in sorted(env)]
 

@@ -59,10 +59,6 @@ class InstalledFile:
     data: bytes | None = None
 
 
-def _b64_sha256(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
 def _collecting_destination(scheme_dict: dict[str, str], interpreter: str, zf: zipfile.ZipFile):
     from installer.destinations import SchemeDictionaryDestination
     from installer.records import Hash, RecordEntry
@@ -94,7 +90,8 @@ def _collecting_destination(scheme_dict: dict[str, str], interpreter: str, zf: z
                 return RecordEntry(path, Hash("sha256", self.claimed[member]), size)
             data = stream.read()
             self.files[target] = InstalledFile(len(data), is_executable, data=data)
-            return RecordEntry(path, Hash("sha256", _b64_sha256(data)), len(data))
+            b64 = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            return RecordEntry(path, Hash("sha256", b64), len(data))
 
         def write_script(self, name: str, module: str, attr: str, section):  # type: ignore[override]
             script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
@@ -134,8 +131,8 @@ def wheel_files(wheel_path: Path, layout: VenvLayout) -> tuple[zipfile.ZipFile, 
     return zf, dest.files
 
 
-def venv_files(layout: VenvLayout) -> dict[str, tuple[str, bytes | str]]:
-    """The venv skeleton: in-image path -> ("file", bytes) | ("symlink", target)."""
+def venv_files(layout: VenvLayout) -> dict[str, bytes | str]:
+    """The venv skeleton: in-image path -> a file's bytes | a symlink's target."""
     home = posixpath.dirname(layout.base_python)
     cfg = (
         f"home = {home}\n"
@@ -145,9 +142,9 @@ def venv_files(layout: VenvLayout) -> dict[str, tuple[str, bytes | str]]:
     ).encode()
     major = layout.python_version.split(".")[0]
     return {
-        f"{layout.prefix}/pyvenv.cfg": ("file", cfg),
-        f"{layout.bin}/python": ("symlink", layout.base_python),
-        f"{layout.bin}/python{major}": ("symlink", "python"),
-        f"{layout.bin}/python{layout.python_version}": ("symlink", "python"),
-        f"{layout.prefix}/lib64": ("symlink", "lib"),
+        f"{layout.prefix}/pyvenv.cfg": cfg,
+        f"{layout.bin}/python": layout.base_python,
+        f"{layout.bin}/python{major}": "python",
+        f"{layout.bin}/python{layout.python_version}": "python",
+        f"{layout.prefix}/lib64": "lib",
     }

@@ -18,10 +18,10 @@ import struct
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hermetic.builder.base import BaseFacts, BaseImage, member_path
-from hermetic.builder.baseinterp import _LIBDIR, INTERPRETER_FORMAT, NO_BYTECODE_HINT, BaseInterpreter, BytecodeError
+from hermetic.builder.bytecode import (_LIBDIR, INTERPRETER_FORMAT, NO_BYTECODE_HINT, BaseInterpreter, BytecodeError,
+                                       Compiler)
 from hermetic.core.errors import ConfigError
 from hermetic.hostfs.filesystems import naming_unwritable, not_one_filesystem
 from hermetic.hostfs.fsutil import atomic_write_bytes, owned_temp_dir, set_mode
@@ -115,10 +115,6 @@ def _ld_conf_dirs(facts: BaseFacts, read) -> list[str]:
 
     parse("etc/ld.so.conf")
     return out
-
-
-def _ld_conf_files(facts: BaseFacts) -> set[str]:
-    return {f for f in facts.files if f == "etc/ld.so.conf" or f.startswith("etc/ld.so.conf.d/")}
 
 
 def _search(facts: BaseFacts, soname: str, origin: str, rpath: tuple[str, ...], runpath: tuple[str, ...],
@@ -221,7 +217,8 @@ def base_interpreter(store: OciStore, base: BaseImage, facts: BaseFacts, python_
 
             # The binary, the start-up modules, ld.so.conf.
             first: dict[str, list[Path]] = {real: [at(real)]}
-            for f in startup | _ld_conf_files(facts):
+            ld_conf = {f for f in facts.files if f == "etc/ld.so.conf" or f.startswith("etc/ld.so.conf.d/")}
+            for f in startup | ld_conf:
                 first.setdefault(f, []).append(at(f))
             layers.copy_out(first)
             (root / stdlib / "lib-dynload").mkdir(parents=True, exist_ok=True)  # the prefix landmark; nothing is loaded from it
@@ -256,8 +253,9 @@ def base_interpreter(store: OciStore, base: BaseImage, facts: BaseFacts, python_
                         level.setdefault(lib, []).append(root / _LIBDIR / soname)
                 layers.copy_out(level)
                 todo = [(lib, read_elf(dests[0].read_bytes(), f"/{lib}")) for lib, dests in level.items()]
-            interp = BaseInterpreter(final, loader, real, home, "", "", "", (0, 0, 0))
-            hello = _probe(interp, root)
+            probe = BaseInterpreter(root, loader, real, home, "", "", "", (0, 0, 0))  # run once where it is now
+            with Compiler.start(probe, "unchecked-hash") as c:
+                hello = c.hello
             version = tuple(hello["version"][:3])
             if f"{version[0]}.{version[1]}" != python_version:
                 raise ConfigError(f"base {base.ref.raw}: python.path {python_path} is Python "
@@ -291,12 +289,3 @@ def _current(final: Path) -> BaseInterpreter | None:
         return BaseInterpreter.from_json(final, d) if d.get("format") == INTERPRETER_FORMAT else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _probe(interp: BaseInterpreter, root: Path) -> dict[str, Any]:
-    """Start the copied interpreter once (from where it was copied to) and read its hello."""
-    from hermetic.builder.bytecode import Compiler
-
-    probe = BaseInterpreter(root, interp.loader, interp.executable, interp.home, "", "", "", (0, 0, 0))
-    with Compiler.start(probe, "unchecked-hash") as c:
-        return c.hello

@@ -2,16 +2,15 @@
 
 One layer per wheel of 64 MB or more, the small ones grouped, biggest first (an engine reuses a layer
 only when every layer below it is the same), the hermetic layer (venv + runtime) last. A layer's key
-covers all that decides its bytes; uncached layers are built in worker processes that die with the
-build, each entering the cache as it finishes.
+covers all that decides its bytes; each layer built enters the cache as it is finished.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -19,12 +18,13 @@ from pathlib import Path
 from typing import Callable
 
 from hermetic import __version__
-from hermetic.builder.bytecode import BytecodeSpec, ZipMembers, add_bytecode
+from hermetic.builder.bytecode import BytecodeSpec, add_bytecode
 from hermetic.builder.inputs import LAYER_FORMAT, STARTUP_MODULE, runtime_files
 from hermetic.builder.install import VenvLayout, venv_files, wheel_files
 from hermetic.builder.tarlayer import DirAttrs, Entry, complete_parents, write_layer
 from hermetic.core.canonical import canonical_sha256
-from hermetic.hostfs.fsutil import atomic_write_bytes
+from hermetic.core.errors import IntegrityError
+from hermetic.hostfs.fsutil import atomic_write_bytes, sha256_file
 from hermetic.lock.model import ResolvedWheel
 from hermetic.store.oci import MT_LAYER, MT_LAYER_GZIP, Descriptor, OciStore
 
@@ -95,19 +95,17 @@ def plan_layers(wheels: list[ResolvedWheel], hermetic_files: dict[str, bytes | s
 
 def layer_key(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs], mtime: int,
               bytecode: BytecodeSpec | None = None) -> str:
-    def digest_file(v: bytes | str) -> str:
-        return ("link:" + v) if isinstance(v, str) else hashlib.sha256(v).hexdigest()
-
     return canonical_sha256({
         "format": LAYER_FORMAT,
         "kind": spec.kind,
         "wheels": sorted(w.sha256 for w in spec.wheels),
-        "files": {p: digest_file(v) for p, v in sorted(spec.files.items())},
+        "files": {p: ("link:" + v) if isinstance(v, str) else hashlib.sha256(v).hexdigest()
+                  for p, v in sorted(spec.files.items())},
         "prefix": layout.prefix, "python": layout.python_version, "base_python": layout.base_python,
         "parents": {k: [v.mode, v.uid, v.gid] for k, v in sorted(parents.items())},
         "mtime": mtime,
         "installer": _installer_version(),
-        "bytecode": bytecode.key_part() if bytecode else None,
+        "bytecode": {"mode": bytecode.mode, "compiler": bytecode.interpreter.identity} if bytecode else None,
     })
 
 
@@ -123,12 +121,8 @@ def _installer_version() -> str:
 def relevant_parents(prefix: str, base_dirs: dict[str, DirAttrs]) -> dict[str, DirAttrs]:
     """Attributes of the base's directories that our layers' paths pass through."""
     parts = prefix.strip("/").split("/")
-    out = {}
-    for i in range(1, len(parts) + 1):
-        p = "/".join(parts[:i])
-        if p in base_dirs:
-            out[p] = base_dirs[p]
-    return out
+    ancestors = ("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return {p: base_dirs[p] for p in ancestors if p in base_dirs}
 
 
 class LayerCache:
@@ -153,76 +147,42 @@ class LayerCache:
         atomic_write_bytes(self._path(key), json.dumps(entry, sort_keys=True).encode(), fsync=False)
 
 
-def verify_wheel(w: ResolvedWheel) -> None:
-    """A stored wheel must still hash to its name before its bytes go into a layer."""
-    from hermetic.core.errors import IntegrityError
-    from hermetic.hostfs.fsutil import sha256_file
-
-    actual = sha256_file(w.url or "")
-    if actual != w.sha256:
-        raise IntegrityError(
-            f"{w.locked.name}=={w.locked.version}: stored wheel {w.filename} is corrupt "
-            f"(expected sha256 {w.sha256}, found {actual})",
-            hint="run `hermetic cache verify --repair`, then `hermetic fetch`",
-        )
-
-
 def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs], mtime: int,
                 store: OciStore, bytecode: BytecodeSpec | None = None) -> Descriptor:
     """Install (as entries, straight from the zips), compile, normalize, tar and hash one layer into the store."""
     entries: list[Entry] = []
-    zips = []
-    sources: dict[str, Callable[[], bytes]] = {}  # each file's bytes, readable from the compiler's feeder thread
-    members: list[ZipMembers] = []
-    compiler = None
-    try:
-        if spec.kind in ("wheel", "wheels"):
-            for w in spec.wheels:
-                assert w.url is not None
-                verify_wheel(w)
-                zf, files = wheel_files(Path(w.url), layout)
-                zips.append(zf)
-                members.append(ZipMembers(Path(w.url)))
-                for path, f in files.items():
-                    mode = 0o755 if f.executable else 0o644
-                    rel = path.lstrip("/")
-                    if f.member is not None:
-                        opener = (lambda zf=zf, m=f.member: zf.open(m))
-                        sources[rel] = members[-1].reader(f.member)
-                    else:
-                        opener = (lambda d=f.data: io.BytesIO(d or b""))
-                        sources[rel] = (lambda d=f.data: d or b"")
-                    entries.append(Entry(rel, "file", mode, size=f.size, open=opener))
-        else:
-            for path, value in spec.files.items():
-                rel = path.strip("/")
-                if isinstance(value, str):
-                    entries.append(Entry(rel, "symlink", 0o777, linkname=value))
-                else:
-                    data = value
-                    entries.append(Entry(rel, "file", 0o644, size=len(data), open=(lambda d=data: io.BytesIO(d))))
-                    sources[rel] = (lambda d=data: d)
+    with contextlib.ExitStack() as stack:
+        for w in spec.wheels:
+            actual = sha256_file(w.url or "")  # a stored wheel must still hash to its name before it goes in
+            if actual != w.sha256:
+                raise IntegrityError(f"{w.locked.name}=={w.locked.version}: stored wheel {w.filename} is corrupt "
+                                     f"(expected sha256 {w.sha256}, found {actual})",
+                                     hint="run `hermetic cache verify --repair`, then `hermetic fetch`")
+            zf, files = wheel_files(Path(w.url), layout)
+            stack.enter_context(zf)
+            for path, f in files.items():
+                opener = ((lambda zf=zf, m=f.member: zf.open(m)) if f.member is not None
+                          else (lambda d=f.data: io.BytesIO(d or b"")))
+                entries.append(Entry(path.lstrip("/"), "file", 0o755 if f.executable else 0o644, size=f.size,
+                                     open=opener))
+        for path, value in spec.files.items():  # the hermetic layer's
+            if isinstance(value, str):
+                entries.append(Entry(path.strip("/"), "symlink", 0o777, linkname=value))
+            else:
+                entries.append(Entry(path.strip("/"), "file", 0o644, size=len(value),
+                                     open=(lambda d=value: io.BytesIO(d))))
         if bytecode is not None:
-            entries, compiler = add_bytecode(entries, layout.site_packages, bytecode, sources)
+            entries = add_bytecode(entries, layout.site_packages, bytecode)
         entries = complete_parents(entries, parents)
         with store.writer(needed=sum(e.size for e in entries)) as w:  # (for a full disk's message)
             size = write_layer(entries, w, mtime=mtime)
             digest = w.commit()
-    finally:
-        if compiler is not None:
-            compiler.close()
-        for zm in members:
-            zm.close()
-        for zf in zips:
-            zf.close()
     return Descriptor(MT_LAYER, digest, size)
 
 
 def hermetic_layer_files(layout: VenvLayout) -> dict[str, bytes | str]:
     """The venv skeleton and the in-image runtime package ``hermetic_runtime``."""
-    files: dict[str, bytes | str] = {}
-    for path, (kind, value) in venv_files(layout).items():
-        files[path] = value if kind == "symlink" else (value if isinstance(value, bytes) else value.encode())
+    files = venv_files(layout)
     for rel, data in runtime_files().items():
         if rel == STARTUP_MODULE:  # imported at every interpreter start by the .pth: a module of its own
             files[f"{layout.site_packages}/_hermetic_startup.py"] = data
@@ -238,79 +198,38 @@ def hermetic_layer_files(layout: VenvLayout) -> dict[str, bytes | str]:
 
 def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str, DirAttrs], mtime: int,
                  store: OciStore, cache: LayerCache,
-                 on_layer: Callable[[BuiltLayer], None] | None = None,
-                 jobs: int | None = None, bytecode: BytecodeSpec | None = None,
+                 on_layer: Callable[[BuiltLayer], None] | None = None, bytecode: BytecodeSpec | None = None,
                  on_ready: Callable[[int, Descriptor, bool], None] | None = None,
                  on_planned: Callable[[], None] | None = None) -> list[BuiltLayer]:
-    """Reuse cached layers; build the others, in parallel processes (installing is CPU-bound Python).
+    """Reuse cached layers; build the others, bottom-up (the engine applies them in that order).
 
     ``on_ready(i, descriptor, built_now)`` is called as soon as layer ``i``'s
     blob is in the store (cached ones first), so a caller can start loading it
     while the others are still being built (``on_planned()`` once the cached
-    ones are all reported). Layer ``i``'s worker runs at nice
-    ``min(3 i, 19)``: the engine applies layers bottom-up, so the lower a layer,
-    the sooner it is wanted.
+    ones are all reported).
     """
-    from concurrent.futures import ProcessPoolExecutor
-
     parents = relevant_parents(layout.prefix, base_dirs)
-    t0 = time.monotonic()
-    results: dict[int, BuiltLayer] = {}
-    todo: list[int] = []
+    out: list[BuiltLayer | None] = []
     for i, spec in enumerate(specs):
         spec.key = layer_key(spec, layout, parents, mtime, bytecode)
         desc = cache.get(spec.key)
-        if desc is not None:
-            results[i] = BuiltLayer(spec, desc, True, 0.0)
-            if on_ready:
-                on_ready(i, desc, False)
-        else:
-            todo.append(i)
+        out.append(None if desc is None else BuiltLayer(spec, desc, True, 0.0))
+        if desc is not None and on_ready:
+            on_ready(i, desc, False)
     if on_planned:
         on_planned()
-
-    def finished(i: int, desc: Descriptor, seconds: float) -> None:
-        results[i] = BuiltLayer(specs[i], desc, False, seconds)
-        cache.put(specs[i].key, desc, {"description": specs[i].description,
-                                       "wheels": [w.filename for w in specs[i].wheels]})
-        if on_ready:
-            on_ready(i, desc, True)
-
-    workers = max(1, min(len(todo), jobs or os.cpu_count() or 1))
-    if workers > 1:
-        from concurrent.futures import as_completed
-
-        from hermetic.core.workers import die_with_parent
-
-        with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-            futures = {pool.submit(_build_layer_at, i, specs[i], layout, parents, mtime, store, bytecode): i
-                       for i in todo}
-            try:
-                for fut in as_completed(futures):
-                    finished(futures[fut], fut.result(), time.monotonic() - t0)
-            except BaseException:  # (a full disk): the layers not started yet are not started
-                for fut in futures:
-                    fut.cancel()
-                raise
-    else:
-        for i in todo:
-            t1 = time.monotonic()
-            finished(i, build_layer(specs[i], layout, parents, mtime, store, bytecode), time.monotonic() - t1)
-    out = [results[i] for i in range(len(specs))]
-    for layer in out if on_layer else ():
+    for i, spec in enumerate(specs):
+        if out[i] is None:
+            t0 = time.monotonic()
+            desc = build_layer(spec, layout, parents, mtime, store, bytecode)
+            out[i] = BuiltLayer(spec, desc, False, time.monotonic() - t0)
+            cache.put(spec.key, desc, {"description": spec.description, "wheels": [w.filename for w in spec.wheels]})
+            if on_ready:
+                on_ready(i, desc, True)
+    layers = [layer for layer in out if layer is not None]
+    for layer in layers if on_layer else ():
         on_layer(layer)
-    return out
-
-
-def _build_layer_at(i: int, *args) -> Descriptor:
-    """build_layer in a pool worker, at a CPU priority that follows the layer's place (see build_layers)."""
-    try:
-        current = os.nice(0)
-        if current < min(3 * i, 19):
-            os.nice(min(3 * i, 19) - current)
-    except OSError:
-        pass
-    return build_layer(*args)
+    return layers
 
 
 def gzip_layer(desc: Descriptor, store: OciStore, cache: LayerCache, level: int = 6) -> Descriptor:

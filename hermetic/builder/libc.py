@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from hermetic.builder.dpkg import installed_packages
+from hermetic.provenance.sbom import installed_deb_packages
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,9 @@ _MUSL_LOADERS = ("/lib/ld-musl-x86_64.so.1", "/lib/ld-musl-aarch64.so.1")
 _RELEASE = re.compile(rb"(?:GNU C Library|ld\.so) \([^)]*\) (?:stable |development )?release version (\d+)\.(\d+)")
 
 
-def _dpkg_libc6(text: str) -> tuple[int, int] | None:
-    m = re.match(r"^(?:\d+:)?(\d+)\.(\d+)", installed_packages(text).get("libc6", ""))
-    return (int(m.group(1)), int(m.group(2))) if m else None
+def installed_packages(text: str) -> dict[str, str]:
+    """{package: version} of the installed packages of a dpkg status file, sorted by name."""
+    return {p.name: p.version for p in installed_deb_packages(text)}
 
 
 def detect_libc(read_file: ReadFile) -> LibcInfo:
@@ -49,9 +49,10 @@ def detect_libc(read_file: ReadFile) -> LibcInfo:
     for path in ("/var/lib/dpkg/status", "/var/lib/dpkg/status.d/libc6"):  # Debian/Ubuntu; distroless
         data = read_file(path)
         if data:
-            v = _dpkg_libc6(data.decode("utf-8", "replace"))
-            if v:
-                return LibcInfo("glibc", v, f"{path} (libc6)")
+            libc6 = installed_packages(data.decode("utf-8", "replace")).get("libc6", "")
+            m = re.match(r"^(?:\d+:)?(\d+)\.(\d+)", libc6)
+            if m:
+                return LibcInfo("glibc", (int(m.group(1)), int(m.group(2))), f"{path} (libc6)")
     for path in _LIBC_SO + _LD_SO:
         data = read_file(path)
         if not data:

@@ -7,11 +7,9 @@ unless a base's ownership is kept, modes 0644/0755, hardlinks as files, no xattr
 from __future__ import annotations
 
 import io
-import os
 import stat
 import tarfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Literal
 
 from hermetic.core.errors import DataError
@@ -39,9 +37,6 @@ class Entry:
     size: int = 0
     linkname: str = ""
     open: Callable[[], BinaryIO] | None = None
-    # A file whose bytes are made while the tar is written (a .pyc being compiled): called when the
-    # writer gets to it; None means "no such file after all" (its source did not compile).
-    produce: Callable[[], bytes | None] | None = None
 
     def __post_init__(self) -> None:
         p = self.path
@@ -52,34 +47,6 @@ class Entry:
 def normalized_mode(st_mode: int) -> int:
     """0755 for anything executable by its owner, else 0644 (Jib/ko's rule)."""
     return 0o755 if st_mode & stat.S_IXUSR else 0o644
-
-
-def entries_from_dir(root: Path, prefix: str = "") -> list[Entry]:
-    """Files, dirs and symlinks under ``root`` as normalized entries at ``prefix``/...
-
-    Ownership and times are dropped; modes collapse to 0644/0755; a symlink
-    keeps its target text. Sockets, FIFOs and devices are refused.
-    """
-    out: list[Entry] = []
-    root = Path(root)
-    base = prefix.strip("/")
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = os.path.relpath(dirpath, root)
-        for name in dirnames + filenames:
-            full = os.path.join(dirpath, name)
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            path = f"{base}/{rel}" if base else rel
-            st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                out.append(Entry(path, "symlink", 0o777, linkname=os.readlink(full)))
-            elif stat.S_ISDIR(st.st_mode):
-                out.append(Entry(path, "dir", DIR_MODE))
-            elif stat.S_ISREG(st.st_mode):
-                out.append(Entry(path, "file", normalized_mode(st.st_mode), size=st.st_size,
-                                 open=(lambda f=full: open(f, "rb"))))
-            else:
-                raise DataError(f"{full}: not a regular file, directory or symlink; refusing to put it in a layer")
-    return out
 
 
 def _tarinfo(e: Entry, mtime: int) -> tarfile.TarInfo:
@@ -157,12 +124,7 @@ def write_layer(entries: list[Entry], sink, *, mtime: int) -> int:
     try:
         for e in entries:
             ti = _tarinfo(e, mtime)
-            if e.kind == "file" and e.produce is not None:
-                data = e.produce()
-                if data is not None:
-                    ti.size = len(data)
-                    tf.addfile(ti, io.BytesIO(data))
-            elif e.kind == "file":
+            if e.kind == "file":
                 if e.open is None:
                     raise DataError(f"{e.path}: no content source")
                 with e.open() as f:

@@ -63,11 +63,6 @@ def _split_index_lines(text: str) -> tuple[list[str], list[str], list[str]]:
     return index_lines, find_links, rest
 
 
-def _index_url(line: str) -> str:
-    toks = line.split()
-    return toks[0].partition("=")[2] or (toks[1] if len(toks) > 1 else "")
-
-
 def uv_binary() -> str:
     try:
         from uv import find_uv_bin
@@ -110,7 +105,8 @@ def compile_lock(input_path: Path, output_path: Path, target: Target, *, resolve
         find_links += in_find_links
         keep = []
         for line in index_lines:
-            url = _index_url(line)
+            toks = line.split()
+            url = toks[0].partition("=")[2] or (toks[1] if len(toks) > 1 else "")
             if check_indexes and not reachable(url):
                 warnings.append(f"index {url} does not answer from this machine; resolving without it "
                                 f"(its packages must come from pip's configured sources; hashes still decide)")
@@ -204,9 +200,7 @@ def _with_header(body: str, fmt: str, input_path: Path, output_path: Path, targe
             f"CPython {target.python_version}.\nDo not edit: rerun hermetic lock.")
     if input_path.name != "pyproject.toml":
         note += f" {INPUT_LABEL}: the input file (its name and place are not part of the lock)."
-    if fmt == "pylock.toml":
-        header = "".join(f"# {ln}\n" for ln in note.splitlines())
-        return header + body
     header = "".join(f"# {ln}\n" for ln in note.splitlines())
-    header += "".join(line + "\n" for line in index_lines)
+    if fmt != "pylock.toml":  # (pylock.toml names each package's index itself)
+        header += "".join(line + "\n" for line in index_lines)
     return header + body

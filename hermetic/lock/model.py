@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from packaging.utils import canonicalize_name
-
 
 @dataclass(frozen=True)
 class Target:
@@ -69,10 +67,6 @@ class Lock:
     def normalized(self) -> list[tuple[str, str, tuple[str, ...]]]:
         """Comparable form: (name, version, sorted hashes), sorted by name."""
         return sorted((w.name, w.version, tuple(sorted(w.sha256s))) for w in self.wheels)
-
-
-def canonical(name: str) -> str:
-    return canonicalize_name(name)
 
 
 @dataclass

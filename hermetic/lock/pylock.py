@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from packaging.markers import Marker
+from packaging.utils import canonicalize_name
 
 from hermetic.core.errors import LockError
-from hermetic.lock.model import LockedWheel, Target, canonical
+from hermetic.lock.model import LockedWheel, Target
 
 def read_pylock(path: Path, doc: dict[str, Any], target: Target) -> tuple[list[LockedWheel], list[str]]:
     version = str(doc.get("lock-version", ""))
@@ -19,7 +20,7 @@ def read_pylock(path: Path, doc: dict[str, Any], target: Target) -> tuple[list[L
     indexes: list[str] = []
     seen: set[str] = set()
     for i, pkg in enumerate(doc.get("packages", [])):
-        name = canonical(pkg.get("name", ""))
+        name = canonicalize_name(pkg.get("name", ""))
         where = f"{path}: packages[{i}] {name}"
         if not name:
             raise LockError(f"{path}: packages[{i}] has no name")

@@ -6,44 +6,34 @@ import re
 import shlex
 from pathlib import Path
 
-from packaging.markers import InvalidMarker, Marker
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from hermetic.core.canonical import is_sha256_hex
 from hermetic.core.errors import LockError
-from hermetic.lock.model import LockedWheel, Target, canonical
+from hermetic.lock.model import LockedWheel, Target
 
 _VCS_PREFIXES = ("git+", "hg+", "svn+", "bzr+")
 _HASH = re.compile(r"(?:^|\s)--hash(?:=|\s+)(\S+)")
+_COMMENT = re.compile(r"(?:^|[ \t])#.*")
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Join backslash continuations; strip comments. Yields (first line no, text)."""
+    """Join backslash continuations; strip comments ('#' at a line's start or after whitespace: pip's rule).
+    Returns (first line no, text) of each non-empty logical line."""
     out: list[tuple[int, str]] = []
-    buf: list[str] = []
+    parts: list[str] = []
     start = 0
-    for no, raw in enumerate(text.splitlines(), start=1):
-        line = raw
-        # A comment starts at '#' preceded by whitespace or at column 0 (pip's rule).
-        if line.lstrip().startswith("#"):
-            line = ""
-        elif " #" in line or "\t#" in line:
-            line = line[: min(i for i in (line.find(" #"), line.find("\t#")) if i >= 0)]
-        if not buf:
+    for no, raw in enumerate(text.splitlines() + [""], start=1):  # (the empty last line ends a continuation)
+        line = _COMMENT.sub("", raw).rstrip()
+        if not parts:
             start = no
-        stripped = line.rstrip()
-        if stripped.endswith("\\"):
-            buf.append(stripped[:-1])
-            continue
-        buf.append(stripped)
-        joined = " ".join(part.strip() for part in buf).strip()
-        buf = []
-        if joined:
-            out.append((start, joined))
-    if buf:
-        joined = " ".join(part.strip() for part in buf).strip()
-        if joined:
-            out.append((start, joined))
+        parts.append(line.removesuffix("\\").strip())
+        if not line.endswith("\\"):
+            joined = " ".join(parts).strip()
+            parts = []
+            if joined:
+                out.append((start, joined))
     return out
 
 
@@ -76,8 +66,7 @@ def read_requirements_lock(path: Path, text: str, target: Target) -> tuple[list[
         stray = re.search(r"(?:^|\s)(--?[A-Za-z][\w-]*)", rest)
         if stray:
             raise LockError(f"{where}: unsupported per-requirement option {stray.group(1)!r}")
-        req_tokens = [rest.strip()]
-        req_text = " ".join(req_tokens)
+        req_text = rest.strip()
         if req_text.startswith(_VCS_PREFIXES):
             raise LockError(f"{where}: {req_text.split()[0]}: VCS requirements need a build and are not hermetic; pin a wheel with a hash")
         try:
@@ -85,9 +74,12 @@ def read_requirements_lock(path: Path, text: str, target: Target) -> tuple[list[
         except InvalidRequirement as e:
             # packaging's message quotes the line after its first line: the file's text is never echoed
             raise LockError(f"{where}: invalid requirement: {str(e).splitlines()[0]}") from None
-        name = canonical(req.name)
-        if req.marker is not None and not _marker_applies(req.marker, env, where):
-            continue
+        name = canonicalize_name(req.name)
+        try:
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+        except Exception as e:  # packaging raises UndefinedEnvironmentName etc.
+            raise LockError(f"{where}: cannot evaluate marker {req.marker}: {e}") from None
         if req.url:
             if req.url.startswith(_VCS_PREFIXES):
                 raise LockError(f"{where}: {name}: VCS requirements need a build and are not hermetic; pin a wheel with a hash")
@@ -96,8 +88,6 @@ def read_requirements_lock(path: Path, text: str, target: Target) -> tuple[list[
             filename = req.url.rsplit("/", 1)[-1].split("#")[0]
             if not filename.endswith(".whl"):
                 raise LockError(f"{where}: {name}: {filename} is not a wheel; sdists need a build, which is not hermetic")
-            from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-
             try:
                 _, version, _, _ = parse_wheel_filename(filename)
             except InvalidWheelFilename as e:
@@ -138,10 +128,3 @@ def _option_line(where: str, tokens: list[str], index_urls: list[str], find_link
     else:
         shown = f" {opt!r}" if re.fullmatch(r"--?[A-Za-z][\w-]*", opt) else ""
         raise LockError(f"{where}: unsupported option{shown}")
-
-
-def _marker_applies(marker: Marker, env: dict[str, str], where: str) -> bool:
-    try:
-        return marker.evaluate(env)
-    except (InvalidMarker, Exception) as e:  # packaging raises UndefinedEnvironmentName etc.
-        raise LockError(f"{where}: cannot evaluate marker {marker}: {e}") from None

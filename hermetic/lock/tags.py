@@ -47,11 +47,3 @@ def wheel_priority(filename: str, target: Target) -> int | None:
     order = target_tags(target)
     prios = [order[t] for t in tags if t in order]
     return min(prios) if prios else None
-
-
-def parse_wheel_name_version(filename: str) -> tuple[str, str] | None:
-    try:
-        name, version, _, _ = parse_wheel_filename(filename)
-    except InvalidWheelFilename:
-        return None
-    return str(name), str(version)

@@ -7,26 +7,20 @@ from pathlib import Path
 from typing import Any
 
 from packaging.markers import Marker
+from packaging.utils import canonicalize_name
 
 from hermetic.core.errors import LockError
-from hermetic.lock.model import LockedWheel, Target, canonical
-
-def _hash_hex(value: str, where: str) -> str:
-    algo, _, hexpart = value.partition(":")
-    if algo != "sha256" or len(hexpart) != 64:
-        raise LockError(f"{where}: unsupported hash {value!r} (sha256 required)")
-    return hexpart.lower()
+from hermetic.lock.model import LockedWheel, Target
 
 
-def read_uv_lock(path: Path, doc: dict[str, Any], target: Target, *,
-                 groups: tuple[str, ...] = ()) -> tuple[list[LockedWheel], list[str]]:
+def read_uv_lock(path: Path, doc: dict[str, Any], target: Target) -> tuple[list[LockedWheel], list[str]]:
     packages: list[dict[str, Any]] = doc.get("package", [])
     if not packages:
         raise LockError(f"{path}: no [[package]] entries")
     env = target.marker_environment()
     by_name: dict[str, list[dict[str, Any]]] = {}
     for p in packages:
-        by_name.setdefault(canonical(p["name"]), []).append(p)
+        by_name.setdefault(canonicalize_name(p["name"]), []).append(p)
 
     def is_root(p: dict[str, Any]) -> bool:
         src = p.get("source", {})
@@ -40,7 +34,7 @@ def read_uv_lock(path: Path, doc: dict[str, Any], target: Target, *,
         marker = dep.get("marker")
         if marker and not Marker(marker).evaluate(env):
             return None
-        cands = by_name.get(canonical(dep["name"]), [])
+        cands = by_name.get(canonicalize_name(dep["name"]), [])
         if "version" in dep:
             cands = [c for c in cands if c.get("version") == dep["version"]]
         if "source" in dep:
@@ -52,15 +46,9 @@ def read_uv_lock(path: Path, doc: dict[str, Any], target: Target, *,
     chosen: dict[tuple[str, str], dict[str, Any]] = {}
     extras_wanted: dict[tuple[str, str], set[str]] = {}
     stack: list[tuple[dict[str, Any], set[str]]] = [(r, set()) for r in roots]
-    for r in roots:
-        for g in groups:
-            for dep in r.get("dev-dependencies", {}).get(g, []):
-                p = pick(dep, r["name"])
-                if p is not None:
-                    stack.append((p, set(dep.get("extra", []))))
     while stack:
         pkg, extras = stack.pop()
-        key = (canonical(pkg["name"]), pkg.get("version", ""))
+        key = (canonicalize_name(pkg["name"]), pkg.get("version", ""))
         have = extras_wanted.get(key)
         if have is not None and extras <= have:
             continue
@@ -92,7 +80,10 @@ def read_uv_lock(path: Path, doc: dict[str, Any], target: Target, *,
         for w in files:
             if "hash" not in w:
                 raise LockError(f"{where}: wheel {w.get('url', w.get('filename', '?'))} has no hash")
-            hashes.add(_hash_hex(w["hash"], where))
+            algo, _, hexpart = w["hash"].partition(":")
+            if algo != "sha256" or len(hexpart) != 64:
+                raise LockError(f"{where}: unsupported hash {w['hash']!r} (sha256 required)")
+            hashes.add(hexpart.lower())
             if "url" in w:
                 urls.append(w["url"])
                 filenames.append(w["url"].rsplit("/", 1)[-1].split("#")[0])

@@ -43,11 +43,6 @@ def _read(path: Path, what: str) -> bytes:
         raise ReadError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
 
 
-def _raw_public(public_key: Any) -> bytes:
-    serialization, _ = _crypto()
-    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
 def load_private_key(path: Path):
     serialization, ed25519 = _crypto()
     data = _read(path, "--sign-key")
@@ -76,7 +71,9 @@ def load_public_key(path: Path):
 
 
 def keyid(public_key: Any) -> str:
-    return hashlib.sha256(_raw_public(public_key)).hexdigest()
+    serialization, _ = _crypto()
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()
 
 
 def sign(payload: bytes, key_path: Path) -> bytes:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Iterable
 
 from hermetic.core.canonical import pretty_json
+from hermetic.provenance.statement import WheelFact
 
 
 @dataclass(frozen=True)
@@ -25,22 +27,18 @@ class DebPackage:
 
 
 def installed_deb_packages(status: str) -> list[DebPackage]:
-    """Installed packages of a dpkg status file (RFC 822 stanzas; ``Status: install ok installed``)."""
+    """Installed packages of a dpkg status file (deb822 paragraphs). A paragraph without a Status field counts
+    as installed: distroless images keep one file per package in ``var/lib/dpkg/status.d/`` without it."""
     out = []
-    for stanza in status.split("\n\n"):
-        fields: dict[str, str] = {}
-        key = None
-        for line in stanza.splitlines():
-            if line[:1] in (" ", "\t") and key:
-                continue  # continuation lines (Description, Conffiles): not needed
+    for para in re.split(r"\n\s*\n", status):
+        fields = {}
+        for line in para.splitlines():
             key, sep, value = line.partition(":")
-            if sep:
+            if sep and not line[:1].isspace():  # (continuation lines: Description, Conffiles: not needed)
                 fields[key.strip()] = value.strip()
-        status = fields.get("Status", "").split()  # want, error flag, state: only the state says installed
-        if not fields.get("Package") or len(status) != 3 or status[2] != "installed":
-            continue
-        source = fields.get("Source", "").split(" ")[0] or None
-        out.append(DebPackage(fields["Package"], fields.get("Version", ""), fields.get("Architecture", ""), source))
+        if fields.get("Package") and "installed" in fields.get("Status", "install ok installed").split():
+            source = fields.get("Source", "").split(" ")[0] or None
+            out.append(DebPackage(fields["Package"], fields.get("Version", ""), fields.get("Architecture", ""), source))
     return sorted(out, key=lambda p: (p.name, p.arch))
 
 
@@ -53,16 +51,8 @@ def os_release(text: str) -> dict[str, str]:
     return out
 
 
-@dataclass(frozen=True)
-class SbomWheel:
-    name: str
-    version: str
-    filename: str
-    sha256: str
-
-
 def make_sbom(*, image_name: str, manifest_digest: str, created_epoch: int, hermetic_version: str,
-              runtime_sha256: str, wheels: Iterable[SbomWheel], dpkg_status: str, os_release_text: str) -> bytes:
+              runtime_sha256: str, wheels: Iterable[WheelFact], dpkg_status: str, os_release_text: str) -> bytes:
     """The CycloneDX 1.6 JSON bytes for one image."""
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.bom import Bom

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Callable, Iterable
 from urllib.parse import unquote, urljoin, urlsplit
 
-from packaging.utils import canonicalize_name, canonicalize_version
+from packaging.utils import InvalidWheelFilename, canonicalize_name, canonicalize_version, parse_wheel_filename
 
 from hermetic.core.errors import (EXIT_DATAERR, EXIT_NOINPUT, EXIT_UNAVAILABLE, DiskFull, HermeticError, IntegrityError,
                              TempFail, Unavailable)
 from hermetic.core.transfer import MAX_TIMEOUT_S, MIN_RATE_ENV, RATE_WINDOW_ENV, Watch, min_rate, new_session, watch_requests
 from hermetic.lock.indexes import PipSources
 from hermetic.lock.model import Lock, LockedWheel, ResolvedWheel, Target
-from hermetic.lock.tags import parse_wheel_name_version, wheel_priority
+from hermetic.lock.tags import wheel_priority
 from hermetic.store.wheels import StoredWheel, WheelStore
 from hermetic.core.workers import limit_reached
 
@@ -51,21 +51,13 @@ class FetchReport:
     notes: list[str] = field(default_factory=list)
 
 
-def best_stored(wheel: LockedWheel, store: WheelStore, target: Target) -> StoredWheel | None:
-    """The stored file for this pin that an installer in the image would pick."""
-    best: tuple[int, StoredWheel] | None = None
-    for sw in store.find_any(wheel.sha256s):
-        prio = wheel_priority(sw.path.name, target)
-        if prio is not None and (best is None or prio < best[0]):
-            best = (prio, sw)
-    return best[1] if best else None
-
-
 def resolve_from_store(lock: Lock, store: WheelStore) -> tuple[list[ResolvedWheel], list[LockedWheel]]:
     """(wheels found in the store, pins still missing) — no network."""
     found, missing = [], []
-    for w in lock.wheels:
-        sw = best_stored(w, store, lock.target)
+    for w in lock.wheels:  # the stored file for each pin that an installer in the image would pick
+        ranked = [(wheel_priority(sw.path.name, lock.target), sw) for sw in store.find_any(w.sha256s)]
+        ranked = [(p, sw) for p, sw in ranked if p is not None]
+        sw = min(ranked, key=lambda r: r[0])[1] if ranked else None
         if sw is None:
             missing.append(w)
         else:
@@ -124,15 +116,21 @@ class SourceSet:
             yield "the lock's file URLs", direct
         per_pkg = [wheel.index] if wheel.index else []
         for loc in self.find_links:
-            yield f"find-links {loc}", self._find_links(loc)
+            yield f"find-links {loc}", self._once((loc, ""), lambda: self._find_links(loc)) or []
         for idx in per_pkg + [i for i in self.indexes if i not in per_pkg]:
-            yield f"index {idx}", self._index_page(idx, wheel.name) or []
+            yield f"index {idx}", self._once((idx, wheel.name), lambda: self._index_page(idx, wheel.name)) or []
 
-    def _find_links(self, loc: str) -> list[Candidate]:
-        key = (loc, "")
+    def _once(self, key: tuple[str, str], ask: Callable[[], list[Candidate] | None]) -> list[Candidate] | None:
+        """A source's answer for ``key``, asked at most once (two downloads at once may both ask)."""
         with self._mu:
             if key in self._pages:
-                return self._pages[key] or []
+                return self._pages[key]
+        answer = ask()
+        with self._mu:
+            self._pages[key] = answer
+        return answer
+
+    def _find_links(self, loc: str) -> list[Candidate]:
         out: list[Candidate] = []
         path = loc[len("file://"):] if loc.startswith("file://") else loc
         if "://" not in path:
@@ -145,15 +143,9 @@ class SourceSet:
             resp = self._get(loc, accept="text/html")
             if resp is not None and resp.status_code == 200:
                 out = self._parse_html(resp.text, loc, loc)
-        with self._mu:
-            self._pages[key] = out
         return out
 
     def _index_page(self, index: str, name: str) -> list[Candidate] | None:
-        key = (index, name)
-        with self._mu:
-            if key in self._pages:
-                return self._pages[key]
         base = index.rstrip("/") + "/" + canonicalize_name(name) + "/"
         result: list[Candidate] | None = None
         if base.startswith("file://") or "://" not in base:
@@ -175,8 +167,6 @@ class SourceSet:
                     result = self._parse_html(resp.text, resp.url, index)
             elif resp is not None and resp.status_code == 404:
                 result = []
-        with self._mu:
-            self._pages[key] = result
         return result
 
     def _parse_html(self, text: str, base_url: str, label: str) -> list[Candidate]:
@@ -209,20 +199,23 @@ class SourceSet:
             return None
 
 
+def _same_pin(name: str, version: str, wheel: LockedWheel) -> bool:
+    return canonicalize_name(name) == wheel.name and (canonicalize_version(version)
+                                                      == canonicalize_version(wheel.version))
+
+
 def _matches(c: Candidate, wheel: LockedWheel) -> bool:
-    nv = parse_wheel_name_version(c.filename)
-    if nv is None:
+    try:
+        name, version, _build, _tags = parse_wheel_filename(c.filename)
+    except InvalidWheelFilename:
         return False
-    name, version = nv
-    return canonicalize_name(name) == wheel.name and canonicalize_version(version) == canonicalize_version(wheel.version)
+    return _same_pin(name, str(version), wheel)
 
 
 def _is_sdist_of(c: Candidate, wheel: LockedWheel) -> bool:
     stem = next((c.filename[:-len(s)] for s in _SDIST_SUFFIXES if c.filename.endswith(s)), None)
-    if stem is None:
-        return False
-    name, _, version = stem.rpartition("-")
-    return canonicalize_name(name) == wheel.name and canonicalize_version(version) == canonicalize_version(wheel.version)
+    name, _, version = (stem or "").rpartition("-")
+    return stem is not None and _same_pin(name, version, wheel)
 
 
 def choose(wheel: LockedWheel, sources: SourceSet, target: Target) -> tuple[Candidate | None, list[str]]:
@@ -306,13 +299,8 @@ def fetch(lock: Lock, store: WheelStore, sources: PipSources, *, jobs: int = 4,
                 why += f" (unreachable: {', '.join(down)})"
             raise FetchError(f"{where}: {w.name}=={w.version}: no wheel for {lock.target.platform} / CPython "
                              f"{lock.target.python_version}: {why}", exit_code=EXIT_UNAVAILABLE if down else EXIT_NOINPUT)
-        what = f"{w.name}=={w.version}"
-
-        def tick(n: int) -> None:
-            if progress:
-                progress(cand.filename, n, None)
-
-        got = _download(cand, store, w, what, srcs, tick).resolved(w)
+        tick = (lambda n: progress(cand.filename, n, None)) if progress else (lambda n: None)
+        got = _download(cand, store, w, f"{w.name}=={w.version}", srcs, tick).resolved(w)
         with lock_mu:
             report.downloaded.append(got.filename)
             report.bytes_downloaded += got.size or 0

@@ -55,10 +55,6 @@ def forget(store_root: Path, hexdigest: str) -> None:
         pass
 
 
-def _trusted(note: tuple[StatKey, int] | None, st: os.stat_result) -> bool:
-    return note is not None and note[0] == stat_key(st) and not is_racy(st.st_mtime_ns, st.st_ctime_ns, note[1])
-
-
 def noted_intact(store_root: Path, blob: Path, hexdigest: str, size: int | None = None) -> bool:
     """True when the blob's note vouches for it from its stat alone (module doc); False: it must be hashed
     (``blob_intact``, or a reader that hashes it on its way and then calls ``note_hashed``)."""
@@ -68,7 +64,8 @@ def noted_intact(store_root: Path, blob: Path, hexdigest: str, size: int | None 
         return False
     if size is not None and st.st_size != size:
         return False
-    return _trusted(_read_note(_note_path(store_root, hexdigest)), st)
+    note = _read_note(_note_path(store_root, hexdigest))
+    return note is not None and note[0] == stat_key(st) and not is_racy(st.st_mtime_ns, st.st_ctime_ns, note[1])
 
 
 def note_hashed(store_root: Path, hexdigest: str, before: os.stat_result, after: os.stat_result,

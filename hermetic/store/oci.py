@@ -74,8 +74,6 @@ def _hex(digest: str) -> str:
     return check_digest(digest, "a blob of the OCI store", BadDigest)[len("sha256:"):]
 
 
-
-
 class BlobWriter:
     """Stream bytes into the store; the blob appears only once verified.
 
@@ -91,7 +89,7 @@ class BlobWriter:
         self._expected_size = expected_size
         self._needed = expected_size if expected_size is not None else needed
         self._full: DiskFull | None = None
-        store.sweep_tmp_once()
+        sweep_dead_once(store.tmp)  # dead writers' temp files, once per process (the first writer does)
         with naming_full_disk(store.root, self.WHAT, needed=self._needed):
             self._owner = OwnedTemp(store.tmp, "blob.")
         self._tmp = self._owner.path
@@ -176,13 +174,9 @@ class BlobWriter:
             self.commit()
 
 
-_DOCUMENT_CACHE_MAX = 1 << 20  # bytes: a manifest or config is a few kB; nothing larger is kept in memory
-
-
 class OciStore:
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root)
-        self._documents: dict[str, bytes] = {}  # read_json's verified blobs (manifests, configs), by digest
 
     # -- layout ---------------------------------------------------------
     @property
@@ -192,10 +186,6 @@ class OciStore:
     @property
     def index_path(self) -> Path:
         return self.root / "index.json"
-
-    def sweep_tmp_once(self) -> None:
-        """Remove dead writers' temp files from tmp/, once per process (the first writer does)."""
-        sweep_dead_once(self.tmp)
 
     def ensure(self) -> "OciStore":
         with naming_unwritable(self.root):  # another user's store, a read-only one: one line (filesystems)
@@ -251,14 +241,8 @@ class OciStore:
         return data
 
     def read_json(self, digest: str) -> Any:
-        """A JSON blob (a manifest, an index, a config), verified once per store object: the no-op path asks
-        for one manifest several times (has_image, check_image, ImageInfo.from_store) and reads it once."""
-        data = self._documents.get(digest)
-        if data is None:
-            data = self.read_blob(digest)
-            if len(data) <= _DOCUMENT_CACHE_MAX:
-                self._documents[digest] = data
-        return json.loads(data)
+        """A JSON blob (a manifest, an index, a config), verified."""
+        return json.loads(self.read_blob(digest))
 
     def verify_blob(self, digest: str) -> bool:
         """Rehash a blob. True when its content matches its name."""
@@ -272,7 +256,6 @@ class OciStore:
         return intact.blob_intact(self.root, self.blob_path(digest), _hex(digest), size)
 
     def remove_blob(self, digest: str) -> None:
-        self._documents.pop(digest, None)
         self.blob_path(digest).unlink(missing_ok=True)
         intact.forget(self.root, _hex(digest))
 
@@ -310,23 +293,22 @@ class OciStore:
     def set_ref(self, name: str, desc: Descriptor) -> None:
         """Point ``name`` at a manifest (replacing what it named before)."""
         self.ensure()
-        with file_lock(self.root / ".index.lock"):
-            index = self._read_index()
-            keep = [m for m in index["manifests"] if m.get("annotations", {}).get(REF_ANNOTATION) != name]
-            entry = desc.to_json()
-            entry.setdefault("annotations", {})[REF_ANNOTATION] = name
-            keep.append(entry)
-            index["manifests"] = keep
-            self._write_index(index)
+        self._replace_ref(name, desc)
 
     def remove_ref(self, name: str) -> bool:
+        return self._replace_ref(name, None)
+
+    def _replace_ref(self, name: str, desc: Descriptor | None) -> bool:
+        """``name`` now names ``desc`` (None: nothing); whether it named something before."""
         with file_lock(self.root / ".index.lock"):
             index = self._read_index()
             keep = [m for m in index["manifests"] if m.get("annotations", {}).get(REF_ANNOTATION) != name]
-            changed = len(keep) != len(index["manifests"])
+            had = len(keep) != len(index["manifests"])
+            if desc is not None:
+                keep.append({**desc.to_json(), "annotations": {**desc.annotations, REF_ANNOTATION: name}})
             index["manifests"] = keep
             self._write_index(index)
-            return changed
+            return had
 
     # -- images ---------------------------------------------------------
     def find_manifest(self, digest: str) -> Descriptor | None:
@@ -358,22 +340,41 @@ class OciStore:
             return False
 
     def live_blobs_from(self, root_digest: str) -> set[str]:
-        """The manifest (or index) and every blob it reaches."""
-        live: set[str] = set()
-        stack = [root_digest]
-        while stack:
-            dg = stack.pop()
-            if dg in live or not self.has_blob(dg):
+        """The manifest (or index) and every blob it reaches that the store holds."""
+        return {digest for _role, digest, present in self.walk(root_digest) if present}
+
+    def walk(self, root_digest: str, *, every_child: bool = False) -> Iterator[tuple[str, str, bool]]:
+        """(role, digest, present) of a manifest or index and of every blob it names: an index's manifests
+        that the store keeps (``every_child``: all), and theirs; a manifest's config and layers. A blob that
+        does not parse names nothing (it is corrupt: a rehash reports it)."""
+        todo = [("manifest", root_digest)]
+        seen: set[str] = set()
+        while todo:
+            role, dg = todo.pop(0)
+            if dg in seen:
                 continue
-            live.add(dg)
+            seen.add(dg)
+            present = self.has_blob(dg)
+            yield role, dg, present
             try:
-                doc = self.read_json(dg)
+                doc = self.read_json(dg) if present else None
             except Exception:
                 continue
-            if isinstance(doc, dict):
-                if "manifests" in doc:
-                    stack += [m["digest"] for m in doc["manifests"]]
-                if "config" in doc and "layers" in doc:
-                    live.add(doc["config"]["digest"])
-                    live.update(layer["digest"] for layer in doc["layers"])
-        return live
+            if not isinstance(doc, dict):
+                continue
+            prefix = "" if dg == root_digest else f"{role} "
+            if isinstance(doc.get("manifests"), list) or doc.get("mediaType") in INDEX_TYPES:
+                for i, m in enumerate(doc.get("manifests") or [], 1):
+                    child = m.get("digest", "") if isinstance(m, dict) else ""
+                    if child and (every_child or self.has_blob(child)):
+                        todo.append((f"{prefix}manifest {i} ({child[:19]})", child))
+            elif "layers" in doc or doc.get("mediaType") in MANIFEST_TYPES:
+                try:
+                    blobs = [("config", doc["config"]["digest"])]
+                    blobs += [(f"layer {i}", layer["digest"]) for i, layer in enumerate(doc.get("layers") or [], 1)]
+                except (KeyError, TypeError):
+                    continue
+                for r, d in blobs:
+                    if d not in seen:
+                        seen.add(d)
+                        yield prefix + r, d, self.has_blob(d)

@@ -51,10 +51,20 @@ class Artifact:
         return json.loads(self.manifest)
 
     def descriptor(self) -> dict[str, Any]:
-        return referrer_descriptor(self.manifest)
+        """The descriptor a referrers list holds for it (distribution-spec 1.1): its artifactType (else the
+        config's media type) and every annotation of the manifest."""
+        doc = self.doc()
+        d: dict[str, Any] = {"mediaType": doc.get("mediaType") or MT_MANIFEST, "digest": self.digest,
+                             "size": len(self.manifest)}
+        artifact_type = doc.get("artifactType") or (doc.get("config") or {}).get("mediaType")
+        if artifact_type:
+            d["artifactType"] = artifact_type
+        if doc.get("annotations"):
+            d["annotations"] = dict(doc["annotations"])
+        return d
 
 
-def artifact_manifest(subject: Descriptor, artifact_type: str, blob: bytes, *, blob_media_type: str | None = None,
+def artifact_manifest(subject: Descriptor, artifact_type: str, blob: bytes, *,
                       annotations: dict[str, str] | None = None) -> Artifact:
     """An artifact manifest (canonical JSON) for ``blob`` about ``subject``: pure."""
     doc: dict[str, Any] = {
@@ -62,26 +72,12 @@ def artifact_manifest(subject: Descriptor, artifact_type: str, blob: bytes, *, b
         "mediaType": MT_MANIFEST,
         "artifactType": artifact_type,
         "config": dict(EMPTY_DESCRIPTOR),
-        "layers": [{"mediaType": blob_media_type or artifact_type, "digest": sha256_digest(blob), "size": len(blob)}],
+        "layers": [{"mediaType": artifact_type, "digest": sha256_digest(blob), "size": len(blob)}],
         "subject": {"mediaType": subject.media_type, "digest": subject.digest, "size": subject.size},
     }
     if annotations:
         doc["annotations"] = dict(annotations)
     return Artifact(canonical_json(doc), blob, artifact_type)
-
-
-def referrer_descriptor(manifest: bytes) -> dict[str, Any]:
-    """The descriptor a referrers list holds for ``manifest`` (distribution-spec 1.1):
-    its artifactType (else the config's media type) and every annotation of the manifest."""
-    doc = json.loads(manifest)
-    d: dict[str, Any] = {"mediaType": doc.get("mediaType") or MT_MANIFEST, "digest": sha256_digest(manifest),
-                         "size": len(manifest)}
-    artifact_type = doc.get("artifactType") or (doc.get("config") or {}).get("mediaType")
-    if artifact_type:
-        d["artifactType"] = artifact_type
-    if doc.get("annotations"):
-        d["annotations"] = dict(doc["annotations"])
-    return d
 
 
 def merge_referrers(index: dict[str, Any] | None, new: Iterable[dict[str, Any]]) -> dict[str, Any]:
