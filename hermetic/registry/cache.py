@@ -15,7 +15,7 @@ from hermetic.registry.locations import record_image_location
 from hermetic.registry.progress import TransferProgress
 from hermetic.registry.pull import PullResult, pull_image
 from hermetic.registry.push import push_image
-from hermetic.registry.transport import TransferStats
+from hermetic.registry.transport import TransferStats, result_json
 from hermetic.store.oci import OciStore
 
 CACHE_TAG_PREFIX = "hk-"
@@ -49,8 +49,7 @@ class CachePublish:
     stats: TransferStats
 
     def to_json(self) -> dict:
-        return {"repo_digest": self.repo_digest, "tag": self.tag, "pushed": self.pushed,
-                "replaced": self.replaced, **self.stats.to_json()}
+        return result_json(self)
 
 
 def cache_lookup(registry_repo: str, build_key: str, *, client: RegistryClient | None = None) -> str | None:

@@ -9,7 +9,8 @@ import math
 import re
 import threading
 import time
-from typing import Any, Iterator
+from dataclasses import fields
+from typing import Any, Callable, Iterator, TypeVar
 
 import requests
 import urllib3.exceptions
@@ -32,6 +33,7 @@ ATTEMPTS = 3
 STATUS_ATTEMPTS = 4
 RETRY_STATUSES = (429, 502, 503, 504)
 MAX_RETRY_WAIT_S = 10.0  # a Retry-After longer than this is not waited for
+T = TypeVar("T")
 
 
 class RegistryError(ProtocolError):
@@ -61,6 +63,13 @@ class TransferStats:
 
     def to_json(self) -> dict[str, int]:
         return dict(self._counts)
+
+
+def result_json(result: Any, names: dict[str, str] | None = None) -> dict[str, Any]:
+    """A push's or pull's result (a dataclass) as JSON: its fields in order, ``names`` renaming some, tuples as
+    lists; its stats' counts last."""
+    doc = {(names or {}).get(f.name, f.name): getattr(result, f.name) for f in fields(result) if f.name != "stats"}
+    return {**{k: list(v) if isinstance(v, tuple) else v for k, v in doc.items()}, **result.stats.to_json()}
 
 
 class Transport:
@@ -210,6 +219,20 @@ class Transport:
                                 exit_code=EXIT_UNAVAILABLE) from None
         finally:
             close_answer(resp)
+
+
+def retried(attempts: int, fn: Callable[[], T], retry_if: Callable[[RegistryError], bool] = lambda e: True,
+            pause: Callable[[int], float] = lambda attempt: 0.0) -> T:
+    """``fn()``, called again (after ``pause(attempt)`` seconds) when it raises a RegistryError that ``retry_if``
+    accepts, ``attempts`` times in all: a step of a push or pull that a broken connection or a race may fail."""
+    for attempt in range(1, attempts):
+        try:
+            return fn()
+        except RegistryError as e:
+            if not retry_if(e):
+                raise
+        time.sleep(pause(attempt))
+    return fn()
 
 
 def read_answer(resp: requests.Response, host: str, what: str) -> None:
