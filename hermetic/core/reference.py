@@ -100,8 +100,7 @@ def parse_image_name(ref: str) -> ImageName:
     rest, digest = ref, None
     if "@" in ref:
         rest, _, digest = ref.partition("@")
-        if not is_digest(digest):
-            raise ValueError(f"{ref}: digest must be {DIGEST_GRAMMAR}")
+        _check_digest(ref, digest)
     host = None
     first, slash, remainder = rest.partition("/")
     if slash and ("." in first or ":" in first or first == "localhost"):

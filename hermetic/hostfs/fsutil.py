@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -20,26 +19,16 @@ from typing import IO, Callable, Iterator
 from hermetic.core.errors import disk_full, is_disk_full
 from hermetic.hostfs.filelocks import close_held, flock, open_held
 from hermetic.hostfs.filesystems import naming_unwritable, not_one_filesystem
+from hermetic.hostfs.safetree import READ_SIZE, hash_fd  # noqa: F401  (READ_SIZE: the stores read by it)
 
 # Read once: os.umask can only be read by setting it, which is not thread-safe.
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
-# 1 MiB reads: large enough that hashlib releases the GIL and syscalls are few.
-READ_SIZE = 1 << 20
 
-
-def sha256_file(path: str | os.PathLike[str], *, chunk: int = READ_SIZE) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: str | os.PathLike[str]) -> str:
     with open(path, "rb", buffering=0) as f:
-        buf = bytearray(chunk)
-        view = memoryview(buf)
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-    return h.hexdigest()
+        return hash_fd(f.fileno())[0]
 
 
 # ---------------------------------------------------------------- stat keys

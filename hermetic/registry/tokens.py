@@ -93,8 +93,7 @@ class Authenticator:
         creds = self.credentials
         if creds is None:
             return self.no_credentials()
-        who = f"user {creds.username!r}" if creds.username else "identity token"
-        return AuthError(f"registry {self.host}: {who} ({creds.source}) was refused for {repository}: "
+        return AuthError(f"registry {self.host}: {creds.who} was refused for {repository}: "
                          f"401 {code or 'UNAUTHORIZED'}")
 
     def _fetch_token(self, ch: Challenge, scopes: frozenset[str]) -> str:
@@ -123,9 +122,8 @@ class Authenticator:
             raise AuthError(f"registry {self.host}: token service {where} unreachable "
                             f"({short_reason(e)})") from None
         if resp.status_code in (401, 403):
-            who = f"user {creds.username!r} ({creds.source})" if creds and creds.username else (
-                f"identity token ({creds.source})" if creds else "anonymous access")
-            raise AuthError(f"registry {self.host}: authentication failed for {who} at {where} "
+            raise AuthError(f"registry {self.host}: authentication failed for "
+                            f"{creds.who if creds else 'anonymous access'} at {where} "
                             f"({resp.status_code})")
         if resp.status_code != 200:
             raise AuthError(f"registry {self.host}: token service {where} answered {resp.status_code}")
