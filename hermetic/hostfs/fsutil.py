@@ -19,14 +19,18 @@ from typing import IO, Callable, Iterator
 from hermetic.core.errors import disk_full, is_disk_full
 from hermetic.hostfs.filelocks import close_held, flock, open_held
 from hermetic.hostfs.filesystems import naming_unwritable, not_one_filesystem
-from hermetic.hostfs.safetree import READ_SIZE, hash_fd  # noqa: F401  (READ_SIZE: the stores read by it)
 
 # Read once: os.umask can only be read by setting it, which is not thread-safe.
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
+# 1 MiB reads: large enough that hashlib releases the GIL and syscalls are few.
+READ_SIZE = 1 << 20
+
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
+    from hermetic.hostfs.safetree import hash_fd  # (imported where a run's end needs it, not at its start)
+
     with open(path, "rb", buffering=0) as f:
         return hash_fd(f.fileno())[0]
 
@@ -252,10 +256,7 @@ _NO_MODES = frozenset({errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP})
 def set_mode(file: int | str | os.PathLike[str], mode: int) -> None:
     """``os.chmod`` (or ``os.fchmod`` for a descriptor), left out where the filesystem keeps no modes."""
     try:
-        if isinstance(file, int):
-            os.fchmod(file, mode)
-        else:
-            os.chmod(file, mode)
+        (os.fchmod if isinstance(file, int) else os.chmod)(file, mode)  # type: ignore[operator]
     except OSError as e:
         if e.errno not in _NO_MODES:
             raise
@@ -309,10 +310,8 @@ def write_if_changed(path: str | os.PathLike[str], data: bytes) -> bool:
 
     For committed files hermetic regenerates (hermetic.image.json, hermetic.provenance.json):
     an unchanged build leaves their mtime alone, so make and git see nothing to do."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         if Path(path).read_bytes() == data:
             return False
-    except FileNotFoundError:
-        pass
     atomic_write_bytes(path, data)
     return True

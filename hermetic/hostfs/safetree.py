@@ -22,7 +22,7 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_DEPTH = 256  # directories nested deeper are not walked (each level holds a descriptor)
-READ_SIZE = 1 << 20  # 1 MiB reads: large enough that hashlib releases the GIL and syscalls are few
+READ_SIZE = 1 << 20
 
 KINDS = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink", stat.S_IFIFO: "fifo",
          stat.S_IFSOCK: "socket", stat.S_IFCHR: "chardev", stat.S_IFBLK: "blockdev"}
@@ -81,11 +81,9 @@ def open_dir(dirfd: int, rel: str, *, create: bool = False) -> int:
     """The directory ``rel`` beneath ``dirfd`` (made, one component at a time, when ``create``).
 
     UnsafePath when a component is a link or not a directory."""
-    if not rel:
-        return os.dup(dirfd)
-    cur = dirfd
+    cur = os.dup(dirfd)
     try:
-        for p in _parts(rel):
+        for p in _parts(rel) if rel else []:
             try:
                 nxt = os.open(p, DIR_FLAGS, dir_fd=cur)
             except FileNotFoundError:
@@ -98,13 +96,11 @@ def open_dir(dirfd: int, rel: str, *, create: bool = False) -> int:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise UnsafePath(f"{display(rel)}: {display(p)} is a link or not a directory") from None
                 raise
-            if cur != dirfd:
-                os.close(cur)
-            cur = nxt
-        return cur if cur != dirfd else os.dup(dirfd)
-    except BaseException:
-        if cur != dirfd:
             os.close(cur)
+            cur = nxt
+        return cur
+    except BaseException:
+        os.close(cur)
         raise
 
 
@@ -151,8 +147,7 @@ def walk(rootfd: int, *, prune: Callable[[str], bool] | None = None,
 
     ``prune(rel)`` True skips a directory's contents (the directory itself is still yielded). Directories nested
     deeper than MAX_DEPTH are yielded but not entered (``on_too_deep`` is told)."""
-    for _dirfd, _name, entry in walk_at(rootfd, prune=prune, on_too_deep=on_too_deep):
-        yield entry
+    yield from (entry for _dirfd, _name, entry in walk_at(rootfd, prune=prune, on_too_deep=on_too_deep))
 
 
 def walk_at(rootfd: int, *, prune: Callable[[str], bool] | None = None,
@@ -278,21 +273,14 @@ def hash_fd(fd: int) -> tuple[str, int]:
 
 def read_limited(dirfd: int, rel: str, limit: int) -> bytes:
     """The bytes of the regular file ``rel``; UnsafePath when it is not one or is larger than ``limit``."""
-    fd = open_regular(dirfd, rel)
-    try:
-        size = os.fstat(fd).st_size
+    with os.fdopen(open_regular(dirfd, rel), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         if size > limit:
             raise UnsafePath(f"{display(rel)}: {size} bytes, more than the {limit} allowed")
-        chunks = []
-        total = 0
-        while chunk := os.read(fd, READ_SIZE):
-            total += len(chunk)
-            if total > limit:
-                raise UnsafePath(f"{display(rel)}: more than the {limit} bytes allowed")
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        data = f.read(limit + 1)  # it may have grown since
+    if len(data) > limit:
+        raise UnsafePath(f"{display(rel)}: more than the {limit} bytes allowed")
+    return data
 
 
 # ---------------------------------------------------------------- writing

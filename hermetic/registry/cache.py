@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from hermetic.core.canonical import is_sha256_hex
 from hermetic.core.errors import HermeticError, UsageError
-from hermetic.core.reference import ImageName, parse_image_name
+from hermetic.core.reference import ImageName, parse_image_arg
 from hermetic.registry.client import RegistryClient
 from hermetic.registry.locations import record_image_location
 from hermetic.registry.progress import TransferProgress
@@ -30,10 +30,7 @@ def cache_tag(build_key: str) -> str:
 
 def parse_cache_repo(registry_repo: str) -> ImageName:
     """``host[:port]/repo``: where cache entries live (no tag, no digest)."""
-    try:
-        name = parse_image_name(registry_repo)
-    except ValueError as e:
-        raise UsageError(f"--cache {registry_repo}: {e}") from None
+    name = parse_image_arg(registry_repo, prefix=f"--cache {registry_repo}: ")
     if name.host is None or name.tag or name.digest:
         raise UsageError(f"--cache {registry_repo}: must be HOST[:PORT]/REPO without tag or digest, "
                             "e.g. ghcr.io/acme/hermetic-cache")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from hermetic.core.display import escape_controls
 from hermetic.core.errors import DataError, HermeticError, IntegrityError, NotFound, ProtocolError, UsageError
-from hermetic.core.reference import ImageName, parse_image_name, parse_pinned
+from hermetic.core.reference import ImageName, parse_image_arg, parse_pinned
 from hermetic.registry.client import RegistryClient
 from hermetic.registry.deadlines import Timeouts
 from hermetic.registry.documents import descriptor, image_blobs, parse_document
@@ -158,10 +158,7 @@ def resolve_tag(ref: str, *, client: RegistryClient | None = None) -> str:
 
     HEAD with Accept for OCI and Docker types; the registry's Docker-Content-Digest, else the sha256 of the GET
     body. For a multi-arch image this is the index digest, which is what a pin should name."""
-    try:
-        name = parse_image_name(ref)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    name = parse_image_arg(ref)
     if name.digest is not None:
         return name.digest
     if name.host is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hermetic.core.errors import DataError, IntegrityError, NotFound, UsageError
-from hermetic.core.reference import ImageName, parse_image_name
+from hermetic.core.reference import ImageName, parse_image_arg
 from hermetic.registry.client import RegistryClient
 from hermetic.registry.deadlines import Timeouts
 from hermetic.registry.documents import descriptor, image_blobs
@@ -52,11 +52,7 @@ class PushResult:
 
 def parse_push_ref(ref: str) -> ImageName:
     """``host[:port]/repo[:tag]``; a digest is allowed only as a check of what is pushed."""
-    try:
-        name = parse_image_name(ref)
-    except ValueError as e:
-        raise UsageError(f"{e}", hint="write HOST[:PORT]/REPO[:TAG], e.g. ghcr.io/acme/train:v1") from None
-    return name
+    return parse_image_arg(ref, "write HOST[:PORT]/REPO[:TAG], e.g. ghcr.io/acme/train:v1")
 
 
 def push_image(

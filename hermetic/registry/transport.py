@@ -97,19 +97,15 @@ class Transport:
     def _timeout_error(self, what: str, which: str, watch: Watch | None = None) -> RegistryTimeout:
         hint = (f"the registry is stalled or too slow; try again later, or allow more time "
                 f"(--timeout SECONDS, {TOTAL_TIMEOUT_ENV}, {REQUEST_TIMEOUT_ENV}, {MIN_RATE_ENV})")
+        t = self.timeouts
+        why = {"total": f"not done when the {self._total:g} s deadline of the {self.operation} ran out "
+                        f"({TOTAL_TIMEOUT_ENV})",
+               "stall": f"nothing received for {t.request:g} s ({REQUEST_TIMEOUT_ENV})",
+               "request": f"no complete answer within {t.request:g} s ({REQUEST_TIMEOUT_ENV})"}[which]
         if watch is not None and watch.fired == "rate":
-            t = self.timeouts
-            return RegistryTimeout(f"registry {self.host}: {what}: {watch.seen:.0f} bytes/s over the last "
-                                   f"{t.rate_window:g} s, below the minimum of {t.min_rate:g} bytes/s "
-                                   f"({MIN_RATE_ENV}, {RATE_WINDOW_ENV})", hint=hint)
-        if which == "total":
-            return RegistryTimeout(f"registry {self.host}: {what}: not done when the {self._total:g} s deadline "
-                                   f"of the {self.operation} ran out ({TOTAL_TIMEOUT_ENV})", hint=hint)
-        if which == "stall":
-            return RegistryTimeout(f"registry {self.host}: {what}: nothing received for {self.timeouts.request:g} s "
-                                   f"({REQUEST_TIMEOUT_ENV})", hint=hint)
-        return RegistryTimeout(f"registry {self.host}: {what}: no complete answer within "
-                               f"{self.timeouts.request:g} s ({REQUEST_TIMEOUT_ENV})", hint=hint)
+            why = (f"{watch.seen:.0f} bytes/s over the last {t.rate_window:g} s, below the minimum of "
+                   f"{t.min_rate:g} bytes/s ({MIN_RATE_ENV}, {RATE_WINDOW_ENV})")
+        return RegistryTimeout(f"registry {self.host}: {what}: {why}", hint=hint)
 
     def _deadline(self, bulk: bool, started: float) -> tuple[float, str]:
         """(monotonic time the request must end by, which limit that is)."""
