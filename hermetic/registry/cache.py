@@ -64,8 +64,7 @@ def cache_fetch(store: OciStore, registry_repo: str, build_key: str, *, client: 
     digest = cache_lookup(registry_repo, build_key, client=client)
     if digest is None:
         return None
-    ref = ImageName(name.host, name.repository, None, digest)
-    return pull_image(store, ref, client=client, progress=progress)
+    return pull_image(store, ImageName(name.host, name.repository, None, digest), client=client, progress=progress)
 
 
 def cache_publish(store: OciStore, registry_repo: str, build_key: str, manifest_digest: str, *,

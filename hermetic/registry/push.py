@@ -117,7 +117,12 @@ class _Pusher:
                 self.push_manifest(descriptor({"mediaType": MANIFEST_TYPES[0], **child} if isinstance(child, dict)
                                               else child, f"store index {digest}, entry {i}").digest, None)
         elif media_type in MANIFEST_TYPES:
-            self.push_blobs(self.image_blobs(digest, doc))
+            blobs = image_blobs(doc, f"store manifest {digest}")
+            for b in blobs:
+                if not self.store.has_blob(b.digest):
+                    raise DataError(f"image {digest} is incomplete in the store: blob {b.digest} is missing",
+                                    hint="rebuild it, or pull it again by digest")
+            self.push_blobs(blobs)
         else:
             raise DataError(f"image {digest}: cannot push a manifest of media type {media_type!r}")
         returned = self._put_manifest(tag or digest, body, media_type)
@@ -134,14 +139,6 @@ class _Pusher:
         put = self.client.put_manifest
         return retried(MANIFEST_ATTEMPTS, lambda: put(self.repository, reference, body, media_type),
                        lambda e: e.code in RACE_CODES, lambda attempt: 0.2 * attempt)
-
-    def image_blobs(self, digest: str, doc: dict) -> list[Descriptor]:
-        unique = image_blobs(doc, f"store manifest {digest}")
-        for b in unique:
-            if not self.store.has_blob(b.digest):
-                raise DataError(f"image {digest} is incomplete in the store: blob {b.digest} is missing",
-                                    hint="rebuild it, or pull it again by digest")
-        return unique
 
     def push_blobs(self, blobs: list[Descriptor]) -> None:
         # Biggest first: the pool's wall time is bounded by the largest blob.

@@ -103,7 +103,8 @@ class Authenticator:
         creds = self.credentials
         service = ch.params.get("service")
         scope_list = sorted(scopes)
-        where = _origin(realm)
+        p = urlsplit(realm)
+        where = escape_controls(f"{p.scheme}://{p.netloc}{p.path}", MAX_SHOWN)
         what = f"the token from {where}"
         try:
             if creds is not None and creds.identity_token:
@@ -138,8 +139,3 @@ class Authenticator:
             raise AuthError(f"registry {self.host}: token service {where} returned a token that is not "
                             "printable ASCII")
         return token
-
-
-def _origin(url: str) -> str:
-    p = urlsplit(url)
-    return escape_controls(f"{p.scheme}://{p.netloc}{p.path}", MAX_SHOWN)
