@@ -13,9 +13,7 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 def _escape(m: re.Match[str]) -> str:
     c = m.group()
-    if c in _NAMED:
-        return _NAMED[c]
-    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
 
 
 def escape_controls(text: str, limit: int | None = None) -> str:

@@ -6,6 +6,7 @@ The table is README.md's ("Exit codes"): a test keeps the two in step."""
 
 from __future__ import annotations
 
+import copyreg
 import errno as _errno
 from typing import Any
 
@@ -59,6 +60,12 @@ class HermeticError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+    def __reduce__(self):  # across a process pool: every attribute kept (an OSError's errno and filename too)
+        state = {**vars(self), "args": self.args}
+        if isinstance(self, OSError):
+            state.update(errno=self.errno, filename=self.filename)
+        return copyreg.__newobj__, (type(self),), state
 
 
 class UsageError(HermeticError, exit_code=EXIT_USAGE):
@@ -114,14 +121,6 @@ class DiskFull(CannotCreate, OSError):
         self.errno = errno
         self.filename = filename
         self.needed = needed  # bytes the write needed, when known
-
-    def __reduce__(self):  # across a process pool: OSError's own pickling would drop errno and filename
-        return (_rebuild_disk_full, (self.message, self.hint, self.errno, self.filename, self.details, self.needed))
-
-
-def _rebuild_disk_full(message: str, hint: str | None, errno: int, filename: str | None,
-                       details: list[str], needed: int | None = None) -> DiskFull:
-    return DiskFull(message, hint=hint, errno=errno, filename=filename, details=details, needed=needed)
 
 
 DISK_FULL_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT})

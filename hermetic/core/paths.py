@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -63,16 +63,12 @@ class CachePaths:
     """Where each part of hermetic's cache lies under its root (HERMETIC_CACHE)."""
 
     root: Path  # the rest: its parts, named as their directories
-    wheels: Path = field(init=False, repr=False, compare=False)
-    oci: Path = field(init=False, repr=False, compare=False)
-    layers: Path = field(init=False, repr=False, compare=False)
-    builds: Path = field(init=False, repr=False, compare=False)
-    tmp: Path = field(init=False, repr=False, compare=False)
-    statcache: Path = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        for part in ("wheels", "oci", "layers", "builds", "tmp", "statcache"):
-            object.__setattr__(self, part, self.root / part)
+    wheels = property(lambda self: self.root / "wheels")
+    oci = property(lambda self: self.root / "oci")
+    layers = property(lambda self: self.root / "layers")
+    builds = property(lambda self: self.root / "builds")
+    tmp = property(lambda self: self.root / "tmp")
+    statcache = property(lambda self: self.root / "statcache")
 
     def tmpdir(self) -> Path:
         self.tmp.mkdir(parents=True, exist_ok=True)

@@ -79,15 +79,22 @@ class ImageName:
         return s
 
 
+def parse_image_arg(ref: str, hint: str | None = None, prefix: str = "") -> ImageName:
+    """``ref`` as a user typed it, parsed; else a UsageError saying what is wrong (after ``prefix``)."""
+    from hermetic.core.errors import UsageError
+
+    try:
+        return parse_image_name(ref)
+    except ValueError as e:
+        raise UsageError(f"{prefix}{e}", hint=hint) from None
+
+
 def parse_pinned(ref: str, digest: str, why: str, hint: Callable[[ImageName], str]) -> ImageName:
     """``ref`` parsed and pinned by digest, else a UsageError: ``digest`` names the digest in the form's hint,
     ``why`` ends the message of one not pinned, ``hint(name)`` is its hint."""
     from hermetic.core.errors import UsageError
 
-    try:
-        name = parse_image_name(ref)
-    except ValueError as e:
-        raise UsageError(str(e), hint=f"write HOST[:PORT]/REPO@sha256:<{digest}>") from None
+    name = parse_image_arg(ref, f"write HOST[:PORT]/REPO@sha256:<{digest}>")
     if name.digest is None:
         raise UsageError(f"{ref} is not pinned by digest{why}", hint=hint(name))
     return name
@@ -100,8 +107,7 @@ def parse_image_name(ref: str) -> ImageName:
     rest, digest = ref, None
     if "@" in ref:
         rest, _, digest = ref.partition("@")
-        if not is_digest(digest):
-            raise ValueError(f"{ref}: digest must be {DIGEST_GRAMMAR}")
+        _check_digest(ref, digest)
     host = None
     first, slash, remainder = rest.partition("/")
     if slash and ("." in first or ":" in first or first == "localhost"):

@@ -13,10 +13,6 @@ from hermetic.core.errors import EXIT_SOFTWARE, HermeticError
 _PACKAGE_DIR = Path(hermetic.__file__).resolve().parent
 
 
-def template_dirs() -> list[Path]:
-    return [_PACKAGE_DIR.parent / "templates", _PACKAGE_DIR / "templates"]
-
-
 def images_dir() -> Path:
     """Base image recipes and the catalog (repo's images/, or the wheel's copy)."""
     for d in (_PACKAGE_DIR.parent / "images", _PACKAGE_DIR / "images"):
@@ -27,11 +23,12 @@ def images_dir() -> Path:
 
 def template_path(name: str) -> Path:
     """The path of template ``name`` (e.g. ``run-README.md``); HermeticError if absent."""
-    for d in template_dirs():
+    dirs = [_PACKAGE_DIR.parent / "templates", _PACKAGE_DIR / "templates"]
+    for d in dirs:
         p = d / name
         if p.is_file():
             return p
-    looked = ", ".join(str(d) for d in template_dirs())
+    looked = ", ".join(str(d) for d in dirs)
     raise HermeticError(f"template {name!r} not found (looked in {looked}); the installation is incomplete",
                         exit_code=EXIT_SOFTWARE)
 

@@ -21,22 +21,18 @@ T975 = (
 )
 
 
-def _t975_expansion(df: float) -> float:
+def t975(df: float) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (df >= 1)."""
+    if not df >= 1:
+        raise ValueError(f"degrees of freedom must be >= 1 (got {df})")
+    if df <= 30:
+        return T975[math.floor(df)]  # rounded down: conservative
     z = Z975
     g1 = (z**3 + z) / 4
     g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
     g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
     g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
     return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
-
-
-def t975(df: float) -> float:
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (df >= 1)."""
-    if not df >= 1:
-        raise ValueError(f"degrees of freedom must be >= 1 (got {df})")
-    if df > 30:
-        return _t975_expansion(df)
-    return T975[math.floor(df)]  # rounded down: conservative
 
 
 def summarize(values: Sequence[float]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import requests
 from requests.adapters import HTTPAdapter
-from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connection import HTTPConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.poolmanager import ProxyManager
 
@@ -161,14 +161,6 @@ class _Watched:
         super().request(*args, **kwargs)  # type: ignore[misc]
 
 
-class _WatchedHTTPConnection(_Watched, HTTPConnection):
-    pass
-
-
-class _WatchedHTTPSConnection(_Watched, HTTPSConnection):
-    pass
-
-
 def _attach(conn: HTTPConnection) -> None:
     watch = getattr(_current, "watch", None)
     if watch is not None:
@@ -180,15 +172,13 @@ def watch_requests(watch: Watch | None) -> None:
     _current.watch = watch
 
 
-class _WatchedPool(HTTPConnectionPool):
-    ConnectionCls = _WatchedHTTPConnection
+def _watched(pool: type[HTTPConnectionPool]) -> type[HTTPConnectionPool]:
+    """``pool`` whose connections are ``_Watched``."""
+    connection = type(f"_Watched{pool.ConnectionCls.__name__}", (_Watched, pool.ConnectionCls), {})
+    return type(f"_Watched{pool.__name__}", (pool,), {"ConnectionCls": connection})
 
 
-class _WatchedHTTPSPool(HTTPSConnectionPool):
-    ConnectionCls = _WatchedHTTPSConnection
-
-
-_WATCHED_POOLS = {"http": _WatchedPool, "https": _WatchedHTTPSPool}
+_WATCHED_POOLS = {"http": _watched(HTTPConnectionPool), "https": _watched(HTTPSConnectionPool)}
 
 
 class _WatchedAdapter(HTTPAdapter):

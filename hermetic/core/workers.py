@@ -8,6 +8,7 @@ open files gets fewer workers (``affordable``, ``no_more_workers``, ``limit_reac
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -22,16 +23,6 @@ from hermetic.core.errors import EXIT_OSERR, HermeticError, WorkerDied
 _NO_MORE = frozenset({errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _prctl_pdeathsig(sig: int) -> bool:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
-    except (OSError, AttributeError):  # not Linux, or no prctl
-        return False
 
 
 def proc_stat_fields(pid: int) -> list[str] | None:
@@ -62,7 +53,10 @@ def pid_alive(pid: int) -> bool:
 def die_with_parent(owner_pid: int) -> None:
     """Call first thing in a worker: SIGKILL when the parent dies; exit now if ``owner_pid``
     (the command that wanted this worker) is already gone."""
-    _prctl_pdeathsig(signal.SIGKILL)
+    with contextlib.suppress(OSError, AttributeError):  # not Linux, or no prctl
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != owner_pid and not pid_alive(owner_pid):
         os._exit(1)
 
@@ -82,22 +76,17 @@ def limit_reached(e: BaseException, doing: str) -> HermeticError | None:
 
     if not no_more_workers(e):
         return None
-    if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        return HermeticError(f"{doing}: too many open files (this process's `ulimit -n` is {_limit(soft)}, or the "
+    files = isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE)
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE if files else resource.RLIMIT_NPROC)[0]
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    if files:
+        return HermeticError(f"{doing}: too many open files (this process's `ulimit -n` is {limit}, or the "
                              "machine's limit)", hint="raise `ulimit -n` (e.g. `ulimit -n 4096`) and run the command "
                              "again", exit_code=EXIT_OSERR)
-    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
     return HermeticError(f"{doing}: no process or thread could be started (this account's `ulimit -u` is "
-                         f"{_limit(soft)}, counting every process and thread it runs; or the machine is out of "
+                         f"{limit}, counting every process and thread it runs; or the machine is out of "
                          "memory)", hint="end some of this account's processes, or raise `ulimit -u`, and run the "
                          "command again", exit_code=EXIT_OSERR)
-
-
-def _limit(n: int) -> str:
-    import resource
-
-    return "unlimited" if n == resource.RLIM_INFINITY else str(n)
 
 
 def available_cpus() -> int:

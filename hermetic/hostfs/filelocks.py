@@ -39,14 +39,6 @@ def close_held(fd: int) -> None:
     os.close(fd)
 
 
-def _before_fork() -> None:
-    _held_mu.acquire()
-
-
-def _after_fork_in_parent() -> None:
-    _held_mu.release()
-
-
 def _after_fork_in_child() -> None:
     """A forked child lets go of the parent's locks: its copies of their descriptors now
     point at /dev/null (dup2, not close: objects it inherited may still close those numbers)."""
@@ -61,9 +53,8 @@ def _after_fork_in_child() -> None:
         _held.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
+os.register_at_fork(before=lambda: _held_mu.acquire(), after_in_parent=lambda: _held_mu.release(),
+                    after_in_child=_after_fork_in_child)
 
 
 def flock(fd: int, operation: int, path: str | os.PathLike[str]) -> None:

@@ -61,13 +61,6 @@ class NotWritable(CannotCreate, OSError):
         self.errno = errno
         self.filename = filename
 
-    def __reduce__(self):  # across a process pool (layer workers): OSError's own pickling would drop the rest
-        return (_rebuild_not_writable, (self.message, self.hint, self.errno, self.filename))
-
-
-def _rebuild_not_writable(message: str, hint: str | None, errno: int, filename: str | None) -> NotWritable:
-    return NotWritable(message, hint=hint, errno=errno, filename=filename)
-
 
 def not_writable(e: OSError, directory: str | os.PathLike[str]) -> NotWritable:
     """The one-line error for a refused write (errno EROFS, EACCES or EPERM) in ``directory``."""

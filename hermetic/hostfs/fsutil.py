@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -29,17 +28,11 @@ os.umask(_UMASK)
 READ_SIZE = 1 << 20
 
 
-def sha256_file(path: str | os.PathLike[str], *, chunk: int = READ_SIZE) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    from hermetic.hostfs.safetree import hash_fd  # (imported where a run's end needs it, not at its start)
+
     with open(path, "rb", buffering=0) as f:
-        buf = bytearray(chunk)
-        view = memoryview(buf)
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-    return h.hexdigest()
+        return hash_fd(f.fileno())[0]
 
 
 # ---------------------------------------------------------------- stat keys
@@ -263,10 +256,7 @@ _NO_MODES = frozenset({errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP})
 def set_mode(file: int | str | os.PathLike[str], mode: int) -> None:
     """``os.chmod`` (or ``os.fchmod`` for a descriptor), left out where the filesystem keeps no modes."""
     try:
-        if isinstance(file, int):
-            os.fchmod(file, mode)
-        else:
-            os.chmod(file, mode)
+        (os.fchmod if isinstance(file, int) else os.chmod)(file, mode)  # type: ignore[operator]
     except OSError as e:
         if e.errno not in _NO_MODES:
             raise
@@ -320,10 +310,8 @@ def write_if_changed(path: str | os.PathLike[str], data: bytes) -> bool:
 
     For committed files hermetic regenerates (hermetic.image.json, hermetic.provenance.json):
     an unchanged build leaves their mtime alone, so make and git see nothing to do."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         if Path(path).read_bytes() == data:
             return False
-    except FileNotFoundError:
-        pass
     atomic_write_bytes(path, data)
     return True

@@ -7,6 +7,7 @@ target: the function runs in this process."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from typing import Any, Callable, Sequence
@@ -39,28 +40,16 @@ def call_as(uid: int, gid: int, fn: Callable[..., Any], *args: Any, open_dirs: S
     ``open_dirs`` are opened (``O_DIRECTORY | O_NOFOLLOW``) before the user changes, and ``dirfds`` maps each to its
     descriptor: the function works beneath them, so it needs no right to search their parents (a project in a 0700
     home, a cache under /root)."""
-    fds = _open_dirs(open_dirs)  # here, as root: the child inherits them
-    try:
+    with contextlib.ExitStack() as opened:
+        fds: dict[str, int] = {}
+        for p in open_dirs:  # here, as root: the child inherits them
+            fds[p] = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            opened.callback(os.close, fds[p])
         if not will_drop(uid):
             return fn(fds, *args)
         with workers.start(f"the process collecting as uid {uid}", _as_user, os.getpid(), uid, gid, read_any,
                            fn, fds, args) as child:
             return child.result()
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-
-
-def _open_dirs(paths: Sequence[str]) -> dict[str, int]:
-    fds: dict[str, int] = {}
-    try:
-        for p in paths:
-            fds[p] = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except BaseException:
-        for fd in fds.values():
-            os.close(fd)
-        raise
-    return fds
 
 
 def _as_user(owner: int, uid: int, gid: int, read_any: bool, fn: Callable[..., Any], fds: dict[str, int],

@@ -81,38 +81,43 @@ def open_dir(dirfd: int, rel: str, *, create: bool = False) -> int:
     """The directory ``rel`` beneath ``dirfd`` (made, one component at a time, when ``create``).
 
     UnsafePath when a component is a link or not a directory."""
-    if not rel:
-        return os.dup(dirfd)
-    cur = dirfd
+    cur = os.dup(dirfd)
     try:
-        for p in _parts(rel):
+        for p in _parts(rel) if rel else []:
             try:
                 nxt = os.open(p, DIR_FLAGS, dir_fd=cur)
             except FileNotFoundError:
                 if not create:
                     raise
-                try:
+                with contextlib.suppress(FileExistsError):
                     os.mkdir(p, 0o755, dir_fd=cur)
-                except FileExistsError:
-                    pass
                 nxt = os.open(p, DIR_FLAGS, dir_fd=cur)
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise UnsafePath(f"{display(rel)}: {display(p)} is a link or not a directory") from None
                 raise
-            if cur != dirfd:
-                os.close(cur)
-            cur = nxt
-        return cur if cur != dirfd else os.dup(dirfd)
-    except BaseException:
-        if cur != dirfd:
             os.close(cur)
+            cur = nxt
+        return cur
+    except BaseException:
+        os.close(cur)
         raise
 
 
 def split(rel: str) -> tuple[str, str]:
     head, _, tail = rel.rpartition("/")
     return head, tail
+
+
+@contextlib.contextmanager
+def _parent(dirfd: int, rel: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
+    """The directory of ``rel`` beneath ``dirfd`` (opened; made first when ``create``), and ``rel``'s last name."""
+    head, tail = split(rel)
+    d = open_dir(dirfd, head, create=create)
+    try:
+        yield d, tail
+    finally:
+        os.close(d)
 
 
 # ---------------------------------------------------------------- entries
@@ -129,17 +134,11 @@ class Entry:
 def lstat_beneath(dirfd: int, rel: str) -> os.stat_result | None:
     """lstat of ``rel`` beneath ``dirfd``; None when it (or a directory on the way) does not exist.
     UnsafePath when a directory on the way is a link."""
-    head, tail = split(rel)
     try:
-        d = open_dir(dirfd, head)
+        with _parent(dirfd, rel) as (d, tail):
+            return os.stat(tail, dir_fd=d, follow_symlinks=False)
     except FileNotFoundError:
         return None
-    try:
-        return os.stat(tail, dir_fd=d, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    finally:
-        os.close(d)
 
 
 def walk(rootfd: int, *, prune: Callable[[str], bool] | None = None,
@@ -148,8 +147,7 @@ def walk(rootfd: int, *, prune: Callable[[str], bool] | None = None,
 
     ``prune(rel)`` True skips a directory's contents (the directory itself is still yielded). Directories nested
     deeper than MAX_DEPTH are yielded but not entered (``on_too_deep`` is told)."""
-    for _dirfd, _name, entry in walk_at(rootfd, prune=prune, on_too_deep=on_too_deep):
-        yield entry
+    yield from (entry for _dirfd, _name, entry in walk_at(rootfd, prune=prune, on_too_deep=on_too_deep))
 
 
 def walk_at(rootfd: int, *, prune: Callable[[str], bool] | None = None,
@@ -219,12 +217,8 @@ def _open_subdir(fd: int, name: str) -> int:
 def open_regular(dirfd: int, rel: str) -> int:
     """A descriptor for reading the regular file ``rel``; UnsafePath when it is anything else (a link, a
     FIFO, a device: none is ever opened for reading)."""
-    head, tail = split(rel)
-    d = open_dir(dirfd, head)
-    try:
+    with _parent(dirfd, rel) as (d, tail):
         return open_regular_at(d, tail, rel=rel)
-    finally:
-        os.close(d)
 
 
 def open_regular_at(dirfd: int, name: str, st: os.stat_result | None = None, *, rel: str | None = None) -> int:
@@ -279,21 +273,14 @@ def hash_fd(fd: int) -> tuple[str, int]:
 
 def read_limited(dirfd: int, rel: str, limit: int) -> bytes:
     """The bytes of the regular file ``rel``; UnsafePath when it is not one or is larger than ``limit``."""
-    fd = open_regular(dirfd, rel)
-    try:
-        size = os.fstat(fd).st_size
+    with os.fdopen(open_regular(dirfd, rel), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         if size > limit:
             raise UnsafePath(f"{display(rel)}: {size} bytes, more than the {limit} allowed")
-        chunks = []
-        total = 0
-        while chunk := os.read(fd, READ_SIZE):
-            total += len(chunk)
-            if total > limit:
-                raise UnsafePath(f"{display(rel)}: more than the {limit} bytes allowed")
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        data = f.read(limit + 1)  # it may have grown since
+    if len(data) > limit:
+        raise UnsafePath(f"{display(rel)}: more than the {limit} bytes allowed")
+    return data
 
 
 # ---------------------------------------------------------------- writing
@@ -305,7 +292,7 @@ def move(src_dirfd: int, src_rel: str, dst_dirfd: int, dst_rel: str) -> None:
 
     rename(2) when both sides are on one file system; otherwise a copy
     (regular files, links, FIFOs) and the source removed."""
-    with _opened_sides(src_dirfd, src_rel, dst_dirfd, dst_rel) as (sd, s_tail, dd, d_tail):
+    with _parent(src_dirfd, src_rel) as (sd, s_tail), _parent(dst_dirfd, dst_rel, create=True) as (dd, d_tail):
         try:
             os.stat(d_tail, dir_fd=dd, follow_symlinks=False)
             raise FileExistsError(errno.EEXIST, "exists", dst_rel)
@@ -332,27 +319,18 @@ def _copy_entry(sd: int, s_name: str, dd: int, d_name: str, *, expect_sha256: st
         return None
     if kind != "file":
         raise UnsafePath(f"{display(s_name)}: a {kind}; only files, links and FIFOs are copied")
-    fin = open_regular(sd, s_name)
-    try:
-        fout = os.open(d_name, CREATE_FLAGS, (st.st_mode & 0o777) | 0o600, dir_fd=dd)
+    h = hashlib.sha256()
+    with os.fdopen(open_regular(sd, s_name), "rb", buffering=0) as fin:
+        fout = os.fdopen(os.open(d_name, CREATE_FLAGS, (st.st_mode & 0o777) | 0o600, dir_fd=dd), "wb")
         try:
-            h = hashlib.sha256()
-            while chunk := os.read(fin, READ_SIZE):
-                h.update(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fout, view):]
-            digest = h.hexdigest()
+            with fout:
+                while chunk := fin.read(READ_SIZE):
+                    h.update(chunk)
+                    fout.write(chunk)
         except BaseException:
-            os.close(fout)
-            fout = -1
-            os.unlink(d_name, dir_fd=dd)
+            os.unlink(d_name, dir_fd=dd)  # ours, half written
             raise
-        finally:
-            if fout >= 0:
-                os.close(fout)
-    finally:
-        os.close(fin)
+    digest = h.hexdigest()
     if expect_sha256 is not None and digest != expect_sha256:
         os.unlink(d_name, dir_fd=dd)
         raise UnsafePath(f"{display(s_name)}: changed while it was copied")
@@ -362,43 +340,18 @@ def _copy_entry(sd: int, s_name: str, dd: int, d_name: str, *, expect_sha256: st
 def copy(src_dirfd: int, src_rel: str, dst_dirfd: int, dst_rel: str, *, expect_sha256: str | None = None) -> None:
     """Copy a file, link or FIFO beneath one root to a new name beneath another (no link followed, nothing
     overwritten); a regular file's bytes are hashed as they are copied and must match ``expect_sha256``."""
-    with _opened_sides(src_dirfd, src_rel, dst_dirfd, dst_rel) as (sd, s_tail, dd, d_tail):
+    with _parent(src_dirfd, src_rel) as (sd, s_tail), _parent(dst_dirfd, dst_rel, create=True) as (dd, d_tail):
         _copy_entry(sd, s_tail, dd, d_tail, expect_sha256=expect_sha256)
 
 
-@contextlib.contextmanager
-def _opened_sides(src_dirfd: int, src_rel: str, dst_dirfd: int, dst_rel: str) -> Iterator[tuple[int, str, int, str]]:
-    """The source's directory (opened) and name, then the destination's, its directories made; no link
-    followed on either side."""
-    s_head, s_tail = split(src_rel)
-    d_head, d_tail = split(dst_rel)
-    sd = open_dir(src_dirfd, s_head)
-    try:
-        dd = open_dir(dst_dirfd, d_head, create=True)
-        try:
-            yield sd, s_tail, dd, d_tail
-        finally:
-            os.close(dd)
-    finally:
-        os.close(sd)
-
-
-def _make(dst_dirfd: int, dst_rel: str, make: Callable[[str, int], None]) -> None:
-    """``make(name, dirfd)`` in the directory of ``dst_rel``, its directories made first."""
-    head, tail = split(dst_rel)
-    dd = open_dir(dst_dirfd, head, create=True)
-    try:
-        make(tail, dd)
-    finally:
-        os.close(dd)
-
-
 def symlink(target: str, dst_dirfd: int, dst_rel: str) -> None:
-    _make(dst_dirfd, dst_rel, lambda name, dd: os.symlink(target, name, dir_fd=dd))
+    with _parent(dst_dirfd, dst_rel, create=True) as (dd, name):
+        os.symlink(target, name, dir_fd=dd)
 
 
 def mkfifo(dst_dirfd: int, dst_rel: str) -> None:
-    _make(dst_dirfd, dst_rel, lambda name, dd: os.mkfifo(name, 0o644, dir_fd=dd))
+    with _parent(dst_dirfd, dst_rel, create=True) as (dd, name):
+        os.mkfifo(name, 0o644, dir_fd=dd)
 
 
 def lchown_tree(rootfd: int, uid: int, gid: int, *, skip: Callable[[str], bool] | None = None) -> None:

@@ -39,6 +39,11 @@ class Credentials:
     identity_token: str | None = None
     source: str = ""  # where they came from, for messages ("env", "docker config", "helper ecr-login")
 
+    @property
+    def who(self) -> str:
+        """Whose they are, for a message: the user (or an identity token) and where they came from."""
+        return f"{f'user {self.username!r}' if self.username else 'identity token'} ({self.source})"
+
     def __repr__(self) -> str:  # keep secrets out of logs and tracebacks
         return f"Credentials(username={self.username!r}, source={self.source!r}, secret=<hidden>)"
 
@@ -57,11 +62,7 @@ class Credentials:
 
 def normalize_config_key(key: str) -> str:
     """``https://host:port/v1/`` -> ``host:port`` (how docker matches auths keys)."""
-    k = key.strip()
-    for scheme in ("https://", "http://"):
-        if k.startswith(scheme):
-            k = k[len(scheme):]
-    return k.split("/", 1)[0]
+    return re.sub(r"^https?://", "", key.strip()).split("/", 1)[0]
 
 
 def config_key_for_host(host: str) -> str:

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 from hermetic.core.canonical import is_sha256_hex
 from hermetic.core.errors import HermeticError, UsageError
-from hermetic.core.reference import ImageName, parse_image_name
+from hermetic.core.reference import ImageName, parse_image_arg
 from hermetic.registry.client import RegistryClient
 from hermetic.registry.locations import record_image_location
 from hermetic.registry.progress import TransferProgress
 from hermetic.registry.pull import PullResult, pull_image
 from hermetic.registry.push import push_image
-from hermetic.registry.transport import TransferStats
+from hermetic.registry.transport import TransferStats, result_json
 from hermetic.store.oci import OciStore
 
 CACHE_TAG_PREFIX = "hk-"
@@ -30,10 +30,7 @@ def cache_tag(build_key: str) -> str:
 
 def parse_cache_repo(registry_repo: str) -> ImageName:
     """``host[:port]/repo``: where cache entries live (no tag, no digest)."""
-    try:
-        name = parse_image_name(registry_repo)
-    except ValueError as e:
-        raise UsageError(f"--cache {registry_repo}: {e}") from None
+    name = parse_image_arg(registry_repo, prefix=f"--cache {registry_repo}: ")
     if name.host is None or name.tag or name.digest:
         raise UsageError(f"--cache {registry_repo}: must be HOST[:PORT]/REPO without tag or digest, "
                             "e.g. ghcr.io/acme/hermetic-cache")
@@ -49,8 +46,7 @@ class CachePublish:
     stats: TransferStats
 
     def to_json(self) -> dict:
-        return {"repo_digest": self.repo_digest, "tag": self.tag, "pushed": self.pushed,
-                "replaced": self.replaced, **self.stats.to_json()}
+        return result_json(self)
 
 
 def cache_lookup(registry_repo: str, build_key: str, *, client: RegistryClient | None = None) -> str | None:
@@ -68,8 +64,7 @@ def cache_fetch(store: OciStore, registry_repo: str, build_key: str, *, client: 
     digest = cache_lookup(registry_repo, build_key, client=client)
     if digest is None:
         return None
-    ref = ImageName(name.host, name.repository, None, digest)
-    return pull_image(store, ref, client=client, progress=progress)
+    return pull_image(store, ImageName(name.host, name.repository, None, digest), client=client, progress=progress)
 
 
 def cache_publish(store: OciStore, registry_repo: str, build_key: str, manifest_digest: str, *,

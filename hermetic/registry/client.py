@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterator
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
@@ -35,15 +35,9 @@ ProgressFn = Callable[[int], None]
 
 
 def is_loopback_host(host: str) -> bool:
-    name = host
-    if name.startswith("["):
-        name = name[1:].split("]", 1)[0]
-    elif name.count(":") == 1:
-        name = name.split(":", 1)[0]
-    if name == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(name).is_loopback
+        name = urlsplit(f"//{host}").hostname or host  # no port, no brackets around an IPv6 address
+        return name == "localhost" or ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 from hermetic.core.display import escape_controls
 from hermetic.core.errors import DataError, HermeticError, IntegrityError, NotFound, ProtocolError, UsageError
-from hermetic.core.reference import ImageName, parse_image_name, parse_pinned
+from hermetic.core.reference import ImageName, parse_image_arg, parse_pinned
 from hermetic.registry.client import RegistryClient
 from hermetic.registry.deadlines import Timeouts
 from hermetic.registry.documents import descriptor, image_blobs, parse_document
 from hermetic.registry.locations import record_blob_locations, record_image_location
 from hermetic.registry.progress import NoProgress, TransferProgress
-from hermetic.registry.transport import RegistryError, TransferStats
+from hermetic.registry.transport import TransferStats, result_json, retried
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, BlobWriter, Descriptor, OciStore
 
 DEFAULT_PLATFORM = ("linux", "amd64")
@@ -39,12 +39,7 @@ class PullResult:
     notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
-        return {
-            "manifest_digest": self.manifest_digest, "requested_digest": self.requested_digest,
-            "media_type": self.media_type, "ref": self.ref_name, "repo_digest": self.repo_digest,
-            "already_present": self.already_present, "attestations": list(self.attestations),
-            "notes": list(self.notes), **self.stats.to_json(),
-        }
+        return result_json(self, {"ref_name": "ref"})
 
 
 def parse_pull_ref(ref: str) -> ImageName:
@@ -163,10 +158,7 @@ def resolve_tag(ref: str, *, client: RegistryClient | None = None) -> str:
 
     HEAD with Accept for OCI and Docker types; the registry's Docker-Content-Digest, else the sha256 of the GET
     body. For a multi-arch image this is the index digest, which is what a pin should name."""
-    try:
-        name = parse_image_name(ref)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    name = parse_image_arg(ref)
     if name.digest is not None:
         return name.digest
     if name.host is None:
@@ -266,35 +258,31 @@ def _commit(writers: list[BlobWriter]) -> None:
 
 def _download(store: OciStore, client: RegistryClient, repository: str, blob: Descriptor, advance) -> BlobWriter:
     """One blob into an uncommitted BlobWriter, verified; a broken connection is retried from the start."""
-    for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
-        w = store.writer(blob.digest, blob.size)
-        h = hashlib.sha256()
-        size = 0
-        try:
-            for chunk in client.iter_blob(repository, blob.digest):
-                size += len(chunk)
-                if size > blob.size:
-                    raise IntegrityError(
-                        f"registry {client.host} served more than the {blob.size} bytes of {blob.digest}")
-                h.update(chunk)
-                w.write(chunk)
-                advance(len(chunk))
-        except RegistryError:
-            w.abort()
-            advance(-size)
-            if attempt == DOWNLOAD_ATTEMPTS:
-                raise
-            continue
-        except BaseException:
-            w.abort()
-            raise
+    return retried(DOWNLOAD_ATTEMPTS, lambda: _download_once(store, client, repository, blob, advance))
+
+
+def _download_once(store: OciStore, client: RegistryClient, repository: str, blob: Descriptor,
+                   advance) -> BlobWriter:
+    w = store.writer(blob.digest, blob.size)
+    h = hashlib.sha256()
+    size = 0
+    try:
+        for chunk in client.iter_blob(repository, blob.digest):
+            size += len(chunk)
+            if size > blob.size:
+                raise IntegrityError(f"registry {client.host} served more than the {blob.size} bytes of {blob.digest}")
+            h.update(chunk)
+            w.write(chunk)
+            advance(len(chunk))
         actual = "sha256:" + h.hexdigest()
         if actual != blob.digest or size != blob.size:
-            w.abort()
             raise IntegrityError(
                 f"registry {client.host} served {repository} blob {blob.digest} with content hashing to {actual} "
                 f"({size} bytes); nothing was stored"
             )
-        client.stats.add(blobs_downloaded=1)
-        return w
-    raise AssertionError("unreachable")
+    except BaseException:
+        w.abort()
+        advance(-size)
+        raise
+    client.stats.add(blobs_downloaded=1)
+    return w

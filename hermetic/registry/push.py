@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
 from hermetic.core.errors import DataError, IntegrityError, NotFound, UsageError
-from hermetic.core.reference import ImageName, parse_image_name
+from hermetic.core.reference import ImageName, parse_image_arg
 from hermetic.registry.client import RegistryClient
 from hermetic.registry.deadlines import Timeouts
 from hermetic.registry.documents import descriptor, image_blobs
 from hermetic.registry.locations import blob_locations, record_blob_locations, record_image_location
 from hermetic.registry.progress import NoProgress, TransferProgress
-from hermetic.registry.transport import RegistryError, TransferStats
+from hermetic.registry.transport import TransferStats, result_json, retried
 from hermetic.store.oci import INDEX_TYPES, MANIFEST_TYPES, Descriptor, OciStore
 
 # Blobs above this go up in PATCH chunks: a broken connection then costs one
@@ -48,20 +47,12 @@ class PushResult:
         return f"{self.registry}/{self.repository}@{self.manifest_digest}"
 
     def to_json(self) -> dict:
-        return {
-            "repo_digest": self.repo_digest, "manifest_digest": self.manifest_digest,
-            "media_type": self.media_type, "registry": self.registry, "repository": self.repository,
-            "tag": self.tag, "attached": list(self.attached), **self.stats.to_json(),
-        }
+        return {"repo_digest": self.repo_digest, **result_json(self)}
 
 
 def parse_push_ref(ref: str) -> ImageName:
     """``host[:port]/repo[:tag]``; a digest is allowed only as a check of what is pushed."""
-    try:
-        name = parse_image_name(ref)
-    except ValueError as e:
-        raise UsageError(f"{e}", hint="write HOST[:PORT]/REPO[:TAG], e.g. ghcr.io/acme/train:v1") from None
-    return name
+    return parse_image_arg(ref, "write HOST[:PORT]/REPO[:TAG], e.g. ghcr.io/acme/train:v1")
 
 
 def push_image(
@@ -126,7 +117,12 @@ class _Pusher:
                 self.push_manifest(descriptor({"mediaType": MANIFEST_TYPES[0], **child} if isinstance(child, dict)
                                               else child, f"store index {digest}, entry {i}").digest, None)
         elif media_type in MANIFEST_TYPES:
-            self.push_blobs(self.image_blobs(digest, doc))
+            blobs = image_blobs(doc, f"store manifest {digest}")
+            for b in blobs:
+                if not self.store.has_blob(b.digest):
+                    raise DataError(f"image {digest} is incomplete in the store: blob {b.digest} is missing",
+                                    hint="rebuild it, or pull it again by digest")
+            self.push_blobs(blobs)
         else:
             raise DataError(f"image {digest}: cannot push a manifest of media type {media_type!r}")
         returned = self._put_manifest(tag or digest, body, media_type)
@@ -140,22 +136,9 @@ class _Pusher:
         # Distribution 2.8 answers DIGEST_INVALID or MANIFEST_BLOB_UNKNOWN to a manifest PUT that races
         # another client writing the same blobs or manifest (two CI runners publishing one build):
         # our bytes are the ones whose digest we computed, so the same PUT is sent again, a few times.
-        for attempt in range(MANIFEST_ATTEMPTS):
-            try:
-                return self.client.put_manifest(self.repository, reference, body, media_type)
-            except RegistryError as e:
-                if e.code not in RACE_CODES or attempt == MANIFEST_ATTEMPTS - 1:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
-        raise AssertionError("unreachable")
-
-    def image_blobs(self, digest: str, doc: dict) -> list[Descriptor]:
-        unique = image_blobs(doc, f"store manifest {digest}")
-        for b in unique:
-            if not self.store.has_blob(b.digest):
-                raise DataError(f"image {digest} is incomplete in the store: blob {b.digest} is missing",
-                                    hint="rebuild it, or pull it again by digest")
-        return unique
+        put = self.client.put_manifest
+        return retried(MANIFEST_ATTEMPTS, lambda: put(self.repository, reference, body, media_type),
+                       lambda e: e.code in RACE_CODES, lambda attempt: 0.2 * attempt)
 
     def push_blobs(self, blobs: list[Descriptor]) -> None:
         # Biggest first: the pool's wall time is bounded by the largest blob.
@@ -183,15 +166,8 @@ class _Pusher:
                 client.stats.add(blobs_mounted=1)
                 advance(blob.size)
                 return "mounted"
-        for attempt in (1, 2):
-            location = location or client.start_upload(repo)
-            try:
-                self.upload(location, blob, advance)
-                break
-            except RegistryError:
-                if attempt == 2:
-                    raise
-                location = None  # a fresh session for the retry
+        refused = [location] if location else []  # a refused mount's session serves the first try, then a fresh one
+        retried(2, lambda: self.upload(refused.pop() if refused else client.start_upload(repo), blob, advance))
         client.stats.add(blobs_uploaded=1)
         return "uploaded"
 

@@ -167,24 +167,18 @@ def fetch_attestations(client: RegistryClient, repository: str, subject_digest: 
 
     A registry that cannot list referrers (an error other than 404) costs a note, not the pull; bytes that do not
     match their digest, or documents that are not about this image, fail it."""
-    from hermetic.provenance import ATTESTATION_TYPES
+    from hermetic.provenance import ATTESTATION_TYPES, MT_CYCLONEDX, MT_DSSE, MT_STATEMENT
+    from hermetic.provenance.dsse import PAYLOAD_TYPE
+    from hermetic.provenance.statement import BUILD_TYPE, PREDICATE_TYPE, read_statement
 
+    where = f"registry {client.host}: {repository}@{subject_digest}"
     try:
         artifacts = fetch_remote(client, repository, subject_digest, ATTESTATION_TYPES)
     except RegistryError as e:
         return [], [f"attestations not fetched: {e.message}"]
-    check_attestations(artifacts, subject_digest, f"registry {client.host}: {repository}@{subject_digest}")
-    return artifacts, []
-
-
-def check_attestations(artifacts: list[Artifact], subject_digest: str, where: str) -> None:
-    """What the attestations say, checked before they are kept: every in-toto statement (bare or in a DSSE envelope)
-    is about ``subject_digest``; hermetic's provenance reads as one (read_statement); an attached SBOM is the one
-    that provenance names. (A signature's key is checked by `hermetic verify --key`: a pull has no key.)"""
-    from hermetic.provenance import MT_CYCLONEDX, MT_DSSE, MT_STATEMENT
-    from hermetic.provenance.dsse import PAYLOAD_TYPE
-    from hermetic.provenance.statement import BUILD_TYPE, PREDICATE_TYPE, read_statement
-
+    # What they say, checked before they are kept: every in-toto statement (bare or in a DSSE envelope) is about
+    # the image; hermetic's provenance reads as one (read_statement); an attached SBOM is the one that provenance
+    # names. (A signature's key is checked by `hermetic verify --key`: a pull has no key.)
     named_sbom = None
     for a in artifacts:
         what = f"{where}: the {escape_controls(a.artifact_type, 120)} {a.digest}"
@@ -217,6 +211,7 @@ def check_attestations(artifacts: list[Artifact], subject_digest: str, where: st
             if a.artifact_type == MT_CYCLONEDX and sha256_digest(a.blob) != named_sbom:
                 raise IntegrityError(f"{where}: the attached SBOM ({sha256_digest(a.blob)}) is not the one its "
                                      f"provenance names ({named_sbom}); nothing was stored")
+    return artifacts, []
 
 
 def _statement_about(data: bytes, subject_digest: str, what: str) -> dict[str, Any]:

@@ -93,8 +93,7 @@ class Authenticator:
         creds = self.credentials
         if creds is None:
             return self.no_credentials()
-        who = f"user {creds.username!r}" if creds.username else "identity token"
-        return AuthError(f"registry {self.host}: {who} ({creds.source}) was refused for {repository}: "
+        return AuthError(f"registry {self.host}: {creds.who} was refused for {repository}: "
                          f"401 {code or 'UNAUTHORIZED'}")
 
     def _fetch_token(self, ch: Challenge, scopes: frozenset[str]) -> str:
@@ -104,7 +103,8 @@ class Authenticator:
         creds = self.credentials
         service = ch.params.get("service")
         scope_list = sorted(scopes)
-        where = _origin(realm)
+        p = urlsplit(realm)
+        where = escape_controls(f"{p.scheme}://{p.netloc}{p.path}", MAX_SHOWN)
         what = f"the token from {where}"
         try:
             if creds is not None and creds.identity_token:
@@ -123,9 +123,8 @@ class Authenticator:
             raise AuthError(f"registry {self.host}: token service {where} unreachable "
                             f"({short_reason(e)})") from None
         if resp.status_code in (401, 403):
-            who = f"user {creds.username!r} ({creds.source})" if creds and creds.username else (
-                f"identity token ({creds.source})" if creds else "anonymous access")
-            raise AuthError(f"registry {self.host}: authentication failed for {who} at {where} "
+            raise AuthError(f"registry {self.host}: authentication failed for "
+                            f"{creds.who if creds else 'anonymous access'} at {where} "
                             f"({resp.status_code})")
         if resp.status_code != 200:
             raise AuthError(f"registry {self.host}: token service {where} answered {resp.status_code}")
@@ -140,8 +139,3 @@ class Authenticator:
             raise AuthError(f"registry {self.host}: token service {where} returned a token that is not "
                             "printable ASCII")
         return token
-
-
-def _origin(url: str) -> str:
-    p = urlsplit(url)
-    return escape_controls(f"{p.scheme}://{p.netloc}{p.path}", MAX_SHOWN)

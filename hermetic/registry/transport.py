@@ -9,7 +9,8 @@ import math
 import re
 import threading
 import time
-from typing import Any, Iterator
+from dataclasses import fields
+from typing import Any, Callable, Iterator, TypeVar
 
 import requests
 import urllib3.exceptions
@@ -32,6 +33,7 @@ ATTEMPTS = 3
 STATUS_ATTEMPTS = 4
 RETRY_STATUSES = (429, 502, 503, 504)
 MAX_RETRY_WAIT_S = 10.0  # a Retry-After longer than this is not waited for
+T = TypeVar("T")
 
 
 class RegistryError(ProtocolError):
@@ -63,6 +65,13 @@ class TransferStats:
         return dict(self._counts)
 
 
+def result_json(result: Any, names: dict[str, str] | None = None) -> dict[str, Any]:
+    """A push's or pull's result (a dataclass) as JSON: its fields in order, ``names`` renaming some, tuples as
+    lists; its stats' counts last."""
+    doc = {(names or {}).get(f.name, f.name): getattr(result, f.name) for f in fields(result) if f.name != "stats"}
+    return {**{k: list(v) if isinstance(v, tuple) else v for k, v in doc.items()}, **result.stats.to_json()}
+
+
 class Transport:
     """HTTP with one registry host under the deadlines; safe to share between threads."""
 
@@ -88,19 +97,15 @@ class Transport:
     def _timeout_error(self, what: str, which: str, watch: Watch | None = None) -> RegistryTimeout:
         hint = (f"the registry is stalled or too slow; try again later, or allow more time "
                 f"(--timeout SECONDS, {TOTAL_TIMEOUT_ENV}, {REQUEST_TIMEOUT_ENV}, {MIN_RATE_ENV})")
+        t = self.timeouts
+        why = {"total": f"not done when the {self._total:g} s deadline of the {self.operation} ran out "
+                        f"({TOTAL_TIMEOUT_ENV})",
+               "stall": f"nothing received for {t.request:g} s ({REQUEST_TIMEOUT_ENV})",
+               "request": f"no complete answer within {t.request:g} s ({REQUEST_TIMEOUT_ENV})"}[which]
         if watch is not None and watch.fired == "rate":
-            t = self.timeouts
-            return RegistryTimeout(f"registry {self.host}: {what}: {watch.seen:.0f} bytes/s over the last "
-                                   f"{t.rate_window:g} s, below the minimum of {t.min_rate:g} bytes/s "
-                                   f"({MIN_RATE_ENV}, {RATE_WINDOW_ENV})", hint=hint)
-        if which == "total":
-            return RegistryTimeout(f"registry {self.host}: {what}: not done when the {self._total:g} s deadline "
-                                   f"of the {self.operation} ran out ({TOTAL_TIMEOUT_ENV})", hint=hint)
-        if which == "stall":
-            return RegistryTimeout(f"registry {self.host}: {what}: nothing received for {self.timeouts.request:g} s "
-                                   f"({REQUEST_TIMEOUT_ENV})", hint=hint)
-        return RegistryTimeout(f"registry {self.host}: {what}: no complete answer within "
-                               f"{self.timeouts.request:g} s ({REQUEST_TIMEOUT_ENV})", hint=hint)
+            why = (f"{watch.seen:.0f} bytes/s over the last {t.rate_window:g} s, below the minimum of "
+                   f"{t.min_rate:g} bytes/s ({MIN_RATE_ENV}, {RATE_WINDOW_ENV})")
+        return RegistryTimeout(f"registry {self.host}: {what}: {why}", hint=hint)
 
     def _deadline(self, bulk: bool, started: float) -> tuple[float, str]:
         """(monotonic time the request must end by, which limit that is)."""
@@ -210,6 +215,20 @@ class Transport:
                                 exit_code=EXIT_UNAVAILABLE) from None
         finally:
             close_answer(resp)
+
+
+def retried(attempts: int, fn: Callable[[], T], retry_if: Callable[[RegistryError], bool] = lambda e: True,
+            pause: Callable[[int], float] = lambda attempt: 0.0) -> T:
+    """``fn()``, called again (after ``pause(attempt)`` seconds) when it raises a RegistryError that ``retry_if``
+    accepts, ``attempts`` times in all: a step of a push or pull that a broken connection or a race may fail."""
+    for attempt in range(1, attempts):
+        try:
+            return fn()
+        except RegistryError as e:
+            if not retry_if(e):
+                raise
+        time.sleep(pause(attempt))
+    return fn()
 
 
 def read_answer(resp: requests.Response, host: str, what: str) -> None:
