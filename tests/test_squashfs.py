@@ -244,3 +244,35 @@ def test_the_same_filesystem_as_squashfs_tools_ng_packs_from_the_same_entries(tm
     diff = subprocess.run(["sqfsdiff", "--timestamps", "-a", str(theirs), "-b", str(made.path)],
                           capture_output=True, text=True)
     assert diff.returncode == 0, diff.stdout + diff.stderr
+
+
+def test_root_mounts_with_the_kernel_only_a_file_no_user_can_change(tmp_path):
+    """kernel_mountable: the file and every directory above it root's and writable by root alone (a sticky
+    directory counts as root's), no link; anything else is squashfuse's, as a user's file is."""
+    if os.geteuid() != 0:
+        pytest.skip("the rule is root's; a user's file is always squashfuse's")
+    kernel = os.path.exists("/dev/loop-control") and "squashfs" in Path("/proc/filesystems").read_text().split()
+    store = tmp_path / "store"
+    store.mkdir(mode=0o755)
+    f = store / "img.sqfs"
+    f.write_bytes(b"x")
+    f.chmod(0o644)
+    assert sqfs.kernel_mountable(f) is kernel
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    (sticky / "img.sqfs").write_bytes(b"x")
+    assert sqfs.kernel_mountable(sticky / "img.sqfs") is kernel
+
+    f.chmod(0o664)  # a group could rewrite it after its check
+    assert not sqfs.kernel_mountable(f)
+    f.chmod(0o644)
+    store.chmod(0o775)  # a group could put another file in its place
+    assert not sqfs.kernel_mountable(f)
+    store.chmod(0o755)
+    os.chown(f, 65534, 65534)  # a user's file
+    assert not sqfs.kernel_mountable(f)
+    os.chown(f, 0, 0)
+    (store / "link.sqfs").symlink_to(f)
+    assert not sqfs.kernel_mountable(store / "link.sqfs")
+    assert not sqfs.kernel_mountable(store / "missing.sqfs")

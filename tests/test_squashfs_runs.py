@@ -1,11 +1,12 @@
-"""Charliecloud runs an image from its one SquashFS file (squashfuse) by default, from its layer directories
-where told or where it cannot mount one; the same run either way gives the same bits, and the record says
-which, naming the file and its sha256."""
+"""Charliecloud runs an image from its one SquashFS file by default (root: the kernel's squashfs where no user
+can change the file, else squashfuse), from its layer directories where told or where it cannot mount one;
+the same run any way gives the same bits, and the record says which, naming the file and its sha256."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -31,6 +32,30 @@ def test_a_run_from_the_file_and_one_from_directories_are_bitwise_identical(logr
     assert from_dirs["invocation"]["engine"]["image"]["form"] == "directory"
     assert any("HERMETIC_IMAGE_FORM=directory" in n for n in from_dirs["invocation"]["engine"]["notes"])
     code, diff = diff_json(run_dir_of(logreg, from_file), run_dir_of(logreg, from_dirs))
+    assert code == 0 and diff["verdict"]["kind"] == "identical", diff["verdict"]
+
+
+def test_the_kernels_mount_and_squashfuses_give_the_same_bits_and_leave_no_loop_device(logreg, module_cache):
+    if os.geteuid() != 0:
+        pytest.skip("only root mounts with the kernel")
+    _, kernel = hermetic_run(logreg, "--engine", "charliecloud", "train.py", "--epochs", "2")
+    image = kernel["invocation"]["engine"]["image"]
+    assert image["form"] == "squashfs", image
+    mounters = [n for n in kernel["invocation"]["engine"]["notes"] if "SquashFS file" in n]
+    assert mounters and mounters[0].endswith("mounted by the kernel's squashfs"), mounters
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True).stdout
+    assert image["path"] not in loops, loops  # the loop device went with the run's mount namespace
+
+    store = module_cache / "squashfs"
+    mode = store.stat().st_mode & 0o7777
+    store.chmod(mode | 0o020)  # a group could swap the file after its check: squashfuse reads it
+    try:
+        _, fuse = hermetic_run(logreg, "--engine", "charliecloud", "train.py", "--epochs", "2")
+    finally:
+        store.chmod(mode)
+    assert fuse["invocation"]["engine"]["image"] == image
+    assert any(n.endswith("mounted by squashfuse") for n in fuse["invocation"]["engine"]["notes"])
+    code, diff = diff_json(run_dir_of(logreg, kernel), run_dir_of(logreg, fuse))
     assert code == 0 and diff["verdict"]["kind"] == "identical", diff["verdict"]
 
 

@@ -95,7 +95,8 @@ class CharliecloudEngine(ChildEngine):
         image = None
         if rec is not None and rec.get("squashfs"):
             image = {"form": "squashfs", **rec["squashfs"]}
-            notes.append(f"image: the SquashFS file {image['path']} (sha256 {image['sha256']}), mounted by squashfuse")
+            mounter = "the kernel's squashfs" if sqfs.kernel_mountable(Path(image["path"])) else "squashfuse"
+            notes.append(f"image: the SquashFS file {image['path']} (sha256 {image['sha256']}), mounted by {mounter}")
         elif rec is not None:
             image = {"form": "directory", "path": str(self.root / "layers"), "sha256": None}
             notes.append(f"image: its layers as directories under {image['path']} ({self.image_form()[1]})")
@@ -338,9 +339,13 @@ class CharliecloudEngine(ChildEngine):
         lines += [f'{ln} -s {q(str(path))} "$S/l/{i}"' for i, path in enumerate(reversed(layer_paths))]
         lowers = ":".join(["../mp"] + [str(i) for i in range(len(layer_paths))])
         if rec.get("squashfs"):  # the image's one file, the lowest layer (allow_other: root mounts, the user reads)
-            squashfuse = find_tool(sqfs.MOUNTER, "apt-get install squashfuse")
-            lines += [f'{mkdir} "$S/sq"',
-                      f'{squashfuse} -o ro{",allow_other" if as_root else ""} {q(rec["squashfs"]["path"])} "$S/sq"']
+            image = q(rec["squashfs"]["path"])
+            if sqfs.kernel_mountable(Path(rec["squashfs"]["path"])):
+                mounted = f'{mount} -t squashfs -o loop,ro,nosuid,nodev {image} "$S/sq"'
+            else:
+                squashfuse = find_tool(sqfs.MOUNTER, "apt-get install squashfuse")
+                mounted = f'{squashfuse} -o ro{",allow_other" if as_root else ""} {image} "$S/sq"'
+            lines += [f'{mkdir} "$S/sq"', mounted]
             lowers += ":../sq"
         lines += ['cd "$S/l"', f'{mount} -t overlay overlay -o ro,userxattr,lowerdir={lowers} "$S/root"', "cd /"]
         binds = []

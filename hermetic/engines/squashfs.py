@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,33 @@ def fuse_reason() -> str | None:
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         return "this account cannot open /dev/fuse (FUSE is not allowed here)"
     return None
+
+
+def kernel_mountable(path: Path) -> bool:
+    """True where root may mount ``path`` with the kernel's squashfs (a loop device) instead of squashfuse.
+
+    The kernel reads the file unaided (no FUSE round trip per read: torch's start from the file then costs what
+    it costs from directories, docs/benchmarks.md), so it must read bytes no user can change after their check:
+    hermetic runs as root, the file and every directory above it are root's and writable by root alone (a
+    sticky directory's entries are their owners'), no link on the way; and the kernel has squashfs and loop
+    devices. Otherwise squashfuse mounts it, as for a user."""
+    if os.geteuid() != 0 or not os.path.exists("/dev/loop-control"):
+        return False
+    try:
+        if "squashfs" not in Path("/proc/filesystems").read_text().split():
+            return False
+        path = Path(os.path.abspath(path))
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            return False
+        for d in path.parents:
+            st = os.lstat(d)
+            if (not stat.S_ISDIR(st.st_mode) or st.st_uid != 0
+                    or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX)):
+                return False
+    except OSError:
+        return False
+    return True
 
 
 def store_path(cache_root: Path, manifest_digest: str) -> Path:
