@@ -12,7 +12,9 @@ import hashlib
 import io
 import json
 import shutil
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -218,14 +220,29 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
             on_ready(i, desc, False)
     if on_planned:
         on_planned()
-    for i, spec in enumerate(specs):
-        if out[i] is None:
-            t0 = time.monotonic()
-            desc = build_layer(spec, layout, parents, mtime, store, bytecode)
-            out[i] = BuiltLayer(spec, desc, False, time.monotonic() - t0)
-            cache.put(spec.key, desc, {"description": spec.description, "wheels": [w.filename for w in spec.wheels]})
-            if on_ready:
-                on_ready(i, desc, True)
+
+    def timed(spec: LayerSpec) -> tuple[Descriptor, float]:
+        t0 = time.monotonic()
+        return build_layer(spec, layout, parents, mtime, store, bytecode), time.monotonic() - t0
+
+    # The layers are independent: built side by side, one per core (inflating, hashing and the bytecode
+    # compiler, most of a layer's time, run outside the GIL; docs/benchmarks.md), each reported as it ends
+    # (the engine's feed loads them in order).
+    todo = [i for i, layer in enumerate(out) if layer is None]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+        futures = {pool.submit(timed, specs[i]): i for i in todo}
+        try:
+            for future in as_completed(futures):
+                i, spec = futures[future], specs[futures[future]]
+                desc, seconds = future.result()
+                out[i] = BuiltLayer(spec, desc, False, seconds)
+                cache.put(spec.key, desc, {"description": spec.description,
+                                           "wheels": [w.filename for w in spec.wheels]})
+                if on_ready:
+                    on_ready(i, desc, True)
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # the first failure ends the build: no new layer is started
+            raise
     layers = [layer for layer in out if layer is not None]
     for layer in layers if on_layer else ():
         on_layer(layer)
