@@ -168,7 +168,6 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
                         notes += build_notes
                         source = "built"
                     if source != "local":
-                        seal_image(store, digest)  # what this build wrote or pulled: trusted from its stat now
                         atomic_write_bytes(paths.builds / f"{key}.json", canonical_json({"manifest_digest": digest}))
                 info = ImageInfo.from_store(store, digest, key)
                 from hermetic.builder.attest import ensure_attestations
@@ -184,6 +183,8 @@ def build(cfg: LoadedConfig, paths: CachePaths, *, offline: bool = False, load: 
 
                     tag = engine_tag(cfg.model.name)
                     loaded = get_engine(engine).ensure_image(store, digest, repo_tag=tag, feed=feed)
+                if source != "local":  # after the load: a blob written a moment before it is still racy
+                    seal_image(store, digest)  # what this build wrote or pulled: trusted from its stat now
                 # NAME:latest names this image after every build, a no-op too: two projects of one name in one
                 # cache, or an older build of this one, may have moved it (the engine's tag: its ensure_image).
                 latest = store.resolve(f"{cfg.model.name}:latest")
