@@ -15,6 +15,8 @@ import pytest
 from conftest import assert_clean_error, run_cli, tree_digest
 from buildsupport import build_json, make_project, share_base as _share_base
 from wheelfactory import make_index, make_wheel, sha256_of
+from hermetic.store.intact import noted_intact
+from hermetic.store.oci import OciStore
 
 pytestmark = pytest.mark.docker
 
@@ -134,6 +136,25 @@ def test_one_package_change_rebuilds_only_its_layer(tmp_path, cache_dir, base_re
     rebuilt = [layer for layer in second["layers"] if not layer["cached"]]
     assert len(rebuilt) == 1 and "beta==3.0" in rebuilt[0]["packages"]  # only beta's group
     assert second["image_id"] != first["image_id"]
+
+
+def test_a_loaded_build_leaves_the_layers_it_wrote_trusted_from_their_stat(tmp_path, cache_dir, base_ref, session_cache,
+                                                                    wheels, docker_client):
+    """The image is sealed after its load into the engine: a blob written a moment before the seal is within the
+    racy window (intact.py) and would be rehashed by the next build (the torch layer, when it finishes last)."""
+    _share_base(session_cache, cache_dir)
+    proj = make_project(tmp_path / "p", base_ref, {"alpha": wheels["alpha"], "beta": wheels["beta"]})
+    built = build_json(proj)
+    try:
+        assert built["loaded"] is True
+        store = OciStore(cache_dir / "oci")
+        # (the layers: the config and manifest, a few hundred bytes, may be written as the load ends)
+        written = [layer["digest"] for layer in built["layers"] if not layer["cached"]]
+        assert len(written) >= 2
+        for digest in written:
+            assert noted_intact(store.root, store.blob_path(digest), digest.split(":", 1)[1]), digest
+    finally:
+        docker_client.images.remove(built["image_id"], force=True)
 
 
 def test_floating_tag_is_refused_with_pin_hint(tmp_path, cache_dir):
