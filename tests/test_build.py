@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -143,7 +144,9 @@ def test_a_loaded_build_leaves_the_layers_it_wrote_trusted_from_their_stat(tmp_p
     """The image is sealed after its load into the engine: a blob written a moment before the seal is within the
     racy window (intact.py) and would be rehashed by the next build (the torch layer, when it finishes last)."""
     _share_base(session_cache, cache_dir)
-    proj = make_project(tmp_path / "p", base_ref, {"alpha": wheels["alpha"], "beta": wheels["beta"]})
+    # a fresh epoch: an image no engine holds, so that this build loads it
+    proj = make_project(tmp_path / "p", base_ref, {"alpha": wheels["alpha"], "beta": wheels["beta"]},
+                        extra=f"build:\n  source_date_epoch: {random.randrange(10 ** 8, 10 ** 9)}\n")
     built = build_json(proj)
     try:
         assert built["loaded"] is True
