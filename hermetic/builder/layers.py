@@ -11,8 +11,8 @@ import contextlib
 import hashlib
 import io
 import json
-import shutil
 import os
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field

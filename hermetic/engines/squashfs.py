@@ -72,8 +72,8 @@ def fuse_reason() -> str | None:
 def kernel_mountable(path: Path) -> bool:
     """True where root may mount ``path`` with the kernel's squashfs (a loop device) instead of squashfuse.
 
-    The kernel reads the file unaided (no FUSE round trip per read: torch's start from the file then costs what
-    it costs from directories, docs/benchmarks.md), so it must read bytes no user can change after their check:
+    The kernel reads the file unaided (no FUSE round trip per read: torch's start from the file then costs about
+    what it costs from directories, docs/benchmarks.md), so it must read bytes no user can change after their check:
     hermetic runs as root, the file and every directory above it are root's and writable by root alone (a
     sticky directory's entries are their owners'), no link on the way; and the kernel has squashfs and loop
     devices. Otherwise squashfuse mounts it, as for a user."""
