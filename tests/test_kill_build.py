@@ -8,10 +8,10 @@ The project has the shape of the torch example's lock at a fifth of its size (th
 torch build is run_support's `torch_built`): one wheel over the big-wheel bound (64 MB) with a
 160 MB incompressible payload and a few hundred modules to compile (its own layer, and the blob
 the load into the engine streams), and small wheels that fall into groups of their own, so that
-several layers are written, one after another, their bytecode compiled by one child (the base's
-interpreter). The wheels are served slowly from 127.0.0.1 (so a download can be caught midway); a fresh `build.source_date_epoch`
-gives this run's image layers no engine or cache has, so that every stage (downloads, layer
-writes with the compiler child, the load into the engine) really happens.
+several layers are written side by side, each one's bytecode compiled by a child (the base's
+interpreter). The wheels are served slowly from 127.0.0.1 (so a download can be caught midway); a
+fresh `build.source_date_epoch` gives this run's image layers no engine or cache has, so that every
+stage (downloads, layer writes with their compiler children, the load into the engine) really happens.
 """
 
 from __future__ import annotations
