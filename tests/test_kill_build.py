@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shutil
+import signal
 from pathlib import Path
 
 import docker.errors
@@ -130,6 +131,16 @@ def test_sigkill_at_each_stage_of_a_cold_build(tmp_path, cold_project, session_c
             kill_at("the bytecode being compiled", lambda p: len(children_of(p.pid)) >= 1, "build", "--json")
             # 4. `hermetic build`, a layer being written into the store.
             kill_at("a layer being written", lambda p: any(oci_tmp.glob("blob.*")), "build", "--json")
+            # Ctrl-C (SIGINT to the group, as a terminal sends it) while layers are written: the layers under way
+            # stop at their next write, their temp blobs go, the build ends 130 with nothing left behind.
+            dead = set(oci_tmp.glob("blob.*"))  # the killed builds' (this one sweeps them first)
+            p = start_hermetic("build", "--json", "-C", str(proj), env=env)
+            wait_for(p, lambda: bool(set(oci_tmp.glob("blob.*")) - dead), "a layer being written (Ctrl-C)")
+            os.killpg(p.pid, signal.SIGINT)
+            _out, err = p.communicate(timeout=120)
+            assert p.returncode == 130 and "aborted" in err, (p.returncode, err[-2000:])
+            assert survivors(p.pid) == [] and lock_is_free(builds)
+            assert not list(oci_tmp.glob("blob.*")), "an interrupted build left its temp blobs"
             # 5. `hermetic build`, the image streaming into the engine.
             kill_at("the load into the engine", lambda p: open_blob_larger_than(p.pid, blobs, 100 << 20),
                     "build", "--json")

@@ -13,11 +13,12 @@ import io
 import json
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from hermetic import __version__
 from hermetic.builder.bytecode import BytecodeSpec, add_bytecode
@@ -149,8 +150,22 @@ class LayerCache:
         atomic_write_bytes(self._path(key), json.dumps(entry, sort_keys=True).encode(), fsync=False)
 
 
+class _Stoppable:
+    """A layer's sink that ends the layer at its next write once ``stop`` is set (the build failed elsewhere,
+    or was interrupted: Ctrl-C does not wait for the torch layer's tar)."""
+
+    def __init__(self, sink: Any, stop: threading.Event) -> None:
+        self.sink, self.stop = sink, stop
+
+    def write(self, data: bytes) -> int:
+        if self.stop.is_set():
+            raise InterruptedError("the build ended before this layer")
+        return self.sink.write(data)
+
+
 def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs], mtime: int,
-                store: OciStore, bytecode: BytecodeSpec | None = None) -> Descriptor:
+                store: OciStore, bytecode: BytecodeSpec | None = None,
+                stop: threading.Event | None = None) -> Descriptor:
     """Install (as entries, straight from the zips), compile, normalize, tar and hash one layer into the store."""
     entries: list[Entry] = []
     with contextlib.ExitStack() as stack:
@@ -177,7 +192,7 @@ def build_layer(spec: LayerSpec, layout: VenvLayout, parents: dict[str, DirAttrs
             entries = add_bytecode(entries, layout.site_packages, bytecode)
         entries = complete_parents(entries, parents)
         with store.writer(needed=sum(e.size for e in entries)) as w:  # (for a full disk's message)
-            size = write_layer(entries, w, mtime=mtime)
+            size = write_layer(entries, _Stoppable(w, stop) if stop is not None else w, mtime=mtime)
             digest = w.commit()
     return Descriptor(MT_LAYER, digest, size)
 
@@ -221,9 +236,11 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
     if on_planned:
         on_planned()
 
+    stop = threading.Event()
+
     def timed(spec: LayerSpec) -> tuple[Descriptor, float]:
         t0 = time.monotonic()
-        return build_layer(spec, layout, parents, mtime, store, bytecode), time.monotonic() - t0
+        return build_layer(spec, layout, parents, mtime, store, bytecode, stop), time.monotonic() - t0
 
     # The layers are independent: built side by side, one per core (inflating, hashing and the bytecode
     # compiler, most of a layer's time, run outside the GIL; docs/benchmarks.md), each reported as it ends
@@ -240,8 +257,9 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
                                            "wheels": [w.filename for w in spec.wheels]})
                 if on_ready:
                     on_ready(i, desc, True)
-        except BaseException:
-            pool.shutdown(cancel_futures=True)  # the first failure ends the build: no new layer is started
+        except BaseException:  # the first failure ends the build: no new layer starts, those under way stop
+            stop.set()
+            pool.shutdown(cancel_futures=True)
             raise
     layers = [layer for layer in out if layer is not None]
     for layer in layers if on_layer else ():
