@@ -26,6 +26,7 @@ Usage: bench/bench_squashfs.py --seed-cache DIR [-n 5] [--workdir /work/scratch/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benches, whose helpers this one uses
 
@@ -104,26 +106,30 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict:
               "/opt/venv/bin/python", "-c", SCRIPT]
     starts: dict[str, list[float]] = {"file": [], "file_fuse": [], "directory": [], "docker": []}
     shared = sqfs_path.parent
-    mode = shared.stat().st_mode & 0o7777
+
+    @contextlib.contextmanager
+    def mounter(name: str) -> Iterator[None]:
+        """squashfuse for "file_fuse": the store's squashfs/ made group-writable for the while (the kernel's
+        squashfs mounts only a file no user can change); as it was for the rest."""
+        mode = shared.stat().st_mode & 0o7777
+        shared.chmod(mode | 0o020 if name == "file_fuse" else mode)
+        try:
+            yield
+        finally:
+            shared.chmod(mode)
+
     for i in range(args.n + 1):
         for name, cmd, e in (("file", run, env_file), ("file_fuse", run, env_file), ("directory", run, env_dir),
                              ("docker", docker, None)):
-            shared.chmod(mode | 0o020 if name == "file_fuse" else mode)
-            try:
+            with mounter(name):
                 first, _ = be.until_line(cmd, e, FIRST, time.perf_counter(), cwd=project)
-            finally:
-                shared.chmod(mode)
             if i:  # the first of each: page cache warm, the image's record made
                 starts[name].append(first)
     forms = {}
-    for name, form, m in (("file", "squashfs", mode), ("file_fuse", "squashfs", mode | 0o020),
-                          ("directory", "directory", mode)):
-        shared.chmod(m)
-        try:
+    for name, form in (("file", "squashfs"), ("file_fuse", "squashfs"), ("directory", "directory")):
+        with mounter(name):
             rec = json.loads(bb.run(bb.HERMETIC + ["run", "-C", str(project), "--json", "first.py"],
                                     env={**env, "HERMETIC_IMAGE_FORM": form})[0])
-        finally:
-            shared.chmod(mode)
         engine = rec["invocation"]["engine"]
         forms[name] = engine["image"]["form"] + "".join(
             f", {n.rpartition('mounted by ')[2]}" for n in engine["notes"] if "mounted by" in n)

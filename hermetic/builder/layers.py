@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 import shutil
 import threading
 import time
@@ -27,6 +26,7 @@ from hermetic.builder.install import VenvLayout, venv_files, wheel_files
 from hermetic.builder.tarlayer import DirAttrs, Entry, complete_parents, write_layer
 from hermetic.core.canonical import canonical_sha256
 from hermetic.core.errors import IntegrityError
+from hermetic.core.workers import available_cpus
 from hermetic.hostfs.fsutil import atomic_write_bytes, sha256_file
 from hermetic.lock.model import ResolvedWheel
 from hermetic.store.oci import MT_LAYER, MT_LAYER_GZIP, Descriptor, OciStore
@@ -246,7 +246,7 @@ def build_layers(specs: list[LayerSpec], layout: VenvLayout, base_dirs: dict[str
     # compiler, most of a layer's time, run outside the GIL; docs/benchmarks.md), each reported as it ends
     # (the engine's feed loads them in order).
     todo = [i for i, layer in enumerate(out) if layer is None]
-    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), available_cpus()))) as pool:
         futures = {pool.submit(timed, specs[i]): i for i in todo}
         try:
             for future in as_completed(futures):

@@ -78,8 +78,9 @@ def run_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., An
 def request_template(shared: dict[str, Any], *, script: str, args: tuple[str, ...], argv: list[str],
                      nnodes: int = 1, echo: bool = True) -> tuple[Any, Any, list[int] | None]:
     """(the LoadedConfig, the RunRequest every run starts from, --seeds expanded or None for one run) the
-    shared options describe, everything in them checked before anything is built or asked: --seed with --seeds, the seeds' range, --data's form, --resume-from's
-    run, --nproc-per-node's plan (over ``nnodes`` nodes)."""
+    shared options describe, everything in them checked before anything is built or asked: --seed with
+    --seeds, the seeds' range, --data's form, --resume-from's run, --nproc-per-node's plan (over ``nnodes``
+    nodes)."""
     from hermetic.config.load import load_config
     from hermetic.run.plan import RunRequest
     from hermetic.config.seedargs import parse_seeds

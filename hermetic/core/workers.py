@@ -1,9 +1,10 @@
 """Worker processes that never outlive the command that started them.
 
 ``start`` forks a worker: it asks for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``) and checks the
-parent is still there; ``fn(*args)``'s result and its HermeticError come back through a pipe as JSON (never pickle: the child may have dropped root). A child closes its copies of the
-other workers' pipes, so a reader never waits for a dead worker. An account at its limit of processes or
-open files gets fewer workers (``affordable``, ``no_more_workers``, ``limit_reached``).
+parent is still there; ``fn(*args)``'s result and its HermeticError come back through a pipe as JSON
+(never pickle: the child may have dropped root). A child closes its copies of the other workers' pipes,
+so a reader never waits for a dead worker. An account at its limit of processes or open files gets fewer
+workers (``affordable``, ``no_more_workers``, ``limit_reached``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Charliecloud: the training container through ``ch-run``, unprivileged, no daemon, no image import.
 
-The image is one SquashFS file (hermetic.engines.squashfs) mounted by squashfuse where that can mount it,
-else its layers unpacked once as directories (hermetic.engines.unpack); either way a read-only overlay's
-lowest layer (HERMETIC_IMAGE_FORM: auto, squashfs or directory). One process tree, hermetic's child:
-``setpriv --pdeathsig KILL -- unshare [--user] --mount --net --pid --fork --kill-child -- catatonit --
-sh -c SETUP; exec ch-run ...``: mounts made in its own mount
+The image is one SquashFS file (hermetic.engines.squashfs) mounted where squashfuse can mount it (by the
+kernel's squashfs instead where root runs a file only root can change), else its layers unpacked once as
+directories (hermetic.engines.unpack); either way a read-only overlay's lowest layer
+(HERMETIC_IMAGE_FORM: auto, squashfs or directory). One process tree, hermetic's child: ``setpriv
+--pdeathsig KILL -- unshare [--user] --mount --net --pid --fork --kill-child -- catatonit -- sh -c SETUP;
+exec ch-run ...``: mounts made in its own mount
 namespace (read-only binds, tmpfs /tmp and /dev/shm, a /dev of a few nodes), no network, catatonit as the
 PID namespace's init, RLIMIT_NPROC as the pids limit (no cgroup: a memory limit is refused). Its driver's
 death ends it (PR_SET_PDEATHSIG, then the PID namespace's init): it leaves no orphan.
